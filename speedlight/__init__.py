@@ -1,0 +1,33 @@
+"""speedlight: a GPU kernel engineer's job, as software, for PyTorch users.
+
+Importing speedlight compiles nothing, touches no GPU and prints nothing; the ops load on
+first use. Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter
+(TRITON_INTERPRET=1 in the environment before the first op is used).
+"""
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it; loaded on first access (PEP 562)
+_EXPORTS = {
+    "rms_norm": "speedlight.ops.rms_norm",
+    "softmax": "speedlight.ops.softmax",
+}
+_SUBMODULES = ("nn", "spec", "shapes", "hardware", "reference", "registry", "results")
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"speedlight.{name}")
+    raise AttributeError(f"module 'speedlight' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_EXPORTS) + list(_SUBMODULES))

@@ -1,0 +1,5 @@
+import sys
+
+from speedlight.cli import main
+
+sys.exit(main())

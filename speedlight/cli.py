@@ -1,0 +1,74 @@
+"""The `speedlight` command: one sub-command per tool.
+
+Each tool's sub-command lives beside the tool (`speedlight/<tool>/command.py`, with
+`configure(parser)` and `run(args) -> exit status`); this file only dispatches, and picks
+the runtime before any kernel is imported: the GPU when there is one, else the CPU through
+the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import warnings
+
+COMMANDS = {
+    "verify": ("speedlight.verify.command", "prove every op correct against float64"),
+}
+
+
+def select_device(requested: str = "auto") -> str:
+    """'cuda' or 'cpu'. On the CPU the Triton interpreter is switched on, which must happen
+    before the first kernel module is imported."""
+    import torch
+
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("speedlight: --device cuda asked for, but torch sees no CUDA device")
+    if requested == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        # numpy, which the interpreter computes with, warns on masked-off lanes
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="triton.runtime.interpreter")
+        if os.environ["TRITON_INTERPRET"] in ("0", ""):
+            raise SystemExit("speedlight: --device cpu needs the Triton interpreter, but "
+                             "TRITON_INTERPRET is set to 0")
+    return requested
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto",
+                        help="auto (the GPU if there is one, else CPU), cuda, or cpu "
+                             "(kernels run on the Triton interpreter)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from speedlight import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="speedlight",
+        description="Profile, verify, benchmark and inspect GPU kernels for PyTorch models.")
+    parser.add_argument("--version", action="version", version=f"speedlight {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_common(p)
+        importlib.import_module(module).configure(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    args.device = select_device(args.device)
+    return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

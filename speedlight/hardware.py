@@ -1,0 +1,244 @@
+"""What each GPU can do: datasheet DeviceSpecs per exact SKU, and measured ceilings.
+
+Every "% of speed-of-light" figure prefers the ceilings `speedlight probe` measured on the
+device (cached per SKU and driver in the user's cache folder) over the datasheet peaks.
+Datasheet peaks are dense (no 2:4 sparsity) and at boost clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+TB = 1e12
+T = 1e12
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Datasheet numbers of one GPU SKU. `peak_flops` maps a dtype name (fp32, tf32,
+    fp16, bf16, fp8) to dense FLOP/s; `sources` maps each field to where it comes from."""
+
+    name: str
+    key: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    peak_flops: dict[str, float]
+    dram_bandwidth: float  # bytes/s
+    memory_bytes: int
+    l2_bytes: int
+    smem_per_sm: int  # bytes of shared memory a multiprocessor has
+    smem_per_block: int  # the most one program may use
+    regs_per_sm: int = 65536
+    max_warps_per_sm: int = 64
+    max_blocks_per_sm: int = 32
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def target(self) -> str:
+        """The compile target Triton and ptxas use for this SKU (sm_90a for Hopper)."""
+        major, minor = self.compute_capability
+        suffix = "a" if (major, minor) in ((9, 0), (10, 0)) else ""
+        return f"sm_{major}{minor}{suffix}"
+
+    def peak(self, dtype: str) -> float:
+        if dtype not in self.peak_flops:
+            raise KeyError(f"{self.name} has no {dtype} peak; known: {', '.join(self.peak_flops)}")
+        return self.peak_flops[dtype]
+
+
+_A100_WP = "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB) and Ampere GA100 whitepaper"
+_H100_DS = "NVIDIA H100 Tensor Core GPU datasheet (dense = half the sparsity figures)"
+_H100_WP = "NVIDIA H100 Hopper architecture whitepaper (GH100, SXM5 / PCIe product configs)"
+_H200_DS = "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column; dense)"
+_B200_DS = "NVIDIA HGX B200 datasheet, per GPU at 1000 W (dense = half the sparsity figures)"
+_L4_DS = "NVIDIA L4 Tensor Core GPU datasheet (dense = half the sparsity figures)"
+_CUDA_GUIDE = "CUDA C++ Programming Guide, table 'Technical Specifications per Compute Capability'"
+
+DEVICES: dict[str, DeviceSpec] = {
+    d.key: d for d in [
+        DeviceSpec(
+            name="NVIDIA A100-SXM4-80GB", key="a100-sxm", compute_capability=(8, 0),
+            sm_count=108,
+            peak_flops={"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T, "bf16": 312 * T},
+            dram_bandwidth=2.039 * TB, memory_bytes=80 * 10**9, l2_bytes=40 * 2**20,
+            smem_per_sm=164 * 1024, smem_per_block=163 * 1024,
+            sources={"peak_flops": _A100_WP, "dram_bandwidth": _A100_WP + " (HBM2e, 80GB SKU)",
+                     "sm_count": _A100_WP, "l2_bytes": _A100_WP, "smem": _CUDA_GUIDE}),
+        DeviceSpec(
+            name="NVIDIA H100 80GB HBM3", key="h100-sxm", compute_capability=(9, 0),
+            sm_count=132,
+            peak_flops={"fp32": 67 * T, "tf32": 494.7 * T, "fp16": 989.4 * T,
+                        "bf16": 989.4 * T, "fp8": 1978.9 * T},
+            dram_bandwidth=3.35 * TB, memory_bytes=80 * 10**9, l2_bytes=50 * 2**20,
+            smem_per_sm=228 * 1024, smem_per_block=227 * 1024,
+            sources={"peak_flops": _H100_DS + " (SXM)", "dram_bandwidth": _H100_DS + " (SXM, HBM3)",
+                     "sm_count": _H100_WP, "l2_bytes": _H100_WP, "smem": _CUDA_GUIDE}),
+        DeviceSpec(
+            name="NVIDIA H100 PCIe", key="h100-pcie", compute_capability=(9, 0),
+            sm_count=114,
+            peak_flops={"fp32": 51 * T, "tf32": 378 * T, "fp16": 756 * T,
+                        "bf16": 756 * T, "fp8": 1513 * T},
+            dram_bandwidth=2.0 * TB, memory_bytes=80 * 10**9, l2_bytes=50 * 2**20,
+            smem_per_sm=228 * 1024, smem_per_block=227 * 1024,
+            sources={"peak_flops": _H100_DS + " (PCIe)", "dram_bandwidth": _H100_DS + " (PCIe, HBM2e)",
+                     "sm_count": _H100_WP, "l2_bytes": _H100_WP, "smem": _CUDA_GUIDE}),
+        DeviceSpec(
+            name="NVIDIA H200", key="h200", compute_capability=(9, 0),
+            sm_count=132,
+            peak_flops={"fp32": 67 * T, "tf32": 494.7 * T, "fp16": 989.4 * T,
+                        "bf16": 989.4 * T, "fp8": 1978.9 * T},
+            dram_bandwidth=4.8 * TB, memory_bytes=141 * 10**9, l2_bytes=50 * 2**20,
+            smem_per_sm=228 * 1024, smem_per_block=227 * 1024,
+            sources={"peak_flops": _H200_DS, "dram_bandwidth": _H200_DS + " (HBM3e)",
+                     "memory_bytes": _H200_DS, "sm_count": _H100_WP + " (same GH100 SXM config)",
+                     "l2_bytes": _H100_WP, "smem": _CUDA_GUIDE}),
+        DeviceSpec(
+            name="NVIDIA B200", key="b200", compute_capability=(10, 0),
+            sm_count=148,
+            peak_flops={"fp32": 80 * T, "tf32": 1100 * T, "fp16": 2250 * T,
+                        "bf16": 2250 * T, "fp8": 4500 * T},
+            dram_bandwidth=8.0 * TB, memory_bytes=180 * 10**9, l2_bytes=126 * 2**20,
+            smem_per_sm=228 * 1024, smem_per_block=227 * 1024,
+            sources={"peak_flops": _B200_DS, "dram_bandwidth": _B200_DS + " (HBM3e)",
+                     "memory_bytes": _B200_DS, "sm_count": "NVIDIA Blackwell architecture technical brief",
+                     "l2_bytes": "NVIDIA Blackwell architecture technical brief", "smem": _CUDA_GUIDE}),
+        DeviceSpec(
+            name="NVIDIA L4", key="l4", compute_capability=(8, 9),
+            sm_count=58,
+            peak_flops={"fp32": 30.3 * T, "tf32": 60 * T, "fp16": 121 * T,
+                        "bf16": 121 * T, "fp8": 242.5 * T},
+            dram_bandwidth=0.300 * TB, memory_bytes=24 * 10**9, l2_bytes=48 * 2**20,
+            smem_per_sm=100 * 1024, smem_per_block=99 * 1024, max_warps_per_sm=48,
+            max_blocks_per_sm=24,
+            sources={"peak_flops": _L4_DS, "dram_bandwidth": _L4_DS + " (GDDR6)",
+                     "memory_bytes": _L4_DS, "sm_count": "Ada AD104 in the L4 configuration (7424 CUDA cores / 128)",
+                     "l2_bytes": "NVIDIA Ada Lovelace architecture whitepaper", "smem": _CUDA_GUIDE}),
+    ]
+}
+
+# Names a user may type for --target, and substrings of torch's device names.
+_ALIASES = {
+    "a100": "a100-sxm", "a100-sxm4": "a100-sxm", "h100": "h100-sxm", "h100-sxm5": "h100-sxm",
+    "gh100": "h100-sxm", "h200-sxm": "h200", "b200-sxm": "b200",
+}
+
+
+def get_device_spec(name: str) -> DeviceSpec:
+    """Look a SKU up by key ('h200'), alias ('h100') or torch device name."""
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key in DEVICES:
+        return DEVICES[key]
+    return spec_for_device_name(name)
+
+
+def spec_for_device_name(device_name: str) -> DeviceSpec:
+    """Match the name torch.cuda reports ('NVIDIA H100 80GB HBM3') to a SKU."""
+    n = device_name.lower()
+    if "h200" in n:
+        return DEVICES["h200"]
+    if "h100" in n:
+        return DEVICES["h100-pcie" if "pcie" in n else "h100-sxm"]
+    if "a100" in n:
+        return DEVICES["a100-sxm"]
+    if "b200" in n:
+        return DEVICES["b200"]
+    if "l4" in n.split() or n.endswith(" l4"):
+        return DEVICES["l4"]
+    raise KeyError(f"no DeviceSpec for {device_name!r}; known: {', '.join(DEVICES)}")
+
+
+def current_device_spec() -> DeviceSpec | None:
+    """The DeviceSpec of the present CUDA device, or None without one (or if unknown)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        return spec_for_device_name(torch.cuda.get_device_name())
+    except KeyError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# Measured ceilings, written by `speedlight probe` and read by every "% of SOL" figure.
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class Ceilings:
+    """What was measured on one device: copy bandwidth (bytes read + written per second)
+    and dense matmul FLOP/s per dtype, with the device name and driver it was read on."""
+
+    device_name: str
+    driver: str
+    copy_bandwidth: float
+    matmul_flops: dict[str, float]
+    measured_at: str = ""
+    details: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def cache_dir() -> Path:
+    """SPEEDLIGHT_CACHE if set, else $XDG_CACHE_HOME/speedlight or ~/.cache/speedlight."""
+    if os.environ.get("SPEEDLIGHT_CACHE"):
+        return Path(os.environ["SPEEDLIGHT_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "speedlight"
+
+
+def _ceilings_path(device_name: str, driver: str) -> Path:
+    safe = "".join(c if c.isalnum() else "_" for c in f"{device_name}-{driver}")
+    return cache_dir() / "ceilings" / f"{safe}.json"
+
+
+def save_ceilings(c: Ceilings) -> Path:
+    path = _ceilings_path(c.device_name, c.driver)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(c.to_json(), indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def load_ceilings(device_name: str, driver: str) -> Ceilings | None:
+    path = _ceilings_path(device_name, driver)
+    if not path.exists():
+        return None
+    return Ceilings(**json.loads(path.read_text()))
+
+
+@dataclass(frozen=True)
+class Roof:
+    """The two ceilings a speed-of-light floor is computed from, and where they came from."""
+
+    bandwidth: float
+    flops: dict[str, float]
+    source: str  # "measured" or "datasheet"
+    device: str
+
+    def floor_seconds(self, flops: int, nbytes: int, dtype: str) -> float:
+        peak = self.flops.get(dtype) or self.flops.get("fp32")
+        return max(flops / peak if peak else 0.0, nbytes / self.bandwidth)
+
+    def bound(self, flops: int, nbytes: int, dtype: str) -> str:
+        peak = self.flops.get(dtype) or self.flops.get("fp32")
+        return "compute" if flops / peak > nbytes / self.bandwidth else "memory"
+
+
+def roof_for(spec: DeviceSpec, ceilings: Ceilings | None = None) -> Roof:
+    """Measured ceilings when given, else the datasheet's."""
+    if ceilings is not None:
+        flops = dict(spec.peak_flops)
+        flops.update(ceilings.matmul_flops)
+        return Roof(ceilings.copy_bandwidth, flops, "measured", ceilings.device_name)
+    return Roof(spec.dram_bandwidth, dict(spec.peak_flops), "datasheet", spec.name)
+
+
+def matmul_dtype_key(dtype: torch.dtype) -> str:
+    """Which peak an op in `dtype` runs against (fp32 matmuls in Triton use tf32)."""
+    return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, "fp32")

@@ -1,0 +1,1 @@
+"""Triton kernels only, one file per op family."""

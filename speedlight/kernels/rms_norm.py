@@ -1,0 +1,217 @@
+"""Triton kernels of RMSNorm: y = x / sqrt(mean(x^2) + eps) * (offset + w).
+
+Two shapes of kernel: a row tile that holds whole rows in registers (n_cols <= BLOCK_N,
+one pass over memory), and looped kernels for rows longer than one block.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(
+    x_ptr, w_ptr, y_ptr, rstd_ptr,
+    n_rows, n_cols, stride_xm, stride_xn, stride_ym,
+    eps, offset,
+    HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """y[m] = x[m] * rstd[m] * (offset + w), rstd[m] = 1 / sqrt(mean(x[m]^2) + eps).
+
+    x_ptr [n_rows, n_cols] (strides stride_xm, stride_xn), w_ptr [n_cols],
+    y_ptr [n_rows, n_cols] (row stride stride_ym, unit column stride), rstd_ptr [n_rows] fp32.
+    BLOCK_N >= n_cols: the whole row sits in registers, so x is read once.
+    HAS_WEIGHT=False removes the weight load. BLOCK_M rows share one program.
+    """
+    pid_m = tl.program_id(0)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_m = offs_m < n_rows
+    mask_n = offs_n < n_cols
+    mask = mask_m[:, None] & mask_n[None, :]
+    rows = offs_m.to(tl.int64)
+    cols = offs_n.to(tl.int64)
+
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
+                mask=mask, other=0.0).to(tl.float32)
+    # [BM, BN] -> [BM]
+    mean_sq = tl.sum(x * x, axis=1) / n_cols
+    rstd = 1.0 / tl.sqrt(mean_sq + eps)
+    y = x * rstd[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        y = y * (w + offset)[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mask)
+    tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
+
+
+@triton.jit
+def _rms_norm_fwd_looped_kernel(
+    x_ptr, w_ptr, y_ptr, rstd_ptr,
+    n_cols, stride_xm, stride_xn, stride_ym,
+    eps, offset,
+    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """The same formula for rows longer than BLOCK_N: one row per program, a first loop
+    accumulates sum(x^2) in fp32 lanes, a second re-reads the row (from L2) and writes y.
+
+    Pointers as in _rms_norm_fwd_kernel; the grid is (n_rows,).
+    """
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_xm
+    y_row = y_ptr + row * stride_ym
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=offs_n < n_cols,
+                    other=0.0).to(tl.float32)
+        acc += x * x
+    # [BN] -> scalar
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < n_cols
+        x = tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=mask_n, other=0.0).to(tl.float32)
+        y = x * rstd
+        if HAS_WEIGHT:
+            w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+            y = y * (w + offset)
+        tl.store(y_row + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+    tl.store(rstd_ptr + row, rstd)
+
+
+# Backward. With r = rstd, xhat = x * r, w' = offset + w and y = xhat * w':
+#   dxhat = dy * w'
+#   dx    = r * (dxhat - xhat * c),   c = mean_j(dxhat_j * xhat_j)   (one scalar per row)
+#   dw    = sum_rows(dy * xhat)
+# dw is reduced without atomics: each program sums its own block of rows into one row of
+# dw_partial [n_programs, n_cols] (fp32); the host sums the n_programs rows.
+
+@triton.jit
+def _rms_norm_bwd_kernel(
+    dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
+    n_rows, n_cols, rows_per_program,
+    stride_dym, stride_dyn, stride_xm, stride_xn, stride_dxm,
+    offset,
+    HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dx and this program's share of dw for whole rows held in registers.
+
+    dy_ptr, x_ptr [n_rows, n_cols] (own strides), w_ptr [n_cols], rstd_ptr [n_rows] fp32,
+    dx_ptr [n_rows, n_cols] (row stride stride_dxm, unit column stride),
+    dw_partial_ptr [n_programs, n_cols] fp32. Program p owns rows
+    [p * rows_per_program, (p + 1) * rows_per_program), taken BLOCK_M at a time.
+    HAS_WEIGHT=False drops w and dw.
+    """
+    pid = tl.program_id(0)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < n_cols
+    cols = offs_n.to(tl.int64)
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32) + offset
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    row_start = pid * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    for m0 in range(row_start, row_end, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < row_end
+        mask = mask_m[:, None] & mask_n[None, :]
+        rows = offs_m.to(tl.int64)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :] * stride_dyn,
+                     mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
+                    mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
+        xhat = x * r[:, None]
+        if HAS_WEIGHT:
+            dxhat = dy * w[None, :]
+            # [BM, BN] -> [BN]
+            dw_acc += tl.sum(dy * xhat, axis=0)
+        else:
+            dxhat = dy
+        # [BM, BN] -> [BM]
+        c = tl.sum(dxhat * xhat, axis=1) / n_cols
+        dx = (dxhat - xhat * c[:, None]) * r[:, None]
+        tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
+                 dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    if HAS_WEIGHT:
+        tl.store(dw_partial_ptr + pid.to(tl.int64) * n_cols + offs_n, dw_acc, mask=mask_n)
+
+
+@triton.jit
+def _rms_norm_bwd_row_dot_kernel(
+    dy_ptr, x_ptr, w_ptr, rstd_ptr, c_ptr,
+    n_cols, stride_dym, stride_dyn, stride_xm, stride_xn,
+    offset,
+    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """c[m] = mean_j(dy[m, j] * w'[j] * x[m, j] * rstd[m]) for rows longer than BLOCK_N.
+
+    dy_ptr, x_ptr [n_rows, n_cols], w_ptr [n_cols], rstd_ptr, c_ptr [n_rows] fp32;
+    the grid is (n_rows,).
+    """
+    row = tl.program_id(0).to(tl.int64)
+    r = tl.load(rstd_ptr + row)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < n_cols
+        cols = offs_n.to(tl.int64)
+        dy = tl.load(dy_ptr + row * stride_dym + cols * stride_dyn, mask=mask_n,
+                     other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=mask_n,
+                    other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            dy = dy * (tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32) + offset)
+        acc += dy * x
+    # [BN] -> scalar
+    tl.store(c_ptr + row, tl.sum(acc, axis=0) * r / n_cols)
+
+
+@triton.jit
+def _rms_norm_bwd_dx_kernel(
+    dy_ptr, x_ptr, w_ptr, rstd_ptr, c_ptr, dx_ptr, dw_partial_ptr,
+    n_rows, n_cols, rows_per_program,
+    stride_dym, stride_dyn, stride_xm, stride_xn, stride_dxm,
+    offset,
+    HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dx and partial dw for rows longer than one block, once c is known.
+
+    The grid is (n_programs, cdiv(n_cols, BLOCK_N)): program (p, q) covers rows of block p
+    and columns [q * BLOCK_N, (q + 1) * BLOCK_N), and writes dw_partial[p, those columns].
+    Pointers as in _rms_norm_bwd_kernel, plus c_ptr [n_rows] fp32.
+    """
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < n_cols
+    cols = offs_n.to(tl.int64)
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32) + offset
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    row_start = pid_m * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    for m0 in range(row_start, row_end, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < row_end
+        mask = mask_m[:, None] & mask_n[None, :]
+        rows = offs_m.to(tl.int64)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :] * stride_dyn,
+                     mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
+                    mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
+        c = tl.load(c_ptr + offs_m, mask=mask_m, other=0.0)
+        xhat = x * r[:, None]
+        if HAS_WEIGHT:
+            dxhat = dy * w[None, :]
+            # [BM, BN] -> [BN]
+            dw_acc += tl.sum(dy * xhat, axis=0)
+        else:
+            dxhat = dy
+        dx = (dxhat - xhat * c[:, None]) * r[:, None]
+        tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
+                 dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    if HAS_WEIGHT:
+        tl.store(dw_partial_ptr + pid_m.to(tl.int64) * n_cols + offs_n, dw_acc, mask=mask_n)

@@ -1,0 +1,43 @@
+"""nn.Module wrappers of speedlight ops, subclassing the torch module each replaces, so the
+constructor, parameters and state-dict stay the same."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from speedlight.ops.rms_norm import rms_norm
+from speedlight.ops.softmax import softmax
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """torch.nn.RMSNorm computed by speedlight's kernel.
+
+    Same constructor and state-dict as torch.nn.RMSNorm; eps=None means
+    torch.finfo(x.dtype).eps, as in torch. A multi-dim normalized_shape normalizes over
+    the flattened trailing dims.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        dims = len(self.normalized_shape)
+        if tuple(x.shape[-dims:]) != tuple(self.normalized_shape):
+            raise ValueError(f"x's trailing dims {tuple(x.shape[-dims:])} do not match "
+                             f"normalized_shape {tuple(self.normalized_shape)}")
+        if dims == 1:
+            return rms_norm(x, self.weight, eps)
+        lead = x.shape[:-dims]
+        flat = x.reshape(*lead, math.prod(self.normalized_shape))
+        weight = self.weight.reshape(-1) if self.weight is not None else None
+        return rms_norm(flat, weight, eps).reshape(x.shape)
+
+
+class Softmax(torch.nn.Softmax):
+    """torch.nn.Softmax computed by speedlight's kernel (same constructor and state)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dim = self.dim
+        if dim is None:  # torch's legacy implicit-dim rule
+            dim = 0 if x.dim() in (0, 1, 3) else 1
+        return softmax(x, dim)

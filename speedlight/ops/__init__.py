@@ -1,0 +1,1 @@
+"""Per op: host launcher, autograd and custom-op registration, public function, OpSpec."""

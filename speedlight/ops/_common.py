@@ -1,0 +1,154 @@
+"""What every op's host code shares: input checks that name the argument, the runtime
+check (CUDA, or CPU through the Triton interpreter), and block-size choices."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Iterable
+
+import torch
+import triton
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DTYPE_LIST = "float32, float16 or bfloat16"
+
+
+def describe(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+
+def check_tensor(name: str, t, *, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES,
+                 min_dim: int = 0, expected: str | None = None) -> None:
+    """TypeError unless t is a tensor of one of `dtypes` with at least `min_dim` dims."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dtypes = tuple(dtypes)
+    if t.dtype not in dtypes:
+        want = expected or (_DTYPE_LIST if dtypes == FLOAT_DTYPES else
+                            " or ".join(str(d).replace("torch.", "") for d in dtypes))
+        raise TypeError(f"{name} must be a {want} tensor, got {describe(t)}")
+    if t.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} dim(s), got {describe(t)}")
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> None:
+    items = [(k, v) for k, v in tensors.items() if v is not None]
+    if not items:
+        return
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.device != first.device:
+            raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}: "
+                             f"all tensors must be on one device")
+
+
+def check_same_dtype(**tensors: torch.Tensor | None) -> None:
+    items = [(k, v) for k, v in tensors.items() if v is not None]
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but {first_name} has {first.dtype}: "
+                            f"they must match")
+
+
+def is_interpreted(kernel) -> bool:
+    """True when `kernel` was built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(kernel, InterpretedFunction)
+
+
+def check_runtime(t: torch.Tensor, kernel) -> None:
+    """CUDA tensors run compiled kernels; CPU tensors need the Triton interpreter."""
+    if t.device.type == "cuda":
+        if is_interpreted(kernel):
+            raise RuntimeError(
+                "speedlight's kernels were imported under TRITON_INTERPRET=1, which runs them "
+                "on CPU tensors only; unset TRITON_INTERPRET to run on the GPU")
+        return
+    if t.device.type == "cpu":
+        _round_bf16_like_the_gpu()
+        if not is_interpreted(kernel):
+            raise RuntimeError(
+                f"got a CPU tensor ({describe(t)}) but the Triton interpreter is off: speedlight "
+                "runs its kernels on CPU tensors only under the interpreter. Set "
+                "TRITON_INTERPRET=1 in the environment before importing speedlight (or triton), "
+                "e.g. `TRITON_INTERPRET=1 python ...`, or move the tensors to a CUDA device")
+        return
+    raise RuntimeError(f"speedlight runs on CUDA devices (or on CPU through the Triton "
+                       f"interpreter); got a tensor on {t.device}")
+
+
+_BF16_CAST_FIXED = False
+
+
+def _round_bf16_like_the_gpu() -> None:
+    """Make the Triton 3.6 interpreter round fp32 -> bf16 to nearest even, as the GPU does.
+
+    The interpreter truncates that cast (round toward zero), which doubles the rounding
+    error of every bf16 output on CPU and would make a correct kernel look worse than
+    PyTorch; compiled kernels round to nearest even. Applied once, on the first CPU launch.
+    """
+    global _BF16_CAST_FIXED
+    if _BF16_CAST_FIXED:
+        return
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    original = InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            a = np.ascontiguousarray(src.data, dtype=np.float32)
+            u = a.view(np.uint32)
+            rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+            nan = np.isnan(a)
+            if nan.any():
+                rounded[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)  # quiet NaN stays NaN
+            return TensorHandle(rounded, tl.bfloat16)
+        return original(self, src, dst_type)
+
+    InterpreterBuilder.cast_impl = cast_impl
+    _BF16_CAST_FIXED = True
+
+
+def interpreter_env() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def target_programs(device: torch.device) -> int:
+    """How many programs a persistent-style grid should have: a few per SM on a GPU,
+    two on the CPU interpreter (every program there costs milliseconds)."""
+    if device.type == "cuda":
+        return 4 * sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return 2
+
+
+def row_tile(n_cols: int, device: torch.device, *, max_block_n: int,
+             max_tile: int | None = None) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for a kernel that holds BLOCK_M whole rows.
+
+    On a GPU a tile of ~4K elements per program keeps registers low while several rows
+    share a program when rows are short; under the interpreter, tiles are larger because
+    each program costs milliseconds whatever its size.
+    """
+    block_n = triton.next_power_of_2(max(n_cols, 1))
+    if block_n > max_block_n:
+        raise ValueError(f"row of {n_cols} does not fit one block of {max_block_n}")
+    if max_tile is None:
+        max_tile = 4096 if device.type == "cuda" else 65536
+    block_m = max(1, min(64 if device.type == "cuda" else 1024, max_tile // block_n))
+    tile = block_m * block_n
+    num_warps = max(1, min(16, tile // 512))
+    return block_m, block_n, num_warps
+
+
+def rows_view(x: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """x as [rows, n_cols] over its last dim(s): a view when the strides allow, else a copy."""
+    return x.reshape(-1, n_cols)

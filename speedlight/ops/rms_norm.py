@@ -1,0 +1,248 @@
+"""RMSNorm: y = x / sqrt(mean(x^2) + eps) * (offset + w) over the last dim.
+
+offset=1 is the Gemma form (weights stored as w - 1). Accumulation is fp32 whatever the
+input dtype; y has x's dtype, dw has w's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+
+from speedlight import reference, shapes
+from speedlight.kernels.rms_norm import (
+    _rms_norm_bwd_dx_kernel,
+    _rms_norm_bwd_kernel,
+    _rms_norm_bwd_row_dot_kernel,
+    _rms_norm_fwd_kernel,
+    _rms_norm_fwd_looped_kernel,
+)
+from speedlight.ops._common import (
+    check_runtime,
+    check_same_device,
+    check_tensor,
+    row_tile,
+    rows_view,
+    target_programs,
+)
+from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor
+
+MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
+LOOP_BLOCK_N = 4096  # chunk of a longer row
+
+
+# --- launchers (usable without autograd) --------------------------------------------------
+
+def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                 offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """y (x's shape and dtype, contiguous) and rstd ([rows] fp32)."""
+    n_cols = x.shape[-1]
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n_rows = x.numel() // n_cols if n_cols else 0
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return y, rstd
+    check_runtime(x, _rms_norm_fwd_kernel)
+    x2 = rows_view(x, n_cols)
+    y2 = y.view(-1, n_cols)
+    w = weight if weight is not None else x2  # a placeholder pointer when HAS_WEIGHT=False
+    if n_cols <= MAX_FUSED_N:
+        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
+        grid = (triton.cdiv(n_rows, block_m),)
+        _rms_norm_fwd_kernel[grid](
+            x2, w, y2, rstd, n_rows, n_cols, x2.stride(0), x2.stride(1), y2.stride(0),
+            eps, offset, HAS_WEIGHT=weight is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=num_warps)
+    else:
+        _rms_norm_fwd_looped_kernel[(n_rows,)](
+            x2, w, y2, rstd, n_cols, x2.stride(0), x2.stride(1), y2.stride(0), eps, offset,
+            HAS_WEIGHT=weight is not None, BLOCK_N=LOOP_BLOCK_N, num_warps=8)
+    return y, rstd
+
+
+def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                 rstd: torch.Tensor, offset: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """dx (x's shape and dtype) and dw (w's dtype; None without a weight)."""
+    n_cols = x.shape[-1]
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    has_weight = weight is not None
+    if x.numel() == 0:
+        dw = torch.zeros_like(weight) if has_weight else None
+        return dx, dw
+    check_runtime(x, _rms_norm_bwd_kernel)
+    n_rows = x.numel() // n_cols
+    x2 = rows_view(x, n_cols)
+    dy2 = rows_view(dy, n_cols)
+    dx2 = dx.view(-1, n_cols)
+    w = weight if has_weight else x2
+    n_programs = min(n_rows, target_programs(x.device))
+    rows_per_program = triton.cdiv(n_rows, n_programs)
+    n_programs = triton.cdiv(n_rows, rows_per_program)
+    dw_partial = torch.empty((n_programs, n_cols) if has_weight else (1,),
+                             dtype=torch.float32, device=x.device)
+    strides = (dy2.stride(0), dy2.stride(1), x2.stride(0), x2.stride(1), dx2.stride(0))
+    if n_cols <= MAX_FUSED_N:
+        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
+        block_m = min(block_m, triton.next_power_of_2(rows_per_program))
+        _rms_norm_bwd_kernel[(n_programs,)](
+            dy2, x2, w, rstd, dx2, dw_partial, n_rows, n_cols, rows_per_program, *strides,
+            offset, HAS_WEIGHT=has_weight, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=num_warps)
+    else:
+        c = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+        _rms_norm_bwd_row_dot_kernel[(n_rows,)](
+            dy2, x2, w, rstd, c, n_cols, *strides[:4], offset,
+            HAS_WEIGHT=has_weight, BLOCK_N=LOOP_BLOCK_N, num_warps=8)
+        block_n = 1024
+        grid = (n_programs, triton.cdiv(n_cols, block_n))
+        _rms_norm_bwd_dx_kernel[grid](
+            dy2, x2, w, rstd, c, dx2, dw_partial, n_rows, n_cols, rows_per_program, *strides,
+            offset, HAS_WEIGHT=has_weight, BLOCK_M=4, BLOCK_N=block_n, num_warps=4)
+    dw = dw_partial.sum(0).to(weight.dtype) if has_weight else None
+    return dx, dw
+
+
+# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+
+@torch.library.custom_op("speedlight::rms_norm_fwd", mutates_args=())
+def _rms_norm_fwd_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
+                     offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return rms_norm_fwd(x, weight, eps, offset)
+
+
+@_rms_norm_fwd_op.register_fake
+def _(x, weight, eps, offset):
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols if n_cols else 0
+    return x.new_empty(x.shape), x.new_empty((n_rows,), dtype=torch.float32)
+
+
+@torch.library.custom_op("speedlight::rms_norm_bwd", mutates_args=())
+def _rms_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+                     rstd: torch.Tensor, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    dx, dw = rms_norm_bwd(dy, x, weight, rstd, offset)
+    return dx, (dw if dw is not None else x.new_empty((0,)))
+
+
+@_rms_norm_bwd_op.register_fake
+def _(dy, x, weight, rstd, offset):
+    return x.new_empty(x.shape), (torch.empty_like(weight) if weight is not None
+                                  else x.new_empty((0,)))
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, eps, offset = inputs
+    _, rstd = output
+    ctx.save_for_backward(x, weight, rstd)
+    ctx.offset = offset
+    ctx.mark_non_differentiable(rstd)
+
+
+def _backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = torch.ops.speedlight.rms_norm_bwd(dy, x, weight, rstd, ctx.offset)
+    return dx, (dw if weight is not None else None), None, None
+
+
+_rms_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --- public function ---------------------------------------------------------------------
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
+             offset: float = 0.0) -> torch.Tensor:
+    """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * (offset + weight).
+
+    x: [..., hidden] float32/float16/bfloat16, any strides. weight: [hidden] or None
+    (no scale). offset: 1.0 for Gemma's (1 + w) form. Returns a tensor of x's shape and
+    dtype. Differentiable in x and weight; works under torch.compile(fullgraph=True).
+    """
+    check_tensor("x", x, min_dim=1)
+    if weight is not None:
+        check_tensor("weight", weight)
+        if tuple(weight.shape) != (x.shape[-1],):
+            raise ValueError(f"weight must have shape ({x.shape[-1]},) to match x's last dim, "
+                             f"got {tuple(weight.shape)} (x has shape {tuple(x.shape)})")
+        check_same_device(x=x, weight=weight)
+    elif offset:
+        raise ValueError(f"offset={offset} scales a weight, but weight is None")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
+        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    y, _ = torch.ops.speedlight.rms_norm_fwd(x, weight, float(eps), float(offset))
+    return y
+
+
+# --- OpSpec --------------------------------------------------------------------------------
+
+def _make_inputs(case: Case, device) -> dict:
+    rows, hidden = case["rows"], case["hidden"]
+    # Over one column y = x / sqrt(x^2 + eps) * w, whose gradient w * eps / (x^2 + eps)^1.5
+    # is all cancellation unless x^2 ~ eps: draw x at that scale so the case stays
+    # well-conditioned and tests the kernel, not float32.
+    x = rand_tensor((rows, hidden), case, device, scale=1e-3 if hidden == 1 else 1.0)
+    if case.flag("nonfinite"):
+        inject_nonfinite(x, case)
+    offset = float(case.flag("offset", 0.0))
+    weight = None
+    if case.flag("weight", True):
+        # Gemma stores w - 1 (near 0); plain RMSNorm weights sit near 1.
+        weight = rand_tensor((hidden,), case, device, layout="contiguous", salt=1, scale=0.2,
+                             shift=0.0 if offset else 1.0)
+    return {"x": x, "weight": weight, "eps": 1e-6, "offset": offset}
+
+
+def _cost(case: Case, mode: str) -> Cost:
+    m, n = case["rows"], case["hidden"]
+    e = case.dtype.itemsize
+    w = n * e if case.flag("weight", True) else 0
+    if mode == "fwd":
+        # read x, w; write y, rstd (fp32). sum(x^2): 2 FLOP/elem; x * rstd * w': 2.
+        return Cost(flops=4 * m * n, bytes=2 * m * n * e + w + 4 * m)
+    # read dy, x, w, rstd; write dx, dw. FLOP: xhat 1, dxhat 1, c 2, dx 3, dw 2 per elem.
+    return Cost(flops=9 * m * n, bytes=3 * m * n * e + 2 * w + 4 * m)
+
+
+def _cases(suite: str) -> list[Case]:
+    def case(rows, hidden, layout="contiguous", model=None, **flags):
+        return Case("rms_norm", (("rows", rows), ("hidden", hidden)), layout=layout,
+                    flags=flags, model=model)
+
+    points = shapes.rows_and_width(suite, "hidden")
+    out = []
+    for rows, hidden, model in points:
+        cfg = shapes.MODELS.get(model) if model else None
+        flags = {"offset": 1} if cfg is not None and cfg.norm_offset else {}
+        out.append(case(rows, hidden, model=model, **flags))
+    if suite == "quick":
+        out += [case(37, 128, "strided"), case(5, 781, "strided"), case(4, 1000, "transposed"),
+                case(3, 7, weight=False), case(5, 781, weight=False), case(37, 128, offset=1),
+                case(5, 781, nonfinite=True), case(0, 128), case(2, 70001, "strided")]
+    if suite == "full":
+        out += [case(r, w, "strided") for r, w, m in points if m is None and r * w <= 2**24]
+        out += [case(257, 4093, weight=False), case(3, 100003, "transposed"),
+                case(257, 1021, nonfinite=True), case(0, 4096),
+                # rows x row stride > 2^31: 64-bit offsets
+                case(65537, 32771, huge=True)]
+    return out
+
+
+def _skip(case: Case, device) -> str | None:
+    if case.flag("huge") and torch.device(device).type != "cuda":
+        return ("64-bit indexing case: rows x stride > 2^31 needs > 4 GiB per tensor and "
+                "hours under the interpreter; it runs on a GPU")
+    return None
+
+
+SPEC = OpSpec(
+    name="rms_norm",
+    impl=rms_norm,
+    reference=reference.rms_norm,
+    make_inputs=_make_inputs,
+    cost=_cost,
+    suites=shapes.suites(_cases),
+    grad_inputs=("x", "weight"),
+    skip=_skip,
+    notes="Normalizes the last dim; fp32 accumulation; dW reduced per program, then summed.",
+)

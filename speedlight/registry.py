@@ -1,0 +1,62 @@
+"""The built-in OpSpecs, and a user's own spec files.
+
+A spec file is a Python file that defines `SPEC` (one OpSpec) or `SPECS` (a list); the
+same harnesses then verify, bench and inspect the user's kernel against the user's
+reference.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from speedlight.spec import OpSpec
+
+BUILTIN_MODULES = (
+    "speedlight.ops.rms_norm",
+    "speedlight.ops.softmax",
+)
+
+
+def builtin_specs() -> list[OpSpec]:
+    return [importlib.import_module(m).SPEC for m in BUILTIN_MODULES]
+
+
+def load_spec_file(path: str | Path) -> list[OpSpec]:
+    """The OpSpecs a user's file defines (SPEC or SPECS)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"spec file {str(path)!r} does not exist")
+    name = f"speedlight_user_spec_{abs(hash(str(path.resolve())))}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    module_spec.loader.exec_module(module)
+    found = []
+    if isinstance(getattr(module, "SPEC", None), OpSpec):
+        found.append(module.SPEC)
+    found += [s for s in getattr(module, "SPECS", []) if isinstance(s, OpSpec)]
+    if not found:
+        raise ValueError(f"spec file {str(path)!r} defines no SPEC (an OpSpec) or SPECS "
+                         f"(a list of OpSpecs)")
+    return found
+
+
+def select(names: Sequence[str] | None = None, spec_files: Iterable[str | Path] = (),
+           include_builtin: bool = True) -> list[OpSpec]:
+    """Built-in specs (unless only spec files were asked for) plus those of spec files,
+    filtered by name."""
+    spec_files = list(spec_files)
+    specs = builtin_specs() if include_builtin else []
+    for f in spec_files:
+        specs += load_spec_file(f)
+    if not names:
+        return specs
+    by_name = {s.name: s for s in specs}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(by_name)}")
+    return [by_name[n] for n in names]

@@ -1,0 +1,104 @@
+"""Real model configurations, and the case suites built from them.
+
+Suites:
+  quick  small shapes the Triton interpreter runs in seconds on a CPU, odd sizes included;
+  model  the hidden sizes and vocabularies of the models below at 1, 512, 4096 and 16384
+         tokens (decode, short prefill, training micro-batch, long context);
+  full   model plus odd shapes: size 1, primes, non-powers of two, rows longer than one
+         block and longer than 65536.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+SUITES = ("quick", "model", "full")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    hf_model_type: str
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    norm: str  # "rms" or "layer"
+    norm_eps: float
+    mlp: str  # "swiglu", "geglu" (gelu-tanh gate) or "gelu" (not gated)
+    rotary_dim: int  # 0 when positions are learned embeddings
+    source: str
+    norm_offset: float = 0.0  # Gemma scales by (1 + w)
+    rope_interleaved: bool = False  # GPT-J pairs (0,1),(2,3)...; Llama/NeoX rotate halves
+    logit_softcap: float | None = None
+
+
+def _hf(repo: str) -> str:
+    return f"https://huggingface.co/{repo}/blob/main/config.json"
+
+
+MODELS: dict[str, ModelConfig] = {m.name: m for m in [
+    ModelConfig("llama-3-8b", "llama", 4096, 14336, 32, 8, 128, 128256, "rms", 1e-5, "swiglu",
+                128, _hf("meta-llama/Meta-Llama-3-8B")),
+    ModelConfig("llama-3-70b", "llama", 8192, 28672, 64, 8, 128, 128256, "rms", 1e-5, "swiglu",
+                128, _hf("meta-llama/Meta-Llama-3-70B")),
+    ModelConfig("mistral-7b", "mistral", 4096, 14336, 32, 8, 128, 32000, "rms", 1e-5, "swiglu",
+                128, _hf("mistralai/Mistral-7B-v0.1")),
+    ModelConfig("qwen2.5-7b", "qwen2", 3584, 18944, 28, 4, 128, 152064, "rms", 1e-6, "swiglu",
+                128, _hf("Qwen/Qwen2.5-7B")),
+    ModelConfig("qwen3-8b", "qwen3", 4096, 12288, 32, 8, 128, 151936, "rms", 1e-6, "swiglu",
+                128, _hf("Qwen/Qwen3-8B")),
+    ModelConfig("gemma-2-9b", "gemma2", 3584, 14336, 16, 8, 256, 256000, "rms", 1e-6, "geglu",
+                256, _hf("google/gemma-2-9b"), norm_offset=1.0, logit_softcap=30.0),
+    ModelConfig("gemma-3-1b", "gemma3_text", 1152, 6912, 4, 1, 256, 262144, "rms", 1e-6, "geglu",
+                256, _hf("google/gemma-3-1b-pt"), norm_offset=1.0),
+    ModelConfig("phi-3-mini", "phi3", 3072, 8192, 32, 32, 96, 32064, "rms", 1e-5, "swiglu",
+                96, _hf("microsoft/Phi-3-mini-4k-instruct")),
+    ModelConfig("gpt-j-6b", "gptj", 4096, 16384, 16, 16, 256, 50400, "layer", 1e-5, "gelu",
+                64, _hf("EleutherAI/gpt-j-6b"), rope_interleaved=True),
+    ModelConfig("gpt-2", "gpt2", 768, 3072, 12, 12, 64, 50257, "layer", 1e-5, "gelu",
+                0, _hf("openai-community/gpt2")),
+]}
+
+MODEL_TOKENS = (1, 512, 4096, 16384)
+
+# quick: (rows, width) pairs a CPU interpreter runs fast, still with odd sizes.
+QUICK_ROWS_WIDTHS = ((1, 1), (3, 7), (37, 128), (5, 781), (4, 1000), (2, 4096), (1, 70001))
+# full: odd sizes crossed with odd row counts.
+ODD_WIDTHS = (1, 2, 3, 17, 127, 509, 1000, 1021, 4093, 6000, 12289, 65537, 100003)
+ODD_ROWS = (1, 3, 257, 1031)
+
+
+def model_values(field: str, models: Iterable[ModelConfig] | None = None) -> list[tuple[int, str]]:
+    """Distinct values of a ModelConfig field, each with the first model that has it."""
+    seen: dict[int, str] = {}
+    for m in models or MODELS.values():
+        v = getattr(m, field)
+        if v and v not in seen:
+            seen[v] = m.name
+    return sorted(seen.items())
+
+
+def rows_and_width(suite: str, field: str = "hidden") -> list[tuple[int, int, str | None]]:
+    """(rows, width, model) points of a suite for ops over a [tokens, width] tensor, with
+    width taken from the ModelConfig field (hidden, intermediate, vocab, ...)."""
+    check_suite(suite)
+    if suite == "quick":
+        return [(r, w, None) for r, w in QUICK_ROWS_WIDTHS]
+    points = [(t, w, name) for w, name in model_values(field) for t in MODEL_TOKENS]
+    if suite == "full":
+        points += [(r, w, None) for w in ODD_WIDTHS for r in ODD_ROWS if r * w <= 2**27]
+    return points
+
+
+def check_suite(suite: str) -> None:
+    if suite not in SUITES:
+        raise ValueError(f"suite must be one of {', '.join(SUITES)}, got {suite!r}")
+
+
+def suites(build: Callable[[str], Sequence]) -> dict[str, Callable[[], list]]:
+    """The suites mapping of an OpSpec from one builder taking the suite name."""
+    return {name: (lambda name=name: list(build(name))) for name in SUITES}

@@ -1,0 +1,288 @@
+"""The vocabulary every speedlight tool shares: Case, Cost, Tolerance, OpSpec.
+
+An operation is described once, by its OpSpec; verify, bench, inspect, profile and report
+read that description and need no per-op code of their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+
+LAYOUTS = ("contiguous", "strided", "transposed")
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp64": torch.float64,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """Short name used in case ids and results: fp32, fp16, bf16."""
+    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """Accept 'bf16', 'bfloat16', 'torch.bfloat16' or a torch.dtype."""
+    if isinstance(name, torch.dtype):
+        return name
+    key = name.strip().lower().replace("torch.", "")
+    aliases = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
+               "bfloat16": "bf16", "float64": "fp64", "double": "fp64"}
+    key = aliases.get(key, key)
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}: expected one of {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+def _freeze(mapping: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> tuple:
+    if mapping is None:
+        return ()
+    items = mapping.items() if isinstance(mapping, Mapping) else mapping
+    return tuple((str(k), v) for k, v in items)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One concrete input configuration of an op.
+
+    `params` are the named shape parameters in the order they appear in the id
+    (`rows=4096, hidden=4096`); `flags` are options that change what is computed
+    (`causal`, `weight=False`); `layout` says how the inputs sit in memory:
+    contiguous, strided (a view whose row stride is larger than the row), or
+    transposed (the reduced dimension is not the innermost one in memory).
+    """
+
+    op: str
+    params: tuple = ()
+    dtype: torch.dtype = torch.float32
+    layout: str = "contiguous"
+    flags: tuple = ()
+    seed: int = 0
+    model: str | None = None  # the model configuration this shape comes from, if any
+
+    def __post_init__(self):
+        object.__setattr__(self, "params", _freeze(self.params))
+        object.__setattr__(self, "flags", _freeze(self.flags))
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+
+    def __getitem__(self, name: str) -> Any:
+        for k, v in self.params:
+            if k == name:
+                return v
+        raise KeyError(f"case {self.id} has no shape parameter {name!r}")
+
+    def flag(self, name: str, default: Any = None) -> Any:
+        for k, v in self.flags:
+            if k == name:
+                return v
+        return default
+
+    @property
+    def shape(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def id(self) -> str:
+        """op-params-dtype[-layout][-flags], e.g. rms_norm-rows4096-hidden4096-bf16-strided."""
+        return "-".join([self.op, self._shape_label(), dtype_name(self.dtype)] + self._tail())
+
+    @property
+    def label(self) -> str:
+        """The id without op and dtype: rows4096-hidden4096-strided."""
+        return "-".join([self._shape_label()] + self._tail())
+
+    def _shape_label(self) -> str:
+        return "-".join(f"{k}{v}" for k, v in self.params)
+
+    def _tail(self) -> list[str]:
+        parts = []
+        if self.layout != "contiguous":
+            parts.append(self.layout)
+        for k, v in self.flags:
+            if v is True:
+                parts.append(k)
+            elif v is False:
+                parts.append(f"no{k}")
+            elif v is not None:
+                parts.append(f"{k}{v}")
+        return parts
+
+    def with_(self, **changes) -> "Case":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "id": self.id, "params": dict(self.params),
+                "dtype": dtype_name(self.dtype), "layout": self.layout,
+                "flags": dict(self.flags), "seed": self.seed, "model": self.model}
+
+
+@dataclass(frozen=True)
+class Cost:
+    """FLOPs and compulsory bytes of the ideal implementation of one direction.
+
+    FLOP counts a multiply-add as 2. Bytes are every input read once and every output
+    written once, in the dtypes given.
+    """
+
+    flops: int
+    bytes: int
+
+    @property
+    def intensity(self) -> float:
+        """FLOP per byte."""
+        return self.flops / self.bytes if self.bytes else math.inf
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.flops + other.flops, self.bytes + other.bytes)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """When an output of dtype d passes against the float64 reference.
+
+    An error passes when it is at most `k` times the error PyTorch itself makes on the
+    same inputs in dtype d, that error taken as at least `floor` (one rounding of d), and
+    it never passes above `ceiling`, however large PyTorch's own error is.
+    The rule is applied to the relative L2 error and to the max abs error (the latter
+    scaled by max |reference|).
+    """
+
+    k: float
+    floor: float
+    ceiling: float
+
+
+# The one tolerance table. floor = the unit roundoff of the dtype (half an ulp at 1.0, the
+# error of one correct rounding); ceiling = the largest relative L2 error any speedlight
+# kernel may have in that dtype.
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(k=4.0, floor=2.0 ** -24, ceiling=1e-4),
+    torch.float16: Tolerance(k=4.0, floor=2.0 ** -11, ceiling=1e-2),
+    torch.bfloat16: Tolerance(k=4.0, floor=2.0 ** -8, ceiling=4e-2),
+}
+
+
+Inputs = dict  # keyword arguments of impl / reference: tensors and plain values
+
+
+@dataclass
+class OpSpec:
+    """Everything the tools need to know about one operation.
+
+    impl and reference take the same keyword arguments, the dict `make_inputs(case,
+    device)` returns, and return a tensor or a tuple of tensors. `grad_inputs` names the
+    tensor arguments that take gradients; every floating output is differentiated with a
+    random upstream gradient. `cost(case, "fwd" | "bwd")` returns the Cost of each
+    direction (None for "bwd" when the op has no backward). `suites[name]()` returns the
+    cases of a suite in the case dtype float32; the harness sets dtype and seed.
+    `skip(case, device)` returns the reason a runtime cannot run a case, or None.
+    """
+
+    name: str
+    impl: Callable[..., Any]
+    reference: Callable[..., Any]
+    make_inputs: Callable[[Case, torch.device], Inputs]
+    cost: Callable[[Case, str], Cost | None]
+    suites: Mapping[str, Callable[[], Sequence[Case]]]
+    grad_inputs: tuple[str, ...] = ()
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+    tolerances: Mapping[torch.dtype, Tolerance] = field(default_factory=lambda: TOLERANCES)
+    skip: Callable[[Case, torch.device], str | None] = lambda case, device: None
+    notes: str = ""
+    # Which role the op plays in a model; profile and report read it.
+    family: str = "memory-bound"
+
+    def cases(self, suite: str) -> list[Case]:
+        if suite not in self.suites:
+            raise ValueError(f"op {self.name!r} has no suite {suite!r}: "
+                             f"expected one of {', '.join(self.suites)}")
+        return list(self.suites[suite]())
+
+    def tolerance(self, dtype: torch.dtype) -> Tolerance:
+        return self.tolerances.get(dtype, TOLERANCES.get(dtype, TOLERANCES[torch.float32]))
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs: helpers every make_inputs uses, so layouts and seeds mean the same for all ops.
+# ---------------------------------------------------------------------------------------
+
+def generator(case: Case, salt: int = 0) -> torch.Generator:
+    """A CPU generator seeded from the case seed and its id, so inputs are reproducible."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed((case.seed * 1_000_003 + _stable_hash(case.id) + salt) % (2 ** 63))
+    return g
+
+
+def _stable_hash(text: str) -> int:
+    h = 1469598103934665603
+    for ch in text.encode():
+        h = ((h ^ ch) * 1099511628211) % (2 ** 64)
+    return h
+
+
+def rand_tensor(shape: Sequence[int], case: Case, device: torch.device | str, *,
+                dtype: torch.dtype | None = None, layout: str | None = None,
+                scale: float = 1.0, shift: float = 0.0, salt: int = 0,
+                dist: str = "normal") -> torch.Tensor:
+    """Random tensor of `shape` laid out as the case asks.
+
+    strided:    a view into a wider buffer, so the last dim's parent stride exceeds it
+                (row stride = row length + padding; the padding holds NaN so a kernel that
+                reads past the row end is caught).
+    transposed: the last dim is not the innermost one in memory (a transpose of a
+                contiguous buffer of the swapped shape).
+    """
+    dtype = dtype or case.dtype
+    layout = layout or case.layout
+    g = generator(case, salt)
+    shape = tuple(int(s) for s in shape)
+
+    def draw(sh):
+        if dist == "normal":
+            t = torch.randn(sh, generator=g, dtype=torch.float64)
+        elif dist == "uniform":
+            t = torch.rand(sh, generator=g, dtype=torch.float64)
+        else:
+            raise ValueError(f"dist must be 'normal' or 'uniform', got {dist!r}")
+        return (t * scale + shift).to(dtype)
+
+    if layout == "contiguous" or len(shape) == 0:
+        return draw(shape).to(device)
+    if layout == "strided":
+        pad = 3 if shape[-1] > 1 else 1
+        wide = draw(shape[:-1] + (shape[-1] + pad,))
+        if dtype.is_floating_point:
+            wide[..., shape[-1]:] = float("nan")
+        return wide.to(device)[..., : shape[-1]]
+    if layout == "transposed":
+        if len(shape) < 2:
+            raise ValueError("transposed layout needs at least 2 dims")
+        swapped = shape[:-2] + (shape[-1], shape[-2])
+        return draw(swapped).to(device).transpose(-1, -2)
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+def inject_nonfinite(t: torch.Tensor, case: Case, count: int = 3) -> torch.Tensor:
+    """Put NaN, +Inf and -Inf at a few seeded positions of `t` (in place; returns t)."""
+    if t.numel() == 0:
+        return t
+    g = generator(case, salt=7919)
+    flat_index = torch.randint(0, t.numel(), (count,), generator=g)
+    values = [float("nan"), float("inf"), float("-inf")]
+    for i, idx in enumerate(flat_index.tolist()):
+        pos = torch.unravel_index(torch.tensor(idx), t.shape)
+        t[tuple(int(p) for p in pos)] = values[i % len(values)]
+    return t
+
+
+def is_cpu_interpreter(device: torch.device | str) -> bool:
+    return torch.device(device).type == "cpu"

@@ -1,0 +1,267 @@
+"""Run an OpSpec's cases and judge every output and gradient against float64.
+
+For each case: inputs from the spec; the reference in float64 (ground truth) and in the
+case's dtype (PyTorch's own error); speedlight's implementation with every allocation
+poisoned (NaN for floats) and its Triton launches counted; then the same for gradients of
+every differentiable input under a random upstream gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from speedlight.spec import Case, OpSpec, dtype_name, rand_tensor
+from speedlight.verify.compare import Check, judge
+
+GiB = 2 ** 30
+
+
+# --- instruments -------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """Every torch.empty* inside is filled with NaN (floats) or the max value (ints), so an
+    element a kernel forgot to write cannot pass as a plausible number."""
+    was_det = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        probe = torch.empty(4)
+        if not bool(torch.isnan(probe).all()):
+            raise RuntimeError("torch did not poison a new allocation; verify cannot run")
+        yield
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = was_fill
+        torch.use_deterministic_algorithms(was_det, warn_only=was_warn)
+
+
+class LaunchCounter:
+    """Counts Triton kernel launches (compiled or interpreted) while active."""
+
+    def __init__(self):
+        self.count = 0
+        self.kernels: list[str] = []
+
+    @contextlib.contextmanager
+    def active(self):
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+
+        originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
+        counter = self
+
+        def wrap(orig):
+            def run(self, *args, **kwargs):
+                if not kwargs.get("warmup", False):
+                    counter.count += 1
+                    counter.kernels.append(getattr(self, "__name__", str(self)))
+                return orig(self, *args, **kwargs)
+            return run
+
+        for cls, orig in originals.items():
+            cls.run = wrap(orig)
+        try:
+            yield self
+        finally:
+            for cls, orig in originals.items():
+                cls.run = orig
+
+
+# --- results ------------------------------------------------------------------------------
+
+@dataclass
+class CaseResult:
+    op: str
+    case: Case
+    status: str  # pass | fail | skip | error
+    reason: str = ""
+    checks: list[Check] = field(default_factory=list)
+    launches: int = 0
+    seconds: float = 0.0
+
+    @property
+    def worst(self) -> Check | None:
+        scored = [c for c in self.checks if c.ours is not None]
+        failed = [c for c in self.checks if not c.passed]
+        if failed:
+            return max(failed, key=lambda c: c.ratio)
+        return max(scored, key=lambda c: c.ratio) if scored else None
+
+    def to_row(self) -> dict:
+        return {"tool": "verify", "op": self.op, "implementation": "speedlight",
+                "case_id": self.case.id, "case": self.case.to_json(), "status": self.status,
+                "reason": self.reason, "launches": self.launches,
+                "seconds": round(self.seconds, 4), "checks": [c.to_json() for c in self.checks]}
+
+
+# --- the harness ----------------------------------------------------------------------------
+
+def _to(inputs: dict, dtype: torch.dtype) -> dict:
+    """inputs with every floating tensor converted to dtype (detached)."""
+    return {k: (v.detach().to(dtype) if isinstance(v, torch.Tensor)
+                and v.is_floating_point() else v) for k, v in inputs.items()}
+
+
+def _to64(inputs: dict) -> dict:
+    return _to(inputs, torch.float64)
+
+
+@contextlib.contextmanager
+def _quiet_numpy(device: torch.device):
+    """The interpreter computes in numpy, which warns on inf - inf and 0 * inf; those are
+    the point of the nonfinite cases, whose outputs are checked position by position."""
+    if device.type != "cpu":
+        yield
+        return
+    import numpy as np
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        yield
+
+
+def _as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _output_names(n: int) -> list[str]:
+    return ["y"] if n == 1 else [f"y{i}" for i in range(n)]
+
+
+def _leaves(inputs: dict, names: Sequence[str]) -> tuple[dict, list[str]]:
+    """A copy of inputs whose differentiable tensors are fresh leaves with the same strides."""
+    out, used = dict(inputs), []
+    for n in names:
+        v = inputs.get(n)
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            out[n] = v.detach().requires_grad_(True)
+            used.append(n)
+    return out, used
+
+
+def _grads(fn: Callable, inputs: dict, names: Sequence[str], upstream: Sequence[torch.Tensor]):
+    outs = [o for o in _as_tuple(fn(**inputs)) if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    pairs = [(o, g.to(o.dtype)) for o, g in zip(outs, upstream) if o.requires_grad]
+    if not pairs:
+        return [None] * len(names)
+    return torch.autograd.grad([o for o, _ in pairs], [inputs[n] for n in names],
+                               [g for _, g in pairs], allow_unused=True)
+
+
+def estimate_bytes(spec: OpSpec, case: Case) -> int:
+    """Device memory verify needs for a case: inputs and outputs in the case dtype, twice in
+    float64, for forward and backward."""
+    fwd = spec.cost(case, "fwd")
+    bwd = spec.cost(case, "bwd") if spec.grad_inputs else None
+    moved = fwd.bytes + (bwd.bytes if bwd else 0)
+    return int(moved * (1 + 2 * 8 / case.dtype.itemsize))
+
+
+def verify_case(spec: OpSpec, case: Case, device: torch.device | str, *,
+                max_bytes: int = 8 * GiB) -> CaseResult:
+    device = torch.device(device)
+    start = time.perf_counter()
+    if case.dtype not in spec.dtypes:
+        return CaseResult(spec.name, case, "skip",
+                          f"{spec.name} does not support {dtype_name(case.dtype)}")
+    reason = spec.skip(case, device)
+    if reason:
+        return CaseResult(spec.name, case, "skip", reason)
+    need = estimate_bytes(spec, case)
+    if need > max_bytes:
+        return CaseResult(spec.name, case, "skip",
+                          f"needs ~{need / GiB:.1f} GiB with its float64 references, over the "
+                          f"{max_bytes / GiB:.1f} GiB budget (--max-gib)")
+    try:
+        result = _run_case(spec, case, device)
+    except Exception as e:  # an op that raises on a valid case fails it, with the reason
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f" at {tb[-1].filename.split('/')[-1]}:{tb[-1].lineno}" if tb else ""
+        result = CaseResult(spec.name, case, "error", f"{type(e).__name__}: {e}{where}")
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _run_case(spec: OpSpec, case: Case, device: torch.device) -> CaseResult:
+    tol = spec.tolerance(case.dtype)
+    inputs = spec.make_inputs(case, device)
+    empty = any(isinstance(v, torch.Tensor) and v.numel() == 0 for v in inputs.values())
+    counter = LaunchCounter()
+
+    low = case.dtype != torch.float32
+    with torch.no_grad():
+        ref64 = _as_tuple(spec.reference(**_to64(inputs)))
+        ref_lp = _as_tuple(spec.reference(**inputs))
+        ref32 = _as_tuple(spec.reference(**_to(inputs, torch.float32))) if low else ref_lp
+        with poisoned_allocations(), counter.active(), _quiet_numpy(device):
+            ours = _as_tuple(spec.impl(**inputs))
+    checks: list[Check] = []
+    if len(ours) != len(ref64):
+        checks.append(Check("outputs", False, f"{len(ours)} outputs, reference has {len(ref64)}",
+                            None, None, float("inf")))
+    for name, o, r, t, t32 in zip(_output_names(len(ref64)), ours, ref64, ref_lp, ref32):
+        if isinstance(r, torch.Tensor):
+            checks.append(judge(name, o if isinstance(o, torch.Tensor) else None, r, t, tol, t32))
+
+    # gradients of every differentiable input, under one random upstream gradient per output
+    leaves, names = _leaves(inputs, spec.grad_inputs)
+    if names:
+        float_refs = [r for r in ref64 if isinstance(r, torch.Tensor) and r.is_floating_point()]
+        upstream = [rand_tensor(tuple(r.shape), case.with_(layout="contiguous"), device,
+                                dtype=case.dtype, salt=101 + i) for i, r in enumerate(float_refs)]
+        leaves64, _ = _leaves(_to64(inputs), names)
+        g64 = _grads(spec.reference, leaves64, names, [u.to(torch.float64) for u in upstream])
+        leaves_lp, _ = _leaves(inputs, names)
+        g_lp = _grads(spec.reference, leaves_lp, names, upstream)
+        if low:
+            leaves32, _ = _leaves(_to(inputs, torch.float32), names)
+            g32 = _grads(spec.reference, leaves32, names, [u.float() for u in upstream])
+        else:
+            g32 = g_lp
+        with poisoned_allocations(), counter.active(), _quiet_numpy(device):
+            g_ours = _grads(spec.impl, leaves, names, upstream)
+        for n, go, gr, gt, gt32 in zip(names, g_ours, g64, g_lp, g32):
+            if gr is None:
+                continue
+            checks.append(judge(f"grad_{n}", go, gr, gt if gt is not None else gr.to(case.dtype),
+                                tol, gt32))
+
+    if empty:
+        ok = counter.count == 0
+        checks.append(Check("no_launch", ok, "" if ok else
+                            f"{counter.count} kernel launch(es) on empty input: "
+                            f"{', '.join(counter.kernels)}", None, None, 0.0))
+    failed = [c for c in checks if not c.passed]
+    status = "fail" if failed else "pass"
+    reason = "; ".join(f"{c.name}: {c.reason}" for c in failed)
+    return CaseResult(spec.name, case, status, reason, checks, counter.count)
+
+
+def expand(spec: OpSpec, suite: str, dtypes: Iterable[torch.dtype], seeds: Iterable[int]) -> list[Case]:
+    """The spec's suite crossed with dtypes and seeds."""
+    out = []
+    for base in spec.cases(suite):
+        for d in dtypes:
+            for s in seeds:
+                out.append(base.with_(dtype=d, seed=s))
+    return out
+
+
+def run(specs: Sequence[OpSpec], suite: str, dtypes: Sequence[torch.dtype], seeds: Sequence[int],
+        device: torch.device | str, *, max_bytes: int = 8 * GiB,
+        on_result: Callable[[CaseResult, int, int], Any] | None = None) -> list[CaseResult]:
+    """Verify every (spec, case, dtype, seed); on_result(result, done, total) after each."""
+    work = [(spec, c) for spec in specs for c in expand(spec, suite, dtypes, seeds)]
+    results = []
+    for i, (spec, case) in enumerate(work, 1):
+        r = verify_case(spec, case, device, max_bytes=max_bytes)
+        results.append(r)
+        if on_result is not None:
+            on_result(r, i, len(work))
+    return results

@@ -1,0 +1,79 @@
+import math
+
+import pytest
+import torch
+
+from speedlight.spec import (TOLERANCES, Case, Cost, OpSpec, dtype_name, inject_nonfinite,
+                             parse_dtype, rand_tensor)
+
+
+def test_case_id_is_readable():
+    c = Case("rms_norm", {"rows": 4096, "hidden": 4096}, dtype=torch.bfloat16, layout="strided")
+    assert c.id == "rms_norm-rows4096-hidden4096-bf16-strided"
+    assert c.label == "rows4096-hidden4096-strided"
+    assert c["hidden"] == 4096
+    assert c.with_(dtype=torch.float16).id == "rms_norm-rows4096-hidden4096-fp16-strided"
+
+
+def test_case_flags_in_id():
+    c = Case("attn", {"seq": 7}, flags={"causal": True, "weight": False, "offset": 1})
+    assert c.id == "attn-seq7-fp32-causal-noweight-offset1"
+    assert c.flag("causal") is True and c.flag("missing", 3) == 3
+
+
+def test_case_is_hashable_and_rejects_unknown_layout():
+    assert len({Case("a", {"n": 1}), Case("a", {"n": 1})}) == 1
+    with pytest.raises(ValueError, match="layout"):
+        Case("a", {"n": 1}, layout="diagonal")
+    with pytest.raises(KeyError, match="no shape parameter"):
+        Case("a", {"n": 1})["m"]
+
+
+def test_cost_adds_and_reports_intensity():
+    c = Cost(flops=100, bytes=50) + Cost(flops=20, bytes=10)
+    assert (c.flops, c.bytes) == (120, 60)
+    assert c.intensity == 2.0
+    assert math.isinf(Cost(1, 0).intensity)
+
+
+def test_tolerance_table_covers_every_dtype_and_is_ordered():
+    f32, f16, bf16 = (TOLERANCES[d] for d in (torch.float32, torch.float16, torch.bfloat16))
+    assert f32.floor < f16.floor < bf16.floor
+    assert f32.ceiling < f16.ceiling < bf16.ceiling
+    assert all(t.k > 1 for t in TOLERANCES.values())
+
+
+def test_dtype_names_round_trip():
+    for name in ("fp32", "fp16", "bf16"):
+        assert dtype_name(parse_dtype(name)) == name
+    assert parse_dtype("bfloat16") is torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype"):
+        parse_dtype("fp7")
+
+
+def test_rand_tensor_layouts():
+    c = Case("op", {"n": 5}, dtype=torch.float16, seed=3)
+    a = rand_tensor((4, 5), c, "cpu")
+    assert a.is_contiguous() and a.dtype == torch.float16
+    assert torch.equal(a, rand_tensor((4, 5), c, "cpu")), "same case, same tensor"
+    assert not torch.equal(a, rand_tensor((4, 5), c.with_(seed=4), "cpu"))
+    s = rand_tensor((4, 5), c.with_(layout="strided"), "cpu")
+    assert s.shape == (4, 5) and s.stride(0) > 5 and s.stride(1) == 1
+    base = s.as_strided((4, s.stride(0)), (s.stride(0), 1))
+    assert torch.isnan(base[:, 5:]).all(), "the padding past each row is NaN"
+    t = rand_tensor((4, 5), c.with_(layout="transposed"), "cpu")
+    assert t.shape == (4, 5) and t.stride(-1) != 1
+    assert not torch.isnan(t).any()
+
+
+def test_inject_nonfinite_places_nan_and_infs():
+    c = Case("op", {"n": 50})
+    x = inject_nonfinite(torch.zeros(10, 50), c)
+    assert torch.isnan(x).sum() >= 1 and torch.isinf(x).sum() >= 1
+
+
+def test_opspec_rejects_unknown_suite():
+    spec = OpSpec("op", impl=lambda: None, reference=lambda: None, make_inputs=None,
+                  cost=None, suites={"quick": lambda: []})
+    with pytest.raises(ValueError, match="no suite 'full'"):
+        spec.cases("full")
