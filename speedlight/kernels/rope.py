@@ -50,8 +50,9 @@ def _rope_heads(
                         other=0.0).to(tl.float32)
             x1, x2 = tl.split(x)
         else:
-            x1 = tl.load(x_head + dim_a[None, None, :] * stride_xd, mask=mask, other=0.0).to(tl.float32)
-            x2 = tl.load(x_head + dim_b[None, None, :] * stride_xd, mask=mask, other=0.0).to(tl.float32)
+            x1 = tl.load(x_head + dim_a[None, None, :] * stride_xd, mask=mask, other=0.0)
+            x2 = tl.load(x_head + dim_b[None, None, :] * stride_xd, mask=mask, other=0.0)
+            x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
         # [BT, BH, BR] * [BT, 1, BR] -> [BT, BH, BR]
         y1 = x1 * c1 - x2 * sa
         y2 = x2 * c2 + x1 * sb
@@ -60,8 +61,9 @@ def _rope_heads(
             tl.store(y_head[:, :, :, None] + pair[None, None, :, :] * stride_yd,
                      y.to(y_ptr.dtype.element_ty), mask=mask2)
         else:
-            tl.store(y_head + dim_a[None, None, :] * stride_yd, y1.to(y_ptr.dtype.element_ty), mask=mask)
-            tl.store(y_head + dim_b[None, None, :] * stride_yd, y2.to(y_ptr.dtype.element_ty), mask=mask)
+            out_ty = y_ptr.dtype.element_ty
+            tl.store(y_head + dim_a[None, None, :] * stride_yd, y1.to(out_ty), mask=mask)
+            tl.store(y_head + dim_b[None, None, :] * stride_yd, y2.to(out_ty), mask=mask)
         if HAS_PASS:
             offs_p = rot_dim + tl.arange(0, BLOCK_P)
             mask_p = mask_th & (offs_p < rot_dim + n_pass)[None, None, :]
@@ -120,10 +122,14 @@ def _rope_kernel(
         cos_row = cos_ptr + b * stride_cb + s * stride_cs
         sin_row = sin_ptr + b * stride_sb + s * stride_ss
     mask_cs = (mask_t & valid)[:, None] & mask_r[None, :]  # [BT, BR]
-    c1 = tl.load(cos_row[:, None] + dim_a[None, :] * stride_cr, mask=mask_cs, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_row[:, None] + dim_b[None, :] * stride_cr, mask=mask_cs, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_row[:, None] + dim_a[None, :] * stride_sr, mask=mask_cs, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_row[:, None] + dim_b[None, :] * stride_sr, mask=mask_cs, other=0.0).to(tl.float32)
+    cos_a = cos_row[:, None] + dim_a[None, :] * stride_cr  # [BT, BR] pointers
+    cos_b = cos_row[:, None] + dim_b[None, :] * stride_cr
+    sin_a = sin_row[:, None] + dim_a[None, :] * stride_sr
+    sin_b = sin_row[:, None] + dim_b[None, :] * stride_sr
+    c1 = tl.load(cos_a, mask=mask_cs, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_b, mask=mask_cs, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_a, mask=mask_cs, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_b, mask=mask_cs, other=0.0).to(tl.float32)
     if HAS_POS:  # no cos/sin for this position: its rotated dims come out NaN
         c1 = tl.where(valid[:, None], c1, float("nan"))
         c2 = tl.where(valid[:, None], c2, float("nan"))

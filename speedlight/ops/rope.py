@@ -190,7 +190,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     check_tensor("cos", cos)
     check_tensor("sin", sin)
     if position_ids is not None:
-        check_tensor("position_ids", position_ids, dtypes=INT_DTYPES, expected="int32 or int64")
+        check_tensor("position_ids", position_ids, dtypes=INT_DTYPES,
+                     expected="64- or 32-bit integer")
     check_same_device(q=q, k=k, cos=cos, sin=sin, position_ids=position_ids)
     if isinstance(unsqueeze_dim, bool) or unsqueeze_dim not in (1, 2, -3, -2):
         raise ValueError(f"unsqueeze_dim must be 1 (q, k as {_LAYOUTS[1]}) or 2 (as "
@@ -211,7 +212,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         raise ValueError(f"q and k must have the same batch and seq ({layout}): q has shape "
                          f"{tuple(q.shape)}, k has {tuple(k.shape)}")
     batch, seq, head_dim = q.shape[0], q.shape[seq_dim], q.shape[-1]
-    _check_cos_sin(cos, sin, position_ids, batch, seq, head_dim)
+    _check_cos_sin_positions(cos, sin, position_ids, batch, seq, head_dim)
 
     if heads_dim == 1:  # the kernel takes [batch, seq, heads, head_dim]: a view, not a copy
         q, k = q.transpose(1, 2), k.transpose(1, 2)
@@ -221,7 +222,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     return q_rot, k_rot
 
 
-def _check_cos_sin(cos, sin, position_ids, batch: int, seq: int, head_dim: int) -> None:
+def _check_cos_sin_positions(cos, sin, position_ids, batch: int, seq: int,
+                             head_dim: int) -> None:
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have one shape, got cos {tuple(cos.shape)} and "
                          f"sin {tuple(sin.shape)}")

@@ -169,6 +169,33 @@ def test_backward_is_one_launch_and_unused_output_gets_no_gradient(device):
     torch.testing.assert_close(q.grad.double(), q64.grad, rtol=1e-6, atol=1e-6)
 
 
+def test_broadcast_upstream_gradient(device):
+    """q_rot.sum() hands the backward a stride-0 gradient; the kernel reads it as it is."""
+    q = seeded((2, 3, 4, 16), device=device).requires_grad_()
+    k = seeded((2, 1, 4, 16), device=device, seed=1).requires_grad_()
+    cos, sin = cos_sin(torch.arange(4)[None] + 9, 16, device=device)
+    q_rot, k_rot = speedlight.rope(q, k, cos, sin)
+    (q_rot.sum() + k_rot.sum()).backward()
+    q64, k64 = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+    q_ref, k_ref = reference.rope(q64, k64, cos.double(), sin.double())
+    (q_ref.sum() + k_ref.sum()).backward()
+    torch.testing.assert_close(q.grad.double(), q64.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k.grad.double(), k64.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_float32_cos_sin_with_bfloat16_q(device):
+    """An fp32 cos/sin cache with bf16 q, k: fp32 arithmetic, outputs in q's dtype."""
+    q = seeded((1, 4, 6, 32), torch.bfloat16, device)
+    k = seeded((1, 2, 6, 32), torch.bfloat16, device, seed=1)
+    cos, sin = cos_sin(torch.arange(6)[None] + 1000, 32, torch.float32, device)
+    q_rot, k_rot = speedlight.rope(q, k, cos, sin)
+    assert q_rot.dtype == k_rot.dtype == torch.bfloat16
+    q_ref, k_ref = reference.rope(q.float(), k.float(), cos, sin)
+    # within one bf16 rounding of the fp32 result
+    torch.testing.assert_close(q_rot.float(), q_ref, rtol=2.0 ** -8, atol=1e-6)
+    torch.testing.assert_close(k_rot.float(), k_ref, rtol=2.0 ** -8, atol=1e-6)
+
+
 def test_module_is_apply_rotary_pos_emb(device):
     cos, sin = cos_sin(torch.arange(5)[None], 16, device=device)
     q = seeded((2, 5, 4, 16), device=device)
@@ -221,7 +248,8 @@ def _qk(device, dtype=torch.float32, q_shape=(2, 4, 5, 32), k_shape=(2, 2, 5, 32
 
 
 def _cs(device, shape=(2, 5, 32), dtype=torch.float32):
-    return torch.ones(shape, dtype=dtype, device=device), torch.ones(shape, dtype=dtype, device=device)
+    return (torch.ones(shape, dtype=dtype, device=device),
+            torch.ones(shape, dtype=dtype, device=device))
 
 
 @pytest.mark.parametrize("call,error,match", [
@@ -240,23 +268,27 @@ def _cs(device, shape=(2, 5, 32), dtype=torch.float32):
     pytest.param(lambda d: speedlight.rope(*_qk(d), *_cs(d, (2, 5, 34))), ValueError,
                  "must be even, positive and at most head_dim=32", id="rot-dim-too-big"),
     pytest.param(lambda d: speedlight.rope(*_qk(d), *_cs(d, (2, 4, 32))), ValueError,
-                 r"cos and sin must have shape \[2 or 1, 5 or 1, rot_dim\]", id="cos-seq-mismatch"),
+                 r"cos and sin must have shape \[2 or 1, 5 or 1, rot_dim\]",
+                 id="cos-seq-mismatch"),
     pytest.param(lambda d: speedlight.rope(*_qk(d), *_cs(d), unsqueeze_dim=3), ValueError,
                  "unsqueeze_dim must be 1", id="unsqueeze-dim"),
     pytest.param(lambda d: speedlight.rope(*_qk(d, q_shape=(4, 5, 32)), *_cs(d)), ValueError,
                  "q must have 4 dims", id="q-3d"),
     pytest.param(lambda d: speedlight.rope(*_qk(d), *_cs(d, (40, 32)),
                                            torch.tensor([[0, 1, 2, 3, 40]] * 2, device=d)),
-                 ValueError, r"position_ids must lie in \[0, 40\).*\[0, 40\]", id="position-out-of-range"),
+                 ValueError, r"position_ids must lie in \[0, 40\).*\[0, 40\]",
+                 id="position-out-of-range"),
     pytest.param(lambda d: speedlight.rope(*_qk(d), *_cs(d, (40, 32)),
                                            torch.zeros(2, 5, device=d)),
-                 TypeError, "position_ids must be a int32 or int64 tensor", id="float-position-ids"),
+                 TypeError, "position_ids must be a 64- or 32-bit integer tensor",
+                 id="float-position-ids"),
     pytest.param(lambda d: speedlight.rope(*_qk(d), *_cs(d),
                                            torch.zeros(2, 5, dtype=torch.long, device=d)),
                  ValueError, "cos and sin must be a cache", id="position-ids-without-cache"),
     pytest.param(lambda d: speedlight.rope(*_qk(d), *_cs(d, (40, 32)),
                                            torch.zeros(2, 4, dtype=torch.long, device=d)),
-                 ValueError, r"position_ids must have shape \[2 or 1, 5\]", id="position-ids-shape"),
+                 ValueError, r"position_ids must have shape \[2 or 1, 5\]",
+                 id="position-ids-shape"),
     pytest.param(lambda d: speedlight.rope(*_qk(d), torch.ones(2, 5, 32, device=d,
                                                                requires_grad=True),
                                            torch.ones(2, 5, 32, device=d)),
