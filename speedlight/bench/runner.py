@@ -23,7 +23,7 @@ import math
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -34,6 +34,9 @@ from speedlight.bench.baselines import SPEEDLIGHT, Baselines, Implementation, co
 from speedlight.bench.timer import (Clock, GpuLead, L2Flush, Measurement, StopRule, capture_graph,
                                     clock_for, default_rule, flush_for, l2_bytes, measure)
 from speedlight.spec import Case, Cost, OpSpec, dtype_name, rand_tensor
+# bench calls verify (to check a case before timing it) and differentiates the same way
+from speedlight.verify.compare import metrics as error_metrics
+from speedlight.verify.harness import _as_tuple, _leaves, verify_case
 
 MODES = ("fwd", "bwd", "fwd+bwd")
 MiB, GiB = 2 ** 20, 2 ** 30
@@ -52,22 +55,8 @@ class Settings:
     max_copies: int = 8
 
 
-def _as_tuple(out) -> tuple:
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-
 def _float_outputs(out) -> list[torch.Tensor]:
     return [o for o in _as_tuple(out) if isinstance(o, torch.Tensor) and o.is_floating_point()]
-
-
-def _leaves(inputs: dict, names: Sequence[str]) -> tuple[dict, list[str]]:
-    out, used = dict(inputs), []
-    for n in names:
-        v = inputs.get(n)
-        if isinstance(v, torch.Tensor) and v.is_floating_point():
-            out[n] = v.detach().requires_grad_(True)
-            used.append(n)
-    return out, used
 
 
 def _error(e: BaseException) -> str:
@@ -80,8 +69,6 @@ def _error(e: BaseException) -> str:
 def output_mismatch(outs, refs, spec: OpSpec, dtype: torch.dtype) -> str | None:
     """Why a baseline's forward output is not the reference's, or None when it is (NaN/Inf
     positions equal, relative L2 difference under the dtype's ceiling)."""
-    from speedlight.verify.compare import metrics as error_metrics
-
     outs, refs = _as_tuple(outs), _as_tuple(refs)
     if len(outs) != len(refs):
         return f"{len(outs)} outputs, the reference gives {len(refs)}"
@@ -144,7 +131,10 @@ class Bench:
         if self.settings.max_bytes is not None:
             return self.settings.max_bytes
         if self.device.type == "cuda":
-            return torch.cuda.mem_get_info(self.device)[0] // 2
+            # free memory, plus what torch's allocator holds cached but unused
+            free = torch.cuda.mem_get_info(self.device)[0]
+            cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            return (free + cached) // 2
         return 8 * GiB
 
     def base_row(self, spec: OpSpec, case: Case, impl: str, mode: str) -> dict:
@@ -213,7 +203,6 @@ class Bench:
             return self.skip_rows(spec, case, reason)
         verified, verify_status, verify_note = None, "not run", "--no-verify"
         if self.settings.verify:
-            from speedlight.verify import verify_case
             v = verify_case(spec, case, self.device, max_bytes=self.max_bytes())
             verified, verify_status = v.status == "pass", v.status
             verify_note = v.reason or ("passed" if v.status == "pass" else v.status)
@@ -231,7 +220,6 @@ class Bench:
         pristine = (spec.make_inputs(case, self.device)
                     if any(i.mutates_inputs for i in impls) else None)
         use_graph = self._graph_for(spec, case)
-        clocks = metrics.read_clocks(self.device)
 
         rows = []
         for mode in self.settings.modes:
@@ -239,7 +227,6 @@ class Bench:
             cost = self.cost(spec, case, mode)
             for impl in impls:
                 row = self.base_row(spec, case, impl.name, mode)
-                row["clocks"] = clocks
                 if impl.name == SPEEDLIGHT:
                     row.update(verified=verified, verify_status=verify_status, verify_note=verify_note)
                 if cost is None:
@@ -259,6 +246,9 @@ class Bench:
             ours["speedup"], ours["speedup_note"] = metrics.speedups(
                 ours, {n: r for n, r in by_impl.items() if n != SPEEDLIGHT})
             rows += by_impl.values()
+        clocks = metrics.read_clocks(self.device)  # right after the work, still under load
+        for row in rows:
+            row["clocks"] = clocks
         return rows
 
     def _graph_for(self, spec: OpSpec, case: Case) -> bool:
@@ -409,8 +399,9 @@ class Bench:
             ) -> list[dict]:
         """Rows of every case of every spec; on_case(spec, case, rows) after each case.
 
-        With a budget, each op gets an even share of the time left when it starts; cases
-        not started within it are recorded as skipped with that reason.
+        With a budget, each op gets an even share of the time left when it starts, and its
+        cases run in an order spread over the suite (so a run cut short still has small and
+        large shapes); cases not started in time are recorded as skipped with that reason.
         """
         all_rows = []
         start = self.wall()
@@ -418,9 +409,11 @@ class Bench:
             for i, spec in enumerate(specs):
                 op_start = self.wall()
                 share = None
+                todo = list(cases(spec))
                 if budget_s is not None:
                     share = max(0.0, budget_s - (op_start - start)) / (len(specs) - i)
-                for case in cases(spec):
+                    todo = [todo[j] for j in spread_order(len(todo))]
+                for case in todo:
                     if share is not None and self.wall() - op_start >= share:
                         rows = self.skip_rows(spec, case, f"the run's time budget (--budget-s "
                                                           f"{budget_s:g}) was spent before this case")
@@ -430,3 +423,11 @@ class Bench:
                     if on_case is not None:
                         on_case(spec, case, rows)
         return all_rows
+
+
+def spread_order(n: int) -> list[int]:
+    """0..n-1 in bit-reversed order (0, n/2, n/4, 3n/4, ...): every prefix is spread evenly
+    over the range."""
+    bits = max(1, (n - 1).bit_length())
+    order = [int(format(i, f"0{bits}b")[::-1], 2) for i in range(2 ** bits)]
+    return [j for j in order if j < n]

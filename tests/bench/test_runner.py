@@ -129,6 +129,14 @@ def test_budget_skips_the_cases_not_started_in_time():
     assert all("budget" in why for why in reasons.values())
 
 
+def test_spread_order_is_a_permutation_whose_prefixes_cover_the_range():
+    for n in (1, 2, 5, 8, 37):
+        order = runner.spread_order(n)
+        assert sorted(order) == list(range(n))
+    first = runner.spread_order(37)[:4]
+    assert first[0] == 0 and max(first) >= 24 and min(abs(a - b) for a in first for b in first if a != b) >= 8
+
+
 def test_torch_compile_baseline_is_timed_and_checked():
     bench = _bench(baselines=("torch-compile",))
     bench.baselines = Baselines(("torch-compile",), CompileOptions(backend="aot_eager"))
