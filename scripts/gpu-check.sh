@@ -30,7 +30,8 @@
 #   --bench-args "..."  BENCH_ARGS        extra bench arguments (default "--time-cap 0.3
 #                                         --max-gib 32": cases needing more are skipped,
 #                                         with the reason, to keep the run in 8 minutes)
-#   PYTHON (python3), WHEEL_SITE (/tmp/speedlight-site): the interpreter, where wheels go.
+#   PYTHON (python3), WHEEL_DIR (.whl), WHEEL_SITE (/tmp/speedlight-site): the interpreter,
+#   where the wheels are, where they are installed.
 # A CPU smoke test (what tests/bench/test_gpu_check.py runs):
 #   scripts/gpu-check.sh --device cpu --ops softmax --verify-suite quick --bench-suite quick \
 #     --verify-args "--dtypes fp32 --seeds 1" --bench-args "--dtypes fp32 --limit 2"
@@ -48,6 +49,7 @@ VERIFY_ARGS="${VERIFY_ARGS:---seeds 1}"
 BENCH_ARGS="${BENCH_ARGS:---time-cap 0.3 --max-gib 32}"
 PYTHON="${PYTHON:-python3}"
 WHEEL_SITE="${WHEEL_SITE:-/tmp/speedlight-site}"
+WHEEL_DIR="${WHEEL_DIR:-$REPO/.whl}"
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -94,13 +96,13 @@ else
 fi
 
 shopt -s nullglob
-WHEELS=("$REPO"/.whl/*.whl)
+WHEELS=("$WHEEL_DIR"/*.whl)
 shopt -u nullglob
 if [ ${#WHEELS[@]} -gt 0 ]; then
   step wheels wheels.log "$PYTHON" -m pip install -q --no-index --no-deps --target "$WHEEL_SITE" "${WHEELS[@]}"
   export PYTHONPATH="$PYTHONPATH:$WHEEL_SITE"
 else
-  echo "no wheels in $REPO/.whl/: baselines are used only if already installed" > "$OUT/wheels.log"
+  echo "no wheels in $WHEEL_DIR/: baselines are used only if already installed" > "$OUT/wheels.log"
   STEPS+=("wheels|none|0|wheels.log")
 fi
 

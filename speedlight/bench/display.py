@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+import re
+from collections import OrderedDict
 from typing import Sequence
 
 from rich.console import Console
@@ -78,18 +79,35 @@ def results_table(rows: Sequence[dict], title: str) -> Table:
     return t
 
 
-def notes(rows: Sequence[dict]) -> list[str]:
-    """Every reason something was skipped, unavailable, failed or withheld, with counts."""
-    c: Counter = Counter()
+def notes(rows: Sequence[dict], most: int = 12) -> list[str]:
+    """Every reason something was skipped, unavailable, failed or withheld: one line per
+    kind of reason (reasons that differ only in their numbers are one kind, shown by its
+    first example), with the implementations and the number of rows it covers."""
+    kinds: OrderedDict = OrderedDict()
+
+    def add(what: str, reason: str, impl: str) -> None:
+        key = (what, re.sub(r"\d+(\.\d+)?", "#", reason))
+        entry = kinds.setdefault(key, {"example": reason, "impls": [], "rows": 0, "variants": set()})
+        entry["rows"] += 1
+        entry["variants"].add(reason)
+        if impl not in entry["impls"]:
+            entry["impls"].append(impl)
+
     for r in rows:
         if r.get("status") in ("skip", "unavailable", "error"):
-            c[(r["implementation"], r["status"], r.get("reason", ""))] += 1
-        for b, why in (r.get("speedup_note") or {}).items():
-            if r.get("status") == "ok":
-                c[(f"speedup over {b}", "withheld", why)] += 1
+            add(r["status"], r.get("reason", ""), r["implementation"])
+        if r.get("status") == "ok":
+            for b, why in (r.get("speedup_note") or {}).items():
+                add("speedup withheld", why, f"over {b}")
         if r.get("sol_bug"):
-            c[(r["implementation"], "% SOL", r["sol_bug"])] += 1
-    return [f"{impl} {status} ({n}x): {reason}" for (impl, status, reason), n in c.items()]
+            add("% SOL", r["sol_bug"], r["implementation"])
+    lines = []
+    for (what, _), e in kinds.items():
+        similar = f" (and {len(e['variants']) - 1} similar)" if len(e["variants"]) > 1 else ""
+        lines.append(f"{what}, {', '.join(e['impls'])} ({e['rows']} rows): {e['example']}{similar}")
+    if len(lines) > most:
+        lines = lines[:most] + [f"... and {len(lines) - most} more kinds of reason, in the rows"]
+    return lines
 
 
 def print_bench(rows: Sequence[dict], console: Console | None = None) -> None:

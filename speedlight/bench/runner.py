@@ -29,8 +29,8 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from speedlight import results
-from speedlight.bench import metrics
-from speedlight.bench.baselines import SPEEDLIGHT, Baselines, Implementation, compile_limits
+from speedlight.bench import liger, metrics
+from speedlight.bench.baselines import LIGER, SPEEDLIGHT, Baselines, Implementation, compile_limits
 from speedlight.bench.timer import (Clock, GpuLead, L2Flush, Measurement, StopRule, capture_graph,
                                     clock_for, default_rule, flush_for, l2_bytes, measure)
 from speedlight.spec import Case, Cost, OpSpec, dtype_name, rand_tensor
@@ -108,6 +108,8 @@ class Bench:
         self.suite = suite
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.env = results.environment(self.device)
+        if LIGER in self.baselines.names:
+            self.env["liger_kernel"] = liger.version()
         self.roof, self.roof_note = metrics.device_roof(self.device, self.env.get("driver"))
         self.representative = self.device.type == "cuda"
         self._flush: L2Flush | None = None

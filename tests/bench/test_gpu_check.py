@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,28 @@ ROOT = Path(__file__).resolve().parents[2]
 TOY = str(Path(__file__).with_name("toy_specs.py"))
 
 
+def _wheel(folder: Path) -> Path:
+    """A minimal pure-Python wheel, standing in for a carried peer baseline."""
+    name = "sl_wheel_marker"
+    dist = f"{name}-0.1.dist-info"
+    files = {f"{name}.py": "MARK = 1\n",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{f},,\n" for f in files) + f"{dist}/RECORD,,\n"
+    folder.mkdir(parents=True)
+    path = folder / f"{name}-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for f, text in files.items():
+            z.writestr(f, text)
+    return path
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
 def test_gpu_check_on_cpu_with_a_tiny_suite(tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable,
+    _wheel(tmp_path / "whl")
+    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, WHEEL_DIR=str(tmp_path / "whl"),
                WHEEL_SITE=str(tmp_path / "site"), SPEEDLIGHT_CACHE=str(tmp_path / "cache"))
     env.pop("TRITON_INTERPRET", None)  # the script's speedlight picks the runtime itself
     spec = f"--spec {TOY} --only-spec --dtypes fp32"
@@ -41,7 +60,9 @@ def test_gpu_check_on_cpu_with_a_tiny_suite(tmp_path):
     assert all(r["representative"] is False for r in bench)
     # the summary is printed last: a step table, then the bench table
     tail = proc.stdout[proc.stdout.index("gpu-check summary"):]
-    for step, status in (("probe", "no GPU"), ("verify", "ok"), ("bench", "ok")):
+    assert (tmp_path / "site" / "sl_wheel_marker.py").is_file(), "the carried wheel was not installed"
+    for step, status in (("wheels", "ok"), ("probe", "no GPU"), ("verify", "ok"), ("bench", "ok"),
+                         ("plots", "ok")):
         assert any(line.split()[:2] == [step, *status.split()[:1]] for line in tail.splitlines()), step
     assert "| toy_scale | fwd | fp32 |" in tail and "NOT representative" in tail
     summary = (out / "summary.txt").read_text()
