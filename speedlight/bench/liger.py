@@ -71,23 +71,22 @@ def _gated(name: str, liger_fn: str):
 
 def _rope(F, inputs: dict, case: Case):
     _need("rope", inputs, "q", "k", "cos", "sin")
-    if case.flag("interleaved"):
+    if inputs.get("interleaved") or case.flag("interleaved"):
         raise Unsupported("Liger's RoPE rotates halves (Llama/NeoX); it has no interleaved "
                           "(GPT-J) form")
-    q, cos = inputs["q"], inputs["cos"]
+    if inputs.get("position_ids") is not None:
+        raise Unsupported("Liger's RoPE takes cos/sin per token; it cannot index a cos/sin "
+                          "cache by position_ids")
+    q = inputs["q"]
     if q.dim() != 4:
-        raise Unsupported(f"Liger's RoPE takes 4-d q [batch, heads, seq, head_dim]; got "
-                          f"{q.dim()}-d q of shape {tuple(q.shape)}")
-    seq = cos.shape[-2]
-    if q.shape[2] == seq:  # [batch, heads, seq, head_dim], as Liger and HF lay it out
+        raise Unsupported(f"Liger's RoPE takes 4-d q; got q of shape {tuple(q.shape)}")
+    if inputs.get("unsqueeze_dim", 1) == 1:  # [batch, heads, seq, head_dim]: Liger's layout
         return lambda q, k, cos, sin, **_: F.liger_rope(q, k, cos, sin), False
-    if q.shape[1] == seq:  # [batch, seq, heads, head_dim]: Liger's logical view is a transpose
-        def fn(q, k, cos, sin, **_):
-            qo, ko = F.liger_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-            return qo.transpose(1, 2), ko.transpose(1, 2)
-        return fn, False
-    raise Unsupported(f"cannot tell the sequence dim of q {tuple(q.shape)} from cos "
-                      f"{tuple(cos.shape)}")
+
+    def fn(q, k, cos, sin, **_):  # [batch, seq, heads, head_dim]: Liger's view is a transpose
+        qo, ko = F.liger_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return qo.transpose(1, 2), ko.transpose(1, 2)
+    return fn, False
 
 
 def _cross_entropy(F, inputs: dict, case: Case):

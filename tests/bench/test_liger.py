@@ -55,20 +55,44 @@ def test_cross_entropy_says_it_writes_its_inputs():
 
 def test_rope_follows_the_layout_of_q():
     b, h, s, d = 1, 2, 5, 4
-    cos, sin = torch.randn(s, d), torch.randn(s, d)
+    cos, sin = torch.randn(1, s, d), torch.randn(1, s, d)
     q_bhsd, k_bhsd = torch.randn(b, h, s, d), torch.randn(b, 1, s, d)
-    (name, args, _), _ = _adapt("rope", {"q": q_bhsd, "k": k_bhsd, "cos": cos, "sin": sin})
+    inputs = {"q": q_bhsd, "k": k_bhsd, "cos": cos, "sin": sin, "position_ids": None,
+              "unsqueeze_dim": 1, "interleaved": False}
+    (name, args, _), _ = _adapt("rope", inputs)
     assert name == "liger_rope" and args[0] is q_bhsd
-    q_bshd = torch.randn(b, s, h, d)
+    # [batch, seq, heads, dim]: Liger gets the [batch, heads, seq, dim] view, and back
+    q_bshd, k_bshd = torch.randn(b, s, h, d), torch.randn(b, s, 1, d)
     f = StubF()
-    fn, _ = liger.ADAPTERS["rope"](f, {"q": q_bshd, "k": torch.randn(b, s, 1, d), "cos": cos,
-                                       "sin": sin}, CASE)
-    f.__dict__["liger_rope"] = lambda q, k, cos, sin: (q, k)
-    qo, _ = fn(q=q_bshd, k=torch.randn(b, s, 1, d), cos=cos, sin=sin)
-    assert qo.shape == q_bshd.shape
+    fn, _ = liger.ADAPTERS["rope"](f, dict(inputs, q=q_bshd, k=k_bshd, unsqueeze_dim=2), CASE)
+    f.__dict__["liger_rope"] = lambda q, k, cos, sin: (q * 2, k * 3)
+    qo, ko = fn(q=q_bshd, k=k_bshd, cos=cos, sin=sin)
+    torch.testing.assert_close(qo, q_bshd * 2)
+    torch.testing.assert_close(ko, k_bshd * 3)
     with pytest.raises(liger.Unsupported, match="interleaved"):
-        liger.ADAPTERS["rope"](f, {"q": q_bhsd, "k": k_bhsd, "cos": cos, "sin": sin},
-                               Case("rope", {"rows": 2}, flags={"interleaved": True}))
+        liger.ADAPTERS["rope"](f, dict(inputs, interleaved=True), CASE)
+    with pytest.raises(liger.Unsupported, match="position_ids"):
+        liger.ADAPTERS["rope"](f, dict(inputs, position_ids=torch.zeros(1, s)), CASE)
+
+
+def test_the_mapping_takes_the_inputs_the_registered_ops_make():
+    """For every built-in op Liger has a counterpart of, the adapter understands the inputs
+    of the op's quick cases (so a renamed input shows here, not on the GPU); what it turns
+    down, it turns down for a reason of the case, not of the names."""
+    from speedlight import registry
+
+    for spec in registry.builtin_specs():
+        if spec.name not in liger.ADAPTERS:
+            continue
+        accepted = 0
+        for case in spec.cases("quick"):
+            inputs = spec.make_inputs(case, "cpu")
+            try:
+                liger.ADAPTERS[spec.name](StubF(), inputs, case)
+                accepted += 1
+            except liger.Unsupported as e:
+                assert "takes inputs" not in str(e), (spec.name, str(e))
+        assert accepted, f"the Liger mapping of {spec.name} accepts none of its quick cases"
 
 
 @pytest.mark.parametrize("op,inputs,fn", [
