@@ -16,6 +16,8 @@ import warnings
 
 COMMANDS = {
     "verify": ("speedlight.verify.command", "prove every op correct against float64"),
+    "profile": ("speedlight.profile.command",
+                "where a model's time and memory go, what bounds each op, what to fuse"),
 }
 
 
