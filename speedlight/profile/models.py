@@ -112,10 +112,12 @@ def hf_kwargs(m: shapes.ModelConfig, layers: int, size: str, seq: int) -> dict:
 
 
 def _build_hf(config, dtype: torch.dtype, device: torch.device, seed: int):
+    """Random weights (seeded), made on the device in the dtype: a full-size model is
+    initialized there, not on the host first."""
     transformers = _transformers()
     torch.manual_seed(seed)
-    with torch.device("cpu"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.to(device=device, dtype=dtype)
 
 
