@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -282,6 +283,35 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@contextmanager
+def _silenced_stderr():
+    """Point the process's stderr (fd 2) at /dev/null: libkineto prints a line on every
+    profiler start and stop, which would interleave with the tables."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextmanager
+def _profiling(activities):
+    from torch.profiler import profile
+
+    prof = profile(activities=activities)
+    with _silenced_stderr():
+        prof.start()
+    try:
+        yield prof
+    finally:
+        with _silenced_stderr():
+            prof.stop()
+
+
 def _kernels(evt) -> list[tuple[str, float]]:
     found = [(k.name, k.duration * 1e-6) for k in evt.kernels]
     for child in evt.cpu_children:
@@ -333,7 +363,7 @@ def capture(model: torch.nn.Module, step: Callable[[Callable[[str], None]], None
     """Warm up, time `steps` clean steps, then record `steps` steps (see module docs).
     `step(phase)` runs one step, calling phase("forward"/"backward"/"optimizer") as it
     moves from one part to the next."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     for _ in range(warmup):
         step(lambda p: None)
@@ -344,7 +374,7 @@ def capture(model: torch.nn.Module, step: Callable[[Callable[[str], None]], None
     step_times, timelines = [], []
     for _ in range(steps):
         if cuda:
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            with _profiling([ProfilerActivity.CUDA]) as prof:
                 t0 = time.perf_counter()
                 step(lambda p: None)
                 _sync(device)
@@ -374,7 +404,7 @@ def capture(model: torch.nn.Module, step: Callable[[Callable[[str], None]], None
             r.phase = p
 
         try:
-            with profile(activities=activities) as prof:
+            with _profiling(activities) as prof:
                 with recorder.tracking_modules(), recorder, \
                         torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack):
                     memory.start()

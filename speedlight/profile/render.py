@@ -28,7 +28,7 @@ def header(doc: dict, console: Console) -> None:
     console.print(f"[bold]speedlight profile[/]: {run['model']} ({fmt.count(params)} parameters), "
                   f"{run['mode']}, batch {run['batch']} x seq {run['seq']}, "
                   f"{run['dtype']}, on {doc['environment']['device']} ({run['device']})")
-    console.print(f"[bold]target[/] {tg['name']}: {fmt.nbytes(tg['bandwidth'])}/s, "
+    console.print(f"[bold]target[/] {tg['name']}: {tg['bandwidth'] / 1e12:.2f} TB/s, "
                   f"{tg['roof_source']} ceilings. {doc['measured']['note']}")
     for n in doc.get("notes", []):
         console.print(f"[yellow]note[/]: {n}")

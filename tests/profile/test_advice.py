@@ -67,10 +67,30 @@ def test_fused_bytes_by_hand():
     # forward: logits, targets, lse, loss; backward: logits, lse, targets, dlogits
     assert advice.fused_bytes(ce, train=True) == (
         (256000 + 512 + 256 + 4) + (256000 + 256 + 512 + 256000), 256)
+    add_norm = Chain("add_rms_norm", "", set(), None, {"x": x, "weight": w, "out": x, "residual": x})
+    # and the residual read, the sum written; backward reads the gradient on the sum too
+    assert advice.fused_bytes(add_norm, train=True)[0] == advice.fused_bytes(norm, train=True)[0] + 3 * n
     cos = {"shape": [1, 1, 16, 64], "dtype": "fp32", "stride": [1024, 1024, 64, 1]}
     q = {"shape": [1, 4, 16, 64], "dtype": "fp32", "stride": [4096, 64, 256, 1]}
     rope = Chain("rope", "", set(), None, {"x": q, "cos": cos, "sin": cos, "out": q})
     assert advice.fused_bytes(rope, train=False) == ((4096 + 1024 + 1024 + 4096) * 4, 0)
+    scores = {"shape": [64, 1000], "dtype": "bf16", "stride": [1000, 1]}
+    sm = Chain("softmax", "", set(), None, {"x": logits, "out": scores})
+    # read x (fp32), write y (bf16); backward reads y and dy, writes dx
+    assert advice.fused_bytes(sm, train=True) == (256000 + 128000 + 3 * 128000, 0)
+    kv = {"shape": [1, 2, 16, 64], "dtype": "fp32", "stride": [2048, 1024, 64, 1]}
+    att = Chain("attention", "", set(), None, {"q": q, "k": kv, "v": kv, "out": q})
+    lse = 4 * 4 * 16
+    # forward: q, k, v, out, lse; backward: out, dout, q, k, v, lse, then dq, dk, dv
+    assert advice.fused_bytes(att, train=False) == ((4096 + 2048 + 2048 + 4096) * 4 + lse, lse)
+    assert advice.fused_bytes(att, train=True)[0] == (4096 + 2048 + 2048 + 4096) * 4 + lse + \
+        (2 * 4096 + 4096 + 2 * 2048) * 4 + lse + (4096 + 2 * 2048) * 4
+    h = {"shape": [64, 256], "dtype": "bf16", "stride": [256, 1]}
+    wt = {"shape": [256, 1000], "dtype": "bf16", "stride": [1, 256]}
+    flce = Chain("fused_linear_cross_entropy", "", set(), None,
+                 {"hidden": h, "weight": wt, "target": target, "logits": logits})
+    # read h, W, targets, write the loss; in training also dh and dW
+    assert advice.fused_bytes(flce, train=True) == (32768 + 512000 + 512 + 4 + 32768 + 512000, 256)
 
 
 def test_gemma_geglu_offset_norm_and_eager_attention():

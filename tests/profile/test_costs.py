@@ -155,6 +155,15 @@ def test_fused_rms_norm():
           (4096 + 256 + 4096 + 16) * 4, "norm")
 
 
+def test_fused_rms_norm_backward():
+    dy, x, rstd, w = meta(16, 256), meta(16, 256), meta(16, 1), meta(256)
+    # dx 7, dw 2 per element; read dy, x, rstd, w; write dx, dw
+    check(cost(aten._fused_rms_norm_backward.default, dy, x, [256], rstd, w, [True, True]),
+          9 * 4096, (4096 + 4096 + 16 + 256 + 4096 + 256) * 4, "norm")
+    check(cost(aten._fused_rms_norm_backward.default, dy, x, [256], rstd, w, [True, False]),
+          7 * 4096, (4096 + 4096 + 16 + 256 + 4096) * 4, "norm")
+
+
 def test_softmax_forward_and_backward():
     x = meta(16, 1000)
     check(cost(aten._softmax.default, x, -1, False), 5 * 16000, 2 * 16000 * 4, "softmax")
