@@ -62,7 +62,9 @@ def _main_bound(time_by_bound: dict[str, float]) -> str:
     return max(pool, key=lambda b: (pool[b], b))
 
 
-def _group(rows: list[dict], key) -> list[dict]:
+def _group(rows: list[dict], key, distances: bool = False) -> list[dict]:
+    """Rows grouped by key(row), costliest first; with distances, time / floor per group
+    (only meaningful when the times were measured on the target GPU)."""
     groups: dict = defaultdict(list)
     for r in rows:
         groups[key(r)].append(r)
@@ -74,12 +76,14 @@ def _group(rows: list[dict], key) -> list[dict]:
         for r in rs:
             bounds[r["bound"]] += r["time_s"]
         t = sum(r["time_s"] for r in rs)
+        floor = sum(r["floor_s"] for r in counted)
         out.append({
             "key": k, "calls": len(rs), "time_s": t, "time_share": t / total,
             "flops": sum(r["flops"] for r in counted), "bytes": sum(r["bytes"] for r in counted),
-            "floor_s": sum(r["floor_s"] for r in counted),
+            "floor_s": floor,
             "uncounted_calls": len(rs) - len(counted),
             "bound": _main_bound(bounds), "time_by_bound_s": dict(bounds),
+            "distance": t / floor if distances and floor > 0 else None,
         })
     return sorted(out, key=lambda g: -g["time_s"])
 
@@ -157,8 +161,14 @@ def summarize(rows: list[dict], cap: Capture, target: Target) -> dict:
                  else f"projected: each kernel-launching op costs at least {roofline.LAUNCH_S * 1e6:.0f} µs "
                       f"of launch on {target.spec.name} in eager mode (CUDA graphs recover it)"),
     }
+    by_bound: dict[str, float] = defaultdict(float)
+    for r in rows:
+        by_bound[r["bound"]] += r["time_s"]
+    if gpu:
+        by_bound["idle"] = gpu["idle_s"]  # between kernels, in a clean step: launch overhead
     return {
         "step_time_s": step, "step_time_samples_s": list(cap.step_times),
+        "time_by_bound_s": dict(by_bound),
         "op_time_s": op_time, "floor_s": floor, "floor_with_launch_s": launch_floor,
         "flops": sum(r["flops"] for r in rows if r["flops"] is not None),
         "bytes": sum(r["bytes"] for r in rows if r["bytes"] is not None),
@@ -174,14 +184,15 @@ def summarize(rows: list[dict], cap: Capture, target: Target) -> dict:
 
 def analyze(cap: Capture, target: Target, top: int = 15) -> dict:
     rows = [row(r, target, cap.device) for r in cap.ops]
+    d = target.measured_here and cap.device == "cuda"
     return {
         "rows": rows,
         "summary": summarize(rows, cap, target),
-        "by_type": _group(rows, lambda r: r["op"]),
-        "by_module": _group(rows, lambda r: r["place"]),
-        "by_class": _group(rows, lambda r: r["module_class"] or r["place"]),
-        "by_phase": _group(rows, lambda r: r["phase"]),
-        "by_bound": _group(rows, lambda r: r["bound"]),
+        "by_type": _group(rows, lambda r: r["op"], d),
+        "by_module": _group(rows, lambda r: r["place"], d),
+        "by_class": _group(rows, lambda r: r["module_class"] or r["place"], d),
+        "by_phase": _group(rows, lambda r: r["phase"], d),
+        "by_bound": _group(rows, lambda r: r["bound"], d),
         "module_tree": module_totals(rows),
         "top_ops": top_ops(rows, top),
     }

@@ -31,8 +31,11 @@ def _pyplot():
 
 
 def _svg(fig) -> str:
+    import matplotlib
+
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text: small, searchable
+        fig.savefig(buf, format="svg", bbox_inches="tight")
     _pyplot().close(fig)
     text = buf.getvalue()
     return text[text.index("<svg"):]

@@ -46,10 +46,6 @@ def ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}x"
 
 
-def intensity(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
 def place(module: str | None, root: str | None = None) -> str:
     """A module path for display: the root module by its class."""
     if module == "":

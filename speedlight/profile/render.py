@@ -52,6 +52,12 @@ def summary(doc: dict, console: Console) -> None:
     u = s["uncounted"]
     t.add_row("ops without a formula", f"{u['ops']} ({fmt.share(u['time_share'])} of op time)",
               ", ".join(u["names"][:4]) + (" ..." if len(u["names"]) > 4 else ""))
+    by_bound = s["time_by_bound_s"]
+    whole = sum(by_bound.values()) or 1.0
+    t.add_row("time by bound", " ".join(f"{b} {fmt.share(v / whole)}" for b, v in
+                                        sorted(by_bound.items(), key=lambda kv: -kv[1]) if v),
+              "bound per op (compute/memory/launch on the target" + (", idle: GPU idle between kernels)"
+                                                                       if "idle" in by_bound else ")"))
     launch = s["launch"]
     if launch["measured_idle_s"] is not None:
         t.add_row("GPU idle between kernels", fmt.seconds(launch["measured_idle_s"]), launch["note"])
@@ -76,13 +82,14 @@ def top_ops(doc: dict, console: Console, n: int) -> None:
 
 def groups(doc: dict, key: str, title: str, console: Console, n: int) -> None:
     root = doc["model"].get("class")
-    t = _table(title, "group", "calls", "time", "share", "FLOPs", "bytes", "floor", "bound",
-               right=("calls", "time", "share", "FLOPs", "bytes", "floor"))
+    measured = any(g["distance"] is not None for g in doc[key])
+    cols = ["group", "calls", "time", "share", "FLOPs", "bytes", "floor"] + (["vs floor"] if measured else [])
+    t = _table(title, *cols, "bound", right=("calls", "time", "share", "FLOPs", "bytes", "floor", "vs floor"))
     for g in doc[key][:n]:
         name = fmt.place(g["key"], root) if key == "by_module" else str(g["key"])
-        t.add_row(name, str(g["calls"]), fmt.seconds(g["time_s"]), fmt.share(g["time_share"]),
-                  fmt.flops(g["flops"]), fmt.nbytes(g["bytes"]), fmt.seconds(g["floor_s"]),
-                  _bound(g["bound"]))
+        cells = [name, str(g["calls"]), fmt.seconds(g["time_s"]), fmt.share(g["time_share"]),
+                 fmt.flops(g["flops"]), fmt.nbytes(g["bytes"]), fmt.seconds(g["floor_s"])]
+        t.add_row(*cells, *([fmt.ratio(g["distance"])] if measured else []), _bound(g["bound"]))
     console.print(t)
 
 

@@ -130,8 +130,3 @@ def bound(cost: OpCost | None, floor_s: float, key: str, roof: Roof,
         return "memory"
     return roof.bound(cost.flops, cost.bytes, key)
 
-
-def attainable(intensity: float, key: str, roof: Roof) -> float:
-    """The roofline: FLOP/s reachable at this arithmetic intensity."""
-    peak = roof.flops.get(key) or roof.flops["fp32"]
-    return min(peak, intensity * roof.bandwidth)

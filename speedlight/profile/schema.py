@@ -19,7 +19,8 @@ TOP = {
               "bandwidth, peak_flops per dtype, measured_here, launch_s, note",
     "measured": "what is measured and what projected: time (cpu|cuda), floors (on the measured "
                 "GPU|projected), note",
-    "summary": "per step: step_time_s (clean steps, median) and its samples, op_time_s (sum over ops), "
+    "summary": "per step: step_time_s (clean steps, median) and its samples, time_by_bound_s (op time "
+               "per bound, and on a GPU the idle time between kernels as idle), op_time_s (sum over ops), "
                "floor_s, floor_with_launch_s, flops, bytes, ops, speed_of_light (floor/step, "
                "on the target GPU only), uncounted {ops, time_s, time_share, names}, launch "
                "{kernel_ops, projected_overhead_s, measured_idle_s, measured_kernels, note}, gpu",
@@ -69,6 +70,7 @@ GROUP = {
     "flops": "of the ops with a formula", "bytes": "of the ops with a formula",
     "floor_s": "sum of floors", "uncounted_calls": "ops without a formula",
     "bound": "the bound covering most of its time", "time_by_bound_s": "time per bound",
+    "distance": "time_s / floor_s, when measured on the target GPU; else null",
 }
 
 ADVICE = {
