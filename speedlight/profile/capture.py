@@ -333,6 +333,11 @@ def _join_times(prof, ops: list[OpRecord], device: torch.device) -> None:
         rec.host_times.append(host)
         if device.type == "cuda":
             rec.kernels = _kernels(evt)
+            parent = getattr(evt, "cpu_parent", None)
+            if not rec.kernels and parent is not None and parent.kernels and \
+                    sum(c.name.startswith(RANGE_PREFIX) for c in parent.cpu_children) == 1:
+                # kernels correlated to the aten op around our range rather than to it
+                rec.kernels = [(k.name, k.duration * 1e-6) for k in parent.kernels]
             rec.times.append(sum(d for _, d in rec.kernels))
         else:
             rec.times.append(host)

@@ -90,3 +90,14 @@ def test_cuda_times_are_the_kernels_inside_each_op_range():
     capture._join_times(SimpleNamespace(events=lambda: [other, evt]), [rec], torch.device("cuda"))
     assert rec.times == [pytest.approx(42e-6)] and rec.host_times == [pytest.approx(9e-6)]
     assert rec.kernels == [("fill", pytest.approx(2e-6)), ("gemm", pytest.approx(40e-6))]
+
+
+def test_cuda_kernels_correlated_to_the_enclosing_aten_op_are_found():
+    evt = SimpleNamespace(name=f"{capture.RANGE_PREFIX}0", cpu_time_total=5.0, kernels=[], cpu_children=[])
+    parent = SimpleNamespace(name="aten::mm", kernels=[SimpleNamespace(name="gemm", duration=30.0)],
+                             cpu_children=[evt])
+    evt.cpu_parent = parent
+    rec = capture.OpRecord(0, "aten.mm.default", "mm", "forward", "", None, None, None, None,
+                           [], [], "", [], None)
+    capture._join_times(SimpleNamespace(events=lambda: [parent, evt]), [rec], torch.device("cuda"))
+    assert rec.times == [pytest.approx(30e-6)] and rec.kernels == [("gemm", pytest.approx(30e-6))]
