@@ -162,13 +162,16 @@ def summarize(rows: list[dict], cap: Capture, target: Target) -> dict:
                       f"of launch on {target.spec.name} in eager mode (CUDA graphs recover it)"),
     }
     by_bound: dict[str, float] = defaultdict(float)
+    projected: dict[str, float] = defaultdict(float)
     for r in rows:
         by_bound[r["bound"]] += r["time_s"]
+        if r["launches_kernel"]:
+            projected[r["bound"]] += max(r["floor_s"], roofline.LAUNCH_S)
     if gpu:
         by_bound["idle"] = gpu["idle_s"]  # between kernels, in a clean step: launch overhead
     return {
         "step_time_s": step, "step_time_samples_s": list(cap.step_times),
-        "time_by_bound_s": dict(by_bound),
+        "time_by_bound_s": dict(by_bound), "floor_by_bound_s": dict(projected),
         "op_time_s": op_time, "floor_s": floor, "floor_with_launch_s": launch_floor,
         "flops": sum(r["flops"] for r in rows if r["flops"] is not None),
         "bytes": sum(r["bytes"] for r in rows if r["bytes"] is not None),

@@ -35,7 +35,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
     p.add_argument("--out", default="speedlight-results", help="folder for the JSON and HTML")
     p.add_argument("--no-html", action="store_true", help="write the JSON only")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
 
 
 def _slug(name: str) -> str:

@@ -52,12 +52,13 @@ def summary(doc: dict, console: Console) -> None:
     u = s["uncounted"]
     t.add_row("ops without a formula", f"{u['ops']} ({fmt.share(u['time_share'])} of op time)",
               ", ".join(u["names"][:4]) + (" ..." if len(u["names"]) > 4 else ""))
-    by_bound = s["time_by_bound_s"]
+    on_target = doc["target"]["measured_here"] and time_kind == "cuda"
+    by_bound = s["time_by_bound_s"] if on_target else s["floor_by_bound_s"]
     whole = sum(by_bound.values()) or 1.0
-    t.add_row("time by bound", " ".join(f"{b} {fmt.share(v / whole)}" for b, v in
-                                        sorted(by_bound.items(), key=lambda kv: -kv[1]) if v),
-              "bound per op (compute/memory/launch on the target" + (", idle: GPU idle between kernels)"
-                                                                       if "idle" in by_bound else ")"))
+    t.add_row("time by bound" if on_target else "projected time by bound",
+              " ".join(f"{b} {fmt.share(v / whole)}" for b, v in sorted(by_bound.items(), key=lambda kv: -kv[1]) if v),
+              "measured op time per bound, idle = GPU idle between kernels" if on_target else
+              f"floors (at least one launch per kernel) per bound on {doc['target']['key']}")
     launch = s["launch"]
     if launch["measured_idle_s"] is not None:
         t.add_row("GPU idle between kernels", fmt.seconds(launch["measured_idle_s"]), launch["note"])

@@ -20,7 +20,8 @@ TOP = {
     "measured": "what is measured and what projected: time (cpu|cuda), floors (on the measured "
                 "GPU|projected), note",
     "summary": "per step: step_time_s (clean steps, median) and its samples, time_by_bound_s (op time "
-               "per bound, and on a GPU the idle time between kernels as idle), op_time_s (sum over ops), "
+               "per bound, and on a GPU the idle time between kernels as idle), floor_by_bound_s (per bound, "
+               "the floors with at least one launch per kernel: the projected picture), op_time_s (sum over ops), "
                "floor_s, floor_with_launch_s, flops, bytes, ops, speed_of_light (floor/step, "
                "on the target GPU only), uncounted {ops, time_s, time_share, names}, launch "
                "{kernel_ops, projected_overhead_s, measured_idle_s, measured_kernels, note}, gpu",
