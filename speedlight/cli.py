@@ -19,6 +19,8 @@ COMMANDS = {
     "bench": ("speedlight.bench.command", "time ops against PyTorch, torch.compile and Liger; "
                                           "compare runs; plot"),
     "probe": ("speedlight.bench.probe_command", "measure this GPU's copy bandwidth and matmul rates"),
+    "profile": ("speedlight.profile.command",
+                "where a model's time and memory go, what bounds each op, what to fuse"),
 }
 
 
