@@ -109,13 +109,18 @@ def _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index):
 
 
 @triton.jit
-def _row_loss(x_rows, t, valid, bad, m, d, sc, n_cols, stride_v, label_smoothing, z_loss,
-              softcap, HAS_SOFTCAP: tl.constexpr):
-    """(loss, log_d, coef) per row from its statistics; coef = 1 + 2 * z * lse scales p in
-    the gradient. The target logit is gathered (and capped) here: one load per row."""
+def _target_logit(x_rows, t, valid, stride_v, softcap, HAS_SOFTCAP: tl.constexpr):
+    """c[t] per row ([BM] fp32; 0 where not valid): one gathered load per row."""
     x_t = tl.load(x_rows + t * stride_v, mask=valid, other=0.0).to(tl.float32)
     if HAS_SOFTCAP:
         x_t, _ = _softcap(x_t, softcap)
+    return x_t
+
+
+@triton.jit
+def _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss):
+    """(loss, log_d, coef) per row from its statistics and target logit x_t; coef =
+    1 + 2 * z * lse scales p in the gradient."""
     log_d = tl.log(d)
     lse = m + log_d
     # lse - (1 - eps) c_t - eps * mean(c), grouped around m so that a row whose target
@@ -154,6 +159,36 @@ def _row_offsets(offs_m, seq, stride_b, stride_s):
 
 
 @triton.jit
+def _span_stats(x_rows, mask_m, start, end, stride_v, softcap, HAS_SOFTCAP: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(max, sum exp(c - max), sum c) per row over columns [start, end), BLOCK_N at a time."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    d = tl.zeros([BLOCK_M], tl.float32)
+    sc = tl.zeros([BLOCK_M], tl.float32)
+    for s in range(start, end, BLOCK_N):
+        cols = s + tl.arange(0, BLOCK_N)
+        mask = mask_m[:, None] & (cols < end)[None, :]
+        c, _ = _load_logits(x_rows, cols, mask, stride_v, softcap, HAS_SOFTCAP)
+        m, d, sc = _merge_stats(m, d, sc, c, mask)
+    return m, d, sc
+
+
+@triton.jit
+def _span_grad(x_rows, dx_rows, mask_m, start, end, stride_xv, stride_dv, t, valid, bad,
+               m, log_d, coef, n_cols, label_smoothing, softcap, HAS_SOFTCAP: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """Write dloss/dx over columns [start, end), re-reading the logits BLOCK_N at a time."""
+    for s in range(start, end, BLOCK_N):
+        cols = s + tl.arange(0, BLOCK_N)
+        mask = mask_m[:, None] & (cols < end)[None, :]
+        c, dc = _load_logits(x_rows, cols, mask, stride_xv, softcap, HAS_SOFTCAP)
+        g = _grad_tile(c, dc, cols, t, valid, bad, m, log_d, coef, n_cols, label_smoothing,
+                       HAS_SOFTCAP)
+        tl.store(dx_rows[:, None] + cols[None, :].to(tl.int64) * stride_dv,
+                 g.to(dx_rows.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _cross_entropy_fwd_kernel(
     x_ptr, target_ptr, loss_ptr, dx_ptr,
     n_rows, n_cols, seq,
@@ -168,33 +203,28 @@ def _cross_entropy_fwd_kernel(
     (stride_t); loss_ptr [rows] (fp32, or the logits dtype for reduction none); dx_ptr like
     x_ptr with its own strides (x_ptr itself for the in-place gradient). Program pid
     covers rows [pid * BLOCK_M, (pid + 1) * BLOCK_M).
-    HAS_SOFTCAP: cap the logits. COMPUTE_GRAD=False
-    (no gradient wanted) writes the loss only. ONE_BLOCK: n_cols <= BLOCK_N, so the tile
-    read for the statistics is reused for the gradient.
+    HAS_SOFTCAP: cap the logits. COMPUTE_GRAD=False (no gradient wanted) writes the loss
+    only. ONE_BLOCK: n_cols <= BLOCK_N, so the tile read for the statistics is reused for
+    the gradient; otherwise the row is read twice.
     """
     pid = tl.program_id(0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n_rows
     x_rows = x_ptr + _row_offsets(offs_m, seq, stride_xb, stride_xs)
     t, valid, bad = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
-
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    d = tl.zeros([BLOCK_M], tl.float32)
-    sc = tl.zeros([BLOCK_M], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     if ONE_BLOCK:
         mask = mask_m[:, None] & (offs_n < n_cols)[None, :]
         c, dc = _load_logits(x_rows, offs_n, mask, stride_xv, softcap, HAS_SOFTCAP)
-        m, d, sc = _merge_stats(m, d, sc, c, mask)
+        m, d, sc = _merge_stats(tl.full([BLOCK_M], float("-inf"), tl.float32),
+                                tl.zeros([BLOCK_M], tl.float32), tl.zeros([BLOCK_M], tl.float32),
+                                c, mask)
     else:
-        for start in range(0, n_cols, BLOCK_N):
-            cols = start + offs_n
-            mask = mask_m[:, None] & (cols < n_cols)[None, :]
-            c, dc = _load_logits(x_rows, cols, mask, stride_xv, softcap, HAS_SOFTCAP)
-            m, d, sc = _merge_stats(m, d, sc, c, mask)
+        m, d, sc = _span_stats(x_rows, mask_m, 0, n_cols, stride_xv, softcap, HAS_SOFTCAP,
+                               BLOCK_M, BLOCK_N)
 
-    loss, log_d, coef = _row_loss(x_rows, t, valid, bad, m, d, sc, n_cols, stride_xv,
-                                label_smoothing, z_loss, softcap, HAS_SOFTCAP)
+    x_t = _target_logit(x_rows, t, valid, stride_xv, softcap, HAS_SOFTCAP)
+    loss, log_d, coef = _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss)
     tl.store(loss_ptr + offs_m, loss.to(loss_ptr.dtype.element_ty), mask=mask_m)
 
     if COMPUTE_GRAD:
@@ -205,43 +235,37 @@ def _cross_entropy_fwd_kernel(
             tl.store(dx_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_dv,
                      g.to(dx_ptr.dtype.element_ty), mask=mask)
         else:
-            for start in range(0, n_cols, BLOCK_N):
-                cols = start + offs_n
-                mask = mask_m[:, None] & (cols < n_cols)[None, :]
-                c, dc = _load_logits(x_rows, cols, mask, stride_xv, softcap, HAS_SOFTCAP)
-                g = _grad_tile(c, dc, cols, t, valid, bad, m, log_d, coef, n_cols,
-                               label_smoothing, HAS_SOFTCAP)
-                tl.store(dx_rows[:, None] + cols[None, :].to(tl.int64) * stride_dv,
-                         g.to(dx_ptr.dtype.element_ty), mask=mask)
+            _span_grad(x_rows, dx_rows, mask_m, 0, n_cols, stride_xv, stride_dv, t, valid, bad,
+                       m, log_d, coef, n_cols, label_smoothing, softcap, HAS_SOFTCAP, BLOCK_N)
 
 
 @triton.jit
 def _cross_entropy_split_stats_kernel(
-    x_ptr, stats_ptr, n_cols, seq, span, n_splits,
-    stride_xb, stride_xs, stride_xv, softcap,
+    x_ptr, target_ptr, stats_ptr, n_cols, seq, span, n_splits,
+    stride_xb, stride_xs, stride_xv, stride_t, ignore_index, softcap,
     HAS_SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """(max, sum exp(c - max), sum c) of span q of row r into stats_ptr[:, r, q]
-    ([3, rows, n_splits] fp32); the grid is (rows, n_splits)."""
+    """(max, sum exp(c - max), sum c, c[t]) of span q of row r into stats_ptr[:, r, q]
+    ([4, rows, n_splits] fp32; c[t] is the row's, written by span 0); the grid is
+    (rows, n_splits). The target logit is read here, before the finish kernel may
+    overwrite it with the in-place gradient."""
     row = tl.program_id(0)
     q = tl.program_id(1)
     offs_m = row + tl.arange(0, 1)
+    mask_m = offs_m >= 0
     x_rows = x_ptr + _row_offsets(offs_m, seq, stride_xb, stride_xs)
-    m = tl.full([1], float("-inf"), tl.float32)
-    d = tl.zeros([1], tl.float32)
-    sc = tl.zeros([1], tl.float32)
     start = q * span
-    end = tl.minimum(start + span, n_cols)
-    for s in range(start, end, BLOCK_N):
-        cols = s + tl.arange(0, BLOCK_N)
-        mask = (cols < end)[None, :]
-        c, _ = _load_logits(x_rows, cols, mask, stride_xv, softcap, HAS_SOFTCAP)
-        m, d, sc = _merge_stats(m, d, sc, c, mask)
+    m, d, sc = _span_stats(x_rows, mask_m, start, tl.minimum(start + span, n_cols),
+                           stride_xv, softcap, HAS_SOFTCAP, 1, BLOCK_N)
     n_stats = tl.num_programs(0).to(tl.int64) * n_splits
     at = row.to(tl.int64) * n_splits + q + tl.arange(0, 1)
     tl.store(stats_ptr + at, m)
     tl.store(stats_ptr + n_stats + at, d)
     tl.store(stats_ptr + 2 * n_stats + at, sc)
+    if q == 0:
+        t, valid, _ = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
+        x_t = _target_logit(x_rows, t, valid, stride_xv, softcap, HAS_SOFTCAP)
+        tl.store(stats_ptr + 3 * n_stats + at, x_t)
 
 
 @triton.jit
@@ -255,7 +279,7 @@ def _cross_entropy_split_finish_kernel(
 ):
     """Combine the n_splits statistics of row r; span 0 writes loss[r], span q writes
     dx[r] over its columns (when COMPUTE_GRAD). Pointers as in _cross_entropy_fwd_kernel
-    plus stats_ptr [3, rows, n_splits]; the grid is (rows, n_splits or 1)."""
+    plus stats_ptr [4, rows, n_splits]; the grid is (rows, n_splits or 1)."""
     row = tl.program_id(0)
     q = tl.program_id(1)
     offs_m = row + tl.arange(0, 1)
@@ -272,27 +296,19 @@ def _cross_entropy_split_finish_kernel(
     scs = tl.load(stats_ptr + 2 * n_stats + at, mask=mask_s, other=0.0)
     # [1, BS] -> [1]
     m = tl.max(ms, axis=1)
-    dead = m == float("-inf")
-    d = tl.sum(tl.where(ms == float("-inf"), 0.0, ds * tl.exp(ms - tl.where(dead, 0.0, m)[:, None])),
-               axis=1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    d = tl.sum(tl.where(ms == float("-inf"), 0.0, ds * tl.exp(ms - m_safe[:, None])), axis=1)
     sc = tl.sum(scs, axis=1)
+    x_t = tl.load(stats_ptr + 3 * n_stats + row.to(tl.int64) * n_splits + tl.arange(0, 1))
 
-    loss, log_d, coef = _row_loss(x_rows, t, valid, bad, m, d, sc, n_cols, stride_xv,
-                                label_smoothing, z_loss, softcap, HAS_SOFTCAP)
+    loss, log_d, coef = _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss)
     tl.store(loss_ptr + offs_m, loss.to(loss_ptr.dtype.element_ty), mask=q == 0)
 
     if COMPUTE_GRAD:
-        dx_rows = dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds)
         start = q * span
-        end = tl.minimum(start + span, n_cols)
-        for s in range(start, end, BLOCK_N):
-            cols = s + tl.arange(0, BLOCK_N)
-            mask = (cols < end)[None, :]
-            c, dc = _load_logits(x_rows, cols, mask, stride_xv, softcap, HAS_SOFTCAP)
-            g = _grad_tile(c, dc, cols, t, valid, bad, m, log_d, coef, n_cols, label_smoothing,
-                           HAS_SOFTCAP)
-            tl.store(dx_rows[:, None] + cols[None, :].to(tl.int64) * stride_dv,
-                     g.to(dx_ptr.dtype.element_ty), mask=mask)
+        _span_grad(x_rows, dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds), mask_m,
+                   start, tl.minimum(start + span, n_cols), stride_xv, stride_dv, t, valid, bad,
+                   m, log_d, coef, n_cols, label_smoothing, softcap, HAS_SOFTCAP, BLOCK_N)
 
 
 # Backward. The forward already wrote dx[r] = dloss[r]/dx[r]; with g the upstream gradient

@@ -173,10 +173,11 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
         block_n = plan["block_n"]
         span = triton.cdiv(triton.cdiv(n_cols, plan["n_splits"]), block_n) * block_n
         n_splits = triton.cdiv(n_cols, span)
-        stats = torch.empty((3, n_rows, n_splits), dtype=torch.float32, device=logits.device)
+        stats = torch.empty((4, n_rows, n_splits), dtype=torch.float32, device=logits.device)
         _cross_entropy_split_stats_kernel[(n_rows, n_splits)](
-            x, stats, n_cols, seq, span, n_splits, sxb, sxs, sxv, scalars[3],
-            HAS_SOFTCAP=has_softcap, BLOCK_N=block_n, num_warps=plan["num_warps"])
+            x, t, stats, n_cols, seq, span, n_splits, sxb, sxs, sxv, t.stride(0),
+            scalars[0], scalars[3], HAS_SOFTCAP=has_softcap, BLOCK_N=block_n,
+            num_warps=plan["num_warps"])
         _cross_entropy_split_finish_kernel[(n_rows, n_splits if compute_grad else 1)](
             x, t, loss_rows, dx, stats, n_cols, seq, span, n_splits,
             sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, *scalars, **flags, BLOCK_N=block_n,

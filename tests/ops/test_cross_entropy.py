@@ -190,13 +190,15 @@ def test_no_gradient_wanted_writes_none(device):
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="fp32"),
                                    pytest.param(torch.bfloat16, id="bf16")])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-@pytest.mark.parametrize("layout", ["contiguous", "shifted", "looped"])
+@pytest.mark.parametrize("layout", ["contiguous", "shifted", "looped", "split"])
 def test_inplace_gradient_equals_out_of_place(dtype, reduction, layout, device):
-    vocab = 20011 if layout == "looped" else 500
-    base = seeded((2, 4, vocab), dtype=dtype, device=device, scale=2.0)
+    vocab = 20011 if layout in ("looped", "split") else 500
+    lead = (1, 1) if layout == "split" else (2, 4)
+    base = seeded(lead + (vocab,), dtype=dtype, device=device, scale=2.0)
     w = seeded((vocab,), dtype=dtype, device=device, seed=1).requires_grad_()
-    target = targets((2, 3) if layout == "shifted" else (2, 4), vocab, device)
-    target[0, 1] = -100
+    target = targets((2, 3) if layout == "shifted" else lead, vocab, device)
+    if layout != "split":  # (one token there)
+        target[0, 1] = -100
     upstream = seeded(target.shape if reduction == "none" else (), dtype=dtype, device=device,
                       seed=2)
 
