@@ -81,17 +81,19 @@ def _load_logits(x_rows, cols, mask, stride_v, softcap, HAS_SOFTCAP: tl.constexp
 
 
 @triton.jit
-def _merge_stats(m, d, sc, c, mask):
-    """Fold a [BM, BN] tile c into the running per-row max m, sum of exp(c - m) d and sum
-    of c sc ([BM] each). A row that has seen only -inf keeps m = -inf and d = 0."""
+def _merge_stats(m, d, d_rest, sc, c, cols, t, mask):
+    """Fold a [BM, BN] tile c (columns cols) into the running per-row max m, sum of
+    exp(c - m) d, the same sum without the target column t d_rest, and sum of c sc ([BM]
+    each). A row that has seen only -inf keeps m = -inf and d = 0."""
     # [BM, BN] -> [BM]
     m_new = tl.maximum(m, tl.max(c, axis=1))
     dead = m_new == float("-inf")
     alpha = tl.where(dead, 1.0, tl.exp(m - m_new))
     e = tl.where(dead[:, None], 0.0, tl.exp(c - m_new[:, None]))
     d = d * alpha + tl.sum(e, axis=1)
+    d_rest = d_rest * alpha + tl.sum(tl.where(cols[None, :] == t[:, None], 0.0, e), axis=1)
     sc = sc + tl.sum(tl.where(mask, c, 0.0), axis=1)
-    return m_new, d, sc
+    return m_new, d, d_rest, sc
 
 
 @triton.jit
@@ -137,14 +139,19 @@ def _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss):
 
 
 @triton.jit
-def _grad_tile(c, dc, cols, t, valid, bad, m, log_d, coef, n_cols, label_smoothing,
-               HAS_SOFTCAP: tl.constexpr):
+def _grad_tile(c, dc, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, n_cols,
+               label_smoothing, HAS_SOFTCAP: tl.constexpr):
     """dloss/dx over a [BM, BN] tile, with p = exp((c - m) - log_d) (c - m is exact near the
-    max, and m's size never enters the rounding). Ignored rows (valid and bad both False
-    there) get exactly 0 whatever their logits; bad rows get NaN."""
+    max, and m's size never enters the rounding). At the target, p - 1 cancels when the
+    model is confident; it is taken as p_t_minus_1 = -d_rest / d instead, so
+        g_t = (p_t - 1) + p_t * (coef - 1) + eps * (1 - 1/V).
+    Ignored rows (valid and bad both False there) get exactly 0 whatever their logits;
+    bad rows get NaN."""
     p = tl.exp((c - m[:, None]) - log_d[:, None])
-    q = tl.where(cols[None, :] == t[:, None], 1.0 - label_smoothing, 0.0) + label_smoothing / n_cols
-    g = p * coef[:, None] - q
+    smooth = label_smoothing / n_cols
+    g = tl.where(cols[None, :] == t[:, None],
+                 p_t_minus_1[:, None] + p * (coef[:, None] - 1.0) + (label_smoothing - smooth),
+                 p * coef[:, None] - smooth)
     if HAS_SOFTCAP:
         g = g * dc
     return tl.where(valid[:, None], g, tl.where(bad[:, None], float("nan"), 0.0))
@@ -159,31 +166,33 @@ def _row_offsets(offs_m, seq, stride_b, stride_s):
 
 
 @triton.jit
-def _span_stats(x_rows, mask_m, start, end, stride_v, softcap, HAS_SOFTCAP: tl.constexpr,
+def _span_stats(x_rows, mask_m, t, start, end, stride_v, softcap, HAS_SOFTCAP: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(max, sum exp(c - max), sum c) per row over columns [start, end), BLOCK_N at a time."""
+    """(max, sum exp(c - max), the same without column t, sum c) per row over columns
+    [start, end), BLOCK_N at a time."""
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     d = tl.zeros([BLOCK_M], tl.float32)
+    d_rest = tl.zeros([BLOCK_M], tl.float32)
     sc = tl.zeros([BLOCK_M], tl.float32)
     for s in range(start, end, BLOCK_N):
         cols = s + tl.arange(0, BLOCK_N)
         mask = mask_m[:, None] & (cols < end)[None, :]
         c, _ = _load_logits(x_rows, cols, mask, stride_v, softcap, HAS_SOFTCAP)
-        m, d, sc = _merge_stats(m, d, sc, c, mask)
-    return m, d, sc
+        m, d, d_rest, sc = _merge_stats(m, d, d_rest, sc, c, cols, t, mask)
+    return m, d, d_rest, sc
 
 
 @triton.jit
 def _span_grad(x_rows, dx_rows, mask_m, start, end, stride_xv, stride_dv, t, valid, bad,
-               m, log_d, coef, n_cols, label_smoothing, softcap, HAS_SOFTCAP: tl.constexpr,
-               BLOCK_N: tl.constexpr):
+               m, log_d, p_t_minus_1, coef, n_cols, label_smoothing, softcap,
+               HAS_SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr):
     """Write dloss/dx over columns [start, end), re-reading the logits BLOCK_N at a time."""
     for s in range(start, end, BLOCK_N):
         cols = s + tl.arange(0, BLOCK_N)
         mask = mask_m[:, None] & (cols < end)[None, :]
         c, dc = _load_logits(x_rows, cols, mask, stride_xv, softcap, HAS_SOFTCAP)
-        g = _grad_tile(c, dc, cols, t, valid, bad, m, log_d, coef, n_cols, label_smoothing,
-                       HAS_SOFTCAP)
+        g = _grad_tile(c, dc, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, n_cols,
+                       label_smoothing, HAS_SOFTCAP)
         tl.store(dx_rows[:, None] + cols[None, :].to(tl.int64) * stride_dv,
                  g.to(dx_rows.dtype.element_ty), mask=mask)
 
@@ -216,12 +225,12 @@ def _cross_entropy_fwd_kernel(
     if ONE_BLOCK:
         mask = mask_m[:, None] & (offs_n < n_cols)[None, :]
         c, dc = _load_logits(x_rows, offs_n, mask, stride_xv, softcap, HAS_SOFTCAP)
-        m, d, sc = _merge_stats(tl.full([BLOCK_M], float("-inf"), tl.float32),
-                                tl.zeros([BLOCK_M], tl.float32), tl.zeros([BLOCK_M], tl.float32),
-                                c, mask)
+        zero = tl.zeros([BLOCK_M], tl.float32)
+        m, d, d_rest, sc = _merge_stats(zero + float("-inf"), zero, zero, zero, c, offs_n, t,
+                                        mask)
     else:
-        m, d, sc = _span_stats(x_rows, mask_m, 0, n_cols, stride_xv, softcap, HAS_SOFTCAP,
-                               BLOCK_M, BLOCK_N)
+        m, d, d_rest, sc = _span_stats(x_rows, mask_m, t, 0, n_cols, stride_xv, softcap,
+                                       HAS_SOFTCAP, BLOCK_M, BLOCK_N)
 
     x_t = _target_logit(x_rows, t, valid, stride_xv, softcap, HAS_SOFTCAP)
     loss, log_d, coef = _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss)
@@ -230,13 +239,14 @@ def _cross_entropy_fwd_kernel(
     if COMPUTE_GRAD:
         dx_rows = dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds)
         if ONE_BLOCK:
-            g = _grad_tile(c, dc, offs_n, t, valid, bad, m, log_d, coef, n_cols, label_smoothing,
-                           HAS_SOFTCAP)
+            g = _grad_tile(c, dc, offs_n, t, valid, bad, m, log_d, -d_rest / d, coef, n_cols,
+                           label_smoothing, HAS_SOFTCAP)
             tl.store(dx_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_dv,
                      g.to(dx_ptr.dtype.element_ty), mask=mask)
         else:
             _span_grad(x_rows, dx_rows, mask_m, 0, n_cols, stride_xv, stride_dv, t, valid, bad,
-                       m, log_d, coef, n_cols, label_smoothing, softcap, HAS_SOFTCAP, BLOCK_N)
+                       m, log_d, -d_rest / d, coef, n_cols, label_smoothing, softcap,
+                       HAS_SOFTCAP, BLOCK_N)
 
 
 @triton.jit
@@ -245,27 +255,28 @@ def _cross_entropy_split_stats_kernel(
     stride_xb, stride_xs, stride_xv, stride_t, ignore_index, softcap,
     HAS_SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """(max, sum exp(c - max), sum c, c[t]) of span q of row r into stats_ptr[:, r, q]
-    ([4, rows, n_splits] fp32; c[t] is the row's, written by span 0); the grid is
-    (rows, n_splits). The target logit is read here, before the finish kernel may
-    overwrite it with the in-place gradient."""
+    """(max, sum exp(c - max), the same without the target, sum c, c[t]) of span q of row
+    r into stats_ptr[:, r, q] ([5, rows, n_splits] fp32; c[t] is the row's, written by
+    span 0); the grid is (rows, n_splits). The target logit is read here, before the
+    finish kernel may overwrite it with the in-place gradient."""
     row = tl.program_id(0)
     q = tl.program_id(1)
     offs_m = row + tl.arange(0, 1)
     mask_m = offs_m >= 0
     x_rows = x_ptr + _row_offsets(offs_m, seq, stride_xb, stride_xs)
+    t, valid, _ = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
     start = q * span
-    m, d, sc = _span_stats(x_rows, mask_m, start, tl.minimum(start + span, n_cols),
-                           stride_xv, softcap, HAS_SOFTCAP, 1, BLOCK_N)
+    m, d, d_rest, sc = _span_stats(x_rows, mask_m, t, start, tl.minimum(start + span, n_cols),
+                                   stride_xv, softcap, HAS_SOFTCAP, 1, BLOCK_N)
     n_stats = tl.num_programs(0).to(tl.int64) * n_splits
     at = row.to(tl.int64) * n_splits + q + tl.arange(0, 1)
     tl.store(stats_ptr + at, m)
     tl.store(stats_ptr + n_stats + at, d)
-    tl.store(stats_ptr + 2 * n_stats + at, sc)
+    tl.store(stats_ptr + 2 * n_stats + at, d_rest)
+    tl.store(stats_ptr + 3 * n_stats + at, sc)
     if q == 0:
-        t, valid, _ = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
         x_t = _target_logit(x_rows, t, valid, stride_xv, softcap, HAS_SOFTCAP)
-        tl.store(stats_ptr + 3 * n_stats + at, x_t)
+        tl.store(stats_ptr + 4 * n_stats + at, x_t)
 
 
 @triton.jit
@@ -279,7 +290,7 @@ def _cross_entropy_split_finish_kernel(
 ):
     """Combine the n_splits statistics of row r; span 0 writes loss[r], span q writes
     dx[r] over its columns (when COMPUTE_GRAD). Pointers as in _cross_entropy_fwd_kernel
-    plus stats_ptr [4, rows, n_splits]; the grid is (rows, n_splits or 1)."""
+    plus stats_ptr [5, rows, n_splits]; the grid is (rows, n_splits or 1)."""
     row = tl.program_id(0)
     q = tl.program_id(1)
     offs_m = row + tl.arange(0, 1)
@@ -293,13 +304,16 @@ def _cross_entropy_split_finish_kernel(
     at = row.to(tl.int64) * n_splits + offs_s[None, :]
     ms = tl.load(stats_ptr + at, mask=mask_s, other=float("-inf"))
     ds = tl.load(stats_ptr + n_stats + at, mask=mask_s, other=0.0)
-    scs = tl.load(stats_ptr + 2 * n_stats + at, mask=mask_s, other=0.0)
+    d_rests = tl.load(stats_ptr + 2 * n_stats + at, mask=mask_s, other=0.0)
+    scs = tl.load(stats_ptr + 3 * n_stats + at, mask=mask_s, other=0.0)
     # [1, BS] -> [1]
     m = tl.max(ms, axis=1)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    d = tl.sum(tl.where(ms == float("-inf"), 0.0, ds * tl.exp(ms - m_safe[:, None])), axis=1)
+    scale = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m_safe[:, None]))
+    d = tl.sum(ds * scale, axis=1)
+    d_rest = tl.sum(d_rests * scale, axis=1)
     sc = tl.sum(scs, axis=1)
-    x_t = tl.load(stats_ptr + 3 * n_stats + row.to(tl.int64) * n_splits + tl.arange(0, 1))
+    x_t = tl.load(stats_ptr + 4 * n_stats + row.to(tl.int64) * n_splits + tl.arange(0, 1))
 
     loss, log_d, coef = _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss)
     tl.store(loss_ptr + offs_m, loss.to(loss_ptr.dtype.element_ty), mask=q == 0)
@@ -308,7 +322,8 @@ def _cross_entropy_split_finish_kernel(
         start = q * span
         _span_grad(x_rows, dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds), mask_m,
                    start, tl.minimum(start + span, n_cols), stride_xv, stride_dv, t, valid, bad,
-                   m, log_d, coef, n_cols, label_smoothing, softcap, HAS_SOFTCAP, BLOCK_N)
+                   m, log_d, -d_rest / d, coef, n_cols, label_smoothing, softcap, HAS_SOFTCAP,
+                   BLOCK_N)
 
 
 # Backward. The forward already wrote dx[r] = dloss[r]/dx[r]; with g the upstream gradient

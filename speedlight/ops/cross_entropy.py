@@ -1,14 +1,7 @@
-"""Cross-entropy over logits [..., vocab] with integer targets [...], the loss and its
-gradient in one pass over the logits.
-
-Options: reductions mean/sum/none, ignore_index, label smoothing (as torch defines it),
-z-loss (z * logsumexp^2 per token), logit soft-capping (softcap * tanh(logits / softcap),
-Gemma 2's final_logit_softcapping), vocabularies up to 262144 and beyond. Arithmetic is
-fp32 whatever the logits dtype; the loss has the logits' dtype, as in torch.
-
-The forward writes dloss/dlogits beside the loss (only when a gradient is wanted); the
-backward multiplies it by the upstream gradient. With inplace_backward=True that gradient
-is written over the logits, which saves one [tokens, vocab] buffer.
+"""Cross-entropy over logits [..., vocab] with integer targets [...]: the loss and its
+gradient in one pass over the logits (the backward only scales that gradient), with
+torch's reductions, ignore_index and label smoothing, plus z-loss and logit soft-capping.
+fp32 arithmetic whatever the logits dtype; the loss has the logits' dtype, as in torch.
 """
 
 from __future__ import annotations
@@ -114,14 +107,11 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
                       grad_out: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(loss, dlogits, n_valid): the loss (logits' dtype; shape () or target's shape for
-    "none"), each token's dloss_i/dlogits_i (None unless compute_grad) and, for a mean, the
-    number of non-ignored tokens (int64, 0-dim; None otherwise). The gradient of the mean
-    is dlogits / max(n_valid, 1): the backward folds that scalar into grad_output.
-
-    dlogits is a new contiguous tensor of logits' shape, or `grad_out` when given (pass
-    logits itself to overwrite them). check_target: raise ValueError on a target outside
-    [0, vocab) that is not ignore_index (on CUDA this reads one flag back: a host sync);
-    unchecked, such a row gets a NaN loss and a NaN gradient row.
+    "none"), each token's dloss_i/dlogits_i (None unless compute_grad; a new contiguous
+    tensor, or `grad_out`: pass logits to overwrite them) and, for a mean, the number of
+    non-ignored tokens (int64, 0-dim), by which the backward divides grad_output.
+    check_target: ValueError on a target neither in [0, vocab) nor ignore_index (on CUDA,
+    a host sync); unchecked, such a row gets a NaN loss and a NaN gradient row.
     """
     n_cols = logits.shape[-1]
     n_rows = target.numel()
@@ -173,7 +163,7 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
         block_n = plan["block_n"]
         span = triton.cdiv(triton.cdiv(n_cols, plan["n_splits"]), block_n) * block_n
         n_splits = triton.cdiv(n_cols, span)
-        stats = torch.empty((4, n_rows, n_splits), dtype=torch.float32, device=logits.device)
+        stats = torch.empty((5, n_rows, n_splits), dtype=torch.float32, device=logits.device)
         _cross_entropy_split_stats_kernel[(n_rows, n_splits)](
             x, t, stats, n_cols, seq, span, n_splits, sxb, sxs, sxv, t.stride(0),
             scalars[0], scalars[3], HAS_SOFTCAP=has_softcap, BLOCK_N=block_n,
@@ -278,12 +268,11 @@ def _backward(ctx, grad_loss, _grad_dlogits, _grad_n_valid):
 _cross_entropy_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-# The in-place gradient: the forward overwrites logits with dlogits and the backward scales
-# them in place. Mutating ops cannot carry an autograd formula of their own, so an
-# autograd.Function wraps them. The mutating op bumps logits' version counter, so autograd
-# refuses (at backward) any other op that saved logits, rather than let it read a gradient.
-# (ctx.mark_dirty would say the same, but autograd forbids it for a view, such as the
-# logits[:, :-1] of a causal LM, in a Function with more than one output.)
+# The in-place gradient: the forward overwrites logits with dlogits, the backward scales
+# them in place. Mutating ops carry no autograd formula, so an autograd.Function wraps
+# them. The mutating op bumps logits' version counter: autograd then refuses (at backward)
+# any other op that saved logits. (ctx.mark_dirty is refused for a view such as a causal
+# LM's logits[:, :-1] in a Function with two outputs.)
 
 @torch.library.custom_op("speedlight::cross_entropy_fwd_inplace", mutates_args=("logits",))
 def _cross_entropy_fwd_inplace_op(logits: torch.Tensor, target: torch.Tensor,
@@ -359,15 +348,14 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
                   check_target: bool = True) -> torch.Tensor:
     """Cross-entropy of logits [..., vocab] against class indices target [...].
 
-    Per token with target t (c = softcap * tanh(logits / softcap) when softcap is given,
-    else the logits; lse = logsumexp(c); eps = label_smoothing; V = vocab):
+    Per token with target t (c = softcap * tanh(logits / softcap) with a softcap, else the
+    logits; lse = logsumexp(c); eps = label_smoothing):
         loss = (1 - eps) * (lse - c[t]) + eps * (lse - mean(c)) + z_loss * lse^2
     the first two terms being torch.nn.functional.cross_entropy with label_smoothing=eps;
-    z_loss adds z_loss * lse^2 per non-ignored token (PaLM's auxiliary z-loss; it enters
-    the mean like the rest of the loss). A token whose target is ignore_index adds 0.
-    reduction: "mean" (over non-ignored tokens), "sum", or "none" (shape of target).
-    Unlike torch, which returns NaN, a mean over no non-ignored token (every target
-    ignored, or no tokens at all) is 0, with an all-zero gradient.
+    z_loss adds z_loss * lse^2 per non-ignored token (PaLM's z-loss; it enters the mean
+    like the rest). A token whose target is ignore_index adds 0. reduction: "mean" (over
+    non-ignored tokens), "sum", or "none" (target's shape). Unlike torch's NaN, a mean over
+    no non-ignored token (all ignored, or no tokens) is 0, with an all-zero gradient.
 
     The vocab is the LAST dim (torch's F.cross_entropy takes it at dim 1 for > 2-D input;
     speedlight.nn.CrossEntropyLoss follows torch there). logits: float32/float16/bfloat16,
@@ -376,22 +364,21 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     the loss has logits' dtype. Differentiable in logits; torch.compile(fullgraph=True)
     traces it.
 
-    The gradient is computed in the forward, beside the loss, whenever logits require
-    grad; without a gradient (torch.no_grad, eval) the forward reads the logits and writes
-    the loss only. inplace_backward=True writes that gradient over the logits themselves:
-    after the call, `logits` HOLDS dloss/dlogits, not the logits. This saves a
-    [tokens, vocab] buffer. Autograd refuses it where another op saved logits for its own
-    backward (an error at backward), and it is refused for a leaf logits; a use of the
-    overwritten logits by anything outside autograd (argmax, logging) is the caller's to
-    avoid. Under torch.compile the compiler decides whether the buffer is reused.
+    The gradient is computed in the forward, beside the loss, when logits require grad;
+    without one (torch.no_grad, eval) the forward only reads logits and writes the loss.
+    inplace_backward=True writes that gradient over the logits: after the call, `logits`
+    HOLDS dloss/dlogits, not the logits, which saves a [tokens, vocab] buffer. It is
+    refused for a leaf logits, and autograd refuses it (at backward) where another op
+    saved logits for its own backward; any use of the overwritten logits outside autograd
+    (argmax, logging) is the caller's to avoid. Under torch.compile the compiler decides
+    whether the buffer is reused.
 
-    check_target: a target outside [0, vocab) that is not ignore_index raises ValueError.
-    CPU tensors are always checked (it costs one pass over the targets). On CUDA the check
-    costs a small reduction and one host sync, which stalls the CPU until the GPU has
-    caught up, and is illegal inside CUDA-graph capture (torch.compile's
-    mode="reduce-overhead"): pass check_target=False there. Unchecked, such a token is
-    never used as an address: its loss is NaN (so is a mean or sum over it) and its
-    gradient row is NaN.
+    check_target: a target neither in [0, vocab) nor ignore_index raises ValueError. CPU
+    tensors are always checked (one pass over the targets). On CUDA the check costs a
+    small reduction and one host sync, which stalls the CPU until the GPU catches up and
+    is illegal in CUDA-graph capture (torch.compile's mode="reduce-overhead"): pass
+    check_target=False there. Unchecked, such a token is never used as an address: its
+    loss is NaN (so is a mean or sum over it) and so is its gradient row.
     """
     check_tensor("logits", logits, min_dim=1)
     if not isinstance(target, torch.Tensor):

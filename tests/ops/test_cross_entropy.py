@@ -37,6 +37,7 @@ def grad_of(fn, logits, *args, upstream=None, **kwargs):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens,vocab,layout,flags", [
     pytest.param(1, 1, "contiguous", {}, id="tokens1-vocab1"),
+    pytest.param(3, 2, "contiguous", {}, id="tokens3-vocab2"),
     pytest.param(13, 781, "contiguous", {}, id="tokens13-vocab781"),
     pytest.param(8, 1823, "strided", {}, id="tokens8-vocab1823-strided"),
     pytest.param(6, 1000, "transposed", {}, id="tokens6-vocab1000-transposed"),
@@ -100,6 +101,23 @@ def test_adding_a_constant_to_a_row_changes_nothing(kwargs, device):
                         reduction="none", **kwargs)
     torch.testing.assert_close(loss1, loss2, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(g1, g2, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("vocab", [2, 300, 20011])
+def test_confident_target_keeps_its_small_gradient(vocab, device):
+    """p_t - 1 cancels in fp32 when p_t ~ 1; the kernel takes it as -(sum of the other
+    exps) / (sum of all), so the target's gradient keeps its relative precision."""
+    logits = seeded((4, vocab), device=device)
+    target = targets((4,), vocab, device)
+    logits[torch.arange(4), target] = torch.tensor([20.0, 24.0, 28.0, 22.0], device=device)
+    _, g = grad_of(speedlight.cross_entropy, logits, target, reduction="sum")
+    _, g64 = grad_of(F.cross_entropy, logits.double(), target, reduction="sum")
+    at = torch.arange(4), target
+    # g_t = p_t - 1 = -sum_{j != t} p_j: from float64's non-target entries, since float64's
+    # own p_t - 1 cancels too at these confidences
+    expected = -(g64.sum(-1) - g64[at])
+    assert (expected > -1e-3).all()  # confident: p_t > 0.999
+    torch.testing.assert_close(g[at].double(), expected, rtol=1e-5, atol=0.0)
 
 
 def test_z_loss_adds_z_times_logsumexp_squared_per_token(device):
