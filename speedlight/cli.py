@@ -16,6 +16,8 @@ import warnings
 
 COMMANDS = {
     "verify": ("speedlight.verify.command", "prove every op correct against float64"),
+    "inspect": ("speedlight.inspect.command", "read the compiler's output for any GPU: "
+                "registers, spills, occupancy, SASS, bytes moved"),
 }
 
 
