@@ -313,6 +313,18 @@ def inject_nonfinite(t: torch.Tensor, case: Case, count: int = 3) -> torch.Tenso
     return t
 
 
+def grad_leaves(inputs: Inputs, names: Sequence[str]) -> tuple[Inputs, list[str]]:
+    """A copy of inputs whose floating tensors named in `names` are fresh leaves that
+    require grad (same strides), and the names that were."""
+    out, used = dict(inputs), []
+    for n in names:
+        v = inputs.get(n)
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            out[n] = v.detach().requires_grad_(True)
+            used.append(n)
+    return out, used
+
+
 def is_cpu_interpreter(device: torch.device | str) -> bool:
     return torch.device(device).type == "cpu"
 

@@ -29,7 +29,7 @@ import torch
 
 from speedlight.inspect.specialise import Arg, compile_function, describe, specialise
 from speedlight.inspect.traffic import Site, count, finish_sites
-from speedlight.spec import Case, OpSpec, rand_tensor
+from speedlight.spec import Case, OpSpec, grad_leaves, rand_tensor
 
 _OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion",
                  "launch_cooperative_grid", "launch_pdl", "ptx_options", "debug")
@@ -280,16 +280,6 @@ def interpreter_work(capture: Capture) -> int:
 
 # --- running a case ------------------------------------------------------------------------
 
-def _leaves(inputs: dict, names) -> tuple[dict, list[str]]:
-    out, used = dict(inputs), []
-    for n in names:
-        v = inputs.get(n)
-        if isinstance(v, torch.Tensor) and v.is_floating_point():
-            out[n] = v.detach().requires_grad_(True)
-            used.append(n)
-    return out, used
-
-
 def capture_case(spec: OpSpec, case: Case, device: torch.device | str, *, arch: int,
                  mode: str = "run", backward: bool = True) -> Capture:
     """Run the op's forward (and backward, when it has gradients) on the case's inputs and
@@ -299,7 +289,7 @@ def capture_case(spec: OpSpec, case: Case, device: torch.device | str, *, arch: 
     device = torch.device(device)
     recorder = Recorder(arch, mode)
     inputs = spec.make_inputs(case, device)
-    leaves, names = _leaves(inputs, spec.grad_inputs if backward else ())
+    leaves, names = grad_leaves(inputs, spec.grad_inputs if backward else ())
     with intercept(recorder), _quiet(device), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         recorder.direction = "fwd"
