@@ -130,6 +130,7 @@ class CaseReport:
     findings: list = field(default_factory=list)
     note: str = ""
     skipped: str = ""
+    error: str = ""  # the op raised while its launches were captured
 
     @property
     def all_findings(self) -> list:

@@ -94,19 +94,28 @@ def _dt(case) -> str:
     return dtype_name(case.dtype)
 
 
+REPRESENTATIVE_BYTES = 256 * 2**20  # the inputs of a default case must fit a laptop
+
+
 def representative(spec, dtype):
-    """The op's model-suite case at 4096 tokens of the first model in shapes.MODELS it
-    covers (Llama 3 8B for most ops), else its first quick case."""
+    """The op's model-suite case of the first model in shapes.MODELS it covers (Llama 3 8B
+    for most ops) at 4096 tokens, or at 512 or 1 when that would move more than
+    REPRESENTATIVE_BYTES (a 128K-word vocabulary); else its first quick case."""
     from speedlight import shapes
 
     order = {name: i for i, name in enumerate(shapes.MODELS)}
-    model = spec.cases("model") if "model" in spec.suites else []
-    model = sorted((c for c in model if c.params and c.params[0][1] == 4096),
+    model = sorted(spec.cases("model") if "model" in spec.suites else [],
                    key=lambda c: order.get(c.model, len(order)))
-    pool = model or (spec.cases("quick") if "quick" in spec.suites else [])
-    if not pool:
+    for tokens in (4096, 512, 1):
+        for c in model:
+            c = c.with_(dtype=dtype)
+            if c.params and c.params[0][1] == tokens and \
+                    spec.cost(c, "fwd").bytes <= REPRESENTATIVE_BYTES:
+                return c
+    quick = spec.cases("quick") if "quick" in spec.suites else []
+    if not quick:
         raise ValueError(f"op {spec.name} has no cases")
-    return pool[0].with_(dtype=dtype)
+    return quick[0].with_(dtype=dtype)
 
 
 def _rows(report, env: dict, run_id: str) -> list[dict]:
@@ -114,9 +123,10 @@ def _rows(report, env: dict, run_id: str) -> list[dict]:
             "case_id": report.case.id, "case": report.case.to_json(),
             "target": report.target.name, "sku": report.device.key,
             "sm_count": report.device.sm_count, "run": run_id, **env}
-    if report.skipped or not report.kernels:
-        return [dict(base, level="case", status="skip" if report.skipped else "no-launch",
-                     reason=report.skipped or report.note)]
+    if report.skipped or report.error or not report.kernels:
+        status = "skip" if report.skipped else "error" if report.error else "no-launch"
+        return [dict(base, level="case", status=status,
+                     reason=report.skipped or report.error or report.note)]
     rows = [dict(base, level="kernel", note=report.note, **k.to_json()) for k in report.kernels]
     rows += [dict(base, level="bytes", **d.to_json(),
                   findings=[f.to_json() for f in report.findings
@@ -208,11 +218,12 @@ def run(args: argparse.Namespace) -> int:
         n = sum(_dump(r, Path(args.dump)) for r in reports)
         console.print(f"[dim]{n} kernels' TTIR, TTGIR, LLIR, PTX, cubin and SASS written under "
                       f"{args.dump}[/]")
-    failed_compiles = [k for r in reports for k in r.kernels if k.compiled.error]
+    failed = [r for r in reports if r.error] + [k for r in reports for k in r.kernels
+                                                 if k.compiled.error]
     if args.check:
         shortfalls = [s for r in reports for s in guard.check(r)]
         for s in shortfalls:
             console.print(f"[red]short of design[/] {s}", highlight=False)
         if shortfalls:
             return 1
-    return 1 if failed_compiles else 0
+    return 1 if failed else 0

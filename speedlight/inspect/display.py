@@ -137,6 +137,9 @@ def print_case(report: CaseReport, console: Console) -> None:
     if r.skipped:
         console.print(f"{head}: [yellow]skipped[/]: {r.skipped}")
         return
+    if r.error:
+        console.print(f"{head}: [bold red]error[/]: {r.error}")
+        return
     if r.note:
         console.print(f"[dim]{r.note}[/]")
     if not r.kernels:
@@ -173,4 +176,6 @@ def print_summary(reports: Sequence[CaseReport], console: Console, *, title: str
     for r in reports:
         if r.skipped:
             console.print(f"[yellow]skipped[/] {r.op} {r.case.label}: {r.skipped}")
+        if r.error:
+            console.print(f"[bold red]error[/] {r.op} {r.case.label}: {r.error}")
     print_findings(done, console, with_case=True, quiet_info=True)

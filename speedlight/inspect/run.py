@@ -69,7 +69,12 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
         if reason:
             report.skipped = reason
         else:
-            capture, used = _capture(spec, case, device, target, sku, mode, backward)
+            try:
+                capture, used = _capture(spec, case, device, target, sku, mode, backward)
+            except Exception as e:  # the op failed on this case: reported, the others go on
+                report.error = f"{type(e).__name__}: {e}"
+                staged.append((spec, report, None))
+                continue
             if used == "sample":
                 report.note = (f"sampled: a few programs of each launch ran under the "
                                f"interpreter (a full run would take over {RUN_WORK_LIMIT} "

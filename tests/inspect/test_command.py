@@ -72,3 +72,27 @@ def test_find_case_reads_suite_ids_and_new_shapes():
     new = find_case(rms_norm.SPEC, "rows4096-hidden4095-transposed-noweight", torch.bfloat16)
     assert new.shape == {"rows": 4096, "hidden": 4095} and new.layout == "transposed"
     assert new.flag("weight") is False and new.dtype == torch.bfloat16
+
+
+def test_an_op_that_raises_is_reported_and_fails_the_run(tmp_path, capsys):
+    spec = tmp_path / "broken.py"
+    spec.write_text("import dataclasses\n"
+                    "from tests.inspect.kernels import COPY\n"
+                    "def broken(**kwargs):\n"
+                    "    raise RuntimeError('the launcher gave up')\n"
+                    "SPEC = dataclasses.replace(COPY, name='broken_copy', impl=broken)\n")
+    code = cli.main(["inspect", "broken_copy", "--spec", str(spec), "--only-spec",
+                     "--out", str(tmp_path)])
+    assert code == 1
+    assert "the launcher gave up" in capsys.readouterr().out
+    (row,) = results.read_jsonl(tmp_path / "inspect.jsonl")
+    assert row["status"] == "error" and "RuntimeError" in row["reason"]
+
+
+def test_the_default_case_fits_a_cpu():
+    from speedlight import registry
+    from speedlight.inspect.command import REPRESENTATIVE_BYTES, representative
+
+    for spec in registry.builtin_specs():
+        case = representative(spec, torch.bfloat16)
+        assert spec.cost(case, "fwd").bytes <= REPRESENTATIVE_BYTES, case.id
