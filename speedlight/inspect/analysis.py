@@ -138,7 +138,13 @@ class CaseReport:
 
 
 def _same_file(a: str, b: str) -> bool:
-    return a == b or os.path.realpath(a) == os.path.realpath(b)
+    """Whether two source paths name the same kernel file. A compiled kernel is cached by
+    its source, not its path, so its line table may name the same file in another checkout
+    (a worktree, a CI clone): the last three path components decide."""
+    if a == b or os.path.realpath(a) == os.path.realpath(b):
+        return True
+    tail = lambda p: tuple(os.path.normpath(p).split(os.sep)[-3:])  # noqa: E731
+    return tail(a) == tail(b)
 
 
 def analyse_kernel(launch: Launch, compiled: Compiled, target: Target, device: DeviceSpec,
