@@ -109,7 +109,7 @@ def representative(spec, dtype):
     for tokens in (4096, 512, 1):
         for c in model:
             c = c.with_(dtype=dtype)
-            if c.params and c.params[0][1] == tokens and \
+            if c.params and spec.rows(c) == tokens and \
                     spec.cost(c, "fwd").bytes <= REPRESENTATIVE_BYTES:
                 return c
     quick = spec.cases("quick") if "quick" in spec.suites else []
