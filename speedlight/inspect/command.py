@@ -39,7 +39,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="how launches run while captured: run (every program; bytes counted "
                         "under the interpreter), sample (a few programs: layout only), dry (none); "
                         "auto runs cases the interpreter can afford and samples the rest")
-    p.add_argument("--no-backward", action="store_true", help="forward launches only")
+    p.add_argument("--no-backward", action="store_true",
+                   help="forward launches only (the forward of training: inputs that take "
+                        "gradients require them)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 if a kernel falls short of its design (vector width, spills, "
                         "occupancy, bytes); see spec.KernelDesign")
