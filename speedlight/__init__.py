@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "rms_norm": "speedlight.ops.rms_norm",
     "softmax": "speedlight.ops.softmax",
+    "rope": "speedlight.ops.rope",
 }
 _SUBMODULES = ("nn", "spec", "shapes", "hardware", "reference", "registry", "results")
 

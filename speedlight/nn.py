@@ -8,6 +8,7 @@ import math
 import torch
 
 from speedlight.ops.rms_norm import rms_norm
+from speedlight.ops.rope import rope
 from speedlight.ops.softmax import softmax
 
 
@@ -41,3 +42,25 @@ class Softmax(torch.nn.Softmax):
         if dim is None:  # torch's legacy implicit-dim rule
             dim = 0 if x.dim() in (0, 1, 3) else 1
         return softmax(x, dim)
+
+
+class ApplyRotary(torch.nn.Module):
+    """Hugging Face's apply_rotary_pos_emb as a module, computed by speedlight.rope.
+
+    No torch module computes RoPE, so this one subclasses torch.nn.Module; it holds no
+    parameters or buffers (cos and sin come from the model's rotary embedding, as in HF).
+    forward(q, k, cos, sin, position_ids=None, unsqueeze_dim=1) -> (q_rot, k_rot) takes
+    the arguments of apply_rotary_pos_emb; interleaved=True selects GPT-J's pairs.
+    """
+
+    def __init__(self, interleaved: bool = False):
+        super().__init__()
+        self.interleaved = interleaved
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                position_ids: torch.Tensor | None = None,
+                unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope(q, k, cos, sin, position_ids, unsqueeze_dim, self.interleaved)
+
+    def extra_repr(self) -> str:
+        return f"interleaved={self.interleaved}"

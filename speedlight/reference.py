@@ -34,3 +34,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """exp(x - max) / sum(exp(x - max)) along dim."""
     return torch.softmax(x, dim=dim)
+
+
+def _rotate_pairs(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """The partner of each element, negated for the pair's first member: Hugging Face's
+    rotate_half (pairs (i, i + d/2)) or GPT-J's rotate_every_two (pairs (2i, 2i + 1))."""
+    if interleaved:
+        return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         position_ids: torch.Tensor | None = None, unsqueeze_dim: int = 1,
+         interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding of q and k: x * cos + rotate(x) * sin on the first rot_dim
+    = cos.shape[-1] dims of each head, the rest passed through.
+
+    As Hugging Face's apply_rotary_pos_emb computes it, in the inputs' dtype (HF builds cos
+    and sin in q's dtype and does not upcast): cos/sin [batch, seq, rot_dim] broadcast over
+    heads at unsqueeze_dim, or with position_ids a cache [max_pos, rot_dim] indexed by them.
+    interleaved=True pairs dims (2i, 2i + 1) as GPT-J does, with cos/sin repeat-interleaved.
+    Results have q's (k's) dtype.
+    """
+    if position_ids is not None:
+        cos, sin = cos[position_ids], sin[position_ids]
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    rot_dim = cos.shape[-1]
+
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        x_rot, x_pass = x[..., :rot_dim], x[..., rot_dim:]
+        y = x_rot * cos + _rotate_pairs(x_rot, interleaved) * sin
+        return torch.cat((y.to(x.dtype), x_pass), dim=-1)
+
+    return apply(q), apply(k)

@@ -18,6 +18,7 @@ from speedlight.spec import OpSpec
 BUILTIN_MODULES = (
     "speedlight.ops.rms_norm",
     "speedlight.ops.softmax",
+    "speedlight.ops.rope",
 )
 
 

@@ -82,6 +82,17 @@ def model_values(field: str, models: Iterable[ModelConfig] | None = None) -> lis
     return sorted(seen.items())
 
 
+def distinct_configs(fields: Sequence[str], where: Callable[[ModelConfig], bool] | None = None
+                     ) -> list[tuple[tuple, str]]:
+    """Distinct tuples of ModelConfig fields (e.g. heads, kv_heads, head_dim), each with the
+    first model that has it, in table order; models for which `where` is false are left out."""
+    seen: dict[tuple, str] = {}
+    for m in MODELS.values():
+        if where is None or where(m):
+            seen.setdefault(tuple(getattr(m, f) for f in fields), m.name)
+    return list(seen.items())
+
+
 def rows_and_width(suite: str, field: str = "hidden") -> list[tuple[int, int, str | None]]:
     """(rows, width, model) points of a suite for ops over a [tokens, width] tensor, with
     width taken from the ModelConfig field (hidden, intermediate, vocab, ...)."""
