@@ -63,6 +63,12 @@ MODELS: dict[str, ModelConfig] = {m.name: m for m in [
                 0, _hf("openai-community/gpt2")),
 ]}
 
+# Decoder layers of each model (num_hidden_layers / n_layer in the same config.json files).
+NUM_LAYERS: dict[str, int] = {
+    "llama-3-8b": 32, "llama-3-70b": 80, "mistral-7b": 32, "qwen2.5-7b": 28, "qwen3-8b": 36,
+    "gemma-2-9b": 42, "gemma-3-1b": 26, "phi-3-mini": 32, "gpt-j-6b": 28, "gpt-2": 12,
+}
+
 MODEL_TOKENS = (1, 512, 4096, 16384)
 
 # quick: (rows, width) pairs a CPU interpreter runs fast, still with odd sizes.
