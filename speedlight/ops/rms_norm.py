@@ -228,6 +228,14 @@ def _cases(suite: str) -> list[Case]:
     return out
 
 
+def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+    if cfg.norm != "rms":
+        return []
+    flags = {"offset": 1} if cfg.norm_offset else {}
+    return [Case("rms_norm", (("rows", batch * seq), ("hidden", cfg.hidden)), flags=flags,
+                 model=cfg.name)]
+
+
 def _skip(case: Case, device) -> str | None:
     if case.flag("huge") and torch.device(device).type != "cuda":
         return ("64-bit indexing case: rows x stride > 2^31 needs > 4 GiB per tensor and "
@@ -245,4 +253,5 @@ SPEC = OpSpec(
     grad_inputs=("x", "weight"),
     skip=_skip,
     notes="Normalizes the last dim; fp32 accumulation; dW reduced per program, then summed.",
+    for_model=_for_model,
 )

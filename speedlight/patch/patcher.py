@@ -150,6 +150,12 @@ def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ign
 
 # --- patch / unpatch -------------------------------------------------------------------------
 
+def _available(op: str) -> bool:
+    """Whether this install has speedlight.ops.<op>."""
+    import importlib.util
+    return importlib.util.find_spec(f"speedlight.ops.{op}") is not None
+
+
 def _activation_of(mlp) -> tuple[str, dict] | None:
     act = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
     if act is None:
@@ -203,6 +209,9 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, ro
                                                f"{type(getattr(module, 'act_fn', None)).__name__} "
                                                "has no speedlight kernel"))
                     continue
+                if not _available(act[0]):
+                    report.not_patched.append((f"mlp {path}", f"this install has no speedlight.{act[0]}"))
+                    continue
                 make = _fused_mlp_forward if family.mlp == "fused" else _split_mlp_forward
                 _set_forward(module, make(*act), record)
                 report.patched.setdefault("mlp", []).append(f"{path} ({act[0]})")
@@ -217,7 +226,9 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, ro
                     w.startswith(kind) for w, _ in report.not_patched):
                 report.not_patched.append((kind, f"no {kind} module of the {model_type} family found"))
         if wanted["cross_entropy"]:
-            if hasattr(type(model), "loss_function"):
+            if not _available("cross_entropy"):
+                report.not_patched.append(("cross_entropy", "this install has no speedlight.cross_entropy"))
+            elif hasattr(type(model), "loss_function"):
                 record["loss"] = ("had", model.__dict__["_loss_function"]) if "_loss_function" in model.__dict__ else ("none", None)
                 model.loss_function = causal_lm_loss
                 report.patched["cross_entropy"] = ["loss_function"]
