@@ -14,6 +14,7 @@ _EXPORTS = {
     "rms_norm": "speedlight.ops.rms_norm",
     "softmax": "speedlight.ops.softmax",
     "rope": "speedlight.ops.rope",
+    "cross_entropy": "speedlight.ops.cross_entropy",
 }
 _SUBMODULES = ("nn", "spec", "shapes", "hardware", "reference", "registry", "results")
 

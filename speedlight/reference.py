@@ -68,3 +68,34 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         return torch.cat((y.to(x.dtype), x_pass), dim=-1)
 
     return apply(q), apply(k)
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
+                  softcap: float | None = None) -> torch.Tensor:
+    """torch.nn.functional.cross_entropy over the last dim of logits [..., vocab], plus
+    z_loss * logsumexp^2 per non-ignored token and an optional softcap * tanh(x / softcap)
+    on the logits first.
+
+    As the Hugging Face losses compute it: half-precision logits are upcast to float32
+    (`logits.float()`) before the loss, and the loss is returned in the logits' dtype.
+    A mean over no non-ignored token is 0 (torch gives NaN), as speedlight defines it.
+    """
+    x = logits.to(_opmath(logits))
+    if softcap is not None:
+        x = softcap * torch.tanh(x / softcap)
+    x = x.reshape(-1, x.shape[-1])
+    t = target.reshape(-1).long()
+    losses = torch.nn.functional.cross_entropy(x, t, ignore_index=ignore_index,
+                                               reduction="none",
+                                               label_smoothing=label_smoothing)
+    valid = t != ignore_index
+    if z_loss:
+        lse = torch.logsumexp(x, dim=-1)
+        losses = losses + torch.where(valid, z_loss * lse * lse, torch.zeros_like(lse))
+    if reduction == "none":
+        return losses.reshape(target.shape).to(logits.dtype)
+    total = losses.sum()
+    if reduction == "mean":
+        total = total / valid.sum().clamp_min(1)
+    return total.to(logits.dtype)

@@ -19,6 +19,7 @@ BUILTIN_MODULES = (
     "speedlight.ops.rms_norm",
     "speedlight.ops.softmax",
     "speedlight.ops.rope",
+    "speedlight.ops.cross_entropy",
 )
 
 
