@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         _write_json(out / FILES["profile_before"], before)
 
     def do_patch():
-        from speedlight.patch import patch
+        from speedlight.patching import patch
         model = copy.deepcopy(pristine)
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")

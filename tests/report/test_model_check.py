@@ -6,7 +6,7 @@ import torch
 pytest.importorskip("transformers")
 
 from speedlight.pipeline.model_check import check_models
-from tests.patch.tiny_models import batch, build
+from tests.patching.tiny_models import batch, build
 
 
 def _inputs(model):

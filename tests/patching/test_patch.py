@@ -7,9 +7,9 @@ import torch
 pytest.importorskip("transformers")
 
 import speedlight
-from speedlight.patch import PatchWarning, patch, unpatch
+from speedlight.patching import PatchWarning, patch, unpatch
 from speedlight.verify.harness import LaunchCounter
-from tests.patch.tiny_models import FAMILIES, batch, build
+from tests.patching.tiny_models import FAMILIES, batch, build
 
 TOL = dict(rtol=2e-4, atol=2e-5)
 
@@ -118,7 +118,7 @@ def test_patch_rejects_non_modules():
 
 
 def test_twenty_training_steps_give_matching_loss_curves():
-    from tests.patch.tiny_models import COMMON
+    from tests.patching.tiny_models import COMMON
     text = (open(__file__).read() * 2)[:4000].encode()
     data = torch.tensor(list(text)) % COMMON["vocab_size"]
     curves = []

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speedlight.patch.families import ACTIVATIONS, FAMILIES, Family
+from speedlight.patching.families import ACTIVATIONS, FAMILIES, Family
 
 KINDS = ("rms_norm", "mlp", "rope", "cross_entropy")
 _RECORD = "_speedlight_patch"
