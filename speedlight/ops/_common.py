@@ -152,3 +152,11 @@ def row_tile(n_cols: int, device: torch.device, *, max_block_n: int,
 def rows_view(x: torch.Tensor, n_cols: int) -> torch.Tensor:
     """x as [rows, n_cols] over its last dim(s): a view when the strides allow, else a copy."""
     return x.reshape(-1, n_cols)
+
+
+def skip_huge_on_cpu(case, device) -> str | None:
+    """The OpSpec skip of an op whose only CPU-impossible cases are flagged `huge`."""
+    if case.flag("huge") and torch.device(device).type != "cuda":
+        return ("64-bit indexing case: rows x stride > 2^31 needs > 4 GiB per tensor and "
+                "hours under the interpreter; it runs on a GPU")
+    return None
