@@ -13,6 +13,10 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "rms_norm": "speedlight.ops.rms_norm",
     "softmax": "speedlight.ops.softmax",
+    "layer_norm": "speedlight.ops.layer_norm",
+    "add_rms_norm": "speedlight.ops.add_rms_norm",
+    "swiglu": "speedlight.ops.swiglu",
+    "geglu": "speedlight.ops.geglu",
 }
 _SUBMODULES = ("nn", "spec", "shapes", "hardware", "reference", "registry", "results")
 

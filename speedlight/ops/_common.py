@@ -1,14 +1,18 @@
 """What every op's host code shares: input checks that name the argument, the runtime
-check (CUDA, or CPU through the Triton interpreter), and block-size choices."""
+check (CUDA, or CPU through the Triton interpreter), block-size choices, and the case
+suite every norm over [rows, hidden] runs."""
 
 from __future__ import annotations
 
 import functools
 import os
-from typing import Iterable
+from typing import Callable, Iterable, Sequence
 
 import torch
 import triton
+
+from speedlight import shapes
+from speedlight.spec import Case
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DTYPE_LIST = "float32, float16 or bfloat16"
@@ -130,6 +134,20 @@ def target_programs(device: torch.device) -> int:
     return 2
 
 
+def partial_sum_programs(n_rows: int, device: torch.device) -> int:
+    """How many programs split the rows of a kernel that also reduces over them (the dW of
+    a norm): each sums its own rows into one fp32 partial and the host sums the partials.
+
+    A few per SM on a GPU: a few rows to a few dozen each, summed as a tree within a block.
+    Under the interpreter at most 4 rows each: it sums a block's rows one after another
+    (numpy down axis 0), so the row sum is left to the host's torch.sum instead, which is as
+    accurate as the GPU's reduction and keeps dW's fp32 error near it.
+    """
+    if device.type == "cuda":
+        return max(1, min(n_rows, target_programs(device)))
+    return max(1, min(n_rows, max(target_programs(device), triton.cdiv(n_rows, 4))))
+
+
 def row_tile(n_cols: int, device: torch.device, *, max_block_n: int,
              max_tile: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for a kernel that holds BLOCK_M whole rows.
@@ -160,3 +178,33 @@ def skip_huge_on_cpu(case, device) -> str | None:
         return ("64-bit indexing case: rows x stride > 2^31 needs > 4 GiB per tensor and "
                 "hours under the interpreter; it runs on a GPU")
     return None
+
+
+def norm_cases(op: str, suite: str, *, quick_variants: Sequence[tuple[int, int, dict]] = (),
+               full_variants: Sequence[dict] = (),
+               model_flags: Callable[[shapes.ModelConfig], dict] = lambda m: {}) -> list[Case]:
+    """The cases of a norm over [rows, hidden] (rms_norm, add_rms_norm, layer_norm).
+
+    model: every model's hidden size at shapes.MODEL_TOKENS, with the flags
+    model_flags(model) gives it (Gemma's offset), once per distinct (hidden, flags).
+    quick and full: rows_and_width's shapes, strided and transposed layouts, NaN/Inf,
+    empty input and rows longer than one block, plus the op's own variants:
+    quick_variants as (rows, hidden, flags), full_variants as flags on 257 x 4093; full also
+    has the 64-bit indexing case (rows x row stride > 2^31, skipped on CPU).
+    """
+    def case(rows, hidden, layout="contiguous", model=None, **flags):
+        return Case(op, (("rows", rows), ("hidden", hidden)), layout=layout, flags=flags,
+                    model=model)
+
+    points = shapes.rows_width_variant(suite, "hidden", lambda m: tuple(model_flags(m).items()))
+    out = [case(r, w, model=m, **dict(v or ())) for r, w, m, v in points]
+    if suite == "quick":
+        out += [case(37, 128, "strided"), case(5, 781, "strided"), case(4, 1000, "transposed")]
+        out += [case(r, w, **flags) for r, w, flags in quick_variants]
+        out += [case(5, 781, nonfinite=True), case(0, 128), case(2, 70001, "strided")]
+    if suite == "full":
+        out += [case(r, w, "strided") for r, w, m, _ in points if m is None and r * w <= 2**24]
+        out += [case(257, 4093, **flags) for flags in full_variants]
+        out += [case(3, 100003, "transposed"), case(257, 1021, nonfinite=True), case(0, 4096),
+                case(65537, 32771, huge=True)]
+    return out

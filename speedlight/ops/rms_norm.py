@@ -23,10 +23,11 @@ from speedlight.ops._common import (
     check_runtime,
     check_same_device,
     check_tensor,
+    norm_cases,
+    partial_sum_programs,
     row_tile,
     rows_view,
     skip_huge_on_cpu,
-    target_programs,
 )
 from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor
 
@@ -98,7 +99,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     dh2 = rows_view(dh, n_cols) if dh is not None else dy2  # placeholder when HAS_DH=False
     dx2 = dx.view(-1, n_cols)
     w = weight if has_weight else x2
-    n_programs = min(n_rows, target_programs(x.device))
+    n_programs = partial_sum_programs(n_rows, x.device)
     rows_per_program = triton.cdiv(n_rows, n_programs)
     n_programs = triton.cdiv(n_rows, rows_per_program)
     dw_partial = torch.empty((n_programs, n_cols) if has_weight else (1,),
@@ -205,7 +206,12 @@ def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -
 
 # --- OpSpec --------------------------------------------------------------------------------
 
-def _make_inputs(case: Case, device) -> dict:
+def model_norm_flags(model: shapes.ModelConfig) -> dict:
+    """The case flags of a model's RMSNorm: Gemma's (1 + w) form where the model has it."""
+    return {"offset": 1} if model.norm_offset else {}
+
+
+def make_inputs(case: Case, device) -> dict:
     rows, hidden = case["rows"], case["hidden"]
     # Over one column y = x / sqrt(x^2 + eps) * w, whose gradient w * eps / (x^2 + eps)^1.5
     # is all cancellation unless x^2 ~ eps: draw x at that scale so the case stays
@@ -233,37 +239,16 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=9 * m * n, bytes=3 * m * n * e + 2 * w + 4 * m)
 
 
-def _cases(suite: str) -> list[Case]:
-    def case(rows, hidden, layout="contiguous", model=None, **flags):
-        return Case("rms_norm", (("rows", rows), ("hidden", hidden)), layout=layout,
-                    flags=flags, model=model)
-
-    points = shapes.rows_and_width(suite, "hidden")
-    out = []
-    for rows, hidden, model in points:
-        cfg = shapes.MODELS.get(model) if model else None
-        flags = {"offset": 1} if cfg is not None and cfg.norm_offset else {}
-        out.append(case(rows, hidden, model=model, **flags))
-    if suite == "quick":
-        out += [case(37, 128, "strided"), case(5, 781, "strided"), case(4, 1000, "transposed"),
-                case(3, 7, weight=False), case(5, 781, weight=False), case(37, 128, offset=1),
-                case(5, 781, nonfinite=True), case(0, 128), case(2, 70001, "strided")]
-    if suite == "full":
-        out += [case(r, w, "strided") for r, w, m in points if m is None and r * w <= 2**24]
-        out += [case(257, 4093, weight=False), case(3, 100003, "transposed"),
-                case(257, 1021, nonfinite=True), case(0, 4096),
-                # rows x row stride > 2^31: 64-bit offsets
-                case(65537, 32771, huge=True)]
-    return out
-
-
 SPEC = OpSpec(
     name="rms_norm",
     impl=rms_norm,
     reference=reference.rms_norm,
-    make_inputs=_make_inputs,
+    make_inputs=make_inputs,
     cost=_cost,
-    suites=shapes.suites(_cases),
+    suites=shapes.suites(lambda suite: norm_cases(
+        "rms_norm", suite, model_flags=model_norm_flags, full_variants=[{"weight": False}],
+        quick_variants=[(3, 7, {"weight": False}), (5, 781, {"weight": False}),
+                        (37, 128, {"offset": 1})])),
     grad_inputs=("x", "weight"),
     skip=skip_huge_on_cpu,
     notes="Normalizes the last dim; fp32 accumulation; dW reduced per program, then summed.",
