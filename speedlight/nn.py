@@ -26,16 +26,18 @@ class RMSNorm(torch.nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        dims = len(self.normalized_shape)
-        if tuple(x.shape[-dims:]) != tuple(self.normalized_shape):
-            raise ValueError(f"x's trailing dims {tuple(x.shape[-dims:])} do not match "
-                             f"normalized_shape {tuple(self.normalized_shape)}")
-        if dims == 1:
-            return rms_norm(x, self.weight, eps)
-        lead = x.shape[:-dims]
-        flat = x.reshape(*lead, math.prod(self.normalized_shape))
+        flat = _rows_shape(x, self.normalized_shape)
         weight = self.weight.reshape(-1) if self.weight is not None else None
-        return rms_norm(flat, weight, eps).reshape(x.shape)
+        return rms_norm(x.reshape(flat), weight, eps).reshape(x.shape)
+
+
+def _rows_shape(x: torch.Tensor, normalized_shape) -> tuple[int, ...]:
+    """x's shape with the normalized trailing dims flattened into one (checked to match)."""
+    dims = len(normalized_shape)
+    if tuple(x.shape[-dims:]) != tuple(normalized_shape):
+        raise ValueError(f"x's trailing dims {tuple(x.shape[-dims:])} do not match "
+                         f"normalized_shape {tuple(normalized_shape)}")
+    return (*x.shape[:-dims], math.prod(normalized_shape))
 
 
 class Softmax(torch.nn.Softmax):
@@ -81,13 +83,7 @@ class AddRMSNorm(torch.nn.RMSNorm):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        dims = len(self.normalized_shape)
-        if tuple(x.shape[-dims:]) != tuple(self.normalized_shape):
-            raise ValueError(f"x's trailing dims {tuple(x.shape[-dims:])} do not match "
-                             f"normalized_shape {tuple(self.normalized_shape)}")
-        if dims == 1:
-            return add_rms_norm(x, residual, self.weight, eps, self.offset)
-        flat = (*x.shape[:-dims], math.prod(self.normalized_shape))
+        flat = _rows_shape(x, self.normalized_shape)
         weight = self.weight.reshape(-1) if self.weight is not None else None
         y, h = add_rms_norm(x.reshape(flat), residual.reshape(flat), weight, eps, self.offset)
         return y.view(x.shape), h.view(x.shape)

@@ -46,6 +46,21 @@ def _glu_activation(g, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
+def _glu_load_tile(gate_ptr, up_ptr, n_rows, n_cols, stride_gm, stride_gn, stride_um, stride_un,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's [BLOCK_M, BLOCK_N] tile: its rows [BM, 1] and cols [1, BN] (int64
+    offsets), its mask, and gate and up over it in fp32. Tile (i, j) is program (i, j)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m < n_rows)[:, None] & (offs_n < n_cols)[None, :]
+    rows = offs_m.to(tl.int64)[:, None]
+    cols = offs_n.to(tl.int64)[None, :]
+    g = tl.load(gate_ptr + rows * stride_gm + cols * stride_gn, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + rows * stride_um + cols * stride_un, mask=mask, other=0.0).to(tl.float32)
+    return rows, cols, mask, g, u
+
+
+@triton.jit
 def _glu_fwd_kernel(
     gate_ptr, up_ptr, out_ptr,
     n_rows, n_cols, stride_gm, stride_gn, stride_um, stride_un, stride_om,
@@ -57,15 +72,8 @@ def _glu_fwd_kernel(
     stride_om, unit column stride). The grid is (cdiv(n_rows, BLOCK_M), cdiv(n_cols,
     BLOCK_N)), one [BLOCK_M, BLOCK_N] tile per program. ACTIVATION selects act at compile time.
     """
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m < n_rows)[:, None] & (offs_n < n_cols)[None, :]
-    rows = offs_m.to(tl.int64)[:, None]
-    cols = offs_n.to(tl.int64)[None, :]
-    g = tl.load(gate_ptr + rows * stride_gm + cols * stride_gn, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(up_ptr + rows * stride_um + cols * stride_un, mask=mask, other=0.0).to(tl.float32)
+    rows, cols, mask, g, u = _glu_load_tile(gate_ptr, up_ptr, n_rows, n_cols, stride_gm,
+                                            stride_gn, stride_um, stride_un, BLOCK_M, BLOCK_N)
     act, _ = _glu_activation(g, ACTIVATION)
     tl.store(out_ptr + rows * stride_om + cols, (act * u).to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -89,17 +97,10 @@ def _glu_bwd_kernel(
     one [n_rows, 2 * n_cols] buffer when the forward took one concatenated input).
     Grid and ACTIVATION as in _glu_fwd_kernel.
     """
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m < n_rows)[:, None] & (offs_n < n_cols)[None, :]
-    rows = offs_m.to(tl.int64)[:, None]
-    cols = offs_n.to(tl.int64)[None, :]
+    rows, cols, mask, g, u = _glu_load_tile(gate_ptr, up_ptr, n_rows, n_cols, stride_gm,
+                                            stride_gn, stride_um, stride_un, BLOCK_M, BLOCK_N)
     do = tl.load(dout_ptr + rows * stride_dom + cols * stride_don, mask=mask,
                  other=0.0).to(tl.float32)
-    g = tl.load(gate_ptr + rows * stride_gm + cols * stride_gn, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(up_ptr + rows * stride_um + cols * stride_un, mask=mask, other=0.0).to(tl.float32)
     act, dact = _glu_activation(g, ACTIVATION)
     tl.store(dgate_ptr + rows * stride_dgm + cols, (do * u * dact).to(dgate_ptr.dtype.element_ty),
              mask=mask)

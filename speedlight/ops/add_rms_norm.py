@@ -18,10 +18,17 @@ from speedlight.ops._common import (
     check_same_device,
     check_same_dtype,
     check_tensor,
+    norm_cases,
     skip_huge_on_cpu,
 )
-from speedlight.ops.rms_norm import check_norm_args, norm_fwd, rms_norm_bwd
-from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor
+from speedlight.ops.rms_norm import (
+    check_norm_args,
+    model_norm_flags,
+    norm_fwd,
+    rms_norm_bwd,
+)
+from speedlight.ops.rms_norm import make_inputs as rms_norm_inputs
+from speedlight.spec import Case, Cost, OpSpec, rand_tensor
 
 
 # --- launchers (usable without autograd) --------------------------------------------------
@@ -127,20 +134,12 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
 # --- OpSpec --------------------------------------------------------------------------------
 
 def _make_inputs(case: Case, device) -> dict:
-    rows, hidden = case["rows"], case["hidden"]
-    # the residual stream grows through a model: draw it larger than the block's output
-    # One column: keep h^2 ~ eps so the case is well-conditioned (see rms_norm's spec).
-    scale = 1e-3 if hidden == 1 else 1.0
-    x = rand_tensor((rows, hidden), case, device, scale=scale)
-    residual = rand_tensor((rows, hidden), case, device, salt=2, scale=4.0 * scale)
-    if case.flag("nonfinite"):
-        inject_nonfinite(x, case)
-    offset = float(case.flag("offset", 0.0))
-    weight = None
-    if case.flag("weight", True):
-        weight = rand_tensor((hidden,), case, device, layout="contiguous", salt=1, scale=0.2,
-                             shift=0.0 if offset else 1.0)
-    return {"x": x, "residual": residual, "weight": weight, "eps": 1e-6, "offset": offset}
+    # x, weight, eps and offset as the rms_norm spec draws them (see there), and a residual
+    # stream larger than the block's output, as it grows through a model
+    inputs = rms_norm_inputs(case, device)
+    scale = 4e-3 if case["hidden"] == 1 else 4.0  # keeps h^2 ~ eps over one column
+    residual = rand_tensor((case["rows"], case["hidden"]), case, device, salt=2, scale=scale)
+    return {**inputs, "residual": residual}
 
 
 def _cost(case: Case, mode: str) -> Cost:
@@ -156,35 +155,15 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=10 * m * n, bytes=4 * m * n * e + 2 * w + 4 * m)
 
 
-def _cases(suite: str) -> list[Case]:
-    def case(rows, hidden, layout="contiguous", model=None, **flags):
-        return Case("add_rms_norm", (("rows", rows), ("hidden", hidden)), layout=layout,
-                    flags=flags, model=model)
-
-    # every model's hidden size, with Gemma's (1 + w) form where the model has it
-    points = shapes.rows_width_variant(suite, "hidden", lambda m: m.norm_offset)
-    out = [case(rows, hidden, model=model, **({"offset": 1} if offset else {}))
-           for rows, hidden, model, offset in points]
-    if suite == "quick":
-        out += [case(37, 128, "strided"), case(5, 781, "strided"), case(4, 1000, "transposed"),
-                case(3, 7, weight=False), case(37, 128, offset=1),
-                case(5, 781, nonfinite=True), case(0, 128), case(2, 70001, "strided")]
-    if suite == "full":
-        out += [case(r, w, "strided") for r, w, m, _ in points if m is None and r * w <= 2**24]
-        out += [case(257, 4093, weight=False), case(3, 100003, "transposed"),
-                case(257, 1021, nonfinite=True), case(0, 4096),
-                # rows x row stride > 2^31: 64-bit offsets
-                case(65537, 32771, huge=True)]
-    return out
-
-
 SPEC = OpSpec(
     name="add_rms_norm",
     impl=add_rms_norm,
     reference=reference.add_rms_norm,
     make_inputs=_make_inputs,
     cost=_cost,
-    suites=shapes.suites(_cases),
+    suites=shapes.suites(lambda suite: norm_cases(
+        "add_rms_norm", suite, model_flags=model_norm_flags, full_variants=[{"weight": False}],
+        quick_variants=[(3, 7, {"weight": False}), (37, 128, {"offset": 1})])),
     grad_inputs=("x", "residual", "weight"),
     skip=skip_huge_on_cpu,
     notes="h = x + residual then RMSNorm(h), both returned; RMSNorm's kernels with the "

@@ -24,10 +24,11 @@ from speedlight.ops._common import (
     check_runtime,
     check_same_device,
     check_tensor,
+    norm_cases,
+    partial_sum_programs,
     row_tile,
     rows_view,
     skip_huge_on_cpu,
-    target_programs,
 )
 from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor
 
@@ -84,7 +85,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     dy2 = rows_view(dy, n_cols)
     dx2 = dx.view(-1, n_cols)
     w = weight if has_weight else x2
-    n_programs = min(n_rows, target_programs(x.device))
+    n_programs = partial_sum_programs(n_rows, x.device)
     rows_per_program = triton.cdiv(n_rows, n_programs)
     n_programs = triton.cdiv(n_rows, rows_per_program)
 
@@ -252,34 +253,16 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=13 * m * n, bytes=3 * m * n * e + w + params + 8 * m)
 
 
-def _cases(suite: str) -> list[Case]:
-    def case(rows, hidden, layout="contiguous", model=None, **flags):
-        return Case("layer_norm", (("rows", rows), ("hidden", hidden)), layout=layout,
-                    flags=flags, model=model)
-
-    points = shapes.rows_and_width(suite, "hidden")
-    out = [case(rows, hidden, model=model) for rows, hidden, model in points]
-    if suite == "quick":
-        out += [case(37, 128, "strided"), case(5, 781, "strided"), case(4, 1000, "transposed"),
-                case(3, 7, weight=False, bias=False), case(5, 781, bias=False),
-                case(37, 128, weight=False), case(5, 781, nonfinite=True), case(0, 128),
-                case(2, 70001, "strided")]
-    if suite == "full":
-        out += [case(r, w, "strided") for r, w, m in points if m is None and r * w <= 2**24]
-        out += [case(257, 4093, weight=False, bias=False), case(3, 100003, "transposed"),
-                case(257, 1021, nonfinite=True), case(0, 4096),
-                # rows x row stride > 2^31: 64-bit offsets
-                case(65537, 32771, huge=True)]
-    return out
-
-
 SPEC = OpSpec(
     name="layer_norm",
     impl=layer_norm,
     reference=reference.layer_norm,
     make_inputs=_make_inputs,
     cost=_cost,
-    suites=shapes.suites(_cases),
+    suites=shapes.suites(lambda suite: norm_cases(
+        "layer_norm", suite, full_variants=[{"weight": False, "bias": False}],
+        quick_variants=[(3, 7, {"weight": False, "bias": False}), (5, 781, {"bias": False}),
+                        (37, 128, {"weight": False})])),
     grad_inputs=("x", "weight", "bias"),
     skip=skip_huge_on_cpu,
     notes="Normalizes the trailing dims (biased variance, taken around the mean); fp32 "

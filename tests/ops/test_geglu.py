@@ -9,6 +9,7 @@ from speedlight.spec import Case
 from speedlight.verify.harness import LaunchCounter
 from tests.conftest import needs_gpu
 from tests.helpers import assert_verified, seeded
+from tests.ops.test_swiglu import assert_64bit_indexing, assert_loads_and_matches_hf
 
 SPEC = op.SPEC
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
@@ -78,15 +79,7 @@ def test_gated_mlp_loads_hf_gemma_mlp_weights_and_matches(model, device):
     hf = MLP(config).to(device)
     ours = snn.GatedMLP.from_config(config).to(device)
     assert ours.activation == "gelu_tanh"
-    ours.load_state_dict(hf.state_dict(), strict=True)
-    x = seeded((3, 5, 64), device=device).requires_grad_()
-    y, y_hf = ours(x), hf(x)
-    torch.testing.assert_close(y, y_hf, rtol=1e-5, atol=1e-5)
-    g = seeded(y.shape, device=device, seed=1)
-    grads = torch.autograd.grad(y, [x] + list(ours.parameters()), g)
-    grads_hf = torch.autograd.grad(y_hf, [x] + list(hf.parameters()), g)
-    for a, b in zip(grads, grads_hf):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert_loads_and_matches_hf(ours, hf, device)
 
 
 def test_exact_gelu_mlp_matches_its_unfused_form(device):
@@ -142,14 +135,4 @@ def test_bad_input_is_named_and_launches_nothing(call, error, match, device):
 
 @needs_gpu("rows x stride > 2^31 needs > 4 GiB per tensor and hours under the CPU interpreter")
 def test_64bit_indexing(device):
-    rows, inter = 32769, 32771  # rows * (2 * inter) > 2^31: the up half and its gradient
-    gate_up = torch.randn(rows, 2 * inter, device=device, dtype=torch.bfloat16,
-                          requires_grad=True)
-    out = speedlight.geglu(gate_up)
-    (d_gate_up,) = torch.autograd.grad(out, (gate_up,), torch.ones_like(out))
-    tail = slice(rows - 3, rows)
-    gt = gate_up.detach()[tail].float().requires_grad_()
-    out_ref = reference.geglu(gt)
-    (d_ref,) = torch.autograd.grad(out_ref, (gt,), torch.ones_like(out_ref))
-    torch.testing.assert_close(out[tail].float(), out_ref, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(d_gate_up[tail].float(), d_ref, rtol=2e-2, atol=2e-2)
+    assert_64bit_indexing(speedlight.geglu, reference.geglu, device)

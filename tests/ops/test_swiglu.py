@@ -125,9 +125,14 @@ def test_gated_mlp_loads_hf_llama_mlp_weights_and_matches(bias, device):
     hf = LlamaMLP(config).to(device)
     ours = snn.GatedMLP.from_config(config).to(device)
     assert ours.activation == "silu"
+    assert_loads_and_matches_hf(ours, hf, device)
+
+
+def assert_loads_and_matches_hf(ours, hf, device):
+    """ours takes hf's state-dict unchanged (strict: same keys) and then matches it in
+    output and in the gradients of the input and every parameter."""
     ours.load_state_dict(hf.state_dict(), strict=True)
-    assert set(ours.state_dict()) == set(hf.state_dict())
-    x = seeded((3, 5, 64), device=device).requires_grad_()
+    x = seeded((3, 5, hf.hidden_size), device=device).requires_grad_()
     y, y_hf = ours(x), hf(x)
     torch.testing.assert_close(y, y_hf, rtol=1e-5, atol=1e-5)
     g = seeded(y.shape, device=device, seed=1)
@@ -206,16 +211,22 @@ def test_mismatched_devices():
         speedlight.swiglu(torch.ones(4, 8), torch.ones(4, 8, device="meta"))
 
 
-@needs_gpu("rows x stride > 2^31 needs > 4 GiB per tensor and hours under the CPU interpreter")
-def test_64bit_indexing(device):
-    rows, inter = 32769, 32771  # rows * (2 * inter) > 2^31: the up half and its gradient
+def assert_64bit_indexing(op, ref, device):
+    """op on a concatenated gate_up whose up half and gradient sit past 2^31 elements,
+    checked on its last rows against ref in float32 (shared by swiglu and geglu)."""
+    rows, inter = 32769, 32771  # rows * (2 * inter) > 2^31
     gate_up = torch.randn(rows, 2 * inter, device=device, dtype=torch.bfloat16,
                           requires_grad=True)
-    out = speedlight.swiglu(gate_up)
+    out = op(gate_up)
     (d_gate_up,) = torch.autograd.grad(out, (gate_up,), torch.ones_like(out))
     tail = slice(rows - 3, rows)
     gt = gate_up.detach()[tail].float().requires_grad_()
-    out_ref = reference.swiglu(gt)
+    out_ref = ref(gt)
     (d_ref,) = torch.autograd.grad(out_ref, (gt,), torch.ones_like(out_ref))
     torch.testing.assert_close(out[tail].float(), out_ref, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(d_gate_up[tail].float(), d_ref, rtol=2e-2, atol=2e-2)
+
+
+@needs_gpu("rows x stride > 2^31 needs > 4 GiB per tensor and hours under the CPU interpreter")
+def test_64bit_indexing(device):
+    assert_64bit_indexing(speedlight.swiglu, reference.swiglu, device)
