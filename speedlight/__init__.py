@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "rms_norm": "speedlight.ops.rms_norm",
     "softmax": "speedlight.ops.softmax",
+    "rope": "speedlight.ops.rope",
+    "cross_entropy": "speedlight.ops.cross_entropy",
     "layer_norm": "speedlight.ops.layer_norm",
     "add_rms_norm": "speedlight.ops.add_rms_norm",
     "swiglu": "speedlight.ops.swiglu",

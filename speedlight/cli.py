@@ -16,6 +16,13 @@ import warnings
 
 COMMANDS = {
     "verify": ("speedlight.verify.command", "prove every op correct against float64"),
+    "bench": ("speedlight.bench.command", "time ops against PyTorch, torch.compile and Liger; "
+                                          "compare runs; plot"),
+    "probe": ("speedlight.bench.probe_command", "measure this GPU's copy bandwidth and matmul rates"),
+    "profile": ("speedlight.profile.command",
+                "where a model's time and memory go, what bounds each op, what to fuse"),
+    "inspect": ("speedlight.inspect.command", "read the compiler's output for any GPU: "
+                "registers, spills, occupancy, SASS, bytes moved"),
 }
 
 

@@ -121,6 +121,75 @@ DEVICES: dict[str, DeviceSpec] = {
     ]
 }
 
+# ---------------------------------------------------------------------------------------
+# Per-architecture limits a multiprocessor puts on resident programs: what theoretical
+# occupancy is computed from. They belong to the compute capability, not to the SKU.
+# ---------------------------------------------------------------------------------------
+
+_CC_TABLE = ("CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability' "
+             "(warps, blocks, registers and shared memory per SM; shared memory per block)")
+_OCC_RULES = ("CUDA Occupancy Calculator rules as shipped in the toolkit's cuda_occupancy.h "
+              "(register allocation per warp in units of 256, 4 sub-partitions, shared memory "
+              "in units of 128 bytes plus 1 KB reserved per block on cc >= 8.0)")
+
+
+@dataclass(frozen=True)
+class ArchLimits:
+    """What one SM of a compute capability can hold at once.
+
+    Registers are allocated per warp, rounded up to `reg_alloc_unit`, from four
+    sub-partitions of `regs_per_sm / sub_partitions` each; shared memory is allocated per
+    block, rounded up to `smem_alloc_unit`, with `smem_reserved_per_block` added by the
+    driver. `smem_per_sm` is the largest carve-out, `smem_per_block` the opt-in maximum.
+    """
+
+    compute_capability: tuple[int, int]
+    max_warps_per_sm: int
+    max_blocks_per_sm: int
+    smem_per_sm: int
+    smem_per_block: int
+    regs_per_sm: int = 65536
+    max_regs_per_block: int = 65536
+    max_regs_per_thread: int = 255
+    reg_alloc_unit: int = 256
+    sub_partitions: int = 4
+    smem_alloc_unit: int = 128
+    smem_reserved_per_block: int = 1024
+    sources: dict[str, str] = field(default_factory=lambda: {"limits": _CC_TABLE,
+                                                             "allocation": _OCC_RULES})
+
+    @property
+    def name(self) -> str:
+        return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
+
+
+ARCH_LIMITS: dict[tuple[int, int], ArchLimits] = {a.compute_capability: a for a in [
+    ArchLimits((8, 0), max_warps_per_sm=64, max_blocks_per_sm=32,
+               smem_per_sm=164 * 1024, smem_per_block=163 * 1024),
+    ArchLimits((8, 6), max_warps_per_sm=48, max_blocks_per_sm=16,
+               smem_per_sm=100 * 1024, smem_per_block=99 * 1024),
+    ArchLimits((8, 9), max_warps_per_sm=48, max_blocks_per_sm=24,
+               smem_per_sm=100 * 1024, smem_per_block=99 * 1024),
+    ArchLimits((9, 0), max_warps_per_sm=64, max_blocks_per_sm=32,
+               smem_per_sm=228 * 1024, smem_per_block=227 * 1024),
+    ArchLimits((10, 0), max_warps_per_sm=64, max_blocks_per_sm=32,
+               smem_per_sm=228 * 1024, smem_per_block=227 * 1024),
+    ArchLimits((12, 0), max_warps_per_sm=48, max_blocks_per_sm=24,
+               smem_per_sm=100 * 1024, smem_per_block=99 * 1024),
+]}
+
+
+def arch_limits(compute_capability: tuple[int, int] | int) -> ArchLimits:
+    """The SM limits of a compute capability: (9, 0) or 90."""
+    if isinstance(compute_capability, int):
+        compute_capability = divmod(compute_capability, 10)
+    cc = tuple(compute_capability)
+    if cc not in ARCH_LIMITS:
+        known = ", ".join(a.name for a in ARCH_LIMITS.values())
+        raise KeyError(f"no SM limits for compute capability {cc[0]}.{cc[1]}; known: {known}")
+    return ARCH_LIMITS[cc]
+
+
 # Names a user may type for --target, and substrings of torch's device names.
 _ALIASES = {
     "a100": "a100-sxm", "a100-sxm4": "a100-sxm", "h100": "h100-sxm", "h100-sxm5": "h100-sxm",

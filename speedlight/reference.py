@@ -36,6 +36,71 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.softmax(x, dim=dim)
 
 
+def _rotate_pairs(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """The partner of each element, negated for the pair's first member: Hugging Face's
+    rotate_half (pairs (i, i + d/2)) or GPT-J's rotate_every_two (pairs (2i, 2i + 1))."""
+    if interleaved:
+        return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         position_ids: torch.Tensor | None = None, unsqueeze_dim: int = 1,
+         interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding of q and k: x * cos + rotate(x) * sin on the first rot_dim
+    = cos.shape[-1] dims of each head, the rest passed through.
+
+    As Hugging Face's apply_rotary_pos_emb computes it, in the inputs' dtype (HF builds cos
+    and sin in q's dtype and does not upcast): cos/sin [batch, seq, rot_dim] broadcast over
+    heads at unsqueeze_dim, or with position_ids a cache [max_pos, rot_dim] indexed by them.
+    interleaved=True pairs dims (2i, 2i + 1) as GPT-J does, with cos/sin repeat-interleaved.
+    Results have q's (k's) dtype.
+    """
+    if position_ids is not None:
+        cos, sin = cos[position_ids], sin[position_ids]
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    rot_dim = cos.shape[-1]
+
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        x_rot, x_pass = x[..., :rot_dim], x[..., rot_dim:]
+        y = x_rot * cos + _rotate_pairs(x_rot, interleaved) * sin
+        return torch.cat((y.to(x.dtype), x_pass), dim=-1)
+
+    return apply(q), apply(k)
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
+                  softcap: float | None = None) -> torch.Tensor:
+    """torch.nn.functional.cross_entropy over the last dim of logits [..., vocab], plus
+    z_loss * logsumexp^2 per non-ignored token and an optional softcap * tanh(x / softcap)
+    on the logits first.
+
+    As the Hugging Face losses compute it: half-precision logits are upcast to float32
+    (`logits.float()`) before the loss, and the loss is returned in the logits' dtype.
+    A mean over no non-ignored token is 0 (torch gives NaN), as speedlight defines it.
+    """
+    x = logits.to(_opmath(logits))
+    if softcap is not None:
+        x = softcap * torch.tanh(x / softcap)
+    x = x.reshape(-1, x.shape[-1])
+    t = target.reshape(-1).long()
+    losses = torch.nn.functional.cross_entropy(x, t, ignore_index=ignore_index,
+                                               reduction="none",
+                                               label_smoothing=label_smoothing)
+    valid = t != ignore_index
+    if z_loss:
+        lse = torch.logsumexp(x, dim=-1)
+        losses = losses + torch.where(valid, z_loss * lse * lse, torch.zeros_like(lse))
+    if reduction == "none":
+        return losses.reshape(target.shape).to(logits.dtype)
+    total = losses.sum()
+    if reduction == "mean":
+        total = total / valid.sum().clamp_min(1)
+    return total.to(logits.dtype)
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
                  eps: float = 1e-6, offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(h), h) with h = x + residual, as a Hugging Face decoder layer computes it:

@@ -18,6 +18,8 @@ from speedlight.spec import OpSpec
 BUILTIN_MODULES = (
     "speedlight.ops.rms_norm",
     "speedlight.ops.softmax",
+    "speedlight.ops.rope",
+    "speedlight.ops.cross_entropy",
     "speedlight.ops.layer_norm",
     "speedlight.ops.add_rms_norm",
     "speedlight.ops.swiglu",

@@ -63,6 +63,12 @@ MODELS: dict[str, ModelConfig] = {m.name: m for m in [
                 0, _hf("openai-community/gpt2")),
 ]}
 
+# Decoder layers of each model (num_hidden_layers / n_layer in the same config.json files).
+NUM_LAYERS: dict[str, int] = {
+    "llama-3-8b": 32, "llama-3-70b": 80, "mistral-7b": 32, "qwen2.5-7b": 28, "qwen3-8b": 36,
+    "gemma-2-9b": 42, "gemma-3-1b": 26, "phi-3-mini": 32, "gpt-j-6b": 28, "gpt-2": 12,
+}
+
 MODEL_TOKENS = (1, 512, 4096, 16384)
 
 # quick: (rows, width) pairs a CPU interpreter runs fast, still with odd sizes.
@@ -80,6 +86,17 @@ def model_values(field: str, models: Iterable[ModelConfig] | None = None) -> lis
         if v and v not in seen:
             seen[v] = m.name
     return sorted(seen.items())
+
+
+def distinct_configs(fields: Sequence[str], where: Callable[[ModelConfig], bool] | None = None
+                     ) -> list[tuple[tuple, str]]:
+    """Distinct tuples of ModelConfig fields (e.g. heads, kv_heads, head_dim), each with the
+    first model that has it, in table order; models for which `where` is false are left out."""
+    seen: dict[tuple, str] = {}
+    for m in MODELS.values():
+        if where is None or where(m):
+            seen.setdefault(tuple(getattr(m, f) for f in fields), m.name)
+    return list(seen.items())
 
 
 def rows_and_width(suite: str, field: str = "hidden") -> list[tuple[int, int, str | None]]:

@@ -6,7 +6,9 @@ read that description and need no per-op code of their own.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -171,6 +173,27 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
 }
 
 
+@dataclass(frozen=True)
+class KernelDesign:
+    """What one Triton kernel was designed to compile to, on the GPU it is sized for.
+
+    `speedlight inspect` reports against it, and its CI guards fail a kernel that falls
+    short: `min_occupancy` is the theoretical occupancy (resident warps / the SM's maximum)
+    the kernel's registers, shared memory and num_warps must allow; `vector_bits` the width
+    of every global load and store of a contiguous, 16-byte-aligned row it moves (128 =
+    LDG/STG.128); `spills` whether it may spill registers to local memory; `bytes_ratio`
+    the most bytes it may move per compulsory byte of its direction when it is the only
+    kernel of that direction (1.05: each input read once, each output written once), with
+    `why` saying why a kernel needs more (e.g. a second pass over rows too long to hold).
+    """
+
+    min_occupancy: float = 0.25
+    vector_bits: int = 128
+    spills: bool = False
+    bytes_ratio: float = 1.05
+    why: str = ""
+
+
 Inputs = dict  # keyword arguments of impl / reference: tensors and plain values
 
 
@@ -200,6 +223,9 @@ class OpSpec:
     notes: str = ""
     # Which role the op plays in a model; profile and report read it.
     family: str = "memory-bound"
+    # Optional: kernel name -> what it was designed to compile to (inspect's guards hold
+    # each kernel to it); a kernel not named is held to KernelDesign()'s defaults.
+    kernels: Mapping[str, KernelDesign] = field(default_factory=dict)
 
     def cases(self, suite: str) -> list[Case]:
         if suite not in self.suites:
@@ -209,6 +235,9 @@ class OpSpec:
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
         return self.tolerances.get(dtype, TOLERANCES.get(dtype, TOLERANCES[torch.float32]))
+
+    def design(self, kernel: str) -> KernelDesign:
+        return self.kernels.get(kernel, KernelDesign())
 
 
 # ---------------------------------------------------------------------------------------
@@ -284,5 +313,55 @@ def inject_nonfinite(t: torch.Tensor, case: Case, count: int = 3) -> torch.Tenso
     return t
 
 
+def grad_leaves(inputs: Inputs, names: Sequence[str]) -> tuple[Inputs, list[str]]:
+    """A copy of inputs whose floating tensors named in `names` are fresh leaves that
+    require grad (same strides), and the names that were."""
+    out, used = dict(inputs), []
+    for n in names:
+        v = inputs.get(n)
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            out[n] = v.detach().requires_grad_(True)
+            used.append(n)
+    return out, used
+
+
 def is_cpu_interpreter(device: torch.device | str) -> bool:
     return torch.device(device).type == "cpu"
+
+
+# ---------------------------------------------------------------------------------------
+# Launch sizing: which GPU a launcher sizes its grid and blocks for.
+# ---------------------------------------------------------------------------------------
+
+_SIZED_FOR: list[int] = []
+
+
+@contextlib.contextmanager
+def sized_for(sm_count: int):
+    """Inside, launchers size grids and blocks as for a GPU with `sm_count` SMs, whatever
+    device the tensors are on. `speedlight inspect` uses it to run, on a CPU, the launches
+    a GPU user gets (a plain module-level setting, so autograd's backward sees it too)."""
+    if not isinstance(sm_count, int) or sm_count < 1:
+        raise ValueError(f"sm_count must be a positive int, got {sm_count!r}")
+    _SIZED_FOR.append(sm_count)
+    try:
+        yield
+    finally:
+        _SIZED_FOR.pop()
+
+
+def planned_sm_count(device: torch.device | str) -> int | None:
+    """How many SMs a launch on `device` is sized for: sized_for's when active, else the
+    CUDA device's own, else None (the CPU interpreter's own sizing: few, large programs)."""
+    if _SIZED_FOR:
+        return _SIZED_FOR[-1]
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return _cuda_sm_count(index)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -77,3 +77,26 @@ def test_opspec_rejects_unknown_suite():
                   cost=None, suites={"quick": lambda: []})
     with pytest.raises(ValueError, match="no suite 'full'"):
         spec.cases("full")
+
+
+def test_kernel_designs_default_to_the_generic_design():
+    from speedlight.spec import KernelDesign
+
+    spec = OpSpec("op", impl=lambda: None, reference=lambda: None, make_inputs=None,
+                  cost=None, suites={"quick": lambda: []},
+                  kernels={"_k": KernelDesign(min_occupancy=0.5, bytes_ratio=1.5, why="two passes")})
+    assert spec.design("_k").min_occupancy == 0.5 and spec.design("_k").why == "two passes"
+    generic = spec.design("_other")
+    assert generic == KernelDesign() and generic.vector_bits == 128 and not generic.spills
+
+
+def test_sized_for_sets_the_planned_sm_count():
+    from speedlight.spec import planned_sm_count, sized_for
+
+    assert planned_sm_count("cpu") is None  # the interpreter's own sizing
+    with sized_for(132):
+        assert planned_sm_count("cpu") == 132
+        with sized_for(8):
+            assert planned_sm_count("cpu") == 8
+        assert planned_sm_count("cpu") == 132
+    assert planned_sm_count("cpu") is None

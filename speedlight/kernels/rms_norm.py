@@ -25,40 +25,43 @@ def _rms_norm_fwd_kernel(
 
     x_ptr [n_rows, n_cols] (strides stride_xm, stride_xn), w_ptr [n_cols],
     y_ptr [n_rows, n_cols] (row stride stride_ym, unit column stride), rstd_ptr [n_rows] fp32.
-    BLOCK_N >= n_cols: the whole row sits in registers, so x is read once.
+    BLOCK_N >= n_cols: whole rows sit in registers, so x is read once. Persistent: program p
+    takes the tiles of BLOCK_M rows p, p + P, p + 2P, ... (P programs in the grid) and loads
+    w once for all of them, so w is read P times, not once per tile.
     HAS_RESIDUAL: res_ptr [n_rows, n_cols] (strides stride_rm, stride_rn) is added to x,
     the sum rounded to h_ptr's dtype is stored in h_ptr (laid out as y_ptr) and normalized;
-    False removes both pointers. HAS_WEIGHT=False removes the weight load. BLOCK_M rows
-    share one program.
+    False removes both pointers. HAS_WEIGHT=False removes the weight load.
     """
-    pid_m = tl.program_id(0)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
     offs_n = tl.arange(0, BLOCK_N)
-    mask_m = offs_m < n_rows
     mask_n = offs_n < n_cols
-    mask = mask_m[:, None] & mask_n[None, :]
-    rows = offs_m.to(tl.int64)
     cols = offs_n.to(tl.int64)
-
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
-                mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        res = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :] * stride_rn,
-                      mask=mask, other=0.0).to(tl.float32)
-        # normalize the h that is stored, rounded as the residual stream holds it
-        h = (x + res).to(h_ptr.dtype.element_ty)
-        tl.store(h_ptr + rows[:, None] * stride_ym + cols[None, :], h, mask=mask)
-        x = h.to(tl.float32)
-    # [BM, BN] -> [BM]
-    mean_sq = tl.sum(x * x, axis=1) / n_cols
-    rstd = 1.0 / tl.sqrt(mean_sq + eps)
-    y = x * rstd[:, None]
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        y = y * (w + offset)[None, :]
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=mask)
-    tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
+        w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32) + offset
+    for tile in range(pid, tl.cdiv(n_rows, BLOCK_M), n_programs):
+        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < n_rows
+        mask = mask_m[:, None] & mask_n[None, :]
+        rows = offs_m.to(tl.int64)
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
+                    mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            res = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :] * stride_rn,
+                          mask=mask, other=0.0).to(tl.float32)
+            # normalize the h that is stored, rounded as the residual stream holds it
+            h = (x + res).to(h_ptr.dtype.element_ty)
+            tl.store(h_ptr + rows[:, None] * stride_ym + cols[None, :], h, mask=mask)
+            x = h.to(tl.float32)
+        # [BM, BN] -> [BM]
+        mean_sq = tl.sum(x * x, axis=1) / n_cols
+        rstd = 1.0 / tl.sqrt(mean_sq + eps)
+        y = x * rstd[:, None]
+        if HAS_WEIGHT:
+            y = y * w[None, :]
+        tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :],
+                 y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
 
 
 @triton.jit

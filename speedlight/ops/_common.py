@@ -12,7 +12,7 @@ import torch
 import triton
 
 from speedlight import shapes
-from speedlight.spec import Case
+from speedlight.spec import Case, planned_sm_count
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DTYPE_LIST = "float32, float16 or bfloat16"
@@ -126,25 +126,26 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def target_programs(device: torch.device) -> int:
-    """How many programs a persistent-style grid should have: a few per SM on a GPU,
-    two on the CPU interpreter (every program there costs milliseconds)."""
-    if device.type == "cuda":
-        return 4 * sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return 2
+def target_programs(device: torch.device, per_sm: int = 4) -> int:
+    """How many programs a persistent-style grid should have: `per_sm` per SM on a GPU
+    (or on the GPU `spec.sized_for` names), two on the CPU interpreter (every program
+    there costs milliseconds)."""
+    sms = planned_sm_count(device)
+    return per_sm * sms if sms else 2
 
 
-def partial_sum_programs(n_rows: int, device: torch.device) -> int:
+def partial_sum_programs(n_rows: int, device: torch.device, per_sm: int = 4) -> int:
     """How many programs split the rows of a kernel that also reduces over them (the dW of
     a norm): each sums its own rows into one fp32 partial and the host sums the partials.
 
-    A few per SM on a GPU: a few rows to a few dozen each, summed as a tree within a block.
-    Under the interpreter at most 4 rows each: it sums a block's rows one after another
-    (numpy down axis 0), so the row sum is left to the host's torch.sum instead, which is as
-    accurate as the GPU's reduction and keeps dW's fp32 error near it.
+    On a GPU (or the one `spec.sized_for` names) target_programs(per_sm): a few rows to a
+    few dozen each, summed as a tree within a block. Under the interpreter at most 4 rows
+    each: it sums a block's rows one after another (numpy down axis 0), so the row sum is
+    left to the host's torch.sum instead, which is as accurate as the GPU's reduction and
+    keeps dW's fp32 error near it.
     """
-    if device.type == "cuda":
-        return max(1, min(n_rows, target_programs(device)))
+    if planned_sm_count(device) is not None:
+        return max(1, min(n_rows, target_programs(device, per_sm=per_sm)))
     return max(1, min(n_rows, max(target_programs(device), triton.cdiv(n_rows, 4))))
 
 
@@ -152,19 +153,24 @@ def row_tile(n_cols: int, device: torch.device, *, max_block_n: int,
              max_tile: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for a kernel that holds BLOCK_M whole rows.
 
-    On a GPU a tile of ~4K elements per program keeps registers low while several rows
-    share a program when rows are short; under the interpreter, tiles are larger because
-    each program costs milliseconds whatever its size.
+    On a GPU (or the GPU `spec.sized_for` names) a tile of ~4K elements per program keeps
+    registers low while several rows share a program when rows are short; under the
+    interpreter, tiles are larger because each program costs milliseconds whatever its size.
     """
     block_n = triton.next_power_of_2(max(n_cols, 1))
     if block_n > max_block_n:
         raise ValueError(f"row of {n_cols} does not fit one block of {max_block_n}")
+    gpu = planned_sm_count(device) is not None
     if max_tile is None:
-        max_tile = 4096 if device.type == "cuda" else 65536
-    block_m = max(1, min(64 if device.type == "cuda" else 1024, max_tile // block_n))
-    tile = block_m * block_n
-    num_warps = max(1, min(16, tile // 512))
-    return block_m, block_n, num_warps
+        max_tile = 4096 if gpu else 65536
+    block_m = max(1, min(64 if gpu else 1024, max_tile // block_n))
+    return block_m, block_n, warps_for_tile(block_m * block_n)
+
+
+def warps_for_tile(tile: int) -> int:
+    """num_warps for a tile of `tile` elements: one warp per 512 (16 per thread, so every
+    thread moves whole 16-byte vectors of 16-bit data), 1 to 16 warps."""
+    return max(1, min(16, tile // 512))
 
 
 def rows_view(x: torch.Tensor, n_cols: int) -> torch.Tensor:

@@ -26,8 +26,9 @@ from speedlight.ops._common import (
     check_tensor,
     rows_view,
     skip_huge_on_cpu,
+    warps_for_tile,
 )
-from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor
+from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, planned_sm_count, rand_tensor
 
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 
@@ -42,11 +43,13 @@ def _halves(gate: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tensor, 
 
 def _tile(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of an elementwise tile: ~4K elements per program on a
-    GPU; large tiles under the interpreter, where each program costs milliseconds."""
-    max_tile, max_n, num_warps = (4096, 1024, 4) if device.type == "cuda" else (65536, 65536, 1)
+    GPU (or the one `spec.sized_for` names); large tiles under the interpreter, where each
+    program costs milliseconds."""
+    gpu = planned_sm_count(device) is not None
+    max_tile, max_n = (4096, 1024) if gpu else (65536, 65536)
     block_n = min(triton.next_power_of_2(n_cols), max_n)
     block_m = min(triton.next_power_of_2(n_rows), max(1, max_tile // block_n))
-    return block_m, block_n, num_warps
+    return block_m, block_n, warps_for_tile(block_m * block_n) if gpu else 1
 
 
 def _grid(n_rows: int, n_cols: int, block_m: int, block_n: int) -> tuple[int, int]:

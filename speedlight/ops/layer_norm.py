@@ -29,6 +29,7 @@ from speedlight.ops._common import (
     row_tile,
     rows_view,
     skip_huge_on_cpu,
+    warps_for_tile,
 )
 from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor
 
@@ -98,7 +99,9 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     switches = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias)
     if n_cols <= MAX_FUSED_N:
         block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
+        # few rows per program: a smaller tile, and the warps of the tile actually used
         block_m = min(block_m, triton.next_power_of_2(rows_per_program))
+        num_warps = warps_for_tile(block_m * block_n)
         c1 = c2 = rstd  # not read
         grid = (n_programs, 1)
         split = False

@@ -28,11 +28,17 @@ from speedlight.ops._common import (
     row_tile,
     rows_view,
     skip_huge_on_cpu,
+    target_programs,
+    warps_for_tile,
 )
-from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor
+from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, inject_nonfinite, planned_sm_count,
+                             rand_tensor)
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
 LOOP_BLOCK_N = 4096  # chunk of a longer row
+FWD_TILE = 8192  # elements per forward tile on a GPU: 16 KB of bf16 in flight per program
+FWD_WARPS_PER_SM = 32  # persistent forward: resident warps per SM the grid is sized for
+BWD_WARPS_PER_SM = 16  # persistent backward (it holds w, dw and two tiles: ~100 registers)
 
 
 # --- launchers (usable without autograd) --------------------------------------------------
@@ -66,8 +72,15 @@ def norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     strides = (x2.stride(0), x2.stride(1), r2.stride(0), r2.stride(1), y2.stride(0))
     switches = dict(HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None)
     if n_cols <= MAX_FUSED_N:
-        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
-        grid = (triton.cdiv(n_rows, block_m),)
+        # Persistent: a grid of as many programs as fit (FWD_WARPS_PER_SM warps per SM)
+        # walks the row tiles, so w is read once per program, not once per tile.
+        gpu = planned_sm_count(x.device) is not None
+        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N,
+                                               max_tile=FWD_TILE if gpu else None)
+        if gpu:  # 16 values per thread, up to 32 warps (a 16384-wide row)
+            num_warps = max(1, min(32, block_m * block_n // 512))
+        per_sm = max(1, FWD_WARPS_PER_SM // num_warps)
+        grid = (min(triton.cdiv(n_rows, block_m), target_programs(x.device, per_sm=per_sm)),)
         _rms_norm_fwd_kernel[grid](
             *args, n_rows, n_cols, *strides, eps, offset, **switches,
             BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
@@ -99,7 +112,14 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     dh2 = rows_view(dh, n_cols) if dh is not None else dy2  # placeholder when HAS_DH=False
     dx2 = dx.view(-1, n_cols)
     w = weight if has_weight else x2
-    n_programs = partial_sum_programs(n_rows, x.device)
+    fused = n_cols <= MAX_FUSED_N
+    if fused:
+        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
+    else:
+        num_warps = 4
+    # persistent: as many programs as fit BWD_WARPS_PER_SM warps per SM
+    per_sm = max(1, BWD_WARPS_PER_SM // num_warps)
+    n_programs = partial_sum_programs(n_rows, x.device, per_sm=per_sm)
     rows_per_program = triton.cdiv(n_rows, n_programs)
     n_programs = triton.cdiv(n_rows, rows_per_program)
     dw_partial = torch.empty((n_programs, n_cols) if has_weight else (1,),
@@ -107,9 +127,10 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     strides = (dy2.stride(0), dy2.stride(1), x2.stride(0), x2.stride(1),
                dh2.stride(0), dh2.stride(1), dx2.stride(0))
     switches = dict(HAS_DH=dh is not None, HAS_WEIGHT=has_weight)
-    if n_cols <= MAX_FUSED_N:
-        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
+    if fused:
+        # few rows per program: a smaller tile, and the warps of the tile actually used
         block_m = min(block_m, triton.next_power_of_2(rows_per_program))
+        num_warps = warps_for_tile(block_m * block_n)
         _rms_norm_bwd_kernel[(n_programs,)](
             dy2, x2, w, rstd, dh2, dx2, dw_partial, n_rows, n_cols, rows_per_program,
             *strides, offset, **switches, BLOCK_M=block_m, BLOCK_N=block_n,
@@ -239,6 +260,11 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=9 * m * n, bytes=3 * m * n * e + 2 * w + 4 * m)
 
 
+_TWO_PASS = ("a row longer than 16384 does not fit registers: it is read twice, for the "
+             "sum of squares and for the write (the second read mostly from L2)")
+_TWO_PASS_BWD = ("a row longer than 16384 is read twice (dy and x: the row dot, then dx) "
+                 "plus dw partial rows")
+
 SPEC = OpSpec(
     name="rms_norm",
     impl=rms_norm,
@@ -252,4 +278,15 @@ SPEC = OpSpec(
     grad_inputs=("x", "weight"),
     skip=skip_huge_on_cpu,
     notes="Normalizes the last dim; fp32 accumulation; dW reduced per program, then summed.",
+    kernels={
+        # its persistent grid is sized for 32 resident warps per SM (FWD_WARPS_PER_SM)
+        "_rms_norm_fwd_kernel": KernelDesign(min_occupancy=0.5),
+        "_rms_norm_fwd_looped_kernel": KernelDesign(bytes_ratio=1.5, why=_TWO_PASS),
+        # its persistent grid is sized for 16 resident warps per SM (BWD_WARPS_PER_SM)
+        "_rms_norm_bwd_kernel": KernelDesign(min_occupancy=0.25, bytes_ratio=1.6, why=(
+            "each program reads w once and writes one fp32 row of dw partial sums, "
+            "1 + P(2e + 4)/(3e rows) of compulsory: ~1.06x at 4096 rows, ~1.5x at 512")),
+        "_rms_norm_bwd_row_dot_kernel": KernelDesign(bytes_ratio=2.0, why=_TWO_PASS_BWD),
+        "_rms_norm_bwd_dx_kernel": KernelDesign(bytes_ratio=2.0, why=_TWO_PASS_BWD),
+    },
 )

@@ -18,8 +18,9 @@ from speedlight.kernels.softmax import (
     _softmax_fwd_split_stats_kernel,
     _softmax_fwd_split_write_kernel,
 )
-from speedlight.ops._common import check_runtime, check_tensor, row_tile, sm_count
-from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor
+from speedlight.ops._common import check_runtime, check_tensor, row_tile
+from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, inject_nonfinite, planned_sm_count,
+                             rand_tensor)
 
 MAX_FUSED_N = 16384
 LOOP_BLOCK_N = 4096
@@ -29,9 +30,9 @@ SPLIT_SPAN = 16384  # columns per program when a row is split
 def _split_plan(n_rows: int, n_cols: int, device: torch.device) -> int:
     """How many spans to cut each long row into: 1 (the looped kernel) unless rows are too
     few to give every SM one."""
-    if device.type != "cuda":
+    sms = planned_sm_count(device)
+    if sms is None:
         return 1 if n_rows >= 2 else max(1, min(4, triton.cdiv(n_cols, SPLIT_SPAN)))
-    sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
     if n_rows >= sms:
         return 1
     return max(1, min(triton.cdiv(n_cols, SPLIT_SPAN), triton.cdiv(2 * sms, n_rows)))
@@ -231,6 +232,12 @@ def _skip(case: Case, device) -> str | None:
     return None
 
 
+_TWO_PASS = ("a row longer than 16384 does not fit registers: x is read twice, for the "
+             "online max and sum and for the write (the second read mostly from L2), plus "
+             "per-span statistics when the row is split")
+_TWO_PASS_BWD = ("a row longer than 16384 is read twice: y and dy for the row dot, then "
+                 "again for dx (5/3 of compulsory)")
+
 SPEC = OpSpec(
     name="softmax",
     impl=softmax,
@@ -241,4 +248,20 @@ SPEC = OpSpec(
     grad_inputs=("x",),
     skip=_skip,
     notes="Softmax over the last dim; rows longer than 16384 take the online kernels.",
+    kernels={
+        "_softmax_fwd_kernel": KernelDesign(min_occupancy=0.5),
+        "_softmax_bwd_kernel": KernelDesign(min_occupancy=0.5),
+        "_softmax_fwd_looped_kernel": KernelDesign(min_occupancy=0.5, bytes_ratio=1.52,
+                                                   why=_TWO_PASS),
+        "_softmax_fwd_split_stats_kernel": KernelDesign(min_occupancy=0.5, bytes_ratio=1.52,
+                                                        why=_TWO_PASS),
+        "_softmax_fwd_split_write_kernel": KernelDesign(min_occupancy=0.5, bytes_ratio=1.52,
+                                                        why=_TWO_PASS),
+        "_softmax_bwd_looped_kernel": KernelDesign(min_occupancy=0.5, bytes_ratio=1.7,
+                                                   why=_TWO_PASS_BWD),
+        "_softmax_bwd_split_dot_kernel": KernelDesign(min_occupancy=0.5, bytes_ratio=1.7,
+                                                      why=_TWO_PASS_BWD),
+        "_softmax_bwd_split_write_kernel": KernelDesign(min_occupancy=0.5, bytes_ratio=1.7,
+                                                        why=_TWO_PASS_BWD),
+    },
 )

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from speedlight.spec import Case, OpSpec, dtype_name, rand_tensor
+from speedlight.spec import Case, OpSpec, dtype_name, grad_leaves, rand_tensor
 from speedlight.verify.compare import Check, judge
 
 GiB = 2 ** 30
@@ -136,13 +136,7 @@ def _output_names(n: int) -> list[str]:
 
 def _leaves(inputs: dict, names: Sequence[str]) -> tuple[dict, list[str]]:
     """A copy of inputs whose differentiable tensors are fresh leaves with the same strides."""
-    out, used = dict(inputs), []
-    for n in names:
-        v = inputs.get(n)
-        if isinstance(v, torch.Tensor) and v.is_floating_point():
-            out[n] = v.detach().requires_grad_(True)
-            used.append(n)
-    return out, used
+    return grad_leaves(inputs, names)
 
 
 def _grads(fn: Callable, inputs: dict, names: Sequence[str], upstream: Sequence[torch.Tensor]):

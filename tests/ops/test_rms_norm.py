@@ -163,3 +163,19 @@ def test_64bit_indexing(device):
     tail = slice(rows - 3, rows)
     torch.testing.assert_close(y[tail].float(), reference.rms_norm(x[tail].float(), w.float()),
                                rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("sms", [pytest.param(1, id="1-sm"), pytest.param(132, id="132-sms")])
+@pytest.mark.parametrize("rows,hidden", [
+    pytest.param(9, 4096, id="rows9-hidden4096"),  # 2-row tiles; on 1 SM, 2 programs loop over 5
+    pytest.param(37, 768, id="rows37-hidden768"),
+    pytest.param(3, 20011, id="rows3-hidden20011-looped"),
+])
+def test_gpu_sized_launches_match_float64(sms, rows, hidden, device):
+    """The block sizes and persistent grids a GPU gets (spec.sized_for), verified under the
+    interpreter: with one SM the persistent programs walk several tiles each."""
+    from speedlight.spec import sized_for
+
+    with sized_for(sms):
+        assert_verified(SPEC, case(rows, hidden, torch.bfloat16), device)
+        assert_verified(SPEC, case(rows, hidden, torch.float32, weight=False), device)

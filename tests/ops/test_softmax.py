@@ -124,3 +124,18 @@ def test_64bit_indexing(device):
     tail = slice(rows - 3, rows)
     torch.testing.assert_close(y[tail].float(), torch.softmax(x[tail].float(), -1),
                                rtol=2e-2, atol=1e-4)
+
+
+@pytest.mark.parametrize("sms,rows,cols", [
+    pytest.param(132, 37, 128, id="132-sms-fused"),
+    pytest.param(132, 3, 40000, id="132-sms-split"),  # 3 rows cannot fill 132 SMs
+    pytest.param(1, 3, 40000, id="1-sm-looped"),
+])
+def test_gpu_sized_launches_match_float64(sms, rows, cols, device):
+    """The block sizes and split plans a GPU gets (spec.sized_for), verified under the
+    interpreter."""
+    from speedlight.spec import sized_for
+
+    with sized_for(sms):
+        assert_verified(SPEC, Case("softmax", {"rows": rows, "cols": cols}, dtype=torch.bfloat16),
+                        device)

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# speedlight on a GPU machine, in one go and under 8 minutes on an H100/H200:
+#   the machine (nvidia-smi, versions), `speedlight probe` (ceilings), `verify --suite full`,
+#   `bench --suite model` for every op against PyTorch eager, torch.compile and Liger-Kernel,
+#   plots, and a summary table printed last. Everything lands in one folder: $OUT when set,
+#   else ./gpu-check-<time>.
+#
+# The machine needs python3 with torch and triton (no internet; nothing is pip-installed
+# from a registry): speedlight runs from this checkout (PYTHONPATH). Peer baselines and
+# missing pure-Python packages (liger-kernel, rich, ...) are installed from wheels carried in
+# .whl/ when present; fill it on a machine that has the internet, for the GPU's python, e.g.
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
+#     liger-kernel==0.8.5 rich markdown-it-py mdurl pygments
+# (add scipy and matplotlib with their dependencies for compare and plots). After a run on
+# a GPU, commit $OUT/bench.jsonl under benchmarks/results/<sku>/ (the summary names the
+# folder) and regenerate the README table:
+#   speedlight bench table benchmarks/results --readme README.md
+#
+# Options (each also an environment variable):
+#   --out DIR           OUT               results folder
+#   --device D          SPEEDLIGHT_DEVICE auto (default) | cuda | cpu
+#   --ops a,b           SPEEDLIGHT_OPS    ops to check (default: all)
+#   --verify-suite S    VERIFY_SUITE      default full
+#   --bench-suite S     BENCH_SUITE       default model
+#   --verify-s N        VERIFY_TIMEOUT_S  verify is stopped after N s (default 120; rows of
+#                                         finished ops are kept)
+#   --bench-s N         BENCH_BUDGET_S    bench's time budget (default 220; cases not started
+#                                         in time are recorded as skipped)
+#   --verify-args "..." VERIFY_ARGS       extra verify arguments (default "--seeds 1")
+#   --bench-args "..."  BENCH_ARGS        extra bench arguments (default "--time-cap 0.3
+#                                         --max-gib 32": cases needing more are skipped,
+#                                         with the reason, to keep the run in 8 minutes)
+#   PYTHON (python3), WHEEL_DIR (.whl), WHEEL_SITE (/tmp/speedlight-site): the interpreter,
+#   where the wheels are, where they are installed.
+# A CPU smoke test (what tests/bench/test_gpu_check.py runs):
+#   scripts/gpu-check.sh --device cpu --ops softmax --verify-suite quick --bench-suite quick \
+#     --verify-args "--dtypes fp32 --seeds 1" --bench-args "--dtypes fp32 --limit 2"
+set -uo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-}"
+DEVICE="${SPEEDLIGHT_DEVICE:-auto}"
+OPS="${SPEEDLIGHT_OPS:-}"
+VERIFY_SUITE="${VERIFY_SUITE:-full}"
+BENCH_SUITE="${BENCH_SUITE:-model}"
+VERIFY_TIMEOUT_S="${VERIFY_TIMEOUT_S:-120}"
+BENCH_BUDGET_S="${BENCH_BUDGET_S:-220}"
+VERIFY_ARGS="${VERIFY_ARGS:---seeds 1}"
+BENCH_ARGS="${BENCH_ARGS:---time-cap 0.3 --max-gib 32}"
+PYTHON="${PYTHON:-python3}"
+WHEEL_SITE="${WHEEL_SITE:-/tmp/speedlight-site}"
+WHEEL_DIR="${WHEEL_DIR:-$REPO/.whl}"
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --device) DEVICE="$2"; shift 2 ;;
+    --ops) OPS="$2"; shift 2 ;;
+    --verify-suite) VERIFY_SUITE="$2"; shift 2 ;;
+    --bench-suite) BENCH_SUITE="$2"; shift 2 ;;
+    --verify-s) VERIFY_TIMEOUT_S="$2"; shift 2 ;;
+    --bench-s) BENCH_BUDGET_S="$2"; shift 2 ;;
+    --verify-args) VERIFY_ARGS="$2"; shift 2 ;;
+    --bench-args) BENCH_ARGS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-check: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+OUT="${OUT:-$PWD/gpu-check-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+OPS_ARG=()
+[ -n "$OPS" ] && OPS_ARG=(--ops "$OPS")
+STEPS=()
+START=$SECONDS
+
+# step NAME LOG COMMAND...: run, log to $OUT/LOG, remember the exit status and seconds
+step() {
+  local name="$1" log="$2"; shift 2
+  local t0=$SECONDS rc
+  echo "== gpu-check: $name: $*" | tee -a "$OUT/$log"
+  "$@" 2>&1 | tee -a "$OUT/$log"
+  rc=${PIPESTATUS[0]}
+  STEPS+=("$name|$rc|$((SECONDS - t0))|$log")
+  return 0
+}
+
+# --- the machine --------------------------------------------------------------------------
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+  nvidia-smi -q >> "$OUT/nvidia-smi.txt" 2>&1
+else
+  echo "nvidia-smi not found on this machine" > "$OUT/nvidia-smi.txt"
+fi
+
+shopt -s nullglob
+WHEELS=("$WHEEL_DIR"/*.whl)
+shopt -u nullglob
+if [ ${#WHEELS[@]} -gt 0 ]; then
+  step wheels wheels.log "$PYTHON" -m pip install -q --no-index --no-deps --target "$WHEEL_SITE" "${WHEELS[@]}"
+  export PYTHONPATH="$PYTHONPATH:$WHEEL_SITE"
+else
+  echo "no wheels in $WHEEL_DIR/: baselines are used only if already installed" > "$OUT/wheels.log"
+  STEPS+=("wheels|none|0|wheels.log")
+fi
+
+"$PYTHON" - "$DEVICE" > "$OUT/versions.json" 2> "$OUT/versions.err" <<'EOF'
+import importlib.metadata as md, json, sys
+import torch
+from speedlight import results
+device = sys.argv[1] if sys.argv[1] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+env = results.environment(device)
+for pkg in ("liger-kernel", "rich", "scipy", "matplotlib", "numpy", "transformers"):
+    try:
+        env[pkg] = md.version(pkg)
+    except md.PackageNotFoundError:
+        env[pkg] = None
+print(json.dumps(env, indent=1))
+EOF
+STEPS+=("versions|$?|0|versions.json")
+
+# --- probe, verify, bench, plots -------------------------------------------------------------------
+step probe probe.log "$PYTHON" -m speedlight probe --device "$DEVICE"
+# shellcheck disable=SC2086
+step verify verify.log timeout "$VERIFY_TIMEOUT_S" "$PYTHON" -m speedlight verify --device "$DEVICE" \
+  --suite "$VERIFY_SUITE" "${OPS_ARG[@]}" --out "$OUT" $VERIFY_ARGS
+# shellcheck disable=SC2086
+step bench bench.log timeout "$((BENCH_BUDGET_S + 120))" "$PYTHON" -m speedlight bench --device "$DEVICE" \
+  --suite "$BENCH_SUITE" "${OPS_ARG[@]}" --out "$OUT" --budget-s "$BENCH_BUDGET_S" $BENCH_ARGS
+if ! "$PYTHON" -c "import matplotlib" 2>/dev/null; then
+  echo "matplotlib is not installed: no plots (carry its wheel in .whl/)" > "$OUT/plots.log"
+  STEPS+=("plots|none|0|plots.log")
+elif [ -f "$OUT/bench.jsonl" ]; then
+  step plots plots.log "$PYTHON" -m speedlight bench plot "$OUT/bench.jsonl" --out "$OUT/plots"
+fi
+SKU="$("$PYTHON" -c "
+from speedlight import hardware
+s = hardware.current_device_spec()
+print(s.key if s else 'unknown-device')" 2>/dev/null || echo unknown-device)"
+
+# --- summary, last ----------------------------------------------------------------------------
+{
+  echo
+  echo "== speedlight gpu-check summary: $OUT ($((SECONDS - START)) s) =="
+  printf '%-9s %-8s %8s  %s\n' step status seconds log
+  for s in "${STEPS[@]}"; do
+    IFS='|' read -r name rc secs log <<< "$s"
+    case "$rc" in
+      0) status=ok ;; none) status=skipped ;; 124) status=timeout ;;
+      2) [ "$name" = probe ] && status="no GPU" || status="exit 2" ;;
+      *) status="exit $rc" ;;
+    esac
+    printf '%-9s %-8s %8s  %s\n' "$name" "$status" "$secs" "$log"
+  done
+  echo
+  "$PYTHON" -m speedlight bench table "$OUT" --include-cpu 2>&1
+  echo
+  if [ "$SKU" != unknown-device ]; then
+    echo "commit: mkdir -p benchmarks/results/$SKU && cp $OUT/bench.jsonl benchmarks/results/$SKU/"
+  fi
+} | tee "$OUT/summary.txt"
+
+FAILED=0
+for s in "${STEPS[@]}"; do
+  IFS='|' read -r name rc _ _ <<< "$s"
+  case "$name:$rc" in
+    *:0|*:none|probe:2) ;;
+    *) FAILED=1 ;;
+  esac
+done
+exit $FAILED

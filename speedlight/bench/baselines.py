@@ -1,0 +1,113 @@
+"""What speedlight is timed against.
+
+  torch-eager    the OpSpec's reference, run in the case's dtype: what a PyTorch user runs
+  torch-compile  torch.compile of that reference (inductor by default; static shapes by
+                 default, the best code torch.compile makes for one shape; compile time is
+                 not timed, the first call happens in the warm-up)
+  liger          Liger-Kernel's function for the op, when Liger is installed (found at run
+                 time) and has one (bench/liger.py); on a GPU only
+
+A baseline that cannot run a case (not installed, no counterpart, unsupported dtype or
+layout, an error, or an output that differs from the reference) is kept as a row with
+status "unavailable" and the reason, never dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from speedlight.bench import liger
+from speedlight.spec import Case, OpSpec
+
+SPEEDLIGHT = "speedlight"
+EAGER = "torch-eager"
+COMPILE = "torch-compile"
+LIGER = "liger"
+BASELINES = (EAGER, COMPILE, LIGER)
+
+
+@dataclass
+class Implementation:
+    name: str
+    fn: Callable | None  # takes the OpSpec's inputs as keyword arguments
+    reason: str = ""  # why it is unavailable, when fn is None
+    mutates_inputs: bool = False  # writes into its inputs: restore them before every sample
+    checked: bool = False  # its forward output must match the reference before timing
+
+    @property
+    def available(self) -> bool:
+        return self.fn is not None
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    backend: str = "inductor"
+    dynamic: bool | None = False  # False: static shapes; None: torch's automatic dynamic
+    mode: str | None = None
+
+    def describe(self) -> str:
+        dyn = {False: "static", None: "auto", True: "dynamic"}[self.dynamic]
+        return f"backend={self.backend}, shapes={dyn}" + (f", mode={self.mode}" if self.mode else "")
+
+
+class Baselines:
+    """Builds the implementations of each case: speedlight's and the chosen baselines."""
+
+    def __init__(self, names: tuple[str, ...] = BASELINES, compile_options: CompileOptions = CompileOptions()):
+        unknown = [n for n in names if n not in BASELINES]
+        if unknown:
+            raise ValueError(f"unknown baseline(s) {', '.join(unknown)}; known: {', '.join(BASELINES)}")
+        self.names = tuple(names)
+        self.compile_options = compile_options
+        self._compiled: dict[str, Callable] = {}
+
+    def for_case(self, spec: OpSpec, case: Case, inputs: dict,
+                 device: torch.device | str = "cuda") -> list[Implementation]:
+        impls = [Implementation(SPEEDLIGHT, spec.impl)]
+        for name in self.names:
+            impls.append(self._build(name, spec, case, inputs, torch.device(device)))
+        return impls
+
+    def _build(self, name: str, spec: OpSpec, case: Case, inputs: dict,
+               device: torch.device) -> Implementation:
+        if name == EAGER:
+            return Implementation(EAGER, spec.reference)
+        if name == COMPILE:
+            if spec.name not in self._compiled:
+                o = self.compile_options
+                self._compiled[spec.name] = torch.compile(spec.reference, backend=o.backend,
+                                                          dynamic=o.dynamic, mode=o.mode)
+            return Implementation(COMPILE, self._compiled[spec.name], checked=True)
+        if device.type != "cuda":
+            return Implementation(LIGER, None, "Liger-Kernel runs on CUDA GPUs; it is not run "
+                                               "on the CPU interpreter")
+        try:
+            fn, mutates = liger.adapt(spec.name, inputs, case)
+        except liger.Unsupported as e:
+            return Implementation(LIGER, None, str(e))
+        return Implementation(LIGER, fn, mutates_inputs=mutates, checked=True)
+
+
+@contextlib.contextmanager
+def compile_limits(recompiles: int = 4096):
+    """Let torch.compile recompile for every shape a suite has, and fail loudly rather than
+    fall back to eager in silence when it cannot."""
+    import torch._dynamo.config as cfg
+
+    saved = {}
+    for key, value in (("recompile_limit", recompiles), ("accumulated_recompile_limit", recompiles),
+                       ("fail_on_recompile_limit_hit", True)):
+        try:
+            saved[key] = getattr(cfg, key)
+            setattr(cfg, key, value)
+        except (AttributeError, KeyError):
+            pass
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(cfg, key, value)

@@ -1,0 +1,247 @@
+"""`speedlight bench`: time speedlight's ops against PyTorch eager, torch.compile and
+Liger-Kernel; compare two runs; plot; render the README's performance table.
+
+    speedlight bench [run] [--suite model] [--ops a,b] ...   time a suite (default action)
+    speedlight bench compare OLD NEW [--threshold 0.05]      exit 1 on a significant regression
+    speedlight bench plot RESULTS... [--out DIR]             GB/s or TFLOP/s against shape
+    speedlight bench table [ROOT] [--readme README.md]       the README's table from ROOT
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ACTIONS = ("run", "compare", "plot", "table")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.description = __doc__
+    p.add_argument("action", nargs="?", default="run", choices=ACTIONS,
+                   help="run (default), compare, plot or table")
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="compare: OLD NEW; plot: results files or folders; table: results root")
+    r = p.add_argument_group("run")
+    r.add_argument("--ops", default=None, help="comma-separated op names (default: all)")
+    r.add_argument("--suite", default="model", choices=("quick", "model", "full"))
+    r.add_argument("--dtypes", default="bf16", help="comma-separated: fp32,fp16,bf16 (default bf16)")
+    r.add_argument("--modes", default="fwd,bwd,fwd+bwd", help="comma-separated: fwd,bwd,fwd+bwd")
+    r.add_argument("--baselines", default="torch-eager,torch-compile,liger",
+                   help="comma-separated, from torch-eager,torch-compile,liger; 'none' for none")
+    r.add_argument("--spec", action="append", default=[], metavar="FILE",
+                   help="a Python file defining SPEC or SPECS (your own op); repeatable")
+    r.add_argument("--only-spec", action="store_true", help="only the ops of --spec files")
+    r.add_argument("--cases", default=None, metavar="REGEX", help="only cases whose id matches")
+    r.add_argument("--limit", type=int, default=None, help="at most this many cases per op")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--no-verify", action="store_true",
+                   help="do not verify cases first (then no speedup is reported)")
+    r.add_argument("--graph", default="auto", choices=("auto", "always", "never"),
+                   help="CUDA-graph timing: auto = forward cases moving <= --graph-max-mib")
+    r.add_argument("--graph-max-mib", type=float, default=8.0)
+    r.add_argument("--rse", type=float, default=None,
+                   help="stop sampling at this relative standard error of the median "
+                        "(default 0.01 on GPU, 0.05 on CPU)")
+    r.add_argument("--min-samples", type=int, default=None)
+    r.add_argument("--max-samples", type=int, default=None)
+    r.add_argument("--time-cap", type=float, default=None, metavar="S",
+                   help="seconds of sampling per measurement (default 1 on GPU, 0.25 on CPU)")
+    r.add_argument("--budget-s", type=float, default=None,
+                   help="total seconds for the run, shared among the ops; cases not started "
+                        "in time are recorded as skipped")
+    r.add_argument("--max-gib", type=float, default=None,
+                   help="device memory a case may use (default: half the free GPU memory)")
+    r.add_argument("--cpu-max-mib", type=float, default=4.0,
+                   help="on CPU, skip cases moving more than this per forward (default 4)")
+    r.add_argument("--compile-backend", default="inductor")
+    r.add_argument("--compile-shapes", default="static", choices=("static", "auto"),
+                   help="torch.compile baseline: static (a kernel per shape, the default) or "
+                        "auto (torch's automatic dynamic shapes)")
+    r.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. max-autotune")
+    p.add_argument("--out", default=None,
+                   help="run: folder for bench.jsonl (default speedlight-results); "
+                        "plot: folder for the PNGs (default: plots/ beside the results)")
+    c = p.add_argument_group("compare")
+    c.add_argument("--threshold", type=float, default=0.05,
+                   help="slower by more than this fraction to count (default 0.05)")
+    c.add_argument("--alpha", type=float, default=0.01,
+                   help="significance level of the one-sided Mann-Whitney U test (default 0.01)")
+    c.add_argument("--impls", default="speedlight",
+                   help="implementations to compare (default speedlight; 'all' for every one)")
+    t = p.add_argument_group("table")
+    t.add_argument("--readme", default=None, help="write the table between the README's markers")
+    t.add_argument("--check", action="store_true", help="exit 1 if the README's table is stale")
+    t.add_argument("--include-cpu", action="store_true",
+                   help="also summarize rows timed on the CPU interpreter (labelled so)")
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"run": _run, "compare": _compare, "plot": _plot, "table": _table}[args.action](args)
+
+
+def _fail(message: str):
+    raise SystemExit(f"speedlight bench: {message}")
+
+
+def _list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+# --- run --------------------------------------------------------------------------------------
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from speedlight import registry, results
+    from speedlight.bench import display
+    from speedlight.bench.baselines import Baselines, CompileOptions
+    from speedlight.bench.runner import MODES, Bench, Settings
+    from speedlight.bench.timer import default_rule
+    from speedlight.spec import parse_dtype
+
+    if args.paths:
+        _fail(f"run takes no paths (got {' '.join(args.paths)}); did you mean compare or plot?")
+    device = torch.device(args.device)
+    console = display.make_console()
+    modes = tuple(_list(args.modes))
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        _fail(f"--modes takes {', '.join(MODES)}; got {args.modes!r}")
+    names = [n for n in _list(args.baselines) if n != "none"]
+    try:
+        dtypes = [parse_dtype(d) for d in _list(args.dtypes)]
+        specs = registry.select(_list(args.ops) if args.ops else None, args.spec,
+                                include_builtin=not args.only_spec)
+        baselines = Baselines(tuple(names), CompileOptions(
+            args.compile_backend, False if args.compile_shapes == "static" else None, args.compile_mode))
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    rule = default_rule(device)
+    overrides = {k: v for k, v in (("target_rse", args.rse), ("min_samples", args.min_samples),
+                                    ("max_samples", args.max_samples), ("time_cap_s", args.time_cap))
+                 if v is not None}
+    if overrides:
+        import dataclasses
+        rule = dataclasses.replace(rule, **overrides)
+    settings = Settings(modes=modes, rule=rule, graph=args.graph,
+                        graph_max_bytes=int(args.graph_max_mib * 2 ** 20), verify=not args.no_verify,
+                        max_bytes=int(args.max_gib * 2 ** 30) if args.max_gib else None,
+                        cpu_max_bytes=int(args.cpu_max_mib * 2 ** 20))
+    bench = Bench(device, settings, baselines, suite=args.suite)
+    pattern = re.compile(args.cases) if args.cases else None
+
+    def cases(spec):
+        out = [c.with_(dtype=d, seed=args.seed) for c in spec.cases(args.suite) for d in dtypes]
+        out = [c for c in out if pattern is None or pattern.search(c.id)]
+        return out[: args.limit] if args.limit is not None else out
+
+    if device.type == "cpu":
+        console.print(f"[bold yellow]{display.NOT_REPRESENTATIVE}[/]")
+    out_path = Path(args.out or "speedlight-results") / "bench.jsonl"
+    total = sum(len(cases(s)) for s in specs)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    rows: list[dict] = []
+    try:
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task("bench", total=total)
+
+            def on_case(spec, case, case_rows):
+                results.append_jsonl(out_path, case_rows)  # atomically, case by case
+                rows.extend(case_rows)
+                progress.update(task, description=f"{spec.name} {case.id}")
+                progress.advance(task)
+            bench.run(specs, cases, budget_s=args.budget_s, on_case=on_case)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted: the {len(rows)} rows of the cases finished are in "
+                      f"{out_path}[/]")
+        return 130
+    display.print_bench(rows, console)
+    console.print(f"results: {out_path}")
+    errors = [r for r in rows if r.get("implementation") == "speedlight" and r.get("status") == "error"]
+    bugs = [r for r in rows if r.get("sol_bug")]
+    return 1 if errors or bugs else 0
+
+
+# --- compare ------------------------------------------------------------------------------------
+
+def _compare(args: argparse.Namespace) -> int:
+    from speedlight.bench import compare, display
+
+    if len(args.paths) != 2:
+        _fail("compare takes two paths: OLD NEW (results files or folders)")
+    try:
+        old, new = (compare.load(p) for p in args.paths)
+        comps = compare.compare(old, new, threshold=args.threshold, alpha=args.alpha,
+                                implementations=None if args.impls == "all" else _list(args.impls))
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    console = display.make_console()
+    title = display.title_for(old + new, "speedlight bench compare") + (
+        f": regression = slower by > {100 * args.threshold:g}% and one-sided Mann-Whitney U "
+        f"p < {args.alpha:g}")
+    console.print(display.compare_table(comps, title))
+    regressed = compare.regressions(comps)
+    judged = [c for c in comps if c.verdict in ("regression", "improvement", "unchanged")]
+    if not judged:
+        console.print("[yellow]no case was timed in both runs: nothing to compare[/]")
+        return 2
+    console.print(f"{len(regressed)} regression(s), "
+                  f"{sum(c.verdict == 'improvement' for c in comps)} improvement(s), "
+                  f"{sum(c.verdict == 'unchanged' for c in comps)} unchanged, of {len(judged)} compared")
+    return 1 if regressed else 0
+
+
+# --- plot -----------------------------------------------------------------------------------------
+
+def _plot(args: argparse.Namespace) -> int:
+    from speedlight.bench import compare, plots
+
+    if not args.paths:
+        _fail("plot takes one or more results files or folders")
+    try:
+        rows = compare.load(args.paths)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    first = Path(args.paths[0])
+    out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "plots"
+    written = plots.plot(rows, out)
+    if not written:
+        _fail("no timed rows to plot")
+    print(f"{len(written)} plot(s) in {out}")
+    return 0
+
+
+# --- table ------------------------------------------------------------------------------------------
+
+def _table(args: argparse.Namespace) -> int:
+    from speedlight.bench import table
+
+    root = args.paths[0] if args.paths else "benchmarks/results"
+    if len(args.paths) > 1:
+        _fail("table takes one results root")
+    body = table.render(table.collect(root), source=str(root).rstrip("/"),
+                        include_cpu=args.include_cpu)
+    if args.include_cpu and args.readme:
+        _fail("--include-cpu is for a smoke run's summary; the README takes GPU rows only")
+    if not args.readme:
+        print(body)
+        return 0
+    readme = Path(args.readme)
+    try:
+        current = readme.read_text()
+        wanted = table.replace_section(current, body)
+    except (OSError, ValueError) as e:
+        _fail(str(e))
+    if args.check:
+        if wanted != current:
+            print(f"{readme}: the performance table is stale; run "
+                  f"`speedlight bench table {root} --readme {readme}`", file=sys.stderr)
+            return 1
+        return 0
+    changed = table.update_readme(readme, body)
+    print(f"{readme}: {'updated' if changed else 'already up to date'}")
+    return 0

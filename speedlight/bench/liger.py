@@ -1,0 +1,150 @@
+"""Liger-Kernel as a baseline: speedlight op names mapped to Liger's functional API.
+
+Each adapter takes an op's inputs (the keyword arguments its OpSpec's make_inputs gives)
+and returns a function of those same keyword arguments that calls Liger and returns what
+the op's reference returns, in the same order, so the bench times, differentiates and
+checks it exactly like speedlight's own implementation. An adapter raises Unsupported,
+with the reason, for a case Liger cannot compute (no weight, interleaved rotary pairs,
+softmax over another dim...); bench records that case's Liger row as unavailable.
+
+Liger is found at run time (`pip install liger-kernel`); a mapping is used only for the
+ops present in the registry. Whatever the mapping, bench checks Liger's forward output
+against the reference before timing it, so a mapping that computes something else is
+reported as such, not timed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from speedlight.spec import Case
+
+
+class Unsupported(Exception):
+    """Liger has no way to compute this case; the message says why."""
+
+
+def _need(op: str, inputs: dict, *names: str) -> None:
+    missing = [n for n in names if n not in inputs]
+    if missing:
+        raise Unsupported(f"the Liger mapping of {op} takes inputs ({', '.join(names)}); "
+                          f"{op}'s make_inputs gives ({', '.join(inputs)})")
+
+
+def _rms_norm(F, inputs: dict, case: Case):
+    _need("rms_norm", inputs, "x", "weight")
+    if inputs["weight"] is None:
+        raise Unsupported("Liger's RMSNorm always scales by a weight; this case has none")
+    offset = float(inputs.get("offset", 0.0) or 0.0)
+    # Gemma (offset 1) computes everything in fp32, Llama only the inverse RMS: Liger's
+    # casting modes of the same names. in_place=True is Liger's default (dY becomes dX);
+    # bench gives every backward sample a fresh upstream gradient.
+    mode = "gemma" if offset else "llama"
+    return lambda x, weight, eps=1e-6, offset=0.0, **_: F.liger_rms_norm(
+        x, weight, eps, offset=offset, casting_mode=mode, in_place=True), False
+
+
+def _add_rms_norm(F, inputs: dict, case: Case):
+    _need("add_rms_norm", inputs, "x", "residual", "weight")
+    if inputs["weight"] is None:
+        raise Unsupported("Liger's fused add + RMSNorm always scales by a weight; this case has none")
+    offset = float(inputs.get("offset", 0.0) or 0.0)
+    mode = "gemma" if offset else "llama"
+    return lambda x, residual, weight, eps=1e-6, offset=0.0, **_: F.liger_fused_add_rms_norm(
+        x, residual, weight, eps, offset=offset, casting_mode=mode, in_place=False), False
+
+
+def _layer_norm(F, inputs: dict, case: Case):
+    _need("layer_norm", inputs, "x", "weight", "bias")
+    if inputs["weight"] is None or inputs["bias"] is None:
+        raise Unsupported("Liger's LayerNorm needs both a weight and a bias; this case lacks one")
+    return lambda x, weight, bias, eps=1e-5, **_: F.liger_layer_norm(x, weight, bias, eps), False
+
+
+def _gated(name: str, liger_fn: str):
+    def adapter(F, inputs: dict, case: Case):
+        _need(name, inputs, "gate", "up")
+        fn = getattr(F, liger_fn)
+        return lambda gate, up, **_: fn(gate, up), False
+    return adapter
+
+
+def _rope(F, inputs: dict, case: Case):
+    _need("rope", inputs, "q", "k", "cos", "sin")
+    if inputs.get("interleaved") or case.flag("interleaved"):
+        raise Unsupported("Liger's RoPE rotates halves (Llama/NeoX); it has no interleaved "
+                          "(GPT-J) form")
+    if inputs.get("position_ids") is not None:
+        raise Unsupported("Liger's RoPE takes cos/sin per token; it cannot index a cos/sin "
+                          "cache by position_ids")
+    q = inputs["q"]
+    if q.dim() != 4:
+        raise Unsupported(f"Liger's RoPE takes 4-d q; got q of shape {tuple(q.shape)}")
+    if inputs.get("unsqueeze_dim", 1) == 1:  # [batch, heads, seq, head_dim]: Liger's layout
+        return lambda q, k, cos, sin, **_: F.liger_rope(q, k, cos, sin), False
+
+    def fn(q, k, cos, sin, **_):  # [batch, seq, heads, head_dim]: Liger's view is a transpose
+        qo, ko = F.liger_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return qo.transpose(1, 2), ko.transpose(1, 2)
+    return fn, False
+
+
+def _cross_entropy(F, inputs: dict, case: Case):
+    _need("cross_entropy", inputs, "logits", "target")
+    if inputs.get("weight") is not None:
+        raise Unsupported("Liger's cross entropy has no per-class weight")
+
+    def fn(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+           softcap=None, **_):
+        return F.liger_cross_entropy(logits, target, ignore_index=ignore_index,
+                                     reduction=reduction, label_smoothing=label_smoothing,
+                                     softcap=softcap)
+    # Liger writes the gradient into the logits during the forward: bench restores the
+    # inputs before every sample.
+    return fn, True
+
+
+def _softmax(F, inputs: dict, case: Case):
+    _need("softmax", inputs, "x")
+    x, dim = inputs["x"], inputs.get("dim", -1)
+    if dim % x.dim() != x.dim() - 1:
+        raise Unsupported(f"Liger's softmax is over the last dim only; this case uses dim {dim}")
+    return lambda x, dim=-1, **_: F.liger_softmax(x), False
+
+
+# speedlight op name -> adapter(F, inputs, case) -> (fn(**inputs), mutates_inputs)
+ADAPTERS: dict[str, Callable[[Any, dict, Case], tuple[Callable, bool]]] = {
+    "rms_norm": _rms_norm,
+    "add_rms_norm": _add_rms_norm,
+    "layer_norm": _layer_norm,
+    "swiglu": _gated("swiglu", "liger_swiglu"),
+    "geglu": _gated("geglu", "liger_geglu"),
+    "rope": _rope,
+    "cross_entropy": _cross_entropy,
+    "softmax": _softmax,
+}
+
+
+def functional():
+    """liger_kernel.transformers.functional, or an Unsupported naming the import problem."""
+    try:
+        import liger_kernel.transformers.functional as F
+    except Exception as e:  # ImportError, or a dependency of Liger missing or broken
+        raise Unsupported(f"Liger-Kernel is not importable ({type(e).__name__}: {e}); "
+                          f"pip install liger-kernel") from None
+    return F
+
+
+def version() -> str | None:
+    try:
+        from importlib.metadata import version as _v
+        return _v("liger-kernel")
+    except Exception:
+        return None
+
+
+def adapt(op: str, inputs: dict, case: Case) -> tuple[Callable, bool]:
+    """(fn, mutates_inputs) calling Liger for this op and case, or Unsupported."""
+    if op not in ADAPTERS:
+        raise Unsupported(f"Liger-Kernel has no counterpart of {op}")
+    return ADAPTERS[op](functional(), inputs, case)

@@ -1,0 +1,133 @@
+"""From a latency to what a row reports: GB/s and TFLOP/s from the OpSpec's Cost, % of
+speed-of-light on the device's ceilings, speedups over the baselines, and where the
+ceilings and clocks came from.
+
+Speed-of-light floor = max(flops / peak FLOP/s, bytes / bandwidth), on the ceilings
+`speedlight probe` measured on this device and driver when cached, else the datasheet's
+(the row says which). A figure above 100% cannot be a result: the Cost, the ceilings or
+the timing is wrong, and the row says so instead of reporting it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import torch
+
+from speedlight import hardware
+from speedlight.spec import Cost, OpSpec
+
+# Families whose FLOPs run on tensor cores; every other op's FLOPs are CUDA-core fp32.
+TENSOR_CORE_FAMILIES = ("compute-bound", "matmul", "attention")
+SOL_BUG = ("above 100% of speed-of-light: a bug in the op's Cost, in the ceilings or in the "
+           "timing, not a result")
+
+
+def peak_key(spec: OpSpec, dtype: torch.dtype) -> str:
+    """Which FLOP/s ceiling an op's arithmetic runs against."""
+    if spec.family in TENSOR_CORE_FAMILIES:
+        return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "tf32")
+    return "fp32"
+
+
+def device_roof(device: torch.device, driver: str | None) -> tuple[hardware.Roof | None, str]:
+    """The ceilings % of SOL is computed on, and a note saying where they come from."""
+    if device.type != "cuda":
+        return None, "no speed-of-light on the CPU interpreter"
+    name = torch.cuda.get_device_name(device)
+    try:
+        spec = hardware.spec_for_device_name(name)
+    except KeyError:
+        spec = None
+    ceilings = hardware.load_ceilings(name, driver or "unknown")
+    if ceilings is not None and spec is not None:
+        return hardware.roof_for(spec, ceilings), f"measured by speedlight probe ({ceilings.measured_at})"
+    if ceilings is not None:
+        return (hardware.Roof(ceilings.copy_bandwidth, dict(ceilings.matmul_flops), "measured", name),
+                "measured by speedlight probe; no datasheet for this device")
+    if spec is not None:
+        return hardware.roof_for(spec), ("datasheet: no measured ceilings for this device and "
+                                         "driver (run `speedlight probe`)")
+    return None, f"no DeviceSpec for {name!r} and no measured ceilings (run `speedlight probe`)"
+
+
+def throughput(cost: Cost, seconds: float) -> dict:
+    return {"flops": cost.flops, "bytes": cost.bytes,
+            "gbps": cost.bytes / seconds / 1e9 if seconds > 0 else None,
+            "tflops": cost.flops / seconds / 1e12 if seconds > 0 else None}
+
+
+def speed_of_light(cost: Cost, seconds: float, roof: hardware.Roof | None, key: str,
+                   roof_note: str = "") -> dict:
+    """% of the floor the roof sets; a value above 100 is withheld and flagged as a bug."""
+    out = {"sol_pct": None, "sol_bound": None, "sol_floor_us": None, "sol_roof": None,
+           "sol_peak": key, "sol_note": roof_note, "sol_bug": None}
+    if roof is None or seconds <= 0:
+        return out
+    floor = roof.floor_seconds(cost.flops, cost.bytes, key)
+    pct = 100.0 * floor / seconds
+    out.update(sol_bound=roof.bound(cost.flops, cost.bytes, key) if cost.flops else "memory",
+               sol_floor_us=floor * 1e6, sol_roof=roof.source,
+               sol_bandwidth=roof.bandwidth, sol_peak_flops=roof.flops.get(key))
+    if pct > 100.0:
+        out.update(sol_bug=SOL_BUG, sol_pct_raw=pct)
+    else:
+        out["sol_pct"] = pct
+    return out
+
+
+def speedups(ours: dict, baselines: dict[str, dict]) -> tuple[dict, dict]:
+    """speedlight's speedup over each baseline (baseline median / ours) for one case and
+    mode, and for every speedup withheld, why. Reported only when speedlight passed
+    verification on the case and both timings exist."""
+    values, why = {}, {}
+    for name, row in baselines.items():
+        values[name] = None
+        if not ours.get("verified"):
+            why[name] = f"speedlight not verified on this case ({ours.get('verify_note') or 'not run'})"
+        elif ours.get("status") != "ok":
+            why[name] = f"speedlight not timed: {ours.get('reason')}"
+        elif row.get("status") != "ok":
+            why[name] = f"{name} {row.get('status')}: {row.get('reason')}"
+        else:
+            values[name] = row["median_us"] / ours["median_us"]
+    return values, why
+
+
+# --- clocks --------------------------------------------------------------------------------
+
+_CLOCK_FIELDS = ("clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
+                 "temperature.gpu", "power.draw")
+_clock_cache: dict = {}
+
+
+def read_clocks(device: torch.device, max_age_s: float = 10.0) -> dict:
+    """SM and memory clocks (MHz), temperature and power as nvidia-smi reads them now, at
+    most every max_age_s; {"note": why} when they cannot be read."""
+    if device.type != "cuda":
+        return {"note": "CPU: no GPU clocks"}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cached = _clock_cache.get(index)
+    if cached and time.monotonic() - cached[0] < max_age_s:
+        return cached[1]
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={index}", "--format=csv,noheader,nounits",
+                              "--query-gpu=" + ",".join(_CLOCK_FIELDS)],
+                             capture_output=True, text=True, timeout=10)
+        values = [v.strip() for v in out.stdout.strip().split(",")]
+        if out.returncode != 0 or len(values) != len(_CLOCK_FIELDS):
+            raise ValueError(out.stderr.strip() or out.stdout.strip())
+        names = ("sm_mhz", "mem_mhz", "max_sm_mhz", "max_mem_mhz", "temperature_c", "power_w")
+        clocks = {n: _number(v) for n, v in zip(names, values)}
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        clocks = {"note": f"nvidia-smi could not read clocks: {e}"}
+    _clock_cache[index] = (time.monotonic(), clocks)
+    return clocks
+
+
+def _number(text: str):
+    try:
+        return float(text)
+    except ValueError:
+        return text

@@ -1,0 +1,182 @@
+"""Compile kernels for a target GPU in a process of its own, with the interpreter off.
+
+Run as `python -m speedlight.inspect._worker`: reads a JSON list of requests on stdin and
+writes one JSON line per request to stdout. A process of its own because the Triton
+interpreter, once it has run a kernel in a process, leaves triton.language patched there,
+and because under TRITON_INTERPRET=1 every @triton.jit function (the standard library's
+too) is an interpreted function the compiler cannot call.
+
+Each request names the kernel (file, module, qualname), the signature, constexprs and
+attributes the runtime's binder derived, the launch options and the target; the worker
+compiles with triton.compile (ASTSource, GPUTarget), writes TTIR, TTGIR, LLIR, PTX, the
+cubin and its SASS (nvdisasm with line info) to the request's folder, and reads ptxas's
+resource report (registers, spills, stack) by running ptxas -v on the PTX.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+STAGES = ("ttir", "ttgir", "llir", "ptx")
+
+
+def tool(name: str) -> str:
+    """A CUDA tool shipped with Triton's NVIDIA backend (ptxas, nvdisasm, cuobjdump)."""
+    import triton
+
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    if not path.exists():
+        raise FileNotFoundError(f"{name} not found at {path}: Triton's NVIDIA backend ships it")
+    return str(path)
+
+
+def decode(v):
+    import triton.language as tl
+
+    if isinstance(v, dict):
+        if "dtype" in v:
+            name = v["dtype"]
+            return getattr(tl, name) if hasattr(tl, name) else tl.str_to_ty(name, None)
+        if "fn" in v:
+            return load_function(*v["fn"])
+        if "tuple" in v:
+            return tuple(decode(x) for x in v["tuple"])
+    return v
+
+
+_MODULES: dict[str, object] = {}
+
+
+def load_function(file: str, module: str, qualname: str):
+    """The JITFunction `qualname` of the module at `file` (imported by name when that
+    resolves to the same file, else loaded from the path)."""
+    from triton.runtime.jit import JITFunction
+
+    mod = _MODULES.get(file)
+    if mod is None:
+        try:
+            candidate = importlib.import_module(module) if module != "__main__" else None
+            same = candidate is not None and os.path.samefile(candidate.__file__, file)
+        except (ImportError, TypeError, OSError, ValueError):
+            candidate, same = None, False
+        if same:
+            mod = candidate
+        else:
+            name = f"speedlight_inspect_{abs(hash(file))}"
+            spec = importlib.util.spec_from_file_location(name, file)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+        _MODULES[file] = mod
+    obj = mod
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    while not isinstance(obj, JITFunction) and hasattr(obj, "fn"):
+        obj = obj.fn  # autotune / heuristics wrappers
+    if not isinstance(obj, JITFunction):
+        raise TypeError(f"{qualname} in {file} is not a @triton.jit function")
+    return obj
+
+
+_PTXAS_PATTERNS = {
+    "registers": r"Used (\d+) registers",
+    "stack": r"(\d+) bytes stack frame",
+    "spill_stores": r"(\d+) bytes spill stores",
+    "spill_loads": r"(\d+) bytes spill loads",
+    "barriers": r"used (\d+) barriers",
+    "smem_static": r"(\d+) bytes smem",
+    "cmem0": r"(\d+) bytes cmem\[0\]",
+}
+
+
+def ptxas_report(ptx_path: Path, arch: int, fmad: bool) -> dict:
+    """ptxas -v on the PTX, with the flags Triton compiles with."""
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    cmd = [get_ptxas(arch).path, "-lineinfo", "-v", *([] if fmad else ["--fmad=false"]),
+           f"--gpu-name={sm_arch_from_capability(arch)}", str(ptx_path), "-o", os.devnull]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    log = out.stderr + out.stdout
+    report = {"log": log.strip()}
+    for key, pattern in _PTXAS_PATTERNS.items():
+        m = re.search(pattern, log)
+        report[key] = int(m.group(1)) if m else 0
+    return report
+
+
+def compile_one(req: dict) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+
+    fn = load_function(req["file"], req["module"], req["qualname"])
+    constexprs = {tuple(p): decode(v) for p, v in req["constexprs"]}
+    attrs = {tuple(p): a for p, a in req["attrs"]}
+    target = GPUTarget("cuda", req["arch"], 32)
+    options = make_backend(target).parse_options(dict(req["options"]))
+    src = ASTSource(fn, req["signature"], constexprs, attrs)
+    kernel = triton.compile(src, target=target, options=options.__dict__)
+    files, meta = write_artifacts(kernel, Path(req["out"]), req["arch"])
+    return {"key": req["key"], "files": files, "meta": meta}
+
+
+def write_artifacts(kernel, out: Path, arch: int) -> tuple[dict, dict]:
+    """Write a CompiledKernel's stages, cubin and SASS under `out`; return the file paths
+    and the metadata inspect reads (shared memory, warps, ptxas's resource report)."""
+    out.mkdir(parents=True, exist_ok=True)
+    name = kernel.metadata.name
+    files = {}
+    for stage in STAGES:
+        path = out / f"{name}.{stage}"
+        path.write_text(kernel.asm[stage])
+        files[stage] = str(path)
+    cubin = out / f"{name}.cubin"
+    cubin.write_bytes(kernel.asm["cubin"])
+    files["cubin"] = str(cubin)
+    sass = subprocess.run([tool("nvdisasm"), "-c", "-gi", str(cubin)], capture_output=True,
+                          text=True, timeout=300)
+    if sass.returncode != 0:
+        raise RuntimeError(f"nvdisasm failed: {sass.stderr.strip()}")
+    (out / f"{name}.sass").write_text(sass.stdout)
+    files["sass"] = str(out / f"{name}.sass")
+    meta = kernel.metadata._asdict()
+    keep = {k: meta[k] for k in ("name", "num_warps", "num_ctas", "num_stages", "shared",
+                                 "tmem_size", "global_scratch_size", "cluster_dims")
+            if k in meta}
+    keep["arch"] = arch
+    fmad = bool(meta.get("enable_fp_fusion", True))
+    keep["ptxas"] = ptxas_report(out / f"{name}.ptx", arch, fmad)
+    (out / "meta.json").write_text(json.dumps(keep, default=str, indent=1))
+    return files, keep
+
+
+def main() -> int:
+    """stdin: a JSON list of requests; argv[1]: the file results are written to, one JSON
+    line per request (not stdout: a kernel's module or the compiler may print)."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    requests = json.loads(sys.stdin.read())
+    for path in requests[0].get("sys_path", []) if requests else []:
+        if path not in sys.path:
+            sys.path.append(path)
+    with open(sys.argv[1], "w") as results:
+        for req in requests:
+            try:
+                result = compile_one(req)
+            except Exception as e:  # reported per kernel; the others still compile
+                result = {"key": req["key"], "error": f"{type(e).__name__}: {e}",
+                          "traceback": traceback.format_exc(limit=6)}
+            results.write(json.dumps(result, default=str) + "\n")
+            results.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Put a case's launches, their compiled kernels and the OpSpec's costs together: per
+kernel resources, occupancy, waves, instruction mix and access widths; per direction the
+bytes moved against the compulsory bytes; and the findings (findings.py)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from speedlight.hardware import DeviceSpec
+from speedlight.inspect import sass
+from speedlight.inspect.capture import Capture, Launch
+from speedlight.inspect.traffic import Site, source_line, statement_span
+from speedlight.inspect.compile import Compiled, Target
+from speedlight.inspect.occupancy import Occupancy, Waves, occupancy
+from speedlight.spec import KernelDesign, OpSpec
+
+
+@dataclass
+class Access:
+    """One global load or store in the source: what the interpreter saw it touch and what
+    SASS it compiled to."""
+
+    kind: str  # load | store
+    arg: str  # kernel argument it touches ('?' when not measured)
+    file: str
+    line: int
+    source: str
+    possible_bits: int  # widest access the addresses allow (0: not measured)
+    sass: sass.LineAccess | None
+    site: Site | None
+
+    @property
+    def block_bytes(self) -> int:
+        return self.site.numel * self.site.itemsize if self.site else 0
+
+    parameter: bool = False  # a 1-D tensor one block reads whole (a weight vector)
+
+    @property
+    def row_data(self) -> bool:
+        """Contiguous, 16-byte-aligned rows, at least a warp's worth of 16-byte accesses per
+        block (512 bytes): what the vector guard holds to full width. Not row data: a
+        per-row scalar (rstd of a few rows), or a parameter vector each program reads
+        whole once (w of [n_cols]), whose traffic the grid amortises."""
+        return self.possible_bits >= 128 and self.block_bytes >= 512 and not self.parameter
+
+    @property
+    def bits(self) -> int:
+        """Narrowest width SASS uses for it (0 when it compiled to no global access)."""
+        return self.sass.narrowest if self.sass else 0
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "arg": self.arg, "file": os.path.basename(self.file),
+                "line": self.line, "source": self.source, "possible_bits": self.possible_bits,
+                "sass": dict(self.sass.widths) if self.sass else {},
+                "bytes": self.site.bytes if self.site else None, "row_data": self.row_data,
+                "parameter": self.parameter}
+
+
+@dataclass
+class KernelReport:
+    launch: Launch
+    compiled: Compiled
+    design: KernelDesign
+    registers: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    stack: int = 0
+    smem: int = 0
+    occupancy: Occupancy | None = None
+    waves: Waves | None = None
+    mix: sass.Mix | None = None
+    accesses: list[Access] = field(default_factory=list)
+    has_dot: bool = False
+    findings: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.compiled.error
+
+    def to_json(self) -> dict:
+        l = self.launch
+        out = {"direction": l.direction, "launch": l.index, "kernel": l.kernel,
+               "grid": list(l.grid), "programs": l.programs, "num_warps": l.num_warps,
+               "num_stages": l.num_stages, "args": [a.to_json() for a in l.args],
+               "signature": l.signature, "error": self.compiled.error or None}
+        if self.ok:
+            out.update(registers=self.registers, spill_stores=self.spill_stores,
+                       spill_loads=self.spill_loads, stack=self.stack, smem=self.smem,
+                       occupancy=self.occupancy.to_json(), waves=self.waves.to_json(),
+                       sass=self.mix.to_json(), accesses=[a.to_json() for a in self.accesses],
+                       has_dot=self.has_dot)
+        if l.measured:
+            out.update(loaded=l.loaded, stored=l.stored)
+        out["findings"] = [f.to_json() for f in self.findings]
+        return out
+
+
+@dataclass
+class DirectionBytes:
+    """What one direction's launches moved, against the OpSpec's compulsory bytes."""
+
+    direction: str
+    measured: int  # bytes loaded + stored by the direction's kernels (interpreter)
+    compulsory: int
+    kernels: list[str]
+    by_arg: dict  # tensor (its address range) -> {"arg", "kernels", "loaded", "stored", "size"}
+    allowed: float  # most bytes per compulsory byte the kernels' designs allow
+    why: str
+
+    @property
+    def ratio(self) -> float:
+        return self.measured / self.compulsory if self.compulsory else float("nan")
+
+    def to_json(self) -> dict:
+        return {"direction": self.direction, "measured_bytes": self.measured,
+                "compulsory_bytes": self.compulsory, "ratio": round(self.ratio, 4),
+                "allowed_ratio": self.allowed, "kernels": self.kernels,
+                "by_tensor": list(self.by_arg.values())}
+
+
+@dataclass
+class CaseReport:
+    op: str
+    case: object
+    target: Target
+    device: DeviceSpec
+    kernels: list[KernelReport] = field(default_factory=list)
+    directions: list[DirectionBytes] = field(default_factory=list)
+    findings: list = field(default_factory=list)
+    note: str = ""
+    skipped: str = ""
+    error: str = ""  # the op raised while its launches were captured
+
+    @property
+    def all_findings(self) -> list:
+        return self.findings + [f for k in self.kernels for f in k.findings]
+
+
+def _same_file(a: str, b: str) -> bool:
+    return a == b or os.path.realpath(a) == os.path.realpath(b)
+
+
+def analyse_kernel(launch: Launch, compiled: Compiled, target: Target, device: DeviceSpec,
+                   design: KernelDesign) -> KernelReport:
+    report = KernelReport(launch, compiled, design)
+    if compiled.error:
+        return report
+    p = compiled.ptxas
+    report.registers = p.get("registers", 0)
+    report.spill_stores, report.spill_loads = p.get("spill_stores", 0), p.get("spill_loads", 0)
+    report.stack = p.get("stack", 0)
+    report.smem = int(compiled.meta.get("shared", 0) or 0) + p.get("smem_static", 0)
+    num_warps = int(compiled.meta.get("num_warps", launch.num_warps))
+    report.occupancy = occupancy(target.limits, num_warps, report.registers, report.smem)
+    report.waves = Waves(launch.programs, device.sm_count, report.occupancy.blocks_per_sm)
+    instrs = sass.parse(compiled.text("sass"))
+    report.mix = sass.mix(instrs)
+    report.has_dot = "tt.dot" in compiled.text("ttir") or "tt.dot_scaled" in compiled.text("ttir")
+    report.accesses = _join(launch, sass.accesses_by_line(instrs))
+    return report
+
+
+def _join(launch: Launch, by_line: dict) -> list[Access]:
+    """Interpreter sites joined with the SASS lines they compiled to; SASS lines no site
+    explains (nothing was measured) are kept with arg '?'."""
+    out, used = [], set()
+    for site in sorted(launch.sites.values(), key=lambda s: (s.line, s.kind)):
+        first, last = statement_span(site.file, site.line)
+        match = None
+        for key, acc in by_line.items():
+            if first <= key[1] <= last and key[2] == site.kind and _same_file(key[0], site.file):
+                if match is None:
+                    match = sass.LineAccess(site.file, site.line, site.kind)
+                match.widths.update(acc.widths)
+                used.add(key)
+        arg = launch.arg(site.arg)
+        parameter = (arg is not None and arg.kind == "tensor" and len(arg.shape) == 1
+                     and site.numel >= arg.shape[0])
+        out.append(Access(site.kind, site.arg, site.file, site.line,
+                          source_line(site.file, site.line).strip(), site.widest_bits, match,
+                          site, parameter))
+    for key, acc in sorted(by_line.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        if key not in used and key[0] and not key[0].endswith(("standard.py", "core.py")):
+            out.append(Access(key[2], "?", key[0], key[1], source_line(key[0], key[1]).strip(),
+                              0, acc, None))
+    return out
+
+
+def direction_bytes(spec: OpSpec, capture: Capture) -> list[DirectionBytes]:
+    """Per direction, the bytes the interpreter counted against cost(case, direction)."""
+    out = []
+    for d in ("fwd", "bwd"):
+        launches = capture.direction(d)
+        if not launches or not all(l.measured for l in launches):
+            continue
+        cost = spec.cost(capture.case, d)
+        if cost is None:
+            continue
+        by_arg: dict = {}
+        for l in launches:
+            for s in l.sites.values():
+                a = l.arg(s.arg)
+                tensor = a is not None and a.kind == "tensor"
+                key = (a.lo, a.hi) if tensor else (l.kernel, s.arg)
+                entry = by_arg.setdefault(key, {"arg": s.arg, "kernels": [], "loaded": 0,
+                                                "stored": 0, "size": 0})
+                if l.kernel not in entry["kernels"]:
+                    entry["kernels"].append(l.kernel)
+                entry["loaded" if s.kind == "load" else "stored"] += s.bytes
+                if tensor:
+                    numel = 1
+                    for n in a.shape:
+                        numel *= n
+                    entry["size"] = numel * s.itemsize
+        designs = [spec.design(l.kernel) for l in launches]
+        allowed = max(x.bytes_ratio for x in designs)
+        why = "; ".join(sorted({x.why for x in designs if x.why}))
+        out.append(DirectionBytes(d, sum(l.loaded + l.stored for l in launches), cost.bytes,
+                                  [l.kernel for l in launches], by_arg, allowed, why))
+    return out

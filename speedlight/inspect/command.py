@@ -1,0 +1,229 @@
+"""`speedlight inspect`: what the compiler made of an op's kernels, for any GPU, with or
+without one.
+
+    speedlight inspect rms_norm                               # a representative case, sm_90a
+    speedlight inspect rms_norm --case rows4096-hidden4095 --dump kernels/
+    speedlight inspect softmax --target sm_100a --sku b200
+    speedlight inspect --all --target sm_90a                  # every op on its quick suite
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import uuid
+from pathlib import Path
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("op", nargs="?", default=None,
+                   help="the op to inspect (or several, comma-separated); omit with --all")
+    p.add_argument("--all", action="store_true", help="every op, on its --suite")
+    p.add_argument("--case", default=None, metavar="ID",
+                   help="a case id or label from the op's suites (rms_norm-rows4096-hidden4096-"
+                        "bf16, rows4096-hidden4096), or any shape in that form "
+                        "(rows4096-hidden4095-strided); default: a 4096-token model case")
+    p.add_argument("--suite", default="quick", choices=("quick", "model", "full"),
+                   help="the suite --all covers (default quick)")
+    p.add_argument("--dtype", default="bf16",
+                   help="case dtype when --case names none (default bf16)")
+    p.add_argument("--target", default=None,
+                   help="sm_90a, sm_80, sm_100a, sm_89... or native (the GPU here); default: "
+                        "native with a GPU, else sm_90a")
+    p.add_argument("--sku", default=None,
+                   help="the GPU whose SM count sizes the launches and counts waves (h100-sxm, "
+                        "h200, a100-sxm, b200...); default: the target's first SKU")
+    p.add_argument("--dump", default=None, metavar="DIR",
+                   help="write TTIR, TTGIR, LLIR, PTX, cubin and SASS of every kernel here")
+    p.add_argument("--mode", default="auto", choices=("auto", "run", "sample", "dry"),
+                   help="how launches run while captured: run (every program; bytes counted "
+                        "under the interpreter), sample (a few programs: layout only), dry (none); "
+                        "auto runs cases the interpreter can afford and samples the rest")
+    p.add_argument("--no-backward", action="store_true", help="forward launches only")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if a kernel falls short of its design (vector width, spills, "
+                        "occupancy, bytes); see spec.KernelDesign")
+    p.add_argument("--spec", action="append", default=[], metavar="FILE",
+                   help="a Python file defining SPEC or SPECS (your own op); repeatable")
+    p.add_argument("--only-spec", action="store_true", help="only the ops of --spec files")
+    p.add_argument("--jobs", type=int, default=None, help="compile worker processes")
+    p.add_argument("--out", default="speedlight-results", help="folder for inspect.jsonl")
+
+
+def find_case(spec, text: str, dtype):
+    """A case of the op by id or label (searched in every suite), or one parsed from it."""
+    from speedlight.spec import DTYPES, LAYOUTS, Case, parse_dtype
+
+    for suite in [x for x in ("quick", "model", "full") if x in spec.suites]:
+        for base in spec.cases(suite):
+            for d in ([dtype] + [x for x in DTYPES.values() if x != dtype]):
+                c = base.with_(dtype=d)
+                if text in (c.id, f"{c.label}-{_dt(c)}") or (text == c.label and d == dtype):
+                    return c
+    tokens = text.split("-")
+    if tokens and tokens[0] == spec.name:
+        tokens = tokens[1:]
+    known = [c for x in ("quick", "model", "full") if x in spec.suites for c in spec.cases(x)]
+    names = [k for k, _ in known[0].params] if known else []
+    params, flags, layout = {}, {}, "contiguous"
+    for tok in tokens:
+        m = re.fullmatch(r"([a-z_]+?)(\d+)", tok)
+        if tok in LAYOUTS:
+            layout = tok
+        elif tok.lower() in DTYPES or tok.lower() in ("float32", "float16", "bfloat16"):
+            dtype = parse_dtype(tok)
+        elif m and m.group(1) in names:
+            params[m.group(1)] = int(m.group(2))
+        elif m:
+            flags[m.group(1)] = int(m.group(2))
+        elif tok.startswith("no") and len(tok) > 2:
+            flags[tok[2:]] = False
+        elif tok:
+            flags[tok] = True
+    missing = [n for n in names if n not in params]
+    if missing or not names:
+        raise ValueError(f"case {text!r} is not in {spec.name}'s suites and names no "
+                         f"{', '.join(missing) or 'shape'}; write it like "
+                         f"{known[0].label if known else 'rows4096-hidden4096'}")
+    return Case(spec.name, tuple((n, params[n]) for n in names), dtype=dtype, layout=layout,
+                flags=flags)
+
+
+def _dt(case) -> str:
+    from speedlight.spec import dtype_name
+    return dtype_name(case.dtype)
+
+
+REPRESENTATIVE_BYTES = 256 * 2**20  # the inputs of a default case must fit a laptop
+
+
+def representative(spec, dtype):
+    """The op's model-suite case of the first model in shapes.MODELS it covers (Llama 3 8B
+    for most ops) at 4096 tokens, or at 512 or 1 when that would move more than
+    REPRESENTATIVE_BYTES (a 128K-word vocabulary); else its first quick case."""
+    from speedlight import shapes
+
+    order = {name: i for i, name in enumerate(shapes.MODELS)}
+    model = sorted(spec.cases("model") if "model" in spec.suites else [],
+                   key=lambda c: order.get(c.model, len(order)))
+    for tokens in (4096, 512, 1):
+        for c in model:
+            c = c.with_(dtype=dtype)
+            if c.params and c.params[0][1] == tokens and \
+                    spec.cost(c, "fwd").bytes <= REPRESENTATIVE_BYTES:
+                return c
+    quick = spec.cases("quick") if "quick" in spec.suites else []
+    if not quick:
+        raise ValueError(f"op {spec.name} has no cases")
+    return quick[0].with_(dtype=dtype)
+
+
+def _rows(report, env: dict, run_id: str) -> list[dict]:
+    base = {"tool": "inspect", "op": report.op, "implementation": "speedlight",
+            "case_id": report.case.id, "case": report.case.to_json(),
+            "target": report.target.name, "sku": report.device.key,
+            "sm_count": report.device.sm_count, "run": run_id, **env}
+    if report.skipped or report.error or not report.kernels:
+        status = "skip" if report.skipped else "error" if report.error else "no-launch"
+        return [dict(base, level="case", status=status,
+                     reason=report.skipped or report.error or report.note)]
+    rows = [dict(base, level="kernel", note=report.note, **k.to_json()) for k in report.kernels]
+    rows += [dict(base, level="bytes", **d.to_json(),
+                  findings=[f.to_json() for f in report.findings
+                            if f.kernel == "+".join(d.kernels)]) for d in report.directions]
+    return rows
+
+
+def _dump(report, folder: Path) -> int:
+    n = 0
+    for k in report.kernels:
+        if k.compiled.error:
+            continue
+        stem = f"{k.launch.direction}{k.launch.index}-{k.compiled.name}"
+        k.compiled.dump(folder / report.op / report.case.id, stem)
+        n += 1
+    return n
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from speedlight import hardware, registry, results
+    from speedlight.inspect import display, guard
+    from speedlight.inspect.compile import Compiler, parse_target
+    from speedlight.inspect.run import default_device, inspect_cases
+    from speedlight.spec import parse_dtype
+    from speedlight.verify.display import make_console
+
+    console = make_console()
+    if not args.all and not args.op and not args.spec:
+        raise SystemExit("speedlight inspect: name an op (speedlight inspect rms_norm) or --all")
+    if args.all and args.case:
+        raise SystemExit("speedlight inspect: --case names one case of one op; drop --all")
+    device = torch.device(args.device)
+    try:
+        target = parse_target(args.target or ("native" if device.type == "cuda" else "sm_90a"))
+        sku = hardware.get_device_spec(args.sku) if args.sku else default_device(target)
+        dtype = parse_dtype(args.dtype)
+        names = None if args.all or not args.op else [n.strip() for n in args.op.split(",")]
+        specs = registry.select(names, args.spec, include_builtin=not args.only_spec)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        raise SystemExit(f"speedlight inspect: {str(e).strip(chr(39))}")
+    if target.native and device.type != "cuda":
+        raise SystemExit("speedlight inspect: --target native needs the GPU (--device cuda)")
+    if device.type == "cpu":
+        console.print(f"[dim]No GPU in use: kernels are compiled for {target.name} without one; "
+                      f"launches are captured under the Triton interpreter, sized for "
+                      f"{sku.name} ({sku.sm_count} SMs).[/]")
+
+    work = []
+    for spec in specs:
+        try:
+            if args.case:
+                work.append((spec, find_case(spec, args.case, dtype)))
+            elif args.all:
+                if args.suite not in spec.suites:
+                    console.print(f"[yellow]{spec.name} has no {args.suite} suite: left out[/]")
+                    continue
+                work += [(spec, c.with_(dtype=dtype)) for c in spec.cases(args.suite)]
+            else:
+                work.append((spec, representative(spec, dtype)))
+        except ValueError as e:
+            raise SystemExit(f"speedlight inspect: {e}")
+
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("capturing launches", total=len(work))
+
+        def advance(spec, case):
+            progress.update(task, description=f"captured {spec.name} {case.label}")
+            progress.advance(task)
+
+        reports = inspect_cases(work, target, device=device, sku=sku,
+                                compiler=Compiler(jobs=args.jobs), mode=args.mode,
+                                backward=not args.no_backward, on_case=advance)
+
+    if len(reports) == 1:
+        display.print_case(reports[0], console)
+    else:
+        display.print_summary(reports, console, title=f"speedlight inspect for {target.name} "
+                              f"(launches sized for {sku.name}, {sku.sm_count} SMs)")
+    env = results.environment(device)
+    run_id = uuid.uuid4().hex[:12]
+    out_path = Path(args.out) / "inspect.jsonl"
+    results.append_jsonl(out_path, [row for r in reports for row in _rows(r, env, run_id)])
+    console.print(f"[dim]rows written to {out_path}[/]")
+    if args.dump:
+        n = sum(_dump(r, Path(args.dump)) for r in reports)
+        console.print(f"[dim]{n} kernels' TTIR, TTGIR, LLIR, PTX, cubin and SASS written under "
+                      f"{args.dump}[/]")
+    failed = [r for r in reports if r.error] + [k for r in reports for k in r.kernels
+                                                 if k.compiled.error]
+    if args.check:
+        shortfalls = [s for r in reports for s in guard.check(r)]
+        for s in shortfalls:
+            console.print(f"[red]short of design[/] {s}", highlight=False)
+        if shortfalls:
+            return 1
+    return 1 if failed else 0

@@ -1,0 +1,181 @@
+"""Rich tables of what inspect found: kernels, their global accesses, bytes moved, and
+the findings in plain words."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from speedlight.inspect.analysis import CaseReport, KernelReport
+from speedlight.spec import dtype_name
+
+_SEVERITY = {"error": "bold red", "warn": "yellow", "info": "dim"}
+
+
+def _widths(counter, op: str) -> str:
+    return " ".join(f"{w}x{n}" for w, n in sorted(counter.items(), reverse=True)) or "-"
+
+
+def _tc(k: KernelReport) -> str:
+    parts = [f"{op} {n}" for op, n in sorted(k.mix.tensor_core.items())]
+    parts += [f"{op} {n}" for op, n in sorted(k.mix.tma.items())]
+    return ", ".join(parts) or "-"
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def short_name(kernel: str) -> str:
+    """_rms_norm_fwd_kernel -> rms_norm_fwd (for tables)."""
+    name = kernel.lstrip("_")
+    return name[: -len("_kernel")] if name.endswith("_kernel") else name
+
+
+def kernel_table(reports: Sequence[CaseReport], *, title: str, with_case: bool) -> Table:
+    t = Table(title=title, title_justify="left", pad_edge=False)
+    matrix = any(k.mix and (k.mix.tensor_core or k.mix.tma) for r in reports for k in r.kernels)
+    cols = (["case"] if with_case else []) + [
+        "dir", "kernel", "grid", "warps", "regs", "spill", "smem", "occupancy", "waves",
+        "LDG bits", "STG bits"] + (["MMA / TMA"] if matrix else []) + ["moved"]
+    right = {"warps", "regs", "spill", "smem", "waves", "moved"}
+    for c in cols:
+        t.add_column(c, justify="right" if c in right else "left",
+                     overflow="fold" if c in ("case", "kernel") else "ellipsis")
+    for r in reports:
+        for k in r.kernels:
+            l = k.launch
+            head = [f"{r.op} {r.case.label} {dtype_name(r.case.dtype)}"] if with_case else []
+            name = short_name(l.kernel) if with_case else l.kernel
+            grid = "x".join(str(g) for g in l.grid if g > 1) or "1"
+            if k.compiled.error:
+                t.add_row(*head, l.direction, name, grid, str(l.num_warps),
+                          *["-"] * (len(cols) - len(head) - 5), "[bold red]compile failed[/]")
+                continue
+            occ = k.occupancy
+            spill = f"[yellow]{k.spill_stores} B[/]" if k.spill_stores else "0"
+            moved = _bytes(l.loaded + l.stored) if l.measured else "-"
+            t.add_row(*head, l.direction, name, grid, str(l.num_warps), str(k.registers),
+                      spill, _bytes(k.smem), f"{occ.fraction:.0%} ({occ.limiter})",
+                      f"{k.waves.waves:.2f}", _widths(k.mix.global_loads, "LDG"),
+                      _widths(k.mix.global_stores, "STG"), *([_tc(k)] if matrix else []), moved)
+    return t
+
+
+def access_table(report: CaseReport) -> Table:
+    t = Table(title="global loads and stores (SASS per source line; 'possible' = the widest "
+                    "access the addresses allow)", title_justify="left", pad_edge=False)
+    for c in ("kernel", "line", "", "arg", "source", "SASS", "possible", "row data"):
+        t.add_column(c, overflow="fold" if c == "source" else "ellipsis")
+    for k in report.kernels:
+        for a in k.accesses:
+            sass = a.sass.describe() if a.sass else "-"
+            short = a.bits and a.row_data and a.bits < k.design.vector_bits
+            role = "yes" if a.row_data else "weights" if a.parameter else "-"
+            t.add_row(k.launch.kernel, f"{os.path.basename(a.file)}:{a.line}", a.kind, a.arg,
+                      a.source[:70], f"[yellow]{sass}[/]" if short else sass,
+                      f"{a.possible_bits}-bit" if a.possible_bits else "-", role)
+    return t
+
+
+def bytes_table(reports: Sequence[CaseReport], *, with_case: bool) -> Table | None:
+    rows = [(r, d) for r in reports for d in r.directions]
+    if not rows:
+        return None
+    t = Table(title="bytes moved (interpreter: loads + stores, masked lanes excluded) vs the "
+                    "OpSpec's compulsory bytes", title_justify="left", pad_edge=False)
+    cols = (["case"] if with_case else []) + ["dir", "kernels", "moved", "compulsory",
+                                              "ratio", "design allows"]
+    for c in cols:
+        t.add_column(c, justify="right" if c in ("moved", "compulsory", "ratio",
+                                                  "design allows") else "left",
+                     overflow="fold")
+    for r, d in rows:
+        head = [f"{r.op} {r.case.label} {dtype_name(r.case.dtype)}"] if with_case else []
+        over = d.ratio > d.allowed + 1e-9
+        ratio = f"[yellow]{d.ratio:.3f}[/]" if over else f"{d.ratio:.3f}"
+        names = [short_name(k) for k in d.kernels] if with_case else d.kernels
+        t.add_row(*head, d.direction, ", ".join(names), _bytes(d.measured),
+                  _bytes(d.compulsory), ratio, f"{d.allowed:.2f}")
+    return t
+
+
+def print_findings(reports: Sequence[CaseReport], console: Console, *, with_case: bool,
+                   quiet_info: bool = False) -> None:
+    """Every finding; with quiet_info, warnings and errors only and a count of the rest
+    (they are all in the JSON rows)."""
+    shown, hidden = 0, 0
+    for r in reports:
+        for f in r.all_findings:
+            if quiet_info and f.severity == "info":
+                hidden += 1
+                continue
+            if not shown:
+                console.print("[bold]findings[/]")
+            shown += 1
+            where = f"{r.op} {r.case.label} {dtype_name(r.case.dtype)}: " if with_case else ""
+            kernel = f"{f.kernel}: " if f.kernel else ""
+            console.print(f"  [{_SEVERITY.get(f.severity, '')}]{f.severity}[/] {where}"
+                          f"{kernel}{f.text}", highlight=False, soft_wrap=True)
+    if hidden:
+        console.print(f"[dim]{hidden} informational findings (idle SMs, by-design traffic) are "
+                      f"in the JSON rows[/]")
+    elif not shown:
+        console.print("[green]no findings[/]")
+
+
+def print_case(report: CaseReport, console: Console) -> None:
+    r = report
+    head = (f"speedlight inspect {r.op} {r.case.label} {dtype_name(r.case.dtype)} for "
+            f"{r.target.name} (launches sized for {r.device.name}, {r.device.sm_count} SMs)")
+    if r.skipped:
+        console.print(f"{head}: [yellow]skipped[/]: {r.skipped}")
+        return
+    if r.error:
+        console.print(f"{head}: [bold red]error[/]: {r.error}")
+        return
+    if r.note:
+        console.print(f"[dim]{r.note}[/]")
+    if not r.kernels:
+        console.print(f"{head}: {r.note}")
+        return
+    console.print(kernel_table([r], title=head, with_case=False))
+    for k in r.kernels:
+        spec = ", ".join(_arg_spec(a) for a in k.launch.args)
+        console.print(f"  [dim]{k.launch.kernel} specialised as ({spec})[/]", highlight=False,
+                      soft_wrap=True)
+    console.print(access_table(r))
+    table = bytes_table([r], with_case=False)
+    if table is not None:
+        console.print(table)
+    print_findings([r], console, with_case=False)
+
+
+def _arg_spec(a) -> str:
+    if a.kind == "tensor":
+        return f"{a.name}: *{a.dtype}{' D' if a.spec == 'D' else ''}"
+    if a.kind == "constexpr":
+        return f"{a.name}={a.value}"
+    if a.kind == "int":
+        return f"{a.name}: i{'' if a.spec != 'D' else ' D'}={a.value}"
+    return f"{a.name}: {a.kind}"
+
+
+def print_summary(reports: Sequence[CaseReport], console: Console, *, title: str) -> None:
+    done = [r for r in reports if r.kernels]
+    console.print(kernel_table(done, title=title, with_case=True))
+    table = bytes_table(done, with_case=True)
+    if table is not None:
+        console.print(table)
+    for r in reports:
+        if r.skipped:
+            console.print(f"[yellow]skipped[/] {r.op} {r.case.label}: {r.skipped}")
+        if r.error:
+            console.print(f"[bold red]error[/] {r.op} {r.case.label}: {r.error}")
+    print_findings(done, console, with_case=True, quiet_info=True)

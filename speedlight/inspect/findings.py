@@ -1,0 +1,204 @@
+"""Findings: what a kernel engineer would point out, in plain words, each with its evidence.
+
+  narrow-access   a global load/store of contiguous rows narrower than 128 bits, with the
+                  cause: the layout (strided lanes, rows not 16-byte aligned, a misaligned
+                  view) or what the compiler could not prove (a stride not divisible by 16)
+  spill           registers spilled to local memory
+  no-wgmma        a matrix kernel without the target's matrix instructions (HGMMA on sm_90a,
+                  tcgen05 MMA on sm_100a), or without tensor cores at all
+  occupancy       theoretical occupancy under what the kernel was designed for
+  last-wave       the grid's last wave leaves most of its slots idle
+  idle-sms        fewer programs than SMs
+  re-read         a direction moves more bytes than compulsory (what is read twice)
+  compile-error   the kernel did not compile for the target
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from speedlight.inspect.analysis import Access, CaseReport, DirectionBytes, KernelReport
+
+WARN, INFO, ERROR = "warn", "info", "error"
+
+
+@dataclass
+class Finding:
+    code: str
+    severity: str
+    text: str
+    kernel: str = ""
+    evidence: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"code": self.code, "severity": self.severity, "kernel": self.kernel,
+                "text": self.text, "evidence": self.evidence}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def kernel_findings(k: KernelReport, target_name: str) -> list[Finding]:
+    name = k.launch.kernel
+    if k.compiled.error:
+        return [Finding("compile-error", ERROR, f"{name} did not compile for {target_name}: "
+                        f"{k.compiled.error}", name)]
+    out = []
+    for a in k.accesses:
+        f = _narrow(k, a)
+        if f is not None:
+            out.append(f)
+    spilled = k.spill_stores + k.spill_loads
+    local = sum(k.mix.local.values())
+    if spilled or local:
+        out.append(Finding(
+            "spill", WARN,
+            f"{k.spill_stores} bytes spilled to local memory ({k.spill_loads} bytes reloaded): "
+            f"{k.registers} registers/thread, {k.stack}-byte stack frame, "
+            f"{k.mix.local.get('STL', 0)} STL / {k.mix.local.get('LDL', 0)} LDL instructions",
+            name, {"spill_stores": k.spill_stores, "spill_loads": k.spill_loads,
+                   "registers": k.registers, "stack": k.stack, "local": dict(k.mix.local)}))
+    out += _matrix(k, target_name)
+    occ = k.occupancy
+    if occ.fraction + 1e-9 < k.design.min_occupancy:
+        out.append(Finding(
+            "occupancy", WARN,
+            f"theoretical occupancy {_pct(occ.fraction)} ({occ.warps_per_sm} of "
+            f"{occ.max_warps_per_sm} warps per SM, {occ.blocks_per_sm} programs of "
+            f"{k.launch.num_warps} warps), limited by {occ.limiter} ({k.registers} registers/"
+            f"thread, {k.smem} bytes of shared memory); designed for at least "
+            f"{_pct(k.design.min_occupancy)}", name, occ.to_json()))
+    w = k.waves
+    if w.programs > w.per_wave and w.idle_share >= 0.5:
+        rest = w.programs - w.full_waves * w.per_wave
+        idle = "over 99%" if w.idle_share > 0.99 else _pct(w.idle_share)
+        out.append(Finding(
+            "last-wave", WARN,
+            f"grid of {w.programs} programs on {w.sms} SMs x {w.per_sm} resident = "
+            f"{w.per_wave} per wave: {w.waves:.2f} waves, the last wave runs {rest} "
+            f"program{'s' if rest != 1 else ''} in {w.per_wave} slots ({idle} idle)", name,
+            w.to_json()))
+    elif w.programs < w.sms:
+        out.append(Finding(
+            "idle-sms", INFO,
+            f"grid of {w.programs} programs on {w.sms} SMs: {w.sms - w.programs} SMs "
+            f"({_pct(1 - w.programs / w.sms)}) have no work", name, w.to_json()))
+    return out
+
+
+def _narrow(k: KernelReport, a: Access) -> Finding | None:
+    """A narrow access to row data, or to rows that would be row data but for the layout."""
+    site = a.site
+    if site is None or a.sass is None:
+        return None
+    want = k.design.vector_bits
+    bits = a.bits
+    threads = 32 * k.launch.num_warps
+    if bits >= want or a.block_bytes < 512 or a.parameter:
+        return None
+    arg = k.launch.arg(a.arg)
+    elems = 16 // site.itemsize
+    what = f"line {a.line} `{_short(a.source)}`: {a.kind}s of {a.arg} are {bits}-bit " \
+           f"({a.sass.describe()})"
+    ev = {"line": a.line, "arg": a.arg, "sass": dict(a.sass.widths),
+          "possible_bits": a.possible_bits}
+    if not site.contiguous:
+        if site.stride_elems == 0:
+            return None
+        if site.stride_elems == -1:
+            cause = "the addresses are gathered (not evenly spaced), so each lane loads alone"
+        else:
+            cause = (f"neighbouring lanes are {site.stride_elems} elements apart (the innermost "
+                     f"dimension is not contiguous: a transposed or strided layout), so each "
+                     f"element is a separate access")
+        ev["lane_stride"] = site.stride_elems
+    elif a.possible_bits >= want and a.block_bytes < threads * want // 8:
+        per = a.block_bytes // threads
+        cause = (f"the block is {site.numel} elements ({a.block_bytes} bytes) spread over "
+                 f"{threads} threads ({k.launch.num_warps} warps): {per} bytes per thread, "
+                 f"less than one {want}-bit access; fewer warps or a bigger tile would allow it")
+        ev["bytes_per_thread"] = per
+    elif a.possible_bits >= want:
+        unspecialised = [x for x in k.launch.args if x.kind == "int" and x.spec != "D"]
+        if unspecialised:
+            listed = ", ".join(f"{x.name}={x.value}" for x in unspecialised)
+            cause = (f"the rows are contiguous and 16-byte aligned, but the compiler cannot "
+                     f"prove it: {listed} {'is' if len(unspecialised) == 1 else 'are'} not a "
+                     f"multiple of 16, so Triton does not specialise "
+                     f"{'it' if len(unspecialised) == 1 else 'them'} as divisible, and an "
+                     f"offset or mask built from them is not known to stay aligned over "
+                     f"{elems} lanes (pad to a multiple of 16 elements, or hint tl.multiple_of)")
+            ev["unspecialised"] = [x.name for x in unspecialised]
+        else:
+            cause = ("the rows are contiguous and every argument is specialised as divisible "
+                     "by 16, so the kernel's own address arithmetic hides the contiguity "
+                     "(an offset the compiler's axis analysis cannot follow)")
+    elif arg is not None and arg.kind == "tensor" and arg.align < 16:
+        cause = (f"{a.arg} starts at an address only {arg.align}-byte aligned (a view at an "
+                 f"offset), so no 16-byte access can start a row")
+        ev["data_ptr_align"] = arg.align
+    elif not site.aligned16 and arg is not None and arg.kind == "tensor" and len(arg.strides) > 1:
+        bad = [s for s in arg.strides[:-1] if s % elems]
+        stride = bad[0] if bad else arg.strides[0]
+        cause = (f"the row stride ({stride} elements) is not a multiple of {elems} elements "
+                 f"(16 bytes), so rows start only {site.align}-byte aligned")
+        ev["row_stride"] = stride
+    elif site.row_bytes < 16:
+        cause = f"each row is only {site.row_bytes} bytes long"
+    else:
+        cause = (f"the rows are {site.row_bytes} bytes long and start {site.align}-byte "
+                 f"aligned: at most {a.possible_bits}-bit accesses fit")
+    return Finding("narrow-access", WARN, f"{what}: {cause}", k.launch.kernel, ev)
+
+
+def _short(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _matrix(k: KernelReport, target_name: str) -> list[Finding]:
+    if not k.has_dot:
+        return []
+    tc = k.mix.tensor_core
+    arch = k.compiled.target.arch
+    name = k.launch.kernel
+    if not tc:
+        return [Finding("no-wgmma", WARN, f"matrix kernel without tensor-core instructions on "
+                        f"{target_name}: tt.dot compiled to FMA (check dtypes and that every "
+                        f"dot dimension is at least 16)", name, {"tensor_core": {}})]
+    if arch == 90 and not any(op in tc for op in ("HGMMA", "QGMMA", "IGMMA")):
+        return [Finding("no-wgmma", WARN, f"matrix kernel without HGMMA on {target_name}: "
+                        f"tt.dot compiled to {', '.join(sorted(tc))} (mma.sync, the sm_80 path) "
+                        f"instead of wgmma; wgmma needs num_warps a multiple of 4 and a tile "
+                        f"of at least 64 rows per warp group", name, {"tensor_core": dict(tc)})]
+    if arch >= 100 and not any(op.startswith("UTC") for op in tc):
+        return [Finding("no-wgmma", WARN, f"matrix kernel without tcgen05 MMA on "
+                        f"{target_name}: tt.dot compiled to {', '.join(sorted(tc))}", name,
+                        {"tensor_core": dict(tc)})]
+    return []
+
+
+def bytes_findings(d: DirectionBytes) -> list[Finding]:
+    if d.ratio <= 1.05 + 1e-9:
+        return []
+    reread = []
+    for v in sorted(d.by_arg.values(), key=lambda v: -(v["loaded"] + v["stored"])):
+        where = f" by {' and '.join(v['kernels'])}" if len(d.kernels) > 1 else ""
+        if v["size"] and v["loaded"] > 1.05 * v["size"]:
+            reread.append(f"{v['arg']} read {v['loaded'] / v['size']:.2f}x its size{where}")
+        if v["size"] and v["stored"] > 1.05 * v["size"]:
+            reread.append(f"{v['arg']} written {v['stored'] / v['size']:.2f}x its size{where}")
+    extra = ", ".join(reread[:4]) or "every argument is touched once; scratch traffic"
+    text = (f"{d.direction} moves {d.ratio:.2f}x its compulsory bytes ({d.measured:,} for "
+            f"{d.compulsory:,}): {extra}")
+    if d.why:
+        text += f" (by design: {d.why})"
+    severity = INFO if d.ratio <= d.allowed + 1e-9 else WARN
+    return [Finding("re-read", severity, text, "+".join(d.kernels), d.to_json())]
+
+
+def case_findings(report: CaseReport) -> None:
+    """Fill every kernel's findings and the case's byte findings."""
+    for k in report.kernels:
+        k.findings = kernel_findings(k, report.target.name)
+    report.findings = [f for d in report.directions for f in bytes_findings(d)]

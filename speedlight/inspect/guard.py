@@ -1,0 +1,140 @@
+"""Hold kernels to what they were designed to compile to (spec.KernelDesign).
+
+A kernel falls short when: a load or store of row data is narrower than the design's
+vector width; it spills; its theoretical occupancy is under the design's; or a direction
+moves more bytes per compulsory byte than its kernels' designs allow. `speedlight inspect
+--check` and the CI guards (tests/inspect/test_guards.py) use these checks.
+
+Guard cases are chosen here too, from an op's "aligned" shapes (every width a multiple of
+16 elements, contiguous, finite inputs), each captured dry (launches recorded, nothing run):
+one case per kernel configuration for the compile checks, and per launch plan the case
+with the most rows the interpreter can run in a budget for the bytes checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from speedlight.inspect.analysis import CaseReport, DirectionBytes, KernelReport
+from speedlight.inspect.capture import Capture, capture_case, interpreter_work
+from speedlight.inspect.compile import Target
+from speedlight.spec import Case, OpSpec, sized_for
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    kernel: str
+    check: str  # vector | spill | occupancy | bytes | compile
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.kernel}: {self.check}: {self.text}"
+
+
+def check_kernel(k: KernelReport) -> list[Shortfall]:
+    name, d = k.launch.kernel, k.design
+    if k.compiled.error:
+        return [Shortfall(name, "compile", k.compiled.error)]
+    out = []
+    for a in k.accesses:
+        if a.row_data and a.bits < d.vector_bits:
+            out.append(Shortfall(name, "vector", f"line {a.line} {a.kind} of {a.arg}: "
+                                 f"{a.sass.describe() if a.sass else 'no global access'}, "
+                                 f"designed for {d.vector_bits}-bit"))
+    if not d.spills and (k.spill_stores or k.spill_loads or sum(k.mix.local.values())):
+        out.append(Shortfall(name, "spill", f"{k.spill_stores} bytes spilled "
+                             f"({k.registers} registers/thread)"))
+    if k.occupancy.fraction + 1e-9 < d.min_occupancy:
+        out.append(Shortfall(name, "occupancy", f"{k.occupancy.fraction:.0%} theoretical "
+                             f"(limited by {k.occupancy.limiter}), designed for at least "
+                             f"{d.min_occupancy:.0%}"))
+    return out
+
+
+def check_direction(d: DirectionBytes) -> list[Shortfall]:
+    if d.ratio <= d.allowed + 1e-9:
+        return []
+    return [Shortfall("+".join(d.kernels), "bytes", f"{d.direction} moves {d.ratio:.3f}x its "
+                      f"compulsory bytes, designed for at most {d.allowed:.2f}x")]
+
+
+def check(report: CaseReport) -> list[Shortfall]:
+    return [s for k in report.kernels for s in check_kernel(k)] + \
+        [s for d in report.directions for s in check_direction(d)]
+
+
+# --- which cases to hold kernels to --------------------------------------------------------
+
+def aligned(case: Case) -> bool:
+    """Every shape parameter after the first (the row / token count) a multiple of 16
+    elements, contiguous, no injected non-finite values: the shapes whose rows Triton can
+    prove 16-byte aligned. It specialises integer arguments on divisibility by 16 only, so
+    a width of 8k (1000) leaves a mask it cannot prove constant over 8 lanes, and 16-bit
+    accesses, which inspect reports as a finding. Every model width is a multiple of 16."""
+    widths = [v for _, v in case.params[1:]]
+    return (case.layout == "contiguous" and not case.flag("nonfinite")
+            and all(isinstance(v, int) and v % 16 == 0 for v in widths))
+
+
+def survey(spec: OpSpec, cases: list[Case], target: Target, sm_count: int,
+           device: torch.device | str = "cpu",
+           max_bytes: int = 64 * 2**20) -> list[tuple[Case, Capture]]:
+    """Each of `cases` captured dry (launches recorded, not run: this costs the inputs
+    only), cheapest first; skipped cases and cases moving more than max_bytes left out."""
+    device = torch.device(device)
+    out = []
+    for case in sorted(cases, key=lambda c: spec.cost(c, "fwd").bytes):
+        if spec.skip(case, device) or spec.cost(case, "fwd").bytes > max_bytes:
+            continue
+        with sized_for(sm_count):
+            out.append((case, capture_case(spec, case, device, arch=target.arch, mode="dry")))
+    return out
+
+
+def kernel_cases(surveyed: list[tuple[Case, Capture]]) -> list[Case]:
+    """The fewest surveyed cases that launch every kernel configuration the others do
+    (function, dtypes, block constexprs, num_warps: Launch.design_key), cheapest first."""
+    chosen, seen = [], set()
+    for case, capture in surveyed:
+        keys = {launch.design_key() for launch in capture.launches}
+        if keys - seen:
+            chosen.append(case)
+            seen |= keys
+    return chosen
+
+
+def bytes_cases(spec: OpSpec, surveyed: list[tuple[Case, Capture]], target: Target,
+                sm_count: int, *, direction: str, budget: int,
+                device: torch.device | str = "cpu") -> tuple[list[Case], dict[tuple, int]]:
+    """One case per launch plan of `direction` (the kernels it launches: a fused kernel, a
+    looped one, a split pair...): the one with the most rows (its first shape parameter;
+    then the fewest bytes) whose full interpreter run stays within `budget`
+    program-iterations (each costs milliseconds on a CPU), forward only for 'fwd'.
+    Most rows, because what a grid re-reads per program (a weight vector, a partial sum)
+    shrinks per byte as rows grow: the case shows the traffic a design amortises, not the
+    launch overhead of a decode step. Also returns the plans no case could afford, each
+    with the fewest program-iterations one would take."""
+    device = torch.device(device)
+    plans: dict[tuple, list[Case]] = {}
+    for case, capture in surveyed:
+        plan = tuple(l.kernel for l in capture.direction(direction))
+        if plan:
+            plans.setdefault(plan, []).append(case)
+    chosen, unaffordable = [], {}
+    for plan, cases in plans.items():
+        order = sorted(cases, key=lambda c: (-c.params[0][1], spec.cost(c, "fwd").bytes))
+        least = None
+        for case in order:
+            with sized_for(sm_count):
+                sample = capture_case(spec, case, device, arch=target.arch, mode="sample",
+                                      backward=direction == "bwd")
+            work = interpreter_work(sample)
+            if work <= budget:
+                chosen.append(case)
+                break
+            least = work if least is None else min(least, work)
+        else:
+            unaffordable[plan] = least
+    return chosen, unaffordable

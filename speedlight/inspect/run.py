@@ -1,0 +1,105 @@
+"""Inspect one case end to end: capture its launches (sized for the chosen GPU), compile
+each for the target, analyse, and collect the findings."""
+
+from __future__ import annotations
+
+import torch
+
+from speedlight import hardware
+from speedlight.hardware import DeviceSpec
+from speedlight.inspect import analysis, findings
+from speedlight.inspect.capture import Capture, capture_case, interpreter_work
+from speedlight.inspect.compile import Compiler, Target
+from speedlight.spec import Case, OpSpec, sized_for
+
+# Under the interpreter each program-iteration (one trip through a kernel's loop body, or
+# a program without a loop) costs milliseconds; a case whose full run would take more than
+# this many is sampled (a few programs per launch), not run in full.
+RUN_WORK_LIMIT = 2000
+
+
+def default_device(target: Target) -> DeviceSpec:
+    """The SKU whose SM count sizes launches and counts waves: the GPU present for 'native',
+    else the first DeviceSpec of the target's compute capability (A100 for sm_80, H100 SXM
+    for sm_90a, B200 for sm_100a)."""
+    if target.native:
+        spec = hardware.current_device_spec()
+        if spec is not None:
+            return spec
+    for d in hardware.DEVICES.values():
+        if d.compute_capability == target.compute_capability:
+            return d
+    raise ValueError(f"no DeviceSpec for {target.name}; pass one explicitly "
+                     f"(known: {', '.join(hardware.DEVICES)})")
+
+
+def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, sku: DeviceSpec,
+             mode: str, backward: bool) -> tuple[Capture, str]:
+    """Capture in `mode`; 'auto' samples first and runs in full when the interpreter can
+    afford it (on a GPU launches always run, compiled)."""
+    if mode == "auto":
+        if device.type == "cuda":
+            mode = "run"
+        else:
+            with sized_for(sku.sm_count):
+                sample = capture_case(spec, case, device, arch=target.arch, mode="sample",
+                                      backward=backward)
+            if interpreter_work(sample) > RUN_WORK_LIMIT:
+                return sample, "sample"
+            mode = "run"
+    with sized_for(sku.sm_count):
+        return capture_case(spec, case, device, arch=target.arch, mode=mode,
+                            backward=backward), mode
+
+
+def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
+                  device: torch.device | str = "cpu", sku: DeviceSpec | None = None,
+                  compiler: Compiler | None = None, mode: str = "auto", backward: bool = True,
+                  on_case=None) -> list[analysis.CaseReport]:
+    """Everything inspect says about each (op, case): every case is captured first, then
+    all their distinct kernels are compiled in one batch (worker processes in parallel)."""
+    device = torch.device(device)
+    sku = sku or default_device(target)
+    compiler = compiler or Compiler()
+    staged = []
+    for spec, case in items:
+        report = analysis.CaseReport(spec.name, case, target, sku)
+        capture = None
+        reason = spec.skip(case, device)
+        if reason:
+            report.skipped = reason
+        else:
+            try:
+                capture, used = _capture(spec, case, device, target, sku, mode, backward)
+            except Exception as e:  # the op failed on this case: reported, the others go on
+                report.error = f"{type(e).__name__}: {e}"
+                staged.append((spec, report, None))
+                continue
+            if used == "sample":
+                report.note = (f"sampled: a few programs of each launch ran under the "
+                               f"interpreter (a full run would take over {RUN_WORK_LIMIT} "
+                               f"program-iterations): access layout only, no byte counts")
+            elif used == "dry":
+                report.note = "dry: launches recorded, not run (no access layout, no byte counts)"
+            if not capture.launches:
+                report.note = "no Triton launch (empty input, or the op ran without a kernel)"
+        staged.append((spec, report, capture))
+        if on_case is not None:
+            on_case(spec, case)
+    launches = [l for _, _, c in staged if c is not None for l in c.launches]
+    compiled = compiler.compile(launches, target) if launches else {}
+    for spec, report, capture in staged:
+        if capture is None or not capture.launches:
+            continue
+        for launch in capture.launches:
+            c = compiled[launch.key(target.name)]
+            report.kernels.append(analysis.analyse_kernel(launch, c, target, sku,
+                                                          spec.design(launch.kernel)))
+        report.directions = analysis.direction_bytes(spec, capture)
+        findings.case_findings(report)
+    return [r for _, r, _ in staged]
+
+
+def inspect_case(spec: OpSpec, case: Case, target: Target, **kwargs) -> analysis.CaseReport:
+    """Everything inspect says about one case of one op (see inspect_cases)."""
+    return inspect_cases([(spec, case)], target, **kwargs)[0]

@@ -1,0 +1,173 @@
+"""Read SASS: the instruction mix of a kernel and the width of each global memory access,
+per source line.
+
+Input is nvdisasm's listing with line info (`nvdisasm -c -gi`), where each run of
+instructions is preceded by `//## File "...", line N [inlined at ...]`. Counts are static
+(an instruction inside a loop counts once).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+_LOC = re.compile(r'^\s*//## File "([^"]+)", line (\d+)')
+_INSTR = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+"  # /*0120*/
+                    r"(?:@!?U?P[T0-9]+\s+)?"  # an optional predicate: @P0, @!UP1, @PT
+                    r"([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")  # LDG.E.128.CONSTANT
+
+TENSOR_CORE = ("HMMA", "HGMMA", "QGMMA", "IMMA", "IGMMA", "BMMA", "DMMA", "OMMA", "UTCHMMA",
+               "UTCQMMA", "UTCIMMA", "UTCOMMA", "UTCMMA", "UTCBMMA")
+TMA = ("UTMALDG", "UTMASTG", "UTMAPF", "UTMAREDG", "UTMACCTL", "UBLKCP", "UBLKRED", "UBLKPF")
+SHARED = ("LDS", "STS", "LDSM", "STSM", "ATOMS", "LDGSTS")
+LOCAL = ("LDL", "STL")
+GLOBAL_LOADS = ("LDG", "LD", "LDGSTS")
+GLOBAL_STORES = ("STG", "ST")
+ATOMICS = ("ATOMG", "ATOM", "RED", "REDG")
+_WIDTH_SUFFIX = {"U8": 8, "S8": 8, "U16": 16, "S16": 16, "32": 32, "64": 64, "128": 128,
+                 "256": 256}
+
+
+@dataclass(frozen=True)
+class Instr:
+    opcode: str  # the mnemonic with its modifiers: LDG.E.128.CONSTANT
+    file: str
+    line: int
+
+    @property
+    def base(self) -> str:
+        return self.opcode.split(".")[0]
+
+    @property
+    def width(self) -> int:
+        """Bits moved per thread by a memory instruction (32 unless a suffix says)."""
+        for part in reversed(self.opcode.split(".")[1:]):
+            if part in _WIDTH_SUFFIX:
+                return _WIDTH_SUFFIX[part]
+        return 32
+
+
+@dataclass
+class Mix:
+    """What a kernel's SASS is made of."""
+
+    total: int = 0
+    by_base: Counter = field(default_factory=Counter)
+    global_loads: Counter = field(default_factory=Counter)  # width -> count
+    global_stores: Counter = field(default_factory=Counter)
+    async_copies: Counter = field(default_factory=Counter)  # LDGSTS (cp.async) by width
+    tensor_core: Counter = field(default_factory=Counter)
+    tma: Counter = field(default_factory=Counter)
+    shared: Counter = field(default_factory=Counter)
+    local: Counter = field(default_factory=Counter)
+    mufu: Counter = field(default_factory=Counter)  # by function: EX2, RCP, RSQ...
+    barriers: int = 0
+    shuffles: int = 0
+    atomics: int = 0
+    generic: int = 0  # LD/ST without a state space: the address could not be proved global
+    wide_addresses: int = 0  # global accesses with .E (64-bit addresses)
+
+    def to_json(self) -> dict:
+        def c(counter):
+            return {str(k): v for k, v in sorted(counter.items(), key=lambda kv: str(kv[0]))}
+        return {"instructions": self.total, "global_loads": c(self.global_loads),
+                "global_stores": c(self.global_stores), "async_copies": c(self.async_copies),
+                "tensor_core": c(self.tensor_core), "tma": c(self.tma), "shared": c(self.shared),
+                "local": c(self.local), "mufu": c(self.mufu), "barriers": self.barriers,
+                "shuffles": self.shuffles, "atomics": self.atomics, "generic": self.generic}
+
+
+def parse(listing: str) -> list[Instr]:
+    """Every instruction with the innermost source location it is attributed to."""
+    out = []
+    file, line = "", 0
+    for text in listing.splitlines():
+        m = _LOC.match(text)
+        if m:
+            file, line = m.group(1), int(m.group(2))
+            continue
+        m = _INSTR.match(text)
+        if m:
+            out.append(Instr(m.group(1), file, line))
+    return out
+
+
+def is_global_load(i: Instr) -> bool:
+    return i.base in ("LDG", "LD")
+
+
+def is_global_store(i: Instr) -> bool:
+    return i.base in ("STG", "ST")
+
+
+def mix(instrs: list[Instr]) -> Mix:
+    m = Mix(total=len(instrs))
+    for i in instrs:
+        b = i.base
+        m.by_base[b] += 1
+        if b in ("LDG", "LD"):
+            m.global_loads[i.width] += 1
+        elif b in ("STG", "ST"):
+            m.global_stores[i.width] += 1
+        elif b == "LDGSTS":
+            m.async_copies[i.width] += 1
+        if b in ("LD", "ST"):
+            m.generic += 1
+        if b in ("LDG", "STG", "LDGSTS") and "E" in i.opcode.split(".")[1:]:
+            m.wide_addresses += 1
+        if b in TENSOR_CORE:
+            m.tensor_core[b] += 1
+        if b in TMA:
+            m.tma[b] += 1
+        if b in SHARED and b != "LDGSTS":
+            m.shared[b] += 1
+        if b in LOCAL:
+            m.local[b] += 1
+        if b == "MUFU":
+            fn = i.opcode.split(".")[1] if "." in i.opcode else "?"
+            m.mufu[fn] += 1
+        if b in ("BAR", "BARRIER"):
+            m.barriers += 1
+        if b == "SHFL":
+            m.shuffles += 1
+        if b in ATOMICS:
+            m.atomics += 1
+    return m
+
+
+@dataclass
+class LineAccess:
+    """The global loads or stores SASS issues for one source line."""
+
+    file: str
+    line: int
+    kind: str  # load | store
+    widths: Counter = field(default_factory=Counter)  # bits -> instruction count
+
+    @property
+    def narrowest(self) -> int:
+        return min(self.widths) if self.widths else 0
+
+    @property
+    def widest(self) -> int:
+        return max(self.widths) if self.widths else 0
+
+    def describe(self) -> str:
+        op = "LDG" if self.kind == "load" else "STG"
+        return ", ".join(f"{op}.{w} x{n}" for w, n in sorted(self.widths.items(), reverse=True))
+
+
+def accesses_by_line(instrs: list[Instr]) -> dict[tuple[str, int, str], LineAccess]:
+    """(file, line, kind) -> the widths of the global memory instructions it compiled to."""
+    out: dict[tuple[str, int, str], LineAccess] = {}
+    for i in instrs:
+        kind = "load" if is_global_load(i) else "store" if is_global_store(i) else None
+        if kind is None:
+            continue
+        key = (i.file, i.line, kind)
+        acc = out.get(key)
+        if acc is None:
+            acc = out[key] = LineAccess(i.file, i.line, kind)
+        acc.widths[i.width] += 1
+    return out

@@ -1,0 +1,156 @@
+"""Triton kernel of rotary position embedding (RoPE), forward and backward in one.
+
+Each pair (x1, x2) of a head's first rot_dim dims is rotated by its position's angle:
+  y1 = x1 * c1 - x2 * s1,   y2 = x2 * c2 + x1 * s2,
+with (c1, c2, s1, s2) the cos/sin entries at the two members of the pair. The pairs are
+(i, i + rot_dim/2) in the rotate-half layout (Llama, NeoX) and (2i, 2i + 1) in the
+interleaved one (GPT-J); dims from rot_dim to head_dim pass through unchanged. This is the
+Hugging Face formula `x * cos + rotate_half(x) * sin` element for element, whatever values
+cos and sin hold.
+
+Backward. The Jacobian of (y1, y2) in (x1, x2) is [[c1, -s1], [s2, c2]], so
+  dx1 = dy1 * c1 + dy2 * s2,   dx2 = dy2 * c2 - dy1 * s1:
+the forward formula applied to (dy1, dy2) with (s1, s2) replaced by (-s2, -s1). With RoPE's
+cos/sin (c1 = c2, s1 = s2) that is the rotation by -theta. The same kernel computes it
+under BACKWARD=True.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rope_heads(
+    x_ptr, y_ptr, n_heads, b, s, mask_t, dim_a, dim_b, mask_r, c1, c2, sa, sb, rot_dim, n_pass,
+    stride_xb, stride_xs, stride_xh, stride_xd, stride_yb, stride_ys, stride_yh, stride_yd,
+    INTERLEAVED: tl.constexpr, HAS_PASS: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    """Rotate every head of one tensor (q or k) at the BLOCK_T tokens (b, s) of a program.
+
+    x_ptr, y_ptr [batch, seq, n_heads, head_dim] (own strides); b, s, mask_t [BLOCK_T];
+    dim_a, dim_b, mask_r [BLOCK_R]: the dims of each pair's two members (INTERLEAVED pairs,
+    dim_b = dim_a + 1, are loaded and stored as adjacent twos: [BT, BH, BR, 2], vectorized);
+    c1, c2, sa, sb [BLOCK_T, 1, BLOCK_R] fp32: y1 = x1 * c1 - x2 * sa, y2 = x2 * c2 + x1 * sb.
+    Heads are taken BLOCK_H at a time; dims [rot_dim, rot_dim + n_pass) are copied.
+    """
+    x_tok = (x_ptr + b * stride_xb + s * stride_xs)[:, None, None]  # [BT, 1, 1]
+    y_tok = (y_ptr + b * stride_yb + s * stride_ys)[:, None, None]
+    for h0 in range(0, n_heads, BLOCK_H):
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        heads = offs_h.to(tl.int64)[None, :, None]
+        mask_th = mask_t[:, None, None] & (offs_h < n_heads)[None, :, None]  # [BT, BH, 1]
+        mask = mask_th & mask_r[None, None, :]
+        x_head = x_tok + heads * stride_xh
+        y_head = y_tok + heads * stride_yh
+        if INTERLEAVED:
+            pair = dim_a[:, None] + tl.arange(0, 2)[None, :]  # [BR, 2]
+            mask2 = mask[:, :, :, None]  # broadcast over the pair by load and store
+            x = tl.load(x_head[:, :, :, None] + pair[None, None, :, :] * stride_xd, mask=mask2,
+                        other=0.0).to(tl.float32)
+            x1, x2 = tl.split(x)
+        else:
+            x1 = tl.load(x_head + dim_a[None, None, :] * stride_xd, mask=mask, other=0.0)
+            x2 = tl.load(x_head + dim_b[None, None, :] * stride_xd, mask=mask, other=0.0)
+            x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+        # [BT, BH, BR] * [BT, 1, BR] -> [BT, BH, BR]
+        y1 = x1 * c1 - x2 * sa
+        y2 = x2 * c2 + x1 * sb
+        if INTERLEAVED:
+            y = tl.join(y1, y2)  # [BT, BH, BR, 2]
+            tl.store(y_head[:, :, :, None] + pair[None, None, :, :] * stride_yd,
+                     y.to(y_ptr.dtype.element_ty), mask=mask2)
+        else:
+            out_ty = y_ptr.dtype.element_ty
+            tl.store(y_head + dim_a[None, None, :] * stride_yd, y1.to(out_ty), mask=mask)
+            tl.store(y_head + dim_b[None, None, :] * stride_yd, y2.to(out_ty), mask=mask)
+        if HAS_PASS:
+            offs_p = rot_dim + tl.arange(0, BLOCK_P)
+            mask_p = mask_th & (offs_p < rot_dim + n_pass)[None, None, :]
+            x = tl.load(x_head + offs_p[None, None, :] * stride_xd, mask=mask_p)
+            tl.store(y_head + offs_p[None, None, :] * stride_yd, x, mask=mask_p)
+
+
+@triton.jit
+def _rope_kernel(
+    q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr, q_out_ptr, k_out_ptr,
+    n_tokens, seq_len, n_q_heads, n_k_heads, half, n_pass, max_pos,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_qob, stride_qos, stride_qoh, stride_qod,
+    stride_kob, stride_kos, stride_koh, stride_kod,
+    stride_cb, stride_cs, stride_cr, stride_sb, stride_ss, stride_sr,
+    stride_pb, stride_ps,
+    HAS_POS: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+    HAS_PASS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """q_out, k_out = rope(q), rope(k) at BLOCK_T tokens per program, q and k in one launch.
+
+    q_ptr, q_out_ptr [batch, seq, n_q_heads, head_dim]; k_ptr, k_out_ptr [batch, seq,
+    n_k_heads, head_dim] (each with its own strides; n_q_heads != n_k_heads under GQA).
+    Token t is (b, s) = divmod(t, seq_len). Without positions (HAS_POS=False) cos_ptr and
+    sin_ptr are [batch, seq, rot_dim] (stride 0 along a broadcast dim); with HAS_POS they are a
+    cache [max_pos, rot_dim] (row stride in stride_cs / stride_ss) read at row
+    pos_ptr[b, s] (int32/int64), and a position outside [0, max_pos) reads nothing and makes
+    that token's rotated dims NaN. INTERLEAVED picks the pairs (2i, 2i + 1) over
+    (i, i + half); BACKWARD computes the gradient (the rotation's transpose); HAS_PASS=False
+    removes the pass-through copy when rot_dim == head_dim. BLOCK_R >= half,
+    BLOCK_P >= n_pass; heads go BLOCK_HQ (q) and BLOCK_HK (k) at a time.
+    """
+    pid_t = tl.program_id(0)
+    offs_t = pid_t.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    mask_t = offs_t < n_tokens
+    b = offs_t // seq_len
+    s = offs_t % seq_len
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_r = offs_r < half
+    if INTERLEAVED:
+        dim_a = 2 * offs_r
+        dim_b = dim_a + 1
+    else:
+        dim_a = offs_r
+        dim_b = offs_r + half
+
+    if HAS_POS:
+        pos = tl.load(pos_ptr + b * stride_pb + s * stride_ps, mask=mask_t, other=0).to(tl.int64)
+        valid = (pos >= 0) & (pos < max_pos)
+        cos_row = cos_ptr + pos * stride_cs
+        sin_row = sin_ptr + pos * stride_ss
+    else:
+        valid = mask_t
+        cos_row = cos_ptr + b * stride_cb + s * stride_cs
+        sin_row = sin_ptr + b * stride_sb + s * stride_ss
+    mask_cs = (mask_t & valid)[:, None] & mask_r[None, :]  # [BT, BR]
+    cos_a = cos_row[:, None] + dim_a[None, :] * stride_cr  # [BT, BR] pointers
+    cos_b = cos_row[:, None] + dim_b[None, :] * stride_cr
+    sin_a = sin_row[:, None] + dim_a[None, :] * stride_sr
+    sin_b = sin_row[:, None] + dim_b[None, :] * stride_sr
+    c1 = tl.load(cos_a, mask=mask_cs, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_b, mask=mask_cs, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_a, mask=mask_cs, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_b, mask=mask_cs, other=0.0).to(tl.float32)
+    if HAS_POS:  # no cos/sin for this position: its rotated dims come out NaN
+        c1 = tl.where(valid[:, None], c1, float("nan"))
+        c2 = tl.where(valid[:, None], c2, float("nan"))
+    if BACKWARD:
+        sa = -s2
+        sb = -s1
+    else:
+        sa = s1
+        sb = s2
+    c1 = c1[:, None, :]  # [BT, 1, BR]: one row per token, broadcast over heads
+    c2 = c2[:, None, :]
+    sa = sa[:, None, :]
+    sb = sb[:, None, :]
+    rot_dim = 2 * half
+    _rope_heads(q_ptr, q_out_ptr, n_q_heads, b, s, mask_t, dim_a, dim_b, mask_r,
+                c1, c2, sa, sb, rot_dim, n_pass,
+                stride_qb, stride_qs, stride_qh, stride_qd,
+                stride_qob, stride_qos, stride_qoh, stride_qod,
+                INTERLEAVED, HAS_PASS, BLOCK_HQ, BLOCK_P)
+    _rope_heads(k_ptr, k_out_ptr, n_k_heads, b, s, mask_t, dim_a, dim_b, mask_r,
+                c1, c2, sa, sb, rot_dim, n_pass,
+                stride_kb, stride_ks, stride_kh, stride_kd,
+                stride_kob, stride_kos, stride_koh, stride_kod,
+                INTERLEAVED, HAS_PASS, BLOCK_HK, BLOCK_P)

@@ -1,0 +1,514 @@
+"""Cross-entropy over logits [..., vocab] with integer targets [...]: the loss and its
+gradient in one pass over the logits (the backward only scales that gradient), with
+torch's reductions, ignore_index and label smoothing, plus z-loss and logit soft-capping.
+fp32 arithmetic whatever the logits dtype; the loss has the logits' dtype, as in torch.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional
+
+import torch
+import triton
+
+from speedlight import reference, shapes
+from speedlight.kernels.cross_entropy import (
+    _cross_entropy_bwd_kernel,
+    _cross_entropy_fwd_kernel,
+    _cross_entropy_split_finish_kernel,
+    _cross_entropy_split_stats_kernel,
+)
+from speedlight.ops._common import (
+    check_runtime,
+    check_same_device,
+    check_tensor,
+    describe,
+    row_tile,
+    sm_count,
+)
+from speedlight.spec import Case, Cost, OpSpec, generator, inject_nonfinite, rand_tensor
+
+REDUCTIONS = ("mean", "sum", "none")
+TARGET_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+# Rows up to this many columns are held in registers (logits read once); longer rows take
+# the two-pass kernels, in chunks of LOOP_BLOCK_N. The interpreter takes the same paths
+# for the same shapes, so CPU tests exercise what the GPU runs.
+MAX_FUSED_N = 8192
+LOOP_BLOCK_N = 4096
+SPLIT_SPAN = 16384  # columns per program when few long rows are split across programs
+
+
+# --- launchers (usable without autograd) --------------------------------------------------
+
+def _rows_layout(t: torch.Tensor, seq: int | None = None
+                 ) -> tuple[int, tuple[int, int, int]] | None:
+    """(seq, (stride_b, stride_s, stride_v)) that address t's rows as [batch, seq] without a
+    copy (with the given seq, so that two tensors share one row numbering), or None when
+    t's leading dims cannot be read that way."""
+    n_cols = t.shape[-1]
+    if seq is not None:
+        try:
+            return seq, tuple(t.view(-1, seq, n_cols).stride())
+        except RuntimeError:
+            return None
+    try:
+        flat = t.view(-1, n_cols)
+        return max(flat.shape[0], 1), (0, flat.stride(0), flat.stride(1))
+    except RuntimeError:
+        pass
+    if t.dim() >= 3:
+        try:
+            bsv = t.view(-1, t.shape[-2], n_cols)
+            return bsv.shape[1], tuple(bsv.stride())
+        except RuntimeError:
+            pass
+    return None
+
+
+def _check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> None:
+    """ValueError if a target is neither ignore_index nor in [0, n_cols). One reduction over
+    the targets, and on CUDA one host sync to read its result."""
+    flat = target.reshape(-1)
+    bad = (flat != ignore_index) & ((flat < 0) | (flat >= n_cols))
+    if not bool(bad.any()):
+        return
+    first = int(bad.nonzero()[0, 0])
+    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), target.shape))
+    raise ValueError(
+        f"target holds {int(bad.sum())} class index(es) outside [0, {n_cols}) (the vocab of "
+        f"logits) that are not ignore_index={ignore_index}; the first is target{list(where)} "
+        f"= {int(flat[first])}")
+
+
+def _fwd_plan(n_rows: int, n_cols: int, device: torch.device) -> dict:
+    if n_cols <= MAX_FUSED_N:
+        block_m, block_n, num_warps = row_tile(n_cols, device, max_block_n=MAX_FUSED_N)
+        return dict(block_m=block_m, block_n=block_n, one_block=True, num_warps=num_warps,
+                    n_splits=1)
+    block_n = LOOP_BLOCK_N
+    if device.type == "cuda":
+        sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        n_splits = 1 if n_rows >= sms else min(triton.cdiv(n_cols, SPLIT_SPAN),
+                                               triton.cdiv(2 * sms, n_rows))
+        block_m, num_warps = 1, 8
+    else:  # split a lone row, so that the interpreter runs the split kernels too
+        n_splits = 1 if n_rows >= 2 else min(4, triton.cdiv(n_cols, SPLIT_SPAN))
+        block_m, num_warps = min(4, triton.next_power_of_2(n_rows)), 4
+    return dict(block_m=block_m, block_n=block_n, one_block=False, num_warps=num_warps,
+                n_splits=max(1, n_splits))
+
+
+def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                      reduction: str = "mean", label_smoothing: float = 0.0,
+                      z_loss: float = 0.0, softcap: float | None = None, *,
+                      compute_grad: bool = True, check_target: bool = True,
+                      grad_out: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(loss, dlogits, n_valid): the loss (logits' dtype; shape () or target's shape for
+    "none"), each token's dloss_i/dlogits_i (None unless compute_grad; a new contiguous
+    tensor, or `grad_out`: pass logits to overwrite them) and, for a mean, the number of
+    non-ignored tokens (int64, 0-dim), by which the backward divides grad_output.
+    check_target: ValueError on a target neither in [0, vocab) nor ignore_index (on CUDA,
+    a host sync); unchecked, such a row gets a NaN loss and a NaN gradient row.
+    """
+    n_cols = logits.shape[-1]
+    n_rows = target.numel()
+    if check_target and n_rows:
+        _check_targets(target, n_cols, ignore_index)
+    if grad_out is None and compute_grad:
+        grad_out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    t = target.reshape(-1)
+    n_valid = (t != ignore_index).sum() if reduction == "mean" else None
+    if n_rows == 0:
+        loss = (logits.new_empty(target.shape) if reduction == "none"
+                else logits.new_zeros(()))
+        return loss, grad_out, n_valid
+    check_runtime(logits, _cross_entropy_fwd_kernel)
+
+    x, x_layout = logits, _rows_layout(logits)
+    if x_layout is None:  # leading dims no [batch, seq] view can express: copy the rows
+        x = logits.reshape(-1, n_cols).contiguous()
+        x_layout = _rows_layout(x)
+    seq = x_layout[0]
+    dx = grad_out
+    if compute_grad:
+        dx_layout = _rows_layout(grad_out, seq)
+        if dx_layout is None:  # an in-place target that no view expresses: write, then copy
+            dx = torch.empty((n_rows, n_cols), dtype=logits.dtype, device=logits.device)
+            dx_layout = _rows_layout(dx, seq)
+    else:
+        dx, dx_layout = x, x_layout  # never written: COMPUTE_GRAD=False
+    (sxb, sxs, sxv), (sdb, sds, sdv) = x_layout[1], dx_layout[1]
+
+    if reduction == "none":
+        loss = torch.empty(target.shape, dtype=logits.dtype, device=logits.device)
+        loss_rows = loss.view(-1)
+    else:
+        loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+    has_softcap = softcap is not None
+    scalars = (int(ignore_index), float(label_smoothing), float(z_loss),
+               float(softcap) if has_softcap else 1.0)
+    flags = dict(HAS_SOFTCAP=has_softcap, COMPUTE_GRAD=compute_grad)
+    plan = _fwd_plan(n_rows, n_cols, logits.device)
+
+    if plan["n_splits"] == 1:
+        grid = (triton.cdiv(n_rows, plan["block_m"]),)
+        _cross_entropy_fwd_kernel[grid](
+            x, t, loss_rows, dx, n_rows, n_cols, seq, sxb, sxs, sxv, t.stride(0),
+            sdb, sds, sdv, *scalars, **flags, ONE_BLOCK=plan["one_block"],
+            BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"], num_warps=plan["num_warps"])
+    else:
+        block_n = plan["block_n"]
+        span = triton.cdiv(triton.cdiv(n_cols, plan["n_splits"]), block_n) * block_n
+        n_splits = triton.cdiv(n_cols, span)
+        stats = torch.empty((5, n_rows, n_splits), dtype=torch.float32, device=logits.device)
+        _cross_entropy_split_stats_kernel[(n_rows, n_splits)](
+            x, t, stats, n_cols, seq, span, n_splits, sxb, sxs, sxv, t.stride(0),
+            scalars[0], scalars[3], HAS_SOFTCAP=has_softcap, BLOCK_N=block_n,
+            num_warps=plan["num_warps"])
+        _cross_entropy_split_finish_kernel[(n_rows, n_splits if compute_grad else 1)](
+            x, t, loss_rows, dx, stats, n_cols, seq, span, n_splits,
+            sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, *scalars, **flags, BLOCK_N=block_n,
+            BLOCK_S=triton.next_power_of_2(n_splits), num_warps=plan["num_warps"])
+
+    if compute_grad and dx is not grad_out:
+        grad_out.copy_(dx.view(grad_out.shape))
+    if reduction == "sum":
+        loss = loss_rows.sum().to(logits.dtype)
+    elif reduction == "mean":
+        loss = (loss_rows.sum() / n_valid.clamp_min(1)).to(logits.dtype)
+    return loss, grad_out, n_valid
+
+
+def _row_grad_scale(grad_loss: torch.Tensor, n_valid: torch.Tensor | None) -> torch.Tensor:
+    """The upstream gradient of each token's loss: grad_loss, over max(n_valid, 1) (in
+    fp32, one rounding) for a mean."""
+    if n_valid is None or n_valid.numel() == 0:
+        return grad_loss
+    return grad_loss.float() / n_valid.clamp_min(1)
+
+
+def cross_entropy_bwd(dlogits: torch.Tensor, grad_output: torch.Tensor, *,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """dlogits * grad_output (one scalar, or one value per token shaped like the targets)
+    in dlogits' dtype; written to `out` when given (dlogits itself scales in place)."""
+    n_cols = dlogits.shape[-1]
+    if out is None:
+        out = torch.empty(dlogits.shape, dtype=dlogits.dtype, device=dlogits.device)
+    if dlogits.numel() == 0:
+        return out
+    check_runtime(dlogits, _cross_entropy_bwd_kernel)
+    n_rows = dlogits.numel() // n_cols
+    d_layout = _rows_layout(dlogits)
+    o_layout = _rows_layout(out, d_layout[0]) if d_layout is not None else None
+    if o_layout is None:  # in place on a layout no view expresses: compute, then copy
+        scaled = cross_entropy_bwd(dlogits.reshape(-1, n_cols).contiguous(), grad_output)
+        return out.copy_(scaled.view(out.shape))
+    (seq, d_strides), o_strides = d_layout, o_layout[1]
+    g = grad_output.reshape(-1)
+    stride_g = 0 if g.numel() == 1 else g.stride(0)
+    device = dlogits.device
+    max_tile = 4096 if device.type == "cuda" else 65536
+    block_n = min(triton.next_power_of_2(n_cols), max_tile)
+    block_m = max(1, min(triton.next_power_of_2(n_rows), max_tile // block_n))
+    grid = (triton.cdiv(n_rows, block_m), triton.cdiv(n_cols, block_n))
+    _cross_entropy_bwd_kernel[grid](
+        dlogits, g, out, n_rows, n_cols, seq, *d_strides, stride_g, *o_strides,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8 if device.type == "cuda" else 4)
+    return out
+
+
+# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+
+@torch.library.custom_op("speedlight::cross_entropy_fwd", mutates_args=())
+def _cross_entropy_fwd_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                          reduction: str, label_smoothing: float, z_loss: float,
+                          softcap: Optional[float], compute_grad: bool,
+                          check_target: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    loss, dlogits, n_valid = cross_entropy_fwd(
+        logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
+        compute_grad=compute_grad, check_target=check_target)
+    return (loss, dlogits if dlogits is not None else logits.new_empty((0,)),
+            n_valid if n_valid is not None else target.new_empty((0,), dtype=torch.int64))
+
+
+@_cross_entropy_fwd_op.register_fake
+def _(logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
+      compute_grad, check_target):
+    loss = logits.new_empty(target.shape if reduction == "none" else ())
+    n_valid = target.new_empty(() if reduction == "mean" else (0,), dtype=torch.int64)
+    return loss, logits.new_empty(logits.shape if compute_grad else (0,)), n_valid
+
+
+@torch.library.custom_op("speedlight::cross_entropy_bwd", mutates_args=())
+def _cross_entropy_bwd_op(dlogits: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    return cross_entropy_bwd(dlogits, grad_output)
+
+
+@_cross_entropy_bwd_op.register_fake
+def _(dlogits, grad_output):
+    return dlogits.new_empty(dlogits.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    _, dlogits, n_valid = output
+    ctx.save_for_backward(dlogits, n_valid)
+    ctx.mark_non_differentiable(dlogits, n_valid)
+
+
+def _backward(ctx, grad_loss, _grad_dlogits, _grad_n_valid):
+    dlogits, n_valid = ctx.saved_tensors
+    grad = torch.ops.speedlight.cross_entropy_bwd(dlogits, _row_grad_scale(grad_loss, n_valid))
+    return grad, None, None, None, None, None, None, None, None
+
+
+_cross_entropy_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# The in-place gradient: the forward overwrites logits with dlogits, the backward scales
+# them in place. Mutating ops carry no autograd formula, so an autograd.Function wraps
+# them. The mutating op bumps logits' version counter: autograd then refuses (at backward)
+# any other op that saved logits. (ctx.mark_dirty is refused for a view such as a causal
+# LM's logits[:, :-1] in a Function with two outputs.)
+
+@torch.library.custom_op("speedlight::cross_entropy_fwd_inplace", mutates_args=("logits",))
+def _cross_entropy_fwd_inplace_op(logits: torch.Tensor, target: torch.Tensor,
+                                  ignore_index: int, reduction: str, label_smoothing: float,
+                                  z_loss: float, softcap: Optional[float],
+                                  check_target: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    loss, _, n_valid = cross_entropy_fwd(logits, target, ignore_index, reduction,
+                                         label_smoothing, z_loss, softcap,
+                                         check_target=check_target, grad_out=logits)
+    return loss, (n_valid if n_valid is not None
+                  else target.new_empty((0,), dtype=torch.int64))
+
+
+@_cross_entropy_fwd_inplace_op.register_fake
+def _(logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap, check_target):
+    loss = logits.new_empty(target.shape if reduction == "none" else ())
+    return loss, target.new_empty(() if reduction == "mean" else (0,), dtype=torch.int64)
+
+
+@torch.library.custom_op("speedlight::cross_entropy_bwd_inplace", mutates_args=("dlogits",))
+def _cross_entropy_bwd_inplace_op(dlogits: torch.Tensor, grad_output: torch.Tensor) -> None:
+    cross_entropy_bwd(dlogits, grad_output, out=dlogits)
+
+
+@_cross_entropy_bwd_inplace_op.register_fake
+def _(dlogits, grad_output):
+    return None
+
+
+class _InplaceCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, reduction, label_smoothing, z_loss,
+                softcap, check_target):
+        loss, n_valid = torch.ops.speedlight.cross_entropy_fwd_inplace(
+            logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
+            check_target)
+        ctx.save_for_backward(logits, n_valid)
+        ctx.mark_non_differentiable(n_valid)
+        return loss, n_valid
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_n_valid):
+        dlogits, n_valid = ctx.saved_tensors
+        torch.ops.speedlight.cross_entropy_bwd_inplace(dlogits,
+                                                        _row_grad_scale(grad_loss, n_valid))
+        return dlogits, None, None, None, None, None, None, None
+
+
+# --- public function ---------------------------------------------------------------------
+
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def check_options(ignore_index, reduction, label_smoothing, z_loss, softcap) -> None:
+    """The checks on cross_entropy's plain arguments (shared with nn.CrossEntropyLoss)."""
+    if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
+        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, "
+                         f"got {reduction!r}")
+    if not _is_number(label_smoothing) or not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
+    if not _is_number(z_loss) or not 0.0 <= z_loss < float("inf"):
+        raise ValueError(f"z_loss must be a finite number >= 0, got {z_loss!r}")
+    if softcap is not None and (not _is_number(softcap) or not 0.0 < softcap < float("inf")):
+        raise ValueError(f"softcap must be None or a finite number > 0, got {softcap!r}")
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
+                  softcap: float | None = None, *, inplace_backward: bool = False,
+                  check_target: bool = True) -> torch.Tensor:
+    """Cross-entropy of logits [..., vocab] against class indices target [...].
+
+    Per token with target t (c = softcap * tanh(logits / softcap) with a softcap, else the
+    logits; lse = logsumexp(c); eps = label_smoothing):
+        loss = (1 - eps) * (lse - c[t]) + eps * (lse - mean(c)) + z_loss * lse^2
+    the first two terms being torch.nn.functional.cross_entropy with label_smoothing=eps;
+    z_loss adds z_loss * lse^2 per non-ignored token (PaLM's z-loss; it enters the mean
+    like the rest). A token whose target is ignore_index adds 0. reduction: "mean" (over
+    non-ignored tokens), "sum", or "none" (target's shape). Unlike torch's NaN, a mean over
+    no non-ignored token (all ignored, or no tokens) is 0, with an all-zero gradient.
+
+    The vocab is the LAST dim (torch's F.cross_entropy takes it at dim 1 for > 2-D input;
+    speedlight.nn.CrossEntropyLoss follows torch there). logits: float32/float16/bfloat16,
+    any strides (a [batch, seq, vocab] view such as logits[:, :-1] is read in place);
+    target: an integer tensor, logits' shape without its last dim. Arithmetic is fp32;
+    the loss has logits' dtype. Differentiable in logits; torch.compile(fullgraph=True)
+    traces it.
+
+    The gradient is computed in the forward, beside the loss, when logits require grad;
+    without one (torch.no_grad, eval) the forward only reads logits and writes the loss.
+    inplace_backward=True writes that gradient over the logits: after the call, `logits`
+    HOLDS dloss/dlogits, not the logits, which saves a [tokens, vocab] buffer. It is
+    refused for a leaf logits, and autograd refuses it (at backward) where another op
+    saved logits for its own backward; any use of the overwritten logits outside autograd
+    (argmax, logging) is the caller's to avoid. Under torch.compile the compiler decides
+    whether the buffer is reused.
+
+    check_target: a target neither in [0, vocab) nor ignore_index raises ValueError. CPU
+    tensors are always checked (one pass over the targets). On CUDA the check costs a
+    small reduction and one host sync, which stalls the CPU until the GPU catches up and
+    is illegal in CUDA-graph capture (torch.compile's mode="reduce-overhead"): pass
+    check_target=False there. Unchecked, such a token is never used as an address: its
+    loss is NaN (so is a mean or sum over it) and so is its gradient row.
+    """
+    check_tensor("logits", logits, min_dim=1)
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    if target.dtype not in TARGET_DTYPES:
+        raise TypeError(f"target must be an integer tensor of class indices (int64, int32, "
+                        f"int16, int8 or uint8), got {describe(target)}; probability "
+                        f"(soft) targets are not supported")
+    if tuple(target.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"target must have shape {tuple(logits.shape[:-1])} (logits' shape "
+                         f"without its last, vocab, dim), got {describe(target)} for logits "
+                         f"of shape {tuple(logits.shape)}")
+    check_same_device(logits=logits, target=target)
+    check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
+    if logits.shape[-1] == 0 and target.numel():
+        raise ValueError(f"logits must have at least one class in its last dim, got "
+                         f"{describe(logits)}")
+    softcap = float(softcap) if softcap is not None else None
+    args = (int(ignore_index), reduction, float(label_smoothing), float(z_loss), softcap)
+    check = bool(check_target) or logits.device.type == "cpu"
+    want_grad = torch.is_grad_enabled() and logits.requires_grad
+    if inplace_backward and want_grad:
+        if logits.is_leaf:
+            raise ValueError(
+                "inplace_backward=True overwrites logits with their gradient, but logits is a "
+                "leaf tensor that requires grad (autograd forbids writing over it); pass the "
+                "output of the op that made the logits, or inplace_backward=False")
+        loss, _ = _InplaceCrossEntropy.apply(logits, target, *args, check)
+        return loss
+    loss, _, _ = torch.ops.speedlight.cross_entropy_fwd(logits, target, *args, want_grad, check)
+    return loss
+
+
+# --- OpSpec --------------------------------------------------------------------------------
+
+def _make_inputs(case: Case, device) -> dict:
+    tokens, vocab = case["tokens"], case["vocab"]
+    softcap = case.flag("softcap")
+    # logits a few units wide, as a trained LM's are; wider before a softcap so that the
+    # cap bends them (Gemma 2 caps at 30)
+    scale = 15.0 if softcap else 2.0
+    if case.flag("shifted"):  # Hugging Face's shift: logits[:, :-1] of [batch, seq + 1, vocab]
+        full = rand_tensor((2, tokens // 2 + 1, vocab), case, device, scale=scale)
+        logits = full[:, :-1]
+    else:
+        logits = rand_tensor((tokens, vocab), case, device, scale=scale)
+    if case.flag("nonfinite"):
+        inject_nonfinite(logits, case)
+    g = generator(case, salt=2)
+    target = torch.randint(0, max(vocab, 1), tuple(logits.shape[:-1]), generator=g)
+    ignore = case.flag("ignore")
+    if ignore == "all":
+        target.fill_(-100)
+    elif ignore == "some":
+        target[torch.rand(target.shape, generator=g) < 0.3] = -100
+    return {"logits": logits, "target": target.to(device), "ignore_index": -100,
+            "reduction": case.flag("reduction", "mean"),
+            "label_smoothing": float(case.flag("smoothing", 0.0)),
+            "z_loss": float(case.flag("zloss", 0.0)), "softcap": softcap}
+
+
+def _cost(case: Case, mode: str) -> Cost:
+    tokens, vocab, e = case["tokens"], case["vocab"], case.dtype.itemsize
+    elems = tokens * vocab
+    loss_bytes = tokens * e if case.flag("reduction") == "none" else e
+    if mode == "fwd":
+        # read logits, target (int64); write loss and dlogits. The forward of training
+        # produces the gradient (the backward only scales it), so dlogits is this pass's
+        # output and is counted here, once; without a gradient (no_grad) the kernel skips
+        # that write. FLOP/elem: max, subtract, exp, add (logsumexp) + subtract, exp, fma
+        # (gradient); + add for the label-smoothing sum; + divide, exp, divide and the
+        # 9-term polynomial's ~18 for tanh, and the multiply by its derivative, for a softcap.
+        per_elem = 7 + (1 if case.flag("smoothing") else 0) + (22 if case.flag("softcap") else 0)
+        return Cost(flops=per_elem * elems, bytes=2 * elems * e + 8 * tokens + loss_bytes)
+    # read dlogits, grad_output; write grad. One multiply per element.
+    return Cost(flops=elems, bytes=2 * elems * e + loss_bytes)
+
+
+def _cases(suite: str) -> list[Case]:
+    def case(tokens, vocab, layout="contiguous", model=None, **flags):
+        return Case("cross_entropy", (("tokens", tokens), ("vocab", vocab)), layout=layout,
+                    flags=flags, model=model)
+
+    out = []
+    for tokens, vocab, model in shapes.rows_and_width(suite, "vocab"):
+        cfg = shapes.MODELS.get(model) if model else None
+        flags = {"softcap": cfg.logit_softcap} if cfg is not None and cfg.logit_softcap else {}
+        out.append(case(tokens, vocab, model=model, **flags))
+    if suite == "quick":
+        out += [case(3, 131101),  # the looped kernel, vocab > 65536
+                case(37, 128, ignore="some"), case(6, 1000, ignore="all"),
+                case(37, 128, smoothing=0.1), case(5, 781, zloss=0.01),
+                case(37, 128, softcap=30.0), case(1, 70001, softcap=30.0),
+                case(5, 781, reduction="sum"), case(37, 128, reduction="none"),
+                case(1, 70001, reduction="none"), case(6, 1000, ignore="all", reduction="none"),
+                case(37, 128, "strided"), case(5, 781, "transposed"), case(8, 1000, shifted=True),
+                case(6, 1000, nonfinite=True), case(6, 1000, nonfinite=True, softcap=30.0),
+                case(5, 781, ignore="some", smoothing=0.1, zloss=0.01, softcap=30.0),
+                case(0, 128)]
+    if suite == "model":
+        out += [case(4096, vocab, model=model, ignore="some", zloss=1e-4)
+                for vocab, model in shapes.model_values("vocab")]
+    if suite == "full":
+        out += [case(257, 1021, "strided"), case(3, 100003, "transposed"),
+                case(257, 1021, nonfinite=True), case(1031, 4093, ignore="some"),
+                case(257, 65537, smoothing=0.1, zloss=1e-4, softcap=30.0),
+                case(1024, 32000, shifted=True, ignore="some", reduction="none"),
+                case(1, 262144, softcap=30.0), case(2, 262147, reduction="sum"), case(0, 4096),
+                # tokens x vocab > 2^31 (Qwen's vocab at 16K tokens): 64-bit offsets
+                case(16384, 152064, huge=True)]
+    return out
+
+
+def _skip(case: Case, device) -> str | None:
+    if case.flag("huge") and torch.device(device).type != "cuda":
+        return ("64-bit indexing case: tokens x vocab > 2^31 needs > 4 GiB per tensor and "
+                "hours under the interpreter; it runs on a GPU")
+    return None
+
+
+SPEC = OpSpec(
+    name="cross_entropy",
+    impl=cross_entropy,
+    reference=reference.cross_entropy,
+    make_inputs=_make_inputs,
+    cost=_cost,
+    suites=shapes.suites(_cases),
+    grad_inputs=("logits",),
+    skip=_skip,
+    notes=("Loss and dlogits in one forward (the backward scales dlogits); vocab > 8192 "
+           "reads each row twice (statistics, then gradient), the second read hitting L2 "
+           "only while the rows in flight fit there. fwd bytes count the dlogits write."),
+)

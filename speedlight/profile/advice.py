@@ -1,0 +1,168 @@
+"""What to fuse: each chain a speedlight op replaces, with the time and memory it saves.
+
+Estimates, per step, on the target's roof:
+- time saved = (bytes the unfused chain moves - the fused op's compulsory bytes) /
+  bandwidth: the intermediate traffic the fusion removes (forward, and backward when
+  training). Launches removed are counted too; their time is part of the launch-gap
+  figure, reported separately, since CUDA graphs recover it without fusing;
+- memory saved = the bytes of the chain's intermediates (not its outputs) autograd kept
+  for backward (measured), less what the fused op keeps instead (rstd, logsumexp).
+
+The fused op's compulsory bytes are those of the speedlight op (read its inputs once,
+write its outputs once, as in its OpSpec's cost); they are written here from the chain's
+boundary shapes, so the advice needs no import of the op itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import torch
+
+from speedlight.hardware import Roof
+from speedlight.profile.patterns import Chain, find_chains
+
+# speedlight op -> (what it does, whether it is still to come)
+OPS = {
+    "rms_norm": ("RMSNorm in one kernel per direction", False),
+    "add_rms_norm": ("residual add + RMSNorm, returning both the sum and the norm", False),
+    "layer_norm": ("LayerNorm in one kernel per direction", False),
+    "swiglu": ("silu(gate) * up", False),
+    "geglu": ("gelu(gate) * up", False),
+    "rope": ("rotary position embedding applied in place of the slice/neg/cat chain", False),
+    "softmax": ("softmax with its casts folded in", False),
+    "cross_entropy": ("log_softmax + nll_loss without the [tokens, vocab] log-probabilities", False),
+    "attention": ("fused attention (scores never written to memory)", True),
+    "fused_linear_cross_entropy": ("lm_head matmul + cross-entropy in chunks: the logits are "
+                                   "never stored", True),
+}
+
+
+def itemsize(dtype: str) -> int:
+    names = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}
+    if dtype in names:
+        return names[dtype]
+    return getattr(torch, dtype).itemsize
+
+
+def elements(meta: dict | None) -> int:
+    """Distinct elements of a recorded tensor (broadcast dims once)."""
+    if meta is None:
+        return 0
+    return math.prod(s for s, st in zip(meta["shape"], meta["stride"]) if st != 0) if meta["shape"] else 1
+
+
+def size(meta: dict | None) -> int:
+    return elements(meta) * itemsize(meta["dtype"]) if meta else 0
+
+
+def rows_of(meta: dict) -> int:
+    return math.prod(meta["shape"][:-1]) if meta["shape"] else 1
+
+
+def fused_bytes(c: Chain, train: bool) -> tuple[int, int]:
+    """(compulsory bytes per step, bytes it keeps for backward that the chain did not)."""
+    t = c.tensors
+    if c.op in ("rms_norm", "add_rms_norm", "layer_norm"):
+        x, w, out = t["x"], t.get("weight"), t["out"]
+        stats = 4 * rows_of(x) * (2 if c.op == "layer_norm" else 1)  # rstd (and mean), fp32
+        wb = size(w) * (2 if c.op == "layer_norm" else 1)  # weight (and bias)
+        fwd = size(x) + wb + size(out) + stats
+        bwd = size(out) + size(x) + wb + stats + size(x) + wb  # read dy, x, w, stats; write dx, dw
+        if c.op == "add_rms_norm":
+            fwd += size(t["residual"]) + size(x)  # read the residual, write the sum
+            bwd += size(x)  # read the gradient arriving on the sum
+        return fwd + (bwd if train else 0), stats
+    if c.op in ("swiglu", "geglu"):
+        gate, up, out = t["gate"], t["up"], t["out"]
+        fwd = size(gate) + size(up) + size(out)
+        bwd = size(out) + size(gate) + size(up) + size(gate) + size(up)
+        return fwd + (bwd if train else 0), 0
+    if c.op == "rope":
+        x, cos, sin, out = t["x"], t["cos"], t["sin"], t["out"]
+        fwd = size(x) + size(cos) + size(sin) + size(out)
+        return fwd + (fwd if train else 0), 0  # backward: read dy, cos, sin; write dx
+    if c.op == "softmax":
+        x, out = t["x"], t["out"]
+        fwd = size(x) + size(out)
+        return fwd + (3 * size(out) if train else 0), 0  # read y, dy; write dx
+    if c.op == "cross_entropy":
+        logits, target = t["logits"], t["target"]
+        lse = 4 * rows_of(logits)
+        fwd = size(logits) + size(target) + lse + 4
+        bwd = size(logits) + lse + size(target) + size(logits)
+        return fwd + (bwd if train else 0), lse
+    if c.op == "fused_linear_cross_entropy":
+        h, w, target = t["hidden"], t["weight"], t["target"]
+        fwd = size(h) + size(w) + size(target) + 4
+        bwd = size(h) + size(w)  # dh and dW, computed chunk by chunk in the forward
+        return fwd + (bwd if train else 0), 4 * rows_of(h)
+    if c.op == "attention":
+        q, k, v, out = t["q"], t["k"], t["v"], t["out"]
+        lse = 4 * rows_of(q)
+        fwd = size(q) + size(k) + size(v) + size(out) + lse
+        bwd = 2 * size(out) + size(q) + size(k) + size(v) + lse + size(q) + size(k) + size(v)
+        return fwd + (bwd if train else 0), lse
+    raise KeyError(c.op)
+
+
+def _available(op: str) -> bool:
+    try:
+        return importlib.util.find_spec(f"speedlight.ops.{op}") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def estimate(c: Chain, rows: list[dict], roof: Roof, train: bool) -> dict:
+    """Time and memory one chain instance would save."""
+    members = [rows[i] for i in sorted(c.fwd)]
+    members += [r for r in rows if r["phase"] == "backward" and r["fwd_index"] in c.fwd]
+    counted = [r for r in members if r["bytes"] is not None]
+    unfused = sum(r["bytes"] for r in counted)
+    fused, kept = fused_bytes(c, train)
+    removed = max(unfused - fused, 0)
+    # what autograd kept of the chain's intermediates; its outputs stay kept when fused
+    saved_acts = sum(rows[i]["saved_bytes"] for i in c.fwd if i not in c.external)
+    if c.op == "fused_linear_cross_entropy":  # the logits themselves are never stored
+        saved_acts += size(c.tensors["logits"])
+    return {
+        "module": c.module, "ops": len(members),
+        "kernels": sum(1 for r in members if r["launches_kernel"]),
+        "unfused_bytes": unfused, "fused_bytes": fused, "bytes_removed": removed,
+        "time_saved_s": removed / roof.bandwidth,
+        "memory_saved_bytes": max(saved_acts - kept, 0),
+        "measured_time_s": sum(r["time_s"] for r in members),
+        "uncounted_ops": len(members) - len(counted),
+    }
+
+
+def advise(rows: list[dict], calls, roof: Roof) -> list[dict]:
+    """One entry per speedlight op with what its instances save, best first."""
+    train = any(r["phase"] == "backward" for r in rows)
+    grouped: dict[str, list] = {}
+    for c in find_chains(rows, calls):
+        grouped.setdefault(c.op, []).append((c, estimate(c, rows, roof, train)))
+    out = []
+    for op, items in grouped.items():
+        est = [e for _, e in items]
+        fused_kernels = len(items) * (2 if train else 1)
+        what, planned = OPS[op]
+        modules = sorted({e["module"] for e in est if e["module"] is not None})
+        out.append({
+            "op": op, "what": what, "pattern": items[0][0].pattern, "instances": len(items),
+            "modules": modules, "note": items[0][0].note,
+            "status": "planned" if planned else ("available" if _available(op) else "not in this install"),
+            "time_saved_s": sum(e["time_saved_s"] for e in est),
+            "memory_saved_bytes": sum(e["memory_saved_bytes"] for e in est),
+            "bytes_removed": sum(e["bytes_removed"] for e in est),
+            "unfused_bytes": sum(e["unfused_bytes"] for e in est),
+            "fused_bytes": sum(e["fused_bytes"] for e in est),
+            "kernels_unfused": sum(e["kernels"] for e in est),
+            "launches_removed": max(sum(e["kernels"] for e in est) - fused_kernels, 0),
+            "measured_time_s": sum(e["measured_time_s"] for e in est),
+            "uncounted_ops": sum(e["uncounted_ops"] for e in est),
+            "instances_detail": est,
+        })
+    out.sort(key=lambda a: -a["time_saved_s"])
+    return out

@@ -1,0 +1,138 @@
+"""`speedlight profile`: where a model's time and memory go, what bounds each op, what to fuse."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import uuid
+from pathlib import Path
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, metavar="NAME|config.json|module:callable",
+                   help="default: a small Llama-style model (random weights, no download); a name "
+                        "from speedlight.shapes.MODELS (llama-3-8b, gemma-2-9b, ...); a Hugging "
+                        "Face config.json; or module:callable returning (model, inputs[, loss_fn])")
+    p.add_argument("--batch", type=int, default=2, help="sequences per step (default 2)")
+    p.add_argument("--seq", type=int, default=128, help="tokens per sequence (default 128)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--train", action="store_true",
+                      help="forward + backward + AdamW step (default: --infer, forward only)")
+    mode.add_argument("--infer", action="store_true", help="forward only, under inference_mode")
+    p.add_argument("--target", default=None,
+                   help="GPU the floors are on: h200, h100-sxm, h100-pcie, a100-sxm, b200, l4 "
+                        "(default: the GPU in use; without one, h200, projected)")
+    p.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: bf16 on a GPU, "
+                                                 "fp32 on a CPU); callables keep their own")
+    p.add_argument("--size", choices=("small", "full"), default=None,
+                   help="for a MODELS name: scaled down, or its real widths and depth (default: "
+                        "full on a GPU, small on a CPU)")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers to build (override)")
+    p.add_argument("--warmup", type=int, default=2, help="steps before measuring (default 2)")
+    p.add_argument("--steps", type=int, default=3,
+                   help="clean steps timed, then steps recorded (default 3 each)")
+    p.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
+    p.add_argument("--out", default="speedlight-results", help="folder for the JSON and HTML")
+    p.add_argument("--no-html", action="store_true", help="write the JSON only")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "model"
+
+
+def make_step(workload, optimizer, train: bool):
+    """One step: forward (and backward + optimizer step), announcing each part."""
+    import torch
+
+    def step(phase):
+        if not train:
+            with torch.inference_mode():
+                phase("forward")
+                workload.call()
+            return
+        phase("forward")
+        out = workload.call()
+        loss = workload.loss_fn(out)
+        del out  # a training loop keeps the loss, not the logits
+        phase("backward")
+        loss.backward()
+        phase("optimizer")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def profile(args: argparse.Namespace) -> dict:
+    """Build, capture, analyze: the profile's JSON document."""
+    import torch
+
+    from speedlight import results
+    from speedlight.profile import advice, analyze, capture, models, roofline, schema
+    from speedlight.spec import dtype_name, parse_dtype
+
+    device = torch.device(args.device)
+    train = bool(args.train)
+    if args.warmup < (1 if train else 0) or args.steps < 1:
+        raise ValueError("--steps must be at least 1, and --warmup at least 1 with --train "
+                         "(the first step creates the optimizer state)")
+    dtype = parse_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    size = args.size or ("full" if device.type == "cuda" else "small")
+    env = results.environment(device)
+    target = roofline.resolve(args.target, device, env.get("driver"))
+    notes = []
+    if size == "full" and device.type == "cpu" and args.model:
+        notes.append("full-size model on a CPU: slow and memory-hungry; the GPU is where its "
+                     "times mean something")
+    w = models.build(args.model, batch=args.batch, seq=args.seq, train=train, dtype=dtype,
+                     device=device, size=size, layers=args.layers, seed=args.seed)
+    notes += w.notes
+    optimizer = torch.optim.AdamW(w.model.parameters(), lr=1e-4) if train else None
+    cap = capture.capture(w.model, make_step(w, optimizer, train), device=device,
+                          warmup=args.warmup, steps=args.steps, train=train,
+                          optimizer=optimizer, inputs=w.inputs)
+    notes += cap.notes
+    result = analyze.analyze(cap, target, top=max(args.top, 25))
+    model_dtype = next((p.dtype for p in w.model.parameters()), dtype)
+    run = {"id": uuid.uuid4().hex[:12], "model": w.name, "mode": "train" if train else "infer",
+           "batch": args.batch, "seq": args.seq, "dtype": dtype_name(model_dtype),
+           "warmup": args.warmup, "steps": args.steps, "device": device.type, "seed": args.seed}
+    measured = {"time": device.type,
+                "floors": "on the measured GPU" if target.measured_here else "projected",
+                "note": target.note}
+    return schema.document(
+        environment=env, run=run, model=dict(w.config, **{"class": type(w.model).__name__}),
+        target=target.to_json(), measured=measured, analysis=result, memory=cap.memory,
+        advice=advice.advise(result["rows"], cap.calls, target.roof), notes=notes)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from speedlight import results
+    from speedlight.profile import models, render, roofline
+
+    console = Console() if Console().is_terminal else Console(width=180)
+    try:
+        import transformers
+        transformers.logging.set_verbosity_error()
+    except ImportError:
+        pass
+    try:
+        doc = profile(args)
+    except (models.ModelError, roofline.TargetError, ValueError) as e:
+        raise SystemExit(f"speedlight profile: {e}")
+    render.print_profile(doc, console, top=args.top)
+    out = Path(args.out)
+    stem = f"profile-{_slug(doc['run']['model'])}-{doc['run']['mode']}"
+    json_path = results.write_atomic(out / f"{stem}.json", json.dumps(results._clean(doc), indent=1))
+    written = [str(json_path)]
+    if not args.no_html:
+        from speedlight.profile import html
+        try:
+            written.append(str(html.write(doc, out / f"{stem}.html")))
+        except RuntimeError as e:
+            console.print(f"[yellow]no HTML page[/]: {e}")
+    console.print("wrote " + ", ".join(written))
+    return 0

@@ -1,0 +1,63 @@
+"""Numbers as a reader wants them: times, bytes, FLOPs and shares with their units."""
+
+from __future__ import annotations
+
+
+def seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s == 0:
+        return "0"
+    a = abs(s)
+    if a < 1e-6:
+        return f"{s * 1e9:.1f} ns"
+    if a < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    if a < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+def nbytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    a = abs(n)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if a >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def flops(n: float | None) -> str:
+    if n is None:
+        return "-"
+    a = abs(n)
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if a >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} FLOP"
+
+
+def share(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}x"
+
+
+def place(module: str | None, root: str | None = None) -> str:
+    """A module path for display: the root module by its class."""
+    if module == "":
+        return f"{root or 'model'} (root)"
+    return module if module is not None else "-"
+
+
+def count(n: float | None) -> str:
+    """A large count: 2.75M, 8.03B."""
+    if n is None:
+        return "-"
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))

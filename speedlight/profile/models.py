@@ -1,0 +1,234 @@
+"""What `speedlight profile --model` runs: a model, its inputs and (for --train) its loss.
+
+--model takes
+- nothing: a small Llama-style causal LM (2 layers, hidden 256, vocab 2048) built from a
+  transformers LlamaConfig with seeded random weights, so it runs anywhere in seconds;
+- a name from speedlight.shapes.MODELS (llama-3-8b, gemma-2-9b, ...): that family's
+  architecture, scaled down (--size small: a few heads, 2 layers) or at its real widths
+  and depth (--size full, which only makes sense on a GPU);
+- a Hugging Face config.json: that causal LM, random weights;
+- module:callable (or path/to/file.py:callable): your function returning (model, inputs)
+  or (model, inputs, loss_fn). inputs is a dict of keyword arguments, a tuple of
+  positional ones, or one tensor; loss_fn(outputs) -> scalar is used by --train (without
+  one: outputs.loss when there is one, else the sum of the first output).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from speedlight import shapes
+
+DEFAULT = "default"
+# The built-in model: Llama's architecture at a size a CPU profiles in seconds.
+DEFAULT_LLAMA = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                     vocab_size=2048, rms_norm_eps=1e-5, max_position_embeddings=4096,
+                     tie_word_embeddings=False)
+
+
+class ModelError(ValueError):
+    """--model names nothing speedlight can build."""
+
+
+@dataclass
+class Workload:
+    name: str
+    model: torch.nn.Module
+    inputs: Any
+    loss_fn: Callable[[Any], torch.Tensor]
+    config: dict = field(default_factory=dict)  # what was built, for the results
+    notes: list[str] = field(default_factory=list)
+
+    def call(self):
+        if isinstance(self.inputs, dict):
+            return self.model(**self.inputs)
+        if isinstance(self.inputs, (tuple, list)):
+            return self.model(*self.inputs)
+        return self.model(self.inputs)
+
+
+def default_loss(outputs) -> torch.Tensor:
+    """outputs.loss if the model computed one, else the sum of its first tensor output."""
+    loss = getattr(outputs, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(outputs, torch.Tensor):
+        return outputs if outputs.dim() == 0 else outputs.float().sum()
+    first = outputs[0] if isinstance(outputs, (tuple, list)) else getattr(outputs, "logits", None)
+    if not isinstance(first, torch.Tensor):
+        raise ModelError("--train needs a loss: the model's outputs have no .loss and no "
+                         "tensor to sum; return (model, inputs, loss_fn) from your callable")
+    return first.float().sum()
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ModelError("building Hugging Face models needs transformers: "
+                         "pip install 'speedlight[hf]'") from None
+    return transformers
+
+
+def hf_kwargs(m: shapes.ModelConfig, layers: int, size: str, seq: int) -> dict:
+    """transformers config arguments of a shapes.MODELS family, full or scaled down."""
+    hidden, inter, heads, kv, head_dim, vocab = (m.hidden, m.intermediate, m.heads,
+                                                 m.kv_heads, m.head_dim, m.vocab)
+    if size == "small":
+        group = heads // kv
+        heads = min(heads, 4)
+        kv = max(1, heads // group)
+        head_dim = min(head_dim, 64)
+        scale = hidden / (m.heads * m.head_dim)
+        hidden = max(64, int(round(heads * head_dim * scale / 16)) * 16)
+        inter = int(round(hidden * m.intermediate / m.hidden / 16)) * 16
+        vocab = 2048
+    positions = max(seq, 4096)
+    # a smaller vocabulary must not keep special token ids past its end
+    tokens = dict(pad_token_id=None, bos_token_id=None, eos_token_id=None) if size == "small" else {}
+    if m.hf_model_type in ("gpt2", "gptj"):
+        kw = dict(n_embd=hidden, n_head=heads, n_layer=layers, n_inner=inter, vocab_size=vocab,
+                  layer_norm_epsilon=m.norm_eps, n_positions=positions)
+        if m.hf_model_type == "gptj":
+            kw["rotary_dim"] = min(m.rotary_dim, head_dim)
+        return dict(kw, **tokens)
+    kw = dict(hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads,
+              num_key_value_heads=kv, head_dim=head_dim, vocab_size=vocab,
+              rms_norm_eps=m.norm_eps, num_hidden_layers=layers,
+              max_position_embeddings=positions)
+    if m.hf_model_type.startswith("gemma"):
+        kw.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=head_dim,
+                  sliding_window=positions, final_logit_softcapping=m.logit_softcap)
+    return dict(kw, **tokens)
+
+
+def _build_hf(config, dtype: torch.dtype, device: torch.device, seed: int):
+    """Random weights (seeded), made on the device in the dtype: a full-size model is
+    initialized there, not on the host first."""
+    transformers = _transformers()
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.to(device=device, dtype=dtype)
+
+
+def _lm_workload(name: str, model, vocab: int, batch: int, seq: int, train: bool,
+                 device: torch.device, seed: int, config: dict, notes=()) -> Workload:
+    g = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+    # training keeps no KV cache; inference fills one, as a prefill does
+    inputs = {"input_ids": ids, "labels": ids, "use_cache": False} if train else {"input_ids": ids}
+    params = sum(p.numel() for p in model.parameters())
+    config = dict(config, parameters=params, batch=batch, seq=seq)
+    return Workload(name, model, inputs, default_loss, config, list(notes))
+
+
+def _config_summary(cfg) -> dict:
+    keys = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+            "n_embd", "n_layer", "n_head", "n_inner")
+    return {k: getattr(cfg, k) for k in keys if getattr(cfg, k, None) is not None}
+
+
+def build(spec: str | None, *, batch: int, seq: int, train: bool, dtype: torch.dtype,
+          device: torch.device, size: str = "small", layers: int | None = None,
+          seed: int = 0) -> Workload:
+    """The workload --model names (see the module docstring); ModelError when it names
+    nothing speedlight can build."""
+    if batch < 1 or seq < 1:
+        raise ModelError(f"--batch and --seq must be at least 1, got {batch} and {seq}")
+    spec = spec or DEFAULT
+    if spec == DEFAULT:
+        transformers = _transformers()
+        kw = dict(DEFAULT_LLAMA, num_hidden_layers=layers or DEFAULT_LLAMA["num_hidden_layers"])
+        cfg = transformers.LlamaConfig(**kw)
+        model = _build_hf(cfg, dtype, device, seed)
+        return _lm_workload("llama-tiny", model, cfg.vocab_size, batch, seq, train, device, seed,
+                            dict(_config_summary(cfg), source="speedlight default (LlamaConfig, "
+                                 "random weights)"))
+    if spec in shapes.MODELS:
+        m = shapes.MODELS[spec]
+        depth = layers or (shapes.NUM_LAYERS[spec] if size == "full" else 2)
+        transformers = _transformers()
+        cfg = transformers.AutoConfig.for_model(m.hf_model_type, **hf_kwargs(m, depth, size, seq))
+        notes = [] if size == "full" else [
+            f"{spec} scaled down (--size small): its architecture at {depth} layers and small "
+            f"widths; --size full builds the real widths (a GPU's job)"]
+        model = _build_hf(cfg, dtype, device, seed)
+        return _lm_workload(spec + ("" if size == "full" else "-scaled"), model, cfg.vocab_size,
+                            batch, seq, train, device, seed,
+                            dict(_config_summary(cfg), source=m.source, size=size), notes)
+    path = Path(spec)
+    if spec.endswith(".json"):
+        if not path.is_file():
+            raise ModelError(f"--model {spec!r}: no such config file")
+        transformers = _transformers()
+        try:
+            raw = json.loads(path.read_text())
+            raw = {k: v for k, v in raw.items() if k not in ("architectures", "auto_map")}
+            if layers:
+                raw["num_hidden_layers"] = layers
+            cfg = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
+        except (KeyError, ValueError, json.JSONDecodeError) as e:
+            raise ModelError(f"--model {spec!r}: not a Hugging Face config.json with a "
+                             f"model_type ({type(e).__name__}: {e})") from None
+        model = _build_hf(cfg, dtype, device, seed)
+        return _lm_workload(path.stem if path.stem != "config" else path.parent.name or "config",
+                            model, cfg.vocab_size, batch, seq, train, device, seed,
+                            dict(_config_summary(cfg), source=str(path)))
+    if ":" in spec:
+        return _from_callable(spec, train, dtype, device, seed)
+    raise ModelError(f"--model {spec!r}: not a model name ({', '.join(shapes.MODELS)}), a "
+                     f"config.json file, or module:callable")
+
+
+def _from_callable(spec: str, train: bool, dtype: torch.dtype, device: torch.device,
+                   seed: int) -> Workload:
+    target, _, attr = spec.rpartition(":")
+    try:
+        if target.endswith(".py"):
+            if not Path(target).is_file():
+                raise ModelError(f"--model {spec!r}: no such file {target!r}")
+            mod_spec = importlib.util.spec_from_file_location(f"speedlight_user_model_{abs(hash(target))}", target)
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[mod_spec.name] = module
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except ImportError as e:
+        raise ModelError(f"--model {spec!r}: cannot import {target!r} ({e})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ModelError(f"--model {spec!r}: {target!r} has no callable {attr!r}")
+    torch.manual_seed(seed)
+    got = fn()
+    if not isinstance(got, tuple) or len(got) not in (2, 3) or not isinstance(got[0], torch.nn.Module):
+        raise ModelError(f"--model {spec!r}: {attr}() must return (model, inputs) or "
+                         f"(model, inputs, loss_fn) with model an nn.Module; got "
+                         f"{type(got).__name__}")
+    model, inputs = got[0], got[1]
+    loss_fn = got[2] if len(got) == 3 else default_loss
+    model = model.to(device)
+    inputs = _to_device(inputs, device)
+    params = sum(p.numel() for p in model.parameters())
+    return Workload(attr, model, inputs, loss_fn,
+                    {"source": spec, "class": type(model).__name__, "parameters": params})
+
+
+def _to_device(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, dict):
+        return {k: _to_device(v, device) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to_device(v, device) for v in x)
+    return x

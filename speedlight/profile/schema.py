@@ -1,0 +1,112 @@
+"""The JSON document `speedlight profile` writes (profile-<model>-<mode>.json), field by field.
+
+This is what `speedlight report` reads. Times are seconds, sizes bytes, rates per second.
+Numbers are either measured (times: on the CPU or the GPU named in environment.device;
+memory) or computed (FLOPs, bytes, floors: from formulas, on the target's roof); the
+`measured` object says which, and on which device.
+"""
+
+from __future__ import annotations
+
+SCHEMA = "speedlight.profile/1"
+
+TOP = {
+    "schema": "this format's name and version",
+    "environment": "where it ran: device, runtime, torch/triton/CUDA/driver versions, git, time (results.environment)",
+    "run": "the invocation: id, model, mode (train|infer), batch, seq, dtype, warmup, steps, device",
+    "model": "what was built: source, class, parameters, and the config fields that size it",
+    "target": "the GPU the floors are on: key, name, roof_source (measured|datasheet), roof_device, "
+              "bandwidth, peak_flops per dtype, measured_here, launch_s, note",
+    "measured": "what is measured and what projected: time (cpu|cuda), floors (on the measured "
+                "GPU|projected), note",
+    "summary": "per step: step_time_s (clean steps, median) and its samples, time_by_bound_s (op time "
+               "per bound, and on a GPU the idle time between kernels as idle), floor_by_bound_s (per bound, "
+               "the floors with at least one launch per kernel: the projected picture), op_time_s (sum over ops), "
+               "floor_s, floor_with_launch_s, flops, bytes, ops, speed_of_light (floor/step, "
+               "on the target GPU only), uncounted {ops, time_s, time_share, names}, launch "
+               "{kernel_ops, projected_overhead_s, measured_idle_s, measured_kernels, note}, gpu",
+    "memory": "peak_bytes and at_peak by category (sums to peak_bytes), allocator_peak_bytes (CUDA), "
+              "parameters/buffers/optimizer_state/inputs/gradients/activations _bytes, "
+              "activations_by_module, at_peak_by_module, notes",
+    "advice": "fusions, best first (see ADVICE)",
+    "by_type": "groups of rows by aten op (see GROUP)",
+    "by_module": "groups by the innermost module path, or (optimizer) / (autograd engine) / (outside the model)",
+    "by_class": "groups by module class",
+    "by_phase": "groups by forward / backward / optimizer",
+    "by_bound": "groups by bound",
+    "module_tree": "per module path: time_s with its submodules, self_time_s, floor_s, depth",
+    "top_ops": "the costliest ops, identical calls (op, input shapes, phase) grouped: op, name, phase, "
+               "shapes, calls, and over those calls time_s, time_share, floor_s, flops, bytes; bound and "
+               "formula (of each call), place (of the first), places (how many), indices",
+    "rows": "one per aten op call of the recorded step (see ROW)",
+    "notes": "anything the reader must know about this run",
+}
+
+ROW = {
+    "index": "position in the step's op sequence",
+    "op": "aten overload, e.g. aten.mm.default", "name": "overload packet, e.g. mm",
+    "phase": "forward | backward | optimizer | other",
+    "module": "innermost module path (model.layers.3.mlp.down_proj; '' the root; null outside the model)",
+    "module_class": "its class", "place": "module, or (optimizer) / (autograd engine) / (outside the model)",
+    "call": "id of the module call it ran in (forward ops, and backward ops through fwd_index)",
+    "grad_fn": "the autograd node running a backward op", "fwd_index": "the forward op that node came from",
+    "inputs": "tensor inputs: shape, dtype, stride", "outputs": "new tensor outputs",
+    "scalars": "the non-tensor arguments", "producers": "per tensor input, the index of the op that made it",
+    "formula": "the cost family (matmul, attention, conv, pointwise, reduction, norm, softmax, loss, "
+               "gather, scatter, copy, fill, foreach, sync, view, alloc, marker); null: no formula",
+    "formula_detail": "the formula with its numbers, or why there is none",
+    "flops": "FLOPs (null without a formula)", "bytes": "compulsory bytes (null without a formula)",
+    "intensity": "flops / bytes", "launches_kernel": "whether it launches device work",
+    "time_s": "measured time, median over recorded steps (CUDA kernel time on a GPU, CPU time on a CPU)",
+    "time_samples_s": "one per recorded step", "host_s": "CPU time inside the op (launch cost on a GPU)",
+    "kernels": "CUDA kernels it launched: name, time_s",
+    "peak": "which peak its FLOPs run against (fp32, tf32, fp16, bf16, fp8)",
+    "floor_s": "speed-of-light floor on the target", "bound": "compute | memory | launch | none | unknown",
+    "distance": "time_s / floor_s, when measured on the target GPU; else null",
+    "saved_bytes": "bytes of its outputs autograd saved for backward",
+}
+
+GROUP = {
+    "key": "the group", "calls": "ops in it", "time_s": "measured time", "time_share": "of op time",
+    "flops": "of the ops with a formula", "bytes": "of the ops with a formula",
+    "floor_s": "sum of floors", "uncounted_calls": "ops without a formula",
+    "bound": "the bound covering most of its time", "time_by_bound_s": "time per bound",
+    "distance": "time_s / floor_s, when measured on the target GPU; else null",
+}
+
+ADVICE = {
+    "op": "the speedlight op that replaces the chain", "what": "what it does",
+    "pattern": "what was matched", "instances": "how many chains", "modules": "where",
+    "note": "e.g. Gemma's offset", "status": "available | not in this install | planned",
+    "time_saved_s": "per step: bytes_removed / bandwidth of the target",
+    "memory_saved_bytes": "activations the chain keeps for backward that the fused op does not",
+    "bytes_removed": "unfused_bytes - fused_bytes", "unfused_bytes": "bytes the chain's ops move",
+    "fused_bytes": "the fused op's compulsory bytes", "kernels_unfused": "kernels the chain launches",
+    "launches_removed": "kernels_unfused - the fused op's", "measured_time_s": "the chain's measured time",
+    "uncounted_ops": "chain ops without a formula", "instances_detail": "the same, per instance",
+}
+
+
+def document(*, environment: dict, run: dict, model: dict, target: dict, measured: dict,
+             analysis: dict, memory: dict, advice: list, notes: list) -> dict:
+    doc = {"schema": SCHEMA, "environment": environment, "run": run, "model": model,
+           "target": target, "measured": measured, "summary": analysis["summary"],
+           "memory": memory, "advice": advice}
+    for k in ("by_type", "by_module", "by_class", "by_phase", "by_bound", "module_tree", "top_ops", "rows"):
+        doc[k] = analysis[k]
+    doc["notes"] = notes
+    return doc
+
+
+def check(doc: dict) -> list[str]:
+    """What a document lacks against this schema (empty when it conforms)."""
+    problems = [f"missing top-level field {k!r}" for k in TOP if k not in doc]
+    if doc.get("schema") != SCHEMA:
+        problems.append(f"schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
+    for r in doc.get("rows", []):
+        problems += [f"row lacks {k!r}" for k in ROW if k not in r]
+    for g in doc.get("by_type", [])[:1]:
+        problems += [f"group lacks {k!r}" for k in GROUP if k not in g]
+    for a in doc.get("advice", []):
+        problems += [f"advice lacks {k!r}" for k in ADVICE if k not in a]
+    return list(dict.fromkeys(problems))

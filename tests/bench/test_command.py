@@ -1,0 +1,54 @@
+"""`speedlight bench` and `speedlight probe` end to end on the CPU."""
+
+import pytest
+
+from speedlight import cli, results
+from tests.conftest import ON_GPU
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the CPU labelling")
+def test_bench_quick_softmax_on_cpu_is_labelled_not_representative(tmp_path, capsys):
+    code = cli.main(["bench", "--suite", "quick", "--ops", "softmax", "--dtypes", "fp32",
+                     "--baselines", "torch-eager,liger", "--time-cap", "0.01",
+                     "--max-samples", "3", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "speedlight bench" in out and "NOT representative" in out.split("\n\n")[1]
+    assert out.count("NOT representative") >= 3  # banner, table title, footer
+    rows = results.read_jsonl(tmp_path / "bench.jsonl")
+    assert rows and all(r["representative"] is False for r in rows)
+    ours = [r for r in rows if r["implementation"] == "speedlight"]
+    timed = [r for r in ours if r["status"] == "ok"]
+    assert len(timed) >= 30 and all(r["verified"] for r in timed)
+    assert {r["mode"] for r in timed} == {"fwd", "bwd", "fwd+bwd"}
+    empty = [r for r in ours if r["case"]["params"]["rows"] == 0]
+    assert empty and all(r["status"] == "skip" and "empty" in r["reason"] for r in empty)
+    # Liger is not run on the CPU, and every row says so
+    liger = [r for r in rows if r["implementation"] == "liger"]
+    assert liger and all(r["status"] in ("unavailable", "skip") and r["reason"] for r in liger)
+
+    pytest.importorskip("matplotlib")
+    assert cli.main(["bench", "plot", str(tmp_path)]) == 0
+    assert len(list((tmp_path / "plots").glob("softmax-fp32-*.png"))) == 3
+    assert cli.main(["bench", "compare", str(tmp_path), str(tmp_path)]) == 0
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks what probe does without a GPU")
+def test_probe_without_a_gpu_exits_2_and_caches_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPEEDLIGHT_CACHE", str(tmp_path))
+    assert cli.main(["probe"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and "nothing was measured or cached" in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_bad_arguments_are_clear_errors(tmp_path):
+    with pytest.raises(SystemExit, match="--modes"):
+        cli.main(["bench", "--modes", "sideways", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="unknown baseline"):
+        cli.main(["bench", "--baselines", "numpy", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="unknown op"):
+        cli.main(["bench", "--ops", "nope", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="no timed rows"):
+        (tmp_path / "bench.jsonl").write_text("")
+        cli.main(["bench", "plot", str(tmp_path / "bench.jsonl")])

@@ -1,0 +1,125 @@
+"""The Liger-Kernel mapping: each speedlight op name to the Liger call computing the same
+thing, with the reason when a case has no Liger counterpart."""
+
+import pytest
+import torch
+
+from speedlight.bench import liger
+from speedlight.spec import Case
+
+
+class StubF:
+    """Records the Liger functional call an adapter makes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        if not name.startswith("liger_"):
+            raise AttributeError(name)
+
+        def call(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            return args[0]
+        return call
+
+
+CASE = Case("x", {"rows": 2})
+
+
+def _adapt(op, inputs, case=CASE):
+    f = StubF()
+    fn, mutates = liger.ADAPTERS[op](f, inputs, case)
+    fn(**inputs)
+    (call,) = f.calls
+    return call, mutates
+
+
+def test_rms_norm_llama_and_gemma_casting():
+    x, w = torch.randn(2, 8), torch.randn(8)
+    (name, args, kw), mutates = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-5, "offset": 0.0})
+    assert name == "liger_rms_norm" and args[:3] == (x, w, 1e-5)
+    assert kw == {"offset": 0.0, "casting_mode": "llama", "in_place": True} and not mutates
+    (_, _, kw), _ = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-6, "offset": 1.0})
+    assert kw["casting_mode"] == "gemma" and kw["offset"] == 1.0
+    with pytest.raises(liger.Unsupported, match="weight"):
+        liger.ADAPTERS["rms_norm"](StubF(), {"x": x, "weight": None}, CASE)
+
+
+def test_cross_entropy_says_it_writes_its_inputs():
+    logits, target = torch.randn(4, 10), torch.randint(0, 10, (4,))
+    (name, args, kw), mutates = _adapt("cross_entropy", {"logits": logits, "target": target,
+                                                         "ignore_index": -1})
+    assert name == "liger_cross_entropy" and mutates and kw["ignore_index"] == -1
+
+
+def test_rope_follows_the_layout_of_q():
+    b, h, s, d = 1, 2, 5, 4
+    cos, sin = torch.randn(1, s, d), torch.randn(1, s, d)
+    q_bhsd, k_bhsd = torch.randn(b, h, s, d), torch.randn(b, 1, s, d)
+    inputs = {"q": q_bhsd, "k": k_bhsd, "cos": cos, "sin": sin, "position_ids": None,
+              "unsqueeze_dim": 1, "interleaved": False}
+    (name, args, _), _ = _adapt("rope", inputs)
+    assert name == "liger_rope" and args[0] is q_bhsd
+    # [batch, seq, heads, dim]: Liger gets the [batch, heads, seq, dim] view, and back
+    q_bshd, k_bshd = torch.randn(b, s, h, d), torch.randn(b, s, 1, d)
+    f = StubF()
+    fn, _ = liger.ADAPTERS["rope"](f, dict(inputs, q=q_bshd, k=k_bshd, unsqueeze_dim=2), CASE)
+    f.__dict__["liger_rope"] = lambda q, k, cos, sin: (q * 2, k * 3)
+    qo, ko = fn(q=q_bshd, k=k_bshd, cos=cos, sin=sin)
+    torch.testing.assert_close(qo, q_bshd * 2)
+    torch.testing.assert_close(ko, k_bshd * 3)
+    with pytest.raises(liger.Unsupported, match="interleaved"):
+        liger.ADAPTERS["rope"](f, dict(inputs, interleaved=True), CASE)
+    with pytest.raises(liger.Unsupported, match="position_ids"):
+        liger.ADAPTERS["rope"](f, dict(inputs, position_ids=torch.zeros(1, s)), CASE)
+
+
+def test_the_mapping_takes_the_inputs_the_registered_ops_make():
+    """For every built-in op Liger has a counterpart of, the adapter understands the inputs
+    of the op's quick cases (so a renamed input shows here, not on the GPU); what it turns
+    down, it turns down for a reason of the case, not of the names."""
+    from speedlight import registry
+
+    for spec in registry.builtin_specs():
+        if spec.name not in liger.ADAPTERS:
+            continue
+        accepted = 0
+        for case in spec.cases("quick"):
+            inputs = spec.make_inputs(case, "cpu")
+            try:
+                liger.ADAPTERS[spec.name](StubF(), inputs, case)
+                accepted += 1
+            except liger.Unsupported as e:
+                assert "takes inputs" not in str(e), (spec.name, str(e))
+        assert accepted, f"the Liger mapping of {spec.name} accepts none of its quick cases"
+
+
+@pytest.mark.parametrize("op,inputs,fn", [
+    ("swiglu", {"gate": 1, "up": 2}, "liger_swiglu"),
+    ("geglu", {"gate": 1, "up": 2}, "liger_geglu"),
+    ("layer_norm", {"x": 1, "weight": 2, "bias": 3, "eps": 1e-5}, "liger_layer_norm"),
+    ("add_rms_norm", {"x": 1, "residual": 2, "weight": 3, "eps": 1e-6}, "liger_fused_add_rms_norm"),
+])
+def test_other_ops_call_their_liger_function(op, inputs, fn):
+    (name, args, _), _ = _adapt(op, inputs)
+    assert name == fn and args[0] == 1
+
+
+def test_unexpected_input_names_are_an_explained_unsupported():
+    with pytest.raises(liger.Unsupported, match=r"takes inputs \(gate, up\).*gives \(a, b\)"):
+        liger.ADAPTERS["swiglu"](StubF(), {"a": 1, "b": 2}, CASE)
+    with pytest.raises(liger.Unsupported, match="no counterpart of my_op"):
+        liger.adapt("my_op", {}, CASE)
+
+
+def test_softmax_over_another_dim_is_unsupported():
+    with pytest.raises(liger.Unsupported, match="last dim"):
+        liger.ADAPTERS["softmax"](StubF(), {"x": torch.randn(3, 4), "dim": 0}, CASE)
+
+
+def test_real_liger_softmax_matches_torch_on_the_interpreter():
+    pytest.importorskip("liger_kernel")
+    x = torch.randn(3, 100)
+    fn, _ = liger.adapt("softmax", {"x": x, "dim": -1}, CASE)
+    torch.testing.assert_close(fn(x=x, dim=-1), torch.softmax(x, -1))

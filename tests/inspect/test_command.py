@@ -1,0 +1,98 @@
+"""`speedlight inspect` end to end on the CPU: tables, JSON rows, dumps, --check, errors."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from speedlight import cli, results
+from speedlight.inspect.command import find_case
+from speedlight.ops import rms_norm
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+KERNELS = str(ROOT / "tests" / "inspect" / "kernels.py")
+
+
+def test_a_misaligned_case_prints_the_finding_writes_rows_and_dumps(tmp_path, capsys):
+    code = cli.main(["inspect", "rms_norm", "--case", "rows8-hidden4095", "--out", str(tmp_path),
+                     "--dump", str(tmp_path / "dump")])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "_rms_norm_fwd_kernel" in out and "row stride (4095 elements)" in out
+    rows = results.read_jsonl(tmp_path / "inspect.jsonl")
+    kernels = [r for r in rows if r["level"] == "kernel"]
+    assert {r["kernel"] for r in kernels} == {"_rms_norm_fwd_kernel", "_rms_norm_bwd_kernel"}
+    fwd = next(r for r in kernels if r["direction"] == "fwd")
+    assert fwd["target"] == "sm_90a" and fwd["sm_count"] == 132 and fwd["registers"] > 0
+    assert {"device", "triton", "git", "timestamp"} <= set(fwd)
+    assert any(f["code"] == "narrow-access" for f in fwd["findings"])
+    assert fwd["sass"]["global_loads"] == {"16": fwd["sass"]["global_loads"]["16"]}
+    (bytes_fwd,) = [r for r in rows if r["level"] == "bytes" and r["direction"] == "fwd"]
+    assert bytes_fwd["compulsory_bytes"] == rms_norm.SPEC.cost(
+        find_case(rms_norm.SPEC, "rows8-hidden4095", torch.bfloat16), "fwd").bytes
+    dumped = sorted(p.suffix for p in (tmp_path / "dump").rglob("fwd0-*"))
+    assert dumped == [".cubin", ".llir", ".ptx", ".sass", ".ttgir", ".ttir"]
+    assert "LDG.E.U16" in next((tmp_path / "dump").rglob("fwd0-*.sass")).read_text()
+
+
+def test_all_covers_every_op_of_a_spec_file_on_its_quick_suite(tmp_path, capsys):
+    code = cli.main(["inspect", "--all", "--spec", str(ROOT / "examples" / "relu_squared.py"),
+                     "--only-spec", "--target", "sm_80", "--out", str(tmp_path)])
+    assert code == 0
+    rows = results.read_jsonl(tmp_path / "inspect.jsonl")
+    cases = {r["case_id"] for r in rows}
+    assert len(cases) > 3 and {r["target"] for r in rows} == {"sm_80"}
+    assert "speedlight inspect for sm_80" in capsys.readouterr().out
+
+
+def test_check_fails_a_kernel_short_of_its_design(tmp_path, capsys):
+    code = cli.main(["inspect", "spill", "--spec", KERNELS, "--only-spec", "--check",
+                     "--dtype", "fp32", "--out", str(tmp_path)])
+    assert code == 1
+    assert "short of design" in capsys.readouterr().out
+
+
+def test_native_without_a_gpu_is_a_clear_error(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: native is valid here")
+    with pytest.raises(SystemExit, match="native"):
+        cli.main(["inspect", "rms_norm", "--target", "native", "--out", str(tmp_path)])
+
+
+def test_unknown_target_and_unparseable_case_are_clear_errors(tmp_path):
+    with pytest.raises(SystemExit, match="target must look like"):
+        cli.main(["inspect", "rms_norm", "--target", "hopper", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="names no hidden"):
+        cli.main(["inspect", "rms_norm", "--case", "rows8", "--out", str(tmp_path)])
+
+
+def test_find_case_reads_suite_ids_and_new_shapes():
+    c = find_case(rms_norm.SPEC, "rms_norm-rows37-hidden128-fp16-strided", torch.bfloat16)
+    assert c.layout == "strided" and c.dtype == torch.float16 and c["rows"] == 37
+    new = find_case(rms_norm.SPEC, "rows4096-hidden4095-transposed-noweight", torch.bfloat16)
+    assert new.shape == {"rows": 4096, "hidden": 4095} and new.layout == "transposed"
+    assert new.flag("weight") is False and new.dtype == torch.bfloat16
+
+
+def test_an_op_that_raises_is_reported_and_fails_the_run(tmp_path, capsys):
+    spec = tmp_path / "broken.py"
+    spec.write_text("import dataclasses\n"
+                    "from tests.inspect.kernels import COPY\n"
+                    "def broken(**kwargs):\n"
+                    "    raise RuntimeError('the launcher gave up')\n"
+                    "SPEC = dataclasses.replace(COPY, name='broken_copy', impl=broken)\n")
+    code = cli.main(["inspect", "broken_copy", "--spec", str(spec), "--only-spec",
+                     "--out", str(tmp_path)])
+    assert code == 1
+    assert "the launcher gave up" in capsys.readouterr().out
+    (row,) = results.read_jsonl(tmp_path / "inspect.jsonl")
+    assert row["status"] == "error" and "RuntimeError" in row["reason"]
+
+
+def test_the_default_case_fits_a_cpu():
+    from speedlight import registry
+    from speedlight.inspect.command import REPRESENTATIVE_BYTES, representative
+
+    for spec in registry.builtin_specs():
+        case = representative(spec, torch.bfloat16)
+        assert spec.cost(case, "fwd").bytes <= REPRESENTATIVE_BYTES, case.id

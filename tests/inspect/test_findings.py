@@ -1,0 +1,108 @@
+"""The findings fire on the kernels built to trigger them, with the evidence, and stay
+quiet on the control cases."""
+
+import pytest
+import torch
+
+from speedlight.inspect import guard
+from speedlight.inspect.run import inspect_cases
+from speedlight.ops import rms_norm
+from speedlight.spec import Case
+from tests.inspect.conftest import SKU, TARGET
+from tests.inspect.kernels import COPY, MATMUL, SPILL
+
+BF16 = torch.bfloat16
+
+
+def rms(rows, hidden, layout="contiguous"):
+    return Case("rms_norm", {"rows": rows, "hidden": hidden}, dtype=BF16, layout=layout)
+
+
+def copy(rows, cols, **flags):
+    return Case("copy", {"rows": rows, "cols": cols}, dtype=BF16, flags=flags)
+
+
+@pytest.fixture(scope="module")
+def reports(compiler):
+    items = {
+        "aligned": (rms_norm.SPEC, rms(8, 4096)),
+        "hidden4095": (rms_norm.SPEC, rms(8, 4095)),
+        "transposed": (rms_norm.SPEC, rms(8, 4096, "transposed")),
+        "stride4104": (COPY, copy(8, 4104)),
+        "offset-view": (COPY, copy(8, 4096, offset=3)),
+        "spill": (SPILL, Case("spill", {"n": 8192})),
+        "mma-2-warps": (MATMUL, Case("matmul", {"m": 64, "n": 64, "k": 64}, dtype=torch.float16,
+                                     flags={"warps": 2})),
+        "mma-4-warps": (MATMUL, Case("matmul", {"m": 64, "n": 64, "k": 64}, dtype=torch.float16,
+                                     flags={"warps": 4})),
+    }
+    done = inspect_cases(list(items.values()), TARGET, sku=SKU, compiler=compiler, mode="run")
+    out = dict(zip(items, done))
+    # 132 SMs x 32 resident one-warp programs = 4224 per wave; one more opens a fifth wave
+    wave = inspect_cases([(COPY, copy(4 * 4224 + 1, 64, bm=1, bn=64, warps=1))], TARGET,
+                         sku=SKU, compiler=compiler, mode="dry")
+    out["last-wave"] = wave[0]
+    return out
+
+
+def codes(report, code):
+    return [f for f in report.all_findings if f.code == code]
+
+
+def on_x(report):
+    return [f for f in codes(report, "narrow-access") if f.evidence["arg"] == "x_ptr"]
+
+
+def test_aligned_rows_compile_to_128_bit_accesses_and_no_finding(reports):
+    r = reports["aligned"]
+    assert not codes(r, "narrow-access") and not codes(r, "spill")
+    rows = [a for k in r.kernels for a in k.accesses if a.row_data]
+    assert {a.arg for a in rows} >= {"x_ptr", "y_ptr", "dy_ptr", "dx_ptr"}
+    assert all(a.bits == 128 for a in rows), [(a.arg, a.sass.describe()) for a in rows]
+    assert not [s for s in guard.check(r) if s.check == "vector"]
+
+
+def test_a_row_stride_not_a_multiple_of_8_gives_narrow_loads(reports):
+    fwd = [f for f in codes(reports["hidden4095"], "narrow-access")
+           if f.kernel == "_rms_norm_fwd_kernel" and f.evidence["arg"] == "x_ptr"]
+    assert len(fwd) == 1
+    f = fwd[0]
+    assert "16-bit" in f.text and "row stride (4095 elements) is not a multiple of 8" in f.text
+    assert f.evidence["sass"] == {16: f.evidence["sass"][16]} and f.evidence["row_stride"] == 4095
+
+
+def test_aligned_rows_with_an_unspecialised_stride_name_what_the_compiler_was_not_told(reports):
+    (f,) = on_x(reports["stride4104"])
+    assert "cannot prove it" in f.text and "stride_xm=4104" in f.text
+    assert "stride_xm" in f.evidence["unspecialised"]
+
+
+def test_a_view_at_an_odd_offset_is_named(reports):
+    (f,) = on_x(reports["offset-view"])
+    assert "only 2-byte aligned" in f.text and f.evidence["data_ptr_align"] == 2
+
+
+def test_a_transposed_input_is_named_as_strided_lanes(reports):
+    found = on_x(reports["transposed"])
+    assert found and all("8 elements apart" in f.text for f in found)
+
+
+def test_a_forced_spill_is_reported_with_its_bytes(reports):
+    (f,) = codes(reports["spill"], "spill")
+    assert f.evidence["spill_stores"] > 0 and f.evidence["registers"] == 255
+    assert f.evidence["local"].get("STL", 0) > 0
+    assert f"{f.evidence['spill_stores']} bytes spilled to local memory" in f.text
+    assert [s for s in guard.check(reports["spill"]) if s.check == "spill"]
+
+
+def test_a_matrix_kernel_without_a_warp_group_gets_no_wgmma(reports):
+    (f,) = codes(reports["mma-2-warps"], "no-wgmma")
+    assert "without HGMMA on sm_90a" in f.text and "HMMA" in f.evidence["tensor_core"]
+    (k,) = reports["mma-4-warps"].kernels
+    assert k.mix.tensor_core.get("HGMMA", 0) > 0 and not codes(reports["mma-4-warps"], "no-wgmma")
+
+
+def test_a_grid_one_program_past_a_wave_leaves_the_last_wave_idle(reports):
+    (f,) = codes(reports["last-wave"], "last-wave")
+    assert "4224 per wave" in f.text and "runs 1 program in 4224 slots" in f.text
+    assert f.evidence["idle_share"] > 0.99

@@ -1,0 +1,115 @@
+"""CI guards: every built-in memory-bound kernel, compiled for sm_90a (no GPU needed) at
+aligned model shapes with the launches an H100 user gets, is held to its design
+(spec.KernelDesign): 128-bit global loads and stores on its row data, no spills, the
+theoretical occupancy it was designed for; and the bytes each forward moves, counted
+under the interpreter, are within 5% of compulsory (or the declared two-pass ratio).
+Backward ratios are held to their declared designs and printed in the guard table.
+
+Ops are taken from the registry, so ops added later are guarded without a change here.
+"""
+
+import pytest
+import torch
+
+from speedlight import registry
+from speedlight.inspect import guard
+from speedlight.inspect.run import inspect_cases
+from tests.inspect.conftest import GUARD_TABLE, SKU, TARGET
+
+DTYPE = torch.bfloat16
+FWD_BUDGET = 1200  # program-iterations of a full interpreter run (milliseconds each)
+BWD_BUDGET = 600
+
+SPECS = [s for s in registry.builtin_specs() if s.family == "memory-bound"]
+
+
+def candidates(spec):
+    """Aligned cases of the op's model suite, and of its quick suite (small shapes that
+    reach block configurations the model shapes only reach at sizes too big for CI)."""
+    out = []
+    for suite in ("model", "quick"):
+        out += [c.with_(dtype=DTYPE) for c in spec.cases(suite) if guard.aligned(c)]
+    return out
+
+
+_SURVEYS: dict = {}
+
+
+def surveyed(spec):
+    if spec.name not in _SURVEYS:
+        _SURVEYS[spec.name] = guard.survey(spec, candidates(spec), TARGET, SKU.sm_count)
+    return _SURVEYS[spec.name]
+
+
+def _widths(counter) -> str:
+    return " ".join(f"{w}x{n}" for w, n in sorted(counter.items(), reverse=True))
+
+
+def _config(launch) -> str:
+    declared = [f"{a.name}={a.value}" for a in launch.args if a.name in launch.declared]
+    return " ".join(declared + [f"warps={launch.num_warps}"])
+
+
+def _note_unmeasured(spec, direction, unaffordable, budget):
+    for plan, work in unaffordable.items():
+        GUARD_TABLE.append(f"{spec.name:9s} {direction} bytes {', '.join(plan):60s} not measured: "
+                           f"its cheapest aligned case takes {work} program-iterations "
+                           f"(budget {budget})")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
+def test_kernels_compile_to_their_design(spec, compiler):
+    cases = guard.kernel_cases(surveyed(spec))
+    assert cases, f"{spec.name}: no aligned case to compile"
+    reports = inspect_cases([(spec, c) for c in cases], TARGET, sku=SKU, compiler=compiler,
+                            mode="sample")
+    short, seen = [], set()
+    for r in reports:
+        for k in r.kernels:
+            rows = [a for a in k.accesses if a.row_data]
+            key = k.launch.design_key()
+            if key not in seen:
+                seen.add(key)
+                GUARD_TABLE.append(
+                    f"{spec.name:9s} {k.launch.kernel:34s} {_config(k.launch):46s} "
+                    f"regs {k.registers:3d} spill {k.spill_stores:3d} "
+                    f"occ {k.occupancy.fraction:4.0%} (min {k.design.min_occupancy:.0%}) "
+                    f"LDG {_widths(k.mix.global_loads)} | STG {_widths(k.mix.global_stores)}"
+                    f"  [{r.case.label}]")
+            short += [f"{r.case.label}: {s}" for s in guard.check_kernel(k)]
+            if not rows:
+                short.append(f"{r.case.label}: {k.launch.kernel}: no row-data access seen")
+    assert not short, "\n".join(short)
+
+
+def _bytes_guard(spec, compiler, direction: str, budget: int) -> list:
+    """Measure each launch plan of `direction` at its affordable case; record the ratios in
+    the guard table; return the directions measured and the shortfalls."""
+    cases, unaffordable = guard.bytes_cases(spec, surveyed(spec), TARGET, SKU.sm_count,
+                                            direction=direction, budget=budget)
+    _note_unmeasured(spec, direction, unaffordable, budget)
+    assert cases, f"{spec.name}: no aligned case the interpreter can run within the budget"
+    reports = inspect_cases([(spec, c) for c in cases], TARGET, sku=SKU, compiler=compiler,
+                            mode="run", backward=direction == "bwd")
+    measured, short = [], []
+    for r in reports:
+        (d,) = [d for d in r.directions if d.direction == direction]
+        measured.append(d)
+        GUARD_TABLE.append(f"{spec.name:9s} {direction} bytes {', '.join(d.kernels):60s} "
+                           f"{d.ratio:.4f}x compulsory (allowed {d.allowed:.2f})  [{r.case.label}]")
+        short += [f"{r.case.label}: {s}" for s in guard.check_direction(d)]
+    return measured, short
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
+def test_forward_bytes_within_5_percent_of_compulsory(spec, compiler):
+    measured, short = _bytes_guard(spec, compiler, "fwd", FWD_BUDGET)
+    assert not short, "\n".join(short)
+    assert any(d.allowed <= 1.05 for d in measured), f"{spec.name}: no single-pass forward measured"
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.grad_inputs],
+                         ids=[s.name for s in SPECS if s.grad_inputs])
+def test_backward_bytes_are_measured_and_within_their_design(spec, compiler):
+    _, short = _bytes_guard(spec, compiler, "bwd", BWD_BUDGET)
+    assert not short, "\n".join(short)
