@@ -22,35 +22,42 @@ def _layer_norm_fwd_kernel(
 
     x_ptr [n_rows, n_cols] (strides stride_xm, stride_xn), w_ptr, b_ptr [n_cols],
     y_ptr [n_rows, n_cols] (row stride stride_ym, unit column stride),
-    mean_ptr, rstd_ptr [n_rows] fp32. BLOCK_N >= n_cols: whole rows in registers.
-    HAS_WEIGHT / HAS_BIAS = False remove the load of w / b. BLOCK_M rows share a program.
+    mean_ptr, rstd_ptr [n_rows] fp32. BLOCK_N >= n_cols: whole rows in registers, so x is
+    read once. Persistent: program p takes the tiles of BLOCK_M rows p, p + P, p + 2P, ...
+    (P programs in the grid) and loads w and b once for all of them.
+    HAS_WEIGHT / HAS_BIAS = False remove the load of w / b.
     """
-    pid_m = tl.program_id(0)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
     offs_n = tl.arange(0, BLOCK_N)
-    mask_m = offs_m < n_rows
     mask_n = offs_n < n_cols
-    mask = mask_m[:, None] & mask_n[None, :]
-    rows = offs_m.to(tl.int64)
     cols = offs_n.to(tl.int64)
-
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
-                mask=mask, other=0.0).to(tl.float32)
-    # [BM, BN] -> [BM]
-    mean = tl.sum(x, axis=1) / n_cols
-    xc = tl.where(mask, x - mean[:, None], 0.0)
-    # [BM, BN] -> [BM]
-    var = tl.sum(xc * xc, axis=1) / n_cols
-    rstd = 1.0 / tl.sqrt(var + eps)
-    y = xc * rstd[:, None]
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     if HAS_BIAS:
-        y = y + tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=mask)
-    tl.store(mean_ptr + offs_m, mean, mask=mask_m)
-    tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
+        b = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    for tile in range(pid, tl.cdiv(n_rows, BLOCK_M), n_programs):
+        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < n_rows
+        mask = mask_m[:, None] & mask_n[None, :]
+        rows = offs_m.to(tl.int64)
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
+                    mask=mask, other=0.0).to(tl.float32)
+        # [BM, BN] -> [BM]
+        mean = tl.sum(x, axis=1) / n_cols
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        # [BM, BN] -> [BM]
+        var = tl.sum(xc * xc, axis=1) / n_cols
+        rstd = 1.0 / tl.sqrt(var + eps)
+        y = xc * rstd[:, None]
+        if HAS_WEIGHT:
+            y = y * w[None, :]
+        if HAS_BIAS:
+            y = y + b[None, :]
+        tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :],
+                 y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(mean_ptr + offs_m, mean, mask=mask_m)
+        tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
 
 
 @triton.jit

@@ -173,6 +173,23 @@ def warps_for_tile(tile: int) -> int:
     return max(1, min(16, tile // 512))
 
 
+def persistent_row_grid(n_rows: int, n_cols: int, device: torch.device, *, max_block_n: int,
+                        tile: int, warps_per_sm: int) -> tuple[tuple[int], int, int, int]:
+    """(grid, BLOCK_M, BLOCK_N, num_warps) of a persistent kernel over whole rows: tiles
+    of BLOCK_M rows of ~`tile` elements on a GPU (16 values per thread, up to 32 warps for
+    a 16384-wide row), and as many programs as fit `warps_per_sm` resident warps per SM,
+    each walking tiles p, p + P, ... so what it loads once (a weight) is read P times, not
+    once per tile. Under the interpreter, row_tile's large tiles and two programs."""
+    gpu = planned_sm_count(device) is not None
+    block_m, block_n, num_warps = row_tile(n_cols, device, max_block_n=max_block_n,
+                                           max_tile=tile if gpu else None)
+    if gpu:
+        num_warps = max(1, min(32, block_m * block_n // 512))
+    per_sm = max(1, warps_per_sm // num_warps)
+    grid = (min(triton.cdiv(n_rows, block_m), target_programs(device, per_sm=per_sm)),)
+    return grid, block_m, block_n, num_warps
+
+
 def rows_view(x: torch.Tensor, n_cols: int) -> torch.Tensor:
     """x as [rows, n_cols] over its last dim(s): a view when the strides allow, else a copy."""
     return x.reshape(-1, n_cols)

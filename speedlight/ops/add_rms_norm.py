@@ -28,7 +28,7 @@ from speedlight.ops.rms_norm import (
     rms_norm_bwd,
 )
 from speedlight.ops.rms_norm import make_inputs as rms_norm_inputs
-from speedlight.spec import Case, Cost, OpSpec, rand_tensor
+from speedlight.spec import Case, Cost, KernelDesign, OpSpec, rand_tensor
 
 
 # --- launchers (usable without autograd) --------------------------------------------------
@@ -155,6 +155,9 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=10 * m * n, bytes=4 * m * n * e + 2 * w + 4 * m)
 
 
+_TWO_PASS_BWD = ("a row longer than 16384 is read twice (dy and h: the row dot, then dx "
+                 "with dh) plus dw partial rows")
+
 SPEC = OpSpec(
     name="add_rms_norm",
     impl=add_rms_norm,
@@ -168,4 +171,16 @@ SPEC = OpSpec(
     skip=skip_huge_on_cpu,
     notes="h = x + residual then RMSNorm(h), both returned; RMSNorm's kernels with the "
           "residual fused; dx = dresidual written once.",
+    # RMSNorm's kernels with the residual switches on, held to this op's compulsory bytes
+    kernels={
+        "_rms_norm_fwd_kernel": KernelDesign(min_occupancy=0.5),
+        "_rms_norm_fwd_looped_kernel": KernelDesign(bytes_ratio=1.3, why=(
+            "a row longer than 16384 does not fit registers: h is written, then read back "
+            "(mostly from L2) for the write of y")),
+        "_rms_norm_bwd_kernel": KernelDesign(min_occupancy=0.25, bytes_ratio=1.45, why=(
+            "each program reads w once and writes one fp32 row of dw partial sums, "
+            "1 + P(e + 4)/(4e rows) of compulsory: ~1.05x at 4096 rows, ~1.4x at 512")),
+        "_rms_norm_bwd_row_dot_kernel": KernelDesign(bytes_ratio=1.8, why=_TWO_PASS_BWD),
+        "_rms_norm_bwd_dx_kernel": KernelDesign(bytes_ratio=1.8, why=_TWO_PASS_BWD),
+    },
 )

@@ -26,16 +26,22 @@ from speedlight.ops._common import (
     check_tensor,
     norm_cases,
     partial_sum_programs,
+    persistent_row_grid,
     row_tile,
     rows_view,
     skip_huge_on_cpu,
     warps_for_tile,
 )
-from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor
+from speedlight.ops.rms_norm import BWD_WARPS_PER_SM, FWD_WARPS_PER_SM
+from speedlight.ops.rms_norm import FWD_TILE as RMS_FWD_TILE
+from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
 LOOP_BLOCK_N = 4096  # chunk of a longer row
 SPLIT_BLOCK_N = 1024  # column block of the backward of longer rows
+# Forward tile on a GPU: twice RMSNorm's, since each program re-reads both w and b: half
+# the programs at the same resident warps per SM (32 warps of 16 values per thread).
+FWD_TILE = 2 * RMS_FWD_TILE
 
 
 # --- launchers (usable without autograd) --------------------------------------------------
@@ -59,8 +65,11 @@ def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Ten
     strides = (x2.stride(0), x2.stride(1), y2.stride(0))
     switches = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
     if n_cols <= MAX_FUSED_N:
-        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
-        _layer_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
+        # persistent, sized as RMSNorm's forward: w and b read once per program
+        grid, block_m, block_n, num_warps = persistent_row_grid(
+            n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, tile=FWD_TILE,
+            warps_per_sm=FWD_WARPS_PER_SM)
+        _layer_norm_fwd_kernel[grid](
             *args, n_rows, n_cols, *strides, eps, **switches,
             BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     else:
@@ -86,7 +95,14 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     dy2 = rows_view(dy, n_cols)
     dx2 = dx.view(-1, n_cols)
     w = weight if has_weight else x2
-    n_programs = partial_sum_programs(n_rows, x.device)
+    fused = n_cols <= MAX_FUSED_N
+    if fused:
+        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
+    else:
+        block_m, block_n, num_warps = 4, SPLIT_BLOCK_N, 4
+    # as many programs as fit BWD_WARPS_PER_SM warps per SM, as RMSNorm's backward
+    per_sm = max(1, BWD_WARPS_PER_SM // num_warps)
+    n_programs = partial_sum_programs(n_rows, x.device, per_sm=per_sm)
     rows_per_program = triton.cdiv(n_rows, n_programs)
     n_programs = triton.cdiv(n_rows, rows_per_program)
 
@@ -97,27 +113,24 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     dw_partial, db_partial = partial(has_weight), partial(has_bias)
     strides = (dy2.stride(0), dy2.stride(1), x2.stride(0), x2.stride(1))
     switches = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias)
-    if n_cols <= MAX_FUSED_N:
-        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
+    if fused:
         # few rows per program: a smaller tile, and the warps of the tile actually used
         block_m = min(block_m, triton.next_power_of_2(rows_per_program))
         num_warps = warps_for_tile(block_m * block_n)
         c1 = c2 = rstd  # not read
         grid = (n_programs, 1)
-        split = False
     else:
         c1 = torch.empty(n_rows, dtype=torch.float32, device=x.device)
         c2 = torch.empty(n_rows, dtype=torch.float32, device=x.device)
         _layer_norm_bwd_row_dot_kernel[(n_rows,)](
             dy2, x2, w, mean, rstd, c1, c2, n_cols, *strides, HAS_WEIGHT=has_weight,
             BLOCK_N=LOOP_BLOCK_N, num_warps=8)
-        block_m, block_n, num_warps = 4, SPLIT_BLOCK_N, 4
         grid = (n_programs, triton.cdiv(n_cols, block_n))
-        split = True
     _layer_norm_bwd_kernel[grid](
         dy2, x2, w, mean, rstd, c1, c2, dx2, dw_partial, db_partial,
         n_rows, n_cols, rows_per_program, *strides, dx2.stride(0),
-        SPLIT_ROW=split, **switches, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+        SPLIT_ROW=not fused, **switches, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=num_warps)
     dw = dw_partial.sum(0).to(weight.dtype) if has_weight else None
     db = db_partial.sum(0).to(bias.dtype) if has_bias else None
     return dx, dw, db
@@ -270,4 +283,19 @@ SPEC = OpSpec(
     skip=skip_huge_on_cpu,
     notes="Normalizes the trailing dims (biased variance, taken around the mean); fp32 "
           "statistics; dW and dB reduced per program, then summed.",
+    kernels={
+        # its persistent grid is sized for 32 resident warps per SM (FWD_WARPS_PER_SM)
+        "_layer_norm_fwd_kernel": KernelDesign(min_occupancy=0.5),
+        "_layer_norm_fwd_looped_kernel": KernelDesign(bytes_ratio=2.1, why=(
+            "a row longer than 16384 does not fit registers: it is read three times, for "
+            "the mean, the centred sum of squares and the write (the last two mostly from L2)")),
+        # sized for 16 resident warps per SM (BWD_WARPS_PER_SM), as RMSNorm's backward
+        "_layer_norm_bwd_kernel": KernelDesign(min_occupancy=0.25, bytes_ratio=1.9, why=(
+            "each program reads w once and writes fp32 partial rows of dw and db, "
+            "1 + P(e + 8)/(3e rows) of compulsory: ~1.1x at 4096 rows, ~1.8x at 512; rows "
+            "longer than 16384 also read dy and x twice (the row dots, then dx)")),
+        "_layer_norm_bwd_row_dot_kernel": KernelDesign(bytes_ratio=2.2, why=(
+            "rows longer than 16384: dy and x are read for the row dots c1, c2 and again "
+            "for dx, plus the dw and db partial rows")),
+    },
 )

@@ -25,14 +25,13 @@ from speedlight.ops._common import (
     check_tensor,
     norm_cases,
     partial_sum_programs,
+    persistent_row_grid,
     row_tile,
     rows_view,
     skip_huge_on_cpu,
-    target_programs,
     warps_for_tile,
 )
-from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, inject_nonfinite, planned_sm_count,
-                             rand_tensor)
+from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
 LOOP_BLOCK_N = 4096  # chunk of a longer row
@@ -74,13 +73,9 @@ def norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     if n_cols <= MAX_FUSED_N:
         # Persistent: a grid of as many programs as fit (FWD_WARPS_PER_SM warps per SM)
         # walks the row tiles, so w is read once per program, not once per tile.
-        gpu = planned_sm_count(x.device) is not None
-        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N,
-                                               max_tile=FWD_TILE if gpu else None)
-        if gpu:  # 16 values per thread, up to 32 warps (a 16384-wide row)
-            num_warps = max(1, min(32, block_m * block_n // 512))
-        per_sm = max(1, FWD_WARPS_PER_SM // num_warps)
-        grid = (min(triton.cdiv(n_rows, block_m), target_programs(x.device, per_sm=per_sm)),)
+        grid, block_m, block_n, num_warps = persistent_row_grid(
+            n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, tile=FWD_TILE,
+            warps_per_sm=FWD_WARPS_PER_SM)
         _rms_norm_fwd_kernel[grid](
             *args, n_rows, n_cols, *strides, eps, offset, **switches,
             BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)

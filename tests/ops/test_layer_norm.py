@@ -30,6 +30,8 @@ def case(rows, hidden, dtype=torch.float32, layout="contiguous", seed=0, **flags
     pytest.param(9, 256, "contiguous", {"bias": False}, id="rows9-hidden256-nobias"),
     pytest.param(9, 256, "contiguous", {"weight": False}, id="rows9-hidden256-noweight"),
     pytest.param(2, 20011, "strided", {}, id="rows2-hidden20011-looped"),
+    # 5 tiles of 16 rows over the interpreter's 2 persistent programs
+    pytest.param(70, 4096, "contiguous", {}, id="rows70-hidden4096-tiles-per-program"),
 ])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_forward_and_backward_match_float64(rows, hidden, layout, flags, dtype, seed, device):
