@@ -15,6 +15,10 @@ _EXPORTS = {
     "softmax": "speedlight.ops.softmax",
     "rope": "speedlight.ops.rope",
     "cross_entropy": "speedlight.ops.cross_entropy",
+    "layer_norm": "speedlight.ops.layer_norm",
+    "add_rms_norm": "speedlight.ops.add_rms_norm",
+    "swiglu": "speedlight.ops.swiglu",
+    "geglu": "speedlight.ops.geglu",
 }
 # speedlight.patch(model) is a function: the package that holds it is speedlight.patching,
 # since a submodule named patch would replace the function on first import.

@@ -111,6 +111,27 @@ def rows_and_width(suite: str, field: str = "hidden") -> list[tuple[int, int, st
     return points
 
 
+def rows_width_variant(suite: str, field: str, variant: Callable[[ModelConfig], object]
+                       ) -> list[tuple[int, int, str | None, object]]:
+    """rows_and_width's points with each model's `variant` (e.g. its norm offset): the
+    model points are every distinct (width, variant) pair, so a width two models share is
+    kept once per variant (Gemma 2's hidden size with its (1 + w) norm as well as Qwen's
+    without). Other points carry variant None."""
+    check_suite(suite)
+    points = [(r, w, m, None) for r, w, m in rows_and_width(suite, field) if m is None]
+    if suite == "quick":
+        return points
+    seen: dict[tuple[int, object], str] = {}
+    for m in MODELS.values():
+        key = (getattr(m, field), variant(m))
+        if key[0] and key not in seen:
+            seen[key] = m.name
+    model_points = [(t, w, name, v) for (w, v), name in
+                    sorted(seen.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
+                    for t in MODEL_TOKENS]
+    return model_points + points
+
+
 def check_suite(suite: str) -> None:
     if suite not in SUITES:
         raise ValueError(f"suite must be one of {', '.join(SUITES)}, got {suite!r}")
