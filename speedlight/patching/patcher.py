@@ -19,6 +19,7 @@ import importlib
 import inspect
 import types
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -219,7 +220,8 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, ro
                 previous = module.__dict__.get("forward") or module.forward
                 _set_forward(module, _attention_forward(previous), record)
                 _acquire_rope(family.module)
-                record["rope_modules"].append(family.module)
+                # released by unpatch, or when the model is garbage-collected unpatched
+                record["rope_modules"].append(weakref.finalize(model, _release_rope, family.module))
                 report.patched.setdefault("rope", []).append(path)
         for kind in ("rms_norm", "mlp", "rope"):
             if wanted[kind] and kind not in report.patched and not any(
@@ -257,8 +259,8 @@ def unpatch(model: torch.nn.Module) -> None:
             del module.forward
         else:
             module.forward = had
-    for name in record["rope_modules"]:
-        _release_rope(name)
+    for release in record["rope_modules"]:
+        release()  # a finalizer runs once: here, not again when the model is collected
     if record["loss"] is not None:
         state, value = record["loss"]
         if state == "had":
