@@ -20,6 +20,9 @@ _EXPORTS = {
     "swiglu": "speedlight.ops.swiglu",
     "geglu": "speedlight.ops.geglu",
 }
+# speedlight.patch(model) is a function: the package that holds it is speedlight.patching,
+# since a submodule named patch would replace the function on first import.
+_EXPORTS.update({"patch": "speedlight.patching", "unpatch": "speedlight.patching"})
 _SUBMODULES = ("nn", "spec", "shapes", "hardware", "reference", "registry", "results")
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -140,3 +140,33 @@ def check_suite(suite: str) -> None:
 def suites(build: Callable[[str], Sequence]) -> dict[str, Callable[[], list]]:
     """The suites mapping of an OpSpec from one builder taking the suite name."""
     return {name: (lambda name=name: list(build(name))) for name in SUITES}
+
+
+_GEGLU_ACTS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu", "gelu_python")
+
+
+def from_hf_config(config, name: str | None = None) -> ModelConfig:
+    """The ModelConfig of a Hugging Face causal-LM config (LlamaConfig, Gemma2Config, ...),
+    so the suites and a model's own shapes speak the same vocabulary."""
+    get = lambda *keys, default=None: next(  # noqa: E731
+        (getattr(config, k) for k in keys if getattr(config, k, None) is not None), default)
+    model_type = get("model_type", default="unknown")
+    hidden = get("hidden_size", "n_embd")
+    heads = get("num_attention_heads", "n_head")
+    head_dim = get("head_dim", default=hidden // heads)
+    act = str(get("hidden_activation", "hidden_act", "activation_function", default="silu"))
+    gated = model_type not in ("gpt2", "gptj")
+    mlp = ("geglu" if act in _GEGLU_ACTS else "swiglu") if gated else "gelu"
+    rotary = get("rotary_dim")
+    if rotary is None and model_type != "gpt2":
+        rotary = int(head_dim * float(get("partial_rotary_factor", default=1.0)))
+    return ModelConfig(
+        name=name or model_type, hf_model_type=model_type, hidden=hidden,
+        intermediate=get("intermediate_size", "n_inner", default=4 * hidden),
+        heads=heads, kv_heads=get("num_key_value_heads", default=heads), head_dim=head_dim,
+        vocab=get("vocab_size"), norm="layer" if not gated else "rms",
+        norm_eps=float(get("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", default=1e-6)),
+        mlp=mlp, rotary_dim=rotary or 0, source="Hugging Face config",
+        norm_offset=1.0 if model_type.startswith("gemma") else 0.0,
+        rope_interleaved=model_type == "gptj",
+        logit_softcap=get("final_logit_softcapping"))

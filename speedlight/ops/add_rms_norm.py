@@ -158,8 +158,17 @@ def _cost(case: Case, mode: str) -> Cost:
 _TWO_PASS_BWD = ("a row longer than 16384 is read twice (dy and h: the row dot, then dx "
                  "with dh) plus dw partial rows")
 
+def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+    """The residual stream of a pre-norm block: h = x + residual, then its RMSNorm."""
+    if cfg.norm != "rms":
+        return []
+    return [Case("add_rms_norm", (("rows", batch * seq), ("hidden", cfg.hidden)),
+                 flags=model_norm_flags(cfg), model=cfg.name)]
+
+
 SPEC = OpSpec(
     name="add_rms_norm",
+    for_model=_for_model,
     impl=add_rms_norm,
     reference=reference.add_rms_norm,
     make_inputs=_make_inputs,

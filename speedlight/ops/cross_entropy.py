@@ -499,6 +499,16 @@ def _skip(case: Case, device) -> str | None:
     return None
 
 
+def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+    """A causal LM's loss: every token's logits against the next token (HF pads the
+    shifted labels with ignore_index, so the last token of each sequence is ignored).
+    Soft-capping, where a model has it, is applied by the model before its loss."""
+    if not cfg.vocab:
+        return []
+    return [Case("cross_entropy", (("tokens", batch * seq), ("vocab", cfg.vocab)),
+                 flags={"ignore": "some"}, model=cfg.name)]
+
+
 SPEC = OpSpec(
     name="cross_entropy",
     impl=cross_entropy,
@@ -511,4 +521,5 @@ SPEC = OpSpec(
     notes=("Loss and dlogits in one forward (the backward scales dlogits); vocab > 8192 "
            "reads each row twice (statistics, then gradient), the second read hitting L2 "
            "only while the rows in flight fit there. fwd bytes count the dlogits write."),
+    for_model=_for_model,
 )

@@ -37,4 +37,6 @@ SPEC = glu_spec(
                {"approximate": "none", "nonfinite": True}],
     notes="gelu(gate) * up (tanh or exact) on split or concatenated [.., 2I] inputs, "
           "followed by strides; act recomputed in the backward.",
+    # the gated models in shapes.py use the tanh approximation (gelu_pytorch_tanh)
+    model_flags=lambda cfg: {} if cfg.mlp == "geglu" else None,
 )

@@ -180,10 +180,12 @@ _ACT_FLOPS = {"silu": (4, 6), "gelu_tanh": (9, 10), "gelu": (5, 6)}
 
 def glu_spec(name: str, impl: Callable, reference: Callable,
              activation_of: Callable[[Case], str], extra_kwargs: Callable[[Case], dict],
-             flag_sets: list[dict], notes: str) -> OpSpec:
+             flag_sets: list[dict], notes: str,
+             model_flags: Callable[[shapes.ModelConfig], dict | None] = lambda cfg: None) -> OpSpec:
     """The OpSpec of one gated unit. activation_of(case) names the kernel's activation;
     extra_kwargs(case) are the op's own keyword arguments (e.g. approximate); flag_sets are
-    the op's variants, each run on the quick shapes."""
+    the op's variants, each run on the quick shapes; model_flags(cfg) gives the case flags
+    of a model whose MLP is this unit, None when it is another."""
 
     def make_inputs(case: Case, device) -> dict:
         rows, inter = case["rows"], case["intermediate"]
@@ -236,6 +238,15 @@ def glu_spec(name: str, impl: Callable, reference: Callable,
             out.append(case(32769, 32771, concat=True, huge=True))
         return out
 
+    def for_model(cfg, batch: int, seq: int) -> list[Case]:
+        flags = model_flags(cfg)
+        if flags is None:
+            return []
+        if cfg.hf_model_type == "phi3":  # gate and up from one matmul (gate_up_proj)
+            flags = dict(flags, concat=True)
+        return [Case(name, (("rows", batch * seq), ("intermediate", cfg.intermediate)),
+                     flags=flags, model=cfg.name)]
+
     return OpSpec(name=name, impl=impl, reference=reference, make_inputs=make_inputs,
                   cost=cost, suites=shapes.suites(cases), grad_inputs=("gate", "up"),
-                  skip=skip_huge_on_cpu, notes=notes)
+                  skip=skip_huge_on_cpu, notes=notes, for_model=for_model)

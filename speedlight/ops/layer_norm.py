@@ -269,8 +269,16 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=13 * m * n, bytes=3 * m * n * e + w + params + 8 * m)
 
 
+def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+    """The pre-attention and pre-MLP LayerNorms of a GPT-style block."""
+    if cfg.norm != "layer":
+        return []
+    return [Case("layer_norm", (("rows", batch * seq), ("hidden", cfg.hidden)), model=cfg.name)]
+
+
 SPEC = OpSpec(
     name="layer_norm",
+    for_model=_for_model,
     impl=layer_norm,
     reference=reference.layer_norm,
     make_inputs=_make_inputs,

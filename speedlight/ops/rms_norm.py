@@ -255,6 +255,13 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=9 * m * n, bytes=3 * m * n * e + 2 * w + 4 * m)
 
 
+def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+    if cfg.norm != "rms":
+        return []
+    return [Case("rms_norm", (("rows", batch * seq), ("hidden", cfg.hidden)),
+                 flags=model_norm_flags(cfg), model=cfg.name)]
+
+
 _TWO_PASS = ("a row longer than 16384 does not fit registers: it is read twice, for the "
              "sum of squares and for the write (the second read mostly from L2)")
 _TWO_PASS_BWD = ("a row longer than 16384 is read twice (dy and x: the row dot, then dx) "
@@ -273,6 +280,7 @@ SPEC = OpSpec(
     grad_inputs=("x", "weight"),
     skip=skip_huge_on_cpu,
     notes="Normalizes the last dim; fp32 accumulation; dW reduced per program, then summed.",
+    for_model=_for_model,
     kernels={
         # its persistent grid is sized for 32 resident warps per SM (FWD_WARPS_PER_SM)
         "_rms_norm_fwd_kernel": KernelDesign(min_occupancy=0.5),

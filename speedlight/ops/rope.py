@@ -392,6 +392,17 @@ def _skip(case: Case, device) -> str | None:
     return None
 
 
+def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+    """q and k as Hugging Face attention hands them over: [batch, heads, seq, head_dim]
+    views of the projections' [batch, seq, heads, head_dim]."""
+    if not cfg.rotary_dim:
+        return []
+    flags = {"interleaved": True} if cfg.rope_interleaved else {}
+    return [Case("rope", (("batch", batch), ("seq", seq), ("heads", cfg.heads),
+                          ("kv", cfg.kv_heads), ("dim", cfg.head_dim), ("rot", cfg.rotary_dim)),
+                 layout="transposed", flags=flags, model=cfg.name)]
+
+
 SPEC = OpSpec(
     name="rope",
     impl=rope,
@@ -403,4 +414,5 @@ SPEC = OpSpec(
     skip=_skip,
     notes=("q and k rotated in one launch through their strides; cos/sin per token or a "
            "cache read at position_ids; cos and sin take no gradient."),
+    for_model=_for_model,
 )

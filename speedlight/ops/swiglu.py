@@ -30,4 +30,5 @@ SPEC = glu_spec(
     flag_sets=[],
     notes="silu(gate) * up on split or concatenated [.., 2I] inputs, followed by strides; "
           "act recomputed in the backward.",
+    model_flags=lambda cfg: {} if cfg.mlp == "swiglu" else None,
 )
