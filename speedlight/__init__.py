@@ -15,7 +15,14 @@ _EXPORTS = {
     "softmax": "speedlight.ops.softmax",
     "rope": "speedlight.ops.rope",
     "cross_entropy": "speedlight.ops.cross_entropy",
+    "layer_norm": "speedlight.ops.layer_norm",
+    "add_rms_norm": "speedlight.ops.add_rms_norm",
+    "swiglu": "speedlight.ops.swiglu",
+    "geglu": "speedlight.ops.geglu",
 }
+# speedlight.patch(model) is a function: the package that holds it is speedlight.patching,
+# since a submodule named patch would replace the function on first import.
+_EXPORTS.update({"patch": "speedlight.patching", "unpatch": "speedlight.patching"})
 _SUBMODULES = ("nn", "spec", "shapes", "hardware", "reference", "registry", "results")
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -15,6 +15,8 @@ import sys
 import warnings
 
 COMMANDS = {
+    "report": ("speedlight.pipeline", "the main job: profile, patch, verify, bench, inspect and "
+                                      "profile again one model, into one report page"),
     "verify": ("speedlight.verify.command", "prove every op correct against float64"),
     "bench": ("speedlight.bench.command", "time ops against PyTorch, torch.compile and Liger; "
                                           "compare runs; plot"),

@@ -7,10 +7,15 @@ import math
 
 import torch
 
+from speedlight.ops.add_rms_norm import add_rms_norm
 from speedlight.ops.cross_entropy import check_options, cross_entropy
+from speedlight.ops.geglu import geglu
+from speedlight.ops.glu import ACTIVATIONS, glu
+from speedlight.ops.layer_norm import layer_norm
 from speedlight.ops.rms_norm import rms_norm
 from speedlight.ops.rope import rope
 from speedlight.ops.softmax import softmax
+from speedlight.ops.swiglu import swiglu
 
 
 class RMSNorm(torch.nn.RMSNorm):
@@ -23,16 +28,18 @@ class RMSNorm(torch.nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        dims = len(self.normalized_shape)
-        if tuple(x.shape[-dims:]) != tuple(self.normalized_shape):
-            raise ValueError(f"x's trailing dims {tuple(x.shape[-dims:])} do not match "
-                             f"normalized_shape {tuple(self.normalized_shape)}")
-        if dims == 1:
-            return rms_norm(x, self.weight, eps)
-        lead = x.shape[:-dims]
-        flat = x.reshape(*lead, math.prod(self.normalized_shape))
+        flat = _rows_shape(x, self.normalized_shape)
         weight = self.weight.reshape(-1) if self.weight is not None else None
-        return rms_norm(flat, weight, eps).reshape(x.shape)
+        return rms_norm(x.reshape(flat), weight, eps).reshape(x.shape)
+
+
+def _rows_shape(x: torch.Tensor, normalized_shape) -> tuple[int, ...]:
+    """x's shape with the normalized trailing dims flattened into one (checked to match)."""
+    dims = len(normalized_shape)
+    if tuple(x.shape[-dims:]) != tuple(normalized_shape):
+        raise ValueError(f"x's trailing dims {tuple(x.shape[-dims:])} do not match "
+                         f"normalized_shape {tuple(normalized_shape)}")
+    return (*x.shape[:-dims], math.prod(normalized_shape))
 
 
 class Softmax(torch.nn.Softmax):
@@ -108,3 +115,120 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         if self.softcap is not None:
             extra += f", softcap={self.softcap}"
         return extra
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    """torch.nn.LayerNorm computed by speedlight's kernel (same constructor, parameters and
+    state-dict; elementwise_affine=False and bias=False as in torch)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class AddRMSNorm(torch.nn.RMSNorm):
+    """The residual add and RMSNorm of a pre-norm block in one kernel:
+    forward(x, residual) -> (y, h) with h = x + residual and y = RMSNorm(h).
+
+    Same constructor, parameters and state-dict as torch.nn.RMSNorm, so a model's norm
+    weights load unchanged; eps=None means torch.finfo(x.dtype).eps, as in torch.
+    offset=1.0 (keyword only) is Gemma's (1 + w) form, whose weight then starts at 0.
+    """
+
+    def __init__(self, normalized_shape, eps: float | None = None,
+                 elementwise_affine: bool = True, device=None, dtype=None, *,
+                 offset: float = 0.0):
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+        self.offset = float(offset)
+        if self.offset and self.weight is not None:
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if getattr(self, "offset", 0.0) and self.weight is not None:
+            torch.nn.init.zeros_(self.weight)  # scale offset + 0 = 1
+        else:
+            super().reset_parameters()
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        flat = _rows_shape(x, self.normalized_shape)
+        weight = self.weight.reshape(-1) if self.weight is not None else None
+        y, h = add_rms_norm(x.reshape(flat), residual.reshape(flat), weight, eps, self.offset)
+        return y.view(x.shape), h.view(x.shape)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", offset={self.offset}" if self.offset else "")
+
+
+class SwiGLU(torch.nn.Module):
+    """silu(gate) * up; forward(gate, up=None), up=None taking gate as [..., 2 * I]
+    (gate then up, as a fused gate_up projection writes them)."""
+
+    def forward(self, gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+        return swiglu(gate, up)
+
+
+class GeGLU(torch.nn.Module):
+    """gelu(gate) * up, approximate "tanh" (Gemma's gelu_pytorch_tanh) or "none" (exact);
+    forward(gate, up=None) as SwiGLU's."""
+
+    def __init__(self, approximate: str = "tanh"):
+        super().__init__()
+        if approximate not in ("tanh", "none"):
+            raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+        return geglu(gate, up, self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+# Hugging Face's activation names (transformers.activations.ACT2FN) -> GatedMLP's
+HF_ACTIVATIONS = {
+    "silu": "silu", "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",  # the same tanh formula, its constants arranged differently
+    "gelu": "gelu", "gelu_python": "gelu",
+}
+
+
+class GatedMLP(torch.nn.Module):
+    """down_proj(act(gate_proj(x)) * up_proj(x)), the MLP of Llama, Mistral, Qwen (silu)
+    and Gemma (gelu_tanh), with speedlight's gated-unit kernel between the projections.
+
+    The parameters are named as in Hugging Face's LlamaMLP / GemmaMLP (gate_proj, up_proj,
+    down_proj; biases with bias=True, as mlp_bias), so their state-dicts load unchanged.
+    activation: "silu", "gelu_tanh" or "gelu" (exact).
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu",
+                 bias: bool = False, device=None, dtype=None):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, "
+                             f"got {activation!r}")
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.activation = activation
+        kw = dict(bias=bias, device=device, dtype=dtype)
+        self.gate_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, **kw)
+
+    @classmethod
+    def from_config(cls, config, device=None, dtype=None) -> "GatedMLP":
+        """The GatedMLP of a Hugging Face config (Llama, Mistral, Qwen2/3, Gemma 1/2/3):
+        hidden_size, intermediate_size, hidden_activation (Gemma 2/3) or hidden_act, and
+        mlp_bias where the config has it."""
+        name = getattr(config, "hidden_activation", None) or config.hidden_act
+        if name not in HF_ACTIVATIONS:
+            raise ValueError(f"config's activation {name!r} has no gated kernel: expected one "
+                             f"of {', '.join(HF_ACTIVATIONS)}")
+        return cls(config.hidden_size, config.intermediate_size, HF_ACTIVATIONS[name],
+                   bias=bool(getattr(config, "mlp_bias", False)), device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(glu(self.gate_proj(x), self.up_proj(x), self.activation))
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"

@@ -99,3 +99,45 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     if reduction == "mean":
         total = total / valid.sum().clamp_min(1)
     return total.to(logits.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                 eps: float = 1e-6, offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(h), h) with h = x + residual, as a Hugging Face decoder layer computes it:
+    the residual add in the model's dtype, then the norm of that (rounded) h."""
+    h = x + residual
+    return rms_norm(h, weight, eps, offset), h
+
+
+def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) * w + b over the trailing dims (biased variance).
+
+    torch.nn.functional.layer_norm computes half inputs in float32 and rounds once; so does
+    this, on any device.
+    """
+    h = x.to(_opmath(x))
+    w = weight.to(h.dtype) if weight is not None else None
+    b = bias.to(h.dtype) if bias is not None else None
+    return torch.nn.functional.layer_norm(h, tuple(normalized_shape), w, b, eps).to(x.dtype)
+
+
+def _glu_halves(gate: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate and up, split from one [..., 2 * I] tensor (gate first, as chunk(2, -1)) when
+    up is None."""
+    return gate.chunk(2, dim=-1) if up is None else (gate, up)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up, as LlamaMLP computes act_fn(gate_proj(x)) * up_proj(x): the
+    activation rounded to the dtype, then the product."""
+    gate, up = _glu_halves(gate, up)
+    return torch.nn.functional.silu(gate) * up
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor | None = None,
+          approximate: str = "tanh") -> torch.Tensor:
+    """gelu(gate) * up (approximate="tanh" is GemmaMLP's gelu_pytorch_tanh, "none" the exact
+    erf form), the activation rounded to the dtype, then the product."""
+    gate, up = _glu_halves(gate, up)
+    return torch.nn.functional.gelu(gate, approximate=approximate) * up

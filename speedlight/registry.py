@@ -20,6 +20,10 @@ BUILTIN_MODULES = (
     "speedlight.ops.softmax",
     "speedlight.ops.rope",
     "speedlight.ops.cross_entropy",
+    "speedlight.ops.layer_norm",
+    "speedlight.ops.add_rms_norm",
+    "speedlight.ops.swiglu",
+    "speedlight.ops.geglu",
 )
 
 

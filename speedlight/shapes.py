@@ -111,6 +111,27 @@ def rows_and_width(suite: str, field: str = "hidden") -> list[tuple[int, int, st
     return points
 
 
+def rows_width_variant(suite: str, field: str, variant: Callable[[ModelConfig], object]
+                       ) -> list[tuple[int, int, str | None, object]]:
+    """rows_and_width's points with each model's `variant` (e.g. its norm offset): the
+    model points are every distinct (width, variant) pair, so a width two models share is
+    kept once per variant (Gemma 2's hidden size with its (1 + w) norm as well as Qwen's
+    without). Other points carry variant None."""
+    check_suite(suite)
+    points = [(r, w, m, None) for r, w, m in rows_and_width(suite, field) if m is None]
+    if suite == "quick":
+        return points
+    seen: dict[tuple[int, object], str] = {}
+    for m in MODELS.values():
+        key = (getattr(m, field), variant(m))
+        if key[0] and key not in seen:
+            seen[key] = m.name
+    model_points = [(t, w, name, v) for (w, v), name in
+                    sorted(seen.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
+                    for t in MODEL_TOKENS]
+    return model_points + points
+
+
 def check_suite(suite: str) -> None:
     if suite not in SUITES:
         raise ValueError(f"suite must be one of {', '.join(SUITES)}, got {suite!r}")
@@ -119,3 +140,33 @@ def check_suite(suite: str) -> None:
 def suites(build: Callable[[str], Sequence]) -> dict[str, Callable[[], list]]:
     """The suites mapping of an OpSpec from one builder taking the suite name."""
     return {name: (lambda name=name: list(build(name))) for name in SUITES}
+
+
+_GEGLU_ACTS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu", "gelu_python")
+
+
+def from_hf_config(config, name: str | None = None) -> ModelConfig:
+    """The ModelConfig of a Hugging Face causal-LM config (LlamaConfig, Gemma2Config, ...),
+    so the suites and a model's own shapes speak the same vocabulary."""
+    get = lambda *keys, default=None: next(  # noqa: E731
+        (getattr(config, k) for k in keys if getattr(config, k, None) is not None), default)
+    model_type = get("model_type", default="unknown")
+    hidden = get("hidden_size", "n_embd")
+    heads = get("num_attention_heads", "n_head")
+    head_dim = get("head_dim", default=hidden // heads)
+    act = str(get("hidden_activation", "hidden_act", "activation_function", default="silu"))
+    gated = model_type not in ("gpt2", "gptj")
+    mlp = ("geglu" if act in _GEGLU_ACTS else "swiglu") if gated else "gelu"
+    rotary = get("rotary_dim")
+    if rotary is None and model_type != "gpt2":
+        rotary = int(head_dim * float(get("partial_rotary_factor", default=1.0)))
+    return ModelConfig(
+        name=name or model_type, hf_model_type=model_type, hidden=hidden,
+        intermediate=get("intermediate_size", "n_inner", default=4 * hidden),
+        heads=heads, kv_heads=get("num_key_value_heads", default=heads), head_dim=head_dim,
+        vocab=get("vocab_size"), norm="layer" if not gated else "rms",
+        norm_eps=float(get("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", default=1e-6)),
+        mlp=mlp, rotary_dim=rotary or 0, source="Hugging Face config",
+        norm_offset=1.0 if model_type.startswith("gemma") else 0.0,
+        rope_interleaved=model_type == "gptj",
+        logit_softcap=get("final_logit_softcapping"))

@@ -223,6 +223,10 @@ class OpSpec:
     notes: str = ""
     # Which role the op plays in a model; profile and report read it.
     family: str = "memory-bound"
+    # for_model(model_config, batch, seq) -> the cases of this op inside that model (a
+    # shapes.ModelConfig) at batch x seq tokens; [] when the model does not use the op.
+    # `speedlight report` verifies and benches each op at these shapes.
+    for_model: Callable[[Any, int, int], list[Case]] | None = None
     # Optional: kernel name -> what it was designed to compile to (inspect's guards hold
     # each kernel to it); a kernel not named is held to KernelDesign()'s defaults.
     kernels: Mapping[str, KernelDesign] = field(default_factory=dict)

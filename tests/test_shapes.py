@@ -49,3 +49,13 @@ def test_full_suite_adds_odd_shapes():
 def test_unknown_suite():
     with pytest.raises(ValueError, match="suite must be one of"):
         shapes.rows_and_width("huge")
+
+
+def test_rows_width_variant_keeps_a_shared_width_once_per_variant():
+    points = shapes.rows_width_variant("model", "hidden", lambda m: m.norm_offset)
+    at_3584 = {(m, v) for t, w, m, v in points if w == 3584 and t == shapes.MODEL_TOKENS[0]}
+    assert at_3584 == {("qwen2.5-7b", 0.0), ("gemma-2-9b", 1.0)}
+    plain = {(t, w) for t, w, _ in shapes.rows_and_width("model", "hidden")}
+    assert {(t, w) for t, w, _, _ in points} == plain
+    quick = shapes.rows_width_variant("quick", "hidden", lambda m: m.norm_offset)
+    assert [(r, w) for r, w, _, _ in quick] == list(shapes.QUICK_ROWS_WIDTHS)

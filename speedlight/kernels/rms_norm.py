@@ -2,6 +2,11 @@
 
 Two shapes of kernel: a row tile that holds whole rows in registers (n_cols <= BLOCK_N,
 one pass over memory), and looped kernels for rows longer than one block.
+
+The same kernels serve the fused residual add of pre-norm blocks (ops/add_rms_norm.py):
+HAS_RESIDUAL makes the forward normalize h = x + residual and write h too, and HAS_DH
+makes the backward add the gradient dh already flowing into h from the residual stream.
+Compiled away when off, so plain RMSNorm pays nothing for them.
 """
 
 import triton
@@ -10,10 +15,11 @@ import triton.language as tl
 
 @triton.jit
 def _rms_norm_fwd_kernel(
-    x_ptr, w_ptr, y_ptr, rstd_ptr,
-    n_rows, n_cols, stride_xm, stride_xn, stride_ym,
+    x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr,
+    n_rows, n_cols, stride_xm, stride_xn, stride_rm, stride_rn, stride_ym,
     eps, offset,
-    HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """y[m] = x[m] * rstd[m] * (offset + w), rstd[m] = 1 / sqrt(mean(x[m]^2) + eps).
 
@@ -22,7 +28,9 @@ def _rms_norm_fwd_kernel(
     BLOCK_N >= n_cols: whole rows sit in registers, so x is read once. Persistent: program p
     takes the tiles of BLOCK_M rows p, p + P, p + 2P, ... (P programs in the grid) and loads
     w once for all of them, so w is read P times, not once per tile.
-    HAS_WEIGHT=False removes the weight load.
+    HAS_RESIDUAL: res_ptr [n_rows, n_cols] (strides stride_rm, stride_rn) is added to x,
+    the sum rounded to h_ptr's dtype is stored in h_ptr (laid out as y_ptr) and normalized;
+    False removes both pointers. HAS_WEIGHT=False removes the weight load.
     """
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -38,6 +46,13 @@ def _rms_norm_fwd_kernel(
         rows = offs_m.to(tl.int64)
         x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
                     mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            res = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :] * stride_rn,
+                          mask=mask, other=0.0).to(tl.float32)
+            # normalize the h that is stored, rounded as the residual stream holds it
+            h = (x + res).to(h_ptr.dtype.element_ty)
+            tl.store(h_ptr + rows[:, None] * stride_ym + cols[None, :], h, mask=mask)
+            x = h.to(tl.float32)
         # [BM, BN] -> [BM]
         mean_sq = tl.sum(x * x, axis=1) / n_cols
         rstd = 1.0 / tl.sqrt(mean_sq + eps)
@@ -51,13 +66,15 @@ def _rms_norm_fwd_kernel(
 
 @triton.jit
 def _rms_norm_fwd_looped_kernel(
-    x_ptr, w_ptr, y_ptr, rstd_ptr,
-    n_cols, stride_xm, stride_xn, stride_ym,
+    x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr,
+    n_cols, stride_xm, stride_xn, stride_rm, stride_rn, stride_ym,
     eps, offset,
-    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """The same formula for rows longer than BLOCK_N: one row per program, a first loop
     accumulates sum(x^2) in fp32 lanes, a second re-reads the row (from L2) and writes y.
+    With HAS_RESIDUAL the first loop writes h and the second re-reads h (one read of x and
+    residual each; a barrier makes the program's own stores of h visible to all its lanes).
 
     Pointers as in _rms_norm_fwd_kernel; the grid is (n_rows,).
     """
@@ -67,15 +84,28 @@ def _rms_norm_fwd_looped_kernel(
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=offs_n < n_cols,
-                    other=0.0).to(tl.float32)
+        mask_n = offs_n < n_cols
+        cols = offs_n.to(tl.int64)
+        x = tl.load(x_row + cols * stride_xn, mask=mask_n, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            res = tl.load(res_ptr + row * stride_rm + cols * stride_rn, mask=mask_n,
+                          other=0.0).to(tl.float32)
+            h = (x + res).to(h_ptr.dtype.element_ty)
+            tl.store(h_ptr + row * stride_ym + cols, h, mask=mask_n)
+            x = h.to(tl.float32)
         acc += x * x
     # [BN] -> scalar
     rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    if HAS_RESIDUAL:
+        tl.debug_barrier()
     for start in range(0, n_cols, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < n_cols
-        x = tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=mask_n, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            x = tl.load(h_ptr + row * stride_ym + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=mask_n,
+                        other=0.0).to(tl.float32)
         y = x * rstd
         if HAS_WEIGHT:
             w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -88,16 +118,19 @@ def _rms_norm_fwd_looped_kernel(
 #   dxhat = dy * w'
 #   dx    = r * (dxhat - xhat * c),   c = mean_j(dxhat_j * xhat_j)   (one scalar per row)
 #   dw    = sum_rows(dy * xhat)
+# With HAS_DH, x is the residual stream h = x_in + residual and dh (the gradient reaching
+# h from later blocks) is added: dx_in = dresidual = dx + dh.
 # dw is reduced without atomics: each program sums its own block of rows into one row of
 # dw_partial [n_programs, n_cols] (fp32); the host sums the n_programs rows.
 
 @triton.jit
 def _rms_norm_bwd_kernel(
-    dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
+    dy_ptr, x_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, dw_partial_ptr,
     n_rows, n_cols, rows_per_program,
-    stride_dym, stride_dyn, stride_xm, stride_xn, stride_dxm,
+    stride_dym, stride_dyn, stride_xm, stride_xn, stride_dhm, stride_dhn, stride_dxm,
     offset,
-    HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_DH: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """dx and this program's share of dw for whole rows held in registers.
 
@@ -105,7 +138,8 @@ def _rms_norm_bwd_kernel(
     dx_ptr [n_rows, n_cols] (row stride stride_dxm, unit column stride),
     dw_partial_ptr [n_programs, n_cols] fp32. Program p owns rows
     [p * rows_per_program, (p + 1) * rows_per_program), taken BLOCK_M at a time.
-    HAS_WEIGHT=False drops w and dw.
+    HAS_DH: dh_ptr [n_rows, n_cols] (strides stride_dhm, stride_dhn) is added to dx;
+    False removes it. HAS_WEIGHT=False drops w and dw.
     """
     pid = tl.program_id(0)
     offs_n = tl.arange(0, BLOCK_N)
@@ -136,6 +170,9 @@ def _rms_norm_bwd_kernel(
         # [BM, BN] -> [BM]
         c = tl.sum(dxhat * xhat, axis=1) / n_cols
         dx = (dxhat - xhat * c[:, None]) * r[:, None]
+        if HAS_DH:
+            dx += tl.load(dh_ptr + rows[:, None] * stride_dhm + cols[None, :] * stride_dhn,
+                          mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
                  dx.to(dx_ptr.dtype.element_ty), mask=mask)
     if HAS_WEIGHT:
@@ -174,17 +211,18 @@ def _rms_norm_bwd_row_dot_kernel(
 
 @triton.jit
 def _rms_norm_bwd_dx_kernel(
-    dy_ptr, x_ptr, w_ptr, rstd_ptr, c_ptr, dx_ptr, dw_partial_ptr,
+    dy_ptr, x_ptr, w_ptr, rstd_ptr, c_ptr, dh_ptr, dx_ptr, dw_partial_ptr,
     n_rows, n_cols, rows_per_program,
-    stride_dym, stride_dyn, stride_xm, stride_xn, stride_dxm,
+    stride_dym, stride_dyn, stride_xm, stride_xn, stride_dhm, stride_dhn, stride_dxm,
     offset,
-    HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_DH: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """dx and partial dw for rows longer than one block, once c is known.
 
     The grid is (n_programs, cdiv(n_cols, BLOCK_N)): program (p, q) covers rows of block p
     and columns [q * BLOCK_N, (q + 1) * BLOCK_N), and writes dw_partial[p, those columns].
-    Pointers as in _rms_norm_bwd_kernel, plus c_ptr [n_rows] fp32.
+    Pointers and HAS_DH as in _rms_norm_bwd_kernel, plus c_ptr [n_rows] fp32.
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -215,6 +253,9 @@ def _rms_norm_bwd_dx_kernel(
         else:
             dxhat = dy
         dx = (dxhat - xhat * c[:, None]) * r[:, None]
+        if HAS_DH:
+            dx += tl.load(dh_ptr + rows[:, None] * stride_dhm + cols[None, :] * stride_dhn,
+                          mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
                  dx.to(dx_ptr.dtype.element_ty), mask=mask)
     if HAS_WEIGHT:

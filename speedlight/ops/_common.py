@@ -1,16 +1,18 @@
 """What every op's host code shares: input checks that name the argument, the runtime
-check (CUDA, or CPU through the Triton interpreter), and block-size choices."""
+check (CUDA, or CPU through the Triton interpreter), block-size choices, and the case
+suite every norm over [rows, hidden] runs."""
 
 from __future__ import annotations
 
 import functools
 import os
-from typing import Iterable
+from typing import Callable, Iterable, Sequence
 
 import torch
 import triton
 
-from speedlight.spec import planned_sm_count
+from speedlight import shapes
+from speedlight.spec import Case, planned_sm_count
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DTYPE_LIST = "float32, float16 or bfloat16"
@@ -132,6 +134,21 @@ def target_programs(device: torch.device, per_sm: int = 4) -> int:
     return per_sm * sms if sms else 2
 
 
+def partial_sum_programs(n_rows: int, device: torch.device, per_sm: int = 4) -> int:
+    """How many programs split the rows of a kernel that also reduces over them (the dW of
+    a norm): each sums its own rows into one fp32 partial and the host sums the partials.
+
+    On a GPU (or the one `spec.sized_for` names) target_programs(per_sm): a few rows to a
+    few dozen each, summed as a tree within a block. Under the interpreter at most 4 rows
+    each: it sums a block's rows one after another (numpy down axis 0), so the row sum is
+    left to the host's torch.sum instead, which is as accurate as the GPU's reduction and
+    keeps dW's fp32 error near it.
+    """
+    if planned_sm_count(device) is not None:
+        return max(1, min(n_rows, target_programs(device, per_sm=per_sm)))
+    return max(1, min(n_rows, max(target_programs(device), triton.cdiv(n_rows, 4))))
+
+
 def row_tile(n_cols: int, device: torch.device, *, max_block_n: int,
              max_tile: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for a kernel that holds BLOCK_M whole rows.
@@ -156,6 +173,61 @@ def warps_for_tile(tile: int) -> int:
     return max(1, min(16, tile // 512))
 
 
+def persistent_row_grid(n_rows: int, n_cols: int, device: torch.device, *, max_block_n: int,
+                        tile: int, warps_per_sm: int) -> tuple[tuple[int], int, int, int]:
+    """(grid, BLOCK_M, BLOCK_N, num_warps) of a persistent kernel over whole rows: tiles
+    of BLOCK_M rows of ~`tile` elements on a GPU (16 values per thread, up to 32 warps for
+    a 16384-wide row), and as many programs as fit `warps_per_sm` resident warps per SM,
+    each walking tiles p, p + P, ... so what it loads once (a weight) is read P times, not
+    once per tile. Under the interpreter, row_tile's large tiles and two programs."""
+    gpu = planned_sm_count(device) is not None
+    block_m, block_n, num_warps = row_tile(n_cols, device, max_block_n=max_block_n,
+                                           max_tile=tile if gpu else None)
+    if gpu:
+        num_warps = max(1, min(32, block_m * block_n // 512))
+    per_sm = max(1, warps_per_sm // num_warps)
+    grid = (min(triton.cdiv(n_rows, block_m), target_programs(device, per_sm=per_sm)),)
+    return grid, block_m, block_n, num_warps
+
+
 def rows_view(x: torch.Tensor, n_cols: int) -> torch.Tensor:
     """x as [rows, n_cols] over its last dim(s): a view when the strides allow, else a copy."""
     return x.reshape(-1, n_cols)
+
+
+def skip_huge_on_cpu(case, device) -> str | None:
+    """The OpSpec skip of an op whose only CPU-impossible cases are flagged `huge`."""
+    if case.flag("huge") and torch.device(device).type != "cuda":
+        return ("64-bit indexing case: rows x stride > 2^31 needs > 4 GiB per tensor and "
+                "hours under the interpreter; it runs on a GPU")
+    return None
+
+
+def norm_cases(op: str, suite: str, *, quick_variants: Sequence[tuple[int, int, dict]] = (),
+               full_variants: Sequence[dict] = (),
+               model_flags: Callable[[shapes.ModelConfig], dict] = lambda m: {}) -> list[Case]:
+    """The cases of a norm over [rows, hidden] (rms_norm, add_rms_norm, layer_norm).
+
+    model: every model's hidden size at shapes.MODEL_TOKENS, with the flags
+    model_flags(model) gives it (Gemma's offset), once per distinct (hidden, flags).
+    quick and full: rows_and_width's shapes, strided and transposed layouts, NaN/Inf,
+    empty input and rows longer than one block, plus the op's own variants:
+    quick_variants as (rows, hidden, flags), full_variants as flags on 257 x 4093; full also
+    has the 64-bit indexing case (rows x row stride > 2^31, skipped on CPU).
+    """
+    def case(rows, hidden, layout="contiguous", model=None, **flags):
+        return Case(op, (("rows", rows), ("hidden", hidden)), layout=layout, flags=flags,
+                    model=model)
+
+    points = shapes.rows_width_variant(suite, "hidden", lambda m: tuple(model_flags(m).items()))
+    out = [case(r, w, model=m, **dict(v or ())) for r, w, m, v in points]
+    if suite == "quick":
+        out += [case(37, 128, "strided"), case(5, 781, "strided"), case(4, 1000, "transposed")]
+        out += [case(r, w, **flags) for r, w, flags in quick_variants]
+        out += [case(5, 781, nonfinite=True), case(0, 128), case(2, 70001, "strided")]
+    if suite == "full":
+        out += [case(r, w, "strided") for r, w, m, _ in points if m is None and r * w <= 2**24]
+        out += [case(257, 4093, **flags) for flags in full_variants]
+        out += [case(3, 100003, "transposed"), case(257, 1021, nonfinite=True), case(0, 4096),
+                case(65537, 32771, huge=True)]
+    return out

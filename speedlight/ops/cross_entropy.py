@@ -518,6 +518,17 @@ _SPLIT = ("fewer rows than SMs: each row is cut into spans, one program each; th
           "kernel reads its span, the finish kernel reads it again to write the gradient "
           "(3 row passes for a compulsory 2) plus 5 fp32 statistics per span")
 
+
+def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+    """A causal LM's loss: every token's logits against the next token (HF pads the
+    shifted labels with ignore_index, so the last token of each sequence is ignored).
+    Soft-capping, where a model has it, is applied by the model before its loss."""
+    if not cfg.vocab:
+        return []
+    return [Case("cross_entropy", (("tokens", batch * seq), ("vocab", cfg.vocab)),
+                 flags={"ignore": "some"}, model=cfg.name)]
+
+
 SPEC = OpSpec(
     name="cross_entropy",
     impl=cross_entropy,
@@ -543,4 +554,5 @@ SPEC = OpSpec(
         # an elementwise scale
         "_cross_entropy_bwd_kernel": KernelDesign(min_occupancy=0.75),
     },
+    for_model=_for_model,
 )

@@ -23,13 +23,15 @@ from speedlight.ops._common import (
     check_runtime,
     check_same_device,
     check_tensor,
+    norm_cases,
+    partial_sum_programs,
+    persistent_row_grid,
     row_tile,
     rows_view,
-    target_programs,
+    skip_huge_on_cpu,
     warps_for_tile,
 )
-from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, inject_nonfinite, planned_sm_count,
-                             rand_tensor)
+from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
 LOOP_BLOCK_N = 4096  # chunk of a longer row
@@ -43,40 +45,55 @@ BWD_WARPS_PER_SM = 16  # persistent backward (it holds w, dw and two tiles: ~100
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
                  offset: float) -> tuple[torch.Tensor, torch.Tensor]:
     """y (x's shape and dtype, contiguous) and rstd ([rows] fp32)."""
-    n_cols = x.shape[-1]
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    n_rows = x.numel() // n_cols if n_cols else 0
-    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    if x.numel() == 0:
-        return y, rstd
-    check_runtime(x, _rms_norm_fwd_kernel)
-    x2 = rows_view(x, n_cols)
-    y2 = y.view(-1, n_cols)
-    w = weight if weight is not None else x2  # a placeholder pointer when HAS_WEIGHT=False
-    if n_cols <= MAX_FUSED_N:
-        # Persistent: a grid of as many programs as fit (FWD_WARPS_PER_SM warps per SM)
-        # walks the row tiles, so w is read once per program, not once per tile.
-        gpu = planned_sm_count(x.device) is not None
-        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N,
-                                               max_tile=FWD_TILE if gpu else None)
-        if gpu:  # 16 values per thread, up to 32 warps (a 16384-wide row)
-            num_warps = max(1, min(32, block_m * block_n // 512))
-        per_sm = max(1, FWD_WARPS_PER_SM // num_warps)
-        grid = (min(triton.cdiv(n_rows, block_m), target_programs(x.device, per_sm=per_sm)),)
-        _rms_norm_fwd_kernel[grid](
-            x2, w, y2, rstd, n_rows, n_cols, x2.stride(0), x2.stride(1), y2.stride(0),
-            eps, offset, HAS_WEIGHT=weight is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-            num_warps=num_warps)
-    else:
-        _rms_norm_fwd_looped_kernel[(n_rows,)](
-            x2, w, y2, rstd, n_cols, x2.stride(0), x2.stride(1), y2.stride(0), eps, offset,
-            HAS_WEIGHT=weight is not None, BLOCK_N=LOOP_BLOCK_N, num_warps=8)
+    y, _, rstd = norm_fwd(x, None, weight, eps, offset)
     return y, rstd
 
 
+def norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
+             eps: float, offset: float) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """y, h and rstd of RMSNorm over h = x + residual (h is None and x is normalized when
+    residual is None). y and h are contiguous, of x's shape and dtype; rstd is [rows] fp32."""
+    n_cols = x.shape[-1]
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
+    n_rows = x.numel() // n_cols if n_cols else 0
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return y, h, rstd
+    check_runtime(x, _rms_norm_fwd_kernel)
+    x2 = rows_view(x, n_cols)
+    y2 = y.view(-1, n_cols)
+    # placeholder pointers for the inputs a constexpr switches off
+    r2 = rows_view(residual, n_cols) if residual is not None else x2
+    h2 = h.view(-1, n_cols) if h is not None else y2
+    w = weight if weight is not None else x2
+    args = (x2, r2, w, y2, h2, rstd)
+    strides = (x2.stride(0), x2.stride(1), r2.stride(0), r2.stride(1), y2.stride(0))
+    switches = dict(HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None)
+    if n_cols <= MAX_FUSED_N:
+        # Persistent: a grid of as many programs as fit (FWD_WARPS_PER_SM warps per SM)
+        # walks the row tiles, so w is read once per program, not once per tile.
+        grid, block_m, block_n, num_warps = persistent_row_grid(
+            n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, tile=FWD_TILE,
+            warps_per_sm=FWD_WARPS_PER_SM)
+        _rms_norm_fwd_kernel[grid](
+            *args, n_rows, n_cols, *strides, eps, offset, **switches,
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+    else:
+        _rms_norm_fwd_looped_kernel[(n_rows,)](
+            *args, n_cols, *strides, eps, offset, **switches,
+            BLOCK_N=LOOP_BLOCK_N, num_warps=8)
+    return y, h, rstd
+
+
 def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
-                 rstd: torch.Tensor, offset: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """dx (x's shape and dtype) and dw (w's dtype; None without a weight)."""
+                 rstd: torch.Tensor, offset: float, dh: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """dx (x's shape and dtype) and dw (w's dtype; None without a weight).
+
+    dh: a gradient that already reaches x by another path (the residual stream, when x is
+    h = x_in + residual), added to dx in fp32 before the one rounding.
+    """
     n_cols = x.shape[-1]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     has_weight = weight is not None
@@ -87,6 +104,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     n_rows = x.numel() // n_cols
     x2 = rows_view(x, n_cols)
     dy2 = rows_view(dy, n_cols)
+    dh2 = rows_view(dh, n_cols) if dh is not None else dy2  # placeholder when HAS_DH=False
     dx2 = dx.view(-1, n_cols)
     w = weight if has_weight else x2
     fused = n_cols <= MAX_FUSED_N
@@ -96,19 +114,21 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
         num_warps = 4
     # persistent: as many programs as fit BWD_WARPS_PER_SM warps per SM
     per_sm = max(1, BWD_WARPS_PER_SM // num_warps)
-    n_programs = min(n_rows, target_programs(x.device, per_sm=per_sm))
+    n_programs = partial_sum_programs(n_rows, x.device, per_sm=per_sm)
     rows_per_program = triton.cdiv(n_rows, n_programs)
     n_programs = triton.cdiv(n_rows, rows_per_program)
     dw_partial = torch.empty((n_programs, n_cols) if has_weight else (1,),
                              dtype=torch.float32, device=x.device)
-    strides = (dy2.stride(0), dy2.stride(1), x2.stride(0), x2.stride(1), dx2.stride(0))
+    strides = (dy2.stride(0), dy2.stride(1), x2.stride(0), x2.stride(1),
+               dh2.stride(0), dh2.stride(1), dx2.stride(0))
+    switches = dict(HAS_DH=dh is not None, HAS_WEIGHT=has_weight)
     if fused:
         # few rows per program: a smaller tile, and the warps of the tile actually used
         block_m = min(block_m, triton.next_power_of_2(rows_per_program))
         num_warps = warps_for_tile(block_m * block_n)
         _rms_norm_bwd_kernel[(n_programs,)](
-            dy2, x2, w, rstd, dx2, dw_partial, n_rows, n_cols, rows_per_program, *strides,
-            offset, HAS_WEIGHT=has_weight, BLOCK_M=block_m, BLOCK_N=block_n,
+            dy2, x2, w, rstd, dh2, dx2, dw_partial, n_rows, n_cols, rows_per_program,
+            *strides, offset, **switches, BLOCK_M=block_m, BLOCK_N=block_n,
             num_warps=num_warps)
     else:
         c = torch.empty(n_rows, dtype=torch.float32, device=x.device)
@@ -118,8 +138,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
         block_n = 1024
         grid = (n_programs, triton.cdiv(n_cols, block_n))
         _rms_norm_bwd_dx_kernel[grid](
-            dy2, x2, w, rstd, c, dx2, dw_partial, n_rows, n_cols, rows_per_program, *strides,
-            offset, HAS_WEIGHT=has_weight, BLOCK_M=4, BLOCK_N=block_n, num_warps=4)
+            dy2, x2, w, rstd, c, dh2, dx2, dw_partial, n_rows, n_cols, rows_per_program,
+            *strides, offset, **switches, BLOCK_M=4, BLOCK_N=block_n, num_warps=4)
     dw = dw_partial.sum(0).to(weight.dtype) if has_weight else None
     return dx, dw
 
@@ -180,6 +200,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     dtype. Differentiable in x and weight; works under torch.compile(fullgraph=True).
     """
     check_tensor("x", x, min_dim=1)
+    check_norm_args(x, weight, eps, offset)
+    y, _ = torch.ops.speedlight.rms_norm_fwd(x, weight, float(eps), float(offset))
+    return y
+
+
+def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -> None:
+    """The checks every RMSNorm entry point shares: weight [hidden] on x's device (or None,
+    then no offset), eps a non-negative number."""
     if weight is not None:
         check_tensor("weight", weight)
         if tuple(weight.shape) != (x.shape[-1],):
@@ -190,13 +218,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
         raise ValueError(f"offset={offset} scales a weight, but weight is None")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
-    y, _ = torch.ops.speedlight.rms_norm_fwd(x, weight, float(eps), float(offset))
-    return y
 
 
 # --- OpSpec --------------------------------------------------------------------------------
 
-def _make_inputs(case: Case, device) -> dict:
+def model_norm_flags(model: shapes.ModelConfig) -> dict:
+    """The case flags of a model's RMSNorm: Gemma's (1 + w) form where the model has it."""
+    return {"offset": 1} if model.norm_offset else {}
+
+
+def make_inputs(case: Case, device) -> dict:
     rows, hidden = case["rows"], case["hidden"]
     # Over one column y = x / sqrt(x^2 + eps) * w, whose gradient w * eps / (x^2 + eps)^1.5
     # is all cancellation unless x^2 ~ eps: draw x at that scale so the case stays
@@ -224,35 +255,11 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=9 * m * n, bytes=3 * m * n * e + 2 * w + 4 * m)
 
 
-def _cases(suite: str) -> list[Case]:
-    def case(rows, hidden, layout="contiguous", model=None, **flags):
-        return Case("rms_norm", (("rows", rows), ("hidden", hidden)), layout=layout,
-                    flags=flags, model=model)
-
-    points = shapes.rows_and_width(suite, "hidden")
-    out = []
-    for rows, hidden, model in points:
-        cfg = shapes.MODELS.get(model) if model else None
-        flags = {"offset": 1} if cfg is not None and cfg.norm_offset else {}
-        out.append(case(rows, hidden, model=model, **flags))
-    if suite == "quick":
-        out += [case(37, 128, "strided"), case(5, 781, "strided"), case(4, 1000, "transposed"),
-                case(3, 7, weight=False), case(5, 781, weight=False), case(37, 128, offset=1),
-                case(5, 781, nonfinite=True), case(0, 128), case(2, 70001, "strided")]
-    if suite == "full":
-        out += [case(r, w, "strided") for r, w, m in points if m is None and r * w <= 2**24]
-        out += [case(257, 4093, weight=False), case(3, 100003, "transposed"),
-                case(257, 1021, nonfinite=True), case(0, 4096),
-                # rows x row stride > 2^31: 64-bit offsets
-                case(65537, 32771, huge=True)]
-    return out
-
-
-def _skip(case: Case, device) -> str | None:
-    if case.flag("huge") and torch.device(device).type != "cuda":
-        return ("64-bit indexing case: rows x stride > 2^31 needs > 4 GiB per tensor and "
-                "hours under the interpreter; it runs on a GPU")
-    return None
+def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+    if cfg.norm != "rms":
+        return []
+    return [Case("rms_norm", (("rows", batch * seq), ("hidden", cfg.hidden)),
+                 flags=model_norm_flags(cfg), model=cfg.name)]
 
 
 _TWO_PASS = ("a row longer than 16384 does not fit registers: it is read twice, for the "
@@ -264,12 +271,16 @@ SPEC = OpSpec(
     name="rms_norm",
     impl=rms_norm,
     reference=reference.rms_norm,
-    make_inputs=_make_inputs,
+    make_inputs=make_inputs,
     cost=_cost,
-    suites=shapes.suites(_cases),
+    suites=shapes.suites(lambda suite: norm_cases(
+        "rms_norm", suite, model_flags=model_norm_flags, full_variants=[{"weight": False}],
+        quick_variants=[(3, 7, {"weight": False}), (5, 781, {"weight": False}),
+                        (37, 128, {"offset": 1})])),
     grad_inputs=("x", "weight"),
-    skip=_skip,
+    skip=skip_huge_on_cpu,
     notes="Normalizes the last dim; fp32 accumulation; dW reduced per program, then summed.",
+    for_model=_for_model,
     kernels={
         # its persistent grid is sized for 32 resident warps per SM (FWD_WARPS_PER_SM)
         "_rms_norm_fwd_kernel": KernelDesign(min_occupancy=0.5),

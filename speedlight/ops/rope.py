@@ -426,6 +426,17 @@ def _aligned(case: Case) -> bool:
     return case.layout != "strided" and all(v % 16 == 0 for v in starts)
 
 
+def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+    """q and k as Hugging Face attention hands them over: [batch, heads, seq, head_dim]
+    views of the projections' [batch, seq, heads, head_dim]."""
+    if not cfg.rotary_dim:
+        return []
+    flags = {"interleaved": True} if cfg.rope_interleaved else {}
+    return [Case("rope", (("batch", batch), ("seq", seq), ("heads", cfg.heads),
+                          ("kv", cfg.kv_heads), ("dim", cfg.head_dim), ("rot", cfg.rotary_dim)),
+                 layout="transposed", flags=flags, model=cfg.name)]
+
+
 SPEC = OpSpec(
     name="rope",
     impl=rope,
@@ -444,4 +455,5 @@ SPEC = OpSpec(
         # registers a thread or fewer, so at least 24 of an SM's 64 warps resident
         "_rope_kernel": KernelDesign(min_occupancy=0.375),
     },
+    for_model=_for_model,
 )

@@ -225,6 +225,13 @@ def _cases(suite: str) -> list[Case]:
     return out
 
 
+def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+    """Eager attention's softmax over the scores: [batch * heads * seq, seq]."""
+    if not cfg.heads:
+        return []
+    return [Case("softmax", (("rows", batch * cfg.heads * seq), ("cols", seq)), model=cfg.name)]
+
+
 def _skip(case: Case, device) -> str | None:
     if case.flag("huge") and torch.device(device).type != "cuda":
         return ("64-bit indexing case: rows x stride > 2^31 needs > 4 GiB per tensor and "
@@ -248,6 +255,7 @@ SPEC = OpSpec(
     grad_inputs=("x",),
     skip=_skip,
     notes="Softmax over the last dim; rows longer than 16384 take the online kernels.",
+    for_model=_for_model,
     kernels={
         "_softmax_fwd_kernel": KernelDesign(min_occupancy=0.5),
         "_softmax_bwd_kernel": KernelDesign(min_occupancy=0.5),

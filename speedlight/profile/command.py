@@ -68,43 +68,64 @@ def profile(args: argparse.Namespace) -> dict:
     """Build, capture, analyze: the profile's JSON document."""
     import torch
 
-    from speedlight import results
-    from speedlight.profile import advice, analyze, capture, models, roofline, schema
-    from speedlight.spec import dtype_name, parse_dtype
+    from speedlight.profile import models
+    from speedlight.spec import parse_dtype
 
     device = torch.device(args.device)
     train = bool(args.train)
-    if args.warmup < (1 if train else 0) or args.steps < 1:
-        raise ValueError("--steps must be at least 1, and --warmup at least 1 with --train "
-                         "(the first step creates the optimizer state)")
+    check_steps(args.warmup, args.steps, train)
     dtype = parse_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     size = args.size or ("full" if device.type == "cuda" else "small")
-    env = results.environment(device)
-    target = roofline.resolve(args.target, device, env.get("driver"))
     notes = []
     if size == "full" and device.type == "cpu" and args.model:
         notes.append("full-size model on a CPU: slow and memory-hungry; the GPU is where its "
                      "times mean something")
     w = models.build(args.model, batch=args.batch, seq=args.seq, train=train, dtype=dtype,
                      device=device, size=size, layers=args.layers, seed=args.seed)
-    notes += w.notes
+    return profile_workload(w, device=device, train=train, target=args.target, warmup=args.warmup,
+                            steps=args.steps, top=args.top, seed=args.seed,
+                            batch=args.batch, seq=args.seq, notes=notes)
+
+
+def check_steps(warmup: int, steps: int, train: bool) -> None:
+    if warmup < (1 if train else 0) or steps < 1:
+        raise ValueError("--steps must be at least 1, and --warmup at least 1 with --train "
+                         "(the first step creates the optimizer state)")
+
+
+def profile_workload(w, *, device, train: bool, target: str | None, warmup: int = 2,
+                     steps: int = 3, top: int = 15, seed: int = 0, batch: int | None = None,
+                     seq: int | None = None, notes: list[str] | None = None) -> dict:
+    """Capture and analyze an already-built Workload (models.Workload): the JSON document.
+    `speedlight report` profiles the same model before and after patching through this."""
+    import torch
+
+    from speedlight import results
+    from speedlight.profile import advice, analyze, capture, roofline, schema
+    from speedlight.spec import dtype_name
+
+    device = torch.device(device)
+    check_steps(warmup, steps, train)
+    env = results.environment(device)
+    tgt = roofline.resolve(target, device, env.get("driver"))
+    notes = list(notes or []) + w.notes
     optimizer = torch.optim.AdamW(w.model.parameters(), lr=1e-4) if train else None
     cap = capture.capture(w.model, make_step(w, optimizer, train), device=device,
-                          warmup=args.warmup, steps=args.steps, train=train,
+                          warmup=warmup, steps=steps, train=train,
                           optimizer=optimizer, inputs=w.inputs)
     notes += cap.notes
-    result = analyze.analyze(cap, target, top=max(args.top, 25))
-    model_dtype = next((p.dtype for p in w.model.parameters()), dtype)
+    result = analyze.analyze(cap, tgt, top=max(top, 25))
+    model_dtype = next((p.dtype for p in w.model.parameters()), torch.float32)
     run = {"id": uuid.uuid4().hex[:12], "model": w.name, "mode": "train" if train else "infer",
-           "batch": args.batch, "seq": args.seq, "dtype": dtype_name(model_dtype),
-           "warmup": args.warmup, "steps": args.steps, "device": device.type, "seed": args.seed}
+           "batch": batch, "seq": seq, "dtype": dtype_name(model_dtype),
+           "warmup": warmup, "steps": steps, "device": device.type, "seed": seed}
     measured = {"time": device.type,
-                "floors": "on the measured GPU" if target.measured_here else "projected",
-                "note": target.note}
+                "floors": "on the measured GPU" if tgt.measured_here else "projected",
+                "note": tgt.note}
     return schema.document(
         environment=env, run=run, model=dict(w.config, **{"class": type(w.model).__name__}),
-        target=target.to_json(), measured=measured, analysis=result, memory=cap.memory,
-        advice=advice.advise(result["rows"], cap.calls, target.roof), notes=notes)
+        target=tgt.to_json(), measured=measured, analysis=result, memory=cap.memory,
+        advice=advice.advise(result["rows"], cap.calls, tgt.roof), notes=notes)
 
 
 def run(args: argparse.Namespace) -> int:

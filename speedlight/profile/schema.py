@@ -53,7 +53,8 @@ ROW = {
     "inputs": "tensor inputs: shape, dtype, stride", "outputs": "new tensor outputs",
     "scalars": "the non-tensor arguments", "producers": "per tensor input, the index of the op that made it",
     "formula": "the cost family (matmul, attention, conv, pointwise, reduction, norm, softmax, loss, "
-               "gather, scatter, copy, fill, foreach, sync, view, alloc, marker); null: no formula",
+               "gather, scatter, copy, fill, foreach, sync, view, alloc, marker, fused: a speedlight op); "
+               "null: no formula",
     "formula_detail": "the formula with its numbers, or why there is none",
     "flops": "FLOPs (null without a formula)", "bytes": "compulsory bytes (null without a formula)",
     "intensity": "flops / bytes", "launches_kernel": "whether it launches device work",

@@ -1,0 +1,218 @@
+"""Triton kernels of LayerNorm: y = (x - mean) / sqrt(var + eps) * w + b, var biased.
+
+A row tile holds whole rows in registers (n_cols <= BLOCK_N: one read of x, the variance
+taken around the mean already in registers, so no E[x^2] - E[x]^2 cancellation); looped
+kernels take rows longer than one block in three sweeps (sum, centered sum of squares,
+write), the last two from L2.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _layer_norm_fwd_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+    n_rows, n_cols, stride_xm, stride_xn, stride_ym,
+    eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """y[m] = (x[m] - mean[m]) * rstd[m] * w + b, rstd[m] = 1 / sqrt(var(x[m]) + eps).
+
+    x_ptr [n_rows, n_cols] (strides stride_xm, stride_xn), w_ptr, b_ptr [n_cols],
+    y_ptr [n_rows, n_cols] (row stride stride_ym, unit column stride),
+    mean_ptr, rstd_ptr [n_rows] fp32. BLOCK_N >= n_cols: whole rows in registers, so x is
+    read once. Persistent: program p takes the tiles of BLOCK_M rows p, p + P, p + 2P, ...
+    (P programs in the grid) and loads w and b once for all of them.
+    HAS_WEIGHT / HAS_BIAS = False remove the load of w / b.
+    """
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < n_cols
+    cols = offs_n.to(tl.int64)
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        b = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    for tile in range(pid, tl.cdiv(n_rows, BLOCK_M), n_programs):
+        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < n_rows
+        mask = mask_m[:, None] & mask_n[None, :]
+        rows = offs_m.to(tl.int64)
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
+                    mask=mask, other=0.0).to(tl.float32)
+        # [BM, BN] -> [BM]
+        mean = tl.sum(x, axis=1) / n_cols
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        # [BM, BN] -> [BM]
+        var = tl.sum(xc * xc, axis=1) / n_cols
+        rstd = 1.0 / tl.sqrt(var + eps)
+        y = xc * rstd[:, None]
+        if HAS_WEIGHT:
+            y = y * w[None, :]
+        if HAS_BIAS:
+            y = y + b[None, :]
+        tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :],
+                 y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(mean_ptr + offs_m, mean, mask=mask_m)
+        tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
+
+
+@triton.jit
+def _layer_norm_fwd_looped_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+    n_cols, stride_xm, stride_xn, stride_ym,
+    eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """The same formula for rows longer than BLOCK_N, one row per program: a sweep for the
+    mean, one for the centered sum of squares, one to write y (fp32 lanes throughout).
+
+    Pointers as in _layer_norm_fwd_kernel; the grid is (n_rows,).
+    """
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_xm
+    y_row = y_ptr + row * stride_ym
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        acc += tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=offs_n < n_cols,
+                       other=0.0).to(tl.float32)
+    # [BN] -> scalar
+    mean = tl.sum(acc, axis=0) / n_cols
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < n_cols
+        x = tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=mask_n, other=0.0).to(tl.float32)
+        xc = tl.where(mask_n, x - mean, 0.0)
+        acc += xc * xc
+    # [BN] -> scalar
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < n_cols
+        x = tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=mask_n, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y = y + tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        tl.store(y_row + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+
+
+# Backward. With r = rstd, xhat = (x - mean) * r and y = xhat * w + b:
+#   dxhat = dy * w
+#   dx    = r * (dxhat - c1 - xhat * c2),  c1 = mean_j(dxhat_j), c2 = mean_j(dxhat_j * xhat_j)
+#   dw    = sum_rows(dy * xhat),           db = sum_rows(dy)
+# (c1 is the gradient through the mean, c2 through the variance.) dw and db are reduced
+# without atomics: each program sums its own block of rows into one row of
+# dw_partial / db_partial [n_programs, n_cols] (fp32), and the host sums those rows.
+
+@triton.jit
+def _layer_norm_bwd_row_dot_kernel(
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr,
+    n_cols, stride_dym, stride_dyn, stride_xm, stride_xn,
+    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """c1[m] = mean_j(dxhat[m, j]) and c2[m] = mean_j(dxhat[m, j] * xhat[m, j]) for rows
+    longer than BLOCK_N.
+
+    dy_ptr, x_ptr [n_rows, n_cols], w_ptr [n_cols], mean_ptr, rstd_ptr, c1_ptr, c2_ptr
+    [n_rows] fp32; the grid is (n_rows,).
+    """
+    row = tl.program_id(0).to(tl.int64)
+    mean = tl.load(mean_ptr + row)
+    r = tl.load(rstd_ptr + row)
+    acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < n_cols
+        cols = offs_n.to(tl.int64)
+        dxhat = tl.load(dy_ptr + row * stride_dym + cols * stride_dyn, mask=mask_n,
+                        other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=mask_n,
+                    other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            dxhat = dxhat * tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        acc1 += dxhat
+        acc2 += dxhat * tl.where(mask_n, (x - mean) * r, 0.0)
+    # [BN] -> scalar
+    tl.store(c1_ptr + row, tl.sum(acc1, axis=0) / n_cols)
+    tl.store(c2_ptr + row, tl.sum(acc2, axis=0) / n_cols)
+
+
+@triton.jit
+def _layer_norm_bwd_kernel(
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr,
+    dx_ptr, dw_partial_ptr, db_partial_ptr,
+    n_rows, n_cols, rows_per_program,
+    stride_dym, stride_dyn, stride_xm, stride_xn, stride_dxm,
+    SPLIT_ROW: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dx and this program's share of dw and db.
+
+    dy_ptr, x_ptr [n_rows, n_cols] (own strides), w_ptr [n_cols], mean_ptr, rstd_ptr,
+    c1_ptr, c2_ptr [n_rows] fp32, dx_ptr [n_rows, n_cols] (row stride stride_dxm, unit
+    column stride), dw_partial_ptr, db_partial_ptr [n_programs, n_cols] fp32.
+    The grid is (n_programs, n_column_blocks): program (p, q) covers rows
+    [p * rows_per_program, (p + 1) * rows_per_program), BLOCK_M at a time, and columns
+    [q * BLOCK_N, (q + 1) * BLOCK_N), and writes the partials of row p for those columns.
+    SPLIT_ROW=False: BLOCK_N >= n_cols, one column block; c1 and c2 are reduced from the
+    rows in registers and c1_ptr, c2_ptr are not read. SPLIT_ROW=True: rows longer than a
+    block; c1, c2 come from _layer_norm_bwd_row_dot_kernel.
+    HAS_WEIGHT=False drops w and dw; HAS_BIAS=False drops db.
+    """
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < n_cols
+    cols = offs_n.to(tl.int64)
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    row_start = pid_m * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    for m0 in range(row_start, row_end, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < row_end
+        mask = mask_m[:, None] & mask_n[None, :]
+        rows = offs_m.to(tl.int64)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :] * stride_dyn,
+                     mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
+                    mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + offs_m, mask=mask_m, other=0.0)
+        r = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
+        xhat = tl.where(mask, (x - mean[:, None]) * r[:, None], 0.0)
+        if HAS_WEIGHT:
+            dxhat = dy * w[None, :]
+            # [BM, BN] -> [BN]
+            dw_acc += tl.sum(dy * xhat, axis=0)
+        else:
+            dxhat = dy
+        if HAS_BIAS:
+            # [BM, BN] -> [BN]
+            db_acc += tl.sum(dy, axis=0)
+        if SPLIT_ROW:
+            c1 = tl.load(c1_ptr + offs_m, mask=mask_m, other=0.0)
+            c2 = tl.load(c2_ptr + offs_m, mask=mask_m, other=0.0)
+        else:
+            # [BM, BN] -> [BM]
+            c1 = tl.sum(dxhat, axis=1) / n_cols
+            c2 = tl.sum(dxhat * xhat, axis=1) / n_cols
+        dx = (dxhat - c1[:, None] - xhat * c2[:, None]) * r[:, None]
+        tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
+                 dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    partial = pid_m.to(tl.int64) * n_cols + offs_n
+    if HAS_WEIGHT:
+        tl.store(dw_partial_ptr + partial, dw_acc, mask=mask_n)
+    if HAS_BIAS:
+        tl.store(db_partial_ptr + partial, db_acc, mask=mask_n)

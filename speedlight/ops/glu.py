@@ -1,0 +1,252 @@
+"""Gated linear units, the activation of gated transformer MLPs: act(gate) * up.
+
+Host code shared by speedlight.swiglu (act = silu) and speedlight.geglu (act = gelu, tanh
+approximation or exact): launchers, the custom ops `speedlight::glu_fwd/glu_bwd`, input
+checks, and the OpSpec builder both ops' specs come from.
+
+gate and up are two tensors of one shape, or (up=None) one [..., 2 * I] tensor holding
+gate then up on its last dim, as a fused gate_up projection writes it (Phi-3's
+gate_up_proj; Hugging Face's `gate, up = x.chunk(2, -1)`). Both are read through their
+strides, never copied; the backward of the fused form writes one [..., 2 * I] gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import triton
+
+from speedlight import shapes
+from speedlight.kernels.glu import _glu_bwd_kernel, _glu_fwd_kernel
+from speedlight.ops._common import (
+    check_runtime,
+    check_same_device,
+    check_same_dtype,
+    check_tensor,
+    rows_view,
+    skip_huge_on_cpu,
+    warps_for_tile,
+)
+from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, planned_sm_count, rand_tensor
+
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+
+
+def _halves(gate: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate and up as views: the two halves of gate's last dim when up is None."""
+    if up is not None:
+        return gate, up
+    n = gate.shape[-1] // 2
+    return gate[..., :n], gate[..., n:]
+
+
+def _tile(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of an elementwise tile: ~4K elements per program on a
+    GPU (or the one `spec.sized_for` names); large tiles under the interpreter, where each
+    program costs milliseconds."""
+    gpu = planned_sm_count(device) is not None
+    max_tile, max_n = (4096, 1024) if gpu else (65536, 65536)
+    block_n = min(triton.next_power_of_2(n_cols), max_n)
+    block_m = min(triton.next_power_of_2(n_rows), max(1, max_tile // block_n))
+    return block_m, block_n, warps_for_tile(block_m * block_n) if gpu else 1
+
+
+def _grid(n_rows: int, n_cols: int, block_m: int, block_n: int) -> tuple[int, int]:
+    # row blocks on grid axis 0 (up to 2^31 - 1 programs), column blocks on axis 1
+    return triton.cdiv(n_rows, block_m), triton.cdiv(n_cols, block_n)
+
+
+# --- launchers (usable without autograd) --------------------------------------------------
+
+def glu_fwd(gate: torch.Tensor, up: torch.Tensor | None, activation: str) -> torch.Tensor:
+    """act(gate) * up: contiguous, of the gate half's shape and gate's dtype."""
+    g, u = _halves(gate, up)
+    out = torch.empty(g.shape, dtype=gate.dtype, device=gate.device)
+    if out.numel() == 0:
+        return out
+    check_runtime(gate, _glu_fwd_kernel)
+    n_cols = g.shape[-1]
+    g2, u2, out2 = rows_view(g, n_cols), rows_view(u, n_cols), out.view(-1, n_cols)
+    n_rows = g2.shape[0]
+    block_m, block_n, num_warps = _tile(n_rows, n_cols, gate.device)
+    _glu_fwd_kernel[_grid(n_rows, n_cols, block_m, block_n)](
+        g2, u2, out2, n_rows, n_cols, g2.stride(0), g2.stride(1), u2.stride(0), u2.stride(1),
+        out2.stride(0), ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=num_warps)
+    return out
+
+
+def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None,
+            activation: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dgate, dup), contiguous. When up is None, dgate is the one [..., 2 * I] gradient of
+    the concatenated input (dgate then dup on the last dim) and dup is None."""
+    g, u = _halves(gate, up)
+    if up is None:
+        dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        dg, du = _halves(dgate, None)
+        dup = None
+    else:
+        dgate = torch.empty(g.shape, dtype=gate.dtype, device=gate.device)
+        dup = torch.empty(u.shape, dtype=up.dtype, device=up.device)
+        dg, du = dgate, dup
+    if dg.numel() == 0:
+        return dgate, dup
+    check_runtime(gate, _glu_bwd_kernel)
+    n_cols = g.shape[-1]
+    do2, g2, u2 = rows_view(dout, n_cols), rows_view(g, n_cols), rows_view(u, n_cols)
+    dg2, du2 = dg.reshape(-1, n_cols), du.reshape(-1, n_cols)  # views: halves of a buffer
+    n_rows = g2.shape[0]
+    block_m, block_n, num_warps = _tile(n_rows, n_cols, gate.device)
+    _glu_bwd_kernel[_grid(n_rows, n_cols, block_m, block_n)](
+        do2, g2, u2, dg2, du2, n_rows, n_cols, do2.stride(0), do2.stride(1),
+        g2.stride(0), g2.stride(1), u2.stride(0), u2.stride(1), dg2.stride(0), du2.stride(0),
+        ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+    return dgate, dup
+
+
+# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+
+@torch.library.custom_op("speedlight::glu_fwd", mutates_args=())
+def _glu_fwd_op(gate: torch.Tensor, up: Optional[torch.Tensor], activation: str) -> torch.Tensor:
+    return glu_fwd(gate, up, activation)
+
+
+@_glu_fwd_op.register_fake
+def _(gate, up, activation):
+    g, _ = _halves(gate, up)
+    return gate.new_empty(g.shape)
+
+
+@torch.library.custom_op("speedlight::glu_bwd", mutates_args=())
+def _glu_bwd_op(dout: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tensor],
+                activation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    dgate, dup = glu_bwd(dout, gate, up, activation)
+    return dgate, (dup if dup is not None else gate.new_empty((0,)))
+
+
+@_glu_bwd_op.register_fake
+def _(dout, gate, up, activation):
+    if up is None:
+        return gate.new_empty(gate.shape), gate.new_empty((0,))
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    gate, up, activation = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.activation = activation
+
+
+def _backward(ctx, dout):
+    gate, up = ctx.saved_tensors
+    dgate, dup = torch.ops.speedlight.glu_bwd(dout, gate, up, ctx.activation)
+    return dgate, (dup if up is not None else None), None
+
+
+_glu_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --- the checked entry point of swiglu and geglu ------------------------------------------
+
+def glu(gate: torch.Tensor, up: torch.Tensor | None, activation: str) -> torch.Tensor:
+    """act(gate) * up after the input checks; `activation` one of ACTIVATIONS."""
+    check_tensor("gate", gate, min_dim=1)
+    if up is None:
+        if gate.shape[-1] % 2:
+            raise ValueError(f"with up=None, gate holds gate and up concatenated on its last "
+                             f"dim, which must be even; got gate of shape {tuple(gate.shape)}")
+    else:
+        check_tensor("up", up)
+        if up.shape != gate.shape:
+            raise ValueError(f"up must have gate's shape {tuple(gate.shape)}, got "
+                             f"{tuple(up.shape)}")
+        check_same_dtype(gate=gate, up=up)
+        check_same_device(gate=gate, up=up)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+    return torch.ops.speedlight.glu_fwd(gate, up, activation)
+
+
+# --- OpSpecs -----------------------------------------------------------------------------
+
+# FLOP per element of act(g) and of act'(g) as kernels/glu.py computes them, a
+# transcendental (exp, erf) and a reciprocal counting one each:
+#   silu:      s (3), g * s;                  act': s(-g) (3), g *, 1 +, s *
+#   gelu_tanh: z (5), s (3), g *;             act': dz (3), s(-z) (3), 3 *, +
+#   gelu:      g / sqrt 2, erf, 1 +, / 2, g *; act': g^2, * -1/2, exp, g *, / sqrt(2 pi), +
+_ACT_FLOPS = {"silu": (4, 6), "gelu_tanh": (9, 10), "gelu": (5, 6)}
+
+
+def glu_spec(name: str, impl: Callable, reference: Callable,
+             activation_of: Callable[[Case], str], extra_kwargs: Callable[[Case], dict],
+             flag_sets: list[dict], notes: str,
+             model_flags: Callable[[shapes.ModelConfig], dict | None] = lambda cfg: None) -> OpSpec:
+    """The OpSpec of one gated unit. activation_of(case) names the kernel's activation;
+    extra_kwargs(case) are the op's own keyword arguments (e.g. approximate); flag_sets are
+    the op's variants, each run on the quick shapes; model_flags(cfg) gives the case flags
+    of a model whose MLP is this unit, None when it is another."""
+
+    def make_inputs(case: Case, device) -> dict:
+        rows, inter = case["rows"], case["intermediate"]
+        concat = case.flag("concat", False)
+        # gate spans the bend of the activation and both tails; up is a plain projection.
+        # A handful of elements are drawn narrower: one gate deep in the negative tail would
+        # make the only output an fp16 subnormal, whose relative error measures nothing.
+        scale = 2.0 if rows * inter >= 8 else 1.0
+        gate = rand_tensor((rows, 2 * inter if concat else inter), case, device, scale=scale)
+        up = None if concat else rand_tensor((rows, inter), case, device, salt=3)
+        if case.flag("nonfinite"):
+            inject_nonfinite(gate, case)
+            if up is not None:  # other positions than gate's
+                inject_nonfinite(up, case.with_(seed=case.seed + 1))
+        return {"gate": gate, "up": up, **extra_kwargs(case)}
+
+    def cost(case: Case, mode: str) -> Cost:
+        m, n, e = case["rows"], case["intermediate"], case.dtype.itemsize
+        act, dact = _ACT_FLOPS[activation_of(case)]
+        if mode == "fwd":
+            # read gate, up; write out. FLOP per elem: act, * up.
+            return Cost(flops=(act + 1) * m * n, bytes=3 * m * n * e)
+        # read dout, gate, up; write dgate, dup. FLOP per elem: act and act', 3 products.
+        return Cost(flops=(act + dact + 3) * m * n, bytes=5 * m * n * e)
+
+    def cases(suite: str) -> list[Case]:
+        def case(rows, inter, layout="contiguous", model=None, **flags):
+            return Case(name, (("rows", rows), ("intermediate", inter)), layout=layout,
+                        flags=flags, model=model)
+
+        points = shapes.rows_and_width(suite, "intermediate")
+        out = []
+        for rows, inter, model in points:
+            cfg = shapes.MODELS.get(model) if model else None
+            # Phi-3 projects gate and up with one matmul (gate_up_proj)
+            fused = {"concat": True} if cfg is not None and cfg.hf_model_type == "phi3" else {}
+            out.append(case(rows, inter, model=model, **fused))
+        if suite == "quick":
+            out += [case(37, 128, "strided"), case(5, 781, "transposed"), case(0, 128),
+                    case(37, 128, concat=True), case(5, 781, "strided", concat=True),
+                    case(4, 1000, "transposed", concat=True), case(0, 64, concat=True),
+                    case(5, 781, nonfinite=True), case(3, 7, concat=True, nonfinite=True)]
+            out += [case(5, 781, **flags) for flags in flag_sets]
+        if suite == "full":
+            out += [case(r, w, "strided", concat=True) for r, w, m in points
+                    if m is None and r * w <= 2**24]
+            out += [case(3, 100003, "transposed"), case(257, 1021, nonfinite=True),
+                    case(0, 4096)] + [case(257, 4093, **flags) for flags in flag_sets]
+            # rows x row stride of the concatenated input > 2^31: 64-bit offsets
+            out.append(case(32769, 32771, concat=True, huge=True))
+        return out
+
+    def for_model(cfg, batch: int, seq: int) -> list[Case]:
+        flags = model_flags(cfg)
+        if flags is None:
+            return []
+        if cfg.hf_model_type == "phi3":  # gate and up from one matmul (gate_up_proj)
+            flags = dict(flags, concat=True)
+        return [Case(name, (("rows", batch * seq), ("intermediate", cfg.intermediate)),
+                     flags=flags, model=cfg.name)]
+
+    return OpSpec(name=name, impl=impl, reference=reference, make_inputs=make_inputs,
+                  cost=cost, suites=shapes.suites(cases), grad_inputs=("gate", "up"),
+                  skip=skip_huge_on_cpu, notes=notes, for_model=for_model)

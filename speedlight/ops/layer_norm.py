@@ -1,0 +1,309 @@
+"""LayerNorm: y = (x - mean) / sqrt(var + eps) * w + b over the trailing dims.
+
+The contract of torch.nn.functional.layer_norm: biased variance, weight and bias each
+optional, normalized_shape any number of trailing dims (flattened into one row). fp32
+statistics whatever the input dtype; y has x's dtype, dw and db those of w and b.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+import triton
+
+from speedlight import reference, shapes
+from speedlight.kernels.layer_norm import (
+    _layer_norm_bwd_kernel,
+    _layer_norm_bwd_row_dot_kernel,
+    _layer_norm_fwd_kernel,
+    _layer_norm_fwd_looped_kernel,
+)
+from speedlight.ops._common import (
+    check_runtime,
+    check_same_device,
+    check_tensor,
+    norm_cases,
+    partial_sum_programs,
+    persistent_row_grid,
+    row_tile,
+    rows_view,
+    skip_huge_on_cpu,
+    warps_for_tile,
+)
+from speedlight.ops.rms_norm import BWD_WARPS_PER_SM, FWD_WARPS_PER_SM
+from speedlight.ops.rms_norm import FWD_TILE as RMS_FWD_TILE
+from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
+
+MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
+LOOP_BLOCK_N = 4096  # chunk of a longer row
+SPLIT_BLOCK_N = 1024  # column block of the backward of longer rows
+# Forward tile on a GPU: twice RMSNorm's, since each program re-reads both w and b: half
+# the programs at the same resident warps per SM (32 warps of 16 values per thread).
+FWD_TILE = 2 * RMS_FWD_TILE
+
+
+# --- launchers (usable without autograd) --------------------------------------------------
+
+def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """y (x's shape and dtype, contiguous), mean and rstd ([rows] fp32), over x's last dim."""
+    n_cols = x.shape[-1]
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n_rows = x.numel() // n_cols if n_cols else 0
+    mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return y, mean, rstd
+    check_runtime(x, _layer_norm_fwd_kernel)
+    x2 = rows_view(x, n_cols)
+    y2 = y.view(-1, n_cols)
+    # placeholder pointers for the inputs a constexpr switches off
+    args = (x2, weight if weight is not None else x2, bias if bias is not None else x2,
+            y2, mean, rstd)
+    strides = (x2.stride(0), x2.stride(1), y2.stride(0))
+    switches = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
+    if n_cols <= MAX_FUSED_N:
+        # persistent, sized as RMSNorm's forward: w and b read once per program
+        grid, block_m, block_n, num_warps = persistent_row_grid(
+            n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, tile=FWD_TILE,
+            warps_per_sm=FWD_WARPS_PER_SM)
+        _layer_norm_fwd_kernel[grid](
+            *args, n_rows, n_cols, *strides, eps, **switches,
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+    else:
+        _layer_norm_fwd_looped_kernel[(n_rows,)](
+            *args, n_cols, *strides, eps, **switches, BLOCK_N=LOOP_BLOCK_N, num_warps=8)
+    return y, mean, rstd
+
+
+def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                   bias: torch.Tensor | None, mean: torch.Tensor, rstd: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """dx (x's shape and dtype), dw and db (the dtypes of weight and bias; None where that
+    parameter is None). bias is passed for its presence and dtype; its values are not read."""
+    n_cols = x.shape[-1]
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    has_weight, has_bias = weight is not None, bias is not None
+    if x.numel() == 0:
+        return (dx, torch.zeros_like(weight) if has_weight else None,
+                torch.zeros_like(bias) if has_bias else None)
+    check_runtime(x, _layer_norm_bwd_kernel)
+    n_rows = x.numel() // n_cols
+    x2 = rows_view(x, n_cols)
+    dy2 = rows_view(dy, n_cols)
+    dx2 = dx.view(-1, n_cols)
+    w = weight if has_weight else x2
+    fused = n_cols <= MAX_FUSED_N
+    if fused:
+        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
+    else:
+        block_m, block_n, num_warps = 4, SPLIT_BLOCK_N, 4
+    # as many programs as fit BWD_WARPS_PER_SM warps per SM, as RMSNorm's backward
+    per_sm = max(1, BWD_WARPS_PER_SM // num_warps)
+    n_programs = partial_sum_programs(n_rows, x.device, per_sm=per_sm)
+    rows_per_program = triton.cdiv(n_rows, n_programs)
+    n_programs = triton.cdiv(n_rows, rows_per_program)
+
+    def partial(wanted: bool) -> torch.Tensor:
+        return torch.empty((n_programs, n_cols) if wanted else (1,), dtype=torch.float32,
+                           device=x.device)
+
+    dw_partial, db_partial = partial(has_weight), partial(has_bias)
+    strides = (dy2.stride(0), dy2.stride(1), x2.stride(0), x2.stride(1))
+    switches = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias)
+    if fused:
+        # few rows per program: a smaller tile, and the warps of the tile actually used
+        block_m = min(block_m, triton.next_power_of_2(rows_per_program))
+        num_warps = warps_for_tile(block_m * block_n)
+        c1 = c2 = rstd  # not read
+        grid = (n_programs, 1)
+    else:
+        c1 = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+        c2 = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+        _layer_norm_bwd_row_dot_kernel[(n_rows,)](
+            dy2, x2, w, mean, rstd, c1, c2, n_cols, *strides, HAS_WEIGHT=has_weight,
+            BLOCK_N=LOOP_BLOCK_N, num_warps=8)
+        grid = (n_programs, triton.cdiv(n_cols, block_n))
+    _layer_norm_bwd_kernel[grid](
+        dy2, x2, w, mean, rstd, c1, c2, dx2, dw_partial, db_partial,
+        n_rows, n_cols, rows_per_program, *strides, dx2.stride(0),
+        SPLIT_ROW=not fused, **switches, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=num_warps)
+    dw = dw_partial.sum(0).to(weight.dtype) if has_weight else None
+    db = db_partial.sum(0).to(bias.dtype) if has_bias else None
+    return dx, dw, db
+
+
+# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+
+@torch.library.custom_op("speedlight::layer_norm_fwd", mutates_args=())
+def _layer_norm_fwd_op(x: torch.Tensor, weight: Optional[torch.Tensor],
+                       bias: Optional[torch.Tensor], eps: float
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return layer_norm_fwd(x, weight, bias, eps)
+
+
+@_layer_norm_fwd_op.register_fake
+def _(x, weight, bias, eps):
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols if n_cols else 0
+    stat = x.new_empty((n_rows,), dtype=torch.float32)
+    return x.new_empty(x.shape), stat, torch.empty_like(stat)
+
+
+@torch.library.custom_op("speedlight::layer_norm_bwd", mutates_args=())
+def _layer_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+                       bias: Optional[torch.Tensor], mean: torch.Tensor, rstd: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dx, dw, db = layer_norm_bwd(dy, x, weight, bias, mean, rstd)
+    # a custom op's outputs may not alias one another: a fresh empty for each missing one
+    return (dx, dw if dw is not None else x.new_empty((0,)),
+            db if db is not None else x.new_empty((0,)))
+
+
+@_layer_norm_bwd_op.register_fake
+def _(dy, x, weight, bias, mean, rstd):
+    return (x.new_empty(x.shape), torch.empty_like(weight) if weight is not None
+            else x.new_empty((0,)), torch.empty_like(bias) if bias is not None
+            else x.new_empty((0,)))
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, _ = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, bias, mean, rstd)
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _backward(ctx, dy, _dmean, _drstd):
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    dx, dw, db = torch.ops.speedlight.layer_norm_bwd(dy, x, weight, bias, mean, rstd)
+    return dx, (dw if weight is not None else None), (db if bias is not None else None), None
+
+
+_layer_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --- public function ---------------------------------------------------------------------
+
+def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int],
+               weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the trailing dims `normalized_shape`, as
+    torch.nn.functional.layer_norm: (x - mean) / sqrt(var + eps) * weight + bias.
+
+    x: [..., *normalized_shape] float32/float16/bfloat16, any strides. weight, bias:
+    normalized_shape, or None. Returns a tensor of x's shape and dtype. Differentiable in
+    x, weight and bias; works under torch.compile(fullgraph=True).
+    """
+    check_tensor("x", x)
+    dims = _normalized_dims(normalized_shape)
+    if x.dim() < len(dims) or tuple(x.shape[x.dim() - len(dims):]) != dims:
+        raise ValueError(f"x's trailing dims must be normalized_shape {dims}, got "
+                         f"x of shape {tuple(x.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        check_tensor(name, t)
+        if tuple(t.shape) != dims:
+            raise ValueError(f"{name} must have normalized_shape {dims}, got {tuple(t.shape)}")
+    check_same_device(x=x, weight=weight, bias=bias)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
+        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    n = math.prod(dims)
+    if len(dims) != 1:
+        lead = x.shape[:x.dim() - len(dims)]
+        flat = x.reshape(*lead, n)
+        w = weight.reshape(n) if weight is not None else None
+        b = bias.reshape(n) if bias is not None else None
+        y, _, _ = torch.ops.speedlight.layer_norm_fwd(flat, w, b, float(eps))
+        return y.view(x.shape)
+    y, _, _ = torch.ops.speedlight.layer_norm_fwd(x, weight, bias, float(eps))
+    return y
+
+
+def _normalized_dims(normalized_shape) -> tuple[int, ...]:
+    dims = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        dims = None
+    if (not dims or any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in dims)):
+        raise TypeError(f"normalized_shape must be an int or a non-empty sequence of "
+                        f"non-negative ints, got {normalized_shape!r}")
+    return dims
+
+
+# --- OpSpec --------------------------------------------------------------------------------
+
+def _make_inputs(case: Case, device) -> dict:
+    rows, hidden = case["rows"], case["hidden"]
+    # a mean away from 0 checks that the variance is taken around it, as real activations
+    # (GPT-2's residual stream) have
+    x = rand_tensor((rows, hidden), case, device, shift=1.0)
+    if case.flag("nonfinite"):
+        inject_nonfinite(x, case)
+    weight = bias = None
+    if case.flag("weight", True):
+        weight = rand_tensor((hidden,), case, device, layout="contiguous", salt=1, scale=0.2,
+                             shift=1.0)
+    if case.flag("bias", True):
+        bias = rand_tensor((hidden,), case, device, layout="contiguous", salt=2, scale=0.2)
+    return {"x": x, "normalized_shape": (hidden,), "weight": weight, "bias": bias,
+            "eps": 1e-5}
+
+
+def _cost(case: Case, mode: str) -> Cost:
+    m, n = case["rows"], case["hidden"]
+    e = case.dtype.itemsize
+    params = n * e * (case.flag("weight", True) + case.flag("bias", True))
+    if mode == "fwd":
+        # read x, w, b; write y, mean, rstd (fp32).
+        # FLOP per elem: sum 1, center 1, square-sum 2, * rstd 1, * w 1, + b 1.
+        return Cost(flops=7 * m * n, bytes=2 * m * n * e + params + 8 * m)
+    # read dy, x, w, mean, rstd; write dx, dw, db (b is not read).
+    # FLOP per elem: xhat 2, dxhat 1, c1 1, c2 2, dx 4, dw 2, db 1.
+    w = n * e if case.flag("weight", True) else 0
+    return Cost(flops=13 * m * n, bytes=3 * m * n * e + w + params + 8 * m)
+
+
+def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+    """The pre-attention and pre-MLP LayerNorms of a GPT-style block."""
+    if cfg.norm != "layer":
+        return []
+    return [Case("layer_norm", (("rows", batch * seq), ("hidden", cfg.hidden)), model=cfg.name)]
+
+
+SPEC = OpSpec(
+    name="layer_norm",
+    for_model=_for_model,
+    impl=layer_norm,
+    reference=reference.layer_norm,
+    make_inputs=_make_inputs,
+    cost=_cost,
+    suites=shapes.suites(lambda suite: norm_cases(
+        "layer_norm", suite, full_variants=[{"weight": False, "bias": False}],
+        quick_variants=[(3, 7, {"weight": False, "bias": False}), (5, 781, {"bias": False}),
+                        (37, 128, {"weight": False})])),
+    grad_inputs=("x", "weight", "bias"),
+    skip=skip_huge_on_cpu,
+    notes="Normalizes the trailing dims (biased variance, taken around the mean); fp32 "
+          "statistics; dW and dB reduced per program, then summed.",
+    kernels={
+        # its persistent grid is sized for 32 resident warps per SM (FWD_WARPS_PER_SM)
+        "_layer_norm_fwd_kernel": KernelDesign(min_occupancy=0.5),
+        "_layer_norm_fwd_looped_kernel": KernelDesign(bytes_ratio=2.1, why=(
+            "a row longer than 16384 does not fit registers: it is read three times, for "
+            "the mean, the centred sum of squares and the write (the last two mostly from L2)")),
+        # sized for 16 resident warps per SM (BWD_WARPS_PER_SM), as RMSNorm's backward
+        "_layer_norm_bwd_kernel": KernelDesign(min_occupancy=0.25, bytes_ratio=1.9, why=(
+            "each program reads w once and writes fp32 partial rows of dw and db, "
+            "1 + P(e + 8)/(3e rows) of compulsory: ~1.1x at 4096 rows, ~1.8x at 512; rows "
+            "longer than 16384 also read dy and x twice (the row dots, then dx)")),
+        "_layer_norm_bwd_row_dot_kernel": KernelDesign(bytes_ratio=2.2, why=(
+            "rows longer than 16384: dy and x are read for the row dots c1, c2 and again "
+            "for dx, plus the dw and db partial rows")),
+    },
+)

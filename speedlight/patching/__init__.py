@@ -1,0 +1,6 @@
+"""Swap speedlight ops into Hugging Face models, and back: speedlight.patch(model),
+speedlight.unpatch(model)."""
+
+from speedlight.patching.patcher import PatchReport, PatchWarning, causal_lm_loss, patch, unpatch
+
+__all__ = ["PatchReport", "PatchWarning", "causal_lm_loss", "patch", "unpatch"]

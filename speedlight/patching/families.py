@@ -1,0 +1,56 @@
+"""What speedlight knows about each Hugging Face model family it patches.
+
+A family is found by `model.config.model_type`; each entry names the classes whose
+instances speedlight swaps, and the modeling module whose `apply_rotary_pos_emb` the
+attention layers call. The names are those of transformers >= 4.52 and 5.x.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    prefix: str  # class-name prefix: Llama, Mistral, Qwen2, ...
+    module: str  # transformers.models.<...>.modeling_<...>
+    norm_offset: float = 0.0  # Gemma scales by (1 + w)
+    norm_out: str = "promote"  # "promote": weight * x.to(dtype) (Llama); "input": (x*w).type_as(x)
+    mlp: str = "split"  # "split": gate_proj/up_proj/down_proj; "fused": gate_up_proj/down_proj
+
+    @property
+    def norm_class(self) -> str:
+        return f"{self.prefix}RMSNorm"
+
+    @property
+    def mlp_class(self) -> str:
+        return f"{self.prefix}MLP"
+
+    @property
+    def attention_class(self) -> str:
+        return f"{self.prefix}Attention"
+
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in [
+    Family("llama", "Llama", "transformers.models.llama.modeling_llama"),
+    Family("mistral", "Mistral", "transformers.models.mistral.modeling_mistral"),
+    Family("qwen2", "Qwen2", "transformers.models.qwen2.modeling_qwen2"),
+    Family("qwen3", "Qwen3", "transformers.models.qwen3.modeling_qwen3"),
+    Family("gemma", "Gemma", "transformers.models.gemma.modeling_gemma", norm_offset=1.0,
+           norm_out="input"),
+    Family("gemma2", "Gemma2", "transformers.models.gemma2.modeling_gemma2", norm_offset=1.0,
+           norm_out="input"),
+    Family("phi3", "Phi3", "transformers.models.phi3.modeling_phi3", mlp="fused"),
+]}
+
+# Hugging Face activation classes -> (speedlight op, its keyword arguments)
+ACTIVATIONS: dict[str, tuple[str, dict]] = {
+    "SiLUActivation": ("swiglu", {}),
+    "SiLU": ("swiglu", {}),
+    "GELUTanh": ("geglu", {"approximate": "tanh"}),
+    "PytorchGELUTanh": ("geglu", {"approximate": "tanh"}),
+    "NewGELUActivation": ("geglu", {"approximate": "tanh"}),
+    "GELUActivation": ("geglu", {"approximate": "none"}),
+    "GELU": ("geglu", {"approximate": "none"}),
+}

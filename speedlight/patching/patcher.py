@@ -1,0 +1,270 @@
+"""Swap speedlight ops into an already-built Hugging Face model, and back.
+
+What is swapped, per module instance (the class, parameters and state-dict stay as they
+are, so weights load unchanged and optimizers keep their references):
+  rms_norm       every <Family>RMSNorm's forward -> speedlight.rms_norm (offset 1 for Gemma)
+  mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up))
+  rope           every <Family>Attention's forward runs with speedlight.rope in place of
+                 the family's apply_rotary_pos_emb (the module-level function is replaced
+                 by a dispatcher that calls speedlight only inside a patched attention
+                 layer, so unpatched models of the same family keep the original)
+  cross_entropy  the model's loss_function -> the causal-LM loss on speedlight.cross_entropy
+unpatch restores every instance's forward and the model's loss exactly as they were.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import inspect
+import types
+import warnings
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from speedlight.patching.families import ACTIVATIONS, FAMILIES, Family
+
+KINDS = ("rms_norm", "mlp", "rope", "cross_entropy")
+_RECORD = "_speedlight_patch"
+
+
+class PatchWarning(UserWarning):
+    """Something asked for was not patched; the message lists what was and was not."""
+
+
+@dataclass
+class PatchReport:
+    model_type: str
+    patched: dict[str, list[str]] = field(default_factory=dict)  # kind -> module paths
+    not_patched: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
+
+    def count(self, kind: str) -> int:
+        return len(self.patched.get(kind, []))
+
+    def __str__(self) -> str:
+        lines = [f"speedlight.patch on a {self.model_type!r} model:"]
+        for kind in KINDS:
+            if kind in self.patched:
+                lines.append(f"  patched {kind}: {len(self.patched[kind])} "
+                             f"({', '.join(self.patched[kind][:3])}{', ...' if len(self.patched[kind]) > 3 else ''})")
+        for what, why in self.not_patched:
+            lines.append(f"  NOT patched {what}: {why}")
+        return "\n".join(lines)
+
+
+# --- RoPE: the family's module-level function becomes a dispatcher ----------------------
+
+_ROPE_ACTIVE = contextvars.ContextVar("speedlight_rope_active", default=False)
+_ROPE_ORIGINALS: dict[str, object] = {}  # modeling module name -> original function
+_ROPE_USERS: dict[str, int] = {}  # modeling module name -> patched attention layers
+
+
+def _rope_dispatcher(original):
+    signature = inspect.signature(original)
+
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        if not _ROPE_ACTIVE.get():
+            return original(q, k, cos, sin, *args, **kwargs)
+        from speedlight.ops.rope import rope
+        bound = signature.bind(q, k, cos, sin, *args, **kwargs)
+        bound.apply_defaults()
+        return rope(q, k, cos, sin, unsqueeze_dim=bound.arguments.get("unsqueeze_dim", 1))
+
+    apply_rotary_pos_emb.__wrapped__ = original
+    return apply_rotary_pos_emb
+
+
+def _acquire_rope(module_name: str) -> None:
+    mod = importlib.import_module(module_name)
+    if module_name not in _ROPE_ORIGINALS:
+        _ROPE_ORIGINALS[module_name] = mod.apply_rotary_pos_emb
+        mod.apply_rotary_pos_emb = _rope_dispatcher(mod.apply_rotary_pos_emb)
+    _ROPE_USERS[module_name] = _ROPE_USERS.get(module_name, 0) + 1
+
+
+def _release_rope(module_name: str) -> None:
+    _ROPE_USERS[module_name] -= 1
+    if _ROPE_USERS[module_name] == 0:
+        importlib.import_module(module_name).apply_rotary_pos_emb = _ROPE_ORIGINALS.pop(module_name)
+        del _ROPE_USERS[module_name]
+
+
+def _attention_forward(previous):
+    """The attention layer's own forward (or whatever wrapped it before), run with
+    speedlight's RoPE switched on for this call."""
+    def forward(self, *args, **kwargs):
+        token = _ROPE_ACTIVE.set(True)
+        try:
+            return previous(*args, **kwargs)
+        finally:
+            _ROPE_ACTIVE.reset(token)
+    return forward
+
+
+# --- the replacement forwards --------------------------------------------------------------
+
+def _norm_forward(offset: float, out: str, eps_attr: str):
+    def forward(self, x):
+        from speedlight.ops.rms_norm import rms_norm
+        y = rms_norm(x, self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype),
+                     float(getattr(self, eps_attr)), offset)
+        if out == "promote":  # Llama: weight * x.to(input dtype) promotes to weight's dtype
+            return y.to(torch.promote_types(x.dtype, self.weight.dtype))
+        return y
+    return forward
+
+
+def _split_mlp_forward(op_name: str, op_kwargs: dict):
+    def forward(self, x):
+        op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
+        return self.down_proj(op(self.gate_proj(x), self.up_proj(x), **op_kwargs))
+    return forward
+
+
+def _fused_mlp_forward(op_name: str, op_kwargs: dict):
+    def forward(self, x):
+        op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
+        return self.down_proj(op(self.gate_up_proj(x), None, **op_kwargs))
+    return forward
+
+
+def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100,
+                   shift_labels=None, **kwargs):
+    """Hugging Face's ForCausalLMLoss on speedlight.cross_entropy: labels shifted by one,
+    mean over non-ignored tokens (or sum / num_items_in_batch). The logits are not upcast
+    to float32 first: the kernel accumulates in float32 whatever their dtype."""
+    from speedlight.ops.cross_entropy import cross_entropy
+    if shift_labels is None:
+        labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:].contiguous()
+    logits = logits.reshape(-1, vocab_size)
+    shift_labels = shift_labels.reshape(-1).to(logits.device)
+    if num_items_in_batch is None:
+        return cross_entropy(logits, shift_labels, ignore_index=ignore_index).float()
+    loss = cross_entropy(logits, shift_labels, ignore_index=ignore_index, reduction="sum").float()
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+# --- patch / unpatch -------------------------------------------------------------------------
+
+def _available(op: str) -> bool:
+    """Whether this install has speedlight.ops.<op>."""
+    import importlib.util
+    return importlib.util.find_spec(f"speedlight.ops.{op}") is not None
+
+
+def _activation_of(mlp) -> tuple[str, dict] | None:
+    act = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
+    if act is None:
+        return None
+    name = type(act).__name__
+    if name == "GELU" and getattr(act, "approximate", "none") == "tanh":
+        return "geglu", {"approximate": "tanh"}
+    return ACTIVATIONS.get(name)
+
+
+def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, rope: bool = True,
+          cross_entropy: bool = True) -> PatchReport:
+    """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3).
+
+    Returns a PatchReport listing what was patched; anything asked for that could not be
+    patched (an unknown architecture, an unsupported activation) is also warned about
+    with a PatchWarning, never skipped silently. `unpatch(model)` undoes it exactly.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if hasattr(model, _RECORD):
+        raise ValueError("model is already patched by speedlight; call speedlight.unpatch(model) first")
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None) or type(model).__name__
+    family: Family | None = FAMILIES.get(model_type)
+    wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy}
+    report = PatchReport(model_type)
+    record: dict = {"forwards": [], "rope_modules": [], "loss": None}
+
+    if family is None:
+        for kind, on in wanted.items():
+            if on:
+                report.not_patched.append(
+                    (kind, f"unknown architecture {model_type!r}; speedlight patches "
+                           f"{', '.join(sorted(FAMILIES))}"))
+    else:
+        for path, module in model.named_modules():
+            cls = type(module).__name__
+            if cls in (family.norm_class, family.mlp_class) and "forward" in module.__dict__:
+                report.not_patched.append((path, "its forward is already wrapped (e.g. by "
+                                           "accelerate hooks); speedlight leaves it alone"))
+                continue
+            if wanted["rms_norm"] and cls == family.norm_class:
+                eps_attr = "variance_epsilon" if hasattr(module, "variance_epsilon") else "eps"
+                _set_forward(module, _norm_forward(family.norm_offset, family.norm_out, eps_attr), record)
+                report.patched.setdefault("rms_norm", []).append(path)
+            elif wanted["mlp"] and cls == family.mlp_class:
+                act = _activation_of(module)
+                if act is None:
+                    report.not_patched.append((f"mlp {path}", "activation "
+                                               f"{type(getattr(module, 'act_fn', None)).__name__} "
+                                               "has no speedlight kernel"))
+                    continue
+                if not _available(act[0]):
+                    report.not_patched.append((f"mlp {path}", f"this install has no speedlight.{act[0]}"))
+                    continue
+                make = _fused_mlp_forward if family.mlp == "fused" else _split_mlp_forward
+                _set_forward(module, make(*act), record)
+                report.patched.setdefault("mlp", []).append(f"{path} ({act[0]})")
+            elif wanted["rope"] and cls == family.attention_class:
+                previous = module.__dict__.get("forward") or module.forward
+                _set_forward(module, _attention_forward(previous), record)
+                _acquire_rope(family.module)
+                # released by unpatch, or when the model is garbage-collected unpatched
+                record["rope_modules"].append(weakref.finalize(model, _release_rope, family.module))
+                report.patched.setdefault("rope", []).append(path)
+        for kind in ("rms_norm", "mlp", "rope"):
+            if wanted[kind] and kind not in report.patched and not any(
+                    w.startswith(kind) for w, _ in report.not_patched):
+                report.not_patched.append((kind, f"no {kind} module of the {model_type} family found"))
+        if wanted["cross_entropy"]:
+            if not _available("cross_entropy"):
+                report.not_patched.append(("cross_entropy", "this install has no speedlight.cross_entropy"))
+            elif hasattr(type(model), "loss_function"):
+                record["loss"] = ("had", model.__dict__["_loss_function"]) if "_loss_function" in model.__dict__ else ("none", None)
+                model.loss_function = causal_lm_loss
+                report.patched["cross_entropy"] = ["loss_function"]
+            else:
+                report.not_patched.append(("cross_entropy", f"{type(model).__name__} computes no loss "
+                                           "(not a *ForCausalLM model)"))
+    setattr(model, _RECORD, record)
+    if report.not_patched:
+        warnings.warn(str(report), PatchWarning, stacklevel=2)
+    return report
+
+
+def _set_forward(module: torch.nn.Module, fn, record: dict) -> None:
+    had = module.__dict__.get("forward")
+    record["forwards"].append((module, had))
+    module.forward = types.MethodType(fn, module)
+
+
+def unpatch(model: torch.nn.Module) -> None:
+    """Restore every module and the loss exactly as they were before speedlight.patch."""
+    record = model.__dict__.get(_RECORD)
+    if record is None:
+        raise ValueError("model is not patched by speedlight")
+    for module, had in record["forwards"]:
+        if had is None:
+            del module.forward
+        else:
+            module.forward = had
+    for release in record["rope_modules"]:
+        release()  # a finalizer runs once: here, not again when the model is collected
+    if record["loss"] is not None:
+        state, value = record["loss"]
+        if state == "had":
+            model._loss_function = value
+        else:
+            model.__dict__.pop("_loss_function", None)
+    delattr(model, _RECORD)

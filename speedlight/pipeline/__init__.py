@@ -1,0 +1,231 @@
+"""`speedlight report`: the main job, end to end on one model.
+
+This package sits on top, beside cli.py (it imports the tools; no tool imports it), and
+runs the tools in order, each writing its JSON into one
+report folder; `speedlight.report` then renders those files (and nothing else) into
+index.html and summary.md:
+
+  1 profile-before.json  profile the model as it is
+  2 patch.json           patch a copy with speedlight's ops (what was and was not swapped)
+  3 model-check.json     the patched model against the original: logits, loss and every
+                         parameter gradient, both judged against a float64 copy
+  4 verify.jsonl         every op the model uses, verified at the model's own shapes
+  5 bench.jsonl          the same cases timed against PyTorch (and torch.compile, Liger)
+  6 inspect.json         the kernels of those cases compiled for the target GPU
+  7 profile-after.json   profile the patched model
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+import traceback
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+FILES = {"profile_before": "profile-before.json", "patch": "patch.json",
+         "model_check": "model-check.json", "verify": "verify.jsonl", "bench": "bench.jsonl",
+         "inspect": "inspect.json", "profile_after": "profile-after.json"}
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, metavar="NAME|config.json|module:callable",
+                   help="default: a small Llama-style model with random weights (no download); "
+                        "or anything `speedlight profile --model` takes")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=128)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--train", action="store_true", default=True,
+                      help="forward + backward + AdamW step (the default)")
+    mode.add_argument("--infer", action="store_true", help="forward only")
+    p.add_argument("--target", default=None,
+                   help="GPU the floors are on (default: the GPU in use; without one, h200, projected)")
+    p.add_argument("--dtype", default=None, help="default: bf16 on a GPU, fp32 on a CPU")
+    p.add_argument("--size", choices=("small", "full"), default=None)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=2, help="profiled steps (default 2)")
+    p.add_argument("--baselines", default=None,
+                   help="bench baselines (default: torch-eager,torch-compile,liger on a GPU; "
+                        "torch-eager on a CPU, where compiling each case costs more than the report)")
+    p.add_argument("--bench-budget", type=float, default=None,
+                   help="seconds for the bench stage (default 240 on a GPU, 60 on a CPU)")
+    p.add_argument("--no-bench", action="store_true", help="skip the bench stage")
+    p.add_argument("--no-inspect", action="store_true", help="skip the inspect stage")
+    p.add_argument("--out", default="speedlight-report", help="the report folder")
+
+
+class Stages:
+    """Runs stages in order; a stage that fails is recorded with its error and the report
+    still renders, saying which stage failed and why."""
+
+    def __init__(self, out: Path, console):
+        self.out, self.console = out, console
+        self.manifest: dict = {"stages": {}, "files": FILES}
+
+    def run(self, name: str, title: str, fn):
+        from speedlight import results
+        start = time.perf_counter()
+        self.console.print(f"[bold]{title}[/] ...")
+        entry = {"title": title, "file": FILES.get(name)}
+        try:
+            value = fn()
+            entry["status"] = "ok"
+        except Exception as e:  # the report shows it; later stages that need it are skipped
+            value = None
+            entry.update(status="failed", error=f"{type(e).__name__}: {e}",
+                         traceback=traceback.format_exc(limit=6))
+            self.console.print(f"[red]  {title} failed: {type(e).__name__}: {e}[/]")
+        entry["seconds"] = round(time.perf_counter() - start, 2)
+        self.manifest["stages"][name] = entry
+        results.write_atomic(self.out / MANIFEST, json.dumps(results._clean(self.manifest), indent=1))
+        return value
+
+    def skip(self, name: str, title: str, reason: str) -> None:
+        self.manifest["stages"][name] = {"title": title, "file": FILES.get(name),
+                                         "status": "skipped", "reason": reason}
+
+
+def _write_json(path: Path, doc) -> None:
+    from speedlight import results
+    results.write_atomic(path, json.dumps(results._clean(doc), indent=1))
+
+
+def run(args: argparse.Namespace) -> int:
+    import warnings
+
+    import torch
+
+    from speedlight import registry, shapes
+    from speedlight.profile import models
+    from speedlight.profile.command import profile_workload
+    from speedlight.spec import parse_dtype
+    from speedlight.verify.display import make_console
+
+    console = make_console()
+    try:
+        import transformers
+        transformers.logging.set_verbosity_error()
+    except ImportError:
+        raise SystemExit("speedlight report needs transformers: pip install 'speedlight[hf]'")
+    device = torch.device(args.device)
+    train = not args.infer
+    dtype = parse_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in list(FILES.values()) + [MANIFEST]:  # never mix two runs' stages
+        (out / stale).unlink(missing_ok=True)
+    stages = Stages(out, console)
+    try:
+        w = models.build(args.model, batch=args.batch, seq=args.seq, train=train, dtype=dtype,
+                         device=device, size=args.size or ("full" if device.type == "cuda" else "small"),
+                         layers=args.layers, seed=args.seed)
+    except (models.ModelError, ValueError) as e:
+        raise SystemExit(f"speedlight report: {e}")
+    pristine = copy.deepcopy(w.model)
+    cfg = shapes.from_hf_config(w.model.config, name=w.name) if hasattr(w.model, "config") else None
+    stages.manifest["run"] = {"model": w.name, "mode": "train" if train else "infer",
+                              "batch": args.batch, "seq": args.seq, "device": device.type,
+                              "target": args.target, "model_config": cfg.__dict__ if cfg else None}
+
+    def profile(model, notes):
+        wl = models.Workload(w.name, model, w.inputs, w.loss_fn, dict(w.config), list(w.notes))
+        return profile_workload(wl, device=device, train=train, target=args.target, warmup=1,
+                                steps=args.steps, seed=args.seed, batch=args.batch, seq=args.seq,
+                                notes=notes)
+
+    before = stages.run("profile_before", "profile the model", lambda: profile(w.model, []))
+    if before is not None:
+        _write_json(out / FILES["profile_before"], before)
+
+    def do_patch():
+        from speedlight.patching import patch
+        model = copy.deepcopy(pristine)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            report = patch(model)
+        doc = {"model_type": report.model_type, "patched": report.patched,
+               "not_patched": [{"what": a, "why": b} for a, b in report.not_patched],
+               "text": str(report)}
+        _write_json(out / FILES["patch"], doc)
+        return model
+    patched = stages.run("patch", "patch a copy with speedlight's ops", do_patch)
+
+    if patched is not None:
+        def do_check():
+            from speedlight.pipeline.model_check import check_models
+            doc = check_models(pristine, patched, w.inputs, w.loss_fn, train=train)
+            _write_json(out / FILES["model_check"], doc)
+            return doc
+        stages.run("model_check", "check the patched model against the original", do_check)
+    else:
+        stages.skip("model_check", "check the patched model against the original", "patch failed")
+
+    specs = [s for s in registry.builtin_specs() if s.for_model is not None]
+    cases = {s.name: [c.with_(dtype=dtype) for c in s.for_model(cfg, args.batch, args.seq)]
+             for s in specs} if cfg is not None else {}
+    specs = [s for s in specs if cases.get(s.name)]
+    stages.manifest["cases"] = {k: [c.id for c in v] for k, v in cases.items() if v}
+
+    def do_verify():
+        from speedlight import results
+        from speedlight.verify.harness import verify_case
+        env = results.environment(device)
+        rows = []
+        for spec in specs:
+            for case in cases[spec.name]:
+                for seed in (0, 1):
+                    r = verify_case(spec, case.with_(seed=seed), device)
+                    rows.append(dict(r.to_row(), suite="model-shapes", **env))
+        results.append_jsonl(out / FILES["verify"], rows)
+        return rows
+    stages.run("verify", "verify each op at the model's shapes", do_verify)
+
+    if args.no_bench:
+        stages.skip("bench", "bench each op at the model's shapes", "--no-bench")
+    else:
+        def do_bench():
+            from speedlight import results
+            from speedlight.bench.baselines import Baselines
+            from speedlight.bench.runner import Bench, Settings
+            names = args.baselines or ("torch-eager,torch-compile,liger" if device.type == "cuda"
+                                       else "torch-eager")
+            bench = Bench(device, Settings(modes=("fwd", "bwd")),
+                          Baselines(tuple(n for n in names.split(",") if n and n != "none")),
+                          suite="model-shapes")
+            rows = []
+
+            def on_case(spec, case, case_rows):
+                results.append_jsonl(out / FILES["bench"], case_rows)
+                rows.extend(case_rows)
+            budget = args.bench_budget or (240.0 if device.type == "cuda" else 60.0)
+            bench.run(specs, lambda spec: cases[spec.name], budget_s=budget, on_case=on_case)
+            return rows
+        stages.run("bench", "bench each op at the model's shapes", do_bench)
+
+    if args.no_inspect:
+        stages.skip("inspect", "inspect the kernels for the target", "--no-inspect")
+    else:
+        def do_inspect():
+            from speedlight.pipeline.inspect_stage import inspect_cases
+            doc = inspect_cases(specs, cases, target=args.target, device=device)
+            _write_json(out / FILES["inspect"], doc)
+            return doc
+        stages.run("inspect", "inspect the kernels for the target", do_inspect)
+
+    if patched is not None:
+        after = stages.run("profile_after", "profile the patched model",
+                           lambda: profile(patched, ["patched with speedlight's ops"]))
+        if after is not None:
+            _write_json(out / FILES["profile_after"], after)
+    else:
+        stages.skip("profile_after", "profile the patched model", "patch failed")
+
+    from speedlight.report import render
+    paths = render.render(out)
+    render.print_summary(out, console)
+    console.print(f"report: {paths['html']}  (and {paths['md'].name}, with the JSON of each stage)")
+    failed = [k for k, v in stages.manifest["stages"].items() if v["status"] == "failed"]
+    return 1 if failed or render.has_failures(out) else 0

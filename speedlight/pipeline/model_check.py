@@ -1,0 +1,86 @@
+"""The patched model against the original, both judged against a float64 copy.
+
+The same rule as `speedlight verify`, one level up: the patched model's logits, loss and
+every parameter gradient may have at most k times the error the original model has in
+the same dtype (each against the float64 copy of the original), under the dtype's ceiling.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from speedlight.spec import TOLERANCES, dtype_name
+from speedlight.verify.compare import judge
+
+# A float64 copy costs 8 bytes a parameter (plus activations); past this, the patched
+# model is compared with the original directly.
+MAX_FP64_PARAMS = 200_000_000
+
+
+def _call(model, inputs):
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _to64(x):
+    if isinstance(x, torch.Tensor):
+        return x.double() if x.is_floating_point() else x
+    if isinstance(x, dict):
+        return {k: _to64(v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to64(v) for v in x)
+    return x
+
+
+def _outputs(model, inputs, loss_fn, train: bool) -> dict[str, torch.Tensor]:
+    """logits, loss and (with train) the gradient of every parameter, by name."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    with torch.set_grad_enabled(train):
+        out = _call(model, inputs)
+        loss = loss_fn(out)
+        got = {}
+        logits = getattr(out, "logits", None)
+        if isinstance(logits, torch.Tensor):
+            got["logits"] = logits.detach()
+        got["loss"] = loss.detach().reshape(1)
+        if train:
+            grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+            got.update({f"grad:{n}": g for (n, _), g in zip(params, grads) if g is not None})
+    return got
+
+
+def check_models(original: torch.nn.Module, patched: torch.nn.Module, inputs, loss_fn, *,
+                 train: bool) -> dict:
+    dtype = next(original.parameters()).dtype
+    tol = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+    n_params = sum(p.numel() for p in original.parameters())
+    ours = _outputs(patched, inputs, loss_fn, train)
+    theirs = _outputs(original, inputs, loss_fn, train)
+    if n_params <= MAX_FP64_PARAMS:
+        ref_model = copy.deepcopy(original).double()
+        ref = _outputs(ref_model, _to64(inputs), loss_fn, train)
+        basis = "float64 copy of the original model"
+        del ref_model
+    else:
+        ref, basis = {k: v.double() for k, v in theirs.items()}, \
+            "the original model itself (too large for a float64 copy)"
+    checks = []
+    for name, r in ref.items():
+        o, t = ours.get(name), theirs.get(name)
+        c = judge(name, o.to(t.dtype) if o is not None and t is not None else o, r,
+                  t if t is not None else r.to(dtype), tol)
+        checks.append(c.to_json())
+    failed = [c for c in checks if not c["passed"]]
+    worst = max(checks, key=lambda c: c["ratio"]) if checks else None
+    return {"dtype": dtype_name(dtype), "reference": basis, "train": train,
+            "tolerance": {"k": tol.k, "floor": tol.floor, "ceiling": tol.ceiling},
+            "passed": not failed, "checks": checks, "failed": [c["name"] for c in failed],
+            "worst": {"name": worst["name"], "ratio": worst["ratio"],
+                      "rel_l2": (worst["ours"] or {}).get("rel_l2")} if worst else None,
+            "loss": {"original": float(theirs["loss"].item()), "patched": float(ours["loss"].item()),
+                     "float64": float(ref["loss"].item())}}

@@ -1,0 +1,147 @@
+"""Read a report folder's stage files into the one summary every view renders.
+
+Every number the report shows is computed here from the stage files the pipeline wrote
+(profile-before.json, patch.json, model-check.json, verify.jsonl, bench.jsonl,
+inspect.json, profile-after.json, manifest.json); nothing is measured or typed here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from speedlight.results import read_jsonl
+
+MANIFEST = "manifest.json"
+
+
+def _json(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return read_jsonl(path) if path.exists() else []
+
+
+def _num(x):
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def _geomean(values: list[float]) -> float | None:
+    vals = [v for v in values if _num(v) and v > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def _profile_summary(doc: dict | None) -> dict | None:
+    if not doc:
+        return None
+    s, mem = doc["summary"], doc["memory"]
+    return {"step_time_s": s.get("step_time_s"), "op_time_s": s.get("op_time_s"),
+            "floor_s": s.get("floor_s"), "floor_with_launch_s": s.get("floor_with_launch_s"),
+            "flops": s.get("flops"), "bytes": s.get("bytes"), "ops": s.get("ops"),
+            "speed_of_light": s.get("speed_of_light"), "peak_bytes": mem.get("peak_bytes"),
+            "allocator_peak_bytes": mem.get("allocator_peak_bytes"),
+            "time_by_bound_s": s.get("time_by_bound_s", {}),
+            "uncounted": s.get("uncounted", {})}
+
+
+def _verify_table(rows: list[dict]) -> list[dict]:
+    """One line per (op, case): the worst seed."""
+    by: dict[tuple, dict] = {}
+    rank = {"error": 3, "fail": 2, "skip": 1, "pass": 0}
+    for r in rows:
+        key = (r["op"], r["case"]["id"])
+        worst = max((c for c in r.get("checks", []) if c.get("ours")), key=lambda c: c["ratio"],
+                    default=None)
+        line = {"op": r["op"], "case": r["case"]["id"], "status": r["status"],
+                "reason": r.get("reason", ""), "seeds": 1,
+                "worst_check": worst["name"] if worst else None,
+                "ratio": worst["ratio"] if worst else None,
+                "rel_l2": worst["ours"]["rel_l2"] if worst else None}
+        if key in by:
+            old = by[key]
+            line["seeds"] = old["seeds"] + 1
+            if (rank[old["status"]], old["ratio"] or 0) > (rank[line["status"]], line["ratio"] or 0):
+                line = dict(old, seeds=line["seeds"])
+        by[key] = line
+    return list(by.values())
+
+
+def _bench_table(rows: list[dict]) -> list[dict]:
+    """speedlight's rows with the baselines' medians beside them."""
+    base = {}
+    for r in rows:
+        if r.get("implementation") != "speedlight" and r.get("median_us") is not None:
+            base[(r["case_id"], r["mode"], r["implementation"])] = r["median_us"]
+    out = []
+    for r in rows:
+        if r.get("implementation") != "speedlight":
+            continue
+        out.append({"op": r["op"], "case": r["case_id"], "mode": r["mode"],
+                    "status": r.get("status"), "reason": r.get("reason", ""),
+                    "median_us": r.get("median_us"), "p20_us": r.get("p20_us"),
+                    "p80_us": r.get("p80_us"), "gbps": r.get("gbps"), "sol_pct": r.get("sol_pct"),
+                    "sol_note": r.get("sol_note"), "verified": r.get("verified"),
+                    "speedup": r.get("speedup") or {}, "speedup_note": r.get("speedup_note") or {},
+                    "baselines_us": {impl: us for (cid, mode, impl), us in base.items()
+                                     if cid == r["case_id"] and mode == r["mode"]},
+                    "representative": r.get("representative")})
+    return out
+
+
+def _speedup_means(bench: list[dict]) -> dict:
+    means: dict[str, dict[str, float | None]] = {}
+    names = sorted({k for b in bench for k in b["speedup"]})
+    for name in names:
+        for mode in ("fwd", "bwd", "fwd+bwd"):
+            vals = [b["speedup"].get(name) for b in bench if b["mode"] == mode]
+            g = _geomean([v for v in vals if v is not None])
+            if g is not None:
+                means.setdefault(name, {})[mode] = g
+    return means
+
+
+def _inspect_table(doc: dict | None) -> list[dict]:
+    if not doc:
+        return []
+    return doc.get("kernels", [])
+
+
+def load(folder: str | Path) -> dict:
+    folder = Path(folder)
+    manifest = _json(folder / MANIFEST) or {"stages": {}, "files": {}}
+    files = manifest.get("files", {})
+    get = lambda key: folder / files.get(key, f"{key}.json")  # noqa: E731
+    before, after = _json(get("profile_before")), _json(get("profile_after"))
+    verify = _verify_table(_jsonl(get("verify")))
+    bench_rows = _jsonl(get("bench"))
+    bench = _bench_table(bench_rows)
+    env = (before or after or {}).get("environment", {})
+    representative = env.get("runtime") == "cuda"
+    return {
+        "folder": str(folder), "manifest": manifest, "files": files,
+        "run": manifest.get("run", {}), "environment": env, "representative": representative,
+        "target": (before or after or {}).get("target", {}),
+        "measured": (before or after or {}).get("measured", {}),
+        "before": _profile_summary(before), "after": _profile_summary(after),
+        "before_doc": before, "after_doc": after,
+        "patch": _json(get("patch")), "model_check": _json(get("model_check")),
+        "verify": verify, "bench": bench, "speedup_means": _speedup_means(bench),
+        "inspect": _json(get("inspect")), "inspect_kernels": _inspect_table(_json(get("inspect"))),
+        "advice": (before or {}).get("advice", []),
+        "verify_counts": {s: sum(1 for v in verify if v["status"] == s)
+                          for s in ("pass", "fail", "error", "skip")},
+    }
+
+
+def failures(data: dict) -> list[str]:
+    """What in the report is a failure: a stage that failed, the patched model off, an op
+    that failed verification at the model's shapes."""
+    out = [f"stage {k} failed: {v.get('error')}" for k, v in data["manifest"]["stages"].items()
+           if v.get("status") == "failed"]
+    mc = data.get("model_check")
+    if mc is not None and not mc.get("passed"):
+        out.append(f"patched model differs from the original: {', '.join(mc['failed'][:5])}")
+    out += [f"verify {v['case']}: {v['status']}" for v in data["verify"] if v["status"] in ("fail", "error")]
+    return out

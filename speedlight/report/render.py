@@ -1,0 +1,127 @@
+"""Render a report folder's stage files into index.html and summary.md, and the short
+summary the terminal gets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from speedlight.report import charts
+from speedlight.report.load import failures, load
+from speedlight.results import write_atomic
+
+
+def _missing(x) -> bool:
+    """None, or a value the template asked for that the stage file does not have."""
+    return x is None or type(x).__name__ == "Undefined" or not isinstance(x, (int, float))
+
+
+def fmt_time(s) -> str:
+    if _missing(s):
+        return "-"
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if abs(s) >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s:.3g} s"
+
+
+def fmt_us(us) -> str:
+    return "-" if _missing(us) else fmt_time(us * 1e-6)
+
+
+def fmt_bytes(n) -> str:
+    if _missing(n):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.3g} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def fmt_x(x) -> str:
+    return "-" if _missing(x) else f"{x:.2f}x"
+
+
+def fmt_num(x, digits=3) -> str:
+    return "-" if _missing(x) else f"{x:.{digits}g}"
+
+
+def fmt_pct(x) -> str:
+    return "-" if _missing(x) else f"{x:.1f}%"
+
+
+def change(before, after) -> str:
+    if _missing(before) or before == 0 or _missing(after):
+        return "-"
+    return f"{after / before:.2f}x"
+
+
+FILTERS = {"t": fmt_time, "us": fmt_us, "b": fmt_bytes, "x": fmt_x, "n": fmt_num, "pct": fmt_pct}
+
+
+def _env():
+    try:
+        import jinja2
+    except ImportError:
+        raise RuntimeError("the HTML report needs jinja2: pip install 'speedlight[report]'") from None
+    env = jinja2.Environment(loader=jinja2.PackageLoader("speedlight.report", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]),
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(FILTERS)
+    env.globals["change"] = change
+    return env
+
+
+def _charts(data: dict) -> dict:
+    out = {}
+    for name, fn in (("time_by_type", charts.time_by_type), ("roofline", charts.roofline),
+                     ("speedups", charts.speedups)):
+        try:
+            out[name] = fn(data)
+        except RuntimeError as e:  # matplotlib missing: say so in the page
+            out[name] = None
+            out.setdefault("notes", []).append(str(e))
+    return out
+
+
+def render(folder: str | Path) -> dict[str, Path]:
+    folder = Path(folder)
+    data = load(folder)
+    data["failures"] = failures(data)
+    env = _env()
+    html = env.get_template("report.html.j2").render(d=data, charts=_charts(data))
+    md = env.get_template("summary.md.j2").render(d=data)
+    return {"html": write_atomic(folder / "index.html", html),
+            "md": write_atomic(folder / "summary.md", md)}
+
+
+def has_failures(folder: str | Path) -> bool:
+    return bool(failures(load(folder)))
+
+
+def print_summary(folder: str | Path, console) -> None:
+    d = load(folder)
+    b, a = d["before"], d["after"]
+    where = ("measured on " + d["environment"].get("device", "?") if d["representative"]
+             else "CPU through the Triton interpreter: times are not representative")
+    console.print(f"[bold]speedlight report[/]: {d['run'].get('model')} ({d['run'].get('mode')}), {where}")
+    if b and a:
+        console.print(f"  step time  {fmt_time(b['step_time_s'])} -> {fmt_time(a['step_time_s'])}"
+                      f" ({change(b['step_time_s'], a['step_time_s'])});  peak memory "
+                      f"{fmt_bytes(b['peak_bytes'])} -> {fmt_bytes(a['peak_bytes'])}")
+        console.print(f"  sum of floors on {d['target'].get('name')}: {fmt_time(b['floor_s'])} -> "
+                      f"{fmt_time(a['floor_s'])} ({d['measured'].get('floors')})")
+    mc = d["model_check"]
+    if mc:
+        console.print(f"  patched model vs original: {'[green]matches[/]' if mc['passed'] else '[red]DIFFERS[/]'} "
+                      f"({len(mc['checks'])} checks against the {mc['reference']}; worst ratio "
+                      f"{fmt_num(mc['worst']['ratio'] if mc['worst'] else None)})")
+    c = d["verify_counts"]
+    console.print(f"  ops at the model's shapes: {c['pass']} passed, {c['fail'] + c['error']} failed, "
+                  f"{c['skip']} skipped")
+    for name, modes in d["speedup_means"].items():
+        console.print(f"  geomean speedup over {name}: " +
+                      ", ".join(f"{m} {fmt_x(v)}" for m, v in modes.items()) +
+                      ("" if d["representative"] else " (interpreter: not representative)"))
+    for f in failures(d):
+        console.print(f"  [red]{f}[/]")

@@ -1,0 +1,223 @@
+import pytest
+import torch
+
+import speedlight
+import speedlight.nn as snn
+from speedlight import reference
+from speedlight.ops import add_rms_norm as op
+from speedlight.spec import Case
+from speedlight.verify.harness import LaunchCounter
+from tests.conftest import needs_gpu
+from tests.helpers import assert_verified, seeded
+
+SPEC = op.SPEC
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
+          pytest.param(torch.bfloat16, id="bf16")]
+
+
+def case(rows, hidden, dtype=torch.float32, layout="contiguous", seed=0, **flags):
+    return Case("add_rms_norm", {"rows": rows, "hidden": hidden}, dtype=dtype, layout=layout,
+                flags=flags, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,hidden,layout,flags", [
+    pytest.param(1, 1, "contiguous", {}, id="rows1-hidden1"),
+    pytest.param(13, 781, "contiguous", {}, id="rows13-hidden781"),
+    pytest.param(8, 1823, "strided", {}, id="rows8-hidden1823-strided"),
+    pytest.param(6, 1000, "transposed", {}, id="rows6-hidden1000-transposed"),
+    pytest.param(9, 256, "contiguous", {"weight": False}, id="rows9-hidden256-noweight"),
+    pytest.param(9, 256, "contiguous", {"offset": 1}, id="rows9-hidden256-gemma"),
+    pytest.param(2, 20011, "strided", {}, id="rows2-hidden20011-looped"),
+])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_forward_and_backward_match_float64(rows, hidden, layout, flags, dtype, seed, device):
+    """y, h and the gradients of x, residual and weight under upstream gradients of both
+    y and h."""
+    assert_verified(SPEC, case(rows, hidden, dtype, layout, seed, **flags), device)
+
+
+def test_nonfinite_positions_match(device):
+    assert_verified(SPEC, case(5, 300, nonfinite=True), device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_equals_the_unfused_block(dtype, device):
+    """h is exactly x + residual in the dtype, and y is speedlight.rms_norm of that h."""
+    x = seeded((7, 333), dtype, device)
+    res = seeded((7, 333), dtype, device, seed=1, scale=4.0)
+    w = seeded((333,), dtype, device, seed=2)
+    y, h = speedlight.add_rms_norm(x, res, w, eps=1e-5)
+    assert torch.equal(h, x + res)
+    assert torch.equal(y, speedlight.rms_norm(x + res, w, eps=1e-5))
+
+
+def test_gradient_reaches_x_and_residual_alike_without_aliasing(device):
+    x = seeded((6, 200), device=device).requires_grad_()
+    res = seeded((6, 200), device=device, seed=1).requires_grad_()
+    w = seeded((200,), device=device, seed=2).requires_grad_()
+    y, h = speedlight.add_rms_norm(x, res, w)
+    (y.square().sum() + (h * 3.0).sum()).backward()
+    assert torch.equal(x.grad, res.grad)
+    assert x.grad.data_ptr() != res.grad.data_ptr()
+    x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, res, w))
+    y64, h64 = reference.add_rms_norm(x64, r64, w64)
+    (y64.square().sum() + (h64 * 3.0).sum()).backward()
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad.double(), w64.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("used", ["y", "h"])
+def test_gradient_when_only_one_output_is_used(used, device):
+    x = seeded((5, 96), device=device).requires_grad_()
+    res = seeded((5, 96), device=device, seed=1).requires_grad_()
+    w = seeded((96,), device=device, seed=2).requires_grad_()
+    g = seeded((5, 96), device=device, seed=3)
+    out = dict(zip("yh", speedlight.add_rms_norm(x, res, w)))[used]
+    gx, gw = torch.autograd.grad(out, (x, w), g, allow_unused=True)
+    x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, res, w))
+    out64 = dict(zip("yh", reference.add_rms_norm(x64, r64, w64)))[used]
+    gx64, gw64 = torch.autograd.grad(out64, (x64, w64), g.double(), allow_unused=True)
+    torch.testing.assert_close(gx.double(), gx64, rtol=1e-5, atol=1e-5)
+    if used == "y":
+        torch.testing.assert_close(gw.double(), gw64, rtol=1e-5, atol=1e-5)
+    else:  # the norm took no gradient: weight's is zero or absent, never garbage
+        assert gw is None or torch.equal(gw, torch.zeros_like(gw))
+
+
+def test_empty_input_launches_nothing(device):
+    x = torch.empty(0, 64, device=device, requires_grad=True)
+    res = torch.empty(0, 64, device=device, requires_grad=True)
+    w = torch.ones(64, device=device, requires_grad=True)
+    counter = LaunchCounter()
+    with counter.active():
+        y, h = speedlight.add_rms_norm(x, res, w)
+        (y.sum() + h.sum()).backward()
+    assert y.shape == h.shape == (0, 64) and counter.count == 0
+    assert torch.equal(w.grad, torch.zeros(64, device=device))
+
+
+def test_module_loads_rms_norm_state_dict_and_matches_hf(device):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    hf = LlamaRMSNorm(384, eps=1e-5).to(device)
+    with torch.no_grad():
+        hf.weight.copy_(seeded((384,), device=device, seed=5))
+    ours = snn.AddRMSNorm(384, eps=1e-5).to(device)
+    assert isinstance(ours, torch.nn.RMSNorm)
+    ours.load_state_dict(hf.state_dict())
+    assert set(ours.state_dict()) == set(torch.nn.RMSNorm(384).state_dict()) == {"weight"}
+    x = seeded((3, 11, 384), device=device)
+    res = seeded((3, 11, 384), device=device, seed=1)
+    y, h = ours(x, res)
+    torch.testing.assert_close(h, x + res, rtol=0, atol=0)
+    torch.testing.assert_close(y, hf(x + res), rtol=1e-5, atol=1e-5)
+
+
+def test_gemma_offset_module_matches_hf(device):
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    hf = GemmaRMSNorm(256, eps=1e-6).to(device)
+    ours = snn.AddRMSNorm(256, eps=1e-6, offset=1.0).to(device)
+    assert torch.equal(ours.weight, hf.weight)  # both start at 0: a scale of 1
+    with torch.no_grad():
+        hf.weight.copy_(seeded((256,), device=device, seed=6, scale=0.2))
+    ours.load_state_dict(hf.state_dict())
+    x = seeded((4, 256), torch.bfloat16, device)
+    res = seeded((4, 256), torch.bfloat16, device, seed=1)
+    y, _ = ours(x, res)
+    torch.testing.assert_close(y.float(), hf(x + res).float(), rtol=1e-2, atol=1e-2)
+
+
+def test_module_default_eps_and_multidim_shape(device):
+    ours = snn.AddRMSNorm((4, 32)).to(device)
+    ref = torch.nn.RMSNorm((4, 32)).to(device)
+    x = seeded((5, 4, 32), device=device)
+    res = seeded((5, 4, 32), device=device, seed=1)
+    y, h = ours(x, res)
+    assert h.shape == x.shape
+    torch.testing.assert_close(y, ref(x + res), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_fullgraph(backend, device):
+    """Two pre-norm blocks: h of the first feeds the second's residual, so the backward
+    carries dh down the stream."""
+    torch._dynamo.reset()
+
+    def blocks(x, res, w):
+        y1, h1 = speedlight.add_rms_norm(x, res, w, eps=1e-5)
+        y2, h2 = speedlight.add_rms_norm(y1 * 0.5, h1, w, eps=1e-5)
+        return y2 + h2
+
+    compiled = torch.compile(blocks, fullgraph=True, backend=backend)
+    x = seeded((6, 96), device=device).requires_grad_()
+    res = seeded((6, 96), device=device, seed=1).requires_grad_()
+    w = seeded((96,), device=device, seed=3).requires_grad_()
+    out = compiled(x, res, w)
+    grads = torch.autograd.grad(out.sum(), (x, res, w))
+    out_ref = blocks(x, res, w)
+    grads_ref = torch.autograd.grad(out_ref.sum(), (x, res, w))
+    torch.testing.assert_close(out, out_ref)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda d: speedlight.add_rms_norm(torch.ones(4, 8, dtype=torch.int64, device=d),
+                                       torch.ones(4, 8, device=d)),
+     TypeError, "x must be a float32, float16 or bfloat16 tensor.*int64"),
+    (lambda d: speedlight.add_rms_norm(torch.ones(4, 8, device=d), torch.ones(4, 7, device=d)),
+     ValueError, r"residual must have x's shape \(4, 8\), got \(4, 7\)"),
+    (lambda d: speedlight.add_rms_norm(torch.ones(4, 8, device=d),
+                                       torch.ones(4, 8, dtype=torch.float16, device=d)),
+     TypeError, "residual has dtype torch.float16 but x has torch.float32"),
+    (lambda d: speedlight.add_rms_norm(torch.ones(4, 8, device=d), torch.ones(4, 8, device=d),
+                                       torch.ones(7, device=d)),
+     ValueError, r"weight must have shape \(8,\)"),
+    (lambda d: speedlight.add_rms_norm(torch.ones(4, 8, device=d), torch.ones(4, 8, device=d),
+                                       None, offset=1.0),
+     ValueError, "offset=1.0 scales a weight"),
+    (lambda d: speedlight.add_rms_norm(torch.ones(4, 8, device=d), None), TypeError,
+     "residual must be a torch.Tensor"),
+    (lambda d: speedlight.add_rms_norm(torch.ones(4, 8, device=d), torch.ones(4, 8, device=d),
+                                       eps=-1.0), ValueError, "eps"),
+])
+def test_bad_input_is_named_and_launches_nothing(call, error, match, device):
+    counter = LaunchCounter()
+    with counter.active(), pytest.raises(error, match=match):
+        call(device)
+    assert counter.count == 0
+
+
+def test_mismatched_devices():
+    with pytest.raises(ValueError, match="residual is on meta but x is on cpu"):
+        speedlight.add_rms_norm(torch.ones(4, 8), torch.ones(4, 8, device="meta"))
+
+
+def test_dw_reduced_over_many_programs(device):
+    x = seeded((301, 64), device=device).requires_grad_()
+    res = seeded((301, 64), device=device, seed=1).requires_grad_()
+    w = seeded((64,), device=device, seed=9).requires_grad_()
+    g = seeded((301, 64), device=device, seed=4)
+    (gw,) = torch.autograd.grad(speedlight.add_rms_norm(x, res, w)[0], (w,), g)
+    x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, res, w))
+    (gw64,) = torch.autograd.grad(reference.add_rms_norm(x64, r64, w64)[0], (w64,), g.double())
+    # a lost partial would be off by O(1); 1e-4 leaves room for fp32 sums of 301 terms
+    torch.testing.assert_close(gw.double(), gw64, rtol=1e-4, atol=1e-4)
+
+
+@needs_gpu("rows x stride > 2^31 needs > 4 GiB per tensor and hours under the CPU interpreter")
+def test_64bit_indexing(device):
+    rows, hidden = 65537, 32771  # rows * hidden > 2^31
+    x = torch.randn(rows, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+    res = torch.randn(rows, hidden, device=device, dtype=torch.bfloat16)
+    w = torch.randn(hidden, device=device, dtype=torch.bfloat16)
+    y, h = speedlight.add_rms_norm(x, res, w)
+    (dx,) = torch.autograd.grad((y, h), (x,), (torch.ones_like(y), torch.ones_like(h)))
+    tail = slice(rows - 3, rows)
+    xt = x.detach()[tail].float().requires_grad_()
+    y_ref, h_ref = reference.add_rms_norm(xt, res[tail].float(), w.float())
+    (dx_ref,) = torch.autograd.grad((y_ref, h_ref), (xt,),
+                                    (torch.ones_like(y_ref), torch.ones_like(h_ref)))
+    torch.testing.assert_close(h[tail].float(), h_ref, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(y[tail].float(), y_ref, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(dx[tail].float(), dx_ref, rtol=2e-2, atol=5e-2)

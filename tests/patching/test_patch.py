@@ -1,0 +1,162 @@
+import copy
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import speedlight
+from speedlight.patching import PatchWarning, patch, unpatch
+from speedlight.verify.harness import LaunchCounter
+from tests.patching.tiny_models import FAMILIES, batch, build
+
+TOL = dict(rtol=2e-4, atol=2e-5)
+
+
+def _run(model, ids, labels):
+    out = model(input_ids=ids, labels=labels)
+    grads = torch.autograd.grad(out.loss, [p for p in model.parameters()], allow_unused=True)
+    return out.logits.detach(), out.loss.detach(), grads
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_patched_logits_loss_and_every_gradient_match(family):
+    base = build(family)
+    patched = copy.deepcopy(base)
+    report = patch(patched)
+    assert report.count("rms_norm") == 2 * 2 + 1 + (4 if family == "qwen3" else 0) + \
+        (4 if family == "gemma2" else 0)
+    assert report.count("mlp") == 2 and report.count("rope") == 2
+    assert report.count("cross_entropy") == 1 and not report.not_patched
+    ids, labels = batch(base.config.vocab_size)
+    logits0, loss0, grads0 = _run(base, ids, labels)
+    counter = LaunchCounter()
+    with counter.active():
+        logits1, loss1, grads1 = _run(patched, ids, labels)
+    kernels = " ".join(counter.kernels)
+    for name in ("rms_norm", "rope", "cross_entropy", "glu"):
+        assert f"_{name}_" in kernels, f"no {name} kernel ran in the patched {family} model"
+    gated = "geglu" if family.startswith("gemma") else "swiglu"
+    assert all(f"({gated})" in m for m in report.patched["mlp"]), report.patched["mlp"]
+    torch.testing.assert_close(logits1, logits0, **TOL)
+    torch.testing.assert_close(loss1, loss0, **TOL)
+    for (name, _), g0, g1 in zip(base.named_parameters(), grads0, grads1):
+        assert (g0 is None) == (g1 is None), name
+        if g0 is not None:
+            torch.testing.assert_close(g1, g0, **TOL, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_unpatch_restores_the_original_exactly(family):
+    model = build(family)
+    ids, labels = batch(model.config.vocab_size)
+    before = model(input_ids=ids, labels=labels).logits
+    import importlib
+    import gc
+    gc.collect()  # patched models of earlier tests release the family's function
+    mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    original_rope = mod.apply_rotary_pos_emb
+    assert not hasattr(original_rope, "__wrapped__")
+    patch(model)
+    assert mod.apply_rotary_pos_emb.__wrapped__ is original_rope
+    unpatch(model)
+    assert mod.apply_rotary_pos_emb is original_rope
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert "_loss_function" not in model.__dict__
+    counter = LaunchCounter()
+    with counter.active():
+        after = model(input_ids=ids, labels=labels).logits
+    assert counter.count == 0 and torch.equal(before, after)
+    with pytest.raises(ValueError, match="not patched"):
+        unpatch(model)
+
+
+def test_a_model_collected_while_patched_releases_the_family_function():
+    import gc
+    import importlib
+    gc.collect()
+    mod = importlib.import_module("transformers.models.qwen2.modeling_qwen2")
+    original = mod.apply_rotary_pos_emb
+    model = build("qwen2")
+    patch(model)
+    assert mod.apply_rotary_pos_emb is not original
+    del model
+    gc.collect()
+    assert mod.apply_rotary_pos_emb is original
+
+
+def test_state_dicts_load_unchanged():
+    base = build("llama")
+    patched = copy.deepcopy(build("llama", seed=5))
+    patch(patched)
+    assert patched.state_dict().keys() == base.state_dict().keys()
+    patched.load_state_dict(base.state_dict())
+    ids, labels = batch(base.config.vocab_size)
+    torch.testing.assert_close(patched(input_ids=ids).logits, base(input_ids=ids).logits, **TOL)
+
+
+def test_choose_which_ops():
+    model = build("llama")
+    report = patch(model, mlp=False, rope=False, cross_entropy=False)
+    assert set(report.patched) == {"rms_norm"}
+    unpatch(model)
+
+
+def test_patching_twice_is_refused():
+    model = build("qwen2")
+    patch(model)
+    with pytest.raises(ValueError, match="already patched"):
+        patch(model)
+    unpatch(model)
+
+
+def test_unknown_architecture_says_what_was_not_patched():
+    import transformers as tf
+    gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    with pytest.warns(PatchWarning, match=r"unknown architecture 'gpt2'.*\n.*NOT patched"):
+        report = patch(gpt2)
+    assert not report.patched and {w for w, _ in report.not_patched} == {"rms_norm", "mlp", "rope", "cross_entropy"}
+    unpatch(gpt2)
+
+
+def test_an_unpatched_model_of_the_same_family_keeps_pytorchs_rope():
+    patched, plain = build("llama"), build("llama", seed=3)
+    patch(patched)
+    ids, _ = batch(plain.config.vocab_size)
+    counter = LaunchCounter()
+    with counter.active():
+        plain(input_ids=ids)
+    assert counter.count == 0, counter.kernels
+    unpatch(patched)
+
+
+def test_patch_rejects_non_modules():
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        patch("llama")
+
+
+def test_twenty_training_steps_give_matching_loss_curves():
+    from tests.patching.tiny_models import COMMON
+    text = (open(__file__).read() * 2)[:4000].encode()
+    data = torch.tensor(list(text)) % COMMON["vocab_size"]
+    curves = []
+    for do_patch in (False, True):
+        model = build("llama", seed=11)
+        if do_patch:
+            patch(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        g = torch.Generator().manual_seed(0)
+        losses = []
+        for _ in range(20):
+            starts = torch.randint(0, len(data) - 17, (4,), generator=g)
+            ids = torch.stack([data[s:s + 16] for s in starts])
+            loss = model(input_ids=ids, labels=ids).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        curves.append(losses)
+    base, ours = curves
+    assert base[-1] < base[0] - 0.3, "the model did not train"
+    assert max(abs(a - b) for a, b in zip(base, ours)) < 1e-3, (base, ours)

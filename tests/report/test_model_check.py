@@ -1,0 +1,32 @@
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from speedlight.pipeline.model_check import check_models
+from tests.patching.tiny_models import batch, build
+
+
+def _inputs(model):
+    ids, labels = batch(model.config.vocab_size)
+    return {"input_ids": ids, "labels": labels}
+
+
+def test_an_identical_model_passes():
+    model = build("llama")
+    doc = check_models(model, copy.deepcopy(model), _inputs(model), lambda o: o.loss, train=True)
+    assert doc["passed"], doc["failed"]
+    assert doc["reference"].startswith("float64")
+    assert any(c["name"].startswith("grad:") for c in doc["checks"])
+
+
+def test_a_wrong_patched_model_fails_on_the_tensor_that_differs():
+    model = build("llama")
+    wrong = copy.deepcopy(model)
+    with torch.no_grad():
+        wrong.model.norm.weight.mul_(1.01)  # a 1% scale error in the final norm
+    doc = check_models(model, wrong, _inputs(model), lambda o: o.loss, train=True)
+    assert not doc["passed"]
+    assert "logits" in doc["failed"]

@@ -1,0 +1,104 @@
+"""`speedlight report`, the main job: end to end on the default model on this machine, the
+page rendered in headless Chromium, and every number traced to the stage file it came from."""
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("jinja2")
+pytest.importorskip("matplotlib")
+
+from speedlight import cli
+from speedlight.report import render
+from speedlight.report.load import load
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    code = cli.main(["report", "--out", str(out), "--steps", "1", "--bench-budget", "20"])
+    return out, code
+
+
+def test_report_runs_end_to_end_and_writes_every_stage(report_dir):
+    out, code = report_dir
+    assert code == 0, (out / "manifest.json").read_text()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [k for k, v in manifest["stages"].items() if v["status"] != "ok"] == []
+    for name in manifest["files"].values():
+        assert (out / name).exists(), name
+    assert (out / "index.html").exists() and (out / "summary.md").exists()
+    patch = json.loads((out / "patch.json").read_text())
+    assert {"rms_norm", "rope", "cross_entropy"} <= set(patch["patched"])
+    check = json.loads((out / "model-check.json").read_text())
+    assert check["passed"] and check["train"] and len(check["checks"]) > 10
+
+
+def test_numbers_come_from_the_stage_files(report_dir):
+    out, _ = report_dir
+    before = json.loads((out / "profile-before.json").read_text())
+    after = json.loads((out / "profile-after.json").read_text())
+    md = (out / "summary.md").read_text()
+    step = re.search(r"\| step time \(measured\) \| (.+?) \| (.+?) \|", md)
+    assert step.group(1) == render.fmt_time(before["summary"]["step_time_s"])
+    assert step.group(2) == render.fmt_time(after["summary"]["step_time_s"])
+    floors = re.search(r"\| sum of floors on .+? \| (.+?) \| (.+?) \|", md)
+    assert floors.group(1) == render.fmt_time(before["summary"]["floor_s"])
+    verify_rows = [json.loads(l) for l in (out / "verify.jsonl").read_text().splitlines()]
+    passed = {r["case"]["id"] for r in verify_rows if r["status"] == "pass"}
+    d = load(out)
+    assert d["verify_counts"]["pass"] == len(passed) and passed
+    bench_rows = [json.loads(l) for l in (out / "bench.jsonl").read_text().splitlines()]
+    ours = [r for r in bench_rows if r["implementation"] == "speedlight" and r.get("median_us")]
+    for r in ours:
+        assert render.fmt_us(r["median_us"]) in md
+
+
+def test_cpu_report_says_its_timings_are_not_representative(report_dir):
+    out, _ = report_dir
+    html = (out / "index.html").read_text()
+    assert 'id="not-representative"' in html and "Triton interpreter" in html
+    assert "not representative" in (out / "summary.md").read_text()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium package is not installed "
+                                             "(.ci/run installs it)")
+def test_page_renders_in_headless_chromium(report_dir, tmp_path):
+    out, _ = report_dir
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    url = (out / "index.html").resolve().as_uri()
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", url], capture_output=True, text=True,
+                         timeout=120).stdout
+    for section in ("summary", "time", "bounds", "speed", "correctness", "compiler", "stages"):
+        assert f'id="{section}"' in dom, section
+    assert dom.count("<svg") >= 3, "the charts did not render"
+    assert "{{" not in dom and "Undefined" not in dom
+    shot = tmp_path / "report.png"
+    subprocess.run([CHROMIUM, *flags, "--window-size=1200,2400", f"--screenshot={shot}", url],
+                   capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 20_000
+
+
+def test_a_failed_stage_is_shown_and_fails_the_run(report_dir, tmp_path):
+    out, _ = report_dir
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["stages"]["bench"] = {"title": "bench", "status": "failed", "error": "RuntimeError: boom"}
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    check = json.loads((broken / "model-check.json").read_text())
+    check["passed"], check["failed"] = False, ["logits"]
+    (broken / "model-check.json").write_text(json.dumps(check))
+    render.render(broken)
+    html = (broken / "index.html").read_text()
+    assert "RuntimeError: boom" in html and "patched model differs from the original" in html
+    assert render.has_failures(broken)
