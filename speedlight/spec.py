@@ -230,6 +230,14 @@ class OpSpec:
     # Optional: kernel name -> what it was designed to compile to (inspect's guards hold
     # each kernel to it); a kernel not named is held to KernelDesign()'s defaults.
     kernels: Mapping[str, KernelDesign] = field(default_factory=dict)
+    # Optional: whether a case's rows are contiguous and 16-byte aligned, so that its
+    # kernels can be held to full-width vectors (inspect's guards compile those cases).
+    # None: every shape parameter after the first (the row count) is a width that must be
+    # a multiple of 16 elements, and the layout contiguous (aligned_rows below).
+    aligned: Callable[[Case], bool] | None = None
+    # Optional: how many rows (tokens) a case has; None: its first shape parameter.
+    # inspect picks its representative and bytes-guard cases by it.
+    count_rows: Callable[[Case], int] | None = None
 
     def cases(self, suite: str) -> list[Case]:
         if suite not in self.suites:
@@ -242,6 +250,24 @@ class OpSpec:
 
     def design(self, kernel: str) -> KernelDesign:
         return self.kernels.get(kernel, KernelDesign())
+
+    def rows(self, case: Case) -> int:
+        """The case's rows (tokens): the OpSpec's count_rows, else its first parameter."""
+        if self.count_rows is not None:
+            return int(self.count_rows(case))
+        return int(case.params[0][1]) if case.params else 0
+
+    def aligned_rows(self, case: Case) -> bool:
+        """Whether the case's rows are contiguous and 16-byte aligned: the OpSpec's own
+        `aligned` rule, else every shape parameter after the first a multiple of 16
+        elements with a contiguous layout. Triton specialises integer arguments on
+        divisibility by 16 only, so a width of 8k (1000) leaves a mask it cannot prove
+        constant over 8 lanes; every model width is a multiple of 16."""
+        if self.aligned is not None:
+            return bool(self.aligned(case))
+        widths = [v for _, v in case.params[1:]]
+        return case.layout == "contiguous" and all(isinstance(v, int) and v % 16 == 0
+                                                   for v in widths)
 
 
 # ---------------------------------------------------------------------------------------

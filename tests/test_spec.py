@@ -90,6 +90,21 @@ def test_kernel_designs_default_to_the_generic_design():
     assert generic == KernelDesign() and generic.vector_bits == 128 and not generic.spills
 
 
+def test_aligned_rows_and_rows_default_to_the_first_parameter_and_widths():
+    def spec(**hooks):
+        return OpSpec("op", impl=lambda: None, reference=lambda: None, make_inputs=None,
+                      cost=None, suites={"quick": lambda: []}, **hooks)
+
+    aligned, odd = Case("op", {"rows": 37, "hidden": 4096}), Case("op", {"rows": 8, "hidden": 1000})
+    plain = spec()
+    assert plain.rows(aligned) == 37
+    assert plain.aligned_rows(aligned) and not plain.aligned_rows(odd)
+    assert not plain.aligned_rows(aligned.with_(layout="strided"))
+    tokens = Case("op", {"batch": 2, "seq": 5, "dim": 24})
+    own = spec(aligned=lambda c: c["dim"] % 8 == 0, count_rows=lambda c: c["batch"] * c["seq"])
+    assert own.rows(tokens) == 10 and own.aligned_rows(tokens) and not plain.aligned_rows(tokens)
+
+
 def test_sized_for_sets_the_planned_sm_count():
     from speedlight.spec import planned_sm_count, sized_for
 

@@ -282,14 +282,17 @@ def interpreter_work(capture: Capture) -> int:
 
 def capture_case(spec: OpSpec, case: Case, device: torch.device | str, *, arch: int,
                  mode: str = "run", backward: bool = True) -> Capture:
-    """Run the op's forward (and backward, when it has gradients) on the case's inputs and
-    record every launch. Under the interpreter with mode='run', bytes are counted."""
+    """Run the op's forward (and, with backward, its backward when it has gradients) on the
+    case's inputs and record every launch. Under the interpreter with mode='run', bytes are
+    counted. The forward is the one a training step runs (the inputs that take gradients
+    require them) with or without the backward: an op whose forward does part of the
+    backward's work (cross_entropy writes dlogits) is seen doing it, as its cost counts."""
     import warnings
 
     device = torch.device(device)
     recorder = Recorder(arch, mode)
     inputs = spec.make_inputs(case, device)
-    leaves, names = grad_leaves(inputs, spec.grad_inputs if backward else ())
+    leaves, names = grad_leaves(inputs, spec.grad_inputs)
     with intercept(recorder), _quiet(device), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         recorder.direction = "fwd"
@@ -297,7 +300,7 @@ def capture_case(spec: OpSpec, case: Case, device: torch.device | str, *, arch: 
             out = spec.impl(**leaves)
         outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,))
                 if isinstance(o, torch.Tensor) and o.requires_grad]
-        if names and outs:
+        if backward and names and outs:
             recorder.direction = "bwd"
             upstream = [torch.empty_like(o) if mode == "dry" else
                         rand_tensor(tuple(o.shape), case.with_(layout="contiguous"), device,

@@ -39,7 +39,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="how launches run while captured: run (every program; bytes counted "
                         "under the interpreter), sample (a few programs: layout only), dry (none); "
                         "auto runs cases the interpreter can afford and samples the rest")
-    p.add_argument("--no-backward", action="store_true", help="forward launches only")
+    p.add_argument("--no-backward", action="store_true",
+                   help="forward launches only (the forward of training: inputs that take "
+                        "gradients require them)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 if a kernel falls short of its design (vector width, spills, "
                         "occupancy, bytes); see spec.KernelDesign")
@@ -109,7 +111,7 @@ def representative(spec, dtype):
     for tokens in (4096, 512, 1):
         for c in model:
             c = c.with_(dtype=dtype)
-            if c.params and c.params[0][1] == tokens and \
+            if c.params and spec.rows(c) == tokens and \
                     spec.cost(c, "fwd").bytes <= REPRESENTATIVE_BYTES:
                 return c
     quick = spec.cases("quick") if "quick" in spec.suites else []

@@ -2,13 +2,15 @@
 
 A kernel falls short when: a load or store of row data is narrower than the design's
 vector width; it spills; its theoretical occupancy is under the design's; or a direction
-moves more bytes per compulsory byte than its kernels' designs allow. `speedlight inspect
+moves more bytes per compulsory byte than its kernels' designs allow (or fewer than
+compulsory: then it did not do what its cost counts). `speedlight inspect
 --check` and the CI guards (tests/inspect/test_guards.py) use these checks.
 
-Guard cases are chosen here too, from an op's "aligned" shapes (every width a multiple of
-16 elements, contiguous, finite inputs), each captured dry (launches recorded, nothing run):
-one case per kernel configuration for the compile checks, and per launch plan the case
-with the most rows the interpreter can run in a budget for the bytes checks.
+Guard cases are chosen here too, from an op's "aligned" shapes (rows contiguous and
+16-byte aligned, by OpSpec.aligned_rows; finite inputs), each captured dry (launches
+recorded, nothing run): one case per kernel configuration for the compile checks, and per
+launch plan the case with the most rows the interpreter can run in a budget for the bytes
+checks.
 """
 
 from __future__ import annotations
@@ -53,10 +55,19 @@ def check_kernel(k: KernelReport) -> list[Shortfall]:
     return out
 
 
+# A direction that moves fewer bytes than compulsory did not do what its cost counts (an
+# output it skipped, a cost out of step with the kernels): the ratio would hide a re-read.
+MIN_RATIO = 0.95
+
+
 def check_direction(d: DirectionBytes) -> list[Shortfall]:
+    kernels = "+".join(d.kernels)
+    if d.ratio < MIN_RATIO:
+        return [Shortfall(kernels, "bytes", f"{d.direction} moves only {d.ratio:.3f}x its "
+                          f"compulsory bytes: the run did less than its cost counts")]
     if d.ratio <= d.allowed + 1e-9:
         return []
-    return [Shortfall("+".join(d.kernels), "bytes", f"{d.direction} moves {d.ratio:.3f}x its "
+    return [Shortfall(kernels, "bytes", f"{d.direction} moves {d.ratio:.3f}x its "
                       f"compulsory bytes, designed for at most {d.allowed:.2f}x")]
 
 
@@ -67,15 +78,12 @@ def check(report: CaseReport) -> list[Shortfall]:
 
 # --- which cases to hold kernels to --------------------------------------------------------
 
-def aligned(case: Case) -> bool:
-    """Every shape parameter after the first (the row / token count) a multiple of 16
-    elements, contiguous, no injected non-finite values: the shapes whose rows Triton can
-    prove 16-byte aligned. It specialises integer arguments on divisibility by 16 only, so
-    a width of 8k (1000) leaves a mask it cannot prove constant over 8 lanes, and 16-bit
-    accesses, which inspect reports as a finding. Every model width is a multiple of 16."""
-    widths = [v for _, v in case.params[1:]]
-    return (case.layout == "contiguous" and not case.flag("nonfinite")
-            and all(isinstance(v, int) and v % 16 == 0 for v in widths))
+def aligned(spec: OpSpec, case: Case) -> bool:
+    """A case whose rows Triton can prove 16-byte aligned (OpSpec.aligned_rows: the op's
+    own rule, else every width after the row count a multiple of 16 elements, contiguous)
+    and whose inputs are finite. Misaligned widths compile to narrower accesses, which
+    inspect reports as a finding rather than holds to the design."""
+    return spec.aligned_rows(case) and not case.flag("nonfinite")
 
 
 def survey(spec: OpSpec, cases: list[Case], target: Target, sm_count: int,
@@ -109,9 +117,9 @@ def bytes_cases(spec: OpSpec, surveyed: list[tuple[Case, Capture]], target: Targ
                 sm_count: int, *, direction: str, budget: int,
                 device: torch.device | str = "cpu") -> tuple[list[Case], dict[tuple, int]]:
     """One case per launch plan of `direction` (the kernels it launches: a fused kernel, a
-    looped one, a split pair...): the one with the most rows (its first shape parameter;
-    then the fewest bytes) whose full interpreter run stays within `budget`
-    program-iterations (each costs milliseconds on a CPU), forward only for 'fwd'.
+    looped one, a split pair...): the one with the most rows (OpSpec.rows; then the fewest
+    bytes) whose full interpreter run stays within `budget` program-iterations (each costs
+    milliseconds on a CPU), forward only for 'fwd'.
     Most rows, because what a grid re-reads per program (a weight vector, a partial sum)
     shrinks per byte as rows grow: the case shows the traffic a design amortises, not the
     launch overhead of a decode step. Also returns the plans no case could afford, each
@@ -124,7 +132,7 @@ def bytes_cases(spec: OpSpec, surveyed: list[tuple[Case, Capture]], target: Targ
             plans.setdefault(plan, []).append(case)
     chosen, unaffordable = [], {}
     for plan, cases in plans.items():
-        order = sorted(cases, key=lambda c: (-c.params[0][1], spec.cost(c, "fwd").bytes))
+        order = sorted(cases, key=lambda c: (-spec.rows(c), spec.cost(c, "fwd").bytes))
         least = None
         for case in order:
             with sized_for(sm_count):

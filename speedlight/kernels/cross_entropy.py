@@ -13,10 +13,10 @@ Rows are addressed as [batch, seq] (row r = b * seq + s), so a [batch, seq, voca
 that is not expressible as [rows, vocab], such as logits[:, :-1], needs no copy.
 
 Kernels:
-  fwd          BLOCK_M rows per program. ONE_BLOCK (vocab <= BLOCK_N): the row tile stays
-               in registers, logits are read once. Otherwise a first loop computes the
-               online (max, sum of exp, sum of c) over BLOCK_N chunks, a second re-reads
-               the row and writes the gradient.
+  fwd          BLOCK_M rows per program, vocab <= BLOCK_N: the row tile stays in
+               registers, logits are read once.
+  fwd looped   longer rows: a first loop computes the online (max, sum of exp, sum of c)
+               over BLOCK_N chunks, a second re-reads the row and writes the gradient.
   split pair   few long rows: each row is cut into spans, one program per span; a stats
                kernel writes each span's (max, sum exp, sum c), a finish kernel combines
                them, writes the loss (span 0) and its span of the gradient.
@@ -198,23 +198,35 @@ def _span_grad(x_rows, dx_rows, mask_m, start, end, stride_xv, stride_dv, t, val
 
 
 @triton.jit
+def _store_row_loss(x_rows, t, valid, bad, m, d, sc, loss_ptr, offs_m, mask_m, n_cols,
+                    stride_xv, label_smoothing, z_loss, softcap, HAS_SOFTCAP: tl.constexpr):
+    """Write loss[offs_m] from the rows' statistics and their target logits (read here,
+    before an in-place gradient overwrites them); return (log_d, coef) for the gradient."""
+    x_t = _target_logit(x_rows, t, valid, stride_xv, softcap, HAS_SOFTCAP)
+    loss, log_d, coef = _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss)
+    tl.store(loss_ptr + offs_m, loss.to(loss_ptr.dtype.element_ty), mask=mask_m)
+    return log_d, coef
+
+
+@triton.jit
 def _cross_entropy_fwd_kernel(
     x_ptr, target_ptr, loss_ptr, dx_ptr,
     n_rows, n_cols, seq,
     stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv,
     ignore_index, label_smoothing, z_loss, softcap,
     HAS_SOFTCAP: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    ONE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """loss[r] and dx[r, :] = dloss[r]/dx[r, :] for the rows of one program.
+    """loss[r] and dx[r, :] = dloss[r]/dx[r, :] for the BLOCK_M rows of one program, each
+    row held whole (n_cols <= BLOCK_N): the tile read for the statistics is reused for the
+    gradient, so logits are read once.
 
     x_ptr [batch, seq, n_cols] (strides stride_xb, stride_xs, stride_xv); target_ptr [rows]
     (stride_t); loss_ptr [rows] (fp32, or the logits dtype for reduction none); dx_ptr like
     x_ptr with its own strides (x_ptr itself for the in-place gradient). Program pid
     covers rows [pid * BLOCK_M, (pid + 1) * BLOCK_M).
     HAS_SOFTCAP: cap the logits. COMPUTE_GRAD=False (no gradient wanted) writes the loss
-    only. ONE_BLOCK: n_cols <= BLOCK_N, so the tile read for the statistics is reused for
-    the gradient; otherwise the row is read twice.
+    only.
     """
     pid = tl.program_id(0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -222,31 +234,47 @@ def _cross_entropy_fwd_kernel(
     x_rows = x_ptr + _row_offsets(offs_m, seq, stride_xb, stride_xs)
     t, valid, bad = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
     offs_n = tl.arange(0, BLOCK_N)
-    if ONE_BLOCK:
-        mask = mask_m[:, None] & (offs_n < n_cols)[None, :]
-        c, dc = _load_logits(x_rows, offs_n, mask, stride_xv, softcap, HAS_SOFTCAP)
-        zero = tl.zeros([BLOCK_M], tl.float32)
-        m, d, d_rest, sc = _merge_stats(zero + float("-inf"), zero, zero, zero, c, offs_n, t,
-                                        mask)
-    else:
-        m, d, d_rest, sc = _span_stats(x_rows, mask_m, t, 0, n_cols, stride_xv, softcap,
-                                       HAS_SOFTCAP, BLOCK_M, BLOCK_N)
-
-    x_t = _target_logit(x_rows, t, valid, stride_xv, softcap, HAS_SOFTCAP)
-    loss, log_d, coef = _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss)
-    tl.store(loss_ptr + offs_m, loss.to(loss_ptr.dtype.element_ty), mask=mask_m)
-
+    mask = mask_m[:, None] & (offs_n < n_cols)[None, :]
+    c, dc = _load_logits(x_rows, offs_n, mask, stride_xv, softcap, HAS_SOFTCAP)
+    zero = tl.zeros([BLOCK_M], tl.float32)
+    m, d, d_rest, sc = _merge_stats(zero + float("-inf"), zero, zero, zero, c, offs_n, t, mask)
+    log_d, coef = _store_row_loss(x_rows, t, valid, bad, m, d, sc, loss_ptr, offs_m, mask_m,
+                                  n_cols, stride_xv, label_smoothing, z_loss, softcap,
+                                  HAS_SOFTCAP)
     if COMPUTE_GRAD:
         dx_rows = dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds)
-        if ONE_BLOCK:
-            g = _grad_tile(c, dc, offs_n, t, valid, bad, m, log_d, -d_rest / d, coef, n_cols,
-                           label_smoothing, HAS_SOFTCAP)
-            tl.store(dx_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_dv,
-                     g.to(dx_ptr.dtype.element_ty), mask=mask)
-        else:
-            _span_grad(x_rows, dx_rows, mask_m, 0, n_cols, stride_xv, stride_dv, t, valid, bad,
-                       m, log_d, -d_rest / d, coef, n_cols, label_smoothing, softcap,
-                       HAS_SOFTCAP, BLOCK_N)
+        g = _grad_tile(c, dc, offs_n, t, valid, bad, m, log_d, -d_rest / d, coef, n_cols,
+                       label_smoothing, HAS_SOFTCAP)
+        tl.store(dx_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_dv,
+                 g.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _cross_entropy_fwd_looped_kernel(
+    x_ptr, target_ptr, loss_ptr, dx_ptr,
+    n_rows, n_cols, seq,
+    stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv,
+    ignore_index, label_smoothing, z_loss, softcap,
+    HAS_SOFTCAP: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """As _cross_entropy_fwd_kernel for rows longer than BLOCK_N: a first loop computes the
+    online (max, sum of exp, sum of c) over BLOCK_N chunks, a second re-reads the row and
+    writes the gradient. Pointers and constexprs as there."""
+    pid = tl.program_id(0)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < n_rows
+    x_rows = x_ptr + _row_offsets(offs_m, seq, stride_xb, stride_xs)
+    t, valid, bad = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
+    m, d, d_rest, sc = _span_stats(x_rows, mask_m, t, 0, n_cols, stride_xv, softcap,
+                                   HAS_SOFTCAP, BLOCK_M, BLOCK_N)
+    log_d, coef = _store_row_loss(x_rows, t, valid, bad, m, d, sc, loss_ptr, offs_m, mask_m,
+                                  n_cols, stride_xv, label_smoothing, z_loss, softcap,
+                                  HAS_SOFTCAP)
+    if COMPUTE_GRAD:
+        _span_grad(x_rows, dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds), mask_m,
+                   0, n_cols, stride_xv, stride_dv, t, valid, bad, m, log_d, -d_rest / d,
+                   coef, n_cols, label_smoothing, softcap, HAS_SOFTCAP, BLOCK_N)
 
 
 @triton.jit
@@ -299,20 +327,24 @@ def _cross_entropy_split_finish_kernel(
     t, valid, bad = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
 
     offs_s = tl.arange(0, BLOCK_S)
-    mask_s = (offs_s < n_splits)[None, :]
+    mask_s = offs_s < n_splits
     n_stats = tl.num_programs(0).to(tl.int64) * n_splits
-    at = row.to(tl.int64) * n_splits + offs_s[None, :]
+    at = row.to(tl.int64) * n_splits + offs_s
     ms = tl.load(stats_ptr + at, mask=mask_s, other=float("-inf"))
     ds = tl.load(stats_ptr + n_stats + at, mask=mask_s, other=0.0)
     d_rests = tl.load(stats_ptr + 2 * n_stats + at, mask=mask_s, other=0.0)
     scs = tl.load(stats_ptr + 3 * n_stats + at, mask=mask_s, other=0.0)
-    # [1, BS] -> [1]
-    m = tl.max(ms, axis=1)
+    # [BS] -> scalars, then [1] like the row statistics of the other kernels. (Reduced from
+    # a [1, BS] tile they would carry its layout, and the compiler would convert the
+    # gradient tile to it through shared memory.)
+    m = tl.max(ms, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    scale = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m_safe[:, None]))
-    d = tl.sum(ds * scale, axis=1)
-    d_rest = tl.sum(d_rests * scale, axis=1)
-    sc = tl.sum(scs, axis=1)
+    scale = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m_safe))
+    one = tl.zeros([1], tl.float32)
+    d = tl.sum(ds * scale, axis=0) + one
+    d_rest = tl.sum(d_rests * scale, axis=0) + one
+    sc = tl.sum(scs, axis=0) + one
+    m = m + one
     x_t = tl.load(stats_ptr + 4 * n_stats + row.to(tl.int64) * n_splits + tl.arange(0, 1))
 
     loss, log_d, coef = _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss)

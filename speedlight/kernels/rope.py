@@ -21,54 +21,53 @@ import triton.language as tl
 
 @triton.jit
 def _rope_heads(
-    x_ptr, y_ptr, n_heads, b, s, mask_t, dim_a, dim_b, mask_r, c1, c2, sa, sb, rot_dim, n_pass,
-    stride_xb, stride_xs, stride_xh, stride_xd, stride_yb, stride_ys, stride_yh, stride_yd,
+    x_tok, y_tok, h0, n_heads, stride_xh, stride_xd, stride_yh, stride_yd, mask_t,
+    dim_a, dim_b, mask_r, c1, c2, sa, sb, rot_dim, n_pass,
     INTERLEAVED: tl.constexpr, HAS_PASS: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    """Rotate every head of one tensor (q or k) at the BLOCK_T tokens (b, s) of a program.
+    """Rotate heads [h0, h0 + BLOCK_H) of one tensor (q or k) at the BLOCK_T tokens of a
+    program.
 
-    x_ptr, y_ptr [batch, seq, n_heads, head_dim] (own strides); b, s, mask_t [BLOCK_T];
-    dim_a, dim_b, mask_r [BLOCK_R]: the dims of each pair's two members (INTERLEAVED pairs,
-    dim_b = dim_a + 1, are loaded and stored as adjacent twos: [BT, BH, BR, 2], vectorized);
-    c1, c2, sa, sb [BLOCK_T, 1, BLOCK_R] fp32: y1 = x1 * c1 - x2 * sa, y2 = x2 * c2 + x1 * sb.
-    Heads are taken BLOCK_H at a time; dims [rot_dim, rot_dim + n_pass) are copied.
+    x_tok, y_tok [BLOCK_T] pointers: each token's row of heads in x and y; heads at or past
+    n_heads and tokens off mask_t are masked; dim_a, dim_b, mask_r [BLOCK_R]: the dims of
+    each pair's two members (INTERLEAVED pairs, dim_b = dim_a + 1, are loaded and stored as
+    adjacent twos: [BT, BH, BR, 2], vectorized); c1, c2, sa, sb [BLOCK_T, 1, BLOCK_R] fp32:
+    y1 = x1 * c1 - x2 * sa, y2 = x2 * c2 + x1 * sb. Dims [rot_dim, rot_dim + n_pass) are
+    copied.
     """
-    x_tok = (x_ptr + b * stride_xb + s * stride_xs)[:, None, None]  # [BT, 1, 1]
-    y_tok = (y_ptr + b * stride_yb + s * stride_ys)[:, None, None]
-    for h0 in range(0, n_heads, BLOCK_H):
-        offs_h = h0 + tl.arange(0, BLOCK_H)
-        heads = offs_h.to(tl.int64)[None, :, None]
-        mask_th = mask_t[:, None, None] & (offs_h < n_heads)[None, :, None]  # [BT, BH, 1]
-        mask = mask_th & mask_r[None, None, :]
-        x_head = x_tok + heads * stride_xh
-        y_head = y_tok + heads * stride_yh
-        if INTERLEAVED:
-            pair = dim_a[:, None] + tl.arange(0, 2)[None, :]  # [BR, 2]
-            mask2 = mask[:, :, :, None]  # broadcast over the pair by load and store
-            x = tl.load(x_head[:, :, :, None] + pair[None, None, :, :] * stride_xd, mask=mask2,
-                        other=0.0).to(tl.float32)
-            x1, x2 = tl.split(x)
-        else:
-            x1 = tl.load(x_head + dim_a[None, None, :] * stride_xd, mask=mask, other=0.0)
-            x2 = tl.load(x_head + dim_b[None, None, :] * stride_xd, mask=mask, other=0.0)
-            x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
-        # [BT, BH, BR] * [BT, 1, BR] -> [BT, BH, BR]
-        y1 = x1 * c1 - x2 * sa
-        y2 = x2 * c2 + x1 * sb
-        if INTERLEAVED:
-            y = tl.join(y1, y2)  # [BT, BH, BR, 2]
-            tl.store(y_head[:, :, :, None] + pair[None, None, :, :] * stride_yd,
-                     y.to(y_ptr.dtype.element_ty), mask=mask2)
-        else:
-            out_ty = y_ptr.dtype.element_ty
-            tl.store(y_head + dim_a[None, None, :] * stride_yd, y1.to(out_ty), mask=mask)
-            tl.store(y_head + dim_b[None, None, :] * stride_yd, y2.to(out_ty), mask=mask)
-        if HAS_PASS:
-            offs_p = rot_dim + tl.arange(0, BLOCK_P)
-            mask_p = mask_th & (offs_p < rot_dim + n_pass)[None, None, :]
-            x = tl.load(x_head + offs_p[None, None, :] * stride_xd, mask=mask_p)
-            tl.store(y_head + offs_p[None, None, :] * stride_yd, x, mask=mask_p)
+    offs_h = h0 + tl.arange(0, BLOCK_H)
+    heads = offs_h.to(tl.int64)[None, :, None]
+    mask_th = mask_t[:, None, None] & (offs_h < n_heads)[None, :, None]  # [BT, BH, 1]
+    mask = mask_th & mask_r[None, None, :]
+    x_head = x_tok[:, None, None] + heads * stride_xh  # [BT, BH, 1]
+    y_head = y_tok[:, None, None] + heads * stride_yh
+    if INTERLEAVED:
+        pair = dim_a[:, None] + tl.arange(0, 2)[None, :]  # [BR, 2]
+        mask2 = mask[:, :, :, None]  # broadcast over the pair by load and store
+        x = tl.load(x_head[:, :, :, None] + pair[None, None, :, :] * stride_xd, mask=mask2,
+                    other=0.0).to(tl.float32)
+        x1, x2 = tl.split(x)
+    else:
+        x1 = tl.load(x_head + dim_a[None, None, :] * stride_xd, mask=mask, other=0.0)
+        x2 = tl.load(x_head + dim_b[None, None, :] * stride_xd, mask=mask, other=0.0)
+        x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+    # [BT, BH, BR] * [BT, 1, BR] -> [BT, BH, BR]
+    y1 = x1 * c1 - x2 * sa
+    y2 = x2 * c2 + x1 * sb
+    out_ty = y_tok.dtype.element_ty
+    if INTERLEAVED:
+        y = tl.join(y1, y2)  # [BT, BH, BR, 2]
+        tl.store(y_head[:, :, :, None] + pair[None, None, :, :] * stride_yd, y.to(out_ty),
+                 mask=mask2)
+    else:
+        tl.store(y_head + dim_a[None, None, :] * stride_yd, y1.to(out_ty), mask=mask)
+        tl.store(y_head + dim_b[None, None, :] * stride_yd, y2.to(out_ty), mask=mask)
+    if HAS_PASS:
+        offs_p = rot_dim + tl.arange(0, BLOCK_P)
+        mask_p = mask_th & (offs_p < rot_dim + n_pass)[None, None, :]
+        x = tl.load(x_head + offs_p[None, None, :] * stride_xd, mask=mask_p)
+        tl.store(y_head + offs_p[None, None, :] * stride_yd, x, mask=mask_p)
 
 
 @triton.jit
@@ -82,8 +81,8 @@ def _rope_kernel(
     stride_cb, stride_cs, stride_cr, stride_sb, stride_ss, stride_sr,
     stride_pb, stride_ps,
     HAS_POS: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
-    HAS_PASS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr,
-    BLOCK_HK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    HAS_PASS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     """q_out, k_out = rope(q), rope(k) at BLOCK_T tokens per program, q and k in one launch.
 
@@ -96,7 +95,7 @@ def _rope_kernel(
     that token's rotated dims NaN. INTERLEAVED picks the pairs (2i, 2i + 1) over
     (i, i + half); BACKWARD computes the gradient (the rotation's transpose); HAS_PASS=False
     removes the pass-through copy when rot_dim == head_dim. BLOCK_R >= half,
-    BLOCK_P >= n_pass; heads go BLOCK_HQ (q) and BLOCK_HK (k) at a time.
+    BLOCK_P >= n_pass; heads go BLOCK_H at a time, q's then k's.
     """
     pid_t = tl.program_id(0)
     offs_t = pid_t.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -122,14 +121,24 @@ def _rope_kernel(
         cos_row = cos_ptr + b * stride_cb + s * stride_cs
         sin_row = sin_ptr + b * stride_sb + s * stride_ss
     mask_cs = (mask_t & valid)[:, None] & mask_r[None, :]  # [BT, BR]
-    cos_a = cos_row[:, None] + dim_a[None, :] * stride_cr  # [BT, BR] pointers
-    cos_b = cos_row[:, None] + dim_b[None, :] * stride_cr
-    sin_a = sin_row[:, None] + dim_a[None, :] * stride_sr
-    sin_b = sin_row[:, None] + dim_b[None, :] * stride_sr
-    c1 = tl.load(cos_a, mask=mask_cs, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_b, mask=mask_cs, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_a, mask=mask_cs, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_b, mask=mask_cs, other=0.0).to(tl.float32)
+    if INTERLEAVED:  # both members of each pair in one contiguous load: [BT, BR, 2]
+        pair = dim_a[:, None] + tl.arange(0, 2)[None, :]  # [BR, 2]
+        mask_cs2 = mask_cs[:, :, None]
+        c = tl.load(cos_row[:, None, None] + pair[None, :, :] * stride_cr, mask=mask_cs2,
+                    other=0.0).to(tl.float32)
+        sn = tl.load(sin_row[:, None, None] + pair[None, :, :] * stride_sr, mask=mask_cs2,
+                     other=0.0).to(tl.float32)
+        c1, c2 = tl.split(c)
+        s1, s2 = tl.split(sn)
+    else:
+        c1 = tl.load(cos_row[:, None] + dim_a[None, :] * stride_cr, mask=mask_cs,
+                     other=0.0).to(tl.float32)
+        c2 = tl.load(cos_row[:, None] + dim_b[None, :] * stride_cr, mask=mask_cs,
+                     other=0.0).to(tl.float32)
+        s1 = tl.load(sin_row[:, None] + dim_a[None, :] * stride_sr, mask=mask_cs,
+                     other=0.0).to(tl.float32)
+        s2 = tl.load(sin_row[:, None] + dim_b[None, :] * stride_sr, mask=mask_cs,
+                     other=0.0).to(tl.float32)
     if HAS_POS:  # no cos/sin for this position: its rotated dims come out NaN
         c1 = tl.where(valid[:, None], c1, float("nan"))
         c2 = tl.where(valid[:, None], c2, float("nan"))
@@ -144,13 +153,20 @@ def _rope_kernel(
     sa = sa[:, None, :]
     sb = sb[:, None, :]
     rot_dim = 2 * half
-    _rope_heads(q_ptr, q_out_ptr, n_q_heads, b, s, mask_t, dim_a, dim_b, mask_r,
-                c1, c2, sa, sb, rot_dim, n_pass,
-                stride_qb, stride_qs, stride_qh, stride_qd,
-                stride_qob, stride_qos, stride_qoh, stride_qod,
-                INTERLEAVED, HAS_PASS, BLOCK_HQ, BLOCK_P)
-    _rope_heads(k_ptr, k_out_ptr, n_k_heads, b, s, mask_t, dim_a, dim_b, mask_r,
-                c1, c2, sa, sb, rot_dim, n_pass,
-                stride_kb, stride_ks, stride_kh, stride_kd,
-                stride_kob, stride_kos, stride_koh, stride_kod,
-                INTERLEAVED, HAS_PASS, BLOCK_HK, BLOCK_P)
+    # q's heads, then k's, BLOCK_H at a time: one loop, so that q and k go through the same
+    # loads and stores (one tile shape, one access width).
+    x_q = q_ptr + b * stride_qb + s * stride_qs  # [BT] each token's row of heads
+    x_k = k_ptr + b * stride_kb + s * stride_ks
+    y_q = q_out_ptr + b * stride_qob + s * stride_qos
+    y_k = k_out_ptr + b * stride_kob + s * stride_kos
+    q_steps = tl.cdiv(n_q_heads, BLOCK_H)
+    for step in range(0, q_steps + tl.cdiv(n_k_heads, BLOCK_H)):
+        is_q = step < q_steps
+        _rope_heads(tl.where(is_q, x_q, x_k), tl.where(is_q, y_q, y_k),
+                    tl.where(is_q, step, step - q_steps) * BLOCK_H,
+                    tl.where(is_q, n_q_heads, n_k_heads),
+                    tl.where(is_q, stride_qh, stride_kh), tl.where(is_q, stride_qd, stride_kd),
+                    tl.where(is_q, stride_qoh, stride_koh),
+                    tl.where(is_q, stride_qod, stride_kod),
+                    mask_t, dim_a, dim_b, mask_r, c1, c2, sa, sb, rot_dim, n_pass,
+                    INTERLEAVED, HAS_PASS, BLOCK_H, BLOCK_P)

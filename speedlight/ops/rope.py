@@ -24,42 +24,64 @@ from speedlight.ops._common import (
     check_same_dtype,
     check_tensor,
     describe,
-    sm_count,
 )
-from speedlight.spec import Case, Cost, OpSpec, generator, rand_tensor
+from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, generator, planned_sm_count,
+                             rand_tensor)
 
 INT_DTYPES = (torch.int32, torch.int64)
 
 
 # --- launchers (usable without autograd) --------------------------------------------------
 
-def _tiles(n_tokens: int, q_heads: int, k_heads: int, half: int, n_pass: int,
-           device: torch.device) -> dict:
-    """Block sizes: a [BLOCK_T tokens, BLOCK_H heads, BLOCK_R pairs] tile per step.
+# A GPU program's tiles, in bytes of one load: tokens per program grow until the heads of
+# the tensor with fewer (k under GQA) fill MIN_TILE, and heads per step grow when there are
+# too few tokens; num_warps gives every thread one 16-byte vector of the smallest tile that
+# fills a warp's vectors (a warp moves WARP_VECTORS), and no tile gives it more than two.
+MIN_TILE = 1024
+MAX_TILE = 4096
+WARP_VECTORS = 32 * 16
 
-    On a GPU ~2K pairs per tile, tokens per program cut back until there are two programs
-    per SM. Under the interpreter (milliseconds per program) tiles of up to 16K elements and
-    16 heads: few programs, yet small cases still cross program and head-block boundaries."""
+
+def _tiles(n_tokens: int, q_heads: int, k_heads: int, half: int, n_pass: int, itemsize: int,
+           table_itemsize: int, interleaved: bool, device: torch.device) -> dict:
+    """Block sizes: a [BLOCK_T tokens, BLOCK_H heads, BLOCK_R pairs] tile per step, q's heads
+    then k's.
+
+    On a GPU (or the GPU spec.sized_for names), 128-bit accesses whatever the head counts:
+    every tile that fills a warp's vectors (q and k, a token tile's cos/sin rows, the
+    pass-through dims) gives each thread one or two 16-byte vectors per load (pass-through
+    dims, copied without conversion, may give more). Tokens per program are not cut to make
+    more programs: a program's steps are its heads, so fewer tokens would not shorten a small
+    launch, only narrow its accesses. Under the interpreter (milliseconds per program) tiles
+    of up to 16K elements and 16 heads: few programs, yet small cases still cross program
+    and head-block boundaries."""
     block_r = triton.next_power_of_2(half)
     block_p = triton.next_power_of_2(n_pass) if n_pass else 1
-    width = max(block_r, block_p)
-    if device.type == "cuda":
-        budget = 2048
-        block_hq = min(triton.next_power_of_2(max(q_heads, 1)), max(1, budget // block_r))
-        block_hk = min(triton.next_power_of_2(max(k_heads, 1)), max(1, budget // block_r))
-        block_t = max(1, min(16, budget // (max(block_hq, block_hk) * width)))
-        sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        while block_t > 1 and triton.cdiv(n_tokens, block_t) < 2 * sms:
-            block_t //= 2
-        num_warps = 4
+    q_p2 = triton.next_power_of_2(max(q_heads, 1))
+    k_p2 = triton.next_power_of_2(max(k_heads, 1))
+    fewer, more = min(q_p2, k_p2), max(q_p2, k_p2)
+    if planned_sm_count(device):
+        pair = 2 if interleaved else 1  # an interleaved load moves both members of a pair
+        load = block_r * pair * itemsize  # bytes of one load of one head of one token
+        block_t = min(16, triton.next_power_of_2(n_tokens),
+                      triton.next_power_of_2(triton.cdiv(MIN_TILE, fewer * load)))
+        block_h = min(more, max(fewer, triton.next_power_of_2(triton.cdiv(MIN_TILE,
+                                                                          block_t * load))))
+        block_h = min(block_h, max(1, MAX_TILE // (block_t * load)))
+        tiles = [block_t * block_h * load, block_t * block_r * pair * table_itemsize]
+        if n_pass:
+            tiles.append(block_t * block_h * block_p * itemsize)
+        full = [b for b in tiles if b >= WARP_VECTORS]
+        num_warps = max(1, min(8, min(full) // WARP_VECTORS)) if full else 1
+        # a small cos/sin or pass-through tile holds the warps down: fewer heads per step
+        block_h = min(block_h, max(1, 2 * WARP_VECTORS * num_warps // (block_t * load)))
     else:
-        block_hq = min(16, triton.next_power_of_2(max(q_heads, 1)))
-        block_hk = min(16, triton.next_power_of_2(max(k_heads, 1)))
-        block_t = max(1, min(triton.next_power_of_2(n_tokens),
-                             16384 // (max(block_hq, block_hk) * width)))
+        block_h = min(16, more)
+        width = max(block_r, block_p)
+        block_t = max(1, min(triton.next_power_of_2(n_tokens), 16384 // (block_h * width)))
         num_warps = 1
-    return dict(BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_R=block_r,
-                BLOCK_P=block_p, num_warps=num_warps)
+    return dict(BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_P=block_p,
+                num_warps=num_warps)
 
 
 def _launch(q, k, cos, sin, position_ids, interleaved: bool, backward: bool):
@@ -82,7 +104,8 @@ def _launch(q, k, cos, sin, position_ids, interleaved: bool, backward: bool):
         cos_strides = (0, cos.stride(0), cos.stride(1), 0, sin.stride(0), sin.stride(1))
         pos_strides, max_pos = (pos.stride(0), pos.stride(1)), cos.shape[0]
     half, n_pass = rot_dim // 2, head_dim - rot_dim
-    tiles = _tiles(n_tokens, q_heads, k_heads, half, n_pass, q.device)
+    tiles = _tiles(n_tokens, q_heads, k_heads, half, n_pass, q.element_size(),
+                   cos.element_size(), interleaved, q.device)
     grid = (triton.cdiv(n_tokens, tiles["BLOCK_T"]),)
     _rope_kernel[grid](
         q, k, cos, sin, pos, q_out, k_out,
@@ -392,6 +415,17 @@ def _skip(case: Case, device) -> str | None:
     return None
 
 
+def _aligned(case: Case) -> bool:
+    """Rows (a head of q or k, a token's cos/sin) 16-byte aligned and every span the kernel
+    moves starting at a multiple of 16 elements: head_dim and rot_dim multiples of 16, and
+    rot_dim / 2 too for rotate-half pairs (the second half starts there). The transposed
+    layout ([batch, heads, seq, dim] over [batch, seq, heads, dim] memory) and the slices
+    of a fused projection keep the last dim contiguous; the strided one pads it."""
+    dim, rot = case["dim"], case["rot"]
+    starts = (dim, rot) if case.flag("interleaved") else (dim, rot, rot // 2)
+    return case.layout != "strided" and all(v % 16 == 0 for v in starts)
+
+
 def _for_model(cfg, batch: int, seq: int) -> list[Case]:
     """q and k as Hugging Face attention hands them over: [batch, heads, seq, head_dim]
     views of the projections' [batch, seq, heads, head_dim]."""
@@ -414,5 +448,12 @@ SPEC = OpSpec(
     skip=_skip,
     notes=("q and k rotated in one launch through their strides; cos/sin per token or a "
            "cache read at position_ids; cos and sin take no gradient."),
+    aligned=_aligned,
+    count_rows=lambda case: case["batch"] * case["seq"],
+    kernels={
+        # no reduction, at most two 16-byte vectors per thread per load (_tiles): about 80
+        # registers a thread or fewer, so at least 24 of an SM's 64 warps resident
+        "_rope_kernel": KernelDesign(min_occupancy=0.375),
+    },
     for_model=_for_model,
 )

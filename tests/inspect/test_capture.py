@@ -112,6 +112,22 @@ def test_sized_for_gives_the_gpu_launch_on_a_cpu():
     assert dict(zip([a.name for a in gpu.args], [a.value for a in gpu.args]))["BLOCK_M"] == 2
 
 
+def test_the_forward_without_its_backward_is_the_training_forward():
+    """cross_entropy's forward writes dlogits when logits require grad; captured without
+    the backward, the forward still does (its cost counts that write), and no backward
+    launch is recorded."""
+    from speedlight.ops import cross_entropy
+
+    case = Case("cross_entropy", {"tokens": 8, "vocab": 256}, dtype=torch.bfloat16)
+    capture = capture_case(cross_entropy.SPEC, case, "cpu", arch=90, backward=False)
+    launch = only(capture)
+    assert launch.direction == "fwd" and launch.arg("COMPUTE_GRAD").value is True
+    assert {s.arg for s in launch.sites.values() if s.kind == "store"} >= {"dx_ptr"}
+    assert launch.stored >= 8 * 256 * 2
+    with_backward = capture_case(cross_entropy.SPEC, case, "cpu", arch=90, mode="dry")
+    assert [l.direction for l in with_backward.launches] == ["fwd", "bwd"]
+
+
 def test_sized_for_rejects_nonsense():
     with pytest.raises(ValueError, match="sm_count"):
         with sized_for(0):

@@ -106,3 +106,18 @@ def test_a_grid_one_program_past_a_wave_leaves_the_last_wave_idle(reports):
     (f,) = codes(reports["last-wave"], "last-wave")
     assert "4224 per wave" in f.text and "runs 1 program in 4224 slots" in f.text
     assert f.evidence["idle_share"] > 0.99
+
+
+def test_bytes_are_held_to_the_design_from_both_sides():
+    """Over the design's ratio a direction re-reads; under compulsory it did less than its
+    cost counts (a skipped output), which would hide a re-read."""
+    from speedlight.inspect.analysis import DirectionBytes
+
+    def moved(measured):
+        return guard.check_direction(DirectionBytes("fwd", measured, 1000, ["_k"], {}, 1.05, ""))
+
+    assert not moved(1000) and not moved(1050) and not moved(960)
+    (over,) = moved(1500)
+    assert over.check == "bytes" and "1.500x" in over.text and "at most 1.05x" in over.text
+    (under,) = moved(500)
+    assert under.check == "bytes" and "only 0.500x" in under.text

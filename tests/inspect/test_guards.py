@@ -28,7 +28,7 @@ def candidates(spec):
     reach block configurations the model shapes only reach at sizes too big for CI)."""
     out = []
     for suite in ("model", "quick"):
-        out += [c.with_(dtype=DTYPE) for c in spec.cases(suite) if guard.aligned(c)]
+        out += [c.with_(dtype=DTYPE) for c in spec.cases(suite) if guard.aligned(spec, c)]
     return out
 
 

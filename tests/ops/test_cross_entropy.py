@@ -62,6 +62,22 @@ def test_forward_and_backward_match_float64(tokens, vocab, layout, flags, dtype,
     assert_verified(SPEC, case(tokens, vocab, dtype, layout, seed, **flags), device)
 
 
+@pytest.mark.parametrize("sms", [pytest.param(4, id="4-sms"), pytest.param(132, id="132-sms")])
+@pytest.mark.parametrize("tokens,vocab,flags", [
+    pytest.param(37, 128, {}, id="tokens37-vocab128-row-tiles"),
+    pytest.param(37, 128, {"softcap": 30.0}, id="tokens37-vocab128-softcap"),
+    pytest.param(5, 40000, {"ignore": "some"}, id="tokens5-vocab40000-looped-or-split"),
+    pytest.param(1, 20011, {"softcap": 30.0, "zloss": 0.01}, id="tokens1-vocab20011-split"),
+])
+def test_gpu_sized_launches_match_float64(sms, tokens, vocab, flags, device):
+    """The block sizes and plans a GPU gets (spec.sized_for), verified under the
+    interpreter: with 4 SMs five rows take the looped kernel, with 132 the split pair."""
+    from speedlight.spec import sized_for
+
+    with sized_for(sms):
+        assert_verified(SPEC, case(tokens, vocab, torch.bfloat16, **flags), device)
+
+
 @pytest.mark.parametrize("flags", [pytest.param({}, id="plain"),
                                    pytest.param({"softcap": 30.0}, id="softcap"),
                                    pytest.param({"smoothing": 0.1}, id="smoothing")])

@@ -48,6 +48,40 @@ def test_forward_and_backward_match_float64(shape, layout, flags, dtype, seed, d
     assert_verified(SPEC, case(*shape, dtype=dtype, layout=layout, seed=seed, **flags), device)
 
 
+def test_guards_take_every_model_shape_as_aligned_rows():
+    """inspect's guards compile the cases whose head rows are 16-byte aligned: every model
+    shape (HF's transposed layout keeps head_dim contiguous); not padded rows, nor a head_dim,
+    rot_dim or rotate-half second half off a multiple of 16 elements."""
+    model = SPEC.cases("model")
+    assert model and all(SPEC.aligned_rows(c) for c in model)
+    assert SPEC.rows(model[1]) == model[1]["batch"] * model[1]["seq"]
+    assert not SPEC.aligned_rows(case(2, 11, 4, 2, 64, 64, layout="strided"))
+    assert not SPEC.aligned_rows(case(1, 3, 2, 2, 33, 16, bshd=True))
+    assert not SPEC.aligned_rows(case(2, 5, 4, 1, 64, 24))
+    assert not SPEC.aligned_rows(case(1, 5, 4, 1, 64, 48))  # the second half starts at 24
+    assert SPEC.aligned_rows(case(1, 5, 4, 1, 64, 48, interleaved=True))
+
+
+@pytest.mark.parametrize("shape,layout,flags", [
+    pytest.param((1, 5, 32, 8, 128, 128), "transposed", {}, id="llama-gqa-one-token-programs"),
+    pytest.param((1, 6, 4, 1, 256, 256), "transposed", {}, id="mqa-four-token-programs"),
+    pytest.param((1, 1, 4, 1, 256, 256), "transposed", {}, id="mqa-decode-masked-k-step"),
+    pytest.param((2, 3, 28, 4, 128, 128), "transposed", {"pos": True},
+                 id="qwen-heads-not-a-power-of-two-pos"),
+    pytest.param((1, 3, 16, 16, 256, 64), "transposed", {"interleaved": True},
+                 id="gptj-interleaved-pass-through"),
+    pytest.param((2, 9, 2, 1, 32, 32), "contiguous", {"bcast": True}, id="small-heads-bcast"),
+])
+def test_gpu_sized_launches_match_float64(shape, layout, flags, device):
+    """The tiles a GPU gets (spec.sized_for), verified under the interpreter: programs of
+    several tokens, q's head steps then k's, a k step with masked heads."""
+    from speedlight.spec import sized_for
+
+    with sized_for(132):
+        for dtype in (torch.bfloat16, torch.float32):
+            assert_verified(SPEC, case(*shape, dtype=dtype, layout=layout, **flags), device)
+
+
 def _hf_llama_rotary(head_dim, device, dtype, batch, seq):
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
