@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from speedlight.spec import Case
 from speedlight.verify import verify_case
 
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
+          pytest.param(torch.bfloat16, id="bf16")]
+
+
+def case_maker(op: str, *names: str):
+    """case(<names...>[, dtype[, layout[, seed]]], **flags) -> a Case of op with those shape
+    parameters, in that order (dtype float32, layout contiguous and seed 0 by default)."""
+    def case(*values, dtype=torch.float32, layout="contiguous", seed=0, **flags):
+        shape, rest = values[:len(names)], values[len(names):]
+        if len(shape) != len(names) or len(rest) > 3:
+            raise TypeError(f"{op} cases take {', '.join(names)} (then dtype, layout, seed); "
+                            f"got {len(values)} values")
+        dtype, layout, seed = (tuple(rest) + (dtype, layout, seed)[len(rest):])
+        return Case(op, dict(zip(names, shape)), dtype=dtype, layout=layout, flags=flags,
+                    seed=seed)
+    return case
+
 
 def assert_verified(spec, case: Case, device) -> None:
     r = verify_case(spec, case, device)
     if r.status == "skip":
-        import pytest
         pytest.skip(r.reason)
     assert r.status == "pass", f"{case.id}: {r.status}: {r.reason}"
     assert r.checks, "verify ran no checks"

@@ -8,18 +8,14 @@ from speedlight.ops import geglu as op
 from speedlight.spec import Case
 from speedlight.verify.harness import LaunchCounter
 from tests.conftest import needs_gpu
-from tests.helpers import assert_verified, seeded
+from tests.helpers import DTYPES, case_maker, assert_verified, seeded
 from tests.ops.test_swiglu import assert_64bit_indexing, assert_loads_and_matches_hf
 
 SPEC = op.SPEC
-DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
-          pytest.param(torch.bfloat16, id="bf16")]
 APPROXIMATE = [pytest.param("tanh", id="tanh"), pytest.param("none", id="exact")]
 
 
-def case(rows, inter, dtype=torch.float32, layout="contiguous", seed=0, **flags):
-    return Case("geglu", {"rows": rows, "intermediate": inter}, dtype=dtype, layout=layout,
-                flags=flags, seed=seed)
+case = case_maker("geglu", "rows", "intermediate")
 
 
 @pytest.mark.parametrize("approximate", APPROXIMATE)

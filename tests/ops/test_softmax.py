@@ -7,16 +7,12 @@ from speedlight.ops import softmax as op
 from speedlight.spec import Case
 from speedlight.verify.harness import LaunchCounter
 from tests.conftest import needs_gpu
-from tests.helpers import assert_verified, seeded
+from tests.helpers import DTYPES, case_maker, assert_verified, seeded
 
 SPEC = op.SPEC
-DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
-          pytest.param(torch.bfloat16, id="bf16")]
 
 
-def case(rows, cols, dtype=torch.float32, layout="contiguous", seed=0, **flags):
-    return Case("softmax", {"rows": rows, "cols": cols}, dtype=dtype, layout=layout,
-                flags=flags, seed=seed)
+case = case_maker("softmax", "rows", "cols")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
