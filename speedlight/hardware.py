@@ -306,8 +306,3 @@ def roof_for(spec: DeviceSpec, ceilings: Ceilings | None = None) -> Roof:
         flops.update(ceilings.matmul_flops)
         return Roof(ceilings.copy_bandwidth, flops, "measured", ceilings.device_name)
     return Roof(spec.dram_bandwidth, dict(spec.peak_flops), "datasheet", spec.name)
-
-
-def matmul_dtype_key(dtype: torch.dtype) -> str:
-    """Which peak an op in `dtype` runs against (fp32 matmuls in Triton use tf32)."""
-    return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, "fp32")

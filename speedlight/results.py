@@ -105,6 +105,19 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+def write_json(path: str | os.PathLike, doc) -> Path:
+    """One JSON document, NaN/Inf written as strings, atomically."""
+    return write_atomic(path, json.dumps(_clean(doc), indent=1))
+
+
+def make_console(width: int = 160):
+    """A rich console as wide as the terminal, or `width` columns when output is not one
+    (a log, CI), so tables are not folded to 80 columns."""
+    from rich.console import Console
+    c = Console()
+    return c if c.is_terminal else Console(width=width)
+
+
 def append_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> Path:
     """Append rows to a JSON-lines file atomically (old rows + new rows, then rename)."""
     path = Path(path)

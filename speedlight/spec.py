@@ -355,9 +355,6 @@ def grad_leaves(inputs: Inputs, names: Sequence[str]) -> tuple[Inputs, list[str]
     return out, used
 
 
-def is_cpu_interpreter(device: torch.device | str) -> bool:
-    return torch.device(device).type == "cpu"
-
 
 # ---------------------------------------------------------------------------------------
 # Launch sizing: which GPU a launcher sizes its grid and blocks for.

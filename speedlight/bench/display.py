@@ -9,6 +9,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from speedlight import results
 from speedlight.bench.baselines import BASELINES, SPEEDLIGHT
 
 NOT_REPRESENTATIVE = ("CPU, Triton interpreter: timings NOT representative of any GPU "
@@ -17,8 +18,7 @@ _SHORT = {"torch-eager": "x eager", "torch-compile": "x compile", "liger": "x Li
 
 
 def make_console() -> Console:
-    c = Console()
-    return c if c.is_terminal else Console(width=170)
+    return results.make_console(width=170)
 
 
 def title_for(rows: Sequence[dict], what: str = "speedlight bench") -> str:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from speedlight.inspect.specialise import Arg, compile_function, describe, specialise
-from speedlight.inspect.traffic import Site, count, finish_sites
+from speedlight.inspect.traffic import count, finish_sites
 from speedlight.spec import Case, OpSpec, grad_leaves, rand_tensor
 
 _OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion",

@@ -155,9 +155,8 @@ def run(args: argparse.Namespace) -> int:
     from speedlight.inspect.compile import Compiler, parse_target
     from speedlight.inspect.run import default_device, inspect_cases
     from speedlight.spec import parse_dtype
-    from speedlight.verify.display import make_console
 
-    console = make_console()
+    console = results.make_console()
     if not args.all and not args.op and not args.spec:
         raise SystemExit("speedlight inspect: name an op (speedlight inspect rms_norm) or --all")
     if args.all and args.case:

@@ -98,8 +98,3 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
         report.directions = analysis.direction_bytes(spec, capture)
         findings.case_findings(report)
     return [r for _, r, _ in staged]
-
-
-def inspect_case(spec: OpSpec, case: Case, target: Target, **kwargs) -> analysis.CaseReport:
-    """Everything inspect says about one case of one op (see inspect_cases)."""
-    return inspect_cases([(spec, case)], target, **kwargs)[0]

@@ -5,7 +5,6 @@ suite every norm over [rows, hidden] runs."""
 from __future__ import annotations
 
 import functools
-import os
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -115,10 +114,6 @@ def _round_bf16_like_the_gpu() -> None:
 
     InterpreterBuilder.cast_impl = cast_impl
     _BF16_CAST_FIXED = True
-
-
-def interpreter_env() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
 
 
 @functools.lru_cache(maxsize=None)

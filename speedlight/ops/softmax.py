@@ -18,7 +18,7 @@ from speedlight.kernels.softmax import (
     _softmax_fwd_split_stats_kernel,
     _softmax_fwd_split_write_kernel,
 )
-from speedlight.ops._common import check_runtime, check_tensor, row_tile
+from speedlight.ops._common import check_runtime, check_tensor, row_tile, skip_huge_on_cpu
 from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, inject_nonfinite, planned_sm_count,
                              rand_tensor)
 
@@ -232,13 +232,6 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
     return [Case("softmax", (("rows", batch * cfg.heads * seq), ("cols", seq)), model=cfg.name)]
 
 
-def _skip(case: Case, device) -> str | None:
-    if case.flag("huge") and torch.device(device).type != "cuda":
-        return ("64-bit indexing case: rows x stride > 2^31 needs > 4 GiB per tensor and "
-                "hours under the interpreter; it runs on a GPU")
-    return None
-
-
 _TWO_PASS = ("a row longer than 16384 does not fit registers: x is read twice, for the "
              "online max and sum and for the write (the second read mostly from L2), plus "
              "per-span statistics when the row is split")
@@ -253,7 +246,7 @@ SPEC = OpSpec(
     cost=_cost,
     suites=shapes.suites(_cases),
     grad_inputs=("x",),
-    skip=_skip,
+    skip=skip_huge_on_cpu,
     notes="Softmax over the last dim; rows longer than 16384 take the online kernels.",
     for_model=_for_model,
     kernels={

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import time
 import traceback
 from pathlib import Path
@@ -80,7 +79,7 @@ class Stages:
             self.console.print(f"[red]  {title} failed: {type(e).__name__}: {e}[/]")
         entry["seconds"] = round(time.perf_counter() - start, 2)
         self.manifest["stages"][name] = entry
-        results.write_atomic(self.out / MANIFEST, json.dumps(results._clean(self.manifest), indent=1))
+        results.write_json(self.out / MANIFEST, self.manifest)
         return value
 
     def skip(self, name: str, title: str, reason: str) -> None:
@@ -88,23 +87,16 @@ class Stages:
                                          "status": "skipped", "reason": reason}
 
 
-def _write_json(path: Path, doc) -> None:
-    from speedlight import results
-    results.write_atomic(path, json.dumps(results._clean(doc), indent=1))
-
-
 def run(args: argparse.Namespace) -> int:
     import warnings
 
     import torch
 
-    from speedlight import registry, shapes
+    from speedlight import registry, results, shapes
     from speedlight.profile import models
     from speedlight.profile.command import profile_workload
     from speedlight.spec import parse_dtype
-    from speedlight.verify.display import make_console
-
-    console = make_console()
+    console = results.make_console()
     try:
         import transformers
         transformers.logging.set_verbosity_error()
@@ -138,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
     before = stages.run("profile_before", "profile the model", lambda: profile(w.model, []))
     if before is not None:
-        _write_json(out / FILES["profile_before"], before)
+        results.write_json(out / FILES["profile_before"], before)
 
     def do_patch():
         from speedlight.patching import patch
@@ -149,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         doc = {"model_type": report.model_type, "patched": report.patched,
                "not_patched": [{"what": a, "why": b} for a, b in report.not_patched],
                "text": str(report)}
-        _write_json(out / FILES["patch"], doc)
+        results.write_json(out / FILES["patch"], doc)
         return model
     patched = stages.run("patch", "patch a copy with speedlight's ops", do_patch)
 
@@ -157,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         def do_check():
             from speedlight.pipeline.model_check import check_models
             doc = check_models(pristine, patched, w.inputs, w.loss_fn, train=train)
-            _write_json(out / FILES["model_check"], doc)
+            results.write_json(out / FILES["model_check"], doc)
             return doc
         stages.run("model_check", "check the patched model against the original", do_check)
     else:
@@ -211,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         def do_inspect():
             from speedlight.pipeline.inspect_stage import inspect_cases
             doc = inspect_cases(specs, cases, target=args.target, device=device)
-            _write_json(out / FILES["inspect"], doc)
+            results.write_json(out / FILES["inspect"], doc)
             return doc
         stages.run("inspect", "inspect the kernels for the target", do_inspect)
 
@@ -219,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
         after = stages.run("profile_after", "profile the patched model",
                            lambda: profile(patched, ["patched with speedlight's ops"]))
         if after is not None:
-            _write_json(out / FILES["profile_after"], after)
+            results.write_json(out / FILES["profile_after"], after)
     else:
         stages.skip("profile_after", "profile the patched model", "patch failed")
 

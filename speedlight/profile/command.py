@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import uuid
 from pathlib import Path
@@ -129,12 +128,10 @@ def profile_workload(w, *, device, train: bool, target: str | None, warmup: int 
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from speedlight import results
     from speedlight.profile import models, render, roofline
 
-    console = Console() if Console().is_terminal else Console(width=180)
+    console = results.make_console(width=180)
     try:
         import transformers
         transformers.logging.set_verbosity_error()
@@ -147,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     render.print_profile(doc, console, top=args.top)
     out = Path(args.out)
     stem = f"profile-{_slug(doc['run']['model'])}-{doc['run']['mode']}"
-    json_path = results.write_atomic(out / f"{stem}.json", json.dumps(results._clean(doc), indent=1))
+    json_path = results.write_json(out / f"{stem}.json", doc)
     written = [str(json_path)]
     if not args.no_html:
         from speedlight.profile import html

@@ -457,15 +457,13 @@ def _speedlight_op(func, args, kwargs, out) -> OpCost:
                   f"speedlight op: its tensors read and written once; 8 FLOP x {n} elements (estimate)")
 
 
-_SPEEDLIGHT_OP = _speedlight_op
-
 
 def formula_for(func) -> Formula | None:
     """The formula of an op, or None when speedlight has none for it."""
     if func.namespace == "profiler":
         return no_data("marker")
     if func.namespace == "speedlight":
-        return _SPEEDLIGHT_OP
+        return _speedlight_op
     name = func.overloadpacket.__name__
     if name in _FORMULAS:
         return _FORMULAS[name]

@@ -8,6 +8,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from speedlight import results
 from speedlight.spec import dtype_name
 from speedlight.verify.harness import CaseResult
 
@@ -53,9 +54,7 @@ def table(results: Sequence[CaseResult], *, title: str, only_problems: bool = Fa
 
 
 def make_console() -> Console:
-    """A console as wide as the terminal, or 160 columns when output is not a terminal."""
-    c = Console()
-    return c if c.is_terminal else Console(width=160)
+    return results.make_console(width=160)
 
 
 def op_table(results: Sequence[CaseResult], *, title: str) -> Table:
