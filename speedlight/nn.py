@@ -82,18 +82,16 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
     non-ignored token), softcap (softcap * tanh(logits / softcap) before the loss) and
     inplace_backward (see speedlight.cross_entropy). Inputs follow torch: [N, C] or [C], or
     [N, C, d1, ...] with the classes at dim 1 (read in place, not copied); integer class
-    targets only. Class weights are not supported. A mean over no non-ignored target is 0,
-    not torch's NaN.
+    targets only. weight (per-class, [C]) is a buffer as in torch, with torch's semantics.
+    A mean over no non-ignored target (or whose counted weights sum to 0) is 0, not
+    torch's NaN.
     """
 
     def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
                  reduction: str = "mean", label_smoothing: float = 0.0, *,
                  z_loss: float = 0.0, softcap: float | None = None,
                  inplace_backward: bool = False):
-        if weight is not None:
-            raise ValueError("speedlight.nn.CrossEntropyLoss does not support class weights; "
-                             "use torch.nn.CrossEntropyLoss for a weighted loss")
-        super().__init__(None, size_average, ignore_index, reduce, reduction, label_smoothing)
+        super().__init__(weight, size_average, ignore_index, reduce, reduction, label_smoothing)
         check_options(ignore_index, self.reduction, label_smoothing, z_loss, softcap)
         self.z_loss = z_loss
         self.softcap = softcap
@@ -103,7 +101,7 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         if isinstance(input, torch.Tensor) and input.dim() > 2:
             input = input.movedim(1, -1)  # torch's [N, C, d1, ...]: classes at dim 1
         return cross_entropy(input, target, self.ignore_index, self.reduction,
-                             self.label_smoothing, self.z_loss, self.softcap,
+                             self.label_smoothing, self.z_loss, self.softcap, weight=self.weight,
                              inplace_backward=self.inplace_backward)
 
     def extra_repr(self) -> str:

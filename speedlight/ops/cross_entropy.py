@@ -7,7 +7,7 @@ fp32 arithmetic whatever the logits dtype; the loss has the logits' dtype, as in
 from __future__ import annotations
 
 import numbers
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -85,7 +85,17 @@ def _check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> None
         f"= {int(flat[first])}")
 
 
-def _fwd_plan(n_rows: int, n_cols: int, device: torch.device) -> dict:
+class CrossEntropyOutput(NamedTuple):
+    """What cross_entropy returns when any of return_z_loss, return_token_accuracy,
+    return_predicted_tokens is asked for; the fields not asked for are None."""
+
+    loss: torch.Tensor
+    z_loss: torch.Tensor | None = None
+    token_accuracy: torch.Tensor | None = None
+    predicted_tokens: torch.Tensor | None = None
+
+
+def _fwd_plan(n_rows: int, n_cols: int, device: torch.device, extras: bool = False) -> dict:
     if n_cols <= MAX_FUSED_N:
         block_m, block_n, num_warps = row_tile(n_cols, device, max_block_n=MAX_FUSED_N)
         if planned_sm_count(device):
@@ -96,27 +106,49 @@ def _fwd_plan(n_rows: int, n_cols: int, device: torch.device) -> dict:
                     n_splits=1)
     block_n = LOOP_BLOCK_N
     sms = planned_sm_count(device)
+    # the split pair tracks no argmax: with extras, few long rows take the looped kernel
     if sms:
-        n_splits = 1 if n_rows >= sms else min(triton.cdiv(n_cols, SPLIT_SPAN),
-                                               triton.cdiv(2 * sms, n_rows))
+        n_splits = 1 if n_rows >= sms or extras else min(triton.cdiv(n_cols, SPLIT_SPAN),
+                                                         triton.cdiv(2 * sms, n_rows))
         block_m, num_warps = 1, warps_for_tile(block_n)
     else:  # split a lone row, so that the interpreter runs the split kernels too
-        n_splits = 1 if n_rows >= 2 else min(4, triton.cdiv(n_cols, SPLIT_SPAN))
+        n_splits = 1 if n_rows >= 2 or extras else min(4, triton.cdiv(n_cols, SPLIT_SPAN))
         block_m, num_warps = min(4, triton.next_power_of_2(n_rows)), 4
     return dict(block_m=block_m, block_n=block_n, one_block=False, num_warps=num_warps,
                 n_splits=max(1, n_splits))
 
 
+def _mean_divisor(t: torch.Tensor, n_cols: int, ignore_index: int,
+                  weight: torch.Tensor | None) -> torch.Tensor:
+    """What a mean divides by: the number of non-ignored tokens (int64), or with class
+    weights the sum of their targets' weights (fp32), as torch divides. 0-dim, no sync."""
+    valid = t != ignore_index
+    if weight is None:
+        return valid.sum()
+    idx = torch.where(valid & (t >= 0) & (t < n_cols), t, 0).long()
+    return torch.where(valid, weight.float()[idx], 0.0).sum()
+
+
+def _divide(total: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
+    """total / divisor in fp32; 0 where divisor is 0 (a mean over nothing counted)."""
+    return torch.where(divisor != 0, total.float() / divisor, 0.0)
+
+
 def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                       reduction: str = "mean", label_smoothing: float = 0.0,
                       z_loss: float = 0.0, softcap: float | None = None, *,
-                      compute_grad: bool = True, check_target: bool = True,
-                      grad_out: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(loss, dlogits, n_valid): the loss (logits' dtype; shape () or target's shape for
-    "none"), each token's dloss_i/dlogits_i (None unless compute_grad; a new contiguous
-    tensor, or `grad_out`: pass logits to overwrite them) and, for a mean, the number of
-    non-ignored tokens (int64, 0-dim), by which the backward divides grad_output.
+                      weight: torch.Tensor | None = None, compute_grad: bool = True,
+                      check_target: bool = True, grad_out: torch.Tensor | None = None,
+                      extras: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
+                                 tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
+    """(loss, dlogits, divisor, extras): the loss (logits' dtype; shape () or target's shape
+    for "none"), each token's dloss_i/dlogits_i (None unless compute_grad; a new contiguous
+    tensor, or `grad_out`: pass logits to overwrite them), for a mean the divisor of the
+    sum (the number of non-ignored tokens, int64, or the sum of their class weights, fp32;
+    0-dim), by which the backward divides grad_output, and with extras=True (z_loss,
+    token_accuracy, predicted_tokens) reduced as cross_entropy documents.
+    weight: class weights [vocab] (any float dtype; read in fp32).
     check_target: ValueError on a target neither in [0, vocab) nor ignore_index (on CUDA,
     a host sync); unchecked, such a row gets a NaN loss and a NaN gradient row.
     """
@@ -127,11 +159,17 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
     if grad_out is None and compute_grad:
         grad_out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
     t = target.reshape(-1)
-    n_valid = (t != ignore_index).sum() if reduction == "mean" else None
+    divisor = _mean_divisor(t, n_cols, ignore_index, weight) if reduction == "mean" else None
     if n_rows == 0:
         loss = (logits.new_empty(target.shape) if reduction == "none"
                 else logits.new_zeros(()))
-        return loss, grad_out, n_valid
+        more = None
+        if extras:
+            z = loss.clone()
+            acc = (torch.empty(target.shape, device=logits.device) if reduction == "none"
+                   else torch.zeros((), device=logits.device))
+            more = (z, acc, torch.empty(target.shape, dtype=torch.int64, device=logits.device))
+        return loss, grad_out, divisor, more
     check_runtime(logits, _cross_entropy_fwd_kernel)
 
     x, x_layout = logits, _rows_layout(logits)
@@ -154,31 +192,41 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
         loss_rows = loss.view(-1)
     else:
         loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+    has_weight = weight is not None
+    w = weight.contiguous() if has_weight else loss_rows  # never read without weights
+    w_sum = weight.float().sum() if has_weight else loss_rows
+    if extras:
+        z_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+        correct = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+        pred = torch.empty(target.shape, dtype=torch.int64, device=logits.device)
+        extra_ptrs = (z_rows, correct, pred.view(-1))
+    else:
+        extra_ptrs = (loss_rows, loss_rows, loss_rows)  # never written with EXTRAS=False
     has_softcap = softcap is not None
     scalars = (int(ignore_index), float(label_smoothing), float(z_loss),
                float(softcap) if has_softcap else 1.0)
-    flags = dict(HAS_SOFTCAP=has_softcap, COMPUTE_GRAD=compute_grad)
-    plan = _fwd_plan(n_rows, n_cols, logits.device)
+    flags = dict(HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight, COMPUTE_GRAD=compute_grad)
+    plan = _fwd_plan(n_rows, n_cols, logits.device, extras)
 
     if plan["n_splits"] == 1:
         grid = (triton.cdiv(n_rows, plan["block_m"]),)
         kernel = (_cross_entropy_fwd_kernel if plan["one_block"]
                   else _cross_entropy_fwd_looped_kernel)
         kernel[grid](
-            x, t, loss_rows, dx, n_rows, n_cols, seq, sxb, sxs, sxv, t.stride(0),
-            sdb, sds, sdv, *scalars, **flags, BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"],
-            num_warps=plan["num_warps"])
+            x, t, loss_rows, dx, w, w_sum, *extra_ptrs, n_rows, n_cols, seq, sxb, sxs, sxv,
+            t.stride(0), sdb, sds, sdv, *scalars, **flags, EXTRAS=extras,
+            BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"], num_warps=plan["num_warps"])
     else:
         block_n = plan["block_n"]
         span = triton.cdiv(triton.cdiv(n_cols, plan["n_splits"]), block_n) * block_n
         n_splits = triton.cdiv(n_cols, span)
         stats = torch.empty((5, n_rows, n_splits), dtype=torch.float32, device=logits.device)
         _cross_entropy_split_stats_kernel[(n_rows, n_splits)](
-            x, t, stats, n_cols, seq, span, n_splits, sxb, sxs, sxv, t.stride(0),
-            scalars[0], scalars[3], HAS_SOFTCAP=has_softcap, BLOCK_N=block_n,
-            num_warps=plan["num_warps"])
+            x, t, w, stats, n_cols, seq, span, n_splits, sxb, sxs, sxv, t.stride(0),
+            scalars[0], scalars[3], HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight,
+            BLOCK_N=block_n, num_warps=plan["num_warps"])
         _cross_entropy_split_finish_kernel[(n_rows, n_splits if compute_grad else 1)](
-            x, t, loss_rows, dx, stats, n_cols, seq, span, n_splits,
+            x, t, loss_rows, dx, w, w_sum, stats, n_cols, seq, span, n_splits,
             sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, *scalars, **flags, BLOCK_N=block_n,
             BLOCK_S=triton.next_power_of_2(n_splits), num_warps=plan["num_warps"])
 
@@ -187,16 +235,25 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
     if reduction == "sum":
         loss = loss_rows.sum().to(logits.dtype)
     elif reduction == "mean":
-        loss = (loss_rows.sum() / n_valid.clamp_min(1)).to(logits.dtype)
-    return loss, grad_out, n_valid
+        loss = _divide(loss_rows.sum(), divisor).to(logits.dtype)
+    more = None
+    if extras:
+        if reduction == "none":
+            z, acc = z_rows.view(target.shape).to(logits.dtype), correct.view(target.shape)
+        else:
+            z = z_rows.sum()
+            z = (_divide(z, divisor) if reduction == "mean" else z).to(logits.dtype)
+            acc = _divide(correct.sum(), (t != ignore_index).sum())
+        more = (z, acc, pred)
+    return loss, grad_out, divisor, more
 
 
-def _row_grad_scale(grad_loss: torch.Tensor, n_valid: torch.Tensor | None) -> torch.Tensor:
-    """The upstream gradient of each token's loss: grad_loss, over max(n_valid, 1) (in
-    fp32, one rounding) for a mean."""
-    if n_valid is None or n_valid.numel() == 0:
+def _row_grad_scale(grad_loss: torch.Tensor, divisor: torch.Tensor | None) -> torch.Tensor:
+    """The upstream gradient of each token's loss: grad_loss, over the mean's divisor (in
+    fp32, one rounding; 0 when the divisor is 0) for a mean."""
+    if divisor is None or divisor.numel() == 0:
         return grad_loss
-    return grad_loss.float() / n_valid.clamp_min(1)
+    return _divide(grad_loss, divisor)
 
 
 def cross_entropy_bwd(dlogits: torch.Tensor, grad_output: torch.Tensor, *,
@@ -229,27 +286,59 @@ def cross_entropy_bwd(dlogits: torch.Tensor, grad_output: torch.Tensor, *,
     return out
 
 
-# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+# --- registration: torch custom ops, opaque to torch.compile, with fake and autograd rules ---
+# (one block; the outputs a schema cannot leave out are empty tensors where not wanted)
+
+def _empty_i64(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty((0,), dtype=torch.int64)
+
+
+def _fake_extras(logits, target, reduction, extras):
+    """Empty tensors shaped as cross_entropy_fwd's extras (or (0,) each without them)."""
+    if not extras:
+        return logits.new_empty((0,)), logits.new_empty((0,), dtype=torch.float32), \
+            _empty_i64(logits)
+    per_token = target.shape if reduction == "none" else ()
+    return (logits.new_empty(per_token), logits.new_empty(per_token, dtype=torch.float32),
+            logits.new_empty(target.shape, dtype=torch.int64))
+
+
+def _fake_divisor(logits, reduction, weight):
+    if reduction != "mean":
+        return _empty_i64(logits)
+    return logits.new_empty((), dtype=torch.int64 if weight is None else torch.float32)
+
+
+def _op_outputs(logits, target, reduction, extras, divisor, more):
+    """Fill what the forward left out with the empty tensors the schema expects."""
+    if divisor is None:
+        divisor = _empty_i64(logits)
+    if more is None:
+        more = _fake_extras(logits, target, reduction, False)
+    return (divisor, *more)
+
 
 @torch.library.custom_op("speedlight::cross_entropy_fwd", mutates_args=())
-def _cross_entropy_fwd_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                          reduction: str, label_smoothing: float, z_loss: float,
-                          softcap: Optional[float], compute_grad: bool,
-                          check_target: bool
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    loss, dlogits, n_valid = cross_entropy_fwd(
+def _cross_entropy_fwd_op(logits: torch.Tensor, target: torch.Tensor,
+                          weight: Optional[torch.Tensor], ignore_index: int, reduction: str,
+                          label_smoothing: float, z_loss: float, softcap: Optional[float],
+                          compute_grad: bool, check_target: bool, extras: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                     torch.Tensor, torch.Tensor]:
+    loss, dlogits, divisor, more = cross_entropy_fwd(
         logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
-        compute_grad=compute_grad, check_target=check_target)
+        weight=weight, compute_grad=compute_grad, check_target=check_target, extras=extras)
     return (loss, dlogits if dlogits is not None else logits.new_empty((0,)),
-            n_valid if n_valid is not None else target.new_empty((0,), dtype=torch.int64))
+            *_op_outputs(logits, target, reduction, extras, divisor, more))
 
 
 @_cross_entropy_fwd_op.register_fake
-def _(logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
-      compute_grad, check_target):
+def _(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
+      compute_grad, check_target, extras):
     loss = logits.new_empty(target.shape if reduction == "none" else ())
-    n_valid = target.new_empty(() if reduction == "mean" else (0,), dtype=torch.int64)
-    return loss, logits.new_empty(logits.shape if compute_grad else (0,)), n_valid
+    return (loss, logits.new_empty(logits.shape if compute_grad else (0,)),
+            _fake_divisor(logits, reduction, weight),
+            *_fake_extras(logits, target, reduction, extras))
 
 
 @torch.library.custom_op("speedlight::cross_entropy_bwd", mutates_args=())
@@ -263,15 +352,15 @@ def _(dlogits, grad_output):
 
 
 def _setup_context(ctx, inputs, output):
-    _, dlogits, n_valid = output
-    ctx.save_for_backward(dlogits, n_valid)
-    ctx.mark_non_differentiable(dlogits, n_valid)
+    _, dlogits, divisor, *more = output
+    ctx.save_for_backward(dlogits, divisor)
+    ctx.mark_non_differentiable(dlogits, divisor, *more)
 
 
-def _backward(ctx, grad_loss, _grad_dlogits, _grad_n_valid):
-    dlogits, n_valid = ctx.saved_tensors
-    grad = torch.ops.speedlight.cross_entropy_bwd(dlogits, _row_grad_scale(grad_loss, n_valid))
-    return grad, None, None, None, None, None, None, None, None
+def _backward(ctx, grad_loss, *_grad_rest):
+    dlogits, divisor = ctx.saved_tensors
+    grad = torch.ops.speedlight.cross_entropy_bwd(dlogits, _row_grad_scale(grad_loss, divisor))
+    return (grad,) + (None,) * 10
 
 
 _cross_entropy_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -285,20 +374,23 @@ _cross_entropy_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 @torch.library.custom_op("speedlight::cross_entropy_fwd_inplace", mutates_args=("logits",))
 def _cross_entropy_fwd_inplace_op(logits: torch.Tensor, target: torch.Tensor,
-                                  ignore_index: int, reduction: str, label_smoothing: float,
-                                  z_loss: float, softcap: Optional[float],
-                                  check_target: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    loss, _, n_valid = cross_entropy_fwd(logits, target, ignore_index, reduction,
-                                         label_smoothing, z_loss, softcap,
-                                         check_target=check_target, grad_out=logits)
-    return loss, (n_valid if n_valid is not None
-                  else target.new_empty((0,), dtype=torch.int64))
+                                  weight: Optional[torch.Tensor], ignore_index: int,
+                                  reduction: str, label_smoothing: float, z_loss: float,
+                                  softcap: Optional[float], check_target: bool, extras: bool
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                             torch.Tensor, torch.Tensor]:
+    loss, _, divisor, more = cross_entropy_fwd(
+        logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
+        weight=weight, check_target=check_target, grad_out=logits, extras=extras)
+    return (loss, *_op_outputs(logits, target, reduction, extras, divisor, more))
 
 
 @_cross_entropy_fwd_inplace_op.register_fake
-def _(logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap, check_target):
+def _(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
+      check_target, extras):
     loss = logits.new_empty(target.shape if reduction == "none" else ())
-    return loss, target.new_empty(() if reduction == "mean" else (0,), dtype=torch.int64)
+    return (loss, _fake_divisor(logits, reduction, weight),
+            *_fake_extras(logits, target, reduction, extras))
 
 
 @torch.library.custom_op("speedlight::cross_entropy_bwd_inplace", mutates_args=("dlogits",))
@@ -313,21 +405,23 @@ def _(dlogits, grad_output):
 
 class _InplaceCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, ignore_index, reduction, label_smoothing, z_loss,
-                softcap, check_target):
-        loss, n_valid = torch.ops.speedlight.cross_entropy_fwd_inplace(
-            logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
-            check_target)
-        ctx.save_for_backward(logits, n_valid)
-        ctx.mark_non_differentiable(n_valid)
-        return loss, n_valid
+    def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss,
+                softcap, check_target, extras):
+        loss, divisor, *more = torch.ops.speedlight.cross_entropy_fwd_inplace(
+            logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
+            check_target, extras)
+        ctx.save_for_backward(logits, divisor)
+        ctx.mark_non_differentiable(divisor, *more)
+        return loss, divisor, *more
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_n_valid):
-        dlogits, n_valid = ctx.saved_tensors
+    def backward(ctx, grad_loss, *_grad_rest):
+        dlogits, divisor = ctx.saved_tensors
         torch.ops.speedlight.cross_entropy_bwd_inplace(dlogits,
-                                                        _row_grad_scale(grad_loss, n_valid))
-        return dlogits, None, None, None, None, None, None, None
+                                                        _row_grad_scale(grad_loss, divisor))
+        return (dlogits,) + (None,) * 9
+
+# --- end of the registration block --------------------------------------------------------
 
 
 # --- public function ---------------------------------------------------------------------
@@ -353,18 +447,40 @@ def check_options(ignore_index, reduction, label_smoothing, z_loss, softcap) -> 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
-                  softcap: float | None = None, *, inplace_backward: bool = False,
-                  check_target: bool = True) -> torch.Tensor:
+                  softcap: float | None = None, *, weight: torch.Tensor | None = None,
+                  inplace_backward: bool = False, check_target: bool = True,
+                  return_z_loss: bool = False, return_token_accuracy: bool = False,
+                  return_predicted_tokens: bool = False
+                  ) -> torch.Tensor | CrossEntropyOutput:
     """Cross-entropy of logits [..., vocab] against class indices target [...].
 
     Per token with target t (c = softcap * tanh(logits / softcap) with a softcap, else the
-    logits; lse = logsumexp(c); eps = label_smoothing):
+    logits; lse = logsumexp(c); eps = label_smoothing; V = vocab):
         loss = (1 - eps) * (lse - c[t]) + eps * (lse - mean(c)) + z_loss * lse^2
     the first two terms being torch.nn.functional.cross_entropy with label_smoothing=eps;
     z_loss adds z_loss * lse^2 per non-ignored token (PaLM's z-loss; it enters the mean
     like the rest). A token whose target is ignore_index adds 0. reduction: "mean" (over
     non-ignored tokens), "sum", or "none" (target's shape). Unlike torch's NaN, a mean over
     no non-ignored token (all ignored, or no tokens) is 0, with an all-zero gradient.
+
+    weight: per-class weights [vocab] (any float dtype, read in fp32), with torch's
+    semantics: per token
+        loss = w[t] * ((1 - eps) * (lse - c[t]) + z_loss * lse^2)
+               + eps / V * sum_j w[j] * (lse - c[j])
+    (torch's weighted, smoothed loss; the z-loss term is weighted like the target's own
+    term), and a mean divides the sum by the sum of w[t] over non-ignored tokens. A mean
+    whose counted weights sum to 0 is 0 (torch: NaN or inf), with a zero gradient.
+
+    return_z_loss / return_token_accuracy / return_predicted_tokens: computed in the same
+    kernel pass; any of them makes the result a CrossEntropyOutput(loss, z_loss,
+    token_accuracy, predicted_tokens) named tuple (None for the parts not asked). z_loss:
+    the loss's z-loss term, reduced as the loss is (so loss - z_loss is the cross-entropy),
+    in logits' dtype, for logging (not differentiable: its gradient flows through loss).
+    token_accuracy (fp32): for reduction "none" 1.0 where a token's argmax is its target
+    and 0.0 elsewhere (0 for ignored tokens); otherwise the fraction of non-ignored tokens
+    whose argmax is their target (unweighted; 0 when none). predicted_tokens: the argmax
+    of every token's logits (ignored tokens too), int64, target's shape; ties go to the
+    first index and a NaN counts as the largest, as torch.argmax(logits, -1).
 
     The vocab is the LAST dim (torch's F.cross_entropy takes it at dim 1 for > 2-D input;
     speedlight.nn.CrossEntropyLoss follows torch there). logits: float32/float16/bfloat16,
@@ -405,9 +521,12 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     if logits.shape[-1] == 0 and target.numel():
         raise ValueError(f"logits must have at least one class in its last dim, got "
                          f"{describe(logits)}")
+    check_class_weight(weight, logits)
     softcap = float(softcap) if softcap is not None else None
     args = (int(ignore_index), reduction, float(label_smoothing), float(z_loss), softcap)
     check = bool(check_target) or logits.device.type == "cpu"
+    asked = (bool(return_z_loss), bool(return_token_accuracy), bool(return_predicted_tokens))
+    extras = any(asked)
     want_grad = torch.is_grad_enabled() and logits.requires_grad
     if inplace_backward and want_grad:
         if logits.is_leaf:
@@ -415,10 +534,28 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
                 "inplace_backward=True overwrites logits with their gradient, but logits is a "
                 "leaf tensor that requires grad (autograd forbids writing over it); pass the "
                 "output of the op that made the logits, or inplace_backward=False")
-        loss, _ = _InplaceCrossEntropy.apply(logits, target, *args, check)
+        loss, _, *more = _InplaceCrossEntropy.apply(logits, target, weight, *args, check,
+                                                    extras)
+    else:
+        loss, _, _, *more = torch.ops.speedlight.cross_entropy_fwd(
+            logits, target, weight, *args, want_grad, check, extras)
+    if not extras:
         return loss
-    loss, _, _ = torch.ops.speedlight.cross_entropy_fwd(logits, target, *args, want_grad, check)
-    return loss
+    return CrossEntropyOutput(loss, *(m if a else None for m, a in zip(more, asked)))
+
+
+def check_class_weight(weight, logits: torch.Tensor) -> None:
+    """TypeError/ValueError unless weight is None or a float tensor [vocab] on logits'
+    device."""
+    if weight is None:
+        return
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise TypeError(f"weight must be None or a floating-point tensor of class weights, "
+                        f"got {describe(weight) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    if tuple(weight.shape) != (logits.shape[-1],):
+        raise ValueError(f"weight must have shape ({logits.shape[-1]},) (one weight per class "
+                         f"of logits' last dim), got {describe(weight)}")
+    check_same_device(logits=logits, weight=weight)
 
 
 # --- OpSpec --------------------------------------------------------------------------------
@@ -443,16 +580,28 @@ def _make_inputs(case: Case, device) -> dict:
         target.fill_(-100)
     elif ignore == "some":
         target[torch.rand(target.shape, generator=g) < 0.3] = -100
+    weight = None
+    if case.flag("weight"):  # class weights in [0, 2), a few classes weighed 0
+        weight = rand_tensor((vocab,), case.with_(layout="contiguous"), device,
+                             dist="uniform", scale=2.0, salt=3)
+        weight[::7] = 0.0
+    extras = bool(case.flag("extras"))
     return {"logits": logits, "target": target.to(device), "ignore_index": -100,
             "reduction": case.flag("reduction", "mean"),
             "label_smoothing": float(case.flag("smoothing", 0.0)),
-            "z_loss": float(case.flag("zloss", 0.0)), "softcap": softcap}
+            "z_loss": float(case.flag("zloss", 0.0)), "softcap": softcap, "weight": weight,
+            "return_z_loss": extras, "return_token_accuracy": extras,
+            "return_predicted_tokens": extras}
 
 
 def _cost(case: Case, mode: str) -> Cost:
     tokens, vocab, e = case["tokens"], case["vocab"], case.dtype.itemsize
     elems = tokens * vocab
     loss_bytes = tokens * e if case.flag("reduction") == "none" else e
+    if mode == "fwd" and case.flag("weight"):
+        loss_bytes += vocab * e  # read the class weights
+    if mode == "fwd" and case.flag("extras"):  # write z, correct (fp32), argmax (int64)
+        loss_bytes += tokens * 16
     if mode == "fwd":
         # read logits, target (int64); write loss and dlogits. The forward of training
         # produces the gradient (the backward only scales it), so dlogits is this pass's
@@ -489,6 +638,14 @@ def _cases(suite: str) -> list[Case]:
                 case(37, 128, "strided"), case(5, 781, "transposed"), case(8, 1000, shifted=True),
                 case(6, 1000, nonfinite=True), case(6, 1000, nonfinite=True, softcap=30.0),
                 case(5, 781, ignore="some", smoothing=0.1, zloss=0.01, softcap=30.0),
+                case(37, 128, weight=True, ignore="some"),
+                case(37, 128, weight=True, smoothing=0.1, reduction="sum"),
+                case(5, 781, weight=True, smoothing=0.1, zloss=0.01, reduction="none"),
+                case(1, 70001, weight=True, smoothing=0.1, ignore="some"),
+                case(37, 128, extras=True, ignore="some"),
+                case(5, 781, extras=True, weight=True, zloss=0.01, reduction="none"),
+                case(3, 70001, extras=True, zloss=0.01, softcap=30.0),
+                case(6, 1000, extras=True, nonfinite=True),
                 case(0, 128)]
     if suite == "model":
         out += [case(4096, vocab, model=model, ignore="some", zloss=1e-4)
@@ -499,6 +656,8 @@ def _cases(suite: str) -> list[Case]:
                 case(257, 65537, smoothing=0.1, zloss=1e-4, softcap=30.0),
                 case(1024, 32000, shifted=True, ignore="some", reduction="none"),
                 case(1, 262144, softcap=30.0), case(2, 262147, reduction="sum"), case(0, 4096),
+                case(257, 32000, weight=True, smoothing=0.1, zloss=1e-4, ignore="some"),
+                case(257, 65537, extras=True, weight=True, softcap=30.0, reduction="none"),
                 # tokens x vocab > 2^31 (Qwen's vocab at 16K tokens): 64-bit offsets
                 case(16384, 152064, huge=True)]
     return out

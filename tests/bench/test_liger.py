@@ -1,6 +1,8 @@
 """The Liger-Kernel mapping: each speedlight op name to the Liger call computing the same
 thing, with the reason when a case has no Liger counterpart."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -123,3 +125,45 @@ def test_real_liger_softmax_matches_torch_on_the_interpreter():
     x = torch.randn(3, 100)
     fn, _ = liger.adapt("softmax", {"x": x, "dim": -1}, CASE)
     torch.testing.assert_close(fn(x=x, dim=-1), torch.softmax(x, -1))
+
+
+def test_cross_entropy_passes_weight_z_loss_and_extras_to_liger():
+    logits, target = torch.randn(4, 10), torch.randint(0, 10, (4,))
+    w = torch.rand(10)
+    inputs = {"logits": logits, "target": target, "weight": w, "label_smoothing": 0.1,
+              "return_token_accuracy": True}
+    f, seen = StubF(), {}
+
+    def liger_cross_entropy(logits, target, **kw):
+        seen.update(kw)
+        return SimpleNamespace(loss=1, z_loss=None, token_accuracy=2, predicted_tokens=None)
+    f.__dict__["liger_cross_entropy"] = liger_cross_entropy
+    fn, _ = liger.ADAPTERS["cross_entropy"](f, inputs, CASE)
+    assert fn(**inputs) == (1, None, 2, None)
+    assert seen["weight"] is w and seen["return_token_accuracy"] and seen["label_smoothing"] == 0.1
+    with pytest.raises(liger.Unsupported, match="z-loss ignores the class weights"):
+        liger.ADAPTERS["cross_entropy"](StubF(), dict(inputs, z_loss=1e-3), CASE)
+    target[0] = -100
+    with pytest.raises(liger.Unsupported, match="-1 at ignored"):
+        liger.ADAPTERS["cross_entropy"](StubF(), dict(inputs, return_predicted_tokens=True),
+                                        CASE)
+
+
+def test_real_liger_cross_entropy_extras_match_speedlight():
+    """(Liger's weighted path does not run under the Triton interpreter: it calls .to on a
+    Python float; the stub test above checks the weight is passed.)"""
+    pytest.importorskip("liger_kernel")
+    import speedlight
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=g)
+    target = torch.randint(0, 50, (6,), generator=g)
+    kw = dict(reduction="mean", label_smoothing=0.1, z_loss=1e-3, return_z_loss=True,
+              return_token_accuracy=True, return_predicted_tokens=True)
+    fn, _ = liger.adapt("cross_entropy", {"logits": logits, "target": target, **kw}, CASE)
+    theirs = fn(logits=logits.clone(), target=target, **kw)
+    ours = speedlight.cross_entropy(logits, target, **kw)
+    torch.testing.assert_close(theirs[0], ours.loss)
+    torch.testing.assert_close(theirs[1], ours.z_loss)
+    torch.testing.assert_close(theirs[2], ours.token_accuracy)
+    assert torch.equal(theirs[3], ours.predicted_tokens)
