@@ -170,3 +170,14 @@ def geglu(gate: torch.Tensor, up: torch.Tensor | None = None,
     erf form), the activation rounded to the dtype, then the product."""
     gate, up = _glu_halves(gate, up)
     return torch.nn.functional.gelu(gate, approximate=approximate) * up
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: torch.Tensor | None = None, *, ignore_index: int = -100,
+                         reduction: str = "mean", label_smoothing: float = 0.0,
+                         z_loss: float = 0.0, softcap: float | None = None) -> torch.Tensor:
+    """cross_entropy(F.linear(hidden, weight, bias), target, ...): the logits in hidden's
+    dtype, as an lm_head computes them, then the loss as cross_entropy computes it."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    return cross_entropy(logits, target, ignore_index, reduction, label_smoothing, z_loss,
+                         softcap)

@@ -204,15 +204,15 @@ def _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss, w_t, w
 
 
 @triton.jit
-def _grad_tile(c, dc, w, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, w_t, n_cols,
-               label_smoothing, HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+def _grad_tile(c, dc, w, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, w_t, gscale,
+               n_cols, label_smoothing, HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr):
     """dloss/dx over a [BM, BN] tile (class weights w), with p = exp((c - m) - log_d) (c - m
     is exact near the max, and m's size never enters the rounding). At the target, p - 1
     cancels when the model is confident; it is taken as p_t_minus_1 = -d_rest / d instead:
         g_t = (p_t - 1) + p_t * (coef - 1) + eps * (1 - 1/V)                   (unweighted)
         g_t = w_t (1 - eps) (p_t - 1) + p_t * (coef - w_t (1 - eps)) - eps w_t / V
-    Ignored rows (valid and bad both False there) get exactly 0 whatever their logits;
-    bad rows get NaN."""
+    The result is scaled by gscale (a mean's 1 / divisor, or 1). Ignored rows (valid and
+    bad both False there) get exactly 0 whatever their logits; bad rows get NaN."""
     p = tl.exp((c - m[:, None]) - log_d[:, None])
     smooth = label_smoothing / n_cols
     if HAS_WEIGHT:
@@ -227,7 +227,16 @@ def _grad_tile(c, dc, w, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, w_t, 
                      p * coef[:, None] - smooth)
     if HAS_SOFTCAP:
         g = g * dc
+    g = g * gscale
     return tl.where(valid[:, None], g, tl.where(bad[:, None], float("nan"), 0.0))
+
+
+@triton.jit
+def _grad_scale(grad_scale_ptr, GRAD_SCALE: tl.constexpr):
+    """The scalar the gradient is multiplied by: grad_scale_ptr[0] in fp32, or 1."""
+    if GRAD_SCALE:
+        return tl.load(grad_scale_ptr).to(tl.float32)
+    return 1.0
 
 
 @triton.jit
@@ -265,16 +274,17 @@ def _span_stats(x_rows, mask_m, t, start, end, n_cols, stride_v, softcap, weight
 
 @triton.jit
 def _span_grad(x_rows, dx_rows, mask_m, start, end, stride_xv, stride_dv, t, valid, bad,
-               m, log_d, p_t_minus_1, coef, w_t, weight_ptr, n_cols, label_smoothing, softcap,
-               HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr):
+               m, log_d, p_t_minus_1, coef, w_t, gscale, weight_ptr, n_cols, label_smoothing,
+               softcap, HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+               BLOCK_N: tl.constexpr):
     """Write dloss/dx over columns [start, end), re-reading the logits BLOCK_N at a time."""
     for s in range(start, end, BLOCK_N):
         cols = s + tl.arange(0, BLOCK_N)
         mask = mask_m[:, None] & (cols < end)[None, :]
         _, c, dc = _load_logits(x_rows, cols, mask, stride_xv, softcap, HAS_SOFTCAP)
         w = _load_class_weights(weight_ptr, cols, n_cols, HAS_WEIGHT)
-        g = _grad_tile(c, dc, w, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, w_t, n_cols,
-                       label_smoothing, HAS_SOFTCAP, HAS_WEIGHT)
+        g = _grad_tile(c, dc, w, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, w_t, gscale,
+                       n_cols, label_smoothing, HAS_SOFTCAP, HAS_WEIGHT)
         tl.store(dx_rows[:, None] + cols[None, :].to(tl.int64) * stride_dv,
                  g.to(dx_rows.dtype.element_ty), mask=mask)
 
@@ -305,11 +315,12 @@ def _store_row_loss(x_rows, t, valid, bad, m, d, sc, w_t, w_sum, loss_ptr, offs_
 @triton.jit
 def _cross_entropy_fwd_kernel(
     x_ptr, target_ptr, loss_ptr, dx_ptr, weight_ptr, w_sum_ptr, z_ptr, correct_ptr, pred_ptr,
-    n_rows, n_cols, seq,
+    grad_scale_ptr, n_rows, n_cols, seq,
     stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv,
     ignore_index, label_smoothing, z_loss, softcap,
     HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    EXTRAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    EXTRAS: tl.constexpr, GRAD_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """loss[r] and dx[r, :] = dloss[r]/dx[r, :] for the BLOCK_M rows of one program, each
     row held whole (n_cols <= BLOCK_N): the tile read for the statistics is reused for the
@@ -319,11 +330,12 @@ def _cross_entropy_fwd_kernel(
     (stride_t); loss_ptr [rows] (fp32, or the logits dtype for reduction none); dx_ptr like
     x_ptr with its own strides (x_ptr itself for the in-place gradient); weight_ptr
     [n_cols] class weights and w_sum_ptr [] their sum (fp32); z_ptr, correct_ptr [rows]
-    fp32 and pred_ptr [rows] int64, the extras. Program pid covers rows
+    fp32 and pred_ptr [rows] int64, the extras; grad_scale_ptr [] a factor of the gradient
+    (a chunked loss's 1 / divisor). Program pid covers rows
     [pid * BLOCK_M, (pid + 1) * BLOCK_M).
     HAS_SOFTCAP: cap the logits. HAS_WEIGHT: class weights (else weight_ptr, w_sum_ptr are
     unused). COMPUTE_GRAD=False (no gradient wanted) writes no dx. EXTRAS=False writes no
-    z, correct, pred and tracks no argmax.
+    z, correct, pred and tracks no argmax. GRAD_SCALE=False: grad_scale_ptr unused (1).
     """
     pid = tl.program_id(0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -349,7 +361,8 @@ def _cross_entropy_fwd_kernel(
     if COMPUTE_GRAD:
         dx_rows = dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds)
         g = _grad_tile(c, dc, w, offs_n, t, valid, bad, m, log_d, -d_rest / d, coef, w_t,
-                       n_cols, label_smoothing, HAS_SOFTCAP, HAS_WEIGHT)
+                       _grad_scale(grad_scale_ptr, GRAD_SCALE), n_cols, label_smoothing,
+                       HAS_SOFTCAP, HAS_WEIGHT)
         tl.store(dx_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_dv,
                  g.to(dx_ptr.dtype.element_ty), mask=mask)
 
@@ -357,11 +370,12 @@ def _cross_entropy_fwd_kernel(
 @triton.jit
 def _cross_entropy_fwd_looped_kernel(
     x_ptr, target_ptr, loss_ptr, dx_ptr, weight_ptr, w_sum_ptr, z_ptr, correct_ptr, pred_ptr,
-    n_rows, n_cols, seq,
+    grad_scale_ptr, n_rows, n_cols, seq,
     stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv,
     ignore_index, label_smoothing, z_loss, softcap,
     HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    EXTRAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    EXTRAS: tl.constexpr, GRAD_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """As _cross_entropy_fwd_kernel for rows longer than BLOCK_N: a first loop computes the
     online (max, sum of exp, sum of c, argmax) over BLOCK_N chunks, a second re-reads the
@@ -384,8 +398,8 @@ def _cross_entropy_fwd_looped_kernel(
     if COMPUTE_GRAD:
         _span_grad(x_rows, dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds), mask_m,
                    0, n_cols, stride_xv, stride_dv, t, valid, bad, m, log_d, -d_rest / d,
-                   coef, w_t, weight_ptr, n_cols, label_smoothing, softcap, HAS_SOFTCAP,
-                   HAS_WEIGHT, BLOCK_N)
+                   coef, w_t, _grad_scale(grad_scale_ptr, GRAD_SCALE), weight_ptr, n_cols,
+                   label_smoothing, softcap, HAS_SOFTCAP, HAS_WEIGHT, BLOCK_N)
 
 
 @triton.jit
@@ -422,12 +436,12 @@ def _cross_entropy_split_stats_kernel(
 
 @triton.jit
 def _cross_entropy_split_finish_kernel(
-    x_ptr, target_ptr, loss_ptr, dx_ptr, weight_ptr, w_sum_ptr, stats_ptr,
+    x_ptr, target_ptr, loss_ptr, dx_ptr, weight_ptr, w_sum_ptr, stats_ptr, grad_scale_ptr,
     n_cols, seq, span, n_splits,
     stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv,
     ignore_index, label_smoothing, z_loss, softcap,
     HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    GRAD_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """Combine the n_splits statistics of row r; span 0 writes loss[r], span q writes
     dx[r] over its columns (when COMPUTE_GRAD). Pointers as in _cross_entropy_fwd_kernel
@@ -470,8 +484,9 @@ def _cross_entropy_split_finish_kernel(
         start = q * span
         _span_grad(x_rows, dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds), mask_m,
                    start, tl.minimum(start + span, n_cols), stride_xv, stride_dv, t, valid, bad,
-                   m, log_d, -d_rest / d, coef, w_t, weight_ptr, n_cols, label_smoothing,
-                   softcap, HAS_SOFTCAP, HAS_WEIGHT, BLOCK_N)
+                   m, log_d, -d_rest / d, coef, w_t, _grad_scale(grad_scale_ptr, GRAD_SCALE),
+                   weight_ptr, n_cols, label_smoothing, softcap, HAS_SOFTCAP, HAS_WEIGHT,
+                   BLOCK_N)
 
 
 # Backward. The forward already wrote dx[r] = dloss[r]/dx[r]; with g the upstream gradient

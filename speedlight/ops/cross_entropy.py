@@ -139,7 +139,8 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
                       z_loss: float = 0.0, softcap: float | None = None, *,
                       weight: torch.Tensor | None = None, compute_grad: bool = True,
                       check_target: bool = True, grad_out: torch.Tensor | None = None,
-                      extras: bool = False
+                      extras: bool = False, grad_scale: torch.Tensor | None = None,
+                      loss_out: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
                                  tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
     """(loss, dlogits, divisor, extras): the loss (logits' dtype; shape () or target's shape
@@ -149,6 +150,9 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
     0-dim), by which the backward divides grad_output, and with extras=True (z_loss,
     token_accuracy, predicted_tokens) reduced as cross_entropy documents.
     weight: class weights [vocab] (any float dtype; read in fp32).
+    grad_scale: a 0-dim tensor the gradient is multiplied by in the kernel (a chunked
+    loss's 1 / divisor). loss_out: an fp32 [tokens] buffer each token's loss is written to
+    (reduction "none" only; it is then the returned loss).
     check_target: ValueError on a target neither in [0, vocab) nor ignore_index (on CUDA,
     a host sync); unchecked, such a row gets a NaN loss and a NaN gradient row.
     """
@@ -187,7 +191,9 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
         dx, dx_layout = x, x_layout  # never written: COMPUTE_GRAD=False
     (sxb, sxs, sxv), (sdb, sds, sdv) = x_layout[1], dx_layout[1]
 
-    if reduction == "none":
+    if loss_out is not None:
+        loss = loss_rows = loss_out
+    elif reduction == "none":
         loss = torch.empty(target.shape, dtype=logits.dtype, device=logits.device)
         loss_rows = loss.view(-1)
     else:
@@ -205,7 +211,9 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
     has_softcap = softcap is not None
     scalars = (int(ignore_index), float(label_smoothing), float(z_loss),
                float(softcap) if has_softcap else 1.0)
-    flags = dict(HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight, COMPUTE_GRAD=compute_grad)
+    flags = dict(HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight, COMPUTE_GRAD=compute_grad,
+                 GRAD_SCALE=grad_scale is not None)
+    g_scale = grad_scale if grad_scale is not None else loss_rows  # unread without GRAD_SCALE
     plan = _fwd_plan(n_rows, n_cols, logits.device, extras)
 
     if plan["n_splits"] == 1:
@@ -213,8 +221,8 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
         kernel = (_cross_entropy_fwd_kernel if plan["one_block"]
                   else _cross_entropy_fwd_looped_kernel)
         kernel[grid](
-            x, t, loss_rows, dx, w, w_sum, *extra_ptrs, n_rows, n_cols, seq, sxb, sxs, sxv,
-            t.stride(0), sdb, sds, sdv, *scalars, **flags, EXTRAS=extras,
+            x, t, loss_rows, dx, w, w_sum, *extra_ptrs, g_scale, n_rows, n_cols, seq,
+            sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, *scalars, **flags, EXTRAS=extras,
             BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"], num_warps=plan["num_warps"])
     else:
         block_n = plan["block_n"]
@@ -226,7 +234,7 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
             scalars[0], scalars[3], HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight,
             BLOCK_N=block_n, num_warps=plan["num_warps"])
         _cross_entropy_split_finish_kernel[(n_rows, n_splits if compute_grad else 1)](
-            x, t, loss_rows, dx, w, w_sum, stats, n_cols, seq, span, n_splits,
+            x, t, loss_rows, dx, w, w_sum, stats, g_scale, n_cols, seq, span, n_splits,
             sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, *scalars, **flags, BLOCK_N=block_n,
             BLOCK_S=triton.next_power_of_2(n_splits), num_warps=plan["num_warps"])
 
