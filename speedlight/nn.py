@@ -12,6 +12,7 @@ from speedlight.ops.cross_entropy import check_options, cross_entropy
 from speedlight.ops.geglu import geglu
 from speedlight.ops.glu import ACTIVATIONS, glu
 from speedlight.ops.layer_norm import layer_norm
+from speedlight.ops.linear_cross_entropy import linear_cross_entropy
 from speedlight.ops.rms_norm import rms_norm
 from speedlight.ops.rope import rope
 from speedlight.ops.softmax import softmax
@@ -112,6 +113,39 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
             extra += f", z_loss={self.z_loss}"
         if self.softcap is not None:
             extra += f", softcap={self.softcap}"
+        return extra
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """An lm_head's matmul and the cross-entropy of its logits without the logits:
+    forward(hidden, weight, target, bias=None) -> speedlight.linear_cross_entropy(...).
+
+    Holds only the loss's options (ignore_index, reduction, label_smoothing, z_loss,
+    softcap, chunk_size); the lm_head's weight and bias are passed in, so a model keeps
+    its own lm_head (and its state-dict) unchanged.
+    """
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0, *, z_loss: float = 0.0,
+                 softcap: float | None = None, chunk_size: int | None = None):
+        super().__init__()
+        check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
+        self.ignore_index, self.reduction = ignore_index, reduction
+        self.label_smoothing, self.z_loss, self.softcap = label_smoothing, z_loss, softcap
+        self.chunk_size = chunk_size
+
+    def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        return linear_cross_entropy(hidden, weight, target, bias,
+                                    ignore_index=self.ignore_index, reduction=self.reduction,
+                                    label_smoothing=self.label_smoothing, z_loss=self.z_loss,
+                                    softcap=self.softcap, chunk_size=self.chunk_size)
+
+    def extra_repr(self) -> str:
+        extra = f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+        for name in ("label_smoothing", "z_loss", "softcap", "chunk_size"):
+            if getattr(self, name):
+                extra += f", {name}={getattr(self, name)}"
         return extra
 
 
