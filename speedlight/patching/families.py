@@ -42,6 +42,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     Family("gemma2", "Gemma2", "transformers.models.gemma2.modeling_gemma2", norm_offset=1.0,
            norm_out="input"),
     Family("phi3", "Phi3", "transformers.models.phi3.modeling_phi3", mlp="fused"),
+    Family("granite", "Granite", "transformers.models.granite.modeling_granite"),
 ]}
 
 # Hugging Face activation classes -> (speedlight op, its keyword arguments)

@@ -15,9 +15,12 @@ TOL = dict(rtol=2e-4, atol=2e-5)
 
 
 def _run(model, ids, labels):
+    """Logits without labels; loss and gradients of the training step with labels (a
+    patched model computes that loss without its logits)."""
+    logits = model(input_ids=ids).logits.detach()
     out = model(input_ids=ids, labels=labels)
     grads = torch.autograd.grad(out.loss, [p for p in model.parameters()], allow_unused=True)
-    return out.logits.detach(), out.loss.detach(), grads
+    return logits, out.loss.detach(), grads
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -29,13 +32,14 @@ def test_patched_logits_loss_and_every_gradient_match(family):
         (4 if family == "gemma2" else 0)
     assert report.count("mlp") == 2 and report.count("rope") == 2
     assert report.count("cross_entropy") == 1 and not report.not_patched
+    assert report.count("linear_cross_entropy") == 1 and "logits are None" in str(report)
     ids, labels = batch(base.config.vocab_size)
     logits0, loss0, grads0 = _run(base, ids, labels)
     counter = LaunchCounter()
     with counter.active():
         logits1, loss1, grads1 = _run(patched, ids, labels)
     kernels = " ".join(counter.kernels)
-    for name in ("rms_norm", "rope", "cross_entropy", "glu"):
+    for name in ("rms_norm", "rope", "cross_entropy", "glu"):  # (cross_entropy: in the fused loss)
         assert f"_{name}_" in kernels, f"no {name} kernel ran in the patched {family} model"
     gated = "geglu" if family.startswith("gemma") else "swiglu"
     assert all(f"({gated})" in m for m in report.patched["mlp"]), report.patched["mlp"]
@@ -98,8 +102,9 @@ def test_state_dicts_load_unchanged():
 
 def test_choose_which_ops():
     model = build("llama")
-    report = patch(model, mlp=False, rope=False, cross_entropy=False)
+    report = patch(model, mlp=False, rope=False, cross_entropy=False, linear_cross_entropy=False)
     assert set(report.patched) == {"rms_norm"}
+    assert "forward" not in model.__dict__
     unpatch(model)
 
 
@@ -116,7 +121,8 @@ def test_unknown_architecture_says_what_was_not_patched():
     gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
     with pytest.warns(PatchWarning, match=r"unknown architecture 'gpt2'.*\n.*NOT patched"):
         report = patch(gpt2)
-    assert not report.patched and {w for w, _ in report.not_patched} == {"rms_norm", "mlp", "rope", "cross_entropy"}
+    assert not report.patched and {w for w, _ in report.not_patched} == {"rms_norm", "mlp", "rope", "cross_entropy",
+                                                                  "linear_cross_entropy"}
     unpatch(gpt2)
 
 
@@ -160,3 +166,31 @@ def test_twenty_training_steps_give_matching_loss_curves():
     base, ours = curves
     assert base[-1] < base[0] - 0.3, "the model did not train"
     assert max(abs(a - b) for a, b in zip(base, ours)) < 1e-3, (base, ours)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "granite"])
+def test_fused_loss_without_logits_and_the_normal_path(family):
+    """Training with labels: the loss comes from linear_cross_entropy and no logits are
+    made (Gemma 2's softcap and Granite's logits_scaling applied); eval, skip_logits=False
+    or no labels keep the logits; num_items_in_batch divides a sum, as Hugging Face does."""
+    base = build(family)
+    model = copy.deepcopy(base)
+    patch(model)
+    ids, labels = batch(model.config.vocab_size)
+    fused = model(input_ids=ids, labels=labels)
+    assert fused.logits is None
+    plain = model(input_ids=ids, labels=labels, skip_logits=False)
+    assert plain.logits is not None
+    torch.testing.assert_close(fused.loss, plain.loss, **TOL)
+    torch.testing.assert_close(fused.loss, base(input_ids=ids, labels=labels).loss, **TOL)
+    model.eval()
+    assert model(input_ids=ids, labels=labels).logits is not None
+    model.train()
+    n = torch.tensor(7.0)
+    summed = model(input_ids=ids, labels=labels, num_items_in_batch=n).loss
+    expected = base(input_ids=ids, labels=labels, num_items_in_batch=n).loss
+    torch.testing.assert_close(summed, expected, **TOL)
+    counter = LaunchCounter()
+    with counter.active():
+        model(input_ids=ids, labels=labels)
+    assert "_cross_entropy_fwd_kernel" in counter.kernels
