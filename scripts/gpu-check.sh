@@ -2,7 +2,8 @@
 # speedlight on a GPU machine, in one go and under 8 minutes on an H100/H200:
 #   the machine (nvidia-smi, versions), `speedlight probe` (ceilings), `verify --suite full`,
 #   `bench --suite model` for every op against PyTorch eager, torch.compile and Liger-Kernel,
-#   plots, and a summary table printed last. Everything lands in one folder: $OUT when set,
+#   plots, linear_cross_entropy's time and memory at Llama 3's size against eager and its
+#   peers (scripts/lce_check.py), and a summary table printed last. Everything lands in one folder: $OUT when set,
 #   else ./gpu-check-<time>.
 #
 # The machine needs python3 with torch and triton (no internet; nothing is pip-installed
@@ -129,6 +130,12 @@ step verify verify.log timeout "$VERIFY_TIMEOUT_S" "$PYTHON" -m speedlight verif
 # shellcheck disable=SC2086
 step bench bench.log timeout "$((BENCH_BUDGET_S + 120))" "$PYTHON" -m speedlight bench --device "$DEVICE" \
   --suite "$BENCH_SUITE" "${OPS_ARG[@]}" --out "$OUT" --budget-s "$BENCH_BUDGET_S" $BENCH_ARGS
+# linear_cross_entropy at Llama 3's size (16K tokens, hidden 4096, vocab 128256, bf16):
+# fwd+bwd time and peak memory beyond inputs and gradients, against every baseline present
+case ",$OPS," in
+  ,, | *,linear_cross_entropy,*)
+    step lce lce.log "$PYTHON" "$REPO/scripts/lce_check.py" --out "$OUT/lce.json" ;;
+esac
 if ! "$PYTHON" -c "import matplotlib" 2>/dev/null; then
   echo "matplotlib is not installed: no plots (carry its wheel in .whl/)" > "$OUT/plots.log"
   STEPS+=("plots|none|0|plots.log")

@@ -6,6 +6,9 @@
                  not timed, the first call happens in the warm-up)
   liger          Liger-Kernel's function for the op, when Liger is installed (found at run
                  time) and has one (bench/liger.py); on a GPU only
+  torch-fused    torch's own fused function for the op, where this torch has one
+                 (torch.nn.functional.linear_cross_entropy with its chunked options for
+                 linear_cross_entropy)
 
 A baseline that cannot run a case (not installed, no counterpart, unsupported dtype or
 layout, an error, or an output that differs from the reference) is kept as a row with
@@ -27,7 +30,36 @@ SPEEDLIGHT = "speedlight"
 EAGER = "torch-eager"
 COMPILE = "torch-compile"
 LIGER = "liger"
-BASELINES = (EAGER, COMPILE, LIGER)
+TORCH_FUSED = "torch-fused"
+BASELINES = (EAGER, COMPILE, LIGER, TORCH_FUSED)
+
+
+def _torch_linear_cross_entropy(inputs: dict):
+    """F.linear_cross_entropy (chunked) over linear_cross_entropy's inputs, or the reason
+    it cannot compute this case."""
+    import torch.nn.functional as F
+
+    if not hasattr(F, "linear_cross_entropy") or not hasattr(torch.nn, "LinearCrossEntropyOptions"):
+        return None, f"torch {torch.__version__} has no F.linear_cross_entropy"
+    missing = [k for k in ("z_loss", "softcap") if inputs.get(k)]
+    if missing:
+        return None, f"F.linear_cross_entropy has no {' or '.join(missing)}"
+    options = torch.nn.LinearCrossEntropyOptions()
+
+    def fn(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
+           label_smoothing=0.0, **_):
+        loss = F.linear_cross_entropy(hidden, weight, target, linear_bias=bias,
+                                      reduction=reduction, ignore_index=ignore_index,
+                                      label_smoothing=label_smoothing, options=options)
+        n_valid = (target != ignore_index).sum()
+        if reduction == "mean":  # speedlight (and the reference) define a mean over nothing as 0
+            loss = torch.where(n_valid > 0, loss, torch.zeros_like(loss))
+        return loss
+    return fn, ""
+
+
+# op name -> adapter(inputs) -> (fn or None, reason)
+TORCH_FUSED_ADAPTERS = {"linear_cross_entropy": _torch_linear_cross_entropy}
 
 
 @dataclass
@@ -82,6 +114,11 @@ class Baselines:
                 self._compiled[spec.name] = torch.compile(spec.reference, backend=o.backend,
                                                           dynamic=o.dynamic, mode=o.mode)
             return Implementation(COMPILE, self._compiled[spec.name], checked=True)
+        if name == TORCH_FUSED:
+            if spec.name not in TORCH_FUSED_ADAPTERS:
+                return Implementation(TORCH_FUSED, None, f"torch has no fused function of {spec.name}")
+            fn, reason = TORCH_FUSED_ADAPTERS[spec.name](inputs)
+            return Implementation(TORCH_FUSED, fn, reason, checked=True)
         if device.type != "cuda":
             return Implementation(LIGER, None, "Liger-Kernel runs on CUDA GPUs; it is not run "
                                                "on the CPU interpreter")

@@ -29,8 +29,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     r.add_argument("--suite", default="model", choices=("quick", "model", "full"))
     r.add_argument("--dtypes", default="bf16", help="comma-separated: fp32,fp16,bf16 (default bf16)")
     r.add_argument("--modes", default="fwd,bwd,fwd+bwd", help="comma-separated: fwd,bwd,fwd+bwd")
-    r.add_argument("--baselines", default="torch-eager,torch-compile,liger",
-                   help="comma-separated, from torch-eager,torch-compile,liger; 'none' for none")
+    r.add_argument("--baselines", default="torch-eager,torch-compile,liger,torch-fused",
+                   help="comma-separated, from torch-eager,torch-compile,liger,torch-fused "
+                        "(torch's own fused function, where it has one); 'none' for none")
     r.add_argument("--spec", action="append", default=[], metavar="FILE",
                    help="a Python file defining SPEC or SPECS (your own op); repeatable")
     r.add_argument("--only-spec", action="store_true", help="only the ops of --spec files")

@@ -135,6 +135,17 @@ def _cross_entropy(F, inputs: dict, case: Case):
     return fn, True
 
 
+def _linear_cross_entropy(F, inputs: dict, case: Case):
+    _need("linear_cross_entropy", inputs, "hidden", "weight", "target")
+
+    def fn(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
+           label_smoothing=0.0, z_loss=0.0, softcap=None, **_):
+        return F.liger_fused_linear_cross_entropy(
+            hidden, weight, target, bias, ignore_index=ignore_index, lse_square_scale=z_loss,
+            label_smoothing=label_smoothing, reduction=reduction, softcap=softcap)
+    return fn, False
+
+
 def _softmax(F, inputs: dict, case: Case):
     _need("softmax", inputs, "x")
     x, dim = inputs["x"], inputs.get("dim", -1)
@@ -152,6 +163,7 @@ ADAPTERS: dict[str, Callable[[Any, dict, Case], tuple[Callable, bool]]] = {
     "geglu": _gated("geglu", "liger_geglu"),
     "rope": _rope,
     "cross_entropy": _cross_entropy,
+    "linear_cross_entropy": _linear_cross_entropy,
     "softmax": _softmax,
 }
 

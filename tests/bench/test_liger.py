@@ -167,3 +167,26 @@ def test_real_liger_cross_entropy_extras_match_speedlight():
     torch.testing.assert_close(theirs[1], ours.z_loss)
     torch.testing.assert_close(theirs[2], ours.token_accuracy)
     assert torch.equal(theirs[3], ours.predicted_tokens)
+
+
+def test_linear_cross_entropy_baselines_map_the_op_inputs():
+    """Liger's fused linear cross-entropy gets the op's inputs by name; torch's own
+    F.linear_cross_entropy (where torch has it) computes the reference's loss, and says
+    why not where it has no such option."""
+    from speedlight import reference
+    from speedlight.bench.baselines import TORCH_FUSED_ADAPTERS
+
+    h, w = torch.randn(6, 8), torch.randn(20, 8)
+    t = torch.randint(0, 20, (6,))
+    inputs = {"hidden": h, "weight": w, "target": t, "bias": None, "label_smoothing": 0.1}
+    (name, args, kw), _ = _adapt("linear_cross_entropy", inputs)
+    assert name == "liger_fused_linear_cross_entropy" and args[0] is h and args[1] is w
+    assert kw["label_smoothing"] == 0.1
+    fn, reason = TORCH_FUSED_ADAPTERS["linear_cross_entropy"](inputs)
+    if fn is None:
+        pytest.skip(reason)
+    torch.testing.assert_close(fn(**inputs), reference.linear_cross_entropy(
+        h, w, t, label_smoothing=0.1))
+    t_all = torch.full((6,), -100)
+    assert fn(**dict(inputs, target=t_all)).item() == 0.0
+    assert TORCH_FUSED_ADAPTERS["linear_cross_entropy"](dict(inputs, softcap=30.0))[0] is None
