@@ -10,7 +10,8 @@ from speedlight.hardware import DeviceSpec
 from speedlight.inspect import analysis, findings
 from speedlight.inspect.capture import Capture, capture_case, interpreter_work
 from speedlight.inspect.compile import Compiler, Target
-from speedlight.spec import Case, OpSpec, sized_for
+from speedlight.launch import sized_for
+from speedlight.spec import Case, OpSpec
 
 # Under the interpreter each program-iteration (one trip through a kernel's loop body, or
 # a program without a loop) costs milliseconds; a case whose full run would take more than

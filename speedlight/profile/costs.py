@@ -447,15 +447,37 @@ _FOREACH_FLOPS = {"add": 1, "sub": 1, "mul": 1, "div": 1, "neg": 1, "sqrt": 1, "
                   "addcdiv": 2, "copy": 0, "zero": 0, "norm": 2}
 
 
-# speedlight's own fused ops (what a patched model runs): every tensor argument read once
-# and every output written once is their compulsory traffic by construction; their FLOPs
-# are put at 8 per input element, which only places them on the roofline (they are
-# memory-bound by two orders of magnitude, so the count never changes their bound).
+# speedlight's own ops (what a patched model runs), and a team's registered through
+# speedlight.ops.registration: costed by their OpSpec's cost, at the Case their case_of
+# reads from the call's arguments. An op without a case_of is put at its tensors read
+# and written once and 8 FLOP per element of its first input, and says so.
 def _speedlight_op(func, args, kwargs, out) -> OpCost:
+    call = func.overloadpacket.__name__
+    direction = "bwd" if call.endswith("_bwd") else "fwd"
+    bound = bind(func, args, kwargs)
+    for spec in _specs():
+        case = spec.case_of(call, bound) if spec.case_of is not None else None
+        if case is None:
+            continue
+        c = spec.cost(case, direction)
+        if c is not None:
+            return OpCost(int(c.flops), int(c.bytes), "fused",
+                          f"{spec.name} {direction} cost (its OpSpec) at {case.id}")
     n = tensors(args)[0].numel()
     return OpCost(8 * n, _total_io(func, args, kwargs, out), "fused",
-                  f"speedlight op: its tensors read and written once; 8 FLOP x {n} elements (estimate)")
+                  f"{call}: no OpSpec reads this call; its tensors read and written once, "
+                  f"8 FLOP x {n} elements (estimate)")
 
+
+_SPECS: list = []
+
+
+def _specs() -> list:
+    """The OpSpecs that can cost a speedlight op (built-in ones, loaded on first use)."""
+    if not _SPECS:
+        from speedlight import registry
+        _SPECS.extend(registry.builtin_specs())
+    return _SPECS
 
 
 def formula_for(func) -> Formula | None:

@@ -66,9 +66,9 @@ def test_forward_and_backward_match_float64(tokens, vocab, layout, flags, dtype,
     pytest.param(1, 20011, {"softcap": 30.0, "zloss": 0.01}, id="tokens1-vocab20011-split"),
 ])
 def test_gpu_sized_launches_match_float64(sms, tokens, vocab, flags, device):
-    """The block sizes and plans a GPU gets (spec.sized_for), verified under the
+    """The block sizes and plans a GPU gets (launch.sized_for), verified under the
     interpreter: with 4 SMs five rows take the looped kernel, with 132 the split pair."""
-    from speedlight.spec import sized_for
+    from speedlight.launch import sized_for
 
     with sized_for(sms):
         assert_verified(SPEC, case(tokens, vocab, torch.bfloat16, **flags), device)
@@ -416,7 +416,7 @@ def test_empty_input_launches_nothing(reduction, device):
 
 
 def test_cpu_tensor_without_interpreter_says_how_to_enable_it(monkeypatch):
-    import speedlight.ops._common as common
+    import speedlight.runtime as common
     monkeypatch.setattr(common, "is_interpreted", lambda kernel: False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         speedlight.cross_entropy(torch.ones(2, 8), torch.zeros(2, dtype=torch.long))

@@ -133,7 +133,7 @@ def test_mismatched_devices():
 
 def test_cpu_tensor_without_interpreter_says_how_to_enable_it(monkeypatch):
     monkeypatch.setattr(op, "check_runtime", op.check_runtime)  # keep the real check
-    import speedlight.ops._common as common
+    import speedlight.runtime as common
     monkeypatch.setattr(common, "is_interpreted", lambda kernel: False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         speedlight.rms_norm(torch.ones(2, 8), torch.ones(8))
@@ -168,9 +168,9 @@ def test_64bit_indexing(device):
     pytest.param(3, 20011, id="rows3-hidden20011-looped"),
 ])
 def test_gpu_sized_launches_match_float64(sms, rows, hidden, device):
-    """The block sizes and persistent grids a GPU gets (spec.sized_for), verified under the
+    """The block sizes and persistent grids a GPU gets (launch.sized_for), verified under the
     interpreter: with one SM the persistent programs walk several tiles each."""
-    from speedlight.spec import sized_for
+    from speedlight.launch import sized_for
 
     with sized_for(sms):
         assert_verified(SPEC, case(rows, hidden, torch.bfloat16), device)

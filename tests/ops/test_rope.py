@@ -68,9 +68,9 @@ def test_guards_take_every_model_shape_as_aligned_rows():
     pytest.param((2, 9, 2, 1, 32, 32), "contiguous", {"bcast": True}, id="small-heads-bcast"),
 ])
 def test_gpu_sized_launches_match_float64(shape, layout, flags, device):
-    """The tiles a GPU gets (spec.sized_for), verified under the interpreter: programs of
+    """The tiles a GPU gets (launch.sized_for), verified under the interpreter: programs of
     several tokens, q's head steps then k's, a k step with masked heads."""
-    from speedlight.spec import sized_for
+    from speedlight.launch import sized_for
 
     with sized_for(132):
         for dtype in (torch.bfloat16, torch.float32):
@@ -370,7 +370,7 @@ def test_out_of_range_position_reads_nothing_and_gives_nan(device):
 
 
 def test_cpu_tensor_without_interpreter_says_how_to_enable_it(monkeypatch):
-    import speedlight.ops._common as common
+    import speedlight.runtime as common
     monkeypatch.setattr(common, "is_interpreted", lambda kernel: False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         speedlight.rope(*_qk("cpu"), *_cs("cpu"))
