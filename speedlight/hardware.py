@@ -38,13 +38,6 @@ class DeviceSpec:
     max_blocks_per_sm: int = 32
     sources: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def target(self) -> str:
-        """The compile target Triton and ptxas use for this SKU (sm_90a for Hopper)."""
-        major, minor = self.compute_capability
-        suffix = "a" if (major, minor) in ((9, 0), (10, 0)) else ""
-        return f"sm_{major}{minor}{suffix}"
-
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
             raise KeyError(f"{self.name} has no {dtype} peak; known: {', '.join(self.peak_flops)}")
