@@ -134,7 +134,7 @@ def peak_key(dtype: torch.dtype | str | None, *, tensor_core: bool,
 
 def known() -> str:
     """Every name --target takes, for error messages and --help."""
-    aliases = ", ".join(sorted(hardware._ALIASES))
+    aliases = ", ".join(sorted(hardware.ALIASES))
     archs = ", ".join(arch_name(10 * a.compute_capability[0] + a.compute_capability[1])
                       for a in hardware.ARCH_LIMITS.values())
     return (f"SKUs: {', '.join(hardware.DEVICES)} (aliases: {aliases}); archs: {archs}; "
