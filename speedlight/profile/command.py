@@ -95,10 +95,8 @@ def profile_workload(w, *, device, train: bool, target, warmup: int = arguments.
     device = torch.device(device)
     check_steps(warmup, steps, train)
     env = results.environment(device)
-    tgt = target
-    if tgt.roof is None:
-        raise ValueError(f"no floors on {tgt.sku.name}: {tgt.roof_note}")
-    notes = list(notes or []) + w.notes
+    tgt, why = roofline.with_roof(target)
+    notes = list(notes or []) + w.notes + ([why] if why else [])
     optimizer = torch.optim.AdamW(w.model.parameters(), lr=1e-4) if train else None
     cap = capture.capture(w.model, make_step(w, optimizer, train), device=device,
                           warmup=warmup, steps=steps, train=train,

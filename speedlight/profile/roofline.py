@@ -25,6 +25,16 @@ from speedlight.profile.costs import OpCost
 LAUNCH_S = 5e-6  # an eager kernel launch costs the host about this; shorter kernels starve the GPU
 
 
+def with_roof(tgt: target.Target) -> tuple[target.Target, str | None]:
+    """The target floors go on: `tgt`, or, for a GPU in use that has neither a datasheet
+    nor a probe measurement, the default SKU, with a note saying so."""
+    if tgt.roof is not None:
+        return tgt, None
+    default = target.resolve(target.DEFAULT_SKU)
+    return default, (f"{tgt.sku.name} has no roof here ({tgt.roof_note}); floors are "
+                     f"projected onto {default.sku.name}, the default")
+
+
 def note(tgt: target.Target, device: torch.device) -> str:
     """What the floors of a profile on `device` mean against the target."""
     source = ("ceilings measured by speedlight probe" if tgt.roof and tgt.roof.source == "measured"

@@ -1,14 +1,15 @@
 """Floors, bounds and the target's ceilings; the GPU timeline arithmetic on a made-up trace."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from speedlight import hardware
+from speedlight import hardware, target
 from speedlight.profile import capture, roofline
 from speedlight.profile.costs import OpCost
-from speedlight.target import peak_key
+from speedlight.target import Target, peak_key
 
 H200 = hardware.roof_for(hardware.DEVICES["h200"])
 
@@ -81,3 +82,15 @@ def test_cuda_kernels_correlated_to_the_enclosing_aten_op_are_found():
                            [], [], "", [], None)
     capture._join_times(SimpleNamespace(events=lambda: [parent, evt]), [rec], torch.device("cuda"))
     assert rec.times == [pytest.approx(30e-6)] and rec.kernels == [("gemm", pytest.approx(30e-6))]
+
+
+def test_a_gpu_without_a_roof_puts_its_floors_on_the_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPEEDLIGHT_CACHE", str(tmp_path))
+    odd = dataclasses.replace(hardware.DEVICES["l4"], name="Some GPU", key="some-gpu",
+                              peak_flops={}, dram_bandwidth=0.0)
+    here = Target(odd, 89, None, in_use=True, origin="the GPU in use", roof_note="none")
+    tgt, why = roofline.with_roof(here)
+    assert tgt.sku.key == target.DEFAULT_SKU and tgt.roof is not None
+    assert "Some GPU has no roof here" in why and "the default" in why
+    h100 = target.resolve("h100")
+    assert roofline.with_roof(h100) == (h100, None)
