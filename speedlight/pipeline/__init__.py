@@ -9,7 +9,8 @@ index.html and summary.md:
   2 patch.json           patch a copy with speedlight's ops (what was and was not swapped)
   3 model-check.json     the patched model against the original: logits, loss and every
                          parameter gradient, both judged against a float64 copy
-  4 verify.jsonl         every op the model uses, verified at the model's own shapes
+  4 verify.jsonl         every op the model uses, verified at the model's own shapes (and
+                         the ops of --spec files)
   5 bench.jsonl          the same cases timed against PyTorch (and torch.compile, Liger)
   6 inspect.json         the kernels of those cases compiled for the target GPU
   7 profile-after.json   profile the patched model
@@ -57,16 +58,17 @@ def prepare_out(out: str | Path) -> Path:
     return out
 
 
-def op_cases(specs, cfg, batch: int, seq: int, dtype) -> tuple[list, dict, dict]:
+def op_cases(specs, own: set[str], cfg, batch: int, seq: int,
+             dtype) -> tuple[list, dict, dict]:
     """The ops the report verifies, benches and inspects, with their cases: each op at the
-    model's own shapes (OpSpec.for_model), a --spec op without for_model on its quick
-    suite. Returns (specs, cases by op, where each op's cases come from)."""
+    model's own shapes (OpSpec.for_model); an op of a --spec file (named in `own`) without
+    for_model on its quick suite. Returns (specs, cases by op, where they come from)."""
     cases, origin = {}, {}
     for s in specs:
         if s.for_model is not None and cfg is not None:
             cases[s.name] = [c.with_(dtype=dtype) for c in s.for_model(cfg, batch, seq)]
             origin[s.name] = "the model's shapes"
-        elif s.for_model is None and "quick" in s.suites:
+        elif s.name in own and s.for_model is None and "quick" in s.suites:
             cases[s.name] = [c.with_(dtype=dtype) for c in s.cases("quick")]
             origin[s.name] = "its quick suite (the OpSpec has no for_model)"
     kept = [s for s in specs if cases.get(s.name)]
@@ -181,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         stages.skip("model_check", "check the patched model against the original", "patch failed")
 
-    specs, cases, origin = op_cases(all_specs, cfg, args.batch, args.seq, dtype)
+    own = {s.name for s in all_specs} - {s.name for s in registry.builtin_specs()}
+    specs, cases, origin = op_cases(all_specs, own, cfg, args.batch, args.seq, dtype)
     stages.manifest["cases"] = {k: [c.id for c in v] for k, v in cases.items()}
     stages.manifest["cases_from"] = origin
 
