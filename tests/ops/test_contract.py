@@ -19,7 +19,7 @@ from speedlight.spec import grad_leaves, inject_nonfinite
 from speedlight.verify.harness import LaunchCounter, poisoned_allocations, verify_case
 from tests.conftest import needs_gpu
 from tests.helpers import assert_verified
-from tests.ops.contract import SPECS, as_tuple, by_op, example, is_empty, quick_cases, tensors
+from tests.ops.contract import as_tuple, by_op, example, is_empty, quick_cases, tensors
 
 
 @pytest.mark.parametrize("spec,case", quick_cases())
