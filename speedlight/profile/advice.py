@@ -32,8 +32,13 @@ PLANNED = {
 }
 
 
-def describe(op: str) -> tuple[str, str]:
-    """(what the op does, its status: available | planned | not in this install)."""
+def describe(op: str, specs=None) -> tuple[str, str]:
+    """(what the op does, its status: available | planned | not in this install). `specs`:
+    the OpSpecs of this run (built-in and --spec files); an op among them is available,
+    a team's own op too."""
+    for spec in specs or ():
+        if spec.name == op:
+            return spec.fuses or op, "available"
     if op in registry.BUILTIN_OPS:
         return registry.builtin_spec(op).fuses, "available"
     if op in PLANNED:
@@ -132,8 +137,9 @@ def estimate(c: Chain, rows: list[dict], roof: Roof, train: bool) -> dict:
     }
 
 
-def advise(rows: list[dict], calls, roof: Roof) -> list[dict]:
-    """One entry per speedlight op with what its instances save, best first."""
+def advise(rows: list[dict], calls, roof: Roof, specs=None) -> list[dict]:
+    """One entry per speedlight op with what its instances save, best first. `specs`: the
+    OpSpecs of this run (built-in and --spec files); an op among them is available."""
     train = any(r["phase"] == "backward" for r in rows)
     grouped: dict[str, list] = {}
     for c in find_chains(rows, calls):
@@ -142,7 +148,7 @@ def advise(rows: list[dict], calls, roof: Roof) -> list[dict]:
     for op, items in grouped.items():
         est = [e for _, e in items]
         fused_kernels = len(items) * (2 if train else 1)
-        what, status = describe(op)
+        what, status = describe(op, specs)
         modules = sorted({e["module"] for e in est if e["module"] is not None})
         out.append({
             "op": op, "what": what, "pattern": items[0][0].pattern, "instances": len(items),
