@@ -94,10 +94,6 @@ class Target:
         return (f"target {self.sku.name} ({self.arch_name}, {self.sku.sm_count} SMs; {why}); "
                 f"roof: {self.roof_note}")
 
-    def peak_key(self, dtype: torch.dtype | str | None, *, tensor_core: bool,
-                 tf32: bool | None = None) -> str:
-        return peak_key(dtype, tensor_core=tensor_core, tf32=tf32)
-
     def to_json(self) -> dict:
         roof = self.roof
         return {"key": self.sku.key, "name": self.sku.name, "arch": self.arch_name,
