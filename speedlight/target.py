@@ -211,8 +211,7 @@ def _roof(sku: DeviceSpec, ceilings: hardware.Ceilings | None) -> tuple[Roof | N
                         ceilings.device_name)
         return roof, f"measured by speedlight probe ({ceilings.measured_at or 'undated'})"
     if sku.dram_bandwidth and sku.peak_flops:
-        return hardware.roof_for(sku), ("datasheet (run `speedlight probe` on the GPU for "
-                                        "measured ceilings)")
+        return hardware.roof_for(sku), "datasheet (no `speedlight probe` measurement cached)"
     return None, (f"none: no datasheet for {sku.name} and no measured ceilings (run "
                   f"`speedlight probe`, or pass --target)")
 
