@@ -35,6 +35,22 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="speedlight-results", help="folder for the JSON and HTML")
     p.add_argument("--no-html", action="store_true", help="write the JSON only")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
+    proj = p.add_argument_group("projection (a real-size step on fake tensors, no GPU needed)")
+    proj.add_argument("--project", action="store_true",
+                      help="project the step instead of running it: the model built on fake tensors "
+                           "at --size (default full), every op's floor on the target; the default "
+                           "for --size full on a machine without a GPU")
+    proj.add_argument("--recipe", default=None,
+                      help="training recipe of a projection: bf16 (default: bf16 weights and "
+                           "gradients, fp32 AdamW moments), bf16-master, bf16-pure, fp32")
+    proj.add_argument("--targets", default=None, metavar="GPU,GPU,...",
+                      help="compare the projected step across GPUs, e.g. h100-sxm,h200,b200")
+    proj.add_argument("--shard", type=int, default=None, metavar="N",
+                      help="with --targets: memory per GPU with parameters, gradients and optimizer "
+                           "state sharded over N GPUs (FSDP / ZeRO-3)")
+    proj.add_argument("--vary", action="append", default=None, metavar="FIELD=V1,V2",
+                      help="project once per value (batch, seq or a Hugging Face config field, "
+                           "e.g. seq=2048,8192 or num_key_value_heads=8,2); repeatable")
 
 
 def _slug(name: str) -> str:
@@ -63,6 +79,13 @@ def make_step(workload, optimizer, train: bool):
     return step
 
 
+def projecting(args: argparse.Namespace) -> bool:
+    """--project, or --size full (or a comparison) on a machine without a GPU, where a real-size
+    step cannot run."""
+    wants = getattr(args, "project", False) or getattr(args, "targets", None) or getattr(args, "vary", None)
+    return bool(wants or (args.size == "full" and args.device == "cpu"))
+
+
 def profile(args: argparse.Namespace) -> dict:
     """Build, capture, analyze: the profile's JSON document."""
     import torch
@@ -70,6 +93,9 @@ def profile(args: argparse.Namespace) -> dict:
     from speedlight.profile import models
     from speedlight.spec import parse_dtype
 
+    if projecting(args):
+        from speedlight.profile.project_command import projected_profile
+        return projected_profile(args)
     device = torch.device(args.device)
     train = bool(args.train)
     check_steps(args.warmup, args.steps, train)
@@ -144,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
     render.print_profile(doc, console, top=args.top)
     out = Path(args.out)
     stem = f"profile-{_slug(doc['run']['model'])}-{doc['run']['mode']}"
+    if doc["measured"]["time"] == "projected":
+        stem += "-projected"
     json_path = results.write_json(out / f"{stem}.json", doc)
     written = [str(json_path)]
     if not args.no_html:

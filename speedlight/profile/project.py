@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from dataclasses import dataclass
 from unittest import mock
 
@@ -72,8 +73,8 @@ class Recipe:
 
 RECIPES = {r.name: r for r in [
     Recipe("bf16", torch.bfloat16, torch.float32, False,
-           "bf16 parameters and gradients; AdamW's two moments in fp32, the update computed "
-           "in fp32 and rounded into the bf16 weights (12 B per parameter)"),
+           "bf16 parameters and gradients; AdamW's two moments in fp32, one fused update "
+           "kernel rounding into the bf16 weights (12 B per parameter)"),
     Recipe("bf16-master", torch.bfloat16, torch.float32, True,
            "bf16 parameters and gradients; an fp32 master copy of the weights and AdamW's "
            "moments in fp32 (mixed precision as Megatron and FSDP keep it; 16 B per parameter)"),
@@ -86,11 +87,14 @@ DEFAULT_RECIPE = "bf16"
 
 
 class Optimizer:
-    """AdamW by a recipe, over fake (or real) parameters. With fp32 moments and bf16
-    parameters torch's AdamW cannot run as is (its kernels want one dtype), so each
-    parameter's update is computed in fp32 the way a mixed-precision trainer does it:
-    gradient upcast, torch's AdamW on the fp32 weights (the master copy, or a temporary
-    upcast), and the result copied back into the bf16 weights."""
+    """AdamW by a recipe, over fake (or real) parameters. Where the moments' dtype is the
+    parameters' (bf16-pure, fp32) it is torch.optim.AdamW itself. With fp32 moments beside
+    bf16 weights torch's kernels refuse the mix, and trainers run one fused multi-tensor
+    kernel (Transformer Engine's FusedAdam, Megatron's precision-aware optimizer): the
+    step is recorded as torch's fused AdamW op over those tensors (read weights, gradients
+    and both moments once, write weights and moments once), then, with a master copy, the
+    fp32 weights copied into the bf16 ones. Fake tensors only: on real tensors torch's
+    fused kernel would refuse the mixed dtypes."""
 
     def __init__(self, params, recipe: Recipe, lr: float = 1e-4, foreach: bool | None = True):
         self.params = [p for p in params if p.requires_grad]
@@ -98,13 +102,17 @@ class Optimizer:
         self.same_dtype = recipe.states == recipe.params and not recipe.master
         if self.same_dtype:
             self.inner = torch.optim.AdamW(self.params, lr=lr, foreach=foreach)
+            for p in self.params:  # the state of a step after the first, as torch makes it
+                self.inner.state[p] = {"step": torch.tensor(0.0, dtype=torch.float32),
+                                       "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                                       "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
             self.state_tensors = lambda: [v for st in self.inner.state.values()
                                           for v in st.values() if isinstance(v, torch.Tensor)]
             return
         self.lr = lr
         self.moments = [(torch.zeros_like(p, dtype=recipe.states),
                          torch.zeros_like(p, dtype=recipe.states)) for p in self.params]
-        self.steps = [torch.tensor(0.0) for _ in self.params]
+        self.steps = [torch.zeros((), dtype=torch.float32) for _ in self.params]
         self.masters = [p.detach().to(torch.float32) for p in self.params] if recipe.master else None
 
     @property
@@ -124,21 +132,22 @@ class Optimizer:
         if self.same_dtype:
             self.inner.step()
             return
-        from torch.optim.adamw import adamw
-
-        for i, p in enumerate(self.params):
-            if p.grad is None:
-                continue
-            weight = self.masters[i] if self.masters is not None else p.detach().to(torch.float32)
-            grad = p.grad.to(torch.float32)
-            adamw([weight], [grad], [self.moments[i][0]], [self.moments[i][1]], [], [self.steps[i]],
-                  foreach=False, lr=self.lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01,
-                  amsgrad=False, maximize=False, capturable=False, differentiable=False,
-                  has_complex=False)
-            with torch.no_grad():
-                p.copy_(weight)
+        with torch.no_grad():
+            live = [i for i, p in enumerate(self.params) if p.grad is not None]
+            weights = [self.masters[i] if self.masters is not None else self.params[i] for i in live]
+            steps = [self.steps[i] for i in live]
+            torch._foreach_add_(steps, 1)
+            torch._fused_adamw_(weights, [self.params[i].grad for i in live],
+                                [self.moments[i][0] for i in live], [self.moments[i][1] for i in live],
+                                [], steps, lr=self.lr, beta1=0.9, beta2=0.999, weight_decay=0.01,
+                                eps=1e-8, amsgrad=False, maximize=False)
+            if self.masters is not None:
+                torch._foreach_copy_([self.params[i] for i in live], weights)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.same_dtype:
+            self.inner.zero_grad(set_to_none=set_to_none)
+            return
         for p in self.params:
             p.grad = None
 
@@ -205,6 +214,9 @@ class GpuDispatch(TorchFunctionMode):
                 query, key, value, dropout_p, is_causal, False, scale=scale)[0]
         if backend == "efficient":
             grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+            if key.shape[1] != query.shape[1]:  # its backward wants the query's head count
+                rep = query.shape[1] // key.shape[1]
+                key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
             mask = attn_mask
             if mask is not None and mask.dtype == torch.bool:  # as torch converts it
                 mask = torch.zeros_like(mask, dtype=query.dtype).masked_fill_(~mask, float("-inf"))
@@ -233,7 +245,9 @@ def _one_sequence_per_row():
         return
 
     def one_sequence(position_ids):
-        original(position_ids)
+        packed = original(position_ids)  # fake: always a tensor, never read
+        if packed is not None:
+            (packed[:, -1] == 0).all()  # the check's ops, as the measured run has them
         return None
 
     with mock.patch.object(masking_utils, "find_packed_sequence_indices", one_sequence):
@@ -349,3 +363,84 @@ def exact_state_bytes(model: torch.nn.Module, recipe: Recipe | None, train: bool
         out["optimizer_state"] = trainable * (2 * recipe.states.itemsize + (4 if recipe.master else 0)) + steps
     return out
 
+
+
+# ---------------------------------------------------------------------------------------
+# the projected profile document
+# ---------------------------------------------------------------------------------------
+
+MOE_NOTE = ("mixture of experts: routing depends on the data; the projection assumes uniform "
+            "routing (every expert gets tokens x top_k / experts tokens)")
+
+
+def build_workload(spec: str | None, *, batch: int, seq: int, train: bool, recipe: Recipe,
+                   dtype: torch.dtype | None, layers: int | None, seed: int,
+                   overrides: dict | None, mode):
+    """The model --model names, at its real size, on fake tensors made under `mode`."""
+    from speedlight.profile import models
+
+    dtype = recipe.params if train else (dtype or torch.bfloat16)
+    with mode:
+        w = models.build(spec, batch=batch, seq=seq, train=train, dtype=dtype,
+                         device=torch.device("cpu"), size="full", layers=layers, seed=seed,
+                         overrides=overrides)
+    return w
+
+
+def is_moe(model) -> bool:
+    cfg = getattr(model, "config", None)
+    return any(getattr(cfg, k, None) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+
+
+def analysis(pj: Projection, target: roofline.Target, top: int = 25) -> dict:
+    """The measured profile's analysis of the projected ops, their times being floors."""
+    from speedlight.profile import analyze
+
+    put_floors(pj.capture, target)
+    return analyze.analyze(pj.capture, target, top=top)
+
+
+def label_note(target: roofline.Target) -> str:
+    return (f"projected: every time is a floor on {target.spec.name}, max(FLOPs / peak, "
+            f"bytes / bandwidth) per op from its {target.roof.source} ceilings, not a step time; "
+            f"nothing was run on a GPU")
+
+
+def document(w, pj: Projection, target: roofline.Target, *, train: bool, batch: int, seq: int,
+             seed: int, top: int, notes: list[str]) -> dict:
+    """The profile document (schema.py) of a projection, labelled projected throughout,
+    with a `projection` section saying how it was made."""
+    from speedlight import results
+    from speedlight.profile import advice, schema
+    from speedlight.spec import dtype_name
+
+    result = analysis(pj, target, top=max(top, 25))
+    model_dtype = next((p.dtype for p in w.model.parameters()), torch.float32)
+    notes = list(notes) + [n for n in w.notes if "scaled down" not in n]
+    if is_moe(w.model):
+        notes.append(MOE_NOTE)
+    run = {"id": uuid.uuid4().hex[:12],
+           "model": w.name, "mode": "train" if train else "infer", "batch": batch, "seq": seq,
+           "dtype": dtype_name(model_dtype), "warmup": 0, "steps": 1, "device": "projected",
+           "seed": seed}
+    measured = {"time": "projected", "floors": "projected", "note": label_note(target)}
+    doc = schema.document(
+        environment=results.environment(torch.device("cpu")), run=run,
+        model=dict(w.config, **{"class": type(w.model).__name__}), target=target.to_json(),
+        measured=measured, analysis=result, memory=pj.capture.memory,
+        advice=advice.advise(result["rows"], pj.capture.calls, target.roof), notes=notes)
+    doc["projection"] = {
+        "label": "projected floor",
+        "dispatch": pj.dispatch,
+        "dispatch_note": DISPATCH_NOTE if pj.dispatch == "gpu" else HERE_NOTE,
+        "attention": pj.attention,
+        "recipe": ({"name": pj.recipe.name, "text": pj.recipe.text,
+                    "bytes_per_parameter": pj.recipe.bytes_per_parameter()} if pj.recipe else None),
+        "exact_bytes": exact_state_bytes(w.model, pj.recipe, train),
+        "tokens": batch * seq,
+        "tokens_per_s_at_floor": batch * seq / result["summary"]["floor_s"]
+        if result["summary"]["floor_s"] else None,
+        "moe": is_moe(w.model),
+        "seconds": round(pj.seconds, 2),
+    }
+    return doc

@@ -155,7 +155,14 @@ def uncounted(doc: dict, console: Console) -> None:
 def print_profile(doc: dict, console: Console | None = None, top: int = 15) -> None:
     console = console or Console()
     header(doc, console)
-    summary(doc, console)
+    projected = doc["measured"]["time"] == "projected"
+    if projected:
+        from speedlight.profile import project_render
+        project_render.summary(doc, console)
+        project_render.comparison(doc, console)
+        project_render.variations(doc, console)
+    else:
+        summary(doc, console)
     top_ops(doc, console, top)
     groups(doc, "by_type", "by op type", console, top)
     groups(doc, "by_class", "by module class", console, 10)

@@ -1,0 +1,68 @@
+"""`speedlight profile --project`: the real-size step projected onto one GPU or several."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def _targets(args) -> tuple[str, list[str]]:
+    from speedlight.profile import roofline
+
+    keys = [k.strip() for k in (args.targets or "").split(",") if k.strip()]
+    primary = args.target or (keys[0] if keys else roofline.DEFAULT_TARGET)
+    return primary, keys
+
+
+def projected_profile(args: argparse.Namespace) -> dict:
+    """Build on fake tensors, record the step, analyze it on the target; with --targets and
+    --vary the comparisons ride along in the same document."""
+    from speedlight.profile import compare, project, roofline
+    from speedlight.spec import parse_dtype
+
+    train = bool(args.train)
+    recipe_name = getattr(args, "recipe", None) or project.DEFAULT_RECIPE
+    if recipe_name not in project.RECIPES:
+        raise ValueError(f"--recipe {recipe_name!r}: expected one of {', '.join(project.RECIPES)}")
+    recipe = project.RECIPES[recipe_name]
+    if getattr(args, "shard", None) is not None and args.shard < 1:
+        raise ValueError(f"--shard must be at least 1, got {args.shard}")
+    sweeps = compare.parse_vary(getattr(args, "vary", None))
+    primary, keys = _targets(args)
+    target = roofline.resolve(primary, torch.device("cpu"))
+    for k in keys:
+        roofline.resolve(k, torch.device("cpu"))  # an unknown GPU fails before any work
+    dtype = parse_dtype(args.dtype) if args.dtype else None
+    notes = []
+    if args.size == "small":
+        notes.append("--size small projected: the scaled-down model, on fake tensors")
+    mode = project.fake_mode()
+    w = project.build_workload(args.model, batch=args.batch, seq=args.seq, train=train,
+                               recipe=recipe, dtype=dtype, layers=args.layers, seed=args.seed,
+                               overrides=None, mode=mode) if args.size != "small" else \
+        _small(args, train, recipe, dtype, mode)
+    pj = project.project_step(w, train=train, recipe=recipe,
+                              capability=target.spec.compute_capability, mode=mode)
+    if train:
+        notes.append(f"recipe {recipe.name}: {recipe.text}")
+    doc = project.document(w, pj, target, train=train, batch=args.batch, seq=args.seq,
+                           seed=args.seed, top=args.top, notes=notes)
+    if keys or getattr(args, "shard", None):
+        doc["comparison"] = compare.per_target(pj, w.model, keys or [primary], shard=args.shard,
+                                               train=train, tokens=args.batch * args.seq)
+    if sweeps:
+        doc["variations"] = compare.vary(
+            args.model, sweeps, base={"batch": args.batch, "seq": args.seq}, target=target,
+            train=train, recipe=recipe, dtype=dtype, layers=args.layers, seed=args.seed)
+    return doc
+
+
+def _small(args, train, recipe, dtype, mode):
+    from speedlight.profile import models
+
+    with mode:
+        return models.build(args.model, batch=args.batch, seq=args.seq, train=train,
+                            dtype=recipe.params if train else (dtype or torch.bfloat16),
+                            device=torch.device("cpu"), size="small", layers=args.layers,
+                            seed=args.seed)
