@@ -13,8 +13,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="default: a small Llama-style model (random weights, no download); a name "
                         "from speedlight.shapes.MODELS (llama-3-8b, gemma-2-9b, ...); a Hugging "
                         "Face config.json; or module:callable returning (model, inputs[, loss_fn])")
-    p.add_argument("--batch", type=int, default=2, help="sequences per step (default 2)")
-    p.add_argument("--seq", type=int, default=128, help="tokens per sequence (default 128)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="sequences per step (default 2; projected: 1)")
+    p.add_argument("--seq", type=int, default=None,
+                   help="tokens per sequence (default 128; projected: 4096)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--train", action="store_true",
                       help="forward + backward + AdamW step (default: --infer, forward only)")
@@ -95,7 +97,9 @@ def profile(args: argparse.Namespace) -> dict:
 
     if projecting(args):
         from speedlight.profile.project_command import projected_profile
+        args.batch, args.seq = args.batch or 1, args.seq or 4096
         return projected_profile(args)
+    args.batch, args.seq = args.batch or 2, args.seq or 128
     device = torch.device(args.device)
     train = bool(args.train)
     check_steps(args.warmup, args.steps, train)
