@@ -88,6 +88,13 @@ def projecting(args: argparse.Namespace) -> bool:
     return bool(wants or (args.size == "full" and args.device == "cpu"))
 
 
+def _default_size(args: argparse.Namespace, *, batch: int, seq: int) -> None:
+    args.batch = batch if args.batch is None else args.batch
+    args.seq = seq if args.seq is None else args.seq
+    if args.batch < 1 or args.seq < 1:
+        raise ValueError(f"--batch and --seq must be at least 1, got {args.batch} and {args.seq}")
+
+
 def profile(args: argparse.Namespace) -> dict:
     """Build, capture, analyze: the profile's JSON document."""
     import torch
@@ -97,9 +104,9 @@ def profile(args: argparse.Namespace) -> dict:
 
     if projecting(args):
         from speedlight.profile.project_command import projected_profile
-        args.batch, args.seq = args.batch or 1, args.seq or 4096
+        _default_size(args, batch=1, seq=4096)
         return projected_profile(args)
-    args.batch, args.seq = args.batch or 2, args.seq or 128
+    _default_size(args, batch=2, seq=128)
     device = torch.device(args.device)
     train = bool(args.train)
     check_steps(args.warmup, args.steps, train)

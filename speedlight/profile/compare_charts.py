@@ -56,15 +56,21 @@ def variations_svg(doc: dict) -> str:
     v = doc["variations"]
     fields = v["fields"]
     fig, axes = plt.subplots(1, len(fields), figsize=(5.5 * len(fields), 4), squeeze=False)
-    families = sorted({k for r in v["rows"] for k in r["split_s"]},
-                      key=lambda k: -sum(r["split_s"].get(k, 0.0) for r in v["rows"]))
-    colors = {f: _FAMILY_COLORS[i % len(_FAMILY_COLORS)] for i, f in enumerate(families)}
+    ranked = sorted({k for r in v["rows"] for k in r["split_s"]},
+                    key=lambda k: -sum(r["split_s"].get(k, 0.0) for r in v["rows"]))
+    families = ranked[:len(_FAMILY_COLORS) - 1]
+    colors = {f: _FAMILY_COLORS[i] for i, f in enumerate(families)}
+    if len(ranked) > len(families):  # the small families as one bar segment
+        families.append("other")
+        colors["other"] = _FAMILY_COLORS[-1]
+    split = {id(r): dict(r["split_s"], other=sum(t for k, t in r["split_s"].items() if k not in families))
+             for r in v["rows"]}
     for ax, field in zip(axes[0], fields):
         rows = [r for r in v["rows"] if r["field"] == field]
         labels = [str(r["value"]) for r in rows]
         bottom = [0.0] * len(rows)
         for fam in families:
-            vals = [1e3 * r["split_s"].get(fam, 0.0) for r in rows]
+            vals = [1e3 * split[id(r)].get(fam, 0.0) for r in rows]
             if any(vals):
                 ax.bar(labels, vals, bottom=bottom, color=colors[fam], label=fam)
                 bottom = [a + b for a, b in zip(bottom, vals)]
@@ -74,7 +80,7 @@ def variations_svg(doc: dict) -> str:
         mem.plot(labels, [r["peak_bytes"] / 2 ** 30 for r in rows], "o-", color="#e63946", label="peak memory")
         mem.set_ylabel("peak memory (GiB)", color="#e63946")
         mem.set_ylim(bottom=0)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=6, loc="upper left", ncol=2)
         ax.set_title(f"{field}: floor by op family, and peak memory", fontsize=9)
     fig.suptitle(v["label"], fontsize=9)
     fig.tight_layout()

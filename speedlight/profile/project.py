@@ -323,7 +323,7 @@ def project_step(workload, *, train: bool, recipe: Recipe | None, capability=(9,
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                 else:
-                    with torch.no_grad():
+                    with torch.inference_mode():  # as the measured profile runs inference
                         recorder.phase = "forward"
                         workload.call()
                 memory.stop()

@@ -157,3 +157,23 @@ def test_sdpa_backend_follows_torch_rules():
     odd = torch.empty(1, 8, 16, 7, dtype=torch.float32, device="meta")
     assert project.sdpa_backend(odd, odd, odd, None, 0.0, True, (9, 0))[0] == "math"
     assert shapes.MODELS  # the configurations the projection builds from
+
+
+def test_command_writes_a_labelled_projection_with_its_comparisons(tmp_path):
+    from speedlight import cli
+    from speedlight.profile import schema
+
+    code = cli.main(["profile", "--model", "llama-3-8b", "--size", "full", "--layers", "1",
+                     "--seq", "64", "--train", "--targets", "h100-sxm,h200,b200", "--shard", "4",
+                     "--vary", "seq=32,64", "--top", "3", "--out", str(tmp_path)])
+    assert code == 0
+    stem = tmp_path / "profile-llama-3-8b-train-projected"
+    doc = __import__("json").loads(stem.with_suffix(".json").read_text())
+    assert schema.check(doc) == []
+    assert doc["measured"]["time"] == "projected" and "not a step time" in doc["measured"]["note"]
+    assert doc["projection"]["label"] == "projected floor"
+    assert doc["summary"]["step_time_s"] is None  # nothing ran: no step time to report
+    assert [r["target"] for r in doc["comparison"]["rows"]] == ["h100-sxm", "h200", "b200"]
+    assert [r["value"] for r in doc["variations"]["rows"]] == [32, 64]
+    page = stem.with_suffix(".html").read_text()
+    assert "projected floor" in page and page.count("<svg") >= 4
