@@ -50,6 +50,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     proj.add_argument("--shard", type=int, default=None, metavar="N",
                       help="with --targets: memory per GPU with parameters, gradients and optimizer "
                            "state sharded over N GPUs (FSDP / ZeRO-3)")
+    proj.add_argument("--no-patch", action="store_true",
+                      help="skip the second projection with speedlight's ops patched in")
     proj.add_argument("--vary", action="append", default=None, metavar="FIELD=V1,V2",
                       help="project once per value (batch, seq or a Hugging Face config field, "
                            "e.g. seq=2048,8192 or num_key_value_heads=8,2); repeatable")

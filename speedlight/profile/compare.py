@@ -44,9 +44,26 @@ def sharded_bytes(memory: dict, n: int, layer_bytes: int, train: bool) -> int:
     return memory["peak_bytes"] - state + state // n + gathered
 
 
+def with_speedlight(pj: project.Projection, patched: project.Projection,
+                    target: roofline.Target, report: str) -> dict:
+    """The same step with speedlight's ops patched in, on the primary target."""
+    before = project.analysis(pj, target, top=1)["summary"]
+    after = project.analysis(patched, target, top=1)
+    s = after["summary"]
+    return {"patch": report, "floor_s": s["floor_s"], "floor_with_launch_s": s["floor_with_launch_s"],
+            "ops": s["ops"], "kernel_ops": s["launch"]["kernel_ops"],
+            "peak_bytes": patched.capture.memory["peak_bytes"],
+            "activations_bytes": patched.capture.memory["activations_bytes"],
+            "saved_s": before["floor_s"] - s["floor_s"],
+            "saved_with_launch_s": before["floor_with_launch_s"] - s["floor_with_launch_s"],
+            "saved_bytes": pj.capture.memory["peak_bytes"] - patched.capture.memory["peak_bytes"],
+            "by_type": [{k: g[k] for k in ("key", "calls", "floor_s", "bound")} for g in after["by_type"][:12]],
+            "label": f"projected floors on {target.spec.name} with speedlight's ops patched in"}
+
+
 def per_target(pj: project.Projection, model, keys: list[str], *, shard: int | None,
-               train: bool, tokens: int) -> dict:
-    """One row per GPU of the same projected step."""
+               train: bool, tokens: int, patched: project.Projection | None = None) -> dict:
+    """One row per GPU of the same projected step (and of it patched with speedlight's ops)."""
     if shard is not None and shard < 1:
         raise ValueError(f"--shard must be at least 1, got {shard}")
     layer, layer_bytes = largest_layer_bytes(model)
@@ -67,6 +84,11 @@ def per_target(pj: project.Projection, model, keys: list[str], *, shard: int | N
                "tokens_per_s": tokens / s["floor_s"] if s["floor_s"] else None,
                "floor_by_bound_s": dict(by_bound), "memory_bytes": capacity,
                "peak_bytes": mem["peak_bytes"], "fits": mem["peak_bytes"] <= capacity}
+        if patched is not None:
+            ps = project.analysis(patched, tgt, top=1)["summary"]
+            row.update(patched_floor_s=ps["floor_s"],
+                       patched_tokens_per_s=tokens / ps["floor_s"] if ps["floor_s"] else None,
+                       patched_peak_bytes=patched.capture.memory["peak_bytes"])
         if shard:
             per_gpu = sharded_bytes(mem, shard, layer_bytes, train)
             row.update(shard=shard, sharded_peak_bytes=per_gpu, sharded_fits=per_gpu <= capacity)

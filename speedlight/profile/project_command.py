@@ -48,9 +48,15 @@ def projected_profile(args: argparse.Namespace) -> dict:
         notes.append(f"recipe {recipe.name}: {recipe.text}")
     doc = project.document(w, pj, target, train=train, batch=args.batch, seq=args.seq,
                            seed=args.seed, top=args.top, notes=notes)
+    patched = None
+    if not getattr(args, "no_patch", False):
+        patched = _patched(args, train, recipe, dtype, target)
+        if patched is not None:
+            doc["with_speedlight"] = compare.with_speedlight(pj, patched[1], target, patched[0])
     if keys or getattr(args, "shard", None):
         doc["comparison"] = compare.per_target(pj, w.model, keys or [primary], shard=args.shard,
-                                               train=train, tokens=args.batch * args.seq)
+                                               train=train, tokens=args.batch * args.seq,
+                                               patched=patched[1] if patched else None)
     if sweeps:
         doc["variations"] = compare.vary(
             args.model, sweeps, base={"batch": args.batch, "seq": args.seq}, target=target,
@@ -66,3 +72,31 @@ def _small(args, train, recipe, dtype, mode):
                             dtype=recipe.params if train else (dtype or torch.bfloat16),
                             device=torch.device("cpu"), size="small", layers=args.layers,
                             seed=args.seed)
+
+
+def _patched(args, train, recipe, dtype, target):
+    """(patch report text, projection) of the same model with speedlight's ops swapped in,
+    or None for a model speedlight.patch does not know."""
+    import warnings
+
+    from speedlight.profile import project
+
+    mode = project.fake_mode()
+    w = project.build_workload(args.model, batch=args.batch, seq=args.seq, train=train,
+                               recipe=recipe, dtype=dtype, layers=args.layers, seed=args.seed,
+                               overrides=None, mode=mode) if args.size != "small" else \
+        _small(args, train, recipe, dtype, mode)
+    try:
+        from speedlight.patching import patch
+    except ImportError:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            report = patch(w.model)
+        except (TypeError, ValueError):  # not a model speedlight.patch knows
+            return None
+    if not report.patched:
+        return None
+    return str(report), project.project_step(w, train=train, recipe=recipe,
+                                             capability=target.spec.compute_capability, mode=mode)

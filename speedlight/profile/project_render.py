@@ -27,6 +27,11 @@ def summary(doc: dict, console) -> None:
         t.add_row("attention", f"{a['backend']} x{a['calls']}", a["why"])
     if pj.get("recipe"):
         t.add_row("recipe", pj["recipe"]["name"], pj["recipe"]["text"])
+    ws = doc.get("with_speedlight")
+    if ws:
+        t.add_row("with speedlight's ops", fmt.seconds(ws["floor_s"]),
+                  f"the model patched and projected again: {fmt.seconds(ws['saved_s'])} of floor and "
+                  f"{fmt.nbytes(ws['saved_bytes'])} of peak memory saved, {ws['kernel_ops']} kernel ops")
     t.add_row("projected in", fmt.seconds(pj["seconds"]), "wall time of the fake step on this machine")
     console.print(t)
 
@@ -36,11 +41,14 @@ def comparison(doc: dict, console) -> None:
     if not c:
         return
     shard = c.get("shard")
+    patched = any("patched_floor_s" in r for r in c["rows"])
     cols = ["GPU", "floor", "tokens/s", "compute", "memory", "launch", "peak memory", "fits"]
     if shard:
-        cols += [f"per GPU, {shard}-way sharded", "fits"]
+        cols += [f"per GPU, {shard}-way sharded", "fits "]
+    if patched:
+        cols += ["with speedlight", "tokens/s "]
     t = _table(f"the same step on each GPU ({c['label']})", *cols,
-               right=tuple(cols[1:7]) + ((cols[8],) if shard else ()))
+               right=tuple(cols[1:7]) + (f"per GPU, {shard}-way sharded", "with speedlight", "tokens/s "))
     for r in c["rows"]:
         b = r["floor_by_bound_s"]
         cells = [r["target"], fmt.seconds(r["floor_s"]),
@@ -51,6 +59,9 @@ def comparison(doc: dict, console) -> None:
                  "yes" if r["fits"] else "[red]no[/]"]
         if shard:
             cells += [fmt.nbytes(r["sharded_peak_bytes"]), "yes" if r["sharded_fits"] else "[red]no[/]"]
+        if patched:
+            cells += [fmt.seconds(r.get("patched_floor_s")),
+                      f"{r['patched_tokens_per_s']:,.0f}" if r.get("patched_tokens_per_s") else "-"]
         t.add_row(*cells)
     console.print(t)
     if shard:
