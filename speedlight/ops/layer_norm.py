@@ -60,8 +60,9 @@ def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Ten
     x2 = rows_view(x, n_cols)
     y2 = y.view(-1, n_cols)
     # placeholder pointers for the inputs a constexpr switches off
-    args = (x2, weight if weight is not None else x2, bias if bias is not None else x2,
-            y2, mean, rstd)
+    # the kernels step weight and bias by 1
+    args = (x2, weight.contiguous() if weight is not None else x2,
+            bias.contiguous() if bias is not None else x2, y2, mean, rstd)
     strides = (x2.stride(0), x2.stride(1), y2.stride(0))
     switches = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
     if n_cols <= MAX_FUSED_N:
@@ -94,7 +95,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     x2 = rows_view(x, n_cols)
     dy2 = rows_view(dy, n_cols)
     dx2 = dx.view(-1, n_cols)
-    w = weight if has_weight else x2
+    w = weight.contiguous() if has_weight else x2  # the kernels step w by 1
     fused = n_cols <= MAX_FUSED_N
     if fused:
         block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)

@@ -66,7 +66,7 @@ def norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     # placeholder pointers for the inputs a constexpr switches off
     r2 = rows_view(residual, n_cols) if residual is not None else x2
     h2 = h.view(-1, n_cols) if h is not None else y2
-    w = weight if weight is not None else x2
+    w = weight.contiguous() if weight is not None else x2  # the kernels step w by 1
     args = (x2, r2, w, y2, h2, rstd)
     strides = (x2.stride(0), x2.stride(1), r2.stride(0), r2.stride(1), y2.stride(0))
     switches = dict(HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None)
@@ -106,7 +106,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     dy2 = rows_view(dy, n_cols)
     dh2 = rows_view(dh, n_cols) if dh is not None else dy2  # placeholder when HAS_DH=False
     dx2 = dx.view(-1, n_cols)
-    w = weight if has_weight else x2
+    w = weight.contiguous() if has_weight else x2  # the kernels step w by 1
     fused = n_cols <= MAX_FUSED_N
     if fused:
         block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
@@ -216,6 +216,9 @@ def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -
         check_same_device(x=x, weight=weight)
     elif offset:
         raise ValueError(f"offset={offset} scales a weight, but weight is None")
+    if not isinstance(offset, (int, float)) or isinstance(offset, bool):
+        raise TypeError(f"offset must be a number (1.0 for Gemma's (1 + w) form), "
+                        f"got {offset!r}")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
 

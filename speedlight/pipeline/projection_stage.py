@@ -28,7 +28,7 @@ def project_family(name: str, *, train: bool, target: str | None, targets: str =
     from speedlight.profile.project_command import projected_profile
 
     args = argparse.Namespace(model=name, batch=1, seq=TOKENS, train=train, infer=not train,
-                              target=target, dtype=None, size="full", layers=None, seed=0,
+                              target=target, sku=None, dtype=None, size="full", layers=None, seed=0,
                               top=15, recipe=None, targets=targets, shard=None, vary=None,
                               device="cpu", project=True)
     return projected_profile(args)

@@ -15,7 +15,8 @@ from collections import defaultdict
 
 import torch
 
-from speedlight.profile import project, roofline
+from speedlight import target as target_mod
+from speedlight.profile import project
 
 STATE = ("parameters", "gradients", "optimizer_state")
 SHARD_NOTE = ("FSDP / ZeRO-3 per GPU = (parameters + gradients + optimizer state at the peak) / N "
@@ -45,7 +46,7 @@ def sharded_bytes(memory: dict, n: int, layer_bytes: int, train: bool) -> int:
 
 
 def with_speedlight(pj: project.Projection, patched: project.Projection,
-                    target: roofline.Target, report: str) -> dict:
+                    target: target_mod.Target, report: str) -> dict:
     """The same step with speedlight's ops patched in, on the primary target."""
     before = project.analysis(pj, target, top=1)["summary"]
     after = project.analysis(patched, target, top=1)
@@ -58,7 +59,7 @@ def with_speedlight(pj: project.Projection, patched: project.Projection,
             "saved_with_launch_s": before["floor_with_launch_s"] - s["floor_with_launch_s"],
             "saved_bytes": pj.capture.memory["peak_bytes"] - patched.capture.memory["peak_bytes"],
             "by_type": [{k: g[k] for k in ("key", "calls", "floor_s", "bound")} for g in after["by_type"][:12]],
-            "label": f"projected floors on {target.spec.name} with speedlight's ops patched in"}
+            "label": f"projected floors on {target.sku.name} with speedlight's ops patched in"}
 
 
 def per_target(pj: project.Projection, model, keys: list[str], *, shard: int | None,
@@ -70,15 +71,15 @@ def per_target(pj: project.Projection, model, keys: list[str], *, shard: int | N
     rows = []
     mem = pj.capture.memory
     for key in keys:
-        tgt = roofline.resolve(key, torch.device("cpu"))
+        tgt = target_mod.resolve(key)
         result = project.analysis(pj, tgt, top=1)
         s = result["summary"]
         by_bound: dict[str, float] = defaultdict(float)
         for r in result["rows"]:
             if r["floor_s"]:
                 by_bound[r["bound"]] += r["floor_s"]
-        capacity = tgt.spec.memory_bytes
-        row = {"target": tgt.spec.key, "name": tgt.spec.name, "roof_source": tgt.roof.source,
+        capacity = tgt.sku.memory_bytes
+        row = {"target": tgt.sku.key, "name": tgt.sku.name, "roof_source": tgt.roof.source,
                "bandwidth": tgt.roof.bandwidth, "peak_flops": dict(tgt.roof.flops),
                "floor_s": s["floor_s"], "floor_with_launch_s": s["floor_with_launch_s"],
                "tokens_per_s": tokens / s["floor_s"] if s["floor_s"] else None,
@@ -136,7 +137,7 @@ def family_split(rows: list[dict]) -> dict[str, float]:
     return dict(split)
 
 
-def vary(spec: str | None, sweeps: list[tuple[str, list]], *, base: dict, target: roofline.Target,
+def vary(spec: str | None, sweeps: list[tuple[str, list]], *, base: dict, target: target_mod.Target,
          train: bool, recipe: project.Recipe, dtype, layers, seed: int, progress=None) -> dict:
     """Project the step once per value of each swept field, the others at their base."""
     lines = []
@@ -153,7 +154,7 @@ def vary(spec: str | None, sweeps: list[tuple[str, list]], *, base: dict, target
                                        recipe=recipe, dtype=dtype, layers=layers, seed=seed,
                                        overrides=overrides, mode=mode)
             pj = project.project_step(w, train=train, recipe=recipe,
-                                      capability=target.spec.compute_capability, mode=mode)
+                                      capability=target.compute_capability, mode=mode)
             result = project.analysis(pj, target, top=1)
             s = result["summary"]
             tokens = run["batch"] * run["seq"]
@@ -163,8 +164,8 @@ def vary(spec: str | None, sweeps: list[tuple[str, list]], *, base: dict, target
                           "tokens_per_s": tokens / s["floor_s"] if s["floor_s"] else None,
                           "flops": s["flops"], "split_s": family_split(result["rows"]),
                           "peak_bytes": pj.capture.memory["peak_bytes"],
-                          "fits": pj.capture.memory["peak_bytes"] <= target.spec.memory_bytes})
+                          "fits": pj.capture.memory["peak_bytes"] <= target.sku.memory_bytes})
             if progress:
                 progress(lines[-1])
-    return {"target": target.spec.key, "base": base, "fields": [f for f, _ in sweeps],
-            "rows": lines, "label": f"projected floors on {target.spec.name}, one field at a time"}
+    return {"target": target.sku.key, "base": base, "fields": [f for f, _ in sweeps],
+            "rows": lines, "label": f"projected floors on {target.sku.name}, one field at a time"}

@@ -38,6 +38,7 @@ from unittest import mock
 import torch
 from torch.overrides import TorchFunctionMode
 
+from speedlight import target as target_mod
 from speedlight.profile import roofline
 from speedlight.profile.capture import Capture, Recorder
 from speedlight.profile.memory import LiveMemory
@@ -338,7 +339,7 @@ def project_step(workload, *, train: bool, recipe: Recipe | None, capability=(9,
     return Projection(cap, dispatch, choices, recipe if train else None, seconds)
 
 
-def put_floors(cap: Capture, target: roofline.Target) -> None:
+def put_floors(cap: Capture, target: target_mod.Target) -> None:
     """Each op's time is its floor on the target (what every aggregate then sums)."""
     from speedlight.profile.analyze import op_dtype
 
@@ -346,7 +347,7 @@ def put_floors(cap: Capture, target: roofline.Target) -> None:
         if rec.cost is None:
             rec.times = [0.0]
             continue
-        key = roofline.peak_key(rec.cost, op_dtype(rec))
+        key = target_mod.peak_key(op_dtype(rec), tensor_core=rec.cost.tensor_core)
         rec.times = [roofline.floor_seconds(rec.cost, key, target.roof)]
 
 
@@ -392,7 +393,7 @@ def is_moe(model) -> bool:
     return any(getattr(cfg, k, None) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
 
 
-def analysis(pj: Projection, target: roofline.Target, top: int = 25) -> dict:
+def analysis(pj: Projection, target: target_mod.Target, top: int = 25) -> dict:
     """The measured profile's analysis of the projected ops, their times being floors."""
     from speedlight.profile import analyze
 
@@ -400,13 +401,13 @@ def analysis(pj: Projection, target: roofline.Target, top: int = 25) -> dict:
     return analyze.analyze(pj.capture, target, top=top)
 
 
-def label_note(target: roofline.Target) -> str:
-    return (f"projected: every time is a floor on {target.spec.name}, max(FLOPs / peak, "
+def label_note(target: target_mod.Target) -> str:
+    return (f"projected: every time is a floor on {target.sku.name}, max(FLOPs / peak, "
             f"bytes / bandwidth) per op from its {target.roof.source} ceilings, not a step time; "
             f"nothing was run on a GPU")
 
 
-def document(w, pj: Projection, target: roofline.Target, *, train: bool, batch: int, seq: int,
+def document(w, pj: Projection, target: target_mod.Target, *, train: bool, batch: int, seq: int,
              seed: int, top: int, notes: list[str]) -> dict:
     """The profile document (schema.py) of a projection, labelled projected throughout,
     with a `projection` section saying how it was made."""
@@ -426,7 +427,8 @@ def document(w, pj: Projection, target: roofline.Target, *, train: bool, batch: 
     measured = {"time": "projected", "floors": "projected", "note": label_note(target)}
     doc = schema.document(
         environment=results.environment(torch.device("cpu")), run=run,
-        model=dict(w.config, **{"class": type(w.model).__name__}), target=target.to_json(),
+        model=dict(w.config, **{"class": type(w.model).__name__}),
+        target=dict(target.to_json(), launch_s=roofline.LAUNCH_S),
         measured=measured, analysis=result, memory=pj.capture.memory,
         advice=advice.advise(result["rows"], pj.capture.calls, target.roof), notes=notes)
     doc["projection"] = {

@@ -7,17 +7,11 @@ import argparse
 import torch
 
 
-def _targets(args) -> tuple[str, list[str]]:
-    from speedlight.profile import roofline
-
-    keys = [k.strip() for k in (args.targets or "").split(",") if k.strip()]
-    primary = args.target or (keys[0] if keys else roofline.DEFAULT_TARGET)
-    return primary, keys
-
-
-def projected_profile(args: argparse.Namespace) -> dict:
-    """Build on fake tensors, record the step, analyze it on the target; with --targets and
-    --vary the comparisons ride along in the same document."""
+def projected_profile(args: argparse.Namespace, tgt=None) -> dict:
+    """Build on fake tensors, record the step, analyze it on the target (`tgt`, the resolved
+    --target; without one, the first of --targets); with --targets and --vary the
+    comparisons ride along in the same document."""
+    from speedlight import target as target_mod
     from speedlight.profile import compare, project, roofline
     from speedlight.spec import parse_dtype
 
@@ -29,10 +23,13 @@ def projected_profile(args: argparse.Namespace) -> dict:
     if getattr(args, "shard", None) is not None and args.shard < 1:
         raise ValueError(f"--shard must be at least 1, got {args.shard}")
     sweeps = compare.parse_vary(getattr(args, "vary", None))
-    primary, keys = _targets(args)
-    target = roofline.resolve(primary, torch.device("cpu"))
+    keys = [k.strip() for k in (getattr(args, "targets", None) or "").split(",") if k.strip()]
     for k in keys:
-        roofline.resolve(k, torch.device("cpu"))  # an unknown GPU fails before any work
+        target_mod.resolve(k)  # an unknown GPU fails before any work
+    if tgt is None or (args.target is None and getattr(args, "sku", None) is None and keys):
+        tgt = target_mod.resolve(args.target or (keys[0] if keys else None))
+    target, why = roofline.with_roof(tgt)
+    primary = target.sku.key
     dtype = parse_dtype(args.dtype) if args.dtype else None
     notes = []
     if args.size == "small":
@@ -43,9 +40,11 @@ def projected_profile(args: argparse.Namespace) -> dict:
                                overrides=None, mode=mode) if args.size != "small" else \
         _small(args, train, recipe, dtype, mode)
     pj = project.project_step(w, train=train, recipe=recipe,
-                              capability=target.spec.compute_capability, mode=mode)
+                              capability=target.compute_capability, mode=mode)
     if train:
         notes.append(f"recipe {recipe.name}: {recipe.text}")
+    if why:
+        notes.append(why)
     doc = project.document(w, pj, target, train=train, batch=args.batch, seq=args.seq,
                            seed=args.seed, top=args.top, notes=notes)
     patched = None
@@ -99,4 +98,4 @@ def _patched(args, train, recipe, dtype, target):
     if not report.patched:
         return None
     return str(report), project.project_step(w, train=train, recipe=recipe,
-                                             capability=target.spec.compute_capability, mode=mode)
+                                             capability=target.compute_capability, mode=mode)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils import flop_counter
 
-from speedlight import shapes
-from speedlight.profile import capture, compare, models, project, roofline
+from speedlight import shapes, target
+from speedlight.profile import capture, compare, models, project
 from speedlight.profile.command import make_step
 
 transformers = pytest.importorskip("transformers")
@@ -130,7 +130,7 @@ def test_targets_and_shard_arithmetic():
 
 
 def test_vary_moves_the_floor_and_the_memory():
-    tgt = roofline.resolve("h100-sxm", torch.device("cpu"))
+    tgt = target.resolve("h100-sxm")
     v = compare.vary("llama-3-8b", compare.parse_vary(["seq=64,128", "num_key_value_heads=8,2"]),
                      base={"batch": 1, "seq": 64}, target=tgt, train=True, recipe=BF16,
                      dtype=None, layers=1, seed=0)
