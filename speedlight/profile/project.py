@@ -371,7 +371,9 @@ def exact_state_bytes(model: torch.nn.Module, recipe: Recipe | None, train: bool
 # ---------------------------------------------------------------------------------------
 
 MOE_NOTE = ("mixture of experts: routing depends on the data; the projection assumes uniform "
-            "routing (every expert gets tokens x top_k / experts tokens)")
+            "routing (every expert gets tokens x top_k / experts tokens, so every expert's "
+            "weights are read); the experts' grouped-matmul FLOPs do not depend on the routing, "
+            "and load imbalance is not modelled")
 
 
 def build_workload(spec: str | None, *, batch: int, seq: int, train: bool, recipe: Recipe,

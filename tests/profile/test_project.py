@@ -180,3 +180,23 @@ def test_command_writes_a_labelled_projection_with_its_comparisons(tmp_path):
     assert all(0 < r["patched_floor_s"] < r["floor_s"] for r in doc["comparison"]["rows"])
     page = stem.with_suffix(".html").read_text()
     assert "projected floor" in page and page.count("<svg") >= 4
+
+
+def test_mixture_of_experts_projects_with_uniform_routing_stated(tmp_path):
+    import json
+
+    cfg = {"model_type": "mixtral", "hidden_size": 256, "intermediate_size": 512,
+           "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 64, "vocab_size": 1024, "num_local_experts": 8, "num_experts_per_tok": 2}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    seq = 128
+    w, mode = _fake(str(path), seq=seq, layers=None)
+    pj = project.project_step(w, train=True, recipe=BF16, mode=mode)
+    assert [r.op for r in pj.capture.ops if r.cost is None] == []
+    experts = sum(r.cost.flops for r in pj.capture.ops if r.name == "_grouped_mm")
+    per_token = cfg["num_experts_per_tok"] * 3 * cfg["hidden_size"] * cfg["intermediate_size"]
+    assert experts == 6 * per_token * seq  # whatever the routing: rows x one expert's matrices
+    doc = project.document(w, pj, target.resolve("h200"), train=True, batch=1, seq=seq, seed=0,
+                           top=5, notes=[])
+    assert doc["projection"]["moe"] and any("uniform routing" in n for n in doc["notes"])
