@@ -230,7 +230,8 @@ def _from_callable(spec: str, train: bool, dtype: torch.dtype, device: torch.dev
                          f"{type(got).__name__}")
     model, inputs = got[0], got[1]
     loss_fn = got[2] if len(got) == 3 else default_loss
-    model = model.to(device)
+    if not all(p.device == device for p in model.parameters()):  # (fake tensors cannot move)
+        model = model.to(device)
     inputs = _to_device(inputs, device)
     params = sum(p.numel() for p in model.parameters())
     return Workload(attr, model, inputs, loss_fn,
@@ -239,7 +240,7 @@ def _from_callable(spec: str, train: bool, dtype: torch.dtype, device: torch.dev
 
 def _to_device(x, device):
     if isinstance(x, torch.Tensor):
-        return x.to(device)
+        return x if x.device == device else x.to(device)
     if isinstance(x, dict):
         return {k: _to_device(v, device) for k, v in x.items()}
     if isinstance(x, (tuple, list)):
