@@ -6,8 +6,6 @@ input dtype; y has x's dtype, dw has w's dtype.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 
@@ -31,6 +29,7 @@ from speedlight.ops._common import (
     skip_huge_on_cpu,
     warps_for_tile,
 )
+from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
@@ -144,49 +143,17 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     return dx, dw
 
 
-# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+# --- registration: custom ops, fakes and autograd -----------------------------------------
 
-@torch.library.custom_op("speedlight::rms_norm_fwd", mutates_args=())
-def _rms_norm_fwd_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
-                     offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return rms_norm_fwd(x, weight, eps, offset)
-
-
-@_rms_norm_fwd_op.register_fake
-def _(x, weight, eps, offset):
-    n_cols = x.shape[-1]
-    n_rows = x.numel() // n_cols if n_cols else 0
-    return x.new_empty(x.shape), x.new_empty((n_rows,), dtype=torch.float32)
-
-
-@torch.library.custom_op("speedlight::rms_norm_bwd", mutates_args=())
-def _rms_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
-                     rstd: torch.Tensor, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    dx, dw = rms_norm_bwd(dy, x, weight, rstd, offset)
-    return dx, (dw if dw is not None else x.new_empty((0,)))
-
-
-@_rms_norm_bwd_op.register_fake
-def _(dy, x, weight, rstd, offset):
-    return x.new_empty(x.shape), (torch.empty_like(weight) if weight is not None
-                                  else x.new_empty((0,)))
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, eps, offset = inputs
-    _, rstd = output
-    ctx.save_for_backward(x, weight, rstd)
-    ctx.offset = offset
-    ctx.mark_non_differentiable(rstd)
-
-
-def _backward(ctx, dy, _drstd):
-    x, weight, rstd = ctx.saved_tensors
-    dx, dw = torch.ops.speedlight.rms_norm_bwd(dy, x, weight, rstd, ctx.offset)
-    return dx, (dw if weight is not None else None), None, None
-
-
-_rms_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+RMS_NORM = register_op(
+    "rms_norm",
+    forward=rms_norm_fwd,
+    outputs=("y", "rstd"),
+    stats=("rstd",),
+    fake=lambda x, weight, eps, offset: (like(x), row_stats(x)),
+    backward=rms_norm_bwd,
+    grads=("x", "weight"),
+)
 
 
 # --- public function ---------------------------------------------------------------------
@@ -201,8 +168,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     """
     check_tensor("x", x, min_dim=1)
     check_norm_args(x, weight, eps, offset)
-    y, _ = torch.ops.speedlight.rms_norm_fwd(x, weight, float(eps), float(offset))
-    return y
+    return RMS_NORM(x, weight, float(eps), float(offset))
 
 
 def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -> None:
