@@ -75,7 +75,8 @@ def top_ops(doc: dict, console: Console, n: int) -> None:
                right=("calls", "time", "share", "FLOPs", "bytes", "floor"))
     for g in doc["top_ops"][:n]:
         where = fmt.place(g["place"], root) + (f" +{g['places'] - 1}" if g["places"] > 1 else "")
-        t.add_row(g["name"], g["phase"], g["shapes"], str(g["calls"]), fmt.seconds(g["time_s"]),
+        shapes = g["shapes"] if len(g["shapes"]) <= 64 else g["shapes"][:61] + "..."  # foreach lists
+        t.add_row(g["name"], g["phase"], shapes, str(g["calls"]), fmt.seconds(g["time_s"]),
                   fmt.share(g["time_share"]), fmt.flops(g["flops"]), fmt.nbytes(g["bytes"]),
                   fmt.seconds(g["floor_s"]), _bound(g["bound"]), where)
     console.print(t)
