@@ -85,17 +85,18 @@ def _signature(ops):
             for r in ops if r.name != "_local_scalar_dense"]  # host reads of values: no kernel
 
 
-def test_projected_op_list_and_shapes_equal_the_measured_profile():
+@pytest.mark.parametrize("train", [True, False], ids=["train", "infer"])
+def test_projected_op_list_and_shapes_equal_the_measured_profile(train):
     fp32 = project.RECIPES["fp32"]
-    kw = dict(batch=1, seq=16, train=True, dtype=torch.float32, size="small", layers=1, seed=0)
+    kw = dict(batch=1, seq=16, train=train, dtype=torch.float32, size="small", layers=1, seed=0)
     real = models.build("llama-3-8b", device=torch.device("cpu"), **kw)
-    opt = torch.optim.AdamW(real.model.parameters(), lr=1e-4)
-    cap = capture.capture(real.model, make_step(real, opt, True), device=torch.device("cpu"),
-                          warmup=1, steps=1, train=True, optimizer=opt, inputs=real.inputs)
+    opt = torch.optim.AdamW(real.model.parameters(), lr=1e-4) if train else None
+    cap = capture.capture(real.model, make_step(real, opt, train), device=torch.device("cpu"),
+                          warmup=1, steps=1, train=train, optimizer=opt, inputs=real.inputs)
     mode = project.fake_mode()
     with mode:
         fake = models.build("llama-3-8b", device=torch.device("cpu"), **kw)
-    pj = project.project_step(fake, train=True, recipe=fp32, dispatch="here", mode=mode)
+    pj = project.project_step(fake, train=train, recipe=fp32, dispatch="here", mode=mode)
     measured, projected = _signature(cap.ops), _signature(pj.capture.ops)
     assert len(projected) == len(measured)
     for a, b in zip(measured, projected):
