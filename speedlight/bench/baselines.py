@@ -6,9 +6,9 @@
                  not timed, the first call happens in the warm-up)
   liger          Liger-Kernel's function for the op, when Liger is installed (found at run
                  time) and has one (bench/liger.py); on a GPU only
-  torch-fused    torch's own fused function for the op, where this torch has one
-                 (torch.nn.functional.linear_cross_entropy with its chunked options for
-                 linear_cross_entropy)
+  torch-fused    torch's own fused function for the op (its OpSpec's peers["torch"]), where
+                 this torch has it: F.linear_cross_entropy with its chunked options for
+                 linear_cross_entropy
 
 A baseline that cannot run a case (not installed, no counterpart, unsupported dtype or
 layout, an error, or an output that differs from the reference) is kept as a row with
@@ -44,6 +44,9 @@ def _torch_linear_cross_entropy(inputs: dict):
     missing = [k for k in ("z_loss", "softcap") if inputs.get(k)]
     if missing:
         return None, f"F.linear_cross_entropy has no {' or '.join(missing)}"
+    if inputs.get("label_smoothing"):
+        return None, ("F.linear_cross_entropy's chunked path has no label smoothing (it falls "
+                      "back to the full logits)")
     options = torch.nn.LinearCrossEntropyOptions()
 
     def fn(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
@@ -58,7 +61,7 @@ def _torch_linear_cross_entropy(inputs: dict):
     return fn, ""
 
 
-# op name -> adapter(inputs) -> (fn or None, reason)
+# torch.nn.functional name (an OpSpec's peers["torch"]) -> adapter(inputs) -> (fn or None, reason)
 TORCH_FUSED_ADAPTERS = {"linear_cross_entropy": _torch_linear_cross_entropy}
 
 
@@ -115,15 +118,16 @@ class Baselines:
                                                           dynamic=o.dynamic, mode=o.mode)
             return Implementation(COMPILE, self._compiled[spec.name], checked=True)
         if name == TORCH_FUSED:
-            if spec.name not in TORCH_FUSED_ADAPTERS:
+            peer = spec.peers.get("torch")
+            if peer not in TORCH_FUSED_ADAPTERS:
                 return Implementation(TORCH_FUSED, None, f"torch has no fused function of {spec.name}")
-            fn, reason = TORCH_FUSED_ADAPTERS[spec.name](inputs)
+            fn, reason = TORCH_FUSED_ADAPTERS[peer](inputs)
             return Implementation(TORCH_FUSED, fn, reason, checked=True)
         if device.type != "cuda":
             return Implementation(LIGER, None, "Liger-Kernel runs on CUDA GPUs; it is not run "
                                                "on the CPU interpreter")
         try:
-            fn, mutates = liger.adapt(spec.name, inputs, case)
+            fn, mutates = liger.adapt(spec, inputs, case)
         except liger.Unsupported as e:
             return Implementation(LIGER, None, str(e))
         return Implementation(LIGER, fn, mutates_inputs=mutates, checked=True)

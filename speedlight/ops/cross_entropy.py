@@ -20,16 +20,13 @@ from speedlight.kernels.cross_entropy import (
     _cross_entropy_split_finish_kernel,
     _cross_entropy_split_stats_kernel,
 )
-from speedlight.ops._common import (
-    check_runtime,
-    check_same_device,
-    check_tensor,
-    describe,
-    row_tile,
-    warps_for_tile,
-)
+from speedlight.launch import planned_sm_count, row_tile, warps_for_tile
+from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._suites import is_call_of, rows_case
+from speedlight.ops.registration import like, register_op
+from speedlight.runtime import check_runtime, describe
 from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, generator, inject_nonfinite,
-                             planned_sm_count, rand_tensor)
+                             rand_tensor)
 
 REDUCTIONS = ("mean", "sum", "none")
 TARGET_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -294,142 +291,101 @@ def cross_entropy_bwd(dlogits: torch.Tensor, grad_output: torch.Tensor, *,
     return out
 
 
-# --- registration: torch custom ops, opaque to torch.compile, with fake and autograd rules ---
-# (one block; the outputs a schema cannot leave out are empty tensors where not wanted)
+# --- registration: custom ops, fakes and autograd -----------------------------------------
+# The forward of training writes the loss and dlogits; the backward only scales dlogits by
+# the upstream gradient. Without a gradient wanted, the inference op writes the loss alone.
+# The extras (z_loss, token_accuracy, predicted_tokens) are None (an empty placeholder in
+# the custom op) unless asked for.
 
-def _empty_i64(like: torch.Tensor) -> torch.Tensor:
-    return like.new_empty((0,), dtype=torch.int64)
-
-
-def _fake_extras(logits, target, reduction, extras):
-    """Empty tensors shaped as cross_entropy_fwd's extras (or (0,) each without them)."""
-    if not extras:
-        return logits.new_empty((0,)), logits.new_empty((0,), dtype=torch.float32), \
-            _empty_i64(logits)
-    per_token = target.shape if reduction == "none" else ()
-    return (logits.new_empty(per_token), logits.new_empty(per_token, dtype=torch.float32),
-            logits.new_empty(target.shape, dtype=torch.int64))
-
-
-def _fake_divisor(logits, reduction, weight):
-    if reduction != "mean":
-        return _empty_i64(logits)
-    return logits.new_empty((), dtype=torch.int64 if weight is None else torch.float32)
-
-
-def _op_outputs(logits, target, reduction, extras, divisor, more):
-    """Fill what the forward left out with the empty tensors the schema expects."""
-    if divisor is None:
-        divisor = _empty_i64(logits)
-    if more is None:
-        more = _fake_extras(logits, target, reduction, False)
-    return (divisor, *more)
-
-
-@torch.library.custom_op("speedlight::cross_entropy_fwd", mutates_args=())
-def _cross_entropy_fwd_op(logits: torch.Tensor, target: torch.Tensor,
-                          weight: Optional[torch.Tensor], ignore_index: int, reduction: str,
-                          label_smoothing: float, z_loss: float, softcap: Optional[float],
-                          compute_grad: bool, check_target: bool, extras: bool
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                     torch.Tensor, torch.Tensor]:
+def _train_fwd(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
+               ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
+               softcap: Optional[float], check_target: bool, extras: bool):
     loss, dlogits, divisor, more = cross_entropy_fwd(
         logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
-        weight=weight, compute_grad=compute_grad, check_target=check_target, extras=extras)
-    return (loss, dlogits if dlogits is not None else logits.new_empty((0,)),
-            *_op_outputs(logits, target, reduction, extras, divisor, more))
+        weight=weight, check_target=check_target, extras=extras)
+    return (loss, dlogits, divisor, *(more or (None, None, None)))
 
 
-@_cross_entropy_fwd_op.register_fake
-def _(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
-      compute_grad, check_target, extras):
-    loss = logits.new_empty(target.shape if reduction == "none" else ())
-    return (loss, logits.new_empty(logits.shape if compute_grad else (0,)),
-            _fake_divisor(logits, reduction, weight),
-            *_fake_extras(logits, target, reduction, extras))
+def _infer_fwd(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
+               ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
+               softcap: Optional[float], check_target: bool, extras: bool):
+    loss, _, _, more = cross_entropy_fwd(
+        logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
+        weight=weight, compute_grad=False, check_target=check_target, extras=extras)
+    return (loss, *(more or (None, None, None)))
 
 
-@torch.library.custom_op("speedlight::cross_entropy_bwd", mutates_args=())
-def _cross_entropy_bwd_op(dlogits: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
-    return cross_entropy_bwd(dlogits, grad_output)
+def _scaled_bwd(dloss: torch.Tensor, dlogits: torch.Tensor,
+                divisor: torch.Tensor) -> torch.Tensor:
+    return cross_entropy_bwd(dlogits, _row_grad_scale(dloss, divisor))
 
 
-@_cross_entropy_bwd_op.register_fake
-def _(dlogits, grad_output):
-    return dlogits.new_empty(dlogits.shape)
+def _loss_fake(logits, target, reduction):
+    return logits.new_empty(target.shape if reduction == "none" else ())
 
 
-def _setup_context(ctx, inputs, output):
-    _, dlogits, divisor, *more = output
-    ctx.save_for_backward(dlogits, divisor)
-    ctx.mark_non_differentiable(dlogits, divisor, *more)
+def _divisor_fake(target, reduction, weight):
+    if reduction != "mean":
+        return None
+    return target.new_empty((), dtype=torch.int64 if weight is None else torch.float32)
 
 
-def _backward(ctx, grad_loss, *_grad_rest):
-    dlogits, divisor = ctx.saved_tensors
-    grad = torch.ops.speedlight.cross_entropy_bwd(dlogits, _row_grad_scale(grad_loss, divisor))
-    return (grad,) + (None,) * 10
+def _extras_fake(logits, target, reduction, extras):
+    if not extras:
+        return None, None, None
+    per_token = target.shape if reduction == "none" else ()
+    return (logits.new_empty(per_token), logits.new_empty(per_token, dtype=torch.float32),
+            target.new_empty(target.shape, dtype=torch.int64))
 
 
-_cross_entropy_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+CROSS_ENTROPY = register_op(
+    "cross_entropy",
+    forward=_train_fwd,
+    inference=_infer_fwd,
+    outputs=("loss", "dlogits", "divisor", "z_loss", "token_accuracy", "predicted_tokens"),
+    stats=("dlogits", "divisor"),
+    fake=lambda logits, target, weight, ignore_index, reduction, *rest: (
+        _loss_fake(logits, target, reduction), like(logits),
+        _divisor_fake(target, reduction, weight),
+        *_extras_fake(logits, target, reduction, rest[-1])),
+    backward=_scaled_bwd,
+    backward_fake=lambda dloss, dlogits, divisor: like(dlogits),
+    grads=("logits",),
+    optional_grads=True,  # the extras receive no gradient
+)
 
 
 # The in-place gradient: the forward overwrites logits with dlogits, the backward scales
-# them in place. Mutating ops carry no autograd formula, so an autograd.Function wraps
-# them. The mutating op bumps logits' version counter: autograd then refuses (at backward)
-# any other op that saved logits. (ctx.mark_dirty is refused for a view such as a causal
-# LM's logits[:, :-1] in a Function with two outputs.)
+# them in place (mutation declared to torch). The mutating op bumps logits' version
+# counter: autograd then refuses (at backward) any other op that saved logits.
 
-@torch.library.custom_op("speedlight::cross_entropy_fwd_inplace", mutates_args=("logits",))
-def _cross_entropy_fwd_inplace_op(logits: torch.Tensor, target: torch.Tensor,
-                                  weight: Optional[torch.Tensor], ignore_index: int,
-                                  reduction: str, label_smoothing: float, z_loss: float,
-                                  softcap: Optional[float], check_target: bool, extras: bool
-                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                             torch.Tensor, torch.Tensor]:
+def _inplace_fwd(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
+                 ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
+                 softcap: Optional[float], check_target: bool, extras: bool):
     loss, _, divisor, more = cross_entropy_fwd(
         logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
         weight=weight, check_target=check_target, grad_out=logits, extras=extras)
-    return (loss, *_op_outputs(logits, target, reduction, extras, divisor, more))
+    return (loss, divisor, *(more or (None, None, None)))
 
 
-@_cross_entropy_fwd_inplace_op.register_fake
-def _(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
-      check_target, extras):
-    loss = logits.new_empty(target.shape if reduction == "none" else ())
-    return (loss, _fake_divisor(logits, reduction, weight),
-            *_fake_extras(logits, target, reduction, extras))
+def _inplace_bwd(dloss: torch.Tensor, logits: torch.Tensor, divisor: torch.Tensor) -> None:
+    cross_entropy_bwd(logits, _row_grad_scale(dloss, divisor), out=logits)
 
 
-@torch.library.custom_op("speedlight::cross_entropy_bwd_inplace", mutates_args=("dlogits",))
-def _cross_entropy_bwd_inplace_op(dlogits: torch.Tensor, grad_output: torch.Tensor) -> None:
-    cross_entropy_bwd(dlogits, grad_output, out=dlogits)
-
-
-@_cross_entropy_bwd_inplace_op.register_fake
-def _(dlogits, grad_output):
-    return None
-
-
-class _InplaceCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss,
-                softcap, check_target, extras):
-        loss, divisor, *more = torch.ops.speedlight.cross_entropy_fwd_inplace(
-            logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
-            check_target, extras)
-        ctx.save_for_backward(logits, divisor)
-        ctx.mark_non_differentiable(divisor, *more)
-        return loss, divisor, *more
-
-    @staticmethod
-    def backward(ctx, grad_loss, *_grad_rest):
-        dlogits, divisor = ctx.saved_tensors
-        torch.ops.speedlight.cross_entropy_bwd_inplace(dlogits,
-                                                        _row_grad_scale(grad_loss, divisor))
-        return (dlogits,) + (None,) * 9
-
-# --- end of the registration block --------------------------------------------------------
+CROSS_ENTROPY_INPLACE = register_op(
+    "cross_entropy_inplace",
+    forward=_inplace_fwd,
+    mutates=("logits",),
+    outputs=("loss", "divisor", "z_loss", "token_accuracy", "predicted_tokens"),
+    stats=("divisor",),
+    fake=lambda logits, target, weight, ignore_index, reduction, *rest: (
+        _loss_fake(logits, target, reduction), _divisor_fake(target, reduction, weight),
+        *_extras_fake(logits, target, reduction, rest[-1])),
+    backward=_inplace_bwd,
+    backward_mutates=("logits",),
+    grads=("logits",),
+    optional_grads=True,
+)
 
 
 # --- public function ---------------------------------------------------------------------
@@ -542,14 +498,13 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
                 "inplace_backward=True overwrites logits with their gradient, but logits is a "
                 "leaf tensor that requires grad (autograd forbids writing over it); pass the "
                 "output of the op that made the logits, or inplace_backward=False")
-        loss, _, *more = _InplaceCrossEntropy.apply(logits, target, weight, *args, check,
-                                                    extras)
+        loss, *more = CROSS_ENTROPY_INPLACE(logits, target, weight, *args, check, extras)
     else:
-        loss, _, _, *more = torch.ops.speedlight.cross_entropy_fwd(
-            logits, target, weight, *args, want_grad, check, extras)
+        loss, *more = CROSS_ENTROPY(logits, target, weight, *args, check, extras)
     if not extras:
         return loss
-    return CrossEntropyOutput(loss, *(m if a else None for m, a in zip(more, asked)))
+    # logged values: their gradient flows through loss, not through them
+    return CrossEntropyOutput(loss, *(m.detach() if a else None for m, a in zip(more, asked)))
 
 
 def check_class_weight(weight, logits: torch.Tensor) -> None:
@@ -696,6 +651,24 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
                  flags={"ignore": "some"}, model=cfg.name)]
 
 
+def _case_of(call: str, args) -> Case | None:
+    """logits (dlogits, or the overwritten logits, in the backward) as [tokens, vocab],
+    with the options that change the cost."""
+    if not (is_call_of(call, "cross_entropy") or is_call_of(call, "cross_entropy_inplace")):
+        return None
+    if call.endswith("_bwd"):  # the backward scales dlogits: shapes and the reduction only
+        logits = args["dlogits"] if "dlogits" in args else args["logits"]
+        flags = {"reduction": "none" if args["dloss"].dim() else None}
+    else:
+        logits = args["logits"]
+        reduction = args["reduction"]
+        flags = {"reduction": None if reduction == "mean" else reduction,
+                 "smoothing": args["label_smoothing"] or None, "zloss": args["z_loss"] or None,
+                 "softcap": args["softcap"], "weight": args.get("weight") is not None or None,
+                 "extras": args.get("extras") or None}
+    return rows_case("cross_entropy", logits, "vocab", rows="tokens", **flags)
+
+
 SPEC = OpSpec(
     name="cross_entropy",
     impl=cross_entropy,
@@ -722,4 +695,8 @@ SPEC = OpSpec(
         "_cross_entropy_bwd_kernel": KernelDesign(min_occupancy=0.75),
     },
     for_model=_for_model,
+    case_of=_case_of,
+    fuses="log_softmax + nll_loss without the [tokens, vocab] log-probabilities",
+    peers={"liger": "liger_cross_entropy"},
+    patches="cross_entropy",
 )

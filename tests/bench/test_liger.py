@@ -1,11 +1,15 @@
-"""The Liger-Kernel mapping: each speedlight op name to the Liger call computing the same
-thing, with the reason when a case has no Liger counterpart."""
+"""The Liger-Kernel mapping: each speedlight op (through the Liger function its OpSpec
+names) to the Liger call computing the same thing, with the reason when a case has no
+Liger counterpart."""
+
+import dataclasses
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from speedlight import registry
 from speedlight.bench import liger
 from speedlight.spec import Case
 
@@ -29,9 +33,14 @@ class StubF:
 CASE = Case("x", {"rows": 2})
 
 
+def adapter(op):
+    """The Liger adapter of built-in op `op`, through its OpSpec's peers."""
+    return liger.ADAPTERS[registry.builtin_spec(op).peers["liger"]]
+
+
 def _adapt(op, inputs, case=CASE):
     f = StubF()
-    fn, mutates = liger.ADAPTERS[op](f, inputs, case)
+    fn, mutates = adapter(op)(f, inputs, case)
     fn(**inputs)
     (call,) = f.calls
     return call, mutates
@@ -45,7 +54,7 @@ def test_rms_norm_llama_and_gemma_casting():
     (_, _, kw), _ = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-6, "offset": 1.0})
     assert kw["casting_mode"] == "gemma" and kw["offset"] == 1.0
     with pytest.raises(liger.Unsupported, match="weight"):
-        liger.ADAPTERS["rms_norm"](StubF(), {"x": x, "weight": None}, CASE)
+        adapter("rms_norm")(StubF(), {"x": x, "weight": None}, CASE)
 
 
 def test_cross_entropy_says_it_writes_its_inputs():
@@ -66,31 +75,29 @@ def test_rope_follows_the_layout_of_q():
     # [batch, seq, heads, dim]: Liger gets the [batch, heads, seq, dim] view, and back
     q_bshd, k_bshd = torch.randn(b, s, h, d), torch.randn(b, s, 1, d)
     f = StubF()
-    fn, _ = liger.ADAPTERS["rope"](f, dict(inputs, q=q_bshd, k=k_bshd, unsqueeze_dim=2), CASE)
+    fn, _ = adapter("rope")(f, dict(inputs, q=q_bshd, k=k_bshd, unsqueeze_dim=2), CASE)
     f.__dict__["liger_rope"] = lambda q, k, cos, sin: (q * 2, k * 3)
     qo, ko = fn(q=q_bshd, k=k_bshd, cos=cos, sin=sin)
     torch.testing.assert_close(qo, q_bshd * 2)
     torch.testing.assert_close(ko, k_bshd * 3)
     with pytest.raises(liger.Unsupported, match="interleaved"):
-        liger.ADAPTERS["rope"](f, dict(inputs, interleaved=True), CASE)
+        adapter("rope")(f, dict(inputs, interleaved=True), CASE)
     with pytest.raises(liger.Unsupported, match="position_ids"):
-        liger.ADAPTERS["rope"](f, dict(inputs, position_ids=torch.zeros(1, s)), CASE)
+        adapter("rope")(f, dict(inputs, position_ids=torch.zeros(1, s)), CASE)
 
 
 def test_the_mapping_takes_the_inputs_the_registered_ops_make():
     """For every built-in op Liger has a counterpart of, the adapter understands the inputs
     of the op's quick cases (so a renamed input shows here, not on the GPU); what it turns
     down, it turns down for a reason of the case, not of the names."""
-    from speedlight import registry
-
     for spec in registry.builtin_specs():
-        if spec.name not in liger.ADAPTERS:
+        if "liger" not in spec.peers:
             continue
         accepted = 0
         for case in spec.cases("quick"):
             inputs = spec.make_inputs(case, "cpu")
             try:
-                liger.ADAPTERS[spec.name](StubF(), inputs, case)
+                adapter(spec.name)(StubF(), inputs, case)
                 accepted += 1
             except liger.Unsupported as e:
                 assert "takes inputs" not in str(e), (spec.name, str(e))
@@ -110,20 +117,28 @@ def test_other_ops_call_their_liger_function(op, inputs, fn):
 
 def test_unexpected_input_names_are_an_explained_unsupported():
     with pytest.raises(liger.Unsupported, match=r"takes inputs \(gate, up\).*gives \(a, b\)"):
-        liger.ADAPTERS["swiglu"](StubF(), {"a": 1, "b": 2}, CASE)
+        adapter("swiglu")(StubF(), {"a": 1, "b": 2}, CASE)
+    spec = registry.builtin_spec("softmax")
     with pytest.raises(liger.Unsupported, match="no counterpart of my_op"):
-        liger.adapt("my_op", {}, CASE)
+        liger.adapt(dataclasses.replace(spec, name="my_op", peers={}), {}, CASE)
+    with pytest.raises(liger.Unsupported, match="names Liger's liger_nope, which"):
+        liger.adapt(dataclasses.replace(spec, peers={"liger": "liger_nope"}), {}, CASE)
+
+
+def test_every_liger_peer_named_by_an_op_has_an_adapter():
+    named = {s.peers["liger"] for s in registry.builtin_specs() if "liger" in s.peers}
+    assert named == set(liger.ADAPTERS)
 
 
 def test_softmax_over_another_dim_is_unsupported():
     with pytest.raises(liger.Unsupported, match="last dim"):
-        liger.ADAPTERS["softmax"](StubF(), {"x": torch.randn(3, 4), "dim": 0}, CASE)
+        adapter("softmax")(StubF(), {"x": torch.randn(3, 4), "dim": 0}, CASE)
 
 
 def test_real_liger_softmax_matches_torch_on_the_interpreter():
     pytest.importorskip("liger_kernel")
     x = torch.randn(3, 100)
-    fn, _ = liger.adapt("softmax", {"x": x, "dim": -1}, CASE)
+    fn, _ = liger.adapt(registry.builtin_spec("softmax"), {"x": x, "dim": -1}, CASE)
     torch.testing.assert_close(fn(x=x, dim=-1), torch.softmax(x, -1))
 
 
@@ -138,15 +153,14 @@ def test_cross_entropy_passes_weight_z_loss_and_extras_to_liger():
         seen.update(kw)
         return SimpleNamespace(loss=1, z_loss=None, token_accuracy=2, predicted_tokens=None)
     f.__dict__["liger_cross_entropy"] = liger_cross_entropy
-    fn, _ = liger.ADAPTERS["cross_entropy"](f, inputs, CASE)
+    fn, _ = adapter("cross_entropy")(f, inputs, CASE)
     assert fn(**inputs) == (1, None, 2, None)
     assert seen["weight"] is w and seen["return_token_accuracy"] and seen["label_smoothing"] == 0.1
     with pytest.raises(liger.Unsupported, match="z-loss ignores the class weights"):
-        liger.ADAPTERS["cross_entropy"](StubF(), dict(inputs, z_loss=1e-3), CASE)
+        adapter("cross_entropy")(StubF(), dict(inputs, z_loss=1e-3), CASE)
     target[0] = -100
     with pytest.raises(liger.Unsupported, match="-1 at ignored"):
-        liger.ADAPTERS["cross_entropy"](StubF(), dict(inputs, return_predicted_tokens=True),
-                                        CASE)
+        adapter("cross_entropy")(StubF(), dict(inputs, return_predicted_tokens=True), CASE)
 
 
 def test_real_liger_cross_entropy_extras_match_speedlight():
@@ -160,7 +174,8 @@ def test_real_liger_cross_entropy_extras_match_speedlight():
     target = torch.randint(0, 50, (6,), generator=g)
     kw = dict(reduction="mean", label_smoothing=0.1, z_loss=1e-3, return_z_loss=True,
               return_token_accuracy=True, return_predicted_tokens=True)
-    fn, _ = liger.adapt("cross_entropy", {"logits": logits, "target": target, **kw}, CASE)
+    fn, _ = liger.adapt(registry.builtin_spec("cross_entropy"),
+                        {"logits": logits, "target": target, **kw}, CASE)
     theirs = fn(logits=logits.clone(), target=target, **kw)
     ours = speedlight.cross_entropy(logits, target, **kw)
     torch.testing.assert_close(theirs[0], ours.loss)
@@ -182,11 +197,12 @@ def test_linear_cross_entropy_baselines_map_the_op_inputs():
     (name, args, kw), _ = _adapt("linear_cross_entropy", inputs)
     assert name == "liger_fused_linear_cross_entropy" and args[0] is h and args[1] is w
     assert kw["label_smoothing"] == 0.1
+    assert TORCH_FUSED_ADAPTERS["linear_cross_entropy"](inputs)[0] is None  # smoothing
+    inputs["label_smoothing"] = 0.0
     fn, reason = TORCH_FUSED_ADAPTERS["linear_cross_entropy"](inputs)
     if fn is None:
         pytest.skip(reason)
-    torch.testing.assert_close(fn(**inputs), reference.linear_cross_entropy(
-        h, w, t, label_smoothing=0.1))
+    torch.testing.assert_close(fn(**inputs), reference.linear_cross_entropy(h, w, t))
     t_all = torch.full((6,), -100)
     assert fn(**dict(inputs, target=t_all)).item() == 0.0
     assert TORCH_FUSED_ADAPTERS["linear_cross_entropy"](dict(inputs, softcap=30.0))[0] is None

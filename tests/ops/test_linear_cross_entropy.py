@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import speedlight
 import speedlight.nn as snn
 from speedlight.ops import linear_cross_entropy as op
-from speedlight.spec import sized_for
+from speedlight.launch import sized_for
 from speedlight.verify.harness import LaunchCounter
 from tests.helpers import DTYPES, assert_verified, case_maker, seeded
 
@@ -41,18 +41,9 @@ def eager(h, w, t, b=None, **kwargs):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens,hidden,vocab,flags", [
-    pytest.param(37, 64, 300, {}, id="tokens37-hidden64-vocab300"),
-    pytest.param(100, 32, 500, {"chunk": 32, "bias": True}, id="tokens100-chunk32-bias"),
-    pytest.param(37, 32, 300, {"chunk": 16, "reduction": "none", "ignore": "some",
-                               "smoothing": 0.1, "zloss": 1e-3},
-                 id="tokens37-chunk16-none-ignoresome-smoothing-zloss"),
-    pytest.param(37, 32, 300, {"chunk": 16, "softcap": 30.0, "reduction": "sum"},
-                 id="tokens37-chunk16-softcap-sum"),
-    pytest.param(3, 16, 20011, {}, id="tokens3-vocab20011-looped"),
-])
-def test_forward_and_gradients_match_float64(tokens, hidden, vocab, flags, dtype, device):
-    assert_verified(SPEC, case(tokens, hidden, vocab, dtype, **flags), device)
+def test_a_vocabulary_past_one_register_block_matches_float64(dtype, device):
+    """(The quick suite runs through the contract test; this is the looped kernel.)"""
+    assert_verified(SPEC, case(3, 16, 20011, dtype, reduction="sum"), device)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
