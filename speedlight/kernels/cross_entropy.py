@@ -92,8 +92,10 @@ def _load_logits(x_rows, cols, mask, stride_v, softcap, HAS_SOFTCAP: tl.constexp
 def _load_class_weights(weight_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr):
     """w_j over columns cols ([BN] fp32, 0 past n_cols); 1.0 (a scalar) without weights."""
     if HAS_WEIGHT:
-        return tl.load(weight_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-    return 1.0
+        w = tl.load(weight_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    else:
+        w = 1.0
+    return w
 
 
 @triton.jit
@@ -101,8 +103,10 @@ def _weighted_sum(c, w, mask, HAS_WEIGHT: tl.constexpr):
     """sum_j w_j * c_j per row of a [BM, BN] tile (masked lanes add 0)."""
     # [BM, BN] -> [BM]
     if HAS_WEIGHT:
-        return tl.sum(tl.where(mask, c * w[None, :], 0.0), axis=1)
-    return tl.sum(tl.where(mask, c, 0.0), axis=1)
+        s = tl.sum(tl.where(mask, c * w[None, :], 0.0), axis=1)
+    else:
+        s = tl.sum(tl.where(mask, c, 0.0), axis=1)
+    return s
 
 
 @triton.jit
@@ -235,8 +239,10 @@ def _grad_tile(c, dc, w, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, w_t, 
 def _grad_scale(grad_scale_ptr, GRAD_SCALE: tl.constexpr):
     """The scalar the gradient is multiplied by: grad_scale_ptr[0] in fp32, or 1."""
     if GRAD_SCALE:
-        return tl.load(grad_scale_ptr).to(tl.float32)
-    return 1.0
+        g = tl.load(grad_scale_ptr).to(tl.float32)
+    else:
+        g = 1.0
+    return g
 
 
 @triton.jit
@@ -294,8 +300,11 @@ def _target_weight(weight_ptr, w_sum_ptr, t, valid, HAS_WEIGHT: tl.constexpr):
     """(w_t per row, W = sum of the class weights): (1, V, unused) without weights."""
     if HAS_WEIGHT:
         w_t = tl.load(weight_ptr + t, mask=valid, other=0.0).to(tl.float32)
-        return w_t, tl.load(w_sum_ptr).to(tl.float32)
-    return tl.full(t.shape, 1.0, tl.float32), 0.0
+        w_sum = tl.load(w_sum_ptr).to(tl.float32)
+    else:
+        w_t = tl.full(t.shape, 1.0, tl.float32)
+        w_sum = 0.0
+    return w_t, w_sum
 
 
 @triton.jit
