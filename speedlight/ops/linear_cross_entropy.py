@@ -42,7 +42,6 @@ from speedlight.ops.cross_entropy import (
     cross_entropy_bwd,
     cross_entropy_fwd,
 )
-from speedlight.ops._suites import is_call_of
 from speedlight.runtime import describe
 from speedlight.spec import Case, Cost, OpSpec, generator, inject_nonfinite, rand_tensor
 
@@ -70,15 +69,25 @@ def chunk_tokens(n_tokens: int, vocab: int, dtype: torch.dtype, device,
     return min(even, n_tokens)
 
 
+_FP32_OUT_MM: dict[str, bool] = {}  # device type -> whether addmm with an fp32 output runs
+
+
 def _accumulate_mm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b with acc fp32, whatever a and b's dtype: one matmul with an fp32
-    output on CUDA; on other devices (no such kernel) through fp32 copies of the chunk."""
+    """acc += a @ b with acc fp32, whatever a and b's dtype: one half-precision matmul
+    with an fp32 output (aten::addmm.dtype_out) where torch has it (CUDA); elsewhere, or
+    where it fails, through fp32 copies of the chunk's operands (slower, more memory)."""
     if a.dtype == acc.dtype:
         acc.addmm_(a, b)
-    elif acc.device.type == "cuda":
-        torch.ops.aten.addmm.dtype_out(acc, a, b, torch.float32, out=acc)
-    else:
-        acc.addmm_(a.float(), b.float())
+        return
+    kind = acc.device.type
+    if kind == "cuda" and _FP32_OUT_MM.get(kind, True):
+        try:
+            torch.ops.aten.addmm.dtype_out(acc, a, b, torch.float32, out=acc)
+            _FP32_OUT_MM[kind] = True
+            return
+        except (RuntimeError, NotImplementedError):
+            _FP32_OUT_MM[kind] = False  # this torch/GPU lacks it: upcast from now on
+    acc.addmm_(a.float(), b.float())
 
 
 def linear_cross_entropy_fwd(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -100,7 +109,8 @@ def linear_cross_entropy_fwd(hidden: torch.Tensor, weight: torch.Tensor, target:
     if check_target and n:
         _check_targets(target, vocab, ignore_index)
     any_grad = grad_hidden or grad_weight or grad_bias
-    d_hidden = torch.empty_like(hidden) if grad_hidden else None
+    d_hidden = (torch.empty((n, h), dtype=hidden.dtype, device=dev) if grad_hidden
+                else None)
     acc_w = torch.zeros((vocab, h), dtype=torch.float32, device=dev) if grad_weight else None
     acc_b = torch.zeros(vocab, dtype=torch.float32, device=dev) if grad_bias else None
     loss_rows = torch.empty(n, dtype=torch.float32, device=dev)
@@ -172,8 +182,8 @@ def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_
             weight.new_empty((weight.shape[0],) if grad_bias else (0,)))
 
 
-@torch.library.custom_op("speedlight::linear_cross_entropy_bwd", mutates_args=())
-def _lce_bwd_op(grad_rows: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+@torch.library.custom_op("speedlight::linear_cross_entropy_recompute_bwd", mutates_args=())
+def _lce_recompute_bwd_op(grad_rows: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
                 target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int,
                 label_smoothing: float, z_loss: float, softcap: Optional[float],
                 grad_hidden: bool, grad_weight: bool, grad_bias: bool,
@@ -186,12 +196,29 @@ def _lce_bwd_op(grad_rows: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
     return _none_to_empty(dh, hidden), _none_to_empty(dw, weight), _none_to_empty(db, weight)
 
 
-@_lce_bwd_op.register_fake
+@_lce_recompute_bwd_op.register_fake
 def _(grad_rows, hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap,
       grad_hidden, grad_weight, grad_bias, chunk_size):
     return (hidden.new_empty(hidden.shape if grad_hidden else (0,)),
             weight.new_empty(weight.shape if grad_weight else (0,)),
             weight.new_empty((weight.shape[0],) if grad_bias else (0,)))
+
+
+@torch.library.custom_op("speedlight::linear_cross_entropy_bwd",
+                         mutates_args=("d_hidden", "d_weight", "d_bias"))
+def _lce_scale_bwd_op(dloss: torch.Tensor, d_hidden: torch.Tensor, d_weight: torch.Tensor,
+                      d_bias: torch.Tensor) -> None:
+    """reduction "mean"/"sum": the forward's gradients times the upstream gradient, in place
+    (no copy of d_weight); empty placeholders stay empty."""
+    g = dloss.float()
+    for t in (d_hidden, d_weight, d_bias):
+        if t.numel():
+            t.mul_(g)
+
+
+@_lce_scale_bwd_op.register_fake
+def _(dloss, d_hidden, d_weight, d_bias):
+    return None
 
 
 def _setup_context(ctx, inputs, output):
@@ -217,7 +244,7 @@ def _backward(ctx, grad_loss, *_):
         return (None,) * 14
     if ctx.reduction == "none":
         hidden, weight, target, bias = ctx.saved_tensors
-        dh, dw, db = torch.ops.speedlight.linear_cross_entropy_bwd(
+        dh, dw, db = torch.ops.speedlight.linear_cross_entropy_recompute_bwd(
             grad_loss.reshape(-1), hidden, weight, target, bias, *ctx.options, grad_hidden,
             grad_weight, grad_bias, ctx.chunk_size)
     else:
@@ -229,10 +256,7 @@ def _backward(ctx, grad_loss, *_):
                                "place; run the forward again")
         ctx.scaled = True
         dh, dw, db = ctx.saved_tensors
-        g = grad_loss.float()
-        for t in (dh, dw, db):
-            if t.numel():
-                t.mul_(g)
+        torch.ops.speedlight.linear_cross_entropy_bwd(grad_loss, dh, dw, db)
     return ((dh if grad_hidden else None), (dw if grad_weight else None), None,
             (db if grad_bias else None)) + (None,) * 10
 
@@ -263,6 +287,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     fp32 accumulator. The gradients are computed during the forward when autograd needs
     them (the backward scales them in place, so a second backward on one graph is
     refused); with reduction="none" the backward recomputes the chunks instead.
+
+    check_target: a target neither in [0, V) nor ignore_index raises ValueError (on CUDA
+    one host sync; pass False inside CUDA-graph capture, as for cross_entropy).
     """
     check_tensor("hidden", hidden, min_dim=1)
     check_tensor("weight", weight, min_dim=2)
@@ -340,17 +367,23 @@ def _reference(hidden, weight, target, bias=None, *, chunk_size=None, **options)
 def _cost(case: Case, mode: str) -> Cost:
     n, h, v, e = case["tokens"], case["hidden"], case["vocab"], case.dtype.itemsize
     bias = v if case.flag("bias") else 0
-    loss_bytes = n * e if case.flag("reduction") == "none" else e
+    none = case.flag("reduction") == "none"
+    loss_bytes = n * e if none else e
+    inputs = (n * h + v * h + bias) * e + 8 * n  # hidden, weight, bias, target
+    grads = (n * h + v * h + bias) * e  # d_hidden, d_weight, d_bias
+    matmul = 2 * n * v * h  # one [n, h] x [h, v] product (2 FLOP per multiply-add)
+    ce = (7 + (22 if case.flag("softcap") else 0)) * n * v  # ~ per logit, as cross_entropy
     if mode == "fwd":
-        # training's forward computes the gradients too: logits, d_hidden and d_weight are
-        # three [n, v, h] matmuls (2 FLOP per multiply-add), plus the cross-entropy's ~7
-        # FLOP per logit (more with a softcap). Read hidden, weight, bias, target; write
-        # the loss, d_hidden, d_weight, d_bias (the logits never reach memory in the ideal).
-        flops = 3 * 2 * n * v * h + (7 + (22 if case.flag("softcap") else 0)) * n * v
-        return Cost(flops=flops,
-                    bytes=2 * (n * h + v * h + bias) * e + 8 * n + loss_bytes)
-    # the upstream gradient's scale of d_hidden, d_weight, d_bias: read and write each
-    return Cost(flops=n * h + v * h + bias, bytes=2 * (n * h + v * h + bias) * e + loss_bytes)
+        if none:  # the loss only (the backward recomputes): logits matmul + cross-entropy
+            return Cost(flops=matmul + ce, bytes=inputs + loss_bytes)
+        # training's forward computes the gradients too: the logits, d_hidden and d_weight
+        # matmuls; read the inputs, write the loss and the gradients (the logits never
+        # reach memory in the ideal)
+        return Cost(flops=3 * matmul + ce, bytes=inputs + loss_bytes + grads)
+    if none:  # recompute: read the inputs and the upstream gradients, write the gradients
+        return Cost(flops=3 * matmul + ce + n * v, bytes=inputs + loss_bytes + grads)
+    # scale the forward's gradients by the upstream gradient in place: read, write each
+    return Cost(flops=n * h + v * h + bias, bytes=2 * grads + e)
 
 
 def _cases(suite: str) -> list[Case]:
@@ -402,18 +435,27 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
                  flags=flags, model=cfg.name)]
 
 
+_CALLS = {"linear_cross_entropy_fwd": "fwd", "linear_cross_entropy_bwd": "bwd",
+          "linear_cross_entropy_recompute_bwd": "bwd"}
+
+
 def _case_of(call: str, args) -> Case | None:
-    """hidden [tokens, H] and weight [V, H], with the options that change the cost."""
-    if not is_call_of(call, "linear_cross_entropy"):
+    """[tokens, hidden] x [vocab, hidden] of a call, with the options that change the cost
+    (the scaling backward reads the forward's gradients: d_hidden, d_weight)."""
+    if call not in _CALLS:
         return None
-    hidden, weight = args["hidden"], args["weight"]
-    n = hidden.numel() // hidden.shape[-1] if hidden.shape[-1] else 0
-    reduction = args.get("reduction")
-    flags = {"bias": args.get("bias") is not None or None,
-             "reduction": None if reduction in (None, "mean") else reduction,
-             "softcap": args.get("softcap")}
-    return Case("linear_cross_entropy", (("tokens", n), ("hidden", hidden.shape[-1]),
-                                         ("vocab", weight.shape[0])), dtype=hidden.dtype,
+    if call == "linear_cross_entropy_bwd":
+        hidden, weight, bias = args["d_hidden"], args["d_weight"], args["d_bias"]
+        flags = {"bias": bool(bias.numel()) or None}  # (mean and sum cost the same)
+    else:
+        hidden, weight, bias = args["hidden"], args["weight"], args.get("bias")
+        reduction = args.get("reduction", "none" if "grad_rows" in args else "mean")
+        flags = {"bias": bias is not None or None,
+                 "reduction": None if reduction == "mean" else reduction,
+                 "softcap": args.get("softcap")}
+    n = hidden.numel() // hidden.shape[-1] if hidden.dim() and hidden.shape[-1] else 0
+    return Case("linear_cross_entropy", (("tokens", n), ("hidden", weight.shape[-1]),
+                                         ("vocab", weight.shape[0])), dtype=weight.dtype,
                 flags={k: v for k, v in flags.items() if v is not None})
 
 
