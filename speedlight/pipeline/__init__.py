@@ -33,11 +33,7 @@ FILES = {"profile_before": "profile-before.json", "patch": "patch.json",
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    arguments.add_model(p)
-    arguments.add_mode(p, train=True)
-    arguments.add_target(p)
-    arguments.add_steps(p)
-    arguments.add_spec(p)
+    arguments.add_model_run(p, train=True)
     p.add_argument("--baselines", default=None,
                    help="bench baselines (default: torch-eager,torch-compile,liger on a GPU; "
                         "torch-eager on a CPU, where compiling each case costs more than the report)")
