@@ -237,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
         def do_projection():
             from speedlight.pipeline.projection_stage import family_of, project_family
             name = args.projection or family_of(args.model, cfg.hf_model_type if cfg else None)
-            doc = project_family(name, train=train, target=args.target)
+            doc = project_family(name, train=train, target=tgt)
             results.write_json(out / FILES["projection"], doc)
             try:
                 from speedlight.profile import html
