@@ -19,6 +19,7 @@ from speedlight.kernels.rms_norm import (
 )
 from speedlight.launch import (
     as_rows,
+    planned_sm_count,
     partial_sum_programs,
     persistent_row_grid,
     row_tile,
@@ -26,7 +27,7 @@ from speedlight.launch import (
 )
 from speedlight.ops._checks import check_same_device, check_tensor
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
-from speedlight.ops.registration import like, register_op, row_stats
+from speedlight.ops.registration import Configs, like, register_op, row_stats
 from speedlight.runtime import check_runtime
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
@@ -82,9 +83,9 @@ def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
     if n_cols <= MAX_FUSED_N:
         # Persistent: a grid of as many programs as fit (FWD_WARPS_PER_SM warps per SM)
         # walks the row tiles, so w is read once per program, not once per tile.
+        config = RMS_NORM.config((n_cols, x.dtype, planned_sm_count(x.device)))
         grid, block_m, block_n, num_warps = persistent_row_grid(
-            n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, tile=FWD_TILE,
-            warps_per_sm=FWD_WARPS_PER_SM)
+            n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, **config)
         _rms_norm_fwd_kernel[grid](
             *args, n_rows, n_cols, *strides, eps, offset, **switches,
             BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
@@ -164,6 +165,9 @@ RMS_NORM = register_op(
     inference=rms_norm_infer,
     backward=rms_norm_bwd,
     grads=("x", "weight"),
+    # the persistent forward's tile and grid, keyed by (hidden, dtype, SM count)
+    configs=Configs(space={"tile": (2048, 4096, 8192, 16384), "warps_per_sm": (16, 32, 48, 64)},
+                    default=lambda key: {"tile": FWD_TILE, "warps_per_sm": FWD_WARPS_PER_SM}),
 )
 
 
