@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedlight import hardware
-from speedlight.inspect.capture import Launch
+from speedlight.inspect.launches import Launch
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 

@@ -201,8 +201,8 @@ def run(args: argparse.Namespace) -> int:
         stages.skip("inspect", "inspect the kernels for the target", "--no-inspect")
     else:
         def do_inspect():
-            from speedlight.pipeline.inspect_stage import inspect_cases
-            doc = inspect_cases(specs, cases, target=args.target, device=device)
+            from speedlight.pipeline.inspect_stage import inspect_stage
+            doc = inspect_stage(specs, cases, target=args.target, device=device)
             results.write_json(out / FILES["inspect"], doc)
             return doc
         stages.run("inspect", "inspect the kernels for the target", do_inspect)

@@ -11,7 +11,7 @@ def _widths(counter: dict) -> str:
                                                         if str(kv[0]).isdigit() else 0)) or "-"
 
 
-def inspect_cases(specs, cases: dict, *, target: str | None, device: torch.device) -> dict:
+def inspect_stage(specs, cases: dict, *, target: str | None, device: torch.device) -> dict:
     from speedlight import hardware
     from speedlight.inspect.compile import parse_target
     from speedlight.inspect.run import inspect_cases as run

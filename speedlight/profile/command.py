@@ -129,7 +129,7 @@ def profile_workload(w, *, device, train: bool, target: str | None, warmup: int 
 
 def run(args: argparse.Namespace) -> int:
     from speedlight import results
-    from speedlight.profile import models, render, roofline
+    from speedlight.profile import display, models, roofline
 
     console = results.make_console(width=180)
     try:
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         doc = profile(args)
     except (models.ModelError, roofline.TargetError, ValueError) as e:
         raise SystemExit(f"speedlight profile: {e}")
-    render.print_profile(doc, console, top=args.top)
+    display.print_profile(doc, console, top=args.top)
     out = Path(args.out)
     stem = f"profile-{_slug(doc['run']['model'])}-{doc['run']['mode']}"
     json_path = results.write_json(out / f"{stem}.json", doc)
