@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from speedlight.bench.baselines import Implementation
+from speedlight.bench.baselines import SPEEDLIGHT, Implementation
 from speedlight.bench.timer import (Clock, GpuLead, L2Flush, Measurement, StopRule, capture_graph,
                                     flush_for, measure)
 from speedlight.bench.workload import restorer, work
@@ -80,8 +80,8 @@ class ImplTimer:
         return self._lead
 
     def time(self, impl: Implementation, spec: OpSpec, case: Case, mode: str, copies: list[dict],
-               pristine: dict | None, upstream: list[torch.Tensor], reference: Any,
-               use_graph: bool) -> dict:
+             pristine: dict | None, upstream: list[torch.Tensor], reference: Any,
+             use_graph: bool) -> dict:
         failed = "error" if impl.name == SPEEDLIGHT else "unavailable"
         restore = restorer(copies, pristine) if impl.mutates_inputs else None
         try:
