@@ -39,7 +39,6 @@ BAD = [
     pytest.param(["bench", "--rse", "-1"], id="bench-rse"),
     pytest.param(["bench", "--budget-s", "-5"], id="bench-budget"),
     pytest.param(["bench", "--limit", "-1"], id="bench-limit"),
-    pytest.param(["bench", "--impls", "nope"], id="bench-impls"),
     pytest.param(["bench", "--spec", "{d}/missing.py"], id="bench-spec-missing"),
     pytest.param(["bench", "--cases", "("], id="bench-cases-regex",
                  marks=_listed("bench --cases '(' gives an re.error traceback")),
