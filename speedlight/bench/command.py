@@ -140,6 +140,15 @@ def _run(args: argparse.Namespace) -> int:
             args.compile_backend, False if args.compile_shapes == "static" else None, args.compile_mode))
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
+    for flag, value, least in (("--rse", args.rse, 0.0), ("--time-cap", args.time_cap, 0.0),
+                               ("--budget-s", args.budget_s, 0.0), ("--max-gib", args.max_gib, 0.0),
+                               ("--cpu-max-mib", args.cpu_max_mib, 0.0),
+                               ("--min-samples", args.min_samples, 0),
+                               ("--max-samples", args.max_samples, 0), ("--limit", args.limit, 0)):
+        if value is not None and value <= least:
+            _fail(f"{flag} must be more than {least:g}, got {value:g}")
+    if args.graph_max_mib < 0:
+        _fail(f"--graph-max-mib must be at least 0, got {args.graph_max_mib:g}")
     rule = default_rule(device)
     overrides = {k: v for k, v in (("target_rse", args.rse), ("min_samples", args.min_samples),
                                     ("max_samples", args.max_samples), ("time_cap_s", args.time_cap))
