@@ -32,7 +32,7 @@ from speedlight.ops._common import (
     skip_huge_on_cpu,
     warps_for_tile,
 )
-from speedlight.ops.rms_norm import BWD_WARPS_PER_SM, FWD_WARPS_PER_SM
+from speedlight.ops.rms_norm import BWD_WARPS_PER_SM, FWD_WARPS_PER_SM, check_eps
 from speedlight.ops.rms_norm import FWD_TILE as RMS_FWD_TILE
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
@@ -210,8 +210,7 @@ def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int],
         if tuple(t.shape) != dims:
             raise ValueError(f"{name} must have normalized_shape {dims}, got {tuple(t.shape)}")
     check_same_device(x=x, weight=weight, bias=bias)
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
-        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    check_eps(eps)
     n = math.prod(dims)
     if len(dims) != 1:
         lead = x.shape[:x.dim() - len(dims)]

@@ -6,6 +6,7 @@ input dtype; y has x's dtype, dw has w's dtype.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -207,7 +208,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
 
 def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -> None:
     """The checks every RMSNorm entry point shares: weight [hidden] on x's device (or None,
-    then no offset), eps a non-negative number."""
+    then no offset), eps a finite non-negative number."""
     if weight is not None:
         check_tensor("weight", weight)
         if tuple(weight.shape) != (x.shape[-1],):
@@ -216,8 +217,14 @@ def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -
         check_same_device(x=x, weight=weight)
     elif offset:
         raise ValueError(f"offset={offset} scales a weight, but weight is None")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
-        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    check_eps(eps)
+
+
+def check_eps(eps) -> None:
+    """eps of a norm: a finite non-negative number (NaN would pass a plain `eps < 0`)."""
+    if (not isinstance(eps, (int, float)) or isinstance(eps, bool)
+            or not math.isfinite(eps) or eps < 0):
+        raise ValueError(f"eps must be a finite non-negative number, got {eps!r}")
 
 
 # --- OpSpec --------------------------------------------------------------------------------

@@ -155,6 +155,8 @@ def test_torch_compile_fullgraph(backend, device):
                                      torch.ones(8, dtype=torch.int32, device=d)),
      TypeError, "weight must be"),
     (lambda d: speedlight.layer_norm(torch.ones(4, 8, device=d), 8, eps=-1.0), ValueError, "eps"),
+    (lambda d: speedlight.layer_norm(torch.ones(4, 8, device=d), 8, eps=float("nan")),
+     ValueError, "eps must be a finite non-negative number, got nan"),
     (lambda d: speedlight.layer_norm([1.0, 2.0], 2), TypeError, "x must be a torch.Tensor"),
 ])
 def test_bad_input_is_named_and_launches_nothing(call, error, match, device):

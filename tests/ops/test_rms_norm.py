@@ -115,6 +115,12 @@ def test_torch_compile_fullgraph(backend, device):
     (lambda d: speedlight.rms_norm(torch.ones(4, 8, device=d), None, offset=1.0), ValueError,
      "offset=1.0 scales a weight"),
     (lambda d: speedlight.rms_norm(torch.ones(4, 8, device=d), eps=-1.0), ValueError, "eps"),
+    (lambda d: speedlight.rms_norm(torch.ones(4, 8, device=d), eps=float("nan")), ValueError,
+     "eps must be a finite non-negative number, got nan"),
+    (lambda d: speedlight.rms_norm(torch.ones(4, 8, device=d), eps=float("inf")), ValueError,
+     "eps must be a finite non-negative number, got inf"),
+    (lambda d: snn.RMSNorm(8).to(d)(torch.ones(4, 8, dtype=torch.int32, device=d)), TypeError,
+     "x must be a float32, float16 or bfloat16 tensor.*int32"),
     (lambda d: speedlight.rms_norm([1.0, 2.0]), TypeError, "x must be a torch.Tensor"),
 ])
 def test_bad_input_is_named_and_launches_nothing(call, error, match, device):
