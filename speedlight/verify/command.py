@@ -35,9 +35,9 @@ def run(args: argparse.Namespace) -> int:
     console = display.make_console()
     if args.seeds < 1:
         raise SystemExit("speedlight verify: --seeds must be at least 1")
-    dtypes = [parse_dtype(d) for d in args.dtypes.split(",") if d.strip()]
     names = [n.strip() for n in args.ops.split(",")] if args.ops else None
     try:
+        dtypes = [parse_dtype(d) for d in args.dtypes.split(",") if d.strip()]
         specs = registry.select(names, args.spec, include_builtin=not args.only_spec)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"speedlight verify: {e}")
@@ -59,18 +59,23 @@ def run(args: argparse.Namespace) -> int:
     all_results: list[harness.CaseResult] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        for spec in specs:
-            cases = harness.expand(spec, args.suite, dtypes, seeds)
-            task = progress.add_task(spec.name, total=len(cases))
-            done = []
-            for case in cases:
-                progress.update(task, description=f"{spec.name} {case.id}")
-                done.append(harness.verify_case(spec, case, device, max_bytes=max_bytes))
-                progress.advance(task)
-            rows = [dict(r.to_row(), suite=args.suite, run=run_id, **env) for r in done]
-            results.append_jsonl(out_path, rows)
-            all_results += done
+    try:
+        with Progress(*columns, console=console, transient=True) as progress:
+            for spec in specs:
+                cases = harness.expand(spec, args.suite, dtypes, seeds)
+                task = progress.add_task(spec.name, total=len(cases))
+                for case in cases:
+                    progress.update(task, description=f"{spec.name} {case.id}")
+                    r = harness.verify_case(spec, case, device, max_bytes=max_bytes)
+                    # case by case, so an interrupted run keeps every finished case
+                    results.append_jsonl(out_path, [dict(r.to_row(), suite=args.suite,
+                                                         run=run_id, **env)])
+                    all_results.append(r)
+                    progress.advance(task)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted: the {len(all_results)} finished cases are in "
+                      f"{out_path}[/]")
+        return 130
 
     display.print_results(all_results, console, device=f"{env['device']}, {env['runtime']}",
                           only_problems=not args.all_rows)
