@@ -113,6 +113,22 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+def writable_folder(path: str | os.PathLike) -> Path:
+    """path as a folder results can be written into, created if missing. ValueError saying
+    why not (a file is there, a parent is a file, no permission), so a tool can refuse
+    before doing any work rather than fail at its first write."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{str(path)!r} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ValueError(f"{str(path)!r} cannot be written: {e.strerror or e}") from None
+    return path
+
+
 def write_json(path: str | os.PathLike, doc) -> Path:
     """One JSON document, NaN/Inf written as strings, atomically."""
     return write_atomic(path, json.dumps(_clean(doc), indent=1))
@@ -206,7 +222,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
         if not line:
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except ValueError as e:
             if n == len(lines):  # no newline after it: the row was never finished
                 warnings.warn(f"{path}:{n}: skipped a torn last line ({len(line)} bytes): "
@@ -215,4 +231,8 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
                 continue
             msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
             raise ValueError(f"{path}:{n}: not a JSON line ({msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: not a JSON object (got a {type(row).__name__}): "
+                             f"each line of a results file is one row")
+        rows.append(row)
     return rows

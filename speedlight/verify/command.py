@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import uuid
-from pathlib import Path
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -41,6 +40,10 @@ def run(args: argparse.Namespace) -> int:
         specs = registry.select(names, args.spec, include_builtin=not args.only_spec)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"speedlight verify: {e}")
+    try:  # before any work, not at the first write after an op was verified
+        out_dir = results.writable_folder(args.out)
+    except ValueError as e:
+        raise SystemExit(f"speedlight verify: --out {e}")
     device = torch.device(args.device)
     if args.max_gib is not None:
         max_bytes = int(args.max_gib * harness.GiB)
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         console.print("[dim]No GPU in use: kernels run on CPU tensors through the Triton "
                       "interpreter (correctness only; bfloat16 tl.dot cases are skipped).[/]")
 
-    out_path = Path(args.out) / "verify.jsonl"
+    out_path = out_dir / "verify.jsonl"
     env = results.environment(device)
     run_id = uuid.uuid4().hex[:12]
     all_results: list[harness.CaseResult] = []
