@@ -18,7 +18,11 @@ index.html and summary.md:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import os
+import shutil
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -87,7 +91,96 @@ class Stages:
                                          "status": "skipped", "reason": reason}
 
 
+# what a report folder holds, all written by speedlight (render writes the last two)
+REPORT_FILES = frozenset([*FILES.values(), MANIFEST, "index.html", "summary.md"])
+
+
 def run(args: argparse.Namespace) -> int:
+    final = Path(args.out)
+    try:
+        with built_beside(final) as out:
+            code = _run(args, out)
+    except KeyboardInterrupt:
+        print(f"speedlight report: interrupted; {final} is as it was before this run")
+        return 130
+    print(f"report: {final / 'index.html'}  (and summary.md, with the JSON of each stage)")
+    return code
+
+
+@contextlib.contextmanager
+def built_beside(final: Path):
+    """A new folder beside `final` to build the report in, which replaces `final` only when
+    the block completes, so at every moment `final` holds a whole report, old or new.
+
+    Refused up front (SystemExit) when `final` is a file or holds files speedlight did not
+    write, which are never deleted. On an error or Ctrl-C the partial folder is removed and
+    `final` is untouched; one left by a killed run is removed by the next run. The swap is
+    one atomic exchange of the two folders where Linux offers it (renameat2), else two
+    renames; then the old report's files, all speedlight's, are deleted.
+    """
+    final = final.absolute()
+    if final.exists():
+        if not final.is_dir():
+            raise SystemExit(f"speedlight report: --out {str(final)!r} is a file, not a folder")
+        foreign = sorted(p.name for p in final.iterdir() if p.name not in REPORT_FILES)
+        if foreign:
+            raise SystemExit(f"speedlight report: --out {str(final)!r} holds files speedlight "
+                             f"did not write ({', '.join(foreign[:5])}): give a new folder, an "
+                             f"empty one, or that of an earlier report")
+    prefix = f".{final.name}.partial-"
+    for stale in final.parent.glob(prefix + "*"):  # left by a run that was killed
+        if stale.name[len(prefix):].isdigit() and not _alive(int(stale.name[len(prefix):])):
+            shutil.rmtree(stale, ignore_errors=True)
+    try:
+        build = final.parent / f"{prefix}{os.getpid()}"
+        build.mkdir(parents=True)
+    except OSError as e:
+        raise SystemExit(f"speedlight report: cannot write beside --out {str(final)!r}: "
+                         f"{e.strerror or e}") from None
+    try:
+        yield build
+        if final.exists() and _exchange(build, final):
+            old = build  # the two folders traded places
+        else:
+            old = final.parent / f".{final.name}.old-{os.getpid()}"
+            if final.exists():
+                os.rename(final, old)
+            os.rename(build, final)
+        for p in old.iterdir() if old.exists() else ():
+            if p.name in REPORT_FILES:
+                p.unlink()
+        if old.exists():
+            old.rmdir()  # fails, keeping them, if someone added files meanwhile
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders atomically (Linux renameat2 RENAME_EXCHANGE); False where that is
+    not available, and nothing moved."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _run(args: argparse.Namespace, out: Path) -> int:
     import warnings
 
     import torch
@@ -104,11 +197,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("speedlight report needs transformers: pip install 'speedlight[hf]'")
     device = torch.device(args.device)
     train = not args.infer
-    dtype = parse_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in list(FILES.values()) + [MANIFEST]:  # never mix two runs' stages
-        (out / stale).unlink(missing_ok=True)
+    try:
+        dtype = parse_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    except ValueError as e:
+        raise SystemExit(f"speedlight report: {e}")
     stages = Stages(out, console)
     try:
         w = models.build(args.model, batch=args.batch, seq=args.seq, train=train, dtype=dtype,
@@ -216,8 +308,7 @@ def run(args: argparse.Namespace) -> int:
         stages.skip("profile_after", "profile the patched model", "patch failed")
 
     from speedlight.report import render
-    paths = render.render(out)
+    render.render(out)
     render.print_summary(out, console)
-    console.print(f"report: {paths['html']}  (and {paths['md'].name}, with the JSON of each stage)")
     failed = [k for k, v in stages.manifest["stages"].items() if v["status"] == "failed"]
     return 1 if failed or render.has_failures(out) else 0
