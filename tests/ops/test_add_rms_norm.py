@@ -8,7 +8,8 @@ from speedlight.ops import add_rms_norm as op
 from speedlight.spec import Case
 from speedlight.verify.harness import LaunchCounter
 from tests.conftest import needs_gpu
-from tests.helpers import DTYPES, case_maker, assert_verified, seeded
+from tests.helpers import (DTYPES, EXTREME_SCALES, assert_verified, case_maker, relative_error,
+                           seeded)
 
 SPEC = op.SPEC
 
@@ -277,3 +278,23 @@ def test_module_rejects_an_integer_input_by_name(device):
     with pytest.raises(TypeError, match="x must be a float32, float16 or bfloat16 tensor.*int32"):
         snn.AddRMSNorm(16).to(device)(torch.ones(4, 16, dtype=torch.int32, device=device),
                                       torch.ones(4, 16, dtype=torch.int32, device=device))
+
+
+@pytest.mark.parametrize("hidden", [pytest.param(300, id="hidden300"),
+                                    pytest.param(20011, id="hidden20011-looped")])
+@pytest.mark.parametrize("scale,eps", EXTREME_SCALES[1:3])
+def test_extreme_magnitudes_match_float64(hidden, scale, eps, device):
+    """h^2 overflowing float32 does not zero y: RMSNorm's rescaled kernels with the
+    residual switched on match float64 in y, h and every gradient."""
+    x = seeded((3, hidden), device=device, scale=scale).requires_grad_()
+    res = seeded((3, hidden), device=device, seed=3, scale=scale).requires_grad_()
+    w = (1.0 + seeded((hidden,), device=device, seed=1, scale=0.2)).requires_grad_()
+    g = seeded((3, hidden), device=device, seed=2)
+    y, h = speedlight.add_rms_norm(x, res, w, eps=eps)
+    grads = torch.autograd.grad((y * g).sum() + (h * g / scale).sum(), (x, res, w))
+    x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, res, w))
+    y64, h64 = reference.add_rms_norm(x64, r64, w64, eps=eps)
+    grads64 = torch.autograd.grad((y64 * g).sum() + (h64 * g / scale).sum(), (x64, r64, w64))
+    for name, got, want in zip(("y", "h", "dx", "dres", "dw"), (y, h, *grads), (y64, h64, *grads64)):
+        assert torch.isfinite(got).all(), name
+        assert relative_error(got, want) < 1e-5, name

@@ -8,7 +8,8 @@ from speedlight.ops import layer_norm as op
 from speedlight.spec import Case
 from speedlight.verify.harness import LaunchCounter
 from tests.conftest import needs_gpu
-from tests.helpers import DTYPES, case_maker, assert_verified, seeded
+from tests.helpers import (DTYPES, EXTREME_SCALES, assert_verified, case_maker, relative_error,
+                           seeded)
 
 SPEC = op.SPEC
 
@@ -200,3 +201,24 @@ def test_64bit_indexing(device):
     (dx_ref,) = torch.autograd.grad(y_ref, (xt,), torch.ones_like(y_ref))
     torch.testing.assert_close(y[tail].float(), y_ref, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(dx[tail].float(), dx_ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("hidden", [pytest.param(300, id="hidden300"),
+                                    pytest.param(20011, id="hidden20011-looped")])
+@pytest.mark.parametrize("scale,eps", EXTREME_SCALES)
+def test_extreme_magnitudes_match_float64(hidden, scale, eps, device):
+    """(x - mean)^2 overflows float32 above |x| ~ 1e19 (rstd became 0: y was the bias,
+    silently): each row is scaled by a power of two near its largest |x|, so y and every
+    gradient match float64 wherever they are representable. The mean sits away from 0."""
+    x = (scale * (1.0 + seeded((3, hidden), device=device))).requires_grad_()
+    w = (1.0 + seeded((hidden,), device=device, seed=1, scale=0.2)).requires_grad_()
+    b = seeded((hidden,), device=device, seed=3, scale=0.2).requires_grad_()
+    g = seeded((3, hidden), device=device, seed=2)
+    y = speedlight.layer_norm(x, (hidden,), w, b, eps=eps)
+    grads = torch.autograd.grad(y, (x, w, b), g)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    y64 = reference.layer_norm(x64, (hidden,), w64, b64, eps=eps)
+    grads64 = torch.autograd.grad(y64, (x64, w64, b64), g.double())
+    for name, got, want in zip(("y", "dx", "dw", "db"), (y, *grads), (y64, *grads64)):
+        assert torch.isfinite(got).all(), name
+        assert relative_error(got, want) < 1e-5, name

@@ -8,7 +8,8 @@ from speedlight.ops import rms_norm as op
 from speedlight.spec import Case
 from speedlight.verify.harness import LaunchCounter
 from tests.conftest import needs_gpu
-from tests.helpers import DTYPES, case_maker, assert_verified, seeded
+from tests.helpers import (DTYPES, EXTREME_SCALES, assert_verified, case_maker, relative_error,
+                           seeded)
 
 SPEC = op.SPEC
 
@@ -181,3 +182,23 @@ def test_gpu_sized_launches_match_float64(sms, rows, hidden, device):
     with sized_for(sms):
         assert_verified(SPEC, case(rows, hidden, torch.bfloat16), device)
         assert_verified(SPEC, case(rows, hidden, torch.float32, weight=False), device)
+
+
+@pytest.mark.parametrize("hidden", [pytest.param(300, id="hidden300"),
+                                    pytest.param(20011, id="hidden20011-looped")])
+@pytest.mark.parametrize("scale,eps", EXTREME_SCALES)
+def test_extreme_magnitudes_match_float64(hidden, scale, eps, device):
+    """x^2 overflows float32 above |x| ~ 1.8e19 (rstd became 0 and y silently 0): each row
+    is scaled by a power of two near its largest |x|, so y and every gradient match
+    float64 wherever they are representable."""
+    x = seeded((3, hidden), device=device, scale=scale).requires_grad_()
+    w = (1.0 + seeded((hidden,), device=device, seed=1, scale=0.2)).requires_grad_()
+    g = seeded((3, hidden), device=device, seed=2)
+    y = speedlight.rms_norm(x, w, eps=eps)
+    grads = torch.autograd.grad(y, (x, w), g)
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    y64 = reference.rms_norm(x64, w64, eps=eps)
+    grads64 = torch.autograd.grad(y64, (x64, w64), g.double())
+    for name, got, want in zip(("y", "dx", "dw"), (y, *grads), (y64, *grads64)):
+        assert torch.isfinite(got).all(), name
+        assert relative_error(got, want) < 1e-5, name
