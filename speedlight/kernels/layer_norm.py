@@ -55,17 +55,16 @@ def _layer_norm_fwd_kernel(
         # [BM, BN] -> [BM]
         var_s = tl.sum(xc * xc, axis=1) / n_cols
         rstd_s = 1.0 / tl.sqrt(var_s + eps * inv_p * inv_p)  # = rstd * p
+        # the statistics first: p and 1/p are then dead while y is formed (registers)
+        tl.store(mean_ptr + offs_m, mean_s * p, mask=mask_m)
+        tl.store(rstd_ptr + offs_m, rstd_s * inv_p, mask=mask_m)
         y = xc * rstd_s[:, None]
-        mean = mean_s * p
-        rstd = rstd_s * inv_p
         if HAS_WEIGHT:
             y = y * w[None, :]
         if HAS_BIAS:
             y = y + b[None, :]
         tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :],
                  y.to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(mean_ptr + offs_m, mean, mask=mask_m)
-        tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
 
 
 @triton.jit
