@@ -49,3 +49,13 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 # (eps = 0, below ~1e-19): norms must still match float64 there
 EXTREME_SCALES = [pytest.param(1e20, 1e-6, id="x1e20"), pytest.param(1e30, 1e-6, id="x1e30"),
                   pytest.param(1e36, 1e-6, id="x1e36"), pytest.param(1e-25, 0.0, id="x1e-25-eps0")]
+
+
+def assert_rejected(call, error, match: str) -> None:
+    """call() raises `error` matching `match` and launches no kernel."""
+    from speedlight.verify.harness import LaunchCounter
+
+    counter = LaunchCounter()
+    with counter.active(), pytest.raises(error, match=match):
+        call()
+    assert counter.count == 0, f"launched {counter.kernels} before rejecting the input"

@@ -12,7 +12,7 @@ strides, never copied; the backward of the fused form writes one [..., 2 * I] gr
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import triton
@@ -28,6 +28,7 @@ from speedlight.ops._common import (
     skip_huge_on_cpu,
     warps_for_tile,
 )
+from speedlight.ops.registration import like, register_op
 from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, planned_sm_count, rand_tensor
 
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
@@ -105,46 +106,22 @@ def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None,
     return dgate, dup
 
 
-# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+# --- registration: custom ops, fakes and autograd -----------------------------------------
 
-@torch.library.custom_op("speedlight::glu_fwd", mutates_args=())
-def _glu_fwd_op(gate: torch.Tensor, up: Optional[torch.Tensor], activation: str) -> torch.Tensor:
-    return glu_fwd(gate, up, activation)
-
-
-@_glu_fwd_op.register_fake
-def _(gate, up, activation):
+def _glu_fake(gate, up, activation):
     g, _ = _halves(gate, up)
     return gate.new_empty(g.shape)
 
 
-@torch.library.custom_op("speedlight::glu_bwd", mutates_args=())
-def _glu_bwd_op(dout: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tensor],
-                activation: str) -> tuple[torch.Tensor, torch.Tensor]:
-    dgate, dup = glu_bwd(dout, gate, up, activation)
-    return dgate, (dup if dup is not None else gate.new_empty((0,)))
-
-
-@_glu_bwd_op.register_fake
-def _(dout, gate, up, activation):
-    if up is None:
-        return gate.new_empty(gate.shape), gate.new_empty((0,))
-    return gate.new_empty(gate.shape), up.new_empty(up.shape)
-
-
-def _setup_context(ctx, inputs, output):
-    gate, up, activation = inputs
-    ctx.save_for_backward(gate, up)
-    ctx.activation = activation
-
-
-def _backward(ctx, dout):
-    gate, up = ctx.saved_tensors
-    dgate, dup = torch.ops.speedlight.glu_bwd(dout, gate, up, ctx.activation)
-    return dgate, (dup if up is not None else None), None
-
-
-_glu_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+GLU = register_op(
+    "glu",
+    forward=glu_fwd,
+    outputs=("out",),
+    fake=_glu_fake,
+    backward=glu_bwd,
+    backward_fake=lambda dout, gate, up, activation: (like(gate), like(up)),
+    grads=("gate", "up"),
+)
 
 
 # --- the checked entry point of swiglu and geglu ------------------------------------------
@@ -165,7 +142,7 @@ def glu(gate: torch.Tensor, up: torch.Tensor | None, activation: str) -> torch.T
         check_same_device(gate=gate, up=up)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
-    return torch.ops.speedlight.glu_fwd(gate, up, activation)
+    return GLU(gate, up, activation)
 
 
 # --- OpSpecs -----------------------------------------------------------------------------

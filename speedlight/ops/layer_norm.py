@@ -8,7 +8,7 @@ statistics whatever the input dtype; y has x's dtype, dw and db those of w and b
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 import triton
@@ -34,6 +34,7 @@ from speedlight.ops._common import (
 )
 from speedlight.ops.rms_norm import BWD_WARPS_PER_SM, FWD_WARPS_PER_SM, check_eps
 from speedlight.ops.rms_norm import FWD_TILE as RMS_FWD_TILE
+from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
@@ -60,8 +61,9 @@ def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Ten
     x2 = rows_view(x, n_cols)
     y2 = y.view(-1, n_cols)
     # placeholder pointers for the inputs a constexpr switches off
-    args = (x2, weight if weight is not None else x2, bias if bias is not None else x2,
-            y2, mean, rstd)
+    # the kernels step weight and bias by 1
+    args = (x2, weight.contiguous() if weight is not None else x2,
+            bias.contiguous() if bias is not None else x2, y2, mean, rstd)
     strides = (x2.stride(0), x2.stride(1), y2.stride(0))
     switches = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
     if n_cols <= MAX_FUSED_N:
@@ -94,7 +96,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     x2 = rows_view(x, n_cols)
     dy2 = rows_view(dy, n_cols)
     dx2 = dx.view(-1, n_cols)
-    w = weight if has_weight else x2
+    w = weight.contiguous() if has_weight else x2  # the kernels step w by 1
     fused = n_cols <= MAX_FUSED_N
     if fused:
         block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
@@ -136,54 +138,17 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     return dx, dw, db
 
 
-# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+# --- registration: custom ops, fakes and autograd -----------------------------------------
 
-@torch.library.custom_op("speedlight::layer_norm_fwd", mutates_args=())
-def _layer_norm_fwd_op(x: torch.Tensor, weight: Optional[torch.Tensor],
-                       bias: Optional[torch.Tensor], eps: float
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return layer_norm_fwd(x, weight, bias, eps)
-
-
-@_layer_norm_fwd_op.register_fake
-def _(x, weight, bias, eps):
-    n_cols = x.shape[-1]
-    n_rows = x.numel() // n_cols if n_cols else 0
-    stat = x.new_empty((n_rows,), dtype=torch.float32)
-    return x.new_empty(x.shape), stat, torch.empty_like(stat)
-
-
-@torch.library.custom_op("speedlight::layer_norm_bwd", mutates_args=())
-def _layer_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
-                       bias: Optional[torch.Tensor], mean: torch.Tensor, rstd: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dw, db = layer_norm_bwd(dy, x, weight, bias, mean, rstd)
-    # a custom op's outputs may not alias one another: a fresh empty for each missing one
-    return (dx, dw if dw is not None else x.new_empty((0,)),
-            db if db is not None else x.new_empty((0,)))
-
-
-@_layer_norm_bwd_op.register_fake
-def _(dy, x, weight, bias, mean, rstd):
-    return (x.new_empty(x.shape), torch.empty_like(weight) if weight is not None
-            else x.new_empty((0,)), torch.empty_like(bias) if bias is not None
-            else x.new_empty((0,)))
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, bias, _ = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(x, weight, bias, mean, rstd)
-    ctx.mark_non_differentiable(mean, rstd)
-
-
-def _backward(ctx, dy, _dmean, _drstd):
-    x, weight, bias, mean, rstd = ctx.saved_tensors
-    dx, dw, db = torch.ops.speedlight.layer_norm_bwd(dy, x, weight, bias, mean, rstd)
-    return dx, (dw if weight is not None else None), (db if bias is not None else None), None
-
-
-_layer_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+LAYER_NORM = register_op(
+    "layer_norm",
+    forward=layer_norm_fwd,
+    outputs=("y", "mean", "rstd"),
+    stats=("mean", "rstd"),
+    fake=lambda x, weight, bias, eps: (like(x), row_stats(x), row_stats(x)),
+    backward=layer_norm_bwd,
+    grads=("x", "weight", "bias"),
+)
 
 
 # --- public function ---------------------------------------------------------------------
@@ -217,10 +182,8 @@ def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int],
         flat = x.reshape(*lead, n)
         w = weight.reshape(n) if weight is not None else None
         b = bias.reshape(n) if bias is not None else None
-        y, _, _ = torch.ops.speedlight.layer_norm_fwd(flat, w, b, float(eps))
-        return y.view(x.shape)
-    y, _, _ = torch.ops.speedlight.layer_norm_fwd(x, weight, bias, float(eps))
-    return y
+        return LAYER_NORM(flat, w, b, float(eps)).view(x.shape)
+    return LAYER_NORM(x, weight, bias, float(eps))
 
 
 def _normalized_dims(normalized_shape) -> tuple[int, ...]:

@@ -7,7 +7,6 @@ input dtype; y has x's dtype, dw has w's dtype.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import triton
@@ -32,6 +31,7 @@ from speedlight.ops._common import (
     skip_huge_on_cpu,
     warps_for_tile,
 )
+from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
@@ -67,7 +67,7 @@ def norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     # placeholder pointers for the inputs a constexpr switches off
     r2 = rows_view(residual, n_cols) if residual is not None else x2
     h2 = h.view(-1, n_cols) if h is not None else y2
-    w = weight if weight is not None else x2
+    w = weight.contiguous() if weight is not None else x2  # the kernels step w by 1
     args = (x2, r2, w, y2, h2, rstd)
     strides = (x2.stride(0), x2.stride(1), r2.stride(0), r2.stride(1), y2.stride(0))
     switches = dict(HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None)
@@ -107,7 +107,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     dy2 = rows_view(dy, n_cols)
     dh2 = rows_view(dh, n_cols) if dh is not None else dy2  # placeholder when HAS_DH=False
     dx2 = dx.view(-1, n_cols)
-    w = weight if has_weight else x2
+    w = weight.contiguous() if has_weight else x2  # the kernels step w by 1
     fused = n_cols <= MAX_FUSED_N
     if fused:
         block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
@@ -145,49 +145,17 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     return dx, dw
 
 
-# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+# --- registration: custom ops, fakes and autograd -----------------------------------------
 
-@torch.library.custom_op("speedlight::rms_norm_fwd", mutates_args=())
-def _rms_norm_fwd_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
-                     offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return rms_norm_fwd(x, weight, eps, offset)
-
-
-@_rms_norm_fwd_op.register_fake
-def _(x, weight, eps, offset):
-    n_cols = x.shape[-1]
-    n_rows = x.numel() // n_cols if n_cols else 0
-    return x.new_empty(x.shape), x.new_empty((n_rows,), dtype=torch.float32)
-
-
-@torch.library.custom_op("speedlight::rms_norm_bwd", mutates_args=())
-def _rms_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
-                     rstd: torch.Tensor, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    dx, dw = rms_norm_bwd(dy, x, weight, rstd, offset)
-    return dx, (dw if dw is not None else x.new_empty((0,)))
-
-
-@_rms_norm_bwd_op.register_fake
-def _(dy, x, weight, rstd, offset):
-    return x.new_empty(x.shape), (torch.empty_like(weight) if weight is not None
-                                  else x.new_empty((0,)))
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, eps, offset = inputs
-    _, rstd = output
-    ctx.save_for_backward(x, weight, rstd)
-    ctx.offset = offset
-    ctx.mark_non_differentiable(rstd)
-
-
-def _backward(ctx, dy, _drstd):
-    x, weight, rstd = ctx.saved_tensors
-    dx, dw = torch.ops.speedlight.rms_norm_bwd(dy, x, weight, rstd, ctx.offset)
-    return dx, (dw if weight is not None else None), None, None
-
-
-_rms_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+RMS_NORM = register_op(
+    "rms_norm",
+    forward=rms_norm_fwd,
+    outputs=("y", "rstd"),
+    stats=("rstd",),
+    fake=lambda x, weight, eps, offset: (like(x), row_stats(x)),
+    backward=rms_norm_bwd,
+    grads=("x", "weight"),
+)
 
 
 # --- public function ---------------------------------------------------------------------
@@ -202,8 +170,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     """
     check_tensor("x", x, min_dim=1)
     check_norm_args(x, weight, eps, offset)
-    y, _ = torch.ops.speedlight.rms_norm_fwd(x, weight, float(eps), float(offset))
-    return y
+    return RMS_NORM(x, weight, float(eps), float(offset))
 
 
 def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -> None:
@@ -217,6 +184,9 @@ def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -
         check_same_device(x=x, weight=weight)
     elif offset:
         raise ValueError(f"offset={offset} scales a weight, but weight is None")
+    if not isinstance(offset, (int, float)) or isinstance(offset, bool):
+        raise TypeError(f"offset must be a number (1.0 for Gemma's (1 + w) form), "
+                        f"got {offset!r}")
     check_eps(eps)
 
 

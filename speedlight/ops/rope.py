@@ -11,8 +11,6 @@ copied). fp32 arithmetic; outputs in q's dtype. cos and sin take no gradient.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 
@@ -25,6 +23,7 @@ from speedlight.ops._common import (
     check_tensor,
     describe,
 )
+from speedlight.ops.registration import register_op
 from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, generator, planned_sm_count,
                              rand_tensor)
 
@@ -138,46 +137,19 @@ def rope_bwd(dq_rot: torch.Tensor, dk_rot: torch.Tensor, cos: torch.Tensor, sin:
     return _launch(dq_rot, dk_rot, cos, sin, position_ids, interleaved, backward=True)
 
 
-# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+# --- registration: custom ops, fakes and autograd -----------------------------------------
 
-@torch.library.custom_op("speedlight::rope_fwd", mutates_args=())
-def _rope_fwd_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 position_ids: Optional[torch.Tensor],
-                 interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return rope_fwd(q, k, cos, sin, position_ids, interleaved)
-
-
-@_rope_fwd_op.register_fake
-def _(q, k, cos, sin, position_ids, interleaved):
-    return torch.empty_like(q), torch.empty_like(k)
-
-
-@torch.library.custom_op("speedlight::rope_bwd", mutates_args=())
-def _rope_bwd_op(dq_rot: torch.Tensor, dk_rot: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor, position_ids: Optional[torch.Tensor],
-                 interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return rope_bwd(dq_rot, dk_rot, cos, sin, position_ids, interleaved)
-
-
-@_rope_bwd_op.register_fake
-def _(dq_rot, dk_rot, cos, sin, position_ids, interleaved):
-    return torch.empty_like(dq_rot), torch.empty_like(dk_rot)
-
-
-def _setup_context(ctx, inputs, output):
-    _, _, cos, sin, position_ids, interleaved = inputs
-    ctx.save_for_backward(cos, sin, position_ids)
-    ctx.interleaved = interleaved
-
-
-def _backward(ctx, dq_rot, dk_rot):
-    cos, sin, position_ids = ctx.saved_tensors
-    dq, dk = torch.ops.speedlight.rope_bwd(dq_rot, dk_rot, cos, sin, position_ids,
-                                           ctx.interleaved)
-    return dq, dk, None, None, None, None
-
-
-_rope_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+ROPE = register_op(
+    "rope",
+    forward=rope_fwd,
+    outputs=("q_rot", "k_rot"),
+    fake=lambda q, k, cos, sin, position_ids, interleaved: (torch.empty_like(q),
+                                                            torch.empty_like(k)),
+    backward=rope_bwd,
+    backward_fake=lambda dq_rot, dk_rot, cos, sin, position_ids, interleaved: (
+        torch.empty_like(dq_rot), torch.empty_like(dk_rot)),
+    grads=("q", "k"),
+)
 
 
 # --- public function ---------------------------------------------------------------------
@@ -239,7 +211,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
     if heads_dim == 1:  # the kernel takes [batch, seq, heads, head_dim]: a view, not a copy
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-    q_rot, k_rot = torch.ops.speedlight.rope_fwd(q, k, cos, sin, position_ids, interleaved)
+    q_rot, k_rot = ROPE(q, k, cos, sin, position_ids, interleaved)
     if heads_dim == 1:
         q_rot, k_rot = q_rot.transpose(1, 2), k_rot.transpose(1, 2)
     return q_rot, k_rot

@@ -19,6 +19,7 @@ from speedlight.kernels.softmax import (
     _softmax_fwd_split_write_kernel,
 )
 from speedlight.ops._common import check_runtime, check_tensor, row_tile, skip_huge_on_cpu
+from speedlight.ops.registration import like, register_op
 from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, inject_nonfinite, planned_sm_count,
                              rand_tensor)
 
@@ -140,37 +141,17 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
     return dx
 
 
-@torch.library.custom_op("speedlight::softmax_fwd", mutates_args=())
-def _softmax_fwd_op(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return softmax_fwd(x, dim)
+# --- registration: custom ops, fakes and autograd -----------------------------------------
 
-
-@_softmax_fwd_op.register_fake
-def _(x, dim):
-    return x.new_empty(x.shape)
-
-
-@torch.library.custom_op("speedlight::softmax_bwd", mutates_args=())
-def _softmax_bwd_op(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
-    return softmax_bwd(dy, y, dim)
-
-
-@_softmax_bwd_op.register_fake
-def _(dy, y, dim):
-    return y.new_empty(y.shape)
-
-
-def _setup_context(ctx, inputs, output):
-    ctx.dim = inputs[1]
-    ctx.save_for_backward(output)
-
-
-def _backward(ctx, dy):
-    (y,) = ctx.saved_tensors
-    return torch.ops.speedlight.softmax_bwd(dy, y, ctx.dim), None
-
-
-_softmax_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+SOFTMAX = register_op(
+    "softmax",
+    forward=softmax_fwd,
+    outputs=("y",),
+    fake=lambda x, dim: like(x),
+    backward=softmax_bwd,
+    backward_fake=lambda dy, y, dim: like(y),
+    grads=("x",),
+)
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -185,7 +166,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}] for x of shape "
                          f"{tuple(x.shape)}, got {dim}")
-    return torch.ops.speedlight.softmax_fwd(x, dim % x.dim())
+    return SOFTMAX(x, dim % x.dim())
 
 
 # --- OpSpec --------------------------------------------------------------------------------
