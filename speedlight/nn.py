@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from speedlight.ops._common import check_tensor
+from speedlight.ops._checks import check_tensor
 from speedlight.ops.add_rms_norm import add_rms_norm, broadcast_residual
 from speedlight.ops.cross_entropy import check_options, cross_entropy
 from speedlight.ops.geglu import geglu

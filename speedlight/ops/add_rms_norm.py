@@ -12,21 +12,17 @@ from __future__ import annotations
 import torch
 
 from speedlight import reference, shapes
-from speedlight.ops._common import (
-    check_same_device,
-    check_same_dtype,
-    check_tensor,
-    norm_cases,
-    skip_huge_on_cpu,
-)
+from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._suites import norm_cases, skip_huge_on_cpu
+from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.ops.rms_norm import (
     check_norm_args,
     model_norm_flags,
-    norm_fwd,
+    rms_norm_residual_fwd,
     rms_norm_bwd,
 )
+from speedlight.ops.rms_norm import _case_of as rms_norm_case_of
 from speedlight.ops.rms_norm import make_inputs as rms_norm_inputs
-from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, rand_tensor
 
 
@@ -36,7 +32,14 @@ def add_rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tens
                      eps: float, offset: float
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """y and h (x's shape and dtype, contiguous) and rstd ([rows] fp32)."""
-    return norm_fwd(x, residual, weight, eps, offset)
+    return rms_norm_residual_fwd(x, residual, weight, eps, offset)
+
+
+def add_rms_norm_infer(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                       eps: float, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """y and h alone: the forward when no gradient is wanted (rstd is not written)."""
+    y, h, _ = rms_norm_residual_fwd(x, residual, weight, eps, offset, store_rstd=False)
+    return y, h
 
 
 def add_rms_norm_bwd(dy: torch.Tensor | None, dh: torch.Tensor | None, h: torch.Tensor,
@@ -59,6 +62,7 @@ ADD_RMS_NORM = register_op(
     outputs=("y", "h", "rstd"),
     stats=("rstd",),
     fake=lambda x, residual, weight, eps, offset: (like(x), like(x), row_stats(x)),
+    inference=add_rms_norm_infer,
     backward=add_rms_norm_bwd,
     backward_fake=lambda dy, dh, h, weight, rstd, offset: (like(h), like(weight)),
     # x and residual enter h with coefficient 1: both receive dh_total (autograd copies
@@ -144,6 +148,9 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
 SPEC = OpSpec(
     name="add_rms_norm",
     for_model=_for_model,
+    case_of=lambda call, args: rms_norm_case_of("add_rms_norm", call, args),
+    fuses="residual add + RMSNorm, returning both the sum and the norm",
+    peers={"liger": "liger_fused_add_rms_norm"},
     impl=add_rms_norm,
     reference=reference.add_rms_norm,
     make_inputs=_make_inputs,

@@ -20,17 +20,13 @@ from speedlight.kernels.cross_entropy import (
     _cross_entropy_split_finish_kernel,
     _cross_entropy_split_stats_kernel,
 )
-from speedlight.ops._common import (
-    check_runtime,
-    check_same_device,
-    check_tensor,
-    describe,
-    row_tile,
-    warps_for_tile,
-)
+from speedlight.launch import planned_sm_count, row_tile, warps_for_tile
+from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._suites import is_call_of, rows_case
 from speedlight.ops.registration import like, register_op
+from speedlight.runtime import check_runtime, describe
 from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, generator, inject_nonfinite,
-                             planned_sm_count, rand_tensor)
+                             rand_tensor)
 
 REDUCTIONS = ("mean", "sum", "none")
 TARGET_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -506,6 +502,23 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
                  flags={"ignore": "some"}, model=cfg.name)]
 
 
+def _case_of(call: str, args) -> Case | None:
+    """logits (dlogits, or the overwritten logits, in the backward) as [tokens, vocab],
+    with the options that change the cost."""
+    if not (is_call_of(call, "cross_entropy") or is_call_of(call, "cross_entropy_inplace")):
+        return None
+    if call.endswith("_bwd"):  # the backward scales dlogits: shapes and the reduction only
+        logits = args["dlogits"] if "dlogits" in args else args["logits"]
+        flags = {"reduction": "none" if args["dloss"].dim() else None}
+    else:
+        logits = args["logits"]
+        reduction = args["reduction"]
+        flags = {"reduction": None if reduction == "mean" else reduction,
+                 "smoothing": args["label_smoothing"] or None, "zloss": args["z_loss"] or None,
+                 "softcap": args["softcap"]}
+    return rows_case("cross_entropy", logits, "vocab", rows="tokens", **flags)
+
+
 SPEC = OpSpec(
     name="cross_entropy",
     impl=cross_entropy,
@@ -532,4 +545,8 @@ SPEC = OpSpec(
         "_cross_entropy_bwd_kernel": KernelDesign(min_occupancy=0.75),
     },
     for_model=_for_model,
+    case_of=_case_of,
+    fuses="log_softmax + nll_loss without the [tokens, vocab] log-probabilities",
+    peers={"liger": "liger_cross_entropy"},
+    patches="cross_entropy",
 )

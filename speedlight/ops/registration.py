@@ -107,20 +107,26 @@ class RegisteredOp:
     configs: Configs | None = None
     _apply: Callable[..., Any] | None = None
     _grad_positions: tuple[int, ...] = ()
+    _n_params: int = 0  # the forward launcher's parameters (impl not counted)
+    _defaults: tuple = ()  # of the forward's trailing parameters that have one
     _tuned: dict = field(default_factory=dict)
 
     @property
     def public(self) -> tuple[str, ...]:
+        """The outputs a call returns: those not in stats."""
         return tuple(o for o in self.outputs if o not in self.stats)
 
     def __call__(self, *args, impl: str | None = None):
         impl = self._impl(impl)
+        missing = self._n_params - len(args)
+        if 0 < missing <= len(self._defaults):  # impl comes last: fill in the defaults
+            args = args + self._defaults[len(self._defaults) - missing:]
         if self.inference_op is not None and not self._needs_grad(args):
             return self.inference_op(*args, impl)
         out = self._apply(*args, impl)
         if not isinstance(out, tuple):
             return out
-        public = tuple(v for v, n in zip(out, self.outputs) if n not in self.stats)
+        public = tuple(v for v, n in zip(out, self.outputs) if n in self.public)
         return public[0] if len(public) == 1 else public
 
     def _impl(self, impl: str | None) -> str:
@@ -171,15 +177,20 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
     unknown = [s for s in stats if s not in outputs]
     if unknown:
         raise ValueError(f"{name}: stats {unknown} are not among outputs {outputs}")
+    for role, impls in (("backward", backward), ("inference", inference)):
+        if impls is not None and set(impls) != set(forward):
+            raise ValueError(f"{name}: {role} implementations {sorted(impls)} differ from "
+                             f"forward's {sorted(forward)}")
     first = next(iter(forward.values()))
     params = list(inspect.signature(first).parameters.values())
     hints = typing.get_type_hints(first)
     in_names = [p.name for p in params]
+    defaults = tuple(p.default for p in params if p.default is not inspect.Parameter.empty)
 
     fwd_op = _custom_op(f"{namespace}::{name}_fwd", forward, fake, params, hints,
                         len(outputs), mutates)
     op = RegisteredOp(name, outputs, stats, tuple(forward), fwd_op, configs=configs,
-                      _apply=fwd_op)
+                      _apply=fwd_op, _n_params=len(params), _defaults=defaults)
 
     if inference is not None:
         public_at = [i for i, o in enumerate(outputs) if o not in stats]

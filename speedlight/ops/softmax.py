@@ -18,10 +18,12 @@ from speedlight.kernels.softmax import (
     _softmax_fwd_split_stats_kernel,
     _softmax_fwd_split_write_kernel,
 )
-from speedlight.ops._common import check_runtime, check_tensor, row_tile, skip_huge_on_cpu
+from speedlight.launch import planned_sm_count, row_tile
+from speedlight.ops._checks import check_tensor
+from speedlight.ops._suites import is_call_of, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op
-from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, inject_nonfinite, planned_sm_count,
-                             rand_tensor)
+from speedlight.runtime import check_runtime
+from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
 MAX_FUSED_N = 16384
 LOOP_BLOCK_N = 4096
@@ -213,6 +215,14 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
     return [Case("softmax", (("rows", batch * cfg.heads * seq), ("cols", seq)), model=cfg.name)]
 
 
+def _case_of(call: str, args) -> Case | None:
+    """x (y in the backward) as [rows, cols] along dim."""
+    if not is_call_of(call, "softmax"):
+        return None
+    x = args["x"] if "x" in args else args["y"]
+    return rows_case("softmax", x.movedim(args["dim"], -1), "cols")
+
+
 _TWO_PASS = ("a row longer than 16384 does not fit registers: x is read twice, for the "
              "online max and sum and for the write (the second read mostly from L2), plus "
              "per-span statistics when the row is split")
@@ -230,6 +240,9 @@ SPEC = OpSpec(
     skip=skip_huge_on_cpu,
     notes="Softmax over the last dim; rows longer than 16384 take the online kernels.",
     for_model=_for_model,
+    case_of=_case_of,
+    fuses="softmax with its casts folded in",
+    peers={"liger": "liger_softmax"},
     kernels={
         "_softmax_fwd_kernel": KernelDesign(min_occupancy=0.5),
         "_softmax_bwd_kernel": KernelDesign(min_occupancy=0.5),

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from speedlight.launch import watch_launches
 from speedlight.spec import Case, OpSpec, Tolerance, dtype_name, grad_leaves, rand_tensor
 from speedlight.verify.compare import Check, judge
 
@@ -44,35 +45,20 @@ def poisoned_allocations():
 
 
 class LaunchCounter:
-    """Counts Triton kernel launches (compiled or interpreted) while active."""
+    """Counts kernel launches while active: Triton's, compiled or interpreted, and those of
+    CUDA extension functions (speedlight.launch.watch_launches)."""
 
     def __init__(self):
-        self.count = 0
         self.kernels: list[str] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.kernels)
 
     @contextlib.contextmanager
     def active(self):
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-
-        originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
-        counter = self
-
-        def wrap(orig):
-            def run(self, *args, **kwargs):
-                if not kwargs.get("warmup", False):
-                    counter.count += 1
-                    counter.kernels.append(getattr(self, "__name__", str(self)))
-                return orig(self, *args, **kwargs)
-            return run
-
-        for cls, orig in originals.items():
-            cls.run = wrap(orig)
-        try:
+        with watch_launches(into=self.kernels):
             yield self
-        finally:
-            for cls, orig in originals.items():
-                cls.run = orig
 
 
 # --- results ------------------------------------------------------------------------------

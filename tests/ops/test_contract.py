@@ -114,7 +114,7 @@ def test_torch_compile_fullgraph(spec, backend, device):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a CPU user gets")
 @pytest.mark.parametrize("spec", by_op())
 def test_cpu_tensor_without_interpreter_says_how_to_enable_it(spec, monkeypatch):
-    import speedlight.ops._common as common
+    import speedlight.runtime as common
 
     monkeypatch.setattr(common, "is_interpreted", lambda kernel: False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):

@@ -37,9 +37,9 @@ def grad_of(fn, logits, *args, upstream=None, **kwargs):
     pytest.param(1, 20011, {"softcap": 30.0, "zloss": 0.01}, id="tokens1-vocab20011-split"),
 ])
 def test_gpu_sized_launches_match_float64(sms, tokens, vocab, flags, device):
-    """The block sizes and plans a GPU gets (spec.sized_for), verified under the
+    """The block sizes and plans a GPU gets (launch.sized_for), verified under the
     interpreter: with 4 SMs five rows take the looped kernel, with 132 the split pair."""
-    from speedlight.spec import sized_for
+    from speedlight.launch import sized_for
 
     with sized_for(sms):
         assert_verified(SPEC, case(tokens, vocab, torch.bfloat16, **flags), device)

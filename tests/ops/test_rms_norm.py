@@ -94,9 +94,9 @@ def test_dw_reduced_over_many_programs(device):
     pytest.param(3, 20011, id="rows3-hidden20011-looped"),
 ])
 def test_gpu_sized_launches_match_float64(sms, rows, hidden, device):
-    """The block sizes and persistent grids a GPU gets (spec.sized_for), verified under the
+    """The block sizes and persistent grids a GPU gets (launch.sized_for), verified under the
     interpreter: with one SM the persistent programs walk several tiles each."""
-    from speedlight.spec import sized_for
+    from speedlight.launch import sized_for
 
     with sized_for(sms):
         assert_verified(SPEC, case(rows, hidden, torch.bfloat16), device)

@@ -46,9 +46,9 @@ def test_guards_take_every_model_shape_as_aligned_rows():
     pytest.param((2, 9, 2, 1, 32, 32), "contiguous", {"bcast": True}, id="small-heads-bcast"),
 ])
 def test_gpu_sized_launches_match_float64(shape, layout, flags, device):
-    """The tiles a GPU gets (spec.sized_for), verified under the interpreter: programs of
+    """The tiles a GPU gets (launch.sized_for), verified under the interpreter: programs of
     several tokens, q's head steps then k's, a k step with masked heads."""
-    from speedlight.spec import sized_for
+    from speedlight.launch import sized_for
 
     with sized_for(132):
         for dtype in (torch.bfloat16, torch.float32):

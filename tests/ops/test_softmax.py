@@ -65,9 +65,9 @@ def test_bad_input_is_named_and_launches_nothing(call, error, match, device):
     pytest.param(1, 3, 40000, id="1-sm-looped"),
 ])
 def test_gpu_sized_launches_match_float64(sms, rows, cols, device):
-    """The block sizes and split plans a GPU gets (spec.sized_for), verified under the
+    """The block sizes and split plans a GPU gets (launch.sized_for), verified under the
     interpreter."""
-    from speedlight.spec import sized_for
+    from speedlight.launch import sized_for
 
     with sized_for(sms):
         assert_verified(SPEC, Case("softmax", {"rows": rows, "cols": cols}, dtype=torch.bfloat16),
