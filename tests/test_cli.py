@@ -77,7 +77,8 @@ def test_verify_interrupted_keeps_the_finished_cases_of_the_op_in_progress(tmp_p
 
 
 @pytest.mark.parametrize("text,match", [
-    pytest.param("import torch\nSPEC = (\n", r"bad\.py.*line 2: SyntaxError: '\(' was never closed$",
+    pytest.param("import torch\nSPEC = (\n",
+                 r"bad\.py.*line 2: SyntaxError: '\(' was never closed$",
                  id="syntax"),
     pytest.param("import torch\n\nimport speedlight_no_such_module\n",
                  r"bad\.py.*line 3.*ModuleNotFoundError: No module named "

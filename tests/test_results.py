@@ -47,7 +47,8 @@ def test_append_does_not_rewrite_the_file(tmp_path, monkeypatch):
     results.append_jsonl(path, [{"i": i} for i in range(1000)])
     written = []
     real_write = os.write
-    monkeypatch.setattr(results.os, "write", lambda fd, b: written.append(len(b)) or real_write(fd, b))
+    monkeypatch.setattr(results.os, "write",
+                        lambda fd, b: written.append(len(b)) or real_write(fd, b))
     monkeypatch.setattr(Path, "read_text", lambda *a, **k: pytest.fail("read the whole file"))
     results.append_jsonl(path, [{"i": 1000}])
     assert sum(written) == len('{"i": 1000}\n')

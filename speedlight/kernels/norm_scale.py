@@ -25,4 +25,5 @@ def _pow2_scale(max_abs, eps):
     m = tl.minimum(m, 8.507059173023462e37)  # 2^126
     exponent = m.to(tl.int32, bitcast=True) & 0x7F800000
     # 1/p: biased exponent 254 - e, i.e. (254 << 23) - (e << 23)
-    return exponent.to(tl.float32, bitcast=True), (0x7F000000 - exponent).to(tl.float32, bitcast=True)
+    inverse = 0x7F000000 - exponent
+    return exponent.to(tl.float32, bitcast=True), inverse.to(tl.float32, bitcast=True)

@@ -80,9 +80,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
 
     x, residual: [..., hidden] of one dtype (float32/float16/bfloat16), any strides, of one
     shape or shapes that broadcast as in `x + residual` (y and h then have the broadcast
-    shape, and each gradient is summed back to its input's shape); h is rounded to that dtype before it is normalized, as an unfused
-    `h = x + residual; y = norm(h)` computes it. weight: [hidden] or None. offset: 1.0
-    for Gemma's (1 + w) form. Returns y and h, contiguous, of x's shape and dtype.
+    shape, and each gradient is summed back to its input's shape); h is rounded to that
+    dtype before it is normalized, as an unfused `h = x + residual; y = norm(h)` computes
+    it. weight: [hidden] or None. offset: 1.0 for Gemma's (1 + w) form. Returns y and h,
+    contiguous, of that shape and x's dtype.
     Differentiable in x, residual and weight (gradients flow in through both y and h);
     works under torch.compile(fullgraph=True).
     """

@@ -201,6 +201,7 @@ def test_extreme_magnitudes_match_float64(hidden, scale, eps, device):
     x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, res, w))
     y64, h64 = reference.add_rms_norm(x64, r64, w64, eps=eps)
     grads64 = torch.autograd.grad((y64 * g).sum() + (h64 * g / scale).sum(), (x64, r64, w64))
-    for name, got, want in zip(("y", "h", "dx", "dres", "dw"), (y, h, *grads), (y64, h64, *grads64)):
+    names = ("y", "h", "dx", "dres", "dw")
+    for name, got, want in zip(names, (y, h, *grads), (y64, h64, *grads64)):
         assert torch.isfinite(got).all(), name
         assert relative_error(got, want) < 1e-5, name

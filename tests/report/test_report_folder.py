@@ -20,6 +20,7 @@ from speedlight.pipeline import model_check
 from speedlight.profile import command as profile_command
 
 ROOT = Path(__file__).resolve().parents[2]
+QUICK = ["--no-bench", "--no-inspect", "--no-projection"]
 
 
 def _old_report(folder: Path) -> dict[str, str]:
@@ -50,7 +51,7 @@ def test_an_interrupted_run_leaves_the_earlier_report_whole(tmp_path, monkeypatc
         raise KeyboardInterrupt
 
     monkeypatch.setattr(profile_command, "profile_workload", interrupted)
-    assert cli.main(["report", "--out", str(out), "--no-bench", "--no-inspect", "--no-projection"]) == 130
+    assert cli.main(["report", "--out", str(out), *QUICK]) == 130
     assert _contents(out) == old
     assert _leftovers(out) == [], "the partial report is removed"
     last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -69,7 +70,7 @@ def test_a_finished_run_replaces_the_earlier_report_entirely(tmp_path, monkeypat
     monkeypatch.setattr(profile_command, "profile_workload", failing)
     monkeypatch.setattr(model_check, "check_models", failing)
     monkeypatch.setattr(registry, "builtin_specs", lambda: [])
-    code = cli.main(["report", "--out", str(out), "--no-bench", "--no-inspect", "--no-projection"])
+    code = cli.main(["report", "--out", str(out), *QUICK])
     assert code == 1  # the failed stage is reported, and the report is still whole
     manifest = json.loads((out / pipeline.MANIFEST).read_text())
     assert "old" not in manifest and manifest["stages"]["profile_before"]["status"] == "failed"
@@ -106,7 +107,7 @@ def test_a_killed_run_leaves_the_old_report_or_the_new_one_whole(tmp_path):
     old = _old_report(out)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "speedlight", "report", "--out", str(out),
-                             "--device", "cpu", "--steps", "1", "--no-bench", "--no-inspect", "--no-projection"],
+                             "--device", "cpu", "--steps", "1", *QUICK],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
