@@ -137,7 +137,7 @@ def built_beside(final: Path):
     one atomic exchange of the two folders where Linux offers it (renameat2), else two
     renames; then the old report's files, all speedlight's, are deleted.
     """
-    final = final.absolute()
+    final = final.resolve() if final.is_symlink() else final.absolute()
     if final.exists():
         if not final.is_dir():
             raise SystemExit(f"speedlight report: --out {str(final)!r} is a file, not a folder")
@@ -158,21 +158,26 @@ def built_beside(final: Path):
                          f"{e.strerror or e}") from None
     try:
         yield build
-        if final.exists() and _exchange(build, final):
-            old = build  # the two folders traded places
-        else:
-            old = final.parent / f".{final.name}.old-{os.getpid()}"
-            if final.exists():
-                os.rename(final, old)
-            os.rename(build, final)
-        for p in old.iterdir() if old.exists() else ():
-            if p.name in REPORT_FILES:
-                p.unlink()
-        if old.exists():
-            old.rmdir()  # fails, keeping them, if someone added files meanwhile
     except BaseException:
         shutil.rmtree(build, ignore_errors=True)
         raise
+    if final.exists() and _exchange(build, final):
+        old = build  # the two folders traded places
+    else:
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        if final.exists():
+            os.rename(final, old)
+        try:
+            os.rename(build, final)
+        except OSError:
+            if old.exists():
+                os.rename(old, final)  # put the earlier report back
+            raise
+    for p in old.iterdir() if old.is_dir() else ():
+        if p.name in REPORT_FILES and p.is_file():
+            p.unlink()
+    with contextlib.suppress(OSError):
+        old.rmdir()  # fails, keeping them, if files speedlight did not write appeared
 
 
 def _alive(pid: int) -> bool:
