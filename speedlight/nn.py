@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from speedlight.ops.add_rms_norm import add_rms_norm
+from speedlight.ops._checks import check_tensor
+from speedlight.ops.add_rms_norm import add_rms_norm, broadcast_residual
 from speedlight.ops.cross_entropy import check_options, cross_entropy
 from speedlight.ops.geglu import geglu
 from speedlight.ops.glu import ACTIVATIONS, glu
@@ -27,6 +28,7 @@ class RMSNorm(torch.nn.RMSNorm):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x, min_dim=1)  # before torch.finfo, which needs a float dtype
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         flat = _rows_shape(x, self.normalized_shape)
         weight = self.weight.reshape(-1) if self.weight is not None else None
@@ -127,7 +129,9 @@ class LayerNorm(torch.nn.LayerNorm):
 
 class AddRMSNorm(torch.nn.RMSNorm):
     """The residual add and RMSNorm of a pre-norm block in one kernel:
-    forward(x, residual) -> (y, h) with h = x + residual and y = RMSNorm(h).
+    forward(x, residual) -> (y, h) with h = x + residual and y = RMSNorm(h). The residual
+    is checked and broadcast as speedlight.add_rms_norm does; residual=None (the first
+    block, where the stream starts) gives (RMSNorm(x), x).
 
     Same constructor, parameters and state-dict as torch.nn.RMSNorm, so a model's norm
     weights load unchanged; eps=None means torch.finfo(x.dtype).eps, as in torch.
@@ -148,10 +152,18 @@ class AddRMSNorm(torch.nn.RMSNorm):
         else:
             super().reset_parameters()
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        check_tensor("x", x, min_dim=1)  # before torch.finfo, which needs a float dtype
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        flat = _rows_shape(x, self.normalized_shape)
         weight = self.weight.reshape(-1) if self.weight is not None else None
+        if residual is None:  # the residual stream starts at x: no add, and h is x
+            flat = _rows_shape(x, self.normalized_shape)
+            return rms_norm(x.reshape(flat), weight, eps, self.offset).reshape(x.shape), x
+        # checked and broadcast as add_rms_norm does, before the rows are flattened
+        check_tensor("residual", residual)
+        x, residual = broadcast_residual(x, residual)
+        flat = _rows_shape(x, self.normalized_shape)
         y, h = add_rms_norm(x.reshape(flat), residual.reshape(flat), weight, eps, self.offset)
         return y.view(x.shape), h.view(x.shape)
 
