@@ -186,19 +186,29 @@ def _epilogue_of_zeros(z, bias, residual, activation, out_dtype, dact):
     """K = 0: a @ b is zeros; the epilogue in fp32 on the host (nothing to launch for)."""
     if bias is not None:
         z = z + bias.float()
-    if activation is None:
-        y, d = z, torch.ones_like(z)
-    else:
-        zz = z.detach().requires_grad_(True)
-        with torch.enable_grad():
-            y = _torch_activation(zz, activation)
-            (d,) = torch.autograd.grad(y.sum(), zz)
-        y = y.detach()
+    y, d = _torch_activation(z, activation), _torch_dact(z, activation)
     if residual is not None:
         y = y + residual.float()
     if dact is not None:
         dact.copy_(d)
     return y.to(out_dtype), dact
+
+
+def _torch_dact(z: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """act'(z), as kernels/glu.py's _glu_activation derives it."""
+    if activation is None:
+        return torch.ones_like(z)
+    if activation == "silu":
+        s = torch.sigmoid(z)
+        return s * (1 + z * torch.sigmoid(-z))
+    if activation == "gelu_tanh":
+        c = math.sqrt(2 / math.pi)
+        u = 2 * c * (z + 0.044715 * z ** 3)
+        du = 2 * c * (1 + 3 * 0.044715 * z * z)
+        s = torch.sigmoid(u)
+        return s + z * s * torch.sigmoid(-u) * du
+    cdf = 0.5 * (1 + torch.erf(z / math.sqrt(2)))
+    return cdf + z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
 
 
 def _torch_activation(z: torch.Tensor, activation: str | None) -> torch.Tensor:
