@@ -15,14 +15,20 @@ one of two ways, chosen by the launcher (constexpr TMA):
 The epilogue (bias, output scale, activation, residual) runs on the fp32 accumulator in
 registers, so the pre-activation never reaches memory unless the backward needs act'.
 
-Under the Triton interpreter tl.dot is wrong in bfloat16: the launcher sets UPCAST and
-the loaded tiles are converted to fp32 before the dot (bf16 products are exact in fp32).
+Under the Triton interpreter tl.dot is wrong in bfloat16: there (INTERPRETED, read from
+TRITON_INTERPRET when this module is imported, as Triton itself reads it) loaded bf16
+tiles are converted to fp32 before the dot; bf16 products are exact in fp32, so this is
+the GPU's math up to summation order. A compiled kernel never has the conversion.
 """
+
+import os
 
 import triton
 import triton.language as tl
 
 from speedlight.kernels.glu import _glu_activation
+
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 @triton.jit
@@ -56,7 +62,7 @@ def _operand_desc(ptr, rows, cols, stride_row, stride_col, BLOCK_ROWS: tl.conste
 @triton.jit
 def _load_operand(desc, ptr, off_row, off_col, rows, cols, stride_row, stride_col,
                   BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, TMA: tl.constexpr,
-                  COLS_CONTIGUOUS: tl.constexpr, UPCAST: tl.constexpr):
+                  COLS_CONTIGUOUS: tl.constexpr):
     """The [BLOCK_ROWS, BLOCK_COLS] tile at (off_row, off_col) of a [rows, cols] operand,
     zero outside it: by its descriptor (TMA) or by pointers with masks (64-bit offsets)."""
     if TMA:
@@ -71,7 +77,7 @@ def _load_operand(desc, ptr, off_row, off_col, rows, cols, stride_row, stride_co
         ptrs = (ptr + offs_r.to(tl.int64)[:, None] * stride_row
                 + offs_c.to(tl.int64)[None, :] * stride_col)
         tile = tl.load(ptrs, mask=mask, other=0.0)
-    if UPCAST:
+    if INTERPRETED and tile.dtype == tl.bfloat16:
         tile = tile.to(tl.float32)
     return tile
 
@@ -125,7 +131,7 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, dact_ptr, bias_ptr, res_ptr, M, N, K,
                    GROUP_M: tl.constexpr, TMA: tl.constexpr, A_KMAJOR: tl.constexpr,
                    B_KMAJOR: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
                    ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                   STORE_DACT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                   STORE_DACT: tl.constexpr, PRECISION: tl.constexpr):
     """c = act(scale * (a @ b) + bias) + residual, and dact = act'(scale * (a @ b) + bias).
 
     a_ptr [M, K], b_ptr [K, N] (any strides; with TMA, A_KMAJOR says a's K stride is 1,
@@ -135,8 +141,7 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, dact_ptr, bias_ptr, res_ptr, M, N, K,
     float (HAS_SCALE). Accumulates in fp32.
     Constexprs: the tile BLOCK_M x BLOCK_N x BLOCK_K and GROUP_M (grouped order); TMA the
     operand path; HAS_* / ACTIVATION / STORE_DACT the epilogue pieces compiled in;
-    PRECISION tl.dot's input_precision for fp32 operands ("tf32" or "ieee"); UPCAST
-    converts loaded tiles to fp32 before the dot (the interpreter's bf16).
+    PRECISION tl.dot's input_precision for fp32 operands ("tf32" or "ieee").
     """
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -167,9 +172,9 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, dact_ptr, bias_ptr, res_ptr, M, N, K,
         for ki in range(k_tiles):
             off_k = ki * BLOCK_K
             a = _load_operand(a_desc, a_ptr, off_m, off_k, M, K, stride_am, stride_ak,
-                              BLOCK_M, BLOCK_K, TMA, A_KMAJOR, UPCAST)
+                              BLOCK_M, BLOCK_K, TMA, A_KMAJOR)
             b = _load_operand(b_desc, b_ptr, off_k, off_n, K, N, stride_bk, stride_bn,
-                              BLOCK_K, BLOCK_N, TMA, not B_KMAJOR, UPCAST)
+                              BLOCK_K, BLOCK_N, TMA, not B_KMAJOR)
             # [BM, BK] @ [BK, BN] -> [BM, BN]
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
         offs_m = off_m + tl.arange(0, BLOCK_M)

@@ -30,7 +30,6 @@ from speedlight.ops._common import (
     check_same_device,
     check_tensor,
     describe,
-    is_interpreted,
 )
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, planned_sm_count, rand_tensor
 
@@ -129,13 +128,11 @@ def ensure_allocator() -> None:
     triton.set_allocator(alloc)
 
 
-def _interpreted_flags(dtype: torch.dtype, kernel) -> tuple[bool, str]:
-    """(UPCAST, PRECISION): bf16 tiles go to fp32 before tl.dot under the interpreter (its
-    bf16 dot is wrong; bf16 products are exact in fp32); fp32 uses TF32 only where
+def precision(dtype: torch.dtype) -> str:
+    """tl.dot's input_precision: fp32 uses TF32 only where
     torch.backends.cuda.matmul.allow_tf32 says so, as torch.matmul does."""
-    upcast = dtype == torch.bfloat16 and is_interpreted(kernel)
     tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    return upcast, "tf32" if tf32 else "ieee"
+    return "tf32" if tf32 else "ieee"
 
 
 # --- launcher (usable without autograd) ----------------------------------------------------
@@ -164,7 +161,6 @@ def matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
            and tma_layout(c) == "row")
     if tma and a.device.type == "cuda":
         ensure_allocator()
-    upcast, precision = _interpreted_flags(a.dtype, _matmul_kernel)
     num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     act = activation or "none"
     d = dact if dact is not None else c
@@ -177,8 +173,8 @@ def matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         TMA=tma, A_KMAJOR=a_lay == "row", B_KMAJOR=b_lay == "col",
         HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, ACTIVATION=act,
-        HAS_RESIDUAL=residual is not None, STORE_DACT=store_dact, PRECISION=precision,
-        UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        HAS_RESIDUAL=residual is not None, STORE_DACT=store_dact, PRECISION=precision(a.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return c, dact
 
 
