@@ -187,3 +187,77 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, dact_ptr, bias_ptr, res_ptr, M, N, K,
         if STORE_DACT:
             _store_tile(d_desc, dact_ptr, dact, off_m, off_n, M, N, stride_cm, stride_cn,
                         BLOCK_M, BLOCK_N, TMA)
+
+
+@triton.jit
+def _gated_matmul_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, h1_ptr, h2_ptr, M, N, K,
+                         stride_xm, stride_xk, stride_wgn, stride_wgk, stride_wun, stride_wuk,
+                         stride_om, stride_hm,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr, TMA: tl.constexpr, X_KMAJOR: tl.constexpr,
+                         W_KMAJOR: tl.constexpr, ACTIVATION: tl.constexpr,
+                         STORE_H: tl.constexpr, PRECISION: tl.constexpr):
+    """out = act(g) * u with g = x @ wg^T, u = x @ wu^T, both of a tile in one program.
+
+    For the backward (STORE_H) the forward also writes g and u (rounded to out's dtype, as
+    the two projections of an unfused MLP are), from which dg = dout * u * act'(g) and
+    du = dout * act(g) are computed in fp32 with one rounding each.
+    x_ptr [M, K]; wg_ptr, wu_ptr [N, K] (nn.Linear's layout, any strides; with TMA both K
+    strides are 1 when W_KMAJOR, else both N strides are); wu_ptr may point into wg's own
+    buffer (rows N..2N of a [2N, K] gate_up weight); out_ptr [M, N] contiguous; h1_ptr,
+    h2_ptr [M, N] with row stride stride_hm (two halves of one [M, 2N] buffer), in out's
+    dtype. Constexprs as _matmul_kernel's; ACTIVATION silu, gelu_tanh or gelu.
+    """
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if TMA:
+        x_desc = _operand_desc(x_ptr, M, K, stride_xm, stride_xk, BLOCK_M, BLOCK_K, X_KMAJOR)
+        # w^T [K, N] tiles [BK, BN]: as [N, K] tiles [BN, BK] when its K stride is 1
+        wg_desc = _operand_desc(wg_ptr, K, N, stride_wgk, stride_wgn, BLOCK_K, BLOCK_N,
+                                not W_KMAJOR)
+        wu_desc = _operand_desc(wu_ptr, K, N, stride_wuk, stride_wun, BLOCK_K, BLOCK_N,
+                                not W_KMAJOR)
+        o_desc = tl.make_tensor_descriptor(out_ptr, shape=[M, N], strides=[stride_om, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N])
+        if STORE_H:
+            h1_desc = tl.make_tensor_descriptor(h1_ptr, shape=[M, N], strides=[stride_hm, 1],
+                                                block_shape=[BLOCK_M, BLOCK_N])
+            h2_desc = tl.make_tensor_descriptor(h2_ptr, shape=[M, N], strides=[stride_hm, 1],
+                                                block_shape=[BLOCK_M, BLOCK_N])
+        else:
+            h1_desc = o_desc
+            h2_desc = o_desc
+    else:
+        x_desc = x_ptr
+        wg_desc = wg_ptr
+        wu_desc = wu_ptr
+        o_desc = out_ptr
+        h1_desc = h1_ptr
+        h2_desc = h2_ptr
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            x = _load_operand(x_desc, x_ptr, off_m, off_k, M, K, stride_xm, stride_xk,
+                              BLOCK_M, BLOCK_K, TMA, X_KMAJOR)
+            wg = _load_operand(wg_desc, wg_ptr, off_k, off_n, K, N, stride_wgk, stride_wgn,
+                               BLOCK_K, BLOCK_N, TMA, not W_KMAJOR)
+            wu = _load_operand(wu_desc, wu_ptr, off_k, off_n, K, N, stride_wuk, stride_wun,
+                               BLOCK_K, BLOCK_N, TMA, not W_KMAJOR)
+            # [BM, BK] @ [BK, BN] -> [BM, BN], twice on one x tile
+            acc_g = tl.dot(x, wg, acc_g, input_precision=PRECISION)
+            acc_u = tl.dot(x, wu, acc_u, input_precision=PRECISION)
+        act, _ = _glu_activation(acc_g, ACTIVATION)
+        _store_tile(o_desc, out_ptr, act * acc_u, off_m, off_n, M, N, stride_om, 1,
+                    BLOCK_M, BLOCK_N, TMA)
+        if STORE_H:
+            _store_tile(h1_desc, h1_ptr, acc_g, off_m, off_n, M, N, stride_hm, 1,
+                        BLOCK_M, BLOCK_N, TMA)
+            _store_tile(h2_desc, h2_ptr, acc_u, off_m, off_n, M, N, stride_hm, 1,
+                        BLOCK_M, BLOCK_N, TMA)
