@@ -19,6 +19,8 @@ _EXPORTS = {
     "add_rms_norm": "speedlight.ops.add_rms_norm",
     "swiglu": "speedlight.ops.swiglu",
     "geglu": "speedlight.ops.geglu",
+    "matmul": "speedlight.ops.matmul",
+    "gated_matmul": "speedlight.ops.gated_matmul",
 }
 # speedlight.patch(model) is a function: the package that holds it is speedlight.patching,
 # since a submodule named patch would replace the function on first import.

@@ -24,6 +24,8 @@ BUILTIN_MODULES = (
     "speedlight.ops.add_rms_norm",
     "speedlight.ops.swiglu",
     "speedlight.ops.geglu",
+    "speedlight.ops.matmul",
+    "speedlight.ops.gated_matmul",
 )
 
 

@@ -31,14 +31,14 @@ from speedlight.ops._common import (
     check_tensor,
     describe,
 )
-from speedlight.ops.glu import glu_bwd
+import speedlight.ops.glu  # noqa: F401  (registers speedlight::glu_bwd, used by the backward)
 from speedlight.ops.matmul import (
     ACTIVATIONS,
     DESIGN,
     MODEL_TOKENS,
     ensure_allocator,
+    gemm,
     launch_config,
-    matmul_fwd,
     precision,
     programs,
     tma_layout,
@@ -104,21 +104,21 @@ def gated_matmul_bwd(dout: torch.Tensor, h: torch.Tensor, x: torch.Tensor,
         return (torch.empty_like(x) if need_x else None,
                 torch.empty_like(w_gate) if need_w else None,
                 torch.empty_like(w_up) if need_w and w_up is not None else None)
-    dgu, _ = glu_bwd(dout, h, None, activation)  # [dg, du], [M, 2I]
+    dgu, _ = torch.ops.speedlight.glu_bwd(dout, h, None, activation)  # [dg, du], [M, 2I]
     dg, du = dgu[:, :n], dgu[:, n:]
     dx = dwg = dwu = None
     if need_x:
         if w_up is None:  # [M, 2I] @ [2I, H] -> [M, H]
-            dx, _ = matmul_fwd(dgu, w_gate)
+            dx = gemm(dgu, w_gate)
         else:  # dg @ wg in fp32, added by the up GEMM's epilogue: one rounding
-            part, _ = matmul_fwd(dg, w_gate, out_dtype=torch.float32)
-            dx, _ = matmul_fwd(du, w_up, residual=part, out_dtype=x.dtype)
+            part = gemm(dg, w_gate, out_dtype=torch.float32)
+            dx = gemm(du, w_up, residual=part, out_dtype=x.dtype)
     if need_w:
         if w_up is None:  # [2I, M] @ [M, H] -> [2I, H]
-            dwg, _ = matmul_fwd(dgu.t(), x)
+            dwg = gemm(dgu.t(), x)
         else:
-            dwg, _ = matmul_fwd(dg.t(), x)
-            dwu, _ = matmul_fwd(du.t(), x)
+            dwg = gemm(dg.t(), x)
+            dwu = gemm(du.t(), x)
     return dx, dwg, dwu
 
 
