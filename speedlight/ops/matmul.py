@@ -60,7 +60,7 @@ class LaunchConfig:
 
 def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, *,
                   operands: int = 1, out_dtype: torch.dtype | None = None,
-                  residual: bool = False) -> LaunchConfig:
+                  residual: bool = False, store_dact: bool = False) -> LaunchConfig:
     """The rule: one configuration of CONFIG_SPACE per (M, N, K, dtype, device).
 
     On a GPU (or the one spec.sized_for names), for `operands` b tiles per k-step (2: the
@@ -71,9 +71,9 @@ def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
       - otherwise 128 x 256 tiles on two warp groups (8 warps) for one b operand where N
         allows (the largest tile whose 3 stages and 16-bit epilogue tile fit 227 KB);
         128 x 128 with 4 stages when N < 256, or when the output is fp32 (its epilogue
-        tile would not fit beside 3 stages) or a residual is read (its tile on top of a
-        128 x 256 accumulator spills); 128 x 128 with 3 stages for the gated kernel's two
-        accumulators;
+        tile would not fit beside 3 stages), or a residual is read or act' stored (a
+        second [BM, BN] tile beside a 128 x 256 accumulator spills); 128 x 128 with 3
+        stages for the gated kernel's two accumulators;
       - GROUP_M 8: eight row tiles share each b column tile while it is in L2.
     Under the interpreter (CPU): tiles as large as the problem (up to 128), since every
     loop iteration costs milliseconds there whatever its size.
@@ -85,7 +85,8 @@ def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
     if m <= 64:
         return LaunchConfig(64, 128, block_k, 8, 4, 4 if operands == 1 else 3)
     out_size = (out_dtype or dtype).itemsize
-    if operands == 1 and n >= 256 and dtype.itemsize <= 2 and out_size <= 2 and not residual:
+    plain = out_size <= 2 and not residual and not store_dact
+    if operands == 1 and n >= 256 and dtype.itemsize <= 2 and plain:
         return LaunchConfig(128, 256, block_k, 8, 8, 3)
     return LaunchConfig(128, 128, block_k, 8, 8, 4 if operands == 1 else 3)
 
@@ -160,7 +161,7 @@ def matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
         return _epilogue_of_zeros(z, bias, residual, activation, out_dtype, dact)
     check_runtime(a, _matmul_kernel)
     cfg = launch_config(m, n, k, a.dtype, a.device, out_dtype=out_dtype,
-                        residual=residual is not None)
+                        residual=residual is not None, store_dact=store_dact)
     a_lay, b_lay = tma_layout(a), tma_layout(b)
     tma = (use_tma(a.device) and a_lay is not None and b_lay is not None
            and tma_layout(c) == "row")

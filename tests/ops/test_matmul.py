@@ -130,8 +130,8 @@ def test_launch_rule_picks_points_of_the_declared_space():
         assert cfg.num_warps in op.CONFIG_SPACE["num_warps"]
         assert cfg.num_stages in op.CONFIG_SPACE["num_stages"] and cfg.num_stages >= 3
     with sized_for(132):
-        (fwd,) = _launch(case(4096, 4096, 4096, torch.bfloat16, linear=True), backward=False)
-    assert fwd.grid == (132, 1, 1)  # persistent: one program per SM, 512 tiles
+        (fwd,) = _launch(case(2048, 4096, 64, torch.bfloat16, linear=True), backward=False)
+    assert fwd.grid == (132, 1, 1)  # persistent: one program per SM, 256 tiles
 
 
 @pytest.mark.parametrize("call,error,match", [
@@ -164,14 +164,13 @@ def test_linear_module_keeps_torch_state_dict(device):
     torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_torch_compile_fullgraph(backend, device):
+def test_torch_compile_fullgraph(device):
     torch._dynamo.reset()
 
     def layer(x, w, b, r):
         return speedlight.matmul(x, w.t(), bias=b, activation="gelu_tanh", residual=r)
 
-    compiled = torch.compile(layer, fullgraph=True, backend=backend)
+    compiled = torch.compile(layer, fullgraph=True, backend="inductor")
     x = seeded((20, 32), device=device).requires_grad_()
     w = seeded((48, 32), device=device, seed=1).requires_grad_()
     b = seeded((48,), device=device, seed=2).requires_grad_()
