@@ -15,8 +15,10 @@ TOP = {
     "environment": "where it ran: device, runtime, torch/triton/CUDA/driver versions, git, time (results.environment)",
     "run": "the invocation: id, model, mode (train|infer), batch, seq, dtype, warmup, steps, device",
     "model": "what was built: source, class, parameters, and the config fields that size it",
-    "target": "the GPU the floors are on: key, name, roof_source (measured|datasheet), roof_device, "
-              "bandwidth, peak_flops per dtype, measured_here, launch_s, note",
+    "target": "the GPU the floors are on (speedlight.target.Target.to_json): key, name, arch, "
+              "sm_count, origin (--target, the GPU in use or the default), in_use and its older "
+              "name measured_here, roof_source (measured|datasheet), roof_device, bandwidth, "
+              "peak_flops per dtype, roof_note, launch_s",
     "measured": "what is measured and what projected: time (cpu|cuda), floors (on the measured "
                 "GPU|projected), note",
     "summary": "per step: step_time_s (clean steps, median) and its samples, time_by_bound_s (op time "
@@ -40,6 +42,25 @@ TOP = {
                "formula (of each call), place (of the first), places (how many), indices",
     "rows": "one per aten op call of the recorded step (see ROW)",
     "notes": "anything the reader must know about this run",
+}
+
+# Present in a projected document only (`speedlight profile --project`); there, measured.time
+# is "projected", every time_s is the op's floor and summary.step_time_s is null.
+PROJECTED = {
+    "projection": "how it was made: label (projected floor), dispatch (gpu|here) and dispatch_note, "
+                  "attention (backend, why, calls), recipe (name, text, bytes_per_parameter), "
+                  "exact_bytes (parameters, gradients, optimizer_state by arithmetic), tokens, "
+                  "tokens_per_s_at_floor, moe, seconds (wall time of the fake step)",
+    "with_speedlight": "the model patched with speedlight's ops, projected on the same target: patch, "
+                       "floor_s, floor_with_launch_s, ops, kernel_ops, peak_bytes, activations_bytes, "
+                       "saved_s, saved_with_launch_s, saved_bytes, by_type, label",
+    "comparison": "--targets: rows (target, name, floor_s, floor_with_launch_s, tokens_per_s, "
+                  "floor_by_bound_s, memory_bytes, peak_bytes, fits, patched_floor_s, "
+                  "patched_tokens_per_s, patched_peak_bytes; with --shard: shard, sharded_peak_bytes, "
+                  "sharded_fits), shard, shard_note, largest_layer, largest_layer_bytes, label",
+    "variations": "--vary: target, base {batch, seq}, fields, rows (field, value, batch, seq, parameters, "
+                  "floor_s, floor_with_launch_s, tokens_per_s, flops, split_s by cost family, peak_bytes, "
+                  "fits), label",
 }
 
 ROW = {

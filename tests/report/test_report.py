@@ -17,13 +17,15 @@ from speedlight import cli
 from speedlight.report import render
 from speedlight.report.load import load
 
+USER_SPEC = Path(__file__).resolve().parents[2] / "examples" / "relu_squared.py"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    code = cli.main(["report", "--out", str(out), "--steps", "1", "--bench-budget", "20"])
+    code = cli.main(["report", "--out", str(out), "--steps", "1", "--bench-budget", "20",
+                     "--spec", str(USER_SPEC)])
     return out, code
 
 
@@ -39,6 +41,27 @@ def test_report_runs_end_to_end_and_writes_every_stage(report_dir):
     assert {"rms_norm", "rope", "cross_entropy"} <= set(patch["patched"])
     check = json.loads((out / "model-check.json").read_text())
     assert check["passed"] and check["train"] and len(check["checks"]) > 10
+
+
+def test_a_teams_own_op_goes_through_every_stage(report_dir):
+    out, _ = report_dir
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["run"]["spec_files"] == [str(USER_SPEC)]
+    assert "quick suite" in manifest["cases_from"]["relu_squared"]
+    assert manifest["cases_from"]["rms_norm"] == "the model's shapes"
+    for name in ("verify", "bench"):
+        rows = [json.loads(l) for l in (out / f"{name}.jsonl").read_text().splitlines()]
+        ours = [r for r in rows if r["op"] == "relu_squared"]
+        assert ours and all(r["target"] == "h200" for r in rows), name
+    assert any(r["status"] == "pass" for r in
+               map(json.loads, (out / "verify.jsonl").read_text().splitlines())
+               if r["op"] == "relu_squared")
+    inspect = json.loads((out / "inspect.json").read_text())
+    assert inspect["target"] == "sm_90a" and inspect["sku"] == "NVIDIA H200"
+    assert any(k["op"] == "relu_squared" for k in inspect["kernels"])
+    before = json.loads((out / "profile-before.json").read_text())
+    assert before["target"]["key"] == "h200" and before["target"]["origin"] == "the default"
+    assert before["run"]["steps"] == 1
 
 
 def test_numbers_come_from_the_stage_files(report_dir):
@@ -102,3 +125,16 @@ def test_a_failed_stage_is_shown_and_fails_the_run(report_dir, tmp_path):
     html = (broken / "index.html").read_text()
     assert "RuntimeError: boom" in html and "patched model differs from the original" in html
     assert render.has_failures(broken)
+
+
+def test_cpu_report_adds_the_real_size_projection_of_the_family(report_dir):
+    out, _ = report_dir
+    doc = json.loads((out / "profile-projected.json").read_text())
+    assert doc["run"]["model"] == "llama-3-8b" and doc["run"]["seq"] == 4096
+    assert doc["measured"]["time"] == "projected" and doc["run"]["mode"] == "train"
+    assert [r["target"] for r in doc["comparison"]["rows"]] == ["h100-sxm", "h200", "b200"]
+    data = load(out)
+    assert data["projection"]["floor_s"] == doc["summary"]["floor_s"]
+    page = (out / "index.html").read_text()
+    assert "At real size: llama-3-8b" in page and "projected floor" in page
+    assert (out / "profile-projected.html").exists()
