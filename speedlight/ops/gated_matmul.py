@@ -1,8 +1,9 @@
 """The gated MLP's two projections in one kernel: out = act(x @ w_gate^T) * (x @ w_up^T).
 
 Host code of kernels/matmul.py's _gated_matmul_kernel: the launcher `gated_matmul_fwd`
-(usable without autograd), the custom op `speedlight::gated_matmul` with its fake and
-autograd rules, the public `speedlight.gated_matmul`, and the OpSpec. The weights are read
+(usable without autograd), the registration (custom ops `speedlight::gated_matmul_fwd /
+_infer / _bwd`, fake and autograd rule), the public `speedlight.gated_matmul`, and the
+OpSpec. The weights are read
 where they lie: two [I, H] weights (Llama's gate_proj and up_proj), or with w_up None one
 [2I, H] weight whose first I rows are the gate and the rest the up projection (Phi-3's
 gate_up_proj), never copied or concatenated.
@@ -25,25 +26,24 @@ import triton
 
 from speedlight import reference, shapes
 from speedlight.kernels.matmul import _gated_matmul_kernel
-from speedlight.ops._common import (
-    check_runtime,
-    check_same_device,
-    check_tensor,
-    describe,
-)
-import speedlight.ops.glu  # noqa: F401  (registers speedlight::glu_bwd, used by the backward)
+from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._suites import is_call_of
+from speedlight.ops.glu import glu_bwd
 from speedlight.ops.matmul import (
     ACTIVATIONS,
+    CONFIG_SPACE,
     DESIGN,
     MODEL_TOKENS,
     ensure_allocator,
-    gemm,
     launch_config,
+    matmul_fwd,
     precision,
     programs,
     tma_layout,
     use_tma,
 )
+from speedlight.ops.registration import Configs, register_op
+from speedlight.runtime import check_runtime, describe
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
 
@@ -95,67 +95,56 @@ def gated_matmul_fwd(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor |
 
 
 def gated_matmul_bwd(dout: torch.Tensor, h: torch.Tensor, x: torch.Tensor,
-                     w_gate: torch.Tensor, w_up: torch.Tensor | None, activation: str,
-                     need_x: bool, need_w: bool):
-    """(dx, dw_gate, dw_up) from the forward's h; dw_up None when w_up is None (then
-    dw_gate is the [2I, H] gradient of the one weight)."""
+                     w_gate: torch.Tensor, w_up: torch.Tensor | None, activation: str
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(dx, dw_gate, dw_up) from the forward's h = [g, u]; dw_up None when w_up is None
+    (then dw_gate is the [2I, H] gradient of the one weight)."""
     m, n = dout.shape
     if x.shape[1] == 0:  # H = 0: every gradient is empty
-        return (torch.empty_like(x) if need_x else None,
-                torch.empty_like(w_gate) if need_w else None,
-                torch.empty_like(w_up) if need_w and w_up is not None else None)
-    dgu, _ = torch.ops.speedlight.glu_bwd(dout, h, None, activation)  # [dg, du], [M, 2I]
+        return (torch.empty_like(x), torch.empty_like(w_gate),
+                torch.empty_like(w_up) if w_up is not None else None)
+    dgu, _ = glu_bwd(dout, h, None, activation)  # [dg, du], [M, 2I]
     dg, du = dgu[:, :n], dgu[:, n:]
-    dx = dwg = dwu = None
-    if need_x:
-        if w_up is None:  # [M, 2I] @ [2I, H] -> [M, H]
-            dx = gemm(dgu, w_gate)
-        else:  # dg @ wg in fp32, added by the up GEMM's epilogue: one rounding
-            part = gemm(dg, w_gate, out_dtype=torch.float32)
-            dx = gemm(du, w_up, residual=part, out_dtype=x.dtype)
-    if need_w:
-        if w_up is None:  # [2I, M] @ [M, H] -> [2I, H]
-            dwg = gemm(dgu.t(), x)
-        else:
-            dwg = gemm(dg.t(), x)
-            dwu = gemm(du.t(), x)
+    if w_up is None:
+        dx, _ = matmul_fwd(dgu, w_gate)  # [M, 2I] @ [2I, H] -> [M, H]
+        dwg, _ = matmul_fwd(dgu.t(), x)  # [2I, M] @ [M, H] -> [2I, H]
+        return dx, dwg, None
+    # dg @ wg in fp32, added by the up GEMM's epilogue: one rounding
+    part, _ = matmul_fwd(dg, w_gate, out_dtype=torch.float32)
+    dx, _ = matmul_fwd(du, w_up, residual=part, out_dtype=x.dtype)
+    dwg, _ = matmul_fwd(dg.t(), x)  # [I, M] @ [M, H] -> [I, H]
+    dwu, _ = matmul_fwd(du.t(), x)
     return dx, dwg, dwu
 
 
-# --- torch custom op: opaque to torch.compile, with fake and autograd rules ---------------
-# (one marked block: moves to speedlight/ops/registration.py's helper when it lands)
-
-@torch.library.custom_op("speedlight::gated_matmul", mutates_args=())
-def _gated_matmul_op(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor | None,
-                     activation: str, store_h: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    out, h = gated_matmul_fwd(x, w_gate, w_up, activation, store_h)
-    return out, (h if h is not None else out.new_empty((0,)))
+def _train_fwd(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor | None,
+               activation: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward a backward follows: out and h = [g, u]."""
+    return gated_matmul_fwd(x, w_gate, w_up, activation, store_h=True)
 
 
-@_gated_matmul_op.register_fake
-def _(x, w_gate, w_up, activation, store_h):
+def _infer_fwd(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor | None,
+               activation: str) -> torch.Tensor:
+    """The forward when no gradient is needed: out alone, neither projection written."""
+    return gated_matmul_fwd(x, w_gate, w_up, activation)[0]
+
+
+def _fake(x, w_gate, w_up, activation):
     n = w_gate.shape[0] if w_up is not None else w_gate.shape[0] // 2
-    out = x.new_empty((x.shape[0], n))
-    return out, (x.new_empty((x.shape[0], 2 * n)) if store_h else x.new_empty((0,)))
+    return x.new_empty((x.shape[0], n)), x.new_empty((x.shape[0], 2 * n))
 
 
-def _setup_context(ctx, inputs, output):
-    x, w_gate, w_up, activation, store_h = inputs
-    ctx.save_for_backward(x, w_gate, w_up, output[1])
-    ctx.activation = activation
-    ctx.mark_non_differentiable(output[1])
-
-
-def _backward(ctx, dout, _dh):
-    x, w_gate, w_up, h = ctx.saved_tensors
-    need = ctx.needs_input_grad
-    dx, dwg, dwu = gated_matmul_bwd(dout, h, x, w_gate, w_up, ctx.activation, need[0],
-                                    need[1] or (w_up is not None and need[2]))
-    return dx, dwg, dwu, None, None
-
-
-_gated_matmul_op.register_autograd(_backward, setup_context=_setup_context)
-# --- end of the custom-op block ------------------------------------------------------------
+GATED_MATMUL = register_op(
+    "gated_matmul",
+    forward=_train_fwd,
+    outputs=("out", "h"),
+    stats=("h",),
+    fake=_fake,
+    inference=_infer_fwd,
+    backward=gated_matmul_bwd,
+    grads=("x", "w_gate", "w_up"),
+    configs=Configs(CONFIG_SPACE),
+)
 
 
 # --- the public function -------------------------------------------------------------------
@@ -198,9 +187,7 @@ def gated_matmul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor | Non
     check_same_device(x=x, w_gate=w_gate, w_up=w_up)
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(math.prod(lead), k)
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                           for t in (x, w_gate, w_up))
-    out, _ = torch.ops.speedlight.gated_matmul(x2, w_gate, w_up, activation, bool(grad))
+    out = GATED_MATMUL(x2, w_gate, w_up, activation)
     return out.view(*lead, out.shape[-1])
 
 
@@ -296,6 +283,18 @@ def for_model(cfg, batch: int, seq: int) -> list[Case]:
     return [_case(batch * seq, cfg.intermediate, cfg.hidden, model=cfg.name, **flags)]
 
 
+def case_of(call: str, args) -> Case | None:
+    """The Case of one call of the registered op (profile costs it through `cost`)."""
+    if not is_call_of(call, "gated_matmul"):
+        return None
+    x, w_gate, w_up = args["x"], args["w_gate"], args.get("w_up")
+    n = w_gate.shape[0] // 2 if w_up is None else w_gate.shape[0]
+    flags = {"act": args["activation"] if args["activation"] != "silu" else None,
+             "concat": True if w_up is None else None}
+    return Case("gated_matmul", (("m", x.shape[0]), ("n", n), ("k", x.shape[1])),
+                dtype=x.dtype, flags={k: v for k, v in flags.items() if v is not None})
+
+
 SPEC = OpSpec(
     name="gated_matmul",
     impl=gated_matmul,
@@ -309,6 +308,8 @@ SPEC = OpSpec(
           "gated-unit kernel on the saved [g, u], then _matmul_kernel through strides.",
     family="compute-bound",
     for_model=for_model,
+    case_of=case_of,
+    fuses="gate_proj and up_proj matmuls + act(gate) * up",
     kernels={"_gated_matmul_kernel": DESIGN, "_matmul_kernel": DESIGN,
              "_glu_bwd_kernel": KernelDesign(bytes_ratio=float("inf"))},
     count_rows=lambda case: case["m"],

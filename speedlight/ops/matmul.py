@@ -2,8 +2,9 @@
 
 Host code of kernels/matmul.py's _matmul_kernel: the launch rule (tile, warps, stages,
 group size and operand path per shape, declared as CONFIG_SPACE), the launcher
-`matmul_fwd` (usable without autograd), the custom op `speedlight::matmul` with its fake
-and autograd rules, the public `speedlight.matmul`, and the OpSpec.
+`matmul_fwd` (usable without autograd), the registration (custom ops
+`speedlight::matmul_fwd / _infer / _bwd`, fake and autograd rule), the public
+`speedlight.matmul`, and the OpSpec.
 
 The backward runs the same kernel through strides: with dz = dy * act'(z) (act' written
 by the forward's epilogue when a gradient is needed, so z itself never reaches memory),
@@ -17,21 +18,19 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import triton
 
 from speedlight import reference, shapes
 from speedlight.kernels.matmul import _matmul_kernel
-from speedlight.ops._common import (
-    FLOAT_DTYPES,
-    check_runtime,
-    check_same_device,
-    check_tensor,
-    describe,
-)
-from speedlight.spec import Case, Cost, KernelDesign, OpSpec, planned_sm_count, rand_tensor
+from speedlight.launch import planned_sm_count
+from speedlight.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
+from speedlight.ops._suites import is_call_of
+from speedlight.ops.registration import Configs, like, register_op
+from speedlight.runtime import check_runtime, describe
+from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, dtype_name, inject_nonfinite,
+                             rand_tensor)
 
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 
@@ -221,75 +220,77 @@ def _torch_activation(z: torch.Tensor, activation: str | None) -> torch.Tensor:
     return torch.nn.functional.gelu(z, approximate="tanh" if activation == "gelu_tanh" else "none")
 
 
-def gemm(a: torch.Tensor, b: torch.Tensor, *, residual: torch.Tensor | None = None,
-         scale: float | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """a @ b (scaled, plus a residual) through the custom op: what a backward calls, so
-    torch.compile sees an opaque op, not the launcher."""
-    return torch.ops.speedlight.matmul(a, b, None, residual, None, scale, out_dtype, False)[0]
+def _like_layout(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialized tensor of t's shape laid out as matmul_bwd writes t's gradient:
+    transposed when t is a transposed view (b = W^T), else contiguous."""
+    if t.dim() == 2 and t.stride(0) == 1 and t.stride(1) != 1:
+        return t.new_empty((t.shape[1], t.shape[0])).t()
+    return t.new_empty(t.shape)
 
 
-def matmul_bwd(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dact: torch.Tensor | None,
-               scale: float | None, need_a: bool, need_b: bool, need_bias: bool):
-    """(da, db, dbias) of c = act(scale * a @ b + bias) + residual (dresidual is dy)."""
-    dz = dy if dact is None else dy * dact
+def matmul_bwd(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+               bias: torch.Tensor | None, residual: torch.Tensor | None,
+               dact: torch.Tensor | None, scale: float | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                          torch.Tensor | None]:
+    """(da, db, dbias, dresidual) of c = act(scale * a @ b + bias) + residual, from dact =
+    act'(z) the forward wrote (None without an activation): dz = dc * act'(z), then
+    da = scale * dz @ b^T and db = scale * a^T @ dz by the same kernel through strides; db
+    in b's own layout (for b = W^T, dW = dz^T @ a is written as W lies). The registered
+    op hands an empty placeholder for a dact the forward did not write."""
+    if dact is not None and dact.shape != dc.shape:
+        dact = None
+    dz = dc if dact is None else dc * dact
     dz = dz.to(a.dtype)
-    da = db = dbias = None
-    if need_a:  # [M, N] @ [N, K] -> [M, K]: b^T is a view
-        da = gemm(dz, b.t(), scale=scale)
-    if need_b:
-        if b.stride(0) == 1 and b.stride(1) != 1:  # b = W^T: write dW = dz^T @ a as W lies
-            dbt = gemm(dz.t(), a, scale=scale)  # [N, M] @ [M, K] -> [N, K]
-            db = dbt.t()
-        else:
-            db = gemm(a.t(), dz, scale=scale)  # [K, M] @ [M, N] -> [K, N]
-    if need_bias:
+    da, _ = matmul_fwd(dz, b.t(), scale=scale)  # [M, N] @ [N, K] -> [M, K]: b^T a view
+    if b.stride(0) == 1 and b.stride(1) != 1:
+        dbt, _ = matmul_fwd(dz.t(), a, scale=scale)  # [N, M] @ [M, K] -> [N, K]
+        db = dbt.t()
+    else:
+        db, _ = matmul_fwd(a.t(), dz, scale=scale)  # [K, M] @ [M, N] -> [K, N]
+    dbias = dres = None
+    if bias is not None:
         # bias is added after the scale: its gradient is dz summed over rows, unscaled
-        dbias = (dy.float() * dact.float() if dact is not None else dy.float()).sum(0)
-    return da, db, dbias
+        dbias = (dc.float() * dact.float() if dact is not None else dc.float()).sum(0)
+        dbias = dbias.to(bias.dtype)
+    if residual is not None:  # dc itself; a copy, since a custom op's output may not alias
+        dres = dc.to(residual.dtype, copy=True)
+    return da, db, dbias, dres
 
 
-# --- torch custom op: opaque to torch.compile, with fake and autograd rules ---------------
-# (one marked block: moves to speedlight/ops/registration.py's helper when it lands)
-
-@torch.library.custom_op("speedlight::matmul", mutates_args=())
-def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
-               residual: Optional[torch.Tensor], activation: Optional[str],
-               scale: Optional[float], out_dtype: Optional[torch.dtype],
-               store_dact: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    c, dact = matmul_fwd(a, b, bias, residual, activation, scale, out_dtype, store_dact)
-    return c, (dact if dact is not None else c.new_empty((0,)))
+def _train_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+               residual: torch.Tensor | None, activation: str | None, scale: float | None,
+               out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward a backward follows: c and, with an activation, act'(z)."""
+    return matmul_fwd(a, b, bias, residual, activation, scale, out_dtype,
+                      store_dact=activation is not None)
 
 
-@_matmul_op.register_fake
-def _(a, b, bias, residual, activation, scale, out_dtype, store_dact):
+def _infer_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+               residual: torch.Tensor | None, activation: str | None, scale: float | None,
+               out_dtype: torch.dtype | None) -> torch.Tensor:
+    """The forward when no gradient is needed: c alone, act' not written."""
+    return matmul_fwd(a, b, bias, residual, activation, scale, out_dtype)[0]
+
+
+def _fake(a, b, bias, residual, activation, scale, out_dtype):
     c = a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
-    return c, (torch.empty_like(c) if store_dact else c.new_empty((0,)))
+    return c, (torch.empty_like(c) if activation is not None else None)
 
 
-def _setup_context(ctx, inputs, output):
-    a, b, bias, residual, activation, scale, out_dtype, store_dact = inputs
-    _, dact = output
-    ctx.save_for_backward(a, b, dact if store_dact else None)
-    ctx.scale = scale
-    ctx.has_bias, ctx.has_residual = bias is not None, residual is not None
-    ctx.bias_dtype = bias.dtype if bias is not None else None
-    ctx.res_dtype = residual.dtype if residual is not None else None
-    ctx.mark_non_differentiable(dact)
-
-
-def _backward(ctx, dy, _ddact):
-    a, b, dact = ctx.saved_tensors
-    need = ctx.needs_input_grad
-    da, db, dbias = matmul_bwd(dy, a, b, dact, ctx.scale, need[0], need[1],
-                               ctx.has_bias and need[2])
-    if dbias is not None:
-        dbias = dbias.to(ctx.bias_dtype)
-    dres = dy.to(ctx.res_dtype) if ctx.has_residual and need[3] else None
-    return da, db, dbias, dres, None, None, None, None
-
-
-_matmul_op.register_autograd(_backward, setup_context=_setup_context)
-# --- end of the custom-op block ------------------------------------------------------------
+MATMUL = register_op(
+    "matmul",
+    forward=_train_fwd,
+    outputs=("c", "dact"),
+    stats=("dact",),
+    fake=_fake,
+    inference=_infer_fwd,
+    backward=matmul_bwd,
+    backward_fake=lambda dc, a, b, bias, residual, dact, scale: (
+        like(a), _like_layout(b), like(bias), like(residual)),
+    grads=("a", "b", "bias", "residual"),
+    configs=Configs(CONFIG_SPACE),
+)
 
 
 # --- the public function -------------------------------------------------------------------
@@ -344,11 +345,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     rows = math.prod(lead)
     a2 = a.reshape(rows, k)
     res2 = residual.reshape(rows, n) if residual is not None else None
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                           for t in (a, b, bias))
-    c, _ = torch.ops.speedlight.matmul(a2, b, bias, res2, activation,
-                                       float(scale) if scale is not None else None,
-                                       out_dtype, bool(grad and activation is not None))
+    c = MATMUL(a2, b, bias, res2, activation, float(scale) if scale is not None else None,
+               out_dtype)
     return c.view(out_shape)
 
 
@@ -428,7 +426,6 @@ def make_inputs(case: Case, device) -> dict:
     else:
         b = rand_tensor((k, n), case, device, salt=1)
     if case.flag("nonfinite"):
-        from speedlight.spec import inject_nonfinite
         inject_nonfinite(a, case)
     # bias and residual of the order of a @ b (whose elements are ~sqrt(K))
     mag = max(1.0, k ** 0.5)
@@ -460,8 +457,17 @@ def cost(case: Case, mode: str) -> Cost:
                 bytes=m * n * out + d_bytes + (m * k + k * n) * e * 2 + bias_b + res_b)
 
 
-def skip(case: Case, device) -> str | None:
-    return None
+def case_of(call: str, args) -> Case | None:
+    """The Case of one call of the registered op (profile costs it through `cost`)."""
+    if not is_call_of(call, "matmul"):
+        return None
+    a, b = args["a"], args["b"]
+    out = args.get("out_dtype")
+    flags = {"bias": args.get("bias") is not None or None, "act": args.get("activation"),
+             "residual": args.get("residual") is not None or None, "scale": args.get("scale"),
+             "out": dtype_name(out) if out is not None and out != a.dtype else None}
+    return Case("matmul", (("m", a.shape[0]), ("n", b.shape[1]), ("k", a.shape[1])),
+                dtype=a.dtype, flags={k: v for k, v in flags.items() if v is not None})
 
 
 def for_model(cfg, batch: int, seq: int) -> list[Case]:
@@ -483,7 +489,8 @@ SPEC = OpSpec(
     cost=cost,
     suites=shapes.suites(cases),
     grad_inputs=("a", "b", "bias", "residual"),
-    skip=skip,
+    case_of=case_of,
+    fuses="matmul + bias + activation + residual add",
     notes="GEMM with bias / scale / activation / residual fused into the epilogue; "
           "persistent, grouped tile order, TMA + wgmma on Hopper; backward by the same "
           "kernel through strides.",

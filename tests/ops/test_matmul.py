@@ -10,7 +10,7 @@ import speedlight
 import speedlight.nn as snn
 from speedlight.inspect.capture import capture_case
 from speedlight.ops import matmul as op
-from speedlight.spec import sized_for
+from speedlight.launch import sized_for
 from tests.helpers import DTYPES, assert_verified, case_maker, seeded
 
 SPEC = op.SPEC
