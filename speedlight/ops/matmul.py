@@ -26,7 +26,7 @@ from speedlight import reference, shapes
 from speedlight.kernels.matmul import _matmul_kernel
 from speedlight.launch import planned_sm_count
 from speedlight.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
-from speedlight.ops._suites import is_call_of
+from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
 from speedlight.ops.registration import Configs, like, register_op
 from speedlight.runtime import check_runtime, describe
 from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, dtype_name, inject_nonfinite,
@@ -401,7 +401,7 @@ def cases(suite: str) -> list[Case]:
             _case(16, 24, 36, residual=True, out="fp32"),
             _case(0, 16, 16), _case(4, 0, 8), _case(4, 8, 0, bias=True, act="silu"),
             _case(13, 24, 40, nonfinite=True),
-            _case(70, 140, 130, linear=True, bias=True),  # two tiles a side, a k loop
+            _case(9, 140, 130, linear=True, bias=True),  # two column tiles, a k loop
         ]
     out = [_case(m, n, k, model=model, linear=True, proj=proj)
            for m, n, k, model, proj in _model_points()]
@@ -412,6 +412,8 @@ def cases(suite: str) -> list[Case]:
                     _case(m, n, k, act="gelu_tanh", scale=0.125),
                     _case(m, n, k, act="gelu", out="fp32")]
         out.append(_case(257, 1021, 509, nonfinite=True))
+        # c past 2^31 elements: 64-bit offsets (skipped on a CPU)
+        out.append(_case(65537, 32771, 16, bias=True, huge=True))
     return out
 
 
@@ -489,6 +491,7 @@ SPEC = OpSpec(
     cost=cost,
     suites=shapes.suites(cases),
     grad_inputs=("a", "b", "bias", "residual"),
+    skip=skip_huge_on_cpu,
     case_of=case_of,
     fuses="matmul + bias + activation + residual add",
     notes="GEMM with bias / scale / activation / residual fused into the epilogue; "

@@ -1,7 +1,8 @@
-"""What is particular to speedlight.matmul: each epilogue in every dtype against float64
-(forward and every gradient), both operand paths (TMA descriptors, pointers) with the
-layouts that select them, transposed operands read without copies, the TF32 switch, the
-launch rule, bad input, nn.Linear and torch.compile."""
+"""What is particular to speedlight.matmul (tests/ops/test_contract.py runs its quick suite
+in every dtype, torch.compile, empty and non-finite inputs): both operand paths (TMA
+descriptors, pointers) with the layouts that select them, transposed operands read
+without copies, the weight gradient in the weight's layout, the TF32 switch, the launch
+rule, its errors, nn.Linear."""
 
 import pytest
 import torch
@@ -17,20 +18,15 @@ SPEC = op.SPEC
 case = case_maker("matmul", "m", "n", "k")
 
 
+# The quick suite (every epilogue, odd sizes, transposed and strided operands, empty and
+# non-finite inputs) runs in every dtype in tests/ops/test_contract.py; these are the cases
+# it does not have.
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,n,k,layout,flags", [
-    pytest.param(1, 1, 1, "contiguous", {}, id="m1-n1-k1"),
-    pytest.param(37, 45, 70, "contiguous", {}, id="m37-n45-k70-pointer-path"),
-    pytest.param(48, 64, 80, "contiguous", {"linear": True}, id="m48-n64-k80-linear-tma"),
-    pytest.param(33, 20, 17, "transposed", {}, id="m33-n20-k17-transposed"),
-    pytest.param(32, 48, 32, "transposed", {}, id="m32-n48-k32-transposed-tma"),
-    pytest.param(30, 19, 21, "strided", {}, id="m30-n19-k21-strided"),
-    pytest.param(17, 48, 40, "contiguous", {"linear": True, "bias": True, "act": "silu"},
-                 id="linear-bias-silu"),
-    pytest.param(19, 33, 24, "contiguous", {"bias": True, "act": "gelu_tanh", "residual": True},
-                 id="bias-gelu_tanh-residual"),
-    pytest.param(9, 40, 32, "transposed", {"act": "gelu", "scale": 0.5}, id="gelu-scale"),
-    pytest.param(16, 24, 36, "contiguous", {"residual": True, "out": "fp32"}, id="residual-outfp32"),
+    pytest.param(48, 64, 80, "contiguous", {"linear": True, "act": "gelu", "residual": True},
+                 id="m48-n64-k80-linear-tma-gelu-residual"),
+    pytest.param(32, 48, 32, "transposed", {"bias": True, "scale": 2.0},
+                 id="m32-n48-k32-transposed-tma-bias-scale"),
 ])
 def test_forward_and_backward_match_float64(m, n, k, layout, flags, dtype, device):
     assert_verified(SPEC, case(m, n, k, dtype, layout, **flags), device)
@@ -40,12 +36,6 @@ def test_forward_and_backward_match_float64(m, n, k, layout, flags, dtype, devic
 def test_several_seeds_with_every_epilogue(seed, device):
     assert_verified(SPEC, case(24, 40, 56, torch.bfloat16, "contiguous", seed, linear=True,
                                bias=True, act="silu", residual=True, scale=0.25), device)
-
-
-def test_nonfinite_positions_and_empty_shapes(device):
-    assert_verified(SPEC, case(13, 24, 40, nonfinite=True), device)
-    for m, n, k in ((0, 16, 16), (4, 0, 8), (4, 8, 0)):
-        assert_verified(SPEC, case(m, n, k, bias=True, act="silu"), device)
 
 
 def test_tiles_and_k_loop_over_several_programs(device):
@@ -162,23 +152,3 @@ def test_linear_module_keeps_torch_state_dict(device):
     assert ours.state_dict().keys() == ref.state_dict().keys()
     x = seeded((3, 5, 40), device=device)
     torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
-
-
-def test_torch_compile_fullgraph(device):
-    torch._dynamo.reset()
-
-    def layer(x, w, b, r):
-        return speedlight.matmul(x, w.t(), bias=b, activation="gelu_tanh", residual=r)
-
-    compiled = torch.compile(layer, fullgraph=True, backend="inductor")
-    x = seeded((20, 32), device=device).requires_grad_()
-    w = seeded((48, 32), device=device, seed=1).requires_grad_()
-    b = seeded((48,), device=device, seed=2).requires_grad_()
-    r = seeded((20, 48), device=device, seed=3).requires_grad_()
-    out = compiled(x, w, b, r)
-    grads = torch.autograd.grad(out.sum(), (x, w, b, r))
-    out_ref = layer(x, w, b, r)
-    grads_ref = torch.autograd.grad(out_ref.sum(), (x, w, b, r))
-    torch.testing.assert_close(out, out_ref)
-    for g, g_ref in zip(grads, grads_ref):
-        torch.testing.assert_close(g, g_ref)
