@@ -12,7 +12,9 @@ from speedlight.ops.add_rms_norm import add_rms_norm, broadcast_residual
 from speedlight.ops.cross_entropy import check_options, cross_entropy
 from speedlight.ops.geglu import geglu
 from speedlight.ops.glu import ACTIVATIONS, glu
+from speedlight.ops.gated_matmul import gated_matmul
 from speedlight.ops.layer_norm import layer_norm
+from speedlight.ops.matmul import matmul
 from speedlight.ops.rms_norm import rms_norm
 from speedlight.ops.rope import rope
 from speedlight.ops.softmax import softmax
@@ -244,3 +246,31 @@ class GatedMLP(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"
+
+
+class Linear(torch.nn.Linear):
+    """y = x @ W^T + b by speedlight's GEMM (bias fused in its epilogue), W read where it
+    lies: the same constructor, parameters and state-dict as torch.nn.Linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return matmul(x, self.weight.t(), bias=self.bias)
+
+
+class FusedGatedMLP(GatedMLP):
+    """GatedMLP with both of its input projections in one kernel: down_proj(
+    gated_matmul(x, gate_proj.weight, up_proj.weight)), the gated product written by the
+    GEMM's epilogue so neither projection reaches memory. The parameters and state-dict
+    are GatedMLP's (Hugging Face's gate_proj / up_proj / down_proj). No biases: the gated
+    kernel has no bias epilogue (bias=True raises)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu",
+                 bias: bool = False, device=None, dtype=None):
+        if bias:
+            raise ValueError("FusedGatedMLP has no bias epilogue in its gated kernel; use "
+                             "GatedMLP for an MLP with biases (mlp_bias=True)")
+        super().__init__(hidden_size, intermediate_size, activation, bias=False,
+                         device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = gated_matmul(x, self.gate_proj.weight, self.up_proj.weight, self.activation)
+        return matmul(h, self.down_proj.weight.t())

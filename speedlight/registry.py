@@ -29,6 +29,8 @@ BUILTIN_OPS = (
     "add_rms_norm",
     "swiglu",
     "geglu",
+    "matmul",
+    "gated_matmul",
 )
 BUILTIN_MODULES = tuple(f"speedlight.ops.{name}" for name in BUILTIN_OPS)
 
