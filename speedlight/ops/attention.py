@@ -1,0 +1,410 @@
+"""Flash attention: forward and backward launchers, input checks, the custom op and
+`speedlight.attention`, and the op's SPEC (at the bottom).
+
+Layouts: q [batch, heads_q, seq_q, dim] and k, v [batch, heads_kv, seq_k, dim] (Hugging
+Face's order) with any strides whose last dim is contiguous, so a [batch, seq, heads, dim]
+tensor's .transpose(1, 2) view is read in place; or packed [total, heads, dim] with int32
+cu_seqlens_q/k [batch + 1] (variable length). The log-sum-exp is fp32 [batch, heads_q,
+seq_q], [heads_q, total_q] packed. Naming: `left`/`right` are the window's sides (-1
+unbounded); causal is right = 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from speedlight.kernels.attention import (_attention_bwd_delta_kernel, _attention_bwd_dkdv_kernel,
+                                          _attention_bwd_dq_kernel, _attention_combine_kernel,
+                                          _attention_fwd_kernel)
+from speedlight.ops._common import (check_runtime, check_same_device, check_same_dtype,
+                                    check_tensor, describe, is_interpreted)
+from speedlight.spec import planned_sm_count
+
+MAX_HEAD_DIM = 256
+
+
+# --- checks ------------------------------------------------------------------------------
+
+def _window_sides(causal: bool, window) -> tuple[int, int]:
+    """(left, right) of the mask, -1 for an unbounded side; causal makes right 0."""
+    if window is None:
+        left, right = -1, -1
+    else:
+        if (not isinstance(window, (tuple, list)) or len(window) != 2
+                or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
+            raise TypeError(f"window must be a (left, right) pair of ints, got {window!r}")
+        left, right = int(window[0]), int(window[1])
+        if left < -1 or right < -1:
+            raise ValueError(f"window sides must be >= -1 (-1 = unbounded), got {window!r}")
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def _check_inputs(q, k, v, scale, softcap, cu_seqlens_q, cu_seqlens_k) -> None:
+    """Shape, dtype and device checks that need no data (they run under torch.compile)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t)
+    check_same_dtype(q=q, k=k, v=v)
+    check_same_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (packed "
+                             "variable-length inputs)")
+        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            check_tensor(name, cu, dtypes=(torch.int32,), expected="int32")
+            if cu.dim() != 1 or cu.shape[0] < 2:
+                raise ValueError(f"{name} must be 1-D [batch + 1] with batch >= 1, got "
+                                 f"{describe(cu)}")
+        if cu_seqlens_q.shape != cu_seqlens_k.shape:
+            raise ValueError(f"cu_seqlens_q ({describe(cu_seqlens_q)}) and cu_seqlens_k "
+                             f"({describe(cu_seqlens_k)}) must have the same length")
+    want = 3 if varlen else 4
+    layout = ("packed [total, heads, dim] (cu_seqlens given)" if varlen else
+              "[batch, heads, seq, dim]")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != want:
+            raise ValueError(f"{name} must be {layout}, got {describe(t)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {describe(k)} and "
+                         f"v {describe(v)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same head dim, got q {describe(q)} and "
+                         f"k {describe(k)}")
+    if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be 1 to {MAX_HEAD_DIM}, got q {describe(q)}")
+    h_dim = 1 if varlen else 1
+    heads_q, heads_kv = q.shape[h_dim], k.shape[h_dim]
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise ValueError(f"kv heads ({heads_kv}, k {describe(k)}) must divide q heads "
+                         f"({heads_q}, q {describe(q)})")
+    if not varlen and q.shape[0] != k.shape[0]:
+        raise ValueError(f"q and k must have the same batch, got q {describe(q)} and "
+                         f"k {describe(k)}")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
+    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0
+                                    and math.isfinite(softcap)):
+        raise ValueError(f"softcap must be a positive finite float or None, got {softcap!r}")
+
+
+def _check_cu_seqlens(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int
+                      ) -> tuple[int, int]:
+    """(max seq_q, max seq_k) of packed inputs; ValueError unless both cu_seqlens start at
+    0, never decrease and end within the packed tensors (reads them on the host)."""
+    out = []
+    for name, cu, total in (("cu_seqlens_q", cu_q, total_q), ("cu_seqlens_k", cu_k, total_k)):
+        values = cu.tolist()
+        lengths = [b - a for a, b in zip(values, values[1:])]
+        if values[0] != 0 or min(lengths) < 0 or values[-1] > total:
+            raise ValueError(f"{name} must start at 0, never decrease and end at most at the "
+                             f"packed length {total}, got {values}")
+        out.append(max(lengths))
+    return out[0], out[1]
+
+
+# --- launch sizing ----------------------------------------------------------------------------
+
+def _blocks(direction: str, head_dim: int, seq_q: int, dtype: torch.dtype,
+            device: torch.device) -> dict:
+    """Block sizes, warps and stages of one kernel: `fwd`, `dkdv` or `dq`.
+
+    On a GPU (or the one spec.sized_for names): FlashAttention-2's shapes for Hopper,
+    smaller tiles for head dim 256 and for fp32 (whose IEEE products run on FMA units) so
+    no kernel spills; a forward of few queries (decode) takes 16-row blocks. Under the
+    interpreter every program costs milliseconds: the largest tiles that stay cheap.
+    """
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    few = max(16, triton.next_power_of_2(max(seq_q, 1)))
+    if planned_sm_count(device) is None:
+        bm = min(64, few) if direction != "dkdv" else 32
+        return dict(BLOCK_M=bm, BLOCK_N=64 if block_d <= 128 else 32, BLOCK_D=block_d,
+                    num_warps=4)
+    wide = block_d > 128 or dtype == torch.float32
+    if direction == "fwd":
+        bm = min(128 if not wide else 64, few)
+        return dict(BLOCK_M=bm, BLOCK_N=64 if block_d <= 128 else 32, BLOCK_D=block_d,
+                    num_warps=8 if bm >= 128 else 4, num_stages=3 if block_d <= 128 else 2)
+    if direction == "dkdv":
+        return dict(BLOCK_M=32, BLOCK_N=128 if not wide else 64, BLOCK_D=block_d,
+                    num_warps=8, num_stages=2 if block_d <= 128 else 1)
+    return dict(BLOCK_M=128 if not wide else 64, BLOCK_N=32, BLOCK_D=block_d, num_warps=8,
+                num_stages=2 if block_d <= 128 else 1)
+
+
+def _split_plan(n_programs: int, seq_k: int, block_n: int, device: torch.device,
+                num_splits: int | None) -> tuple[int, int]:
+    """(splits, keys per split) of the forward: num_splits when given; on a GPU, enough
+    splits of >= 512 keys to give every SM two programs when the query blocks alone are
+    too few (decode); else 1."""
+    if num_splits is None:
+        sms = planned_sm_count(device)
+        if sms is None or n_programs >= sms or seq_k < 1024:
+            return 1, max(seq_k, 1)
+        num_splits = min(triton.cdiv(2 * sms, n_programs), triton.cdiv(seq_k, 512))
+    num_splits = max(1, min(int(num_splits), triton.cdiv(max(seq_k, 1), block_n)))
+    span = triton.cdiv(triton.cdiv(max(seq_k, 1), num_splits), block_n) * block_n
+    return triton.cdiv(max(seq_k, 1), span), span
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee"  # fp32 products exact (no TF32); ignored for fp16/bf16 operands
+
+
+def _upcast(kernel, dtype: torch.dtype) -> bool:
+    """Whether to turn bf16 tiles to fp32 before tl.dot: under the interpreter only, whose
+    bf16 dot is wrong (products of bf16 values are exact in fp32)."""
+    return dtype == torch.bfloat16 and is_interpreted(kernel)
+
+
+class _Problem:
+    """The sizes and strides of one call, dense or packed, as the kernels take them."""
+
+    def __init__(self, q, k, cu_q, cu_k, max_seqlen_q, max_seqlen_k):
+        self.varlen = cu_q is not None
+        if self.varlen:
+            self.batch = cu_q.shape[0] - 1
+            self.heads_q, self.heads_kv, self.head_dim = q.shape[1], k.shape[1], q.shape[2]
+            self.total_q, self.total_k = q.shape[0], k.shape[0]
+            if max_seqlen_q is None or max_seqlen_q < 0 or max_seqlen_k is None or max_seqlen_k < 0:
+                max_seqlen_q, max_seqlen_k = _check_cu_seqlens(cu_q, cu_k, q.shape[0], k.shape[0])
+            self.seq_q, self.seq_k = int(max_seqlen_q), int(max_seqlen_k)
+            self.lse_shape = (self.heads_q, self.total_q)
+        else:
+            self.batch, self.heads_q, self.seq_q, self.head_dim = q.shape
+            self.heads_kv, self.seq_k = k.shape[1], k.shape[2]
+            self.lse_shape = (self.batch, self.heads_q, self.seq_q)
+        self.group = self.heads_q // self.heads_kv
+        self.cu_q = cu_q if self.varlen else q  # unread placeholders when dense
+        self.cu_k = cu_k if self.varlen else q
+
+    def strides(self, t: torch.Tensor) -> tuple[int, int, int]:
+        """(batch, head, row) strides of q/k/v/o-like t; packed: batch 0."""
+        if self.varlen:
+            return 0, t.stride(1), t.stride(0)
+        return t.stride(0), t.stride(1), t.stride(2)
+
+    def lse_strides(self, t: torch.Tensor) -> tuple[int, int, int]:
+        if self.varlen:
+            return 0, t.stride(0), t.stride(1)
+        return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """t itself when its last dim is contiguous (any other strides are followed), else a
+    contiguous copy (the kernels read 16-byte vectors along the head dim)."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+# --- launchers ----------------------------------------------------------------------------
+
+def attention_fwd(q, k, v, *, causal: bool = False, scale: float | None = None,
+                  window=None, softcap: float | None = None, cu_seqlens_q=None,
+                  cu_seqlens_k=None, max_seqlen_q: int | None = None,
+                  max_seqlen_k: int | None = None, num_splits: int | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse): the attention output in q's shape and dtype, and the fp32 log-sum-exp.
+    Usable without autograd; checks every input before any launch. num_splits forces the
+    key range to be split across that many programs per query block (decode), the
+    partials then combined; None picks it for the GPU."""
+    _check_inputs(q, k, v, scale, softcap, cu_seqlens_q, cu_seqlens_k)
+    left, right = _window_sides(causal, window)
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    scale = pb.head_dim ** -0.5 if scale is None else float(scale)
+    o = torch.empty_like(q)
+    lse = torch.empty(pb.lse_shape, dtype=torch.float32, device=q.device)
+    if q.numel() == 0:
+        return o, lse
+    if k.numel() == 0 or pb.seq_k == 0 and not pb.varlen:
+        o.zero_()
+        lse.fill_(float("-inf"))
+        return o, lse
+    check_runtime(q, _attention_fwd_kernel)
+    blocks = _blocks("fwd", pb.head_dim, pb.seq_q, q.dtype, q.device)
+    m_blocks = triton.cdiv(pb.seq_q, blocks["BLOCK_M"])
+    splits, span = _split_plan(m_blocks * pb.batch * pb.heads_q, pb.seq_k, blocks["BLOCK_N"],
+                               q.device, num_splits)
+    grid = (m_blocks, pb.batch * pb.heads_q, splits)
+    flags = dict(VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
+                 SPLIT=splits > 1, UPCAST=_upcast(_attention_fwd_kernel, q.dtype),
+                 PRECISION=_precision(q.dtype))
+    common = (pb.cu_q, pb.cu_k, pb.seq_q, pb.seq_k, pb.heads_q, pb.group, pb.head_dim, scale,
+              float(softcap or 1.0), left, right, span,
+              *pb.strides(q), *pb.strides(k), *pb.strides(v))
+    if splits == 1:
+        _attention_fwd_kernel[grid](q, k, v, o, lse, *common, *pb.strides(o), 0,
+                                    *pb.lse_strides(lse), 0, **flags, **blocks)
+        return o, lse
+    # split key range: normalised fp32 partials per split, then one combine per query row
+    part_o = torch.empty((splits, *o.shape), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((splits, *lse.shape), dtype=torch.float32, device=q.device)
+    _attention_fwd_kernel[grid](q, k, v, part_o, part_lse, *common,
+                                *pb.strides(part_o[0]), part_o.stride(0),
+                                *pb.lse_strides(part_lse[0]), part_lse.stride(0),
+                                **flags, **blocks)
+    rows_q = pb.total_q if pb.varlen else pb.seq_q
+    batch = 1 if pb.varlen else pb.batch
+    _attention_combine_kernel[(batch * pb.heads_q * rows_q,)](
+        part_o, part_lse, o, lse, rows_q, pb.heads_q, rows_q, pb.head_dim, splits,
+        *pb.strides(part_o[0]), part_o.stride(0), *pb.lse_strides(part_lse[0]),
+        part_lse.stride(0), *pb.strides(o), *pb.lse_strides(lse),
+        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=blocks["BLOCK_D"], num_warps=1)
+    return o, lse
+
+
+def attention_bwd(do, q, k, v, o, lse, *, dlse=None, causal: bool = False,
+                  scale: float | None = None, window=None, softcap: float | None = None,
+                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
+                  max_seqlen_k: int | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of attention_fwd's (o, lse) under upstream do (and dlse when the
+    log-sum-exp was used too); each in its input's shape and dtype."""
+    _check_inputs(q, k, v, scale, softcap, cu_seqlens_q, cu_seqlens_k)
+    left, right = _window_sides(causal, window)
+    q, k, v, o, do = (_last_dim_contiguous(t) for t in (q, k, v, o, do))
+    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    scale = pb.head_dim ** -0.5 if scale is None else float(scale)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    check_runtime(q, _attention_bwd_dq_kernel)
+    delta = torch.empty(pb.lse_shape, dtype=torch.float32, device=q.device)
+    d_blocks = _blocks("dq", pb.head_dim, pb.seq_q, q.dtype, q.device)
+    pre_m = 64
+    lse = lse.contiguous()
+    if dlse is not None:  # the lse's layout, which delta shares
+        dlse = dlse.to(torch.float32).expand(pb.lse_shape).contiguous()
+    _attention_bwd_delta_kernel[(triton.cdiv(pb.seq_q, pre_m), pb.batch * pb.heads_q)](
+        o, do, dlse if dlse is not None else delta, delta, pb.cu_q, pb.seq_q, pb.heads_q,
+        pb.head_dim, *pb.strides(o), *pb.strides(do), *pb.lse_strides(delta),
+        VARLEN=pb.varlen, HAS_DLSE=dlse is not None, BLOCK_M=pre_m,
+        BLOCK_D=d_blocks["BLOCK_D"], num_warps=4)
+    flags = dict(VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
+                 UPCAST=_upcast(_attention_bwd_dq_kernel, q.dtype),
+                 PRECISION=_precision(q.dtype))
+    common = (pb.seq_q, pb.seq_k, None, pb.group, pb.head_dim, scale, float(softcap or 1.0),
+              left, right, *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(do),
+              *pb.lse_strides(lse))
+    kv_blocks = _blocks("dkdv", pb.head_dim, pb.seq_q, q.dtype, q.device)
+    grid = (triton.cdiv(pb.seq_k, kv_blocks["BLOCK_N"]), pb.batch * pb.heads_kv)
+    _attention_bwd_dkdv_kernel[grid](
+        q, k, v, do, lse, delta, dk, dv, pb.cu_q, pb.cu_k, *_with_heads(common, pb.heads_kv),
+        *pb.strides(dk), *pb.strides(dv), **flags, **kv_blocks)
+    grid = (triton.cdiv(pb.seq_q, d_blocks["BLOCK_M"]), pb.batch * pb.heads_q)
+    _attention_bwd_dq_kernel[grid](
+        q, k, v, do, lse, delta, dq, pb.cu_q, pb.cu_k, *_with_heads(common, pb.heads_q),
+        *pb.strides(dq), **flags, **d_blocks)
+    return dq, dk, dv
+
+
+def _with_heads(common: tuple, heads: int) -> tuple:
+    return common[:2] + (heads,) + common[3:]
+
+
+# --- custom op (torch.library) ------------------------------------------------------------
+# One block until speedlight/ops/registration.py offers the shared registration helper.
+# The ops take plain values: softcap 0.0 = none, window sides -1 = unbounded (causal
+# folded in), max_seqlen -1 = read from cu_seqlens, num_splits 0 = the launcher's choice.
+
+def _opt(value: float | int, none_value):
+    return None if value == none_value else value
+
+
+@torch.library.custom_op("speedlight::attention_fwd", mutates_args=())
+def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
+                      scale: float, softcap: float, left: int, right: int, max_seqlen_q: int,
+                      max_seqlen_k: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return attention_fwd(q, k, v, scale=scale, window=(left, right), softcap=_opt(softcap, 0.0),
+                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         max_seqlen_q=_opt(max_seqlen_q, -1), max_seqlen_k=_opt(max_seqlen_k, -1),
+                         num_splits=_opt(num_splits, 0))
+
+
+@_attention_fwd_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right, max_seqlen_q,
+      max_seqlen_k, num_splits):
+    if cu_seqlens_q is not None:
+        lse_shape = (q.shape[1], q.shape[0])
+    else:
+        lse_shape = (q.shape[0], q.shape[1], q.shape[2])
+    return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("speedlight::attention_bwd", mutates_args=())
+def _attention_bwd_op(do: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor,
+                      k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                      cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
+                      scale: float, softcap: float, left: int, right: int, max_seqlen_q: int,
+                      max_seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return attention_bwd(do, q, k, v, o, lse, dlse=dlse, scale=scale, window=(left, right),
+                         softcap=_opt(softcap, 0.0), cu_seqlens_q=cu_seqlens_q,
+                         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=_opt(max_seqlen_q, -1),
+                         max_seqlen_k=_opt(max_seqlen_k, -1))
+
+
+@_attention_bwd_op.register_fake
+def _(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
+      max_seqlen_q, max_seqlen_k):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, *ctx.options = inputs
+    ctx.options = ctx.options[:-1]  # num_splits: the backward does not split
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(o)
+    dq, dk, dv = torch.ops.speedlight.attention_bwd(do, dlse, q, k, v, o, lse, cu_q, cu_k,
+                                                    *ctx.options)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+# --- end of the custom-op block -------------------------------------------------------------
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              scale: float | None = None, window: tuple[int, int] | None = None,
+              softcap: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
+              cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
+              max_seqlen_k: int | None = None, return_lse: bool = False,
+              num_splits: int | None = None):
+    """softmax(cap(q k^T * scale) + mask) v by flash attention (fp32 softmax statistics).
+
+    q [batch, heads_q, seq_q, dim], k and v [batch, heads_kv, seq_k, dim] (heads_kv
+    dividing heads_q: GQA/MQA without copies), any strides with the last dim contiguous;
+    or packed [total, heads, dim] with int32 cu_seqlens_q/k [batch + 1] (max_seqlen_q/k
+    spare a host read of them). Positions are aligned at the end (query row r at
+    r + seq_k - seq_q): `causal` hides later keys, `window=(left, right)` keeps keys in
+    [i - left, i + right] (-1 unbounded), `softcap=c` applies c * tanh(s / c) to the
+    scaled scores; scale defaults to dim ** -0.5. A query that sees no key gets zeros.
+    Returns o in q's shape and dtype, and with return_lse=True also the fp32 log-sum-exp
+    [batch, heads_q, seq_q] ([heads_q, total] packed; -inf where no key is seen).
+    num_splits forces the key range of each query block to be split across that many
+    programs and combined (decode; None picks it for the GPU).
+    Differentiable in q, k and v (and through the lse); works under torch.compile(fullgraph=True).
+    """
+    _check_inputs(q, k, v, scale, softcap, cu_seqlens_q, cu_seqlens_k)
+    left, right = _window_sides(causal, window)
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    o, lse = torch.ops.speedlight.attention_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, scale, float(softcap or 0.0), left, right,
+        -1 if max_seqlen_q is None else int(max_seqlen_q),
+        -1 if max_seqlen_k is None else int(max_seqlen_k), num_splits or 0)
+    return (o, lse) if return_lse else o
