@@ -19,6 +19,7 @@ _EXPORTS = {
     "add_rms_norm": "speedlight.ops.add_rms_norm",
     "swiglu": "speedlight.ops.swiglu",
     "geglu": "speedlight.ops.geglu",
+    "attention": "speedlight.ops.attention",
 }
 # speedlight.patch(model) is a function: the package that holds it is speedlight.patching,
 # since a submodule named patch would replace the function on first import.

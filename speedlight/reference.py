@@ -171,6 +171,9 @@ def _attention_dense(q, k, v, causal, scale, window, softcap, budget):
     b, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     g = hq // hkv
+    if sk == 0:  # no key: zeros, and a log-sum-exp of -inf
+        return q.new_zeros(q.shape), torch.full((b, hq, sq), float("-inf"), dtype=_opmath(q),
+                                                device=q.device)
     qg = q.reshape(b, hkv, g, sq, d)
     kt, vg = k.unsqueeze(2).transpose(-1, -2), v.unsqueeze(2)
     chunk = max(1, budget // max(1, b * hq * sk))

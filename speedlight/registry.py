@@ -24,6 +24,7 @@ BUILTIN_MODULES = (
     "speedlight.ops.add_rms_norm",
     "speedlight.ops.swiglu",
     "speedlight.ops.geglu",
+    "speedlight.ops.attention",
 )
 
 

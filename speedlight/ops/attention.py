@@ -11,17 +11,20 @@ unbounded); causal is right = 0.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
 import triton
+
+from speedlight import reference, shapes
 
 from speedlight.kernels.attention import (_attention_bwd_delta_kernel, _attention_bwd_dkdv_kernel,
                                           _attention_bwd_dq_kernel, _attention_combine_kernel,
                                           _attention_fwd_kernel)
 from speedlight.ops._common import (check_runtime, check_same_device, check_same_dtype,
                                     check_tensor, describe, is_interpreted)
-from speedlight.spec import planned_sm_count
+from speedlight.spec import Case, Cost, OpSpec, planned_sm_count, rand_tensor
 
 MAX_HEAD_DIM = 256
 
@@ -408,3 +411,221 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         -1 if max_seqlen_q is None else int(max_seqlen_q),
         -1 if max_seqlen_k is None else int(max_seqlen_k), num_splits or 0)
     return (o, lse) if return_lse else o
+
+
+# --- OpSpec --------------------------------------------------------------------------------
+
+# The query block and key block the cost model counts re-reads by (the GPU forward's and
+# dk/dv kernel's tiles).
+COST_BLOCK = 128
+# A case with more (query, key) pairs per head than this runs for minutes or more under
+# the interpreter: the GPU's cases.
+CPU_MAX_PAIRS = 2 ** 16
+
+
+def _lengths(case: Case) -> tuple[list[int], list[int]]:
+    """Per-sequence (seq_q, seq_k) of a case: its packed lengths, else batch copies."""
+    if case.flag("lens_q") is not None:
+        return ([int(x) for x in str(case.flag("lens_q")).split("_")],
+                [int(x) for x in str(case.flag("lens_k")).split("_")])
+    return [case["seq_q"]] * case["batch"], [case["seq_k"]] * case["batch"]
+
+
+def _case_window(case: Case) -> tuple[int, int]:
+    left = case.flag("left")
+    right = case.flag("right")
+    window = None if left is None and right is None else (
+        -1 if left is None else left, -1 if right is None else right)
+    return _window_sides(bool(case.flag("causal")), window)
+
+
+def _visible_counts(seq_q: int, seq_k: int, left: int, right: int) -> torch.Tensor:
+    """Keys each query row sees (int64 [seq_q])."""
+    pos = torch.arange(seq_q, dtype=torch.int64) + (seq_k - seq_q)
+    lo = (pos - left).clamp(min=0) if left >= 0 else torch.zeros_like(pos)
+    hi = (pos + right + 1).clamp(max=seq_k) if right >= 0 else torch.full_like(pos, seq_k)
+    return (hi - lo).clamp(min=0)
+
+
+def _block_reads(counts: torch.Tensor, block: int) -> int:
+    """Keys read by blocks of `block` query rows: for each block, the span from its first
+    row's first visible key to its last row's last (rows see contiguous key ranges that move
+    forward with the row), approximated by the block's largest count plus its slide."""
+    total = 0
+    for b0 in range(0, len(counts), block):
+        chunk = counts[b0:b0 + block]
+        total += int(min(chunk.max() + len(chunk) - 1, chunk.sum())) if len(chunk) else 0
+    return total
+
+
+def _cost(case: Case, mode: str) -> Cost:
+    """FLOPs over the visible (query, key) pairs only (causal counts about half): 2 matmuls
+    forward, 5 backward (the scores recomputed, dv, dp, dq, dk). Bytes: q, o, lse (and do,
+    dq, delta backward) once; k and v once per block of 128 query rows that sees them, per
+    q head (what a flash kernel reads from memory, L2 aside), and in the backward q and do
+    once per block of 128 keys as well."""
+    e, d = case.dtype.itemsize, case["dim"]
+    heads, kv_heads = case["heads"], case["kv_heads"]
+    left, right = _case_window(case)
+    pairs = kv_reads = q_reads = 0
+    tokens_q = tokens_k = 0
+    for sq, sk in zip(*_lengths(case)):
+        counts = _visible_counts(sq, sk, left, right)
+        pairs += int(counts.sum())
+        kv_reads += _block_reads(counts, COST_BLOCK)
+        # queries per key: the same counts seen from the keys' side
+        q_counts = _visible_counts(sk, sq, right, left) if sq else torch.zeros(sk, dtype=torch.int64)
+        q_reads += _block_reads(q_counts, COST_BLOCK)
+        tokens_q, tokens_k = tokens_q + sq, tokens_k + sk
+    row = heads * d * e
+    if mode == "fwd":
+        # read q, k and v per query block; write o, lse
+        return Cost(flops=4 * pairs * d * heads,
+                    bytes=2 * tokens_q * row + 2 * kv_reads * heads * d * e + 4 * tokens_q * heads)
+    # read q, o, do, lse; write dq, dk, dv; k, v per query block (dq), q, do per key
+    # block (dk, dv), delta written and read twice
+    return Cost(flops=10 * pairs * d * heads,
+                bytes=(4 * tokens_q * row + 2 * tokens_k * kv_heads * d * e
+                       + 2 * kv_reads * heads * d * e + 2 * q_reads * heads * d * e
+                       + 4 * tokens_q * heads * 4))
+
+
+def _make_inputs(case: Case, device) -> dict:
+    b, h, hkv, d = case["batch"], case["heads"], case["kv_heads"], case["dim"]
+    lens_q, lens_k = _lengths(case)
+    left, right = _case_window(case)
+    flags = dict(causal=bool(case.flag("causal")), softcap=case.flag("softcap"),
+                 window=None if left < 0 and right < 0 else (left, right),
+                 return_lse=bool(case.flag("lse")), num_splits=case.flag("splits"))
+    if flags["causal"] and flags["window"] == (-1, 0):
+        flags["window"] = None
+    if case.flag("lens_q") is not None:
+        cu = lambda lens: torch.tensor([0] + list(itertools.accumulate(lens)),  # noqa: E731
+                                       dtype=torch.int32, device=device)
+        shapes_ = {"q": (sum(lens_q), h, d), "k": (sum(lens_k), hkv, d), "v": (sum(lens_k), hkv, d)}
+        layout = "strided" if case.layout == "strided" else "contiguous"
+        tensors = {n: rand_tensor(s, case, device, layout=layout, salt=i)
+                   for i, (n, s) in enumerate(shapes_.items())}
+        return {**tensors, **flags, "cu_seqlens_q": cu(lens_q), "cu_seqlens_k": cu(lens_k),
+                "max_seqlen_q": max(lens_q), "max_seqlen_k": max(lens_k)}
+    sq, sk = case["seq_q"], case["seq_k"]
+    shapes_ = {"q": (b, h, sq, d), "k": (b, hkv, sk, d), "v": (b, hkv, sk, d)}
+    tensors = {}
+    for i, (n, (bb, hh, ss, dd)) in enumerate(shapes_.items()):
+        if case.layout == "transposed":  # a [batch, seq, heads, dim] tensor's transpose view
+            t = rand_tensor((bb, ss, hh, dd), case, device, layout="contiguous", salt=i)
+            tensors[n] = t.transpose(1, 2)
+        else:
+            tensors[n] = rand_tensor((bb, hh, ss, dd), case, device, salt=i)
+    return {**tensors, **flags}
+
+
+def _cases(suite: str) -> list[Case]:
+    def case(b, h, hkv, sq, sk, d, layout="contiguous", model=None, **flags):
+        return Case("attention", (("batch", b), ("heads", h), ("kv_heads", hkv), ("seq_q", sq),
+                                  ("seq_k", sk), ("dim", d)),
+                    layout=layout, flags=flags, model=model)
+
+    def packed(h, hkv, d, lens_q, lens_k, **flags):
+        return case(len(lens_q), h, hkv, sum(lens_q), sum(lens_k), d,
+                    lens_q="_".join(map(str, lens_q)), lens_k="_".join(map(str, lens_k)), **flags)
+
+    if suite == "quick":
+        return [
+            case(1, 2, 1, 1, 2, 64),
+            case(1, 2, 1, 65, 65, 64, causal=True),
+            case(2, 2, 1, 37, 53, 96),
+            case(1, 2, 1, 17, 70, 80, causal=True, lse=True),
+            case(1, 2, 1, 45, 12, 128, causal=True, lse=True),  # 33 rows see no key
+            case(1, 2, 1, 40, 40, 112, causal=True, left=8),
+            case(1, 2, 1, 33, 45, 256, causal=True, softcap=5.0),
+            case(1, 2, 1, 9, 33, 40, left=4, right=6),
+            case(1, 2, 1, 3, 130, 64, causal=True, splits=4, lse=True),
+            case(1, 2, 1, 37, 37, 64, "transposed", causal=True),
+            case(1, 2, 2, 21, 33, 64, "strided"),
+            packed(2, 1, 64, [5, 1, 0, 30], [5, 1, 0, 30], causal=True, lse=True),
+            packed(2, 2, 64, [1, 3], [40, 70], causal=True, splits=2),
+            case(1, 2, 1, 0, 5, 64),
+            case(1, 2, 1, 4, 0, 64, lse=True),
+        ]
+    out = []
+    # seq 1 is one query against two keys: with a single key every dq and dk is exactly
+    # zero, which no relative error can judge
+    seqs = (1, 2, 127, 1000, 4096, 16384)
+    for (h, hkv, d, cap, win), name in shapes.distinct_configs(
+            ("heads", "kv_heads", "head_dim", "attn_softcap", "sliding_window")):
+        extra = {"softcap": cap} if cap else {}
+        for s in seqs:
+            out.append(case(1, h, hkv, s, max(s, 2), d, model=name, causal=True, **extra))
+        if win:
+            out.append(case(1, h, hkv, 16384, 16384, d, model=name, causal=True, left=win - 1,
+                            **extra))
+        out.append(case(1, h, hkv, 1, 131072, d, model=name, causal=True, **extra))  # decode
+    if suite == "full":
+        out += [
+            case(3, 5, 5, 1021, 1021, 72, causal=True),
+            case(2, 8, 2, 1000, 3001, 128, causal=True, lse=True),
+            case(2, 8, 1, 4096, 4096, 128, "transposed", causal=True),
+            case(1, 4, 4, 2047, 2047, 64, "strided", left=300, right=100),
+            case(1, 8, 8, 4096, 4096, 256, causal=True, softcap=50.0),
+            case(4, 32, 8, 16, 32768, 128, causal=True, lse=True),  # speculative decode
+            packed(8, 2, 128, [1, 4096, 0, 777, 2, 3000], [1, 4096, 0, 777, 2, 3000],
+                   causal=True, lse=True),
+            packed(8, 8, 64, [1, 16, 3], [10000, 100, 65536], causal=True),
+            case(1, 2, 1, 0, 4096, 128), case(1, 2, 1, 4096, 0, 128),
+        ]
+    return out
+
+
+def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+    """The model's causal self-attention over batch x seq tokens (its softcap, and its
+    sliding window as a second case where it has one)."""
+    if not cfg.heads:
+        return []
+    params = (("batch", batch), ("heads", cfg.heads), ("kv_heads", cfg.kv_heads),
+              ("seq_q", seq), ("seq_k", seq), ("dim", cfg.head_dim))
+    flags = {"causal": True}
+    if getattr(cfg, "attn_softcap", None):
+        flags["softcap"] = cfg.attn_softcap
+    out = [Case("attention", params, flags=flags, model=cfg.name)]
+    window = getattr(cfg, "sliding_window", None)
+    if window and window < seq:
+        out.append(Case("attention", params, flags={**flags, "left": window - 1},
+                        model=cfg.name))
+    return out
+
+
+def _skip(case: Case, device) -> str | None:
+    if torch.device(device).type == "cuda":
+        return None
+    heads = case["heads"]
+    left, right = _case_window(case)
+    pairs = sum(int(_visible_counts(sq, sk, left, right).sum()) for sq, sk in zip(*_lengths(case)))
+    if pairs * heads > CPU_MAX_PAIRS * 8:
+        return (f"{pairs * heads} (query, key) pairs: minutes to hours under the Triton "
+                f"interpreter (about 3 ms per program); it runs on a GPU")
+    return None
+
+
+def _rows(case: Case) -> int:
+    return sum(_lengths(case)[0])
+
+
+SPEC = OpSpec(
+    name="attention",
+    impl=attention,
+    reference=reference.attention,
+    make_inputs=_make_inputs,
+    cost=_cost,
+    suites=shapes.suites(_cases),
+    grad_inputs=("q", "k", "v"),
+    skip=_skip,
+    notes=("Flash attention, causal/window/softcap/GQA/varlen/split-KV decode. Bytes count "
+           "k and v once per 128-query block per q head (and q, do once per 128-key block "
+           "backward): what a flash kernel reads, L2 aside. bf16 on CPU: the interpreter's "
+           "tl.dot is wrong in bf16, so loaded bf16 tiles are upcast to fp32 there (products "
+           "of bf16 values are exact in fp32: the GPU's math up to summation order)."),
+    family="attention",
+    for_model=_for_model,
+    count_rows=_rows,
+)
