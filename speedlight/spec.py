@@ -185,6 +185,15 @@ class KernelDesign:
     the most bytes it may move per compulsory byte of its direction when it is the only
     kernel of that direction (1.05: each input read once, each output written once), with
     `why` saying why a kernel needs more (e.g. a second pass over rows too long to hold).
+
+    A matrix kernel's design also names what its main loop compiles to: `mma` the
+    tensor-core instruction family its SASS must contain ("HGMMA": wgmma on bf16/fp16,
+    "QGMMA": fp8 wgmma, "HMMA": mma.sync; None: not held to one); `tma` whether its
+    operands arrive by TMA (UTMALDG in the SASS: tensor-descriptor loads); `min_stages`
+    the pipeline depth its operand tiles must rotate through in shared memory (the
+    buffers of its multi-buffered allocations in the TTGIR; 1: no pipeline required).
+    Every kernel is also held to the target's shared memory per block (a kernel over it
+    does not launch).
     """
 
     min_occupancy: float = 0.25
@@ -192,6 +201,9 @@ class KernelDesign:
     spills: bool = False
     bytes_ratio: float = 1.05
     why: str = ""
+    mma: str | None = None
+    tma: bool = False
+    min_stages: int = 1
 
 
 Inputs = dict  # keyword arguments of impl / reference: tensors and plain values

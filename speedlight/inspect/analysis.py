@@ -5,6 +5,7 @@ bytes moved against the compulsory bytes; and the findings (findings.py)."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from speedlight.hardware import DeviceSpec
@@ -72,6 +73,8 @@ class KernelReport:
     mix: sass.Mix | None = None
     accesses: list[Access] = field(default_factory=list)
     has_dot: bool = False
+    stages: int = 1  # buffers of the deepest multi-buffered shared allocation (pipeline_stages)
+    smem_limit: int = 0  # the target's shared memory per block (opt-in maximum)
     findings: list = field(default_factory=list)
 
     @property
@@ -89,7 +92,7 @@ class KernelReport:
                        spill_loads=self.spill_loads, stack=self.stack, smem=self.smem,
                        occupancy=self.occupancy.to_json(), waves=self.waves.to_json(),
                        sass=self.mix.to_json(), accesses=[a.to_json() for a in self.accesses],
-                       has_dot=self.has_dot)
+                       has_dot=self.has_dot, stages=self.stages, smem_limit=self.smem_limit)
         if l.measured:
             out.update(loaded=l.loaded, stored=l.stored)
         out["findings"] = [f.to_json() for f in self.findings]
@@ -163,8 +166,28 @@ def analyse_kernel(launch: Launch, compiled: Compiled, target: Target, device: D
     instrs = sass.parse(compiled.text("sass"))
     report.mix = sass.mix(instrs)
     report.has_dot = "tt.dot" in compiled.text("ttir") or "tt.dot_scaled" in compiled.text("ttir")
+    report.stages = pipeline_stages(compiled.text("ttgir"))
+    report.smem_limit = target.limits.smem_per_block
     report.accesses = _join(launch, sass.accesses_by_line(instrs))
     return report
+
+
+# A shared-memory allocation in TTGIR: `ttg.local_alloc : () -> !ttg.memdesc<4x128x64xbf16, ...`
+_LOCAL_ALLOC = re.compile(r"ttg\.local_alloc\b[^\n]*?!ttg\.memdesc<((?:\d+x)+)([a-z]\w*)")
+
+
+def pipeline_stages(ttgir: str) -> int:
+    """How many stages a kernel's software pipeline has: the leading dimension of its
+    deepest multi-buffered shared-memory allocation of operand tiles (Triton's pipeliner
+    allocates `stages x tile` buffers for each operand a loop loads ahead, whether by
+    cp.async or TMA; the mbarrier arrays beside them, i64, are not counted). 1 when
+    nothing is multi-buffered."""
+    stages = 1
+    for m in _LOCAL_ALLOC.finditer(ttgir):
+        dims = [int(d) for d in m.group(1).rstrip("x").split("x")]
+        if len(dims) >= 3 and m.group(2) != "i64":
+            stages = max(stages, dims[0])
+    return stages
 
 
 def _join(launch: Launch, by_line: dict) -> list[Access]:

@@ -5,7 +5,11 @@
                   view) or what the compiler could not prove (a stride not divisible by 16)
   spill           registers spilled to local memory
   no-wgmma        a matrix kernel without the target's matrix instructions (HGMMA on sm_90a,
-                  tcgen05 MMA on sm_100a), or without tensor cores at all
+                  tcgen05 MMA on sm_100a), or without tensor cores at all, or without the
+                  family its design names (KernelDesign.mma)
+  no-tma          a kernel designed for TMA loads (KernelDesign.tma) whose SASS has no UTMALDG
+  shallow-pipeline  fewer pipeline stages in shared memory than the design's min_stages
+  smem-limit      more shared memory per program than the target's SM allows (no launch)
   occupancy       theoretical occupancy under what the kernel was designed for
   last-wave       the grid's last wave leaves most of its slots idle
   idle-sms        fewer programs than SMs
@@ -60,6 +64,7 @@ def kernel_findings(k: KernelReport, target_name: str) -> list[Finding]:
             name, {"spill_stores": k.spill_stores, "spill_loads": k.spill_loads,
                    "registers": k.registers, "stack": k.stack, "local": dict(k.mix.local)}))
     out += _matrix(k, target_name)
+    out += _pipeline(k, target_name)
     occ = k.occupancy
     if occ.fraction + 1e-9 < k.design.min_occupancy:
         out.append(Finding(
@@ -175,7 +180,34 @@ def _matrix(k: KernelReport, target_name: str) -> list[Finding]:
         return [Finding("no-wgmma", WARN, f"matrix kernel without tcgen05 MMA on "
                         f"{target_name}: tt.dot compiled to {', '.join(sorted(tc))}", name,
                         {"tensor_core": dict(tc)})]
+    want = k.design.mma
+    if want and not tc.get(want):
+        return [Finding("no-wgmma", WARN, f"designed for {want} on {target_name}, but tt.dot "
+                        f"compiled to {', '.join(sorted(tc))}", name, {"tensor_core": dict(tc)})]
     return []
+
+
+def _pipeline(k: KernelReport, target_name: str) -> list[Finding]:
+    """What a matrix kernel's design names beyond tensor cores: TMA, stages, shared memory."""
+    d, name, out = k.design, k.launch.kernel, []
+    if d.tma and not k.mix.tma.get("UTMALDG"):
+        how = "cp.async (LDGSTS)" if k.mix.async_copies else "plain global loads (LDG)"
+        out.append(Finding("no-tma", WARN, f"designed for TMA loads but the SASS on "
+                           f"{target_name} has no UTMALDG: operands arrive by {how} (check "
+                           f"the tensor descriptors' alignment and the launch's TMA choice)",
+                           name, {"tma": dict(k.mix.tma), "async_copies":
+                                  dict(k.mix.async_copies)}))
+    if k.stages < d.min_stages:
+        out.append(Finding("shallow-pipeline", WARN, f"{k.stages} pipeline stage"
+                           f"{'s' if k.stages != 1 else ''} in shared memory (num_stages="
+                           f"{k.launch.num_stages}); designed for at least {d.min_stages}",
+                           name, {"stages": k.stages, "num_stages": k.launch.num_stages}))
+    if k.smem_limit and k.smem > k.smem_limit:
+        out.append(Finding("smem-limit", ERROR, f"{k.smem:,} bytes of shared memory per "
+                           f"program, over the {k.smem_limit:,} a {target_name} SM allows one "
+                           f"block: the launch fails (fewer stages or smaller tiles)", name,
+                           {"smem": k.smem, "limit": k.smem_limit}))
+    return out
 
 
 def bytes_findings(d: DirectionBytes) -> list[Finding]:

@@ -1,7 +1,10 @@
 """Hold kernels to what they were designed to compile to (spec.KernelDesign).
 
 A kernel falls short when: a load or store of row data is narrower than the design's
-vector width; it spills; its theoretical occupancy is under the design's; or a direction
+vector width; it spills; its theoretical occupancy is under the design's; a matrix kernel's
+SASS lacks the tensor-core family (mma) or the TMA loads its design names, or its pipeline
+has fewer stages in shared memory than min_stages; it needs more shared memory per
+program than the target allows; or a direction
 moves more bytes per compulsory byte than its kernels' designs allow (or fewer than
 compulsory: then it did not do what its cost counts). `speedlight inspect
 --check` and the CI guards (tests/inspect/test_guards.py) use these checks.
@@ -28,7 +31,7 @@ from speedlight.spec import Case, OpSpec, sized_for
 @dataclass(frozen=True)
 class Shortfall:
     kernel: str
-    check: str  # vector | spill | occupancy | bytes | compile
+    check: str  # vector | spill | occupancy | mma | tma | stages | smem | bytes | compile
     text: str
 
     def __str__(self) -> str:
@@ -52,6 +55,28 @@ def check_kernel(k: KernelReport) -> list[Shortfall]:
         out.append(Shortfall(name, "occupancy", f"{k.occupancy.fraction:.0%} theoretical "
                              f"(limited by {k.occupancy.limiter}), designed for at least "
                              f"{d.min_occupancy:.0%}"))
+    return out + check_matrix(k)
+
+
+def check_matrix(k: KernelReport) -> list[Shortfall]:
+    """What a matrix kernel's design names (KernelDesign.mma, tma, min_stages), and shared
+    memory within the target's limit (any kernel)."""
+    name, d, out = k.launch.kernel, k.design, []
+    tc = k.mix.tensor_core
+    if d.mma and not tc.get(d.mma):
+        got = ", ".join(f"{op} x{n}" for op, n in sorted(tc.items())) or "no tensor-core op"
+        out.append(Shortfall(name, "mma", f"designed for {d.mma}, SASS has {got}"))
+    if d.tma and not k.mix.tma.get("UTMALDG"):
+        out.append(Shortfall(name, "tma", f"designed for TMA loads, SASS has no UTMALDG "
+                             f"({sum(k.mix.async_copies.values())} LDGSTS, "
+                             f"{sum(k.mix.global_loads.values())} LDG)"))
+    if k.stages < d.min_stages:
+        out.append(Shortfall(name, "stages", f"{k.stages} pipeline stage(s) in shared memory "
+                             f"(num_stages={k.launch.num_stages}), designed for at least "
+                             f"{d.min_stages}"))
+    if k.smem_limit and k.smem > k.smem_limit:
+        out.append(Shortfall(name, "smem", f"{k.smem} bytes of shared memory per program, "
+                             f"over the target's {k.smem_limit}"))
     return out
 
 

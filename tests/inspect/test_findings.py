@@ -121,3 +121,40 @@ def test_bytes_are_held_to_the_design_from_both_sides():
     assert over.check == "bytes" and "1.500x" in over.text and "at most 1.05x" in over.text
     (under,) = moved(500)
     assert under.check == "bytes" and "only 0.500x" in under.text
+
+
+def test_a_matrix_kernel_is_held_to_the_design_its_spec_names(reports):
+    """The 4-warp pointer matmul gets HGMMA and a cp.async pipeline on sm_90a, no TMA: a
+    design naming TMA, HGMMA and 3 stages fails on TMA only; one naming QGMMA, 8 stages
+    and a shared-memory limit it exceeds fails on each."""
+    import dataclasses
+
+    from speedlight.inspect.findings import kernel_findings
+    from speedlight.spec import KernelDesign
+
+    (k,) = reports["mma-4-warps"].kernels
+    assert k.stages >= 2 and k.mix.async_copies and not k.mix.tma
+    hopper = dataclasses.replace(k, design=KernelDesign(min_occupancy=0.0, vector_bits=0, mma="HGMMA",
+                                                        tma=True, min_stages=k.stages))
+    assert [s.check for s in guard.check_kernel(hopper)] == ["tma"]
+    design_codes = {"no-wgmma", "no-tma", "shallow-pipeline", "smem-limit"}
+    assert [f.code for f in kernel_findings(hopper, "sm_90a") if f.code in design_codes] \
+        == ["no-tma"]
+    wrong = dataclasses.replace(k, smem_limit=k.smem - 1, design=KernelDesign(
+        min_occupancy=0.0, vector_bits=0, mma="QGMMA", min_stages=8))
+    assert sorted(s.check for s in guard.check_kernel(wrong)) == ["mma", "smem", "stages"]
+    found = {f.code for f in kernel_findings(wrong, "sm_90a")}
+    assert {"no-wgmma", "shallow-pipeline", "smem-limit"} <= found
+
+
+def test_pipeline_stages_are_read_from_the_shared_allocations():
+    from speedlight.inspect.analysis import pipeline_stages
+
+    ttgir = """
+    %2 = ttg.local_alloc : () -> !ttg.memdesc<128x128xbf16, #shared, #smem, mutable>
+    %a = ttg.local_alloc : () -> !ttg.memdesc<4x128x64xbf16, #shared, #smem, mutable>
+    %b = ttg.local_alloc : () -> !ttg.memdesc<3x64x128xf16, #shared, #smem, mutable>
+    %bar = ttg.local_alloc : () -> !ttg.memdesc<6x1xi64, #shared1, #smem, mutable>
+    """
+    assert pipeline_stages(ttgir) == 4
+    assert pipeline_stages("%2 = ttg.local_alloc : () -> !ttg.memdesc<128x64xbf16, #s>") == 1
