@@ -24,7 +24,7 @@ from speedlight.kernels.attention import (_attention_bwd_delta_kernel, _attentio
                                           _attention_fwd_kernel)
 from speedlight.ops._common import (check_runtime, check_same_device, check_same_dtype,
                                     check_tensor, describe, is_interpreted)
-from speedlight.spec import Case, Cost, OpSpec, planned_sm_count, rand_tensor
+from speedlight.spec import Case, Cost, KernelDesign, OpSpec, planned_sm_count, rand_tensor
 
 MAX_HEAD_DIM = 256
 
@@ -158,10 +158,13 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee"  # fp32 products exact (no TF32); ignored for fp16/bf16 operands
 
 
-def _upcast(kernel, dtype: torch.dtype) -> bool:
+def _upcast(kernel, t: torch.Tensor) -> bool:
     """Whether to turn bf16 tiles to fp32 before tl.dot: under the interpreter only, whose
-    bf16 dot is wrong (products of bf16 values are exact in fp32)."""
-    return dtype == torch.bfloat16 and is_interpreted(kernel)
+    bf16 dot is wrong (products of bf16 values are exact in fp32), and not when launches
+    are sized for a GPU (spec.sized_for: inspect captures there the kernel a GPU runs, whose
+    bf16 dots must compile to tensor-core instructions)."""
+    return (t.dtype == torch.bfloat16 and is_interpreted(kernel)
+            and planned_sm_count(t.device) is None)
 
 
 class _Problem:
@@ -236,7 +239,7 @@ def attention_fwd(q, k, v, *, causal: bool = False, scale: float | None = None,
                                q.device, num_splits)
     grid = (m_blocks, pb.batch * pb.heads_q, splits)
     flags = dict(VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
-                 SPLIT=splits > 1, UPCAST=_upcast(_attention_fwd_kernel, q.dtype),
+                 SPLIT=splits > 1, UPCAST=_upcast(_attention_fwd_kernel, q),
                  PRECISION=_precision(q.dtype))
     common = (pb.cu_q, pb.cu_k, pb.seq_q, pb.seq_k, pb.heads_q, pb.group, pb.head_dim, scale,
               float(softcap or 1.0), left, right, span,
@@ -290,7 +293,7 @@ def attention_bwd(do, q, k, v, o, lse, *, dlse=None, causal: bool = False,
         VARLEN=pb.varlen, HAS_DLSE=dlse is not None, BLOCK_M=pre_m,
         BLOCK_D=d_blocks["BLOCK_D"], num_warps=4)
     flags = dict(VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
-                 UPCAST=_upcast(_attention_bwd_dq_kernel, q.dtype),
+                 UPCAST=_upcast(_attention_bwd_dq_kernel, q),
                  PRECISION=_precision(q.dtype))
     common = (pb.seq_q, pb.seq_k, None, pb.group, pb.head_dim, scale, float(softcap or 1.0),
               left, right, *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(do),
@@ -611,6 +614,12 @@ def _rows(case: Case) -> int:
     return sum(_lengths(case)[0])
 
 
+# One program of 8 warps per SM (an eighth of Hopper's 64 warps) is the flash design: its
+# 128 x 64 score tile, fp32 accumulator and K/V pipeline fill the registers and shared
+# memory, and the tensor cores, not warp count, hide the latency.
+_FLASH = ("flash tiles: one 8-warp program per SM; k and v re-read per query block (and q, "
+          "do per key block backward), as the cost model counts")
+
 SPEC = OpSpec(
     name="attention",
     impl=attention,
@@ -628,4 +637,12 @@ SPEC = OpSpec(
     family="attention",
     for_model=_for_model,
     count_rows=_rows,
+    kernels={
+        "_attention_fwd_kernel": KernelDesign(min_occupancy=0.125, mma="HGMMA", why=_FLASH),
+        "_attention_bwd_dkdv_kernel": KernelDesign(min_occupancy=0.125, mma="HGMMA", why=_FLASH),
+        "_attention_bwd_dq_kernel": KernelDesign(min_occupancy=0.125, mma="HGMMA", why=_FLASH),
+        "_attention_combine_kernel": KernelDesign(min_occupancy=0.25, vector_bits=32,
+                                                  why="one query row per program: its fp32 "
+                                                      "partials of one head row each"),
+    },
 )
