@@ -38,13 +38,6 @@ class DeviceSpec:
     max_blocks_per_sm: int = 32
     sources: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def target(self) -> str:
-        """The compile target Triton and ptxas use for this SKU (sm_90a for Hopper)."""
-        major, minor = self.compute_capability
-        suffix = "a" if (major, minor) in ((9, 0), (10, 0)) else ""
-        return f"sm_{major}{minor}{suffix}"
-
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
             raise KeyError(f"{self.name} has no {dtype} peak; known: {', '.join(self.peak_flops)}")
@@ -191,7 +184,7 @@ def arch_limits(compute_capability: tuple[int, int] | int) -> ArchLimits:
 
 
 # Names a user may type for --target, and substrings of torch's device names.
-_ALIASES = {
+ALIASES = {
     "a100": "a100-sxm", "a100-sxm4": "a100-sxm", "h100": "h100-sxm", "h100-sxm5": "h100-sxm",
     "gh100": "h100-sxm", "h200-sxm": "h200", "b200-sxm": "b200",
 }
@@ -200,7 +193,7 @@ _ALIASES = {
 def get_device_spec(name: str) -> DeviceSpec:
     """Look a SKU up by key ('h200'), alias ('h100') or torch device name."""
     key = name.strip().lower()
-    key = _ALIASES.get(key, key)
+    key = ALIASES.get(key, key)
     if key in DEVICES:
         return DEVICES[key]
     return spec_for_device_name(name)

@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from speedlight import arguments
+
 ACTIONS = ("run", "compare", "plot", "table")
 
 
@@ -27,13 +29,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group("run")
     r.add_argument("--ops", default=None, help="comma-separated op names (default: all)")
     r.add_argument("--suite", default="model", choices=("quick", "model", "full"))
-    r.add_argument("--dtypes", default="bf16", help="comma-separated: fp32,fp16,bf16 (default bf16)")
+    arguments.add_dtypes(r, "bf16")
     r.add_argument("--modes", default="fwd,bwd,fwd+bwd", help="comma-separated: fwd,bwd,fwd+bwd")
     r.add_argument("--baselines", default="torch-eager,torch-compile,liger",
                    help="comma-separated, from torch-eager,torch-compile,liger; 'none' for none")
-    r.add_argument("--spec", action="append", default=[], metavar="FILE",
-                   help="a Python file defining SPEC or SPECS (your own op); repeatable")
-    r.add_argument("--only-spec", action="store_true", help="only the ops of --spec files")
+    arguments.add_spec(r)
+    arguments.add_target(r)
     r.add_argument("--cases", default=None, metavar="REGEX", help="only cases whose id matches")
     r.add_argument("--limit", type=int, default=None, help="at most this many cases per op")
     r.add_argument("--seed", type=int, default=0)
@@ -92,6 +93,25 @@ def _list(text: str) -> list[str]:
 
 # --- run --------------------------------------------------------------------------------------
 
+def bench_cases(bench, specs, cases_of, out_path: Path, *, budget_s: float | None = None,
+                on_case=None) -> list[dict]:
+    """Time every op's cases with `bench` (a runner.Bench, which holds the device, target,
+    settings and baselines), appending each case's rows to out_path as it finishes: the
+    rows. `speedlight bench` and the report's bench stage both run through this.
+    on_case(spec, case, rows) follows each case (progress)."""
+    from speedlight import results
+
+    rows: list[dict] = []
+
+    def done(spec, case, case_rows):
+        results.append_jsonl(out_path, case_rows)  # atomically, case by case
+        rows.extend(case_rows)
+        if on_case is not None:
+            on_case(spec, case, case_rows)
+    bench.run(specs, cases_of, budget_s=budget_s, on_case=done)
+    return rows
+
+
 def _run(args: argparse.Namespace) -> int:
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -131,7 +151,8 @@ def _run(args: argparse.Namespace) -> int:
                         graph_max_bytes=int(args.graph_max_mib * 2 ** 20), verify=not args.no_verify,
                         max_bytes=int(args.max_gib * 2 ** 30) if args.max_gib else None,
                         cpu_max_bytes=int(args.cpu_max_mib * 2 ** 20))
-    bench = Bench(device, settings, baselines, suite=args.suite)
+    tgt = arguments.resolve_target(args, "bench")
+    bench = Bench(device, settings, baselines, suite=args.suite, target=tgt)
     pattern = re.compile(args.cases) if args.cases else None
 
     def cases(spec):
@@ -141,6 +162,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if device.type == "cpu":
         console.print(f"[bold yellow]{display.NOT_REPRESENTATIVE}[/]")
+    console.print(f"[dim]{tgt.describe()}; % of speed-of-light: {bench.roof_note}[/]")
     out_path = Path(args.out or "speedlight-results") / "bench.jsonl"
     total = sum(len(cases(s)) for s in specs)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -150,11 +172,10 @@ def _run(args: argparse.Namespace) -> int:
             task = progress.add_task("bench", total=total)
 
             def on_case(spec, case, case_rows):
-                results.append_jsonl(out_path, case_rows)  # atomically, case by case
                 rows.extend(case_rows)
                 progress.update(task, description=f"{spec.name} {case.id}")
                 progress.advance(task)
-            bench.run(specs, cases, budget_s=args.budget_s, on_case=on_case)
+            bench_cases(bench, specs, cases, out_path, budget_s=args.budget_s, on_case=on_case)
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted: the {len(rows)} rows of the cases finished are in "
                       f"{out_path}[/]")

@@ -16,40 +16,24 @@ import time
 import torch
 
 from speedlight import hardware
-from speedlight.spec import Cost, OpSpec
+from speedlight.spec import Cost
+from speedlight.target import Target
 
-# Families whose FLOPs run on tensor cores; every other op's FLOPs are CUDA-core fp32.
-TENSOR_CORE_FAMILIES = ("compute-bound", "matmul", "attention")
 SOL_BUG = ("above 100% of speed-of-light: a bug in the op's Cost, in the ceilings or in the "
            "timing, not a result")
 
 
-def peak_key(spec: OpSpec, dtype: torch.dtype) -> str:
-    """Which FLOP/s ceiling an op's arithmetic runs against."""
-    if spec.family in TENSOR_CORE_FAMILIES:
-        return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "tf32")
-    return "fp32"
-
-
-def device_roof(device: torch.device, driver: str | None) -> tuple[hardware.Roof | None, str]:
-    """The ceilings % of SOL is computed on, and a note saying where they come from."""
-    if device.type != "cuda":
-        return None, "no speed-of-light on the CPU interpreter"
-    name = torch.cuda.get_device_name(device)
-    try:
-        spec = hardware.spec_for_device_name(name)
-    except KeyError:
-        spec = None
-    ceilings = hardware.load_ceilings(name, driver or "unknown")
-    if ceilings is not None and spec is not None:
-        return hardware.roof_for(spec, ceilings), f"measured by speedlight probe ({ceilings.measured_at})"
-    if ceilings is not None:
-        return (hardware.Roof(ceilings.copy_bandwidth, dict(ceilings.matmul_flops), "measured", name),
-                "measured by speedlight probe; no datasheet for this device")
-    if spec is not None:
-        return hardware.roof_for(spec), ("datasheet: no measured ceilings for this device and "
-                                         "driver (run `speedlight probe`)")
-    return None, f"no DeviceSpec for {name!r} and no measured ceilings (run `speedlight probe`)"
+def device_roof(tgt: Target) -> tuple[hardware.Roof | None, str]:
+    """The ceilings % of SOL is computed on, and a note saying where they come from: the
+    target's roof, when the target is the GPU the times are measured on."""
+    if not tgt.in_use:
+        if tgt.origin == "the default":
+            return None, "no speed-of-light on the CPU interpreter"
+        return None, (f"no speed-of-light: the target, {tgt.sku.name}, is not the device the "
+                      f"times are measured on")
+    if tgt.roof is None:
+        return None, tgt.roof_note
+    return tgt.roof, tgt.roof_note
 
 
 def throughput(cost: Cost, seconds: float) -> dict:

@@ -34,6 +34,7 @@ from speedlight.bench.baselines import LIGER, SPEEDLIGHT, Baselines, Implementat
 from speedlight.bench.timer import (Clock, GpuLead, L2Flush, Measurement, StopRule, capture_graph,
                                     clock_for, default_rule, flush_for, l2_bytes, measure)
 from speedlight.spec import Case, Cost, OpSpec, dtype_name, rand_tensor
+from speedlight.target import TENSOR_CORE_FAMILIES, Target, resolve
 # bench calls verify (to check a case before timing it) and differentiates the same way
 from speedlight.verify.compare import metrics as error_metrics
 from speedlight.verify.harness import _as_tuple, _leaves, verify_case
@@ -98,7 +99,8 @@ class Bench:
 
     def __init__(self, device: torch.device | str, settings: Settings | None = None,
                  baselines: Baselines | None = None, *, suite: str = "", run_id: str | None = None,
-                 clock: Clock | None = None, wall: Callable[[], float] = time.perf_counter):
+                 clock: Clock | None = None, wall: Callable[[], float] = time.perf_counter,
+                 target: Target | None = None):
         self.device = torch.device(device)
         self.settings = settings or Settings()
         self.baselines = baselines or Baselines()
@@ -110,12 +112,20 @@ class Bench:
         self.env = results.environment(self.device)
         if LIGER in self.baselines.names:
             self.env["liger_kernel"] = liger.version()
-        self.roof, self.roof_note = metrics.device_roof(self.device, self.env.get("driver"))
+        self.target = target or resolve(None, None, self.device, self.env.get("driver"))
+        self.env["target"] = self.target.sku.key
+        self.roof, self.roof_note = metrics.device_roof(self.target)
         self.representative = self.device.type == "cuda"
         self._flush: L2Flush | None = None
         self._lead: GpuLead | None = None
 
     # --- shared pieces -----------------------------------------------------------------
+
+    def peak_key(self, spec: OpSpec, dtype: torch.dtype) -> str:
+        """The target's peak for the op: tensor cores for the families that use them, with
+        tf32 for fp32 (Triton's tl.dot default)."""
+        return self.target.peak_key(dtype, tensor_core=spec.family in TENSOR_CORE_FAMILIES,
+                                    tf32=True)
 
     def flush(self) -> L2Flush:
         if self._flush is None:
@@ -242,7 +252,7 @@ class Bench:
                         row.update(metrics.throughput(cost, row["median_us"] * 1e-6))
                         row.update(metrics.speed_of_light(
                             cost, row["median_us"] * 1e-6, self.roof,
-                            metrics.peak_key(spec, case.dtype), self.roof_note))
+                            self.peak_key(spec, case.dtype), self.roof_note))
                 by_impl[impl.name] = row
             ours = by_impl[SPEEDLIGHT]
             ours["speedup"], ours["speedup_note"] = metrics.speedups(

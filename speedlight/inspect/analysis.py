@@ -12,7 +12,8 @@ from speedlight.hardware import DeviceSpec
 from speedlight.inspect import sass
 from speedlight.inspect.capture import Capture, Launch
 from speedlight.inspect.traffic import Site, source_line, statement_span
-from speedlight.inspect.compile import Compiled, Target
+from speedlight.inspect.compile import Compiled
+from speedlight.target import Target
 from speedlight.inspect.occupancy import Occupancy, Waves, occupancy
 from speedlight.spec import KernelDesign, OpSpec
 

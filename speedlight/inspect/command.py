@@ -1,10 +1,10 @@
 """`speedlight inspect`: what the compiler made of an op's kernels, for any GPU, with or
 without one.
 
-    speedlight inspect rms_norm                               # a representative case, sm_90a
+    speedlight inspect rms_norm                     # a representative case; the GPU in use, else H200
     speedlight inspect rms_norm --case rows4096-hidden4095 --dump kernels/
-    speedlight inspect softmax --target sm_100a --sku b200
-    speedlight inspect --all --target sm_90a                  # every op on its quick suite
+    speedlight inspect softmax --target sm_100a     # B200, sm_100a's flagship
+    speedlight inspect --all --target sm_90a --sku h100-sxm   # every op on its quick suite
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import argparse
 import re
 import uuid
 from pathlib import Path
+
+from speedlight import arguments
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -25,14 +27,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "(rows4096-hidden4095-strided); default: a 4096-token model case")
     p.add_argument("--suite", default="quick", choices=("quick", "model", "full"),
                    help="the suite --all covers (default quick)")
-    p.add_argument("--dtype", default="bf16",
-                   help="case dtype when --case names none (default bf16)")
-    p.add_argument("--target", default=None,
-                   help="sm_90a, sm_80, sm_100a, sm_89... or native (the GPU here); default: "
-                        "native with a GPU, else sm_90a")
-    p.add_argument("--sku", default=None,
-                   help="the GPU whose SM count sizes the launches and counts waves (h100-sxm, "
-                        "h200, a100-sxm, b200...); default: the target's first SKU")
+    arguments.add_dtypes(p, "bf16", plural=False, help_default="bf16; the case's dtype when "
+                                                               "--case names none")
+    arguments.add_target(p)
     p.add_argument("--dump", default=None, metavar="DIR",
                    help="write TTIR, TTGIR, LLIR, PTX, cubin and SASS of every kernel here")
     p.add_argument("--mode", default="auto", choices=("auto", "run", "sample", "dry"),
@@ -45,11 +42,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true",
                    help="exit 1 if a kernel falls short of its design (vector width, spills, "
                         "occupancy, bytes); see spec.KernelDesign")
-    p.add_argument("--spec", action="append", default=[], metavar="FILE",
-                   help="a Python file defining SPEC or SPECS (your own op); repeatable")
-    p.add_argument("--only-spec", action="store_true", help="only the ops of --spec files")
+    arguments.add_spec(p)
     p.add_argument("--jobs", type=int, default=None, help="compile worker processes")
-    p.add_argument("--out", default="speedlight-results", help="folder for inspect.jsonl")
+    arguments.add_out(p, "speedlight-results", "folder for inspect.jsonl")
 
 
 def find_case(spec, text: str, dtype):
@@ -123,7 +118,7 @@ def representative(spec, dtype):
 def _rows(report, env: dict, run_id: str) -> list[dict]:
     base = {"tool": "inspect", "op": report.op, "implementation": "speedlight",
             "case_id": report.case.id, "case": report.case.to_json(),
-            "target": report.target.name, "sku": report.device.key,
+            "target": report.target.arch_name, "sku": report.device.key,
             "sm_count": report.device.sm_count, "run": run_id, **env}
     if report.skipped or report.error or not report.kernels:
         status = "skip" if report.skipped else "error" if report.error else "no-launch"
@@ -150,10 +145,10 @@ def _dump(report, folder: Path) -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from speedlight import hardware, registry, results
+    from speedlight import registry, results
     from speedlight.inspect import display, guard
-    from speedlight.inspect.compile import Compiler, parse_target
-    from speedlight.inspect.run import default_device, inspect_cases
+    from speedlight.inspect.compile import Compiler
+    from speedlight.inspect.run import inspect_cases
     from speedlight.spec import parse_dtype
 
     console = results.make_console()
@@ -162,19 +157,18 @@ def run(args: argparse.Namespace) -> int:
     if args.all and args.case:
         raise SystemExit("speedlight inspect: --case names one case of one op; drop --all")
     device = torch.device(args.device)
+    target = arguments.resolve_target(args, "inspect")
+    sku = target.sku
     try:
-        target = parse_target(args.target or ("native" if device.type == "cuda" else "sm_90a"))
-        sku = hardware.get_device_spec(args.sku) if args.sku else default_device(target)
         dtype = parse_dtype(args.dtype)
         names = None if args.all or not args.op else [n.strip() for n in args.op.split(",")]
         specs = registry.select(names, args.spec, include_builtin=not args.only_spec)
     except (ValueError, KeyError, FileNotFoundError) as e:
         raise SystemExit(f"speedlight inspect: {str(e).strip(chr(39))}")
-    if target.native and device.type != "cuda":
-        raise SystemExit("speedlight inspect: --target native needs the GPU (--device cuda)")
+    console.print(f"[dim]{target.describe()}[/]")
     if device.type == "cpu":
-        console.print(f"[dim]No GPU in use: kernels are compiled for {target.name} without one; "
-                      f"launches are captured under the Triton interpreter, sized for "
+        console.print(f"[dim]No GPU in use: kernels are compiled for {target.arch_name} without "
+                      f"one; launches are captured under the Triton interpreter, sized for "
                       f"{sku.name} ({sku.sm_count} SMs).[/]")
 
     work = []
@@ -201,14 +195,13 @@ def run(args: argparse.Namespace) -> int:
             progress.update(task, description=f"captured {spec.name} {case.label}")
             progress.advance(task)
 
-        reports = inspect_cases(work, target, device=device, sku=sku,
-                                compiler=Compiler(jobs=args.jobs), mode=args.mode,
+        reports = inspect_cases(work, target, device=device, compiler=Compiler(jobs=args.jobs), mode=args.mode,
                                 backward=not args.no_backward, on_case=advance)
 
     if len(reports) == 1:
         display.print_case(reports[0], console)
     else:
-        display.print_summary(reports, console, title=f"speedlight inspect for {target.name} "
+        display.print_summary(reports, console, title=f"speedlight inspect for {target.arch_name} "
                               f"(launches sized for {sku.name}, {sku.sm_count} SMs)")
     env = results.environment(device)
     run_id = uuid.uuid4().hex[:12]

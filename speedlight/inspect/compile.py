@@ -2,8 +2,9 @@
 
 Each distinct kernel (same function, signature, constexprs, attributes, options and target)
 is compiled once per process, in worker processes with the interpreter off (see
-_worker.py); Triton's own on-disk cache makes a second run cheap. On a GPU, target
-`native` reads the binaries the op's launches actually compiled instead.
+_worker.py); Triton's own on-disk cache makes a second run cheap. The target is a
+speedlight.target.Target; for `--target native` (the GPU in use) the binaries the op's
+launches actually compiled are read instead.
 """
 
 from __future__ import annotations
@@ -20,53 +21,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedlight import hardware
 from speedlight.inspect.capture import Launch
+from speedlight.target import Target
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
-
-
-@dataclass(frozen=True)
-class Target:
-    """A compile target: sm_80, sm_90a, sm_100a... or the GPU in this machine."""
-
-    name: str
-    arch: int  # 90 for sm_90a
-    native: bool = False
-
-    @property
-    def compute_capability(self) -> tuple[int, int]:
-        return divmod(self.arch, 10)
-
-    @property
-    def limits(self) -> hardware.ArchLimits:
-        return hardware.arch_limits(self.compute_capability)
-
-
-def parse_target(name: str) -> Target:
-    """'sm_90a', 'sm_80', 'sm_100a', 'sm_89'... or 'native' (needs a CUDA device)."""
-    text = name.strip().lower()
-    if text == "native":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("target 'native' reads the kernels this machine's GPU compiled, "
-                             "but torch sees no CUDA device; name one instead, e.g. "
-                             "--target sm_90a (compiles without a GPU)")
-        major, minor = torch.cuda.get_device_capability()
-        arch = 10 * major + minor
-        return Target(f"sm_{arch}{'a' if arch >= 90 else ''}", arch, native=True)
-    m = re.fullmatch(r"sm_?(\d+)(a?)", text)
-    if not m:
-        raise ValueError(f"target must look like sm_90a, sm_80, sm_100a or be 'native', "
-                         f"got {name!r}")
-    arch = int(m.group(1))
-    try:
-        hardware.arch_limits(divmod(arch, 10))
-    except KeyError as e:
-        raise ValueError(str(e).strip("'\"")) from None
-    # Triton compiles for the arch-specific variant (sm_90a, sm_100a) from 9.0 on.
-    return Target(f"sm_{arch}{'a' if arch >= 90 else ''}", arch)
 
 
 @dataclass
@@ -132,11 +90,11 @@ class Compiler:
         return self._root / hashlib.sha1(repr(key).encode()).hexdigest()[:16]
 
     def compile(self, launches: list[Launch], target: Target) -> dict[tuple, Compiled]:
-        """The compiled kernel of each launch, by launch.key(target.name)."""
+        """The compiled kernel of each launch, by launch.key(target.arch_name)."""
         out: dict[tuple, Compiled] = {}
         todo: dict[tuple, Launch] = {}
         for launch in launches:
-            key = launch.key(target.name)
+            key = launch.key(target.arch_name)
             if key in self._done:
                 out[key] = self._done[key]
             elif target.native:

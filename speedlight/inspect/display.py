@@ -133,7 +133,7 @@ def print_findings(reports: Sequence[CaseReport], console: Console, *, with_case
 def print_case(report: CaseReport, console: Console) -> None:
     r = report
     head = (f"speedlight inspect {r.op} {r.case.label} {dtype_name(r.case.dtype)} for "
-            f"{r.target.name} (launches sized for {r.device.name}, {r.device.sm_count} SMs)")
+            f"{r.target.arch_name} (launches sized for {r.device.name}, {r.device.sm_count} SMs)")
     if r.skipped:
         console.print(f"{head}: [yellow]skipped[/]: {r.skipped}")
         return

@@ -232,5 +232,5 @@ def bytes_findings(d: DirectionBytes) -> list[Finding]:
 def case_findings(report: CaseReport) -> None:
     """Fill every kernel's findings and the case's byte findings."""
     for k in report.kernels:
-        k.findings = kernel_findings(k, report.target.name)
+        k.findings = kernel_findings(k, report.target.arch_name)
     report.findings = [f for d in report.directions for f in bytes_findings(d)]

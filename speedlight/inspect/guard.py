@@ -24,8 +24,8 @@ import torch
 
 from speedlight.inspect.analysis import CaseReport, DirectionBytes, KernelReport
 from speedlight.inspect.capture import Capture, capture_case, interpreter_work
-from speedlight.inspect.compile import Target
 from speedlight.spec import Case, OpSpec, sized_for
+from speedlight.target import Target
 
 
 @dataclass(frozen=True)

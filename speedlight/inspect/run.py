@@ -1,36 +1,21 @@
-"""Inspect one case end to end: capture its launches (sized for the chosen GPU), compile
-each for the target, analyse, and collect the findings."""
+"""Inspect one case end to end: capture its launches (sized for the target's SKU), compile
+each for the target's arch, analyse, and collect the findings."""
 
 from __future__ import annotations
 
 import torch
 
-from speedlight import hardware
 from speedlight.hardware import DeviceSpec
 from speedlight.inspect import analysis, findings
 from speedlight.inspect.capture import Capture, capture_case, interpreter_work
-from speedlight.inspect.compile import Compiler, Target
+from speedlight.inspect.compile import Compiler
 from speedlight.spec import Case, OpSpec, sized_for
+from speedlight.target import Target
 
 # Under the interpreter each program-iteration (one trip through a kernel's loop body, or
 # a program without a loop) costs milliseconds; a case whose full run would take more than
 # this many is sampled (a few programs per launch), not run in full.
 RUN_WORK_LIMIT = 2000
-
-
-def default_device(target: Target) -> DeviceSpec:
-    """The SKU whose SM count sizes launches and counts waves: the GPU present for 'native',
-    else the first DeviceSpec of the target's compute capability (A100 for sm_80, H100 SXM
-    for sm_90a, B200 for sm_100a)."""
-    if target.native:
-        spec = hardware.current_device_spec()
-        if spec is not None:
-            return spec
-    for d in hardware.DEVICES.values():
-        if d.compute_capability == target.compute_capability:
-            return d
-    raise ValueError(f"no DeviceSpec for {target.name}; pass one explicitly "
-                     f"(known: {', '.join(hardware.DEVICES)})")
 
 
 def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, sku: DeviceSpec,
@@ -53,13 +38,16 @@ def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, sku
 
 
 def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
-                  device: torch.device | str = "cpu", sku: DeviceSpec | None = None,
-                  compiler: Compiler | None = None, mode: str = "auto", backward: bool = True,
+                  device: torch.device | str = "cpu", compiler: Compiler | None = None,
+                  mode: str = "auto", backward: bool = True,
                   on_case=None) -> list[analysis.CaseReport]:
-    """Everything inspect says about each (op, case): every case is captured first, then
-    all their distinct kernels are compiled in one batch (worker processes in parallel)."""
+    """Everything inspect says about each (op, case) on `target` (a speedlight.target
+    Target: its arch compiles, its SKU's SM count sizes the launches): every case is
+    captured first, then all their distinct kernels are compiled in one batch (worker
+    processes in parallel). `speedlight inspect` and the report's inspect stage both run
+    through this."""
     device = torch.device(device)
-    sku = sku or default_device(target)
+    sku = target.sku
     compiler = compiler or Compiler()
     staged = []
     for spec, case in items:
@@ -92,7 +80,7 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
         if capture is None or not capture.launches:
             continue
         for launch in capture.launches:
-            c = compiled[launch.key(target.name)]
+            c = compiled[launch.key(target.arch_name)]
             report.kernels.append(analysis.analyse_kernel(launch, c, target, sku,
                                                           spec.design(launch.kernel)))
         report.directions = analysis.direction_bytes(spec, capture)

@@ -9,7 +9,8 @@ index.html and summary.md:
   2 patch.json           patch a copy with speedlight's ops (what was and was not swapped)
   3 model-check.json     the patched model against the original: logits, loss and every
                          parameter gradient, both judged against a float64 copy
-  4 verify.jsonl         every op the model uses, verified at the model's own shapes
+  4 verify.jsonl         every op the model uses, verified at the model's own shapes (and
+                         the ops of --spec files)
   5 bench.jsonl          the same cases timed against PyTorch (and torch.compile, Liger)
   6 inspect.json         the kernels of those cases compiled for the target GPU
   7 profile-after.json   profile the patched model
@@ -23,6 +24,8 @@ import time
 import traceback
 from pathlib import Path
 
+from speedlight import arguments
+
 MANIFEST = "manifest.json"
 FILES = {"profile_before": "profile-before.json", "patch": "patch.json",
          "model_check": "model-check.json", "verify": "verify.jsonl", "bench": "bench.jsonl",
@@ -30,22 +33,11 @@ FILES = {"profile_before": "profile-before.json", "patch": "patch.json",
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, metavar="NAME|config.json|module:callable",
-                   help="default: a small Llama-style model with random weights (no download); "
-                        "or anything `speedlight profile --model` takes")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seq", type=int, default=128)
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--train", action="store_true", default=True,
-                      help="forward + backward + AdamW step (the default)")
-    mode.add_argument("--infer", action="store_true", help="forward only")
-    p.add_argument("--target", default=None,
-                   help="GPU the floors are on (default: the GPU in use; without one, h200, projected)")
-    p.add_argument("--dtype", default=None, help="default: bf16 on a GPU, fp32 on a CPU")
-    p.add_argument("--size", choices=("small", "full"), default=None)
-    p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=2, help="profiled steps (default 2)")
+    arguments.add_model(p)
+    arguments.add_mode(p, train=True)
+    arguments.add_target(p)
+    arguments.add_steps(p)
+    arguments.add_spec(p)
     p.add_argument("--baselines", default=None,
                    help="bench baselines (default: torch-eager,torch-compile,liger on a GPU; "
                         "torch-eager on a CPU, where compiling each case costs more than the report)")
@@ -53,7 +45,34 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="seconds for the bench stage (default 240 on a GPU, 60 on a CPU)")
     p.add_argument("--no-bench", action="store_true", help="skip the bench stage")
     p.add_argument("--no-inspect", action="store_true", help="skip the inspect stage")
-    p.add_argument("--out", default="speedlight-report", help="the report folder")
+    arguments.add_out(p, "speedlight-report", "the report folder")
+
+
+def prepare_out(out: str | Path) -> Path:
+    """The folder the stages write into, without any earlier run's stage files (a report
+    never mixes two runs' stages)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in list(FILES.values()) + [MANIFEST]:
+        (out / stale).unlink(missing_ok=True)
+    return out
+
+
+def op_cases(specs, own: set[str], cfg, batch: int, seq: int,
+             dtype) -> tuple[list, dict, dict]:
+    """The ops the report verifies, benches and inspects, with their cases: each op at the
+    model's own shapes (OpSpec.for_model); an op of a --spec file (named in `own`) without
+    for_model on its quick suite. Returns (specs, cases by op, where they come from)."""
+    cases, origin = {}, {}
+    for s in specs:
+        if s.for_model is not None and cfg is not None:
+            cases[s.name] = [c.with_(dtype=dtype) for c in s.for_model(cfg, batch, seq)]
+            origin[s.name] = "the model's shapes"
+        elif s.name in own and s.for_model is None and "quick" in s.suites:
+            cases[s.name] = [c.with_(dtype=dtype) for c in s.cases("quick")]
+            origin[s.name] = "its quick suite (the OpSpec has no for_model)"
+    kept = [s for s in specs if cases.get(s.name)]
+    return kept, {s.name: cases[s.name] for s in kept}, {s.name: origin[s.name] for s in kept}
 
 
 class Stages:
@@ -93,9 +112,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from speedlight import registry, results, shapes
+    from speedlight.bench.command import bench_cases
     from speedlight.profile import models
-    from speedlight.profile.command import profile_workload
+    from speedlight.profile.command import check_steps, profile_workload
     from speedlight.spec import parse_dtype
+    from speedlight.verify.command import verify_cases
     console = results.make_console()
     try:
         import transformers
@@ -103,12 +124,17 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         raise SystemExit("speedlight report needs transformers: pip install 'speedlight[hf]'")
     device = torch.device(args.device)
-    train = not args.infer
-    dtype = parse_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in list(FILES.values()) + [MANIFEST]:  # never mix two runs' stages
-        (out / stale).unlink(missing_ok=True)
+    train = args.train
+    tgt = arguments.resolve_target(args, "report")
+    try:
+        check_steps(args.warmup, args.steps, train)
+        dtype = parse_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda"
+                                                            else torch.float32)
+        all_specs = registry.select(None, args.spec, include_builtin=not args.only_spec)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"speedlight report: {e}")
+    console.print(f"[dim]{tgt.describe()}[/]")
+    out = prepare_out(args.out)
     stages = Stages(out, console)
     try:
         w = models.build(args.model, batch=args.batch, seq=args.seq, train=train, dtype=dtype,
@@ -120,13 +146,15 @@ def run(args: argparse.Namespace) -> int:
     cfg = shapes.from_hf_config(w.model.config, name=w.name) if hasattr(w.model, "config") else None
     stages.manifest["run"] = {"model": w.name, "mode": "train" if train else "infer",
                               "batch": args.batch, "seq": args.seq, "device": device.type,
-                              "target": args.target, "model_config": cfg.__dict__ if cfg else None}
+                              "target": tgt.sku.key, "target_detail": tgt.to_json(),
+                              "spec_files": list(args.spec),
+                              "model_config": cfg.__dict__ if cfg else None}
 
     def profile(model, notes):
         wl = models.Workload(w.name, model, w.inputs, w.loss_fn, dict(w.config), list(w.notes))
-        return profile_workload(wl, device=device, train=train, target=args.target, warmup=1,
+        return profile_workload(wl, device=device, train=train, target=tgt, warmup=args.warmup,
                                 steps=args.steps, seed=args.seed, batch=args.batch, seq=args.seq,
-                                notes=notes)
+                                notes=notes, specs=all_specs)
 
     before = stages.run("profile_before", "profile the model", lambda: profile(w.model, []))
     if before is not None:
@@ -155,54 +183,37 @@ def run(args: argparse.Namespace) -> int:
     else:
         stages.skip("model_check", "check the patched model against the original", "patch failed")
 
-    specs = [s for s in registry.builtin_specs() if s.for_model is not None]
-    cases = {s.name: [c.with_(dtype=dtype) for c in s.for_model(cfg, args.batch, args.seq)]
-             for s in specs} if cfg is not None else {}
-    specs = [s for s in specs if cases.get(s.name)]
-    stages.manifest["cases"] = {k: [c.id for c in v] for k, v in cases.items() if v}
+    own = {s.name for s in all_specs} - {s.name for s in registry.builtin_specs()}
+    specs, cases, origin = op_cases(all_specs, own, cfg, args.batch, args.seq, dtype)
+    stages.manifest["cases"] = {k: [c.id for c in v] for k, v in cases.items()}
+    stages.manifest["cases_from"] = origin
 
-    def do_verify():
-        from speedlight import results
-        from speedlight.verify.harness import verify_case
-        env = results.environment(device)
-        rows = []
-        for spec in specs:
-            for case in cases[spec.name]:
-                for seed in (0, 1):
-                    r = verify_case(spec, case.with_(seed=seed), device)
-                    rows.append(dict(r.to_row(), suite="model-shapes", **env))
-        results.append_jsonl(out / FILES["verify"], rows)
-        return rows
-    stages.run("verify", "verify each op at the model's shapes", do_verify)
+    stages.run("verify", "verify each op at the model's shapes", lambda: verify_cases(
+        specs, lambda spec: [c.with_(seed=seed) for c in cases[spec.name] for seed in (0, 1)],
+        device, out / FILES["verify"], suite="model-shapes", target=tgt))
 
     if args.no_bench:
         stages.skip("bench", "bench each op at the model's shapes", "--no-bench")
     else:
         def do_bench():
-            from speedlight import results
             from speedlight.bench.baselines import Baselines
             from speedlight.bench.runner import Bench, Settings
             names = args.baselines or ("torch-eager,torch-compile,liger" if device.type == "cuda"
                                        else "torch-eager")
             bench = Bench(device, Settings(modes=("fwd", "bwd")),
                           Baselines(tuple(n for n in names.split(",") if n and n != "none")),
-                          suite="model-shapes")
-            rows = []
-
-            def on_case(spec, case, case_rows):
-                results.append_jsonl(out / FILES["bench"], case_rows)
-                rows.extend(case_rows)
+                          suite="model-shapes", target=tgt)
             budget = args.bench_budget or (240.0 if device.type == "cuda" else 60.0)
-            bench.run(specs, lambda spec: cases[spec.name], budget_s=budget, on_case=on_case)
-            return rows
+            return bench_cases(bench, specs, lambda spec: cases[spec.name], out / FILES["bench"],
+                               budget_s=budget)
         stages.run("bench", "bench each op at the model's shapes", do_bench)
 
     if args.no_inspect:
         stages.skip("inspect", "inspect the kernels for the target", "--no-inspect")
     else:
         def do_inspect():
-            from speedlight.pipeline.inspect_stage import inspect_cases
-            doc = inspect_cases(specs, cases, target=args.target, device=device)
+            from speedlight.pipeline.inspect_stage import inspect_ops
+            doc = inspect_ops(specs, cases, target=tgt, device=device)
             results.write_json(out / FILES["inspect"], doc)
             return doc
         stages.run("inspect", "inspect the kernels for the target", do_inspect)

@@ -11,18 +11,13 @@ def _widths(counter: dict) -> str:
                                                         if str(kv[0]).isdigit() else 0)) or "-"
 
 
-def inspect_cases(specs, cases: dict, *, target: str | None, device: torch.device) -> dict:
-    from speedlight import hardware
-    from speedlight.inspect.compile import parse_target
-    from speedlight.inspect.run import inspect_cases as run
+def inspect_ops(specs, cases: dict, *, target, device: torch.device) -> dict:
+    """inspect's own library call (speedlight.inspect.run.inspect_cases) on each op's
+    cases for `target` (a speedlight.target.Target), summarised for the report page."""
+    from speedlight.inspect.run import inspect_cases
 
-    if target is None and device.type == "cuda" and hardware.current_device_spec() is not None:
-        sku, tgt = hardware.current_device_spec(), parse_target("native")
-    else:
-        sku = hardware.get_device_spec(target or "h200")
-        tgt = parse_target(sku.target)
     items = [(s, c) for s in specs for c in cases[s.name]]
-    reports = run(items, tgt, device=device, sku=sku, mode="auto")
+    reports = inspect_cases(items, target, device=device, mode="auto")
     kernels, raw = [], []
     for r in reports:
         ratios = {k: d.ratio for d in r.directions for k in d.kernels}
@@ -42,5 +37,5 @@ def inspect_cases(specs, cases: dict, *, target: str | None, device: torch.devic
                 "bytes_ratio": ratios.get(k.launch.kernel),
                 "findings": [f["text"] for f in j.get("findings", [])],
                 "error": j.get("error")})
-    return {"target": tgt.name, "sku": sku.name, "sm_count": sku.sm_count,
+    return {"target": target.arch_name, "sku": target.sku.name, "sm_count": target.sku.sm_count,
             "note": r.note if reports else "", "kernels": kernels, "cases": raw}

@@ -137,8 +137,19 @@ def estimate(c: Chain, rows: list[dict], roof: Roof, train: bool) -> dict:
     }
 
 
-def advise(rows: list[dict], calls, roof: Roof) -> list[dict]:
-    """One entry per speedlight op with what its instances save, best first."""
+def _status(op: str, planned: bool, specs) -> str:
+    """available (in this install, or one of `specs`: a team's own op counts too), planned,
+    or not in this install."""
+    if specs is not None and any(s.name == op for s in specs):
+        return "available"
+    if planned:
+        return "planned"
+    return "available" if _available(op) else "not in this install"
+
+
+def advise(rows: list[dict], calls, roof: Roof, specs=None) -> list[dict]:
+    """One entry per speedlight op with what its instances save, best first. `specs`: the
+    OpSpecs of this run (built-in and --spec files); an op among them is available."""
     train = any(r["phase"] == "backward" for r in rows)
     grouped: dict[str, list] = {}
     for c in find_chains(rows, calls):
@@ -152,7 +163,7 @@ def advise(rows: list[dict], calls, roof: Roof) -> list[dict]:
         out.append({
             "op": op, "what": what, "pattern": items[0][0].pattern, "instances": len(items),
             "modules": modules, "note": items[0][0].note,
-            "status": "planned" if planned else ("available" if _available(op) else "not in this install"),
+            "status": _status(op, planned, specs),
             "time_saved_s": sum(e["time_saved_s"] for e in est),
             "memory_saved_bytes": sum(e["memory_saved_bytes"] for e in est),
             "bytes_removed": sum(e["bytes_removed"] for e in est),

@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from speedlight.profile import roofline
 from speedlight.profile.capture import Capture, OpRecord
-from speedlight.profile.roofline import Target
+from speedlight.target import Target, peak_key
 
 _FLOAT_DTYPES = ("fp32", "fp16", "bf16", "fp64")
 
@@ -29,12 +29,12 @@ def place(module: str | None, phase: str) -> str:
 
 def row(rec: OpRecord, target: Target, device: str) -> dict:
     cost = rec.cost
-    key = roofline.peak_key(cost, op_dtype(rec)) if cost else None
+    key = peak_key(op_dtype(rec), tensor_core=cost.tensor_core) if cost else None
     floor = roofline.floor_seconds(cost, key, target.roof) if cost else None
     kernel_times = [d for _, d in rec.kernels] if device == "cuda" else None
     time = rec.time
     distance = None
-    if target.measured_here and floor and device == "cuda":
+    if target.in_use and floor and device == "cuda":
         distance = time / floor
     return {
         "index": rec.index, "op": rec.op, "name": rec.name, "phase": rec.phase,
@@ -159,7 +159,7 @@ def summarize(rows: list[dict], cap: Capture, target: Target) -> dict:
         "measured_kernels": gpu["kernels"] if gpu else None,
         "note": ("GPU idle time between kernels in a clean step (CUDA graphs recover it)" if gpu
                  else f"projected: each kernel-launching op costs at least {roofline.LAUNCH_S * 1e6:.0f} µs "
-                      f"of launch on {target.spec.name} in eager mode (CUDA graphs recover it)"),
+                      f"of launch on {target.sku.name} in eager mode (CUDA graphs recover it)"),
     }
     by_bound: dict[str, float] = defaultdict(float)
     projected: dict[str, float] = defaultdict(float)
@@ -176,7 +176,7 @@ def summarize(rows: list[dict], cap: Capture, target: Target) -> dict:
         "flops": sum(r["flops"] for r in rows if r["flops"] is not None),
         "bytes": sum(r["bytes"] for r in rows if r["bytes"] is not None),
         "ops": len(rows),
-        "speed_of_light": (floor / step) if (target.measured_here and step and cap.device == "cuda") else None,
+        "speed_of_light": (floor / step) if (target.in_use and step and cap.device == "cuda") else None,
         "uncounted": {"ops": len(unknown), "time_s": unknown_time,
                       "time_share": unknown_time / op_time if op_time else 0.0,
                       "names": sorted({r["op"] for r in unknown})},
@@ -187,7 +187,7 @@ def summarize(rows: list[dict], cap: Capture, target: Target) -> dict:
 
 def analyze(cap: Capture, target: Target, top: int = 15) -> dict:
     rows = [row(r, target, cap.device) for r in cap.ops]
-    d = target.measured_here and cap.device == "cuda"
+    d = target.in_use and cap.device == "cuda"
     return {
         "rows": rows,
         "summary": summarize(rows, cap, target),

@@ -7,34 +7,18 @@ import re
 import uuid
 from pathlib import Path
 
+from speedlight import arguments
+
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, metavar="NAME|config.json|module:callable",
-                   help="default: a small Llama-style model (random weights, no download); a name "
-                        "from speedlight.shapes.MODELS (llama-3-8b, gemma-2-9b, ...); a Hugging "
-                        "Face config.json; or module:callable returning (model, inputs[, loss_fn])")
-    p.add_argument("--batch", type=int, default=2, help="sequences per step (default 2)")
-    p.add_argument("--seq", type=int, default=128, help="tokens per sequence (default 128)")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--train", action="store_true",
-                      help="forward + backward + AdamW step (default: --infer, forward only)")
-    mode.add_argument("--infer", action="store_true", help="forward only, under inference_mode")
-    p.add_argument("--target", default=None,
-                   help="GPU the floors are on: h200, h100-sxm, h100-pcie, a100-sxm, b200, l4 "
-                        "(default: the GPU in use; without one, h200, projected)")
-    p.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: bf16 on a GPU, "
-                                                 "fp32 on a CPU); callables keep their own")
-    p.add_argument("--size", choices=("small", "full"), default=None,
-                   help="for a MODELS name: scaled down, or its real widths and depth (default: "
-                        "full on a GPU, small on a CPU)")
-    p.add_argument("--layers", type=int, default=None, help="decoder layers to build (override)")
-    p.add_argument("--warmup", type=int, default=2, help="steps before measuring (default 2)")
-    p.add_argument("--steps", type=int, default=3,
-                   help="clean steps timed, then steps recorded (default 3 each)")
+    arguments.add_model(p)
+    arguments.add_mode(p, train=False)
+    arguments.add_target(p)
+    arguments.add_steps(p)
+    arguments.add_spec(p)
     p.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
-    p.add_argument("--out", default="speedlight-results", help="folder for the JSON and HTML")
+    arguments.add_out(p, "speedlight-results", "folder for the JSON and HTML")
     p.add_argument("--no-html", action="store_true", help="write the JSON only")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
 
 
 def _slug(name: str) -> str:
@@ -63,15 +47,17 @@ def make_step(workload, optimizer, train: bool):
     return step
 
 
-def profile(args: argparse.Namespace) -> dict:
-    """Build, capture, analyze: the profile's JSON document."""
+def profile(args: argparse.Namespace, tgt) -> dict:
+    """Build, capture, analyze: the profile's JSON document, floors on Target `tgt`."""
     import torch
 
+    from speedlight import registry
     from speedlight.profile import models
     from speedlight.spec import parse_dtype
 
     device = torch.device(args.device)
     train = bool(args.train)
+    specs = registry.select(None, args.spec, include_builtin=not args.only_spec)
     check_steps(args.warmup, args.steps, train)
     dtype = parse_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     size = args.size or ("full" if device.type == "cuda" else "small")
@@ -81,9 +67,9 @@ def profile(args: argparse.Namespace) -> dict:
                      "times mean something")
     w = models.build(args.model, batch=args.batch, seq=args.seq, train=train, dtype=dtype,
                      device=device, size=size, layers=args.layers, seed=args.seed)
-    return profile_workload(w, device=device, train=train, target=args.target, warmup=args.warmup,
+    return profile_workload(w, device=device, train=train, target=tgt, warmup=args.warmup,
                             steps=args.steps, top=args.top, seed=args.seed,
-                            batch=args.batch, seq=args.seq, notes=notes)
+                            batch=args.batch, seq=args.seq, notes=notes, specs=specs)
 
 
 def check_steps(warmup: int, steps: int, train: bool) -> None:
@@ -92,11 +78,14 @@ def check_steps(warmup: int, steps: int, train: bool) -> None:
                          "(the first step creates the optimizer state)")
 
 
-def profile_workload(w, *, device, train: bool, target: str | None, warmup: int = 2,
-                     steps: int = 3, top: int = 15, seed: int = 0, batch: int | None = None,
-                     seq: int | None = None, notes: list[str] | None = None) -> dict:
-    """Capture and analyze an already-built Workload (models.Workload): the JSON document.
-    `speedlight report` profiles the same model before and after patching through this."""
+def profile_workload(w, *, device, train: bool, target, warmup: int = arguments.WARMUP,
+                     steps: int = arguments.STEPS, top: int = 15, seed: int = 0,
+                     batch: int | None = None, seq: int | None = None,
+                     notes: list[str] | None = None, specs=None) -> dict:
+    """Capture and analyze an already-built Workload (models.Workload): the JSON document,
+    floors on `target` (a speedlight.target.Target), advice naming the ops of `specs`
+    (default: the built-in ones). `speedlight report` profiles the same model before and
+    after patching through this."""
     import torch
 
     from speedlight import results
@@ -106,8 +95,8 @@ def profile_workload(w, *, device, train: bool, target: str | None, warmup: int 
     device = torch.device(device)
     check_steps(warmup, steps, train)
     env = results.environment(device)
-    tgt = roofline.resolve(target, device, env.get("driver"))
-    notes = list(notes or []) + w.notes
+    tgt, why = roofline.with_roof(target)
+    notes = list(notes or []) + w.notes + ([why] if why else [])
     optimizer = torch.optim.AdamW(w.model.parameters(), lr=1e-4) if train else None
     cap = capture.capture(w.model, make_step(w, optimizer, train), device=device,
                           warmup=warmup, steps=steps, train=train,
@@ -119,18 +108,19 @@ def profile_workload(w, *, device, train: bool, target: str | None, warmup: int 
            "batch": batch, "seq": seq, "dtype": dtype_name(model_dtype),
            "warmup": warmup, "steps": steps, "device": device.type, "seed": seed}
     measured = {"time": device.type,
-                "floors": "on the measured GPU" if tgt.measured_here else "projected",
-                "note": tgt.note}
+                "floors": "on the measured GPU" if tgt.in_use else "projected",
+                "note": roofline.note(tgt, device)}
     return schema.document(
         environment=env, run=run, model=dict(w.config, **{"class": type(w.model).__name__}),
-        target=tgt.to_json(), measured=measured, analysis=result, memory=cap.memory,
-        advice=advice.advise(result["rows"], cap.calls, tgt.roof), notes=notes)
+        target=dict(tgt.to_json(), launch_s=roofline.LAUNCH_S), measured=measured, analysis=result, memory=cap.memory,
+        advice=advice.advise(result["rows"], cap.calls, tgt.roof, specs=specs), notes=notes)
 
 
 def run(args: argparse.Namespace) -> int:
     from speedlight import results
-    from speedlight.profile import models, render, roofline
+    from speedlight.profile import models, render
 
+    tgt = arguments.resolve_target(args, "profile")
     console = results.make_console(width=180)
     try:
         import transformers
@@ -138,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     try:
-        doc = profile(args)
-    except (models.ModelError, roofline.TargetError, ValueError) as e:
+        doc = profile(args, tgt)
+    except (models.ModelError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"speedlight profile: {e}")
     render.print_profile(doc, console, top=args.top)
     out = Path(args.out)

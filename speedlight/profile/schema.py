@@ -15,8 +15,10 @@ TOP = {
     "environment": "where it ran: device, runtime, torch/triton/CUDA/driver versions, git, time (results.environment)",
     "run": "the invocation: id, model, mode (train|infer), batch, seq, dtype, warmup, steps, device",
     "model": "what was built: source, class, parameters, and the config fields that size it",
-    "target": "the GPU the floors are on: key, name, roof_source (measured|datasheet), roof_device, "
-              "bandwidth, peak_flops per dtype, measured_here, launch_s, note",
+    "target": "the GPU the floors are on (speedlight.target.Target.to_json): key, name, arch, "
+              "sm_count, origin (--target, the GPU in use or the default), in_use and its older "
+              "name measured_here, roof_source (measured|datasheet), roof_device, bandwidth, "
+              "peak_flops per dtype, roof_note, launch_s",
     "measured": "what is measured and what projected: time (cpu|cuda), floors (on the measured "
                 "GPU|projected), note",
     "summary": "per step: step_time_s (clean steps, median) and its samples, time_by_bound_s (op time "

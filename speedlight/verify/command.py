@@ -6,22 +6,64 @@ import argparse
 import uuid
 from pathlib import Path
 
+from speedlight import arguments
+
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", default=None, help="comma-separated op names (default: all)")
     p.add_argument("--suite", default="quick", choices=("quick", "model", "full"))
-    p.add_argument("--dtypes", default="fp32,fp16,bf16", help="comma-separated: fp32,fp16,bf16")
+    arguments.add_dtypes(p, "fp32,fp16,bf16")
     p.add_argument("--seed", type=int, default=0, help="first seed")
     p.add_argument("--seeds", type=int, default=2, help="how many seeds per case (default 2)")
-    p.add_argument("--spec", action="append", default=[], metavar="FILE",
-                   help="a Python file defining SPEC or SPECS (your own op); repeatable")
-    p.add_argument("--only-spec", action="store_true",
-                   help="verify only the ops of --spec files, not the built-in ones")
-    p.add_argument("--out", default="speedlight-results", help="folder for verify.jsonl")
+    arguments.add_spec(p)
+    arguments.add_target(p)
+    arguments.add_out(p, "speedlight-results", "folder for verify.jsonl")
     p.add_argument("--max-gib", type=float, default=None,
                    help="skip cases needing more memory than this (default: 8 on CPU, "
                         "half the free GPU memory on CUDA)")
     p.add_argument("--all-rows", action="store_true", help="show passing cases too")
+
+
+def default_max_bytes(device, max_gib: float | None = None) -> int:
+    """The memory a case may use: --max-gib, else half the free GPU memory, else 8 GiB."""
+    import torch
+
+    from speedlight.verify import harness
+
+    if max_gib is not None:
+        return int(max_gib * harness.GiB)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] // 2
+    return 8 * harness.GiB
+
+
+def verify_cases(specs, cases_of, device, out_path: Path, *, suite: str, target=None,
+                 max_bytes: int | None = None, run_id: str | None = None,
+                 on_case=None) -> list:
+    """Verify every op's cases (cases_of(spec) -> cases) against float64, appending each
+    case's row to out_path as it finishes: the CaseResults. `speedlight verify` and the
+    report's verify stage both run through this. on_case(spec, result) follows each case
+    (progress)."""
+    import torch
+
+    from speedlight import results
+    from speedlight.verify import harness
+
+    device = torch.device(device)
+    max_bytes = default_max_bytes(device) if max_bytes is None else max_bytes
+    env = results.environment(device)
+    if target is not None:
+        env["target"] = target.sku.key
+    run_id = run_id or uuid.uuid4().hex[:12]
+    done = []
+    for spec in specs:
+        for case in cases_of(spec):
+            r = harness.verify_case(spec, case, device, max_bytes=max_bytes)
+            results.append_jsonl(out_path, [dict(r.to_row(), suite=suite, run=run_id, **env)])
+            done.append(r)
+            if on_case is not None:
+                on_case(spec, r)
+    return done
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,36 +83,29 @@ def run(args: argparse.Namespace) -> int:
         specs = registry.select(names, args.spec, include_builtin=not args.only_spec)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"speedlight verify: {e}")
+    tgt = arguments.resolve_target(args, "verify")
     device = torch.device(args.device)
-    if args.max_gib is not None:
-        max_bytes = int(args.max_gib * harness.GiB)
-    elif device.type == "cuda":
-        max_bytes = torch.cuda.mem_get_info(device)[0] // 2
-    else:
-        max_bytes = 8 * harness.GiB
+    max_bytes = default_max_bytes(device, args.max_gib)
     seeds = list(range(args.seed, args.seed + args.seeds))
     if device.type == "cpu":
         console.print("[dim]No GPU in use: kernels run on CPU tensors through the Triton "
                       "interpreter (correctness only; bfloat16 tl.dot cases are skipped).[/]")
+    console.print(f"[dim]{tgt.describe()}[/]")
 
     out_path = Path(args.out) / "verify.jsonl"
     env = results.environment(device)
-    run_id = uuid.uuid4().hex[:12]
-    all_results: list[harness.CaseResult] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
+    total = sum(len(harness.expand(s, args.suite, dtypes, seeds)) for s in specs)
     with Progress(*columns, console=console, transient=True) as progress:
-        for spec in specs:
-            cases = harness.expand(spec, args.suite, dtypes, seeds)
-            task = progress.add_task(spec.name, total=len(cases))
-            done = []
-            for case in cases:
-                progress.update(task, description=f"{spec.name} {case.id}")
-                done.append(harness.verify_case(spec, case, device, max_bytes=max_bytes))
-                progress.advance(task)
-            rows = [dict(r.to_row(), suite=args.suite, run=run_id, **env) for r in done]
-            results.append_jsonl(out_path, rows)
-            all_results += done
+        task = progress.add_task("verify", total=total)
+
+        def on_case(spec, result):
+            progress.update(task, description=f"{spec.name} {result.case.id}")
+            progress.advance(task)
+        all_results = verify_cases(specs, lambda s: harness.expand(s, args.suite, dtypes, seeds),
+                                   device, out_path, suite=args.suite, target=tgt,
+                                   max_bytes=max_bytes, on_case=on_case)
 
     display.print_results(all_results, console, device=f"{env['device']}, {env['runtime']}",
                           only_problems=not args.all_rows)

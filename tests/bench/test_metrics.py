@@ -4,6 +4,7 @@ import torch
 from speedlight import hardware
 from speedlight.bench import metrics
 from speedlight.spec import Cost
+from speedlight.target import resolve
 
 H200 = hardware.roof_for(hardware.DEVICES["h200"])
 
@@ -35,9 +36,11 @@ def test_no_roof_no_percent():
     assert out["sol_pct"] is None and out["sol_bug"] is None and "CPU" in out["sol_note"]
 
 
-def test_cpu_has_no_roof():
-    roof, note = metrics.device_roof(torch.device("cpu"), None)
+def test_cpu_has_no_roof_and_another_gpu_lends_none():
+    roof, note = metrics.device_roof(resolve(None, None, "cpu"))
     assert roof is None and "CPU" in note
+    roof, note = metrics.device_roof(resolve("b200", None, "cpu"))
+    assert roof is None and "not the device the times are measured on" in note
 
 
 def test_throughput():
@@ -67,11 +70,3 @@ def test_speedup_withheld_when_the_baseline_did_not_run():
     ups, why = metrics.speedups(_ours(), {"liger": {"status": "unavailable",
                                                     "reason": "Liger-Kernel has no counterpart"}})
     assert ups == {"liger": None} and "no counterpart" in why["liger"]
-
-
-def test_peak_keys():
-    from tests.bench.toy_specs import TOY
-    import dataclasses
-    assert metrics.peak_key(TOY, torch.bfloat16) == "fp32"  # elementwise: CUDA cores
-    mm = dataclasses.replace(TOY, family="matmul")
-    assert metrics.peak_key(mm, torch.bfloat16) == "bf16" and metrics.peak_key(mm, torch.float32) == "tf32"

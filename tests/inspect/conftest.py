@@ -3,11 +3,11 @@ once), and the guard table printed at the end of the run."""
 
 import pytest
 
-from speedlight import hardware
-from speedlight.inspect.compile import Compiler, parse_target
+from speedlight.inspect.compile import Compiler
+from speedlight.target import resolve
 
-TARGET = parse_target("sm_90a")
-SKU = hardware.get_device_spec("h100-sxm")
+TARGET = resolve("sm_90a", sku="h100-sxm")
+SKU = TARGET.sku
 GUARD_TABLE: list[str] = []
 
 
@@ -18,6 +18,6 @@ def compiler() -> Compiler:
 
 def pytest_terminal_summary(terminalreporter):
     if GUARD_TABLE:
-        terminalreporter.section(f"inspect guards ({TARGET.name}, launches sized for {SKU.name})")
+        terminalreporter.section(f"inspect guards ({TARGET.arch_name}, launches sized for {SKU.name})")
         for line in GUARD_TABLE:
             terminalreporter.write_line(line)

@@ -60,7 +60,7 @@ def test_native_without_a_gpu_is_a_clear_error(tmp_path):
 
 
 def test_unknown_target_and_unparseable_case_are_clear_errors(tmp_path):
-    with pytest.raises(SystemExit, match="target must look like"):
+    with pytest.raises(SystemExit, match="'hopper' is not a known GPU; --target takes SKUs"):
         cli.main(["inspect", "rms_norm", "--target", "hopper", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="names no hidden"):
         cli.main(["inspect", "rms_norm", "--case", "rows8", "--out", str(tmp_path)])

@@ -8,7 +8,7 @@ from speedlight.inspect import guard
 from speedlight.inspect.run import inspect_cases
 from speedlight.ops import rms_norm
 from speedlight.spec import Case
-from tests.inspect.conftest import SKU, TARGET
+from tests.inspect.conftest import TARGET
 from tests.inspect.kernels import COPY, MATMUL, SPILL
 
 BF16 = torch.bfloat16
@@ -36,11 +36,11 @@ def reports(compiler):
         "mma-4-warps": (MATMUL, Case("matmul", {"m": 64, "n": 64, "k": 64}, dtype=torch.float16,
                                      flags={"warps": 4})),
     }
-    done = inspect_cases(list(items.values()), TARGET, sku=SKU, compiler=compiler, mode="run")
+    done = inspect_cases(list(items.values()), TARGET, compiler=compiler, mode="run")
     out = dict(zip(items, done))
     # 132 SMs x 32 resident one-warp programs = 4224 per wave; one more opens a fifth wave
     wave = inspect_cases([(COPY, copy(4 * 4224 + 1, 64, bm=1, bn=64, warps=1))], TARGET,
-                         sku=SKU, compiler=compiler, mode="dry")
+                         compiler=compiler, mode="dry")
     out["last-wave"] = wave[0]
     return out
 

@@ -61,7 +61,7 @@ def _note_unmeasured(spec, direction, unaffordable, budget):
 def test_kernels_compile_to_their_design(spec, compiler):
     cases = guard.kernel_cases(surveyed(spec))
     assert cases, f"{spec.name}: no aligned case to compile"
-    reports = inspect_cases([(spec, c) for c in cases], TARGET, sku=SKU, compiler=compiler,
+    reports = inspect_cases([(spec, c) for c in cases], TARGET, compiler=compiler,
                             mode="sample")
     short, seen = [], set()
     for r in reports:
@@ -89,7 +89,7 @@ def _bytes_guard(spec, compiler, direction: str, budget: int) -> list:
                                             direction=direction, budget=budget)
     _note_unmeasured(spec, direction, unaffordable, budget)
     assert cases, f"{spec.name}: no aligned case the interpreter can run within the budget"
-    reports = inspect_cases([(spec, c) for c in cases], TARGET, sku=SKU, compiler=compiler,
+    reports = inspect_cases([(spec, c) for c in cases], TARGET, compiler=compiler,
                             mode="run", backward=direction == "bwd")
     measured, short = [], []
     for r in reports:

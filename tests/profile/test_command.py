@@ -89,7 +89,7 @@ def test_a_config_json(tmp_path):
     (["--model", "missing.json"], "no such config file"),
     (["--model", "no_such_module_here:build"], "cannot import"),
     (["--model", "json:nothing_called_this"], "has no callable"),
-    (["--target", "h999"], "unknown GPU; known: a100-sxm"),
+    (["--target", "h999"], "is not a known GPU; --target takes SKUs: a100-sxm"),
     (["--batch", "0"], "at least 1"),
 ], ids=["name", "config", "module", "callable", "target", "batch"])
 def test_bad_arguments_are_clear_errors(argv, message, tmp_path):

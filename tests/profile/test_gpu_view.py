@@ -7,6 +7,7 @@ from torch import nn
 
 from speedlight import hardware
 from speedlight.profile import advice, analyze, html, render, roofline, schema
+from speedlight.target import Target
 from tests.profile.util import profile_model
 
 KERNEL_S = 20e-6
@@ -28,7 +29,7 @@ def gpu_capture():
 
 def test_distances_idle_and_speed_of_light():
     spec = hardware.DEVICES["h200"]
-    target = roofline.Target(spec, hardware.roof_for(spec), True, "times measured on NVIDIA H200")
+    target = Target(spec, 90, hardware.roof_for(spec), in_use=True, origin="the GPU in use")
     cap = gpu_capture()
     res = analyze.analyze(cap, target)
     kernels = [r for r in res["rows"] if r["launches_kernel"]]
@@ -44,8 +45,10 @@ def test_distances_idle_and_speed_of_light():
                                        "timestamp": "t", "git": "g"},
                           run={"id": "r", "model": "mlp", "mode": "train", "batch": 128, "seq": 1,
                                "dtype": "fp32", "device": "cuda"},
-                          model={"parameters": 1, "source": "test"}, target=target.to_json(),
-                          measured={"time": "cuda", "floors": "on the measured GPU", "note": target.note},
+                          model={"parameters": 1, "source": "test"},
+                          target=dict(target.to_json(), launch_s=roofline.LAUNCH_S),
+                          measured={"time": "cuda", "floors": "on the measured GPU",
+                                    "note": roofline.note(target, torch.device("cuda"))},
                           analysis=res, memory=cap.memory,
                           advice=advice.advise(res["rows"], cap.calls, target.roof), notes=[])
     assert schema.check(doc) == []

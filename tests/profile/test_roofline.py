@@ -1,20 +1,22 @@
 """Floors, bounds and the target's ceilings; the GPU timeline arithmetic on a made-up trace."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from speedlight import hardware
+from speedlight import hardware, target
 from speedlight.profile import capture, roofline
 from speedlight.profile.costs import OpCost
+from speedlight.target import Target, peak_key
 
 H200 = hardware.roof_for(hardware.DEVICES["h200"])
 
 
 def test_floor_is_the_larger_of_compute_and_memory():
     big_mm = OpCost(flops=2 * 8192**3, bytes=3 * 8192 * 8192 * 2, formula="matmul", detail="", tensor_core=True)
-    key = roofline.peak_key(big_mm, "bf16")
+    key = peak_key("bf16", tensor_core=big_mm.tensor_core)
     assert key == "bf16"
     assert roofline.floor_seconds(big_mm, key, H200) == pytest.approx(2 * 8192**3 / 989.4e12)
     assert roofline.bound(big_mm, roofline.floor_seconds(big_mm, key, H200), key, H200) == "compute"
@@ -26,7 +28,7 @@ def test_floor_is_the_larger_of_compute_and_memory():
 
 def test_elementwise_flops_run_on_cuda_cores_not_tensor_cores():
     add = OpCost(flops=10, bytes=12, formula="pointwise", detail="")
-    assert roofline.peak_key(add, "bf16") == "fp32"
+    assert peak_key("bf16", tensor_core=add.tensor_core) == "fp32"
 
 
 def test_short_kernels_are_launch_bound_measured_or_projected():
@@ -43,27 +45,6 @@ def test_views_and_unknown_ops():
     assert roofline.floor_seconds(view, "fp32", H200) == 0.0
     assert roofline.bound(view, 0.0, "fp32", H200) == "none"
     assert roofline.bound(None, 0.0, None, H200) == "unknown"
-
-
-def test_targets(monkeypatch, tmp_path):
-    monkeypatch.setenv("SPEEDLIGHT_CACHE", str(tmp_path))
-    t = roofline.resolve(None, torch.device("cpu"))
-    assert t.spec.key == roofline.DEFAULT_TARGET and t.roof.source == "datasheet" and not t.measured_here
-    assert "projected" in t.note and "the default" in t.note
-    assert roofline.resolve("h100", torch.device("cpu")).spec.key == "h100-sxm"
-    with pytest.raises(roofline.TargetError, match="unknown GPU"):
-        roofline.resolve("tpu-v5", torch.device("cpu"))
-
-
-def test_cached_probe_ceilings_are_preferred(monkeypatch, tmp_path):
-    monkeypatch.setenv("SPEEDLIGHT_CACHE", str(tmp_path))
-    hardware.save_ceilings(hardware.Ceilings("NVIDIA H200", "580.1", 4.3e12, {"bf16": 7.9e14},
-                                             measured_at="2026-11-01T00:00:00"))
-    t = roofline.resolve("h200", torch.device("cpu"))
-    assert t.roof.source == "measured" and t.roof.bandwidth == 4.3e12
-    assert t.roof.flops["bf16"] == 7.9e14 and t.roof.flops["fp32"] == 67e12  # the rest: datasheet
-    assert "measured by speedlight probe" in t.note
-    assert roofline.resolve("a100", torch.device("cpu")).roof.source == "datasheet"
 
 
 def _event(start, end, device=torch.autograd.DeviceType.CUDA):
@@ -101,3 +82,15 @@ def test_cuda_kernels_correlated_to_the_enclosing_aten_op_are_found():
                            [], [], "", [], None)
     capture._join_times(SimpleNamespace(events=lambda: [parent, evt]), [rec], torch.device("cuda"))
     assert rec.times == [pytest.approx(30e-6)] and rec.kernels == [("gemm", pytest.approx(30e-6))]
+
+
+def test_a_gpu_without_a_roof_puts_its_floors_on_the_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPEEDLIGHT_CACHE", str(tmp_path))
+    odd = dataclasses.replace(hardware.DEVICES["l4"], name="Some GPU", key="some-gpu",
+                              peak_flops={}, dram_bandwidth=0.0)
+    here = Target(odd, 89, None, in_use=True, origin="the GPU in use", roof_note="none")
+    tgt, why = roofline.with_roof(here)
+    assert tgt.sku.key == target.DEFAULT_SKU and tgt.roof is not None
+    assert "Some GPU has no roof here" in why and "the default" in why
+    h100 = target.resolve("h100")
+    assert roofline.with_roof(h100) == (h100, None)

@@ -2,7 +2,8 @@
 
 import torch
 
-from speedlight.profile import analyze, capture, roofline
+from speedlight.profile import analyze, capture
+from speedlight.target import resolve
 
 
 def profile_model(model, inputs, *, train=True, loss_fn=None, steps=1, warmup=1):
@@ -27,5 +28,5 @@ def profile_model(model, inputs, *, train=True, loss_fn=None, steps=1, warmup=1)
 
     cap = capture.capture(model, step, device=torch.device("cpu"), warmup=warmup, steps=steps,
                           train=train, optimizer=opt, inputs=inputs)
-    target = roofline.resolve("h100-sxm", torch.device("cpu"))
+    target = resolve("h100-sxm")
     return cap, analyze.analyze(cap, target), opt

@@ -17,13 +17,15 @@ from speedlight import cli
 from speedlight.report import render
 from speedlight.report.load import load
 
+USER_SPEC = Path(__file__).resolve().parents[2] / "examples" / "relu_squared.py"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    code = cli.main(["report", "--out", str(out), "--steps", "1", "--bench-budget", "20"])
+    code = cli.main(["report", "--out", str(out), "--steps", "1", "--bench-budget", "20",
+                     "--spec", str(USER_SPEC)])
     return out, code
 
 
@@ -39,6 +41,27 @@ def test_report_runs_end_to_end_and_writes_every_stage(report_dir):
     assert {"rms_norm", "rope", "cross_entropy"} <= set(patch["patched"])
     check = json.loads((out / "model-check.json").read_text())
     assert check["passed"] and check["train"] and len(check["checks"]) > 10
+
+
+def test_a_teams_own_op_goes_through_every_stage(report_dir):
+    out, _ = report_dir
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["run"]["spec_files"] == [str(USER_SPEC)]
+    assert "quick suite" in manifest["cases_from"]["relu_squared"]
+    assert manifest["cases_from"]["rms_norm"] == "the model's shapes"
+    for name in ("verify", "bench"):
+        rows = [json.loads(l) for l in (out / f"{name}.jsonl").read_text().splitlines()]
+        ours = [r for r in rows if r["op"] == "relu_squared"]
+        assert ours and all(r["target"] == "h200" for r in rows), name
+    assert any(r["status"] == "pass" for r in
+               map(json.loads, (out / "verify.jsonl").read_text().splitlines())
+               if r["op"] == "relu_squared")
+    inspect = json.loads((out / "inspect.json").read_text())
+    assert inspect["target"] == "sm_90a" and inspect["sku"] == "NVIDIA H200"
+    assert any(k["op"] == "relu_squared" for k in inspect["kernels"])
+    before = json.loads((out / "profile-before.json").read_text())
+    assert before["target"]["key"] == "h200" and before["target"]["origin"] == "the default"
+    assert before["run"]["steps"] == 1
 
 
 def test_numbers_come_from_the_stage_files(report_dir):
