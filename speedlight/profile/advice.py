@@ -33,7 +33,8 @@ OPS = {
     "rope": ("rotary position embedding applied in place of the slice/neg/cat chain", False),
     "softmax": ("softmax with its casts folded in", False),
     "cross_entropy": ("log_softmax + nll_loss without the [tokens, vocab] log-probabilities", False),
-    "attention": ("fused attention (scores never written to memory)", True),
+    "attention": ("flash attention (scores never written to memory; causal, sliding window, "
+                  "softcap, GQA, variable length)", False),
     "fused_linear_cross_entropy": ("lm_head matmul + cross-entropy in chunks: the logits are "
                                    "never stored", True),
 }
