@@ -564,6 +564,8 @@ def _cases(suite: str) -> list[Case]:
             out.append(case(1, h, hkv, 16384, 16384, d, model=name, causal=True, left=win - 1,
                             **extra))
         out.append(case(1, h, hkv, 1, 131072, d, model=name, causal=True, **extra))  # decode
+    # the headline of scripts/gpu-check.sh: 8K tokens at head dim 128, causal and not
+    out += [case(2, 32, 8, 8192, 8192, 128, model="llama-3-8b", causal=c) for c in (True, False)]
     if suite == "full":
         out += [
             case(3, 5, 5, 1021, 1021, 72, causal=True),
