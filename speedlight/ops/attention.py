@@ -442,55 +442,61 @@ def _case_window(case: Case) -> tuple[int, int]:
     return _window_sides(bool(case.flag("causal")), window)
 
 
-def _visible_counts(seq_q: int, seq_k: int, left: int, right: int) -> torch.Tensor:
-    """Keys each query row sees (int64 [seq_q])."""
+def _visible_ranges(seq_q: int, seq_k: int, left: int, right: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[lo, hi) of the keys each query row sees (int64 [seq_q] each; hi <= lo: none)."""
     pos = torch.arange(seq_q, dtype=torch.int64) + (seq_k - seq_q)
     lo = (pos - left).clamp(min=0) if left >= 0 else torch.zeros_like(pos)
     hi = (pos + right + 1).clamp(max=seq_k) if right >= 0 else torch.full_like(pos, seq_k)
+    return lo, hi
+
+
+def _visible_counts(seq_q: int, seq_k: int, left: int, right: int) -> torch.Tensor:
+    """Keys each query row sees (int64 [seq_q])."""
+    lo, hi = _visible_ranges(seq_q, seq_k, left, right)
     return (hi - lo).clamp(min=0)
 
 
-def _block_reads(counts: torch.Tensor, block: int) -> int:
-    """Keys read by blocks of `block` query rows: for each block, the span from its first
-    row's first visible key to its last row's last (rows see contiguous key ranges that move
-    forward with the row), approximated by the block's largest count plus its slide."""
+def _block_reads(seq_q: int, seq_k: int, left: int, right: int, block: int) -> int:
+    """Keys read by the blocks of `block` query rows: each block reads from its rows'
+    first visible key to their last (rows see contiguous key ranges)."""
+    lo, hi = _visible_ranges(seq_q, seq_k, left, right)
     total = 0
-    for b0 in range(0, len(counts), block):
-        chunk = counts[b0:b0 + block]
-        total += int(min(chunk.max() + len(chunk) - 1, chunk.sum())) if len(chunk) else 0
+    for b0 in range(0, seq_q, block):
+        l, h = lo[b0:b0 + block], hi[b0:b0 + block]
+        seen = h > l
+        if bool(seen.any()):
+            total += int(h[seen].max() - l[seen].min())
     return total
 
 
 def _cost(case: Case, mode: str) -> Cost:
     """FLOPs over the visible (query, key) pairs only (causal counts about half): 2 matmuls
-    forward, 5 backward (the scores recomputed, dv, dp, dq, dk). Bytes: q, o, lse (and do,
-    dq, delta backward) once; k and v once per block of 128 query rows that sees them, per
-    q head (what a flash kernel reads from memory, L2 aside), and in the backward q and do
-    once per block of 128 keys as well."""
+    forward, 5 backward (the scores recomputed, dv, dp, dq, dk).
+
+    Bytes are what the flash kernels must move, L2 aside, not only each tensor once: k and
+    v are read once per block of 128 query rows that sees them, per q head (forward, and
+    the dq pass backward), q, do, lse and delta once per block of 128 keys per q head (the
+    dk/dv pass). Forward: read q; write o, lse. Backward: read o, do (delta), q, do, lse,
+    delta (dq pass), k, v (dk/dv pass); write delta, dq, dk, dv."""
     e, d = case.dtype.itemsize, case["dim"]
     heads, kv_heads = case["heads"], case["kv_heads"]
     left, right = _case_window(case)
-    pairs = kv_reads = q_reads = 0
-    tokens_q = tokens_k = 0
+    pairs = kv_reads = q_reads = tokens_q = tokens_k = 0
     for sq, sk in zip(*_lengths(case)):
-        counts = _visible_counts(sq, sk, left, right)
-        pairs += int(counts.sum())
-        kv_reads += _block_reads(counts, COST_BLOCK)
-        # queries per key: the same counts seen from the keys' side
-        q_counts = _visible_counts(sk, sq, right, left) if sq else torch.zeros(sk, dtype=torch.int64)
-        q_reads += _block_reads(q_counts, COST_BLOCK)
+        pairs += int(_visible_counts(sq, sk, left, right).sum())
+        kv_reads += _block_reads(sq, sk, left, right, COST_BLOCK)
+        q_reads += _block_reads(sk, sq, right, left, COST_BLOCK)  # query rows per key block
         tokens_q, tokens_k = tokens_q + sq, tokens_k + sk
-    row = heads * d * e
+    q_bytes = tokens_q * heads * d * e
+    kv_bytes = tokens_k * kv_heads * d * e
+    kv_block_bytes = kv_reads * heads * 2 * d * e
     if mode == "fwd":
-        # read q, k and v per query block; write o, lse
         return Cost(flops=4 * pairs * d * heads,
-                    bytes=2 * tokens_q * row + 2 * kv_reads * heads * d * e + 4 * tokens_q * heads)
-    # read q, o, do, lse; write dq, dk, dv; k, v per query block (dq), q, do per key
-    # block (dk, dv), delta written and read twice
+                    bytes=2 * q_bytes + kv_block_bytes + 4 * tokens_q * heads)
     return Cost(flops=10 * pairs * d * heads,
-                bytes=(4 * tokens_q * row + 2 * tokens_k * kv_heads * d * e
-                       + 2 * kv_reads * heads * d * e + 2 * q_reads * heads * d * e
-                       + 4 * tokens_q * heads * 4))
+                bytes=(5 * q_bytes + 4 * kv_bytes + kv_block_bytes
+                       + q_reads * heads * (2 * d * e + 8) + 12 * tokens_q * heads))
 
 
 def _make_inputs(case: Case, device) -> dict:
@@ -620,7 +626,9 @@ def _rows(case: Case) -> int:
 # 128 x 64 score tile, fp32 accumulator and K/V pipeline fill the registers and shared
 # memory, and the tensor cores, not warp count, hide the latency.
 _FLASH = ("flash tiles: one 8-warp program per SM; k and v re-read per query block (and q, "
-          "do per key block backward), as the cost model counts")
+          "do per key block backward), as the cost model counts; no access width is held: "
+          "the operand tiles of the loop are copied to shared memory asynchronously "
+          "(cp.async, pipelined: min_stages), and lse/delta are one fp32 per row (32-bit)")
 
 SPEC = OpSpec(
     name="attention",
@@ -640,9 +648,12 @@ SPEC = OpSpec(
     for_model=_for_model,
     count_rows=_rows,
     kernels={
-        "_attention_fwd_kernel": KernelDesign(min_occupancy=0.125, mma="HGMMA", why=_FLASH),
-        "_attention_bwd_dkdv_kernel": KernelDesign(min_occupancy=0.125, mma="HGMMA", why=_FLASH),
-        "_attention_bwd_dq_kernel": KernelDesign(min_occupancy=0.125, mma="HGMMA", why=_FLASH),
+        "_attention_fwd_kernel": KernelDesign(min_occupancy=0.125, mma="HGMMA", min_stages=2,
+                                              vector_bits=0, why=_FLASH),
+        "_attention_bwd_dkdv_kernel": KernelDesign(min_occupancy=0.125, mma="HGMMA",
+                                                   vector_bits=0, why=_FLASH),
+        "_attention_bwd_dq_kernel": KernelDesign(min_occupancy=0.125, mma="HGMMA",
+                                                 vector_bits=0, why=_FLASH),
         "_attention_combine_kernel": KernelDesign(min_occupancy=0.25, vector_bits=32,
                                                   why="one query row per program: its fp32 "
                                                       "partials of one head row each"),
