@@ -7,24 +7,18 @@ first use. Kernels run on CUDA tensors, or on CPU tensors under the Triton inter
 
 import importlib
 
+from speedlight.registry import BUILTIN_OPS
+
 __version__ = "0.1.0"
 
-# public name -> module that defines it; loaded on first access (PEP 562)
-_EXPORTS = {
-    "rms_norm": "speedlight.ops.rms_norm",
-    "softmax": "speedlight.ops.softmax",
-    "rope": "speedlight.ops.rope",
-    "cross_entropy": "speedlight.ops.cross_entropy",
-    "layer_norm": "speedlight.ops.layer_norm",
-    "add_rms_norm": "speedlight.ops.add_rms_norm",
-    "swiglu": "speedlight.ops.swiglu",
-    "geglu": "speedlight.ops.geglu",
-    "attention": "speedlight.ops.attention",
-}
+# public name -> module that defines it; loaded on first access (PEP 562). Every built-in
+# op's public function has the op's name, in speedlight.ops.<name>.
+_EXPORTS = {name: f"speedlight.ops.{name}" for name in BUILTIN_OPS}
 # speedlight.patch(model) is a function: the package that holds it is speedlight.patching,
 # since a submodule named patch would replace the function on first import.
 _EXPORTS.update({"patch": "speedlight.patching", "unpatch": "speedlight.patching"})
-_SUBMODULES = ("nn", "spec", "shapes", "hardware", "reference", "registry", "results")
+_SUBMODULES = ("nn", "spec", "shapes", "hardware", "reference", "registry", "results",
+               "launch", "runtime")
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

@@ -12,7 +12,6 @@ import argparse
 import importlib
 import os
 import sys
-import warnings
 
 COMMANDS = {
     "report": ("speedlight.pipeline", "the main job: profile, patch, verify, bench, inspect and "
@@ -38,13 +37,11 @@ def select_device(requested: str = "auto") -> str:
     if requested.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("speedlight: --device cuda asked for, but torch sees no CUDA device")
     if requested == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        # numpy, which the interpreter computes with, warns on masked-off lanes
-        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module="triton.runtime.interpreter")
-        if os.environ["TRITON_INTERPRET"] in ("0", ""):
+        if os.environ.get("TRITON_INTERPRET") in ("0", ""):
             raise SystemExit("speedlight: --device cpu needs the Triton interpreter, but "
                              "TRITON_INTERPRET is set to 0")
+        from speedlight.runtime import use_interpreter
+        use_interpreter()
     return requested
 
 

@@ -11,25 +11,38 @@ import importlib
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-from speedlight.spec import OpSpec
+if TYPE_CHECKING:  # importing spec loads torch: speedlight/__init__ reads BUILTIN_OPS without
+    from speedlight.spec import OpSpec
 
-BUILTIN_MODULES = (
-    "speedlight.ops.rms_norm",
-    "speedlight.ops.softmax",
-    "speedlight.ops.rope",
-    "speedlight.ops.cross_entropy",
-    "speedlight.ops.layer_norm",
-    "speedlight.ops.add_rms_norm",
-    "speedlight.ops.swiglu",
-    "speedlight.ops.geglu",
-    "speedlight.ops.attention",
+# The one list of built-in ops. Each is the module speedlight.ops.<name>, whose public
+# function <name> is speedlight.<name> and whose SPEC (an OpSpec named <name>) every tool
+# reads; the package's exports, profile's advice, bench's baselines and the patcher's
+# kinds are derived from it and from the OpSpecs.
+BUILTIN_OPS = (
+    "rms_norm",
+    "softmax",
+    "rope",
+    "cross_entropy",
+    "layer_norm",
+    "add_rms_norm",
+    "swiglu",
+    "geglu",
+    "attention",
 )
+BUILTIN_MODULES = tuple(f"speedlight.ops.{name}" for name in BUILTIN_OPS)
 
 
 def builtin_specs() -> list[OpSpec]:
     return [importlib.import_module(m).SPEC for m in BUILTIN_MODULES]
+
+
+def builtin_spec(name: str) -> OpSpec:
+    """The OpSpec of built-in op `name` (ValueError naming the known ones otherwise)."""
+    if name not in BUILTIN_OPS:
+        raise ValueError(f"unknown op {name!r}; known: {', '.join(BUILTIN_OPS)}")
+    return importlib.import_module(f"speedlight.ops.{name}").SPEC
 
 
 def load_spec_file(path: str | Path) -> list[OpSpec]:
@@ -42,6 +55,7 @@ def load_spec_file(path: str | Path) -> list[OpSpec]:
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
     module_spec.loader.exec_module(module)
+    from speedlight.spec import OpSpec
     found = []
     if isinstance(getattr(module, "SPEC", None), OpSpec):
         found.append(module.SPEC)

@@ -6,9 +6,7 @@ read that description and need no per-op code of their own.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -250,6 +248,18 @@ class OpSpec:
     # Optional: how many rows (tokens) a case has; None: its first shape parameter.
     # inspect picks its representative and bytes-guard cases by it.
     count_rows: Callable[[Case], int] | None = None
+    # Optional: case_of(call, args) -> the Case of one call of the op's registered custom
+    # op (`call` its name without namespace, e.g. "rms_norm_bwd"; `args` its arguments by
+    # name), or None when the call is not this op's. profile costs the call through `cost`.
+    case_of: Callable[[str, Mapping[str, Any]], Case | None] | None = None
+    # What the op fuses, as profile's advice names it: the PyTorch chain it replaces.
+    fuses: str = ""
+    # Other libraries' function computing the same, compared with by bench:
+    # library -> function name, e.g. {"liger": "liger_rms_norm"}.
+    peers: Mapping[str, str] = field(default_factory=dict)
+    # What speedlight.patch swaps for this op in a Hugging Face model (its kinds:
+    # "rms_norm", "mlp", "rope", "cross_entropy"), or None when it patches none.
+    patches: str | None = None
 
     def cases(self, suite: str) -> list[Case]:
         if suite not in self.suites:
@@ -365,42 +375,3 @@ def grad_leaves(inputs: Inputs, names: Sequence[str]) -> tuple[Inputs, list[str]
             out[n] = v.detach().requires_grad_(True)
             used.append(n)
     return out, used
-
-
-
-# ---------------------------------------------------------------------------------------
-# Launch sizing: which GPU a launcher sizes its grid and blocks for.
-# ---------------------------------------------------------------------------------------
-
-_SIZED_FOR: list[int] = []
-
-
-@contextlib.contextmanager
-def sized_for(sm_count: int):
-    """Inside, launchers size grids and blocks as for a GPU with `sm_count` SMs, whatever
-    device the tensors are on. `speedlight inspect` uses it to run, on a CPU, the launches
-    a GPU user gets (a plain module-level setting, so autograd's backward sees it too)."""
-    if not isinstance(sm_count, int) or sm_count < 1:
-        raise ValueError(f"sm_count must be a positive int, got {sm_count!r}")
-    _SIZED_FOR.append(sm_count)
-    try:
-        yield
-    finally:
-        _SIZED_FOR.pop()
-
-
-def planned_sm_count(device: torch.device | str) -> int | None:
-    """How many SMs a launch on `device` is sized for: sized_for's when active, else the
-    CUDA device's own, else None (the CPU interpreter's own sizing: few, large programs)."""
-    if _SIZED_FOR:
-        return _SIZED_FOR[-1]
-    device = torch.device(device)
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return _cuda_sm_count(index)
-    return None
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count

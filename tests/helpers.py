@@ -37,3 +37,13 @@ def assert_verified(spec, case: Case, device) -> None:
 def seeded(shape, dtype=torch.float32, device="cpu", seed=0, scale=1.0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype).to(device)
+
+
+def assert_rejected(call, error, match: str) -> None:
+    """call() raises `error` matching `match` and launches no kernel."""
+    from speedlight.verify.harness import LaunchCounter
+
+    counter = LaunchCounter()
+    with counter.active(), pytest.raises(error, match=match):
+        call()
+    assert counter.count == 0, f"launched {counter.kernels} before rejecting the input"

@@ -17,13 +17,15 @@ SPEC = dataclasses.replace(op.SPEC, name="wrong_softmax", impl=wrong, grad_input
 
 def test_verify_writes_rows_and_exits_zero(tmp_path, capsys):
     code = cli.main(["verify", "--ops", "softmax", "--dtypes", "fp32", "--seeds", "1",
-                     "--out", str(tmp_path)])
+                     "--target", "sm_80", "--out", str(tmp_path)])
     assert code == 0
     rows = results.read_jsonl(tmp_path / "verify.jsonl")
     assert rows and all(r["op"] == "softmax" and r["status"] == "pass" for r in rows)
     assert {"device", "torch", "triton", "git", "timestamp", "case_id"} <= set(rows[0])
+    assert all(r["target"] == "a100-sxm" for r in rows)
     out = capsys.readouterr().out
     assert "speedlight verify" in out and "passed" in out
+    assert "target NVIDIA A100-SXM4-80GB (sm_80, 108 SMs; --target sm_80" in out
 
 
 def test_verify_exits_one_on_a_wrong_kernel(tmp_path, capsys):

@@ -46,3 +46,24 @@ def test_bad_spec_files(tmp_path):
     empty.write_text("x = 1\n")
     with pytest.raises(ValueError, match="defines no SPEC"):
         registry.load_spec_file(empty)
+
+
+def test_the_registry_is_the_one_list_of_ops():
+    """The package's exports, the patcher's kinds, profile's advice and bench's Liger
+    baselines all come from registry.BUILTIN_OPS and the OpSpecs."""
+    import inspect
+
+    import speedlight
+    from speedlight.patching import patcher
+    from speedlight.profile import advice
+
+    specs = registry.builtin_specs()
+    assert [s.name for s in specs] == list(registry.BUILTIN_OPS)
+    for s in specs:
+        assert getattr(speedlight, s.name).__module__ == f"speedlight.ops.{s.name}"
+        assert s.fuses and advice.describe(s.name) == (s.fuses, "available")
+    assert set(registry.BUILTIN_OPS) <= set(speedlight.__all__)
+    assert set(patcher.kinds()) == set(inspect.signature(patcher.patch).parameters) - {"model"}
+    assert advice.describe("fused_linear_cross_entropy")[1] == "planned"
+    with pytest.raises(ValueError, match="unknown op 'nope'; known: rms_norm"):
+        registry.builtin_spec("nope")

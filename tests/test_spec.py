@@ -103,15 +103,3 @@ def test_aligned_rows_and_rows_default_to_the_first_parameter_and_widths():
     tokens = Case("op", {"batch": 2, "seq": 5, "dim": 24})
     own = spec(aligned=lambda c: c["dim"] % 8 == 0, count_rows=lambda c: c["batch"] * c["seq"])
     assert own.rows(tokens) == 10 and own.aligned_rows(tokens) and not plain.aligned_rows(tokens)
-
-
-def test_sized_for_sets_the_planned_sm_count():
-    from speedlight.spec import planned_sm_count, sized_for
-
-    assert planned_sm_count("cpu") is None  # the interpreter's own sizing
-    with sized_for(132):
-        assert planned_sm_count("cpu") == 132
-        with sized_for(8):
-            assert planned_sm_count("cpu") == 8
-        assert planned_sm_count("cpu") == 132
-    assert planned_sm_count("cpu") is None

@@ -97,7 +97,7 @@ class Baselines:
             return Implementation(LIGER, None, "Liger-Kernel runs on CUDA GPUs; it is not run "
                                                "on the CPU interpreter")
         try:
-            fn, mutates = liger.adapt(spec.name, inputs, case)
+            fn, mutates = liger.adapt(spec, inputs, case)
         except liger.Unsupported as e:
             return Implementation(LIGER, None, str(e))
         return Implementation(LIGER, fn, mutates_inputs=mutates, checked=True)

@@ -7,8 +7,9 @@ checks it exactly like speedlight's own implementation. An adapter raises Unsupp
 with the reason, for a case Liger cannot compute (no weight, interleaved rotary pairs,
 softmax over another dim...); bench records that case's Liger row as unavailable.
 
-Liger is found at run time (`pip install liger-kernel`); a mapping is used only for the
-ops present in the registry. Whatever the mapping, bench checks Liger's forward output
+Liger is found at run time (`pip install liger-kernel`); an op names the Liger function
+it is compared with in its OpSpec (`peers["liger"]`), and the adapter of that function
+maps the op's inputs onto it. Whatever the mapping, bench checks Liger's forward output
 against the reference before timing it, so a mapping that computes something else is
 reported as such, not timed.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from speedlight.spec import Case
+from speedlight.spec import Case, OpSpec
 
 
 class Unsupported(Exception):
@@ -112,16 +113,16 @@ def _softmax(F, inputs: dict, case: Case):
     return lambda x, dim=-1, **_: F.liger_softmax(x), False
 
 
-# speedlight op name -> adapter(F, inputs, case) -> (fn(**inputs), mutates_inputs)
+# Liger function -> adapter(F, inputs, case) -> (fn(**inputs), mutates_inputs)
 ADAPTERS: dict[str, Callable[[Any, dict, Case], tuple[Callable, bool]]] = {
-    "rms_norm": _rms_norm,
-    "add_rms_norm": _add_rms_norm,
-    "layer_norm": _layer_norm,
-    "swiglu": _gated("swiglu", "liger_swiglu"),
-    "geglu": _gated("geglu", "liger_geglu"),
-    "rope": _rope,
-    "cross_entropy": _cross_entropy,
-    "softmax": _softmax,
+    "liger_rms_norm": _rms_norm,
+    "liger_fused_add_rms_norm": _add_rms_norm,
+    "liger_layer_norm": _layer_norm,
+    "liger_swiglu": _gated("swiglu", "liger_swiglu"),
+    "liger_geglu": _gated("geglu", "liger_geglu"),
+    "liger_rope": _rope,
+    "liger_cross_entropy": _cross_entropy,
+    "liger_softmax": _softmax,
 }
 
 
@@ -143,8 +144,13 @@ def version() -> str | None:
         return None
 
 
-def adapt(op: str, inputs: dict, case: Case) -> tuple[Callable, bool]:
-    """(fn, mutates_inputs) calling Liger for this op and case, or Unsupported."""
-    if op not in ADAPTERS:
-        raise Unsupported(f"Liger-Kernel has no counterpart of {op}")
-    return ADAPTERS[op](functional(), inputs, case)
+def adapt(spec: OpSpec, inputs: dict, case: Case) -> tuple[Callable, bool]:
+    """(fn, mutates_inputs) calling the Liger function spec.peers names for this case, or
+    Unsupported."""
+    name = spec.peers.get("liger")
+    if name is None:
+        raise Unsupported(f"Liger-Kernel has no counterpart of {spec.name}")
+    if name not in ADAPTERS:
+        raise Unsupported(f"{spec.name} names Liger's {name}, which speedlight has no "
+                          f"adapter for")
+    return ADAPTERS[name](functional(), inputs, case)

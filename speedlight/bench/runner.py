@@ -34,7 +34,7 @@ from speedlight.bench.baselines import LIGER, SPEEDLIGHT, Baselines, Implementat
 from speedlight.bench.timer import (Clock, GpuLead, L2Flush, Measurement, StopRule, capture_graph,
                                     clock_for, default_rule, flush_for, l2_bytes, measure)
 from speedlight.spec import Case, Cost, OpSpec, dtype_name, rand_tensor
-from speedlight.target import TENSOR_CORE_FAMILIES, Target, resolve
+from speedlight.target import TENSOR_CORE_FAMILIES, Target, peak_key, resolve
 # bench calls verify (to check a case before timing it) and differentiates the same way
 from speedlight.verify.compare import metrics as error_metrics
 from speedlight.verify.harness import _as_tuple, _leaves, verify_case
@@ -121,11 +121,10 @@ class Bench:
 
     # --- shared pieces -----------------------------------------------------------------
 
-    def peak_key(self, spec: OpSpec, dtype: torch.dtype) -> str:
+    def peak_for(self, spec: OpSpec, dtype: torch.dtype) -> str:
         """The target's peak for the op: tensor cores for the families that use them, with
         tf32 for fp32 (Triton's tl.dot default)."""
-        return self.target.peak_key(dtype, tensor_core=spec.family in TENSOR_CORE_FAMILIES,
-                                    tf32=True)
+        return peak_key(dtype, tensor_core=spec.family in TENSOR_CORE_FAMILIES, tf32=True)
 
     def flush(self) -> L2Flush:
         if self._flush is None:
@@ -252,7 +251,7 @@ class Bench:
                         row.update(metrics.throughput(cost, row["median_us"] * 1e-6))
                         row.update(metrics.speed_of_light(
                             cost, row["median_us"] * 1e-6, self.roof,
-                            self.peak_key(spec, case.dtype), self.roof_note))
+                            self.peak_for(spec, case.dtype), self.roof_note))
                 by_impl[impl.name] = row
             ours = by_impl[SPEEDLIGHT]
             ours["speedup"], ours["speedup_note"] = metrics.speedups(

@@ -24,7 +24,8 @@ import torch
 
 from speedlight.inspect.analysis import CaseReport, DirectionBytes, KernelReport
 from speedlight.inspect.capture import Capture, capture_case, interpreter_work
-from speedlight.spec import Case, OpSpec, sized_for
+from speedlight.launch import sized_for
+from speedlight.spec import Case, OpSpec
 from speedlight.target import Target
 
 

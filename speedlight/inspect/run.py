@@ -9,7 +9,8 @@ from speedlight.hardware import DeviceSpec
 from speedlight.inspect import analysis, findings
 from speedlight.inspect.capture import Capture, capture_case, interpreter_work
 from speedlight.inspect.compile import Compiler
-from speedlight.spec import Case, OpSpec, sized_for
+from speedlight.launch import sized_for
+from speedlight.spec import Case, OpSpec
 from speedlight.target import Target
 
 # Under the interpreter each program-iteration (one trip through a kernel's loop body, or

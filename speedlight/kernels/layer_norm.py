@@ -15,7 +15,7 @@ def _layer_norm_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     n_rows, n_cols, stride_xm, stride_xn, stride_ym,
     eps,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """y[m] = (x[m] - mean[m]) * rstd[m] * w + b, rstd[m] = 1 / sqrt(var(x[m]) + eps).
@@ -25,7 +25,8 @@ def _layer_norm_fwd_kernel(
     mean_ptr, rstd_ptr [n_rows] fp32. BLOCK_N >= n_cols: whole rows in registers, so x is
     read once. Persistent: program p takes the tiles of BLOCK_M rows p, p + P, p + 2P, ...
     (P programs in the grid) and loads w and b once for all of them.
-    HAS_WEIGHT / HAS_BIAS = False remove the load of w / b.
+    HAS_WEIGHT / HAS_BIAS = False remove the load of w / b; STORE_STATS=False the stores
+    of mean and rstd (inference: no backward will read them).
     """
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -56,8 +57,9 @@ def _layer_norm_fwd_kernel(
             y = y + b[None, :]
         tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :],
                  y.to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(mean_ptr + offs_m, mean, mask=mask_m)
-        tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
+        if STORE_STATS:
+            tl.store(mean_ptr + offs_m, mean, mask=mask_m)
+            tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
 
 
 @triton.jit
@@ -65,7 +67,8 @@ def _layer_norm_fwd_looped_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     n_cols, stride_xm, stride_xn, stride_ym,
     eps,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """The same formula for rows longer than BLOCK_N, one row per program: a sweep for the
     mean, one for the centered sum of squares, one to write y (fp32 lanes throughout).
@@ -101,8 +104,9 @@ def _layer_norm_fwd_looped_kernel(
         if HAS_BIAS:
             y = y + tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         tl.store(y_row + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
-    tl.store(mean_ptr + row, mean)
-    tl.store(rstd_ptr + row, rstd)
+    if STORE_STATS:
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
 
 
 # Backward. With r = rstd, xhat = (x - mean) * r and y = xhat * w + b:

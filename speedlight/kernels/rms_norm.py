@@ -18,7 +18,7 @@ def _rms_norm_fwd_kernel(
     x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr,
     n_rows, n_cols, stride_xm, stride_xn, stride_rm, stride_rn, stride_ym,
     eps, offset,
-    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """y[m] = x[m] * rstd[m] * (offset + w), rstd[m] = 1 / sqrt(mean(x[m]^2) + eps).
@@ -30,7 +30,8 @@ def _rms_norm_fwd_kernel(
     w once for all of them, so w is read P times, not once per tile.
     HAS_RESIDUAL: res_ptr [n_rows, n_cols] (strides stride_rm, stride_rn) is added to x,
     the sum rounded to h_ptr's dtype is stored in h_ptr (laid out as y_ptr) and normalized;
-    False removes both pointers. HAS_WEIGHT=False removes the weight load.
+    False removes both pointers. HAS_WEIGHT=False removes the weight load;
+    STORE_RSTD=False the store of rstd (inference: no backward will read it).
     """
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -61,7 +62,8 @@ def _rms_norm_fwd_kernel(
             y = y * w[None, :]
         tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :],
                  y.to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
+        if STORE_RSTD:
+            tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
 
 
 @triton.jit
@@ -69,7 +71,8 @@ def _rms_norm_fwd_looped_kernel(
     x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr,
     n_cols, stride_xm, stride_xn, stride_rm, stride_rn, stride_ym,
     eps, offset,
-    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """The same formula for rows longer than BLOCK_N: one row per program, a first loop
     accumulates sum(x^2) in fp32 lanes, a second re-reads the row (from L2) and writes y.
@@ -111,7 +114,8 @@ def _rms_norm_fwd_looped_kernel(
             w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
             y = y * (w + offset)
         tl.store(y_row + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
-    tl.store(rstd_ptr + row, rstd)
+    if STORE_RSTD:
+        tl.store(rstd_ptr + row, rstd)
 
 
 # Backward. With r = rstd, xhat = x * r, w' = offset + w and y = xhat * w':

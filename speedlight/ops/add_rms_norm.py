@@ -9,24 +9,19 @@ own (kernels/rms_norm.py) with the residual switches on, so the math has one cop
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from speedlight import reference, shapes
-from speedlight.ops._common import (
-    check_same_device,
-    check_same_dtype,
-    check_tensor,
-    norm_cases,
-    skip_huge_on_cpu,
-)
+from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._suites import norm_cases, skip_huge_on_cpu
+from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.ops.rms_norm import (
     check_norm_args,
     model_norm_flags,
-    norm_fwd,
+    rms_norm_residual_fwd,
     rms_norm_bwd,
 )
+from speedlight.ops.rms_norm import _case_of as rms_norm_case_of
 from speedlight.ops.rms_norm import make_inputs as rms_norm_inputs
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, rand_tensor
 
@@ -37,7 +32,14 @@ def add_rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tens
                      eps: float, offset: float
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """y and h (x's shape and dtype, contiguous) and rstd ([rows] fp32)."""
-    return norm_fwd(x, residual, weight, eps, offset)
+    return rms_norm_residual_fwd(x, residual, weight, eps, offset)
+
+
+def add_rms_norm_infer(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                       eps: float, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """y and h alone: the forward when no gradient is wanted (rstd is not written)."""
+    y, h, _ = rms_norm_residual_fwd(x, residual, weight, eps, offset, store_rstd=False)
+    return y, h
 
 
 def add_rms_norm_bwd(dy: torch.Tensor | None, dh: torch.Tensor | None, h: torch.Tensor,
@@ -52,57 +54,22 @@ def add_rms_norm_bwd(dy: torch.Tensor | None, dh: torch.Tensor | None, h: torch.
     return rms_norm_bwd(dy, h, weight, rstd, offset, dh=dh)
 
 
-# --- torch custom ops --------------------------------------------------------------------
+# --- registration: custom ops, fakes and autograd -----------------------------------------
 
-@torch.library.custom_op("speedlight::add_rms_norm_fwd", mutates_args=())
-def _add_rms_norm_fwd_op(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
-                         eps: float, offset: float
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return add_rms_norm_fwd(x, residual, weight, eps, offset)
-
-
-@_add_rms_norm_fwd_op.register_fake
-def _(x, residual, weight, eps, offset):
-    n_cols = x.shape[-1]
-    n_rows = x.numel() // n_cols if n_cols else 0
-    return (x.new_empty(x.shape), x.new_empty(x.shape),
-            x.new_empty((n_rows,), dtype=torch.float32))
-
-
-@torch.library.custom_op("speedlight::add_rms_norm_bwd", mutates_args=())
-def _add_rms_norm_bwd_op(dy: Optional[torch.Tensor], dh: Optional[torch.Tensor],
-                         h: torch.Tensor, weight: Optional[torch.Tensor], rstd: torch.Tensor,
-                         offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    dx, dw = add_rms_norm_bwd(dy, dh, h, weight, rstd, offset)
-    return dx, (dw if dw is not None else h.new_empty((0,)))
-
-
-@_add_rms_norm_bwd_op.register_fake
-def _(dy, dh, h, weight, rstd, offset):
-    return h.new_empty(h.shape), (torch.empty_like(weight) if weight is not None
-                                  else h.new_empty((0,)))
-
-
-def _setup_context(ctx, inputs, output):
-    _, _, weight, _, offset = inputs
-    _, h, rstd = output
-    ctx.save_for_backward(h, weight, rstd)
-    ctx.offset = offset
-    ctx.mark_non_differentiable(rstd)
-    ctx.set_materialize_grads(False)
-
-
-def _backward(ctx, dy, dh, _drstd):
-    h, weight, rstd = ctx.saved_tensors
-    if dy is None and dh is None:
-        return None, None, None, None, None
-    dx, dw = torch.ops.speedlight.add_rms_norm_bwd(dy, dh, h, weight, rstd, ctx.offset)
-    # x and residual enter h with coefficient 1: both receive dh_total (autograd copies it
-    # before accumulating, so the two .grad tensors never alias)
-    return dx, dx, (dw if weight is not None else None), None, None
-
-
-_add_rms_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+ADD_RMS_NORM = register_op(
+    "add_rms_norm",
+    forward=add_rms_norm_fwd,
+    outputs=("y", "h", "rstd"),
+    stats=("rstd",),
+    fake=lambda x, residual, weight, eps, offset: (like(x), like(x), row_stats(x)),
+    inference=add_rms_norm_infer,
+    backward=add_rms_norm_bwd,
+    backward_fake=lambda dy, dh, h, weight, rstd, offset: (like(h), like(weight)),
+    # x and residual enter h with coefficient 1: both receive dh_total (autograd copies
+    # it before accumulating, so the two .grad tensors never alias)
+    grads=(("x", "residual"), "weight"),
+    optional_grads=True,  # h alone, or y alone, may be used
+)
 
 
 # --- public function ---------------------------------------------------------------------
@@ -126,9 +93,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     check_same_dtype(x=x, residual=residual)
     check_same_device(x=x, residual=residual)
     check_norm_args(x, weight, eps, offset)
-    y, h, _ = torch.ops.speedlight.add_rms_norm_fwd(x, residual, weight, float(eps),
-                                                   float(offset))
-    return y, h
+    return ADD_RMS_NORM(x, residual, weight, float(eps), float(offset))
 
 
 # --- OpSpec --------------------------------------------------------------------------------
@@ -169,6 +134,9 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
 SPEC = OpSpec(
     name="add_rms_norm",
     for_model=_for_model,
+    case_of=lambda call, args: rms_norm_case_of("add_rms_norm", call, args),
+    fuses="residual add + RMSNorm, returning both the sum and the norm",
+    peers={"liger": "liger_fused_add_rms_norm"},
     impl=add_rms_norm,
     reference=reference.add_rms_norm,
     make_inputs=_make_inputs,

@@ -22,9 +22,12 @@ from speedlight import reference, shapes
 from speedlight.kernels.attention import (_attention_bwd_delta_kernel, _attention_bwd_dkdv_kernel,
                                           _attention_bwd_dq_kernel, _attention_combine_kernel,
                                           _attention_fwd_kernel)
-from speedlight.ops._common import (check_runtime, check_same_device, check_same_dtype,
-                                    check_tensor, describe, is_interpreted)
-from speedlight.spec import Case, Cost, KernelDesign, OpSpec, planned_sm_count, rand_tensor
+from speedlight.launch import planned_sm_count
+from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._suites import is_call_of
+from speedlight.ops.registration import register_op
+from speedlight.runtime import check_runtime, describe, is_interpreted
+from speedlight.spec import Case, Cost, KernelDesign, OpSpec, rand_tensor
 
 MAX_HEAD_DIM = 256
 
@@ -314,73 +317,52 @@ def _with_heads(common: tuple, heads: int) -> tuple:
     return common[:2] + (heads,) + common[3:]
 
 
-# --- custom op (torch.library) ------------------------------------------------------------
-# One block until speedlight/ops/registration.py offers the shared registration helper.
-# The ops take plain values: softcap 0.0 = none, window sides -1 = unbounded (causal
-# folded in), max_seqlen -1 = read from cu_seqlens, num_splits 0 = the launcher's choice.
+# --- registration: custom ops, fakes and autograd -----------------------------------------
+# The ops take plain values: softcap 0.0 = none, window sides -1 = unbounded (causal folded
+# in), max_seqlen -1 = read from cu_seqlens, num_splits 0 = the launcher's choice.
 
-def _opt(value: float | int, none_value):
+def _opt(value, none_value):
     return None if value == none_value else value
 
 
-@torch.library.custom_op("speedlight::attention_fwd", mutates_args=())
-def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
-                      scale: float, softcap: float, left: int, right: int, max_seqlen_q: int,
-                      max_seqlen_k: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _registered_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
+                    scale: float, softcap: float, left: int, right: int, max_seqlen_q: int,
+                    max_seqlen_k: int, num_splits: int):
     return attention_fwd(q, k, v, scale=scale, window=(left, right), softcap=_opt(softcap, 0.0),
                          cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          max_seqlen_q=_opt(max_seqlen_q, -1), max_seqlen_k=_opt(max_seqlen_k, -1),
                          num_splits=_opt(num_splits, 0))
 
 
-@_attention_fwd_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right, max_seqlen_q,
-      max_seqlen_k, num_splits):
-    if cu_seqlens_q is not None:
-        lse_shape = (q.shape[1], q.shape[0])
-    else:
-        lse_shape = (q.shape[0], q.shape[1], q.shape[2])
+def _registered_bwd(do: torch.Tensor | None, dlse: torch.Tensor | None, q: torch.Tensor,
+                    k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                    cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
+                    scale: float, softcap: float, left: int, right: int, max_seqlen_q: int,
+                    max_seqlen_k: int):
+    return attention_bwd(torch.zeros_like(o) if do is None else do, q, k, v, o, lse, dlse=dlse,
+                         scale=scale, window=(left, right), softcap=_opt(softcap, 0.0),
+                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         max_seqlen_q=_opt(max_seqlen_q, -1), max_seqlen_k=_opt(max_seqlen_k, -1))
+
+
+def _fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *_):
+    """o with q's strides (the launcher's empty_like), and the fp32 lse."""
+    lse_shape = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else tuple(q.shape[:3])
     return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("speedlight::attention_bwd", mutates_args=())
-def _attention_bwd_op(do: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor,
-                      k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                      cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
-                      scale: float, softcap: float, left: int, right: int, max_seqlen_q: int,
-                      max_seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return attention_bwd(do, q, k, v, o, lse, dlse=dlse, scale=scale, window=(left, right),
-                         softcap=_opt(softcap, 0.0), cu_seqlens_q=cu_seqlens_q,
-                         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=_opt(max_seqlen_q, -1),
-                         max_seqlen_k=_opt(max_seqlen_k, -1))
-
-
-@_attention_bwd_op.register_fake
-def _(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
-      max_seqlen_q, max_seqlen_k):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, *ctx.options = inputs
-    ctx.options = ctx.options[:-1]  # num_splits: the backward does not split
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-    ctx.set_materialize_grads(False)
-
-
-def _backward(ctx, do, dlse):
-    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
-    if do is None:
-        do = torch.zeros_like(o)
-    dq, dk, dv = torch.ops.speedlight.attention_bwd(do, dlse, q, k, v, o, lse, cu_q, cu_k,
-                                                    *ctx.options)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
-
-
-_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-# --- end of the custom-op block -------------------------------------------------------------
+ATTENTION = register_op(
+    "attention",
+    forward=_registered_fwd,
+    outputs=("o", "lse"),
+    fake=_fake,
+    backward=_registered_bwd,
+    backward_fake=lambda do, dlse, q, k, v, *_: (torch.empty_like(q), torch.empty_like(k),
+                                                 torch.empty_like(v)),
+    grads=("q", "k", "v"),
+    optional_grads=True,  # the lse is often unused: dlse None, not zeros
+)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -409,10 +391,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    o, lse = torch.ops.speedlight.attention_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, scale, float(softcap or 0.0), left, right,
-        -1 if max_seqlen_q is None else int(max_seqlen_q),
-        -1 if max_seqlen_k is None else int(max_seqlen_k), num_splits or 0)
+    o, lse = ATTENTION(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, float(softcap or 0.0), left,
+                       right, -1 if max_seqlen_q is None else int(max_seqlen_q),
+                       -1 if max_seqlen_k is None else int(max_seqlen_k), num_splits or 0)
     return (o, lse) if return_lse else o
 
 
@@ -618,6 +599,34 @@ def _skip(case: Case, device) -> str | None:
     return None
 
 
+def _case_of(call: str, args) -> Case | None:
+    """The Case of one call of the registered ops (forward or backward), from q and k (and
+    the cu_seqlens when packed, read on the host)."""
+    if not is_call_of(call, "attention"):
+        return None
+    q, k = args["q"], args["k"]
+    flags = {"left": int(args["left"]), "right": int(args["right"])}
+    flags = {n: w for n, w in flags.items() if w >= 0}
+    if float(args.get("softcap") or 0.0):
+        flags["softcap"] = float(args["softcap"])
+    cu_q, cu_k = args.get("cu_seqlens_q"), args.get("cu_seqlens_k")
+    if cu_q is not None:
+        try:
+            lens_q = torch.diff(cu_q).tolist()
+            lens_k = torch.diff(cu_k).tolist()
+        except (RuntimeError, NotImplementedError):  # fake tensors: no values to read
+            return None
+        return Case("attention", (("batch", len(lens_q)), ("heads", q.shape[1]),
+                                  ("kv_heads", k.shape[1]), ("seq_q", sum(lens_q)),
+                                  ("seq_k", sum(lens_k)), ("dim", q.shape[2])), dtype=q.dtype,
+                    flags={"lens_q": "_".join(map(str, lens_q)),
+                           "lens_k": "_".join(map(str, lens_k)), **flags})
+    return Case("attention", (("batch", q.shape[0]), ("heads", q.shape[1]),
+                              ("kv_heads", k.shape[1]), ("seq_q", q.shape[2]),
+                              ("seq_k", k.shape[2]), ("dim", q.shape[3])), dtype=q.dtype,
+                flags=flags)
+
+
 def _rows(case: Case) -> int:
     return sum(_lengths(case)[0])
 
@@ -647,6 +656,10 @@ SPEC = OpSpec(
     family="attention",
     for_model=_for_model,
     count_rows=_rows,
+    case_of=_case_of,
+    fuses=("eager or SDPA attention: flash attention (scores never written to memory; causal, "
+           "sliding window, softcap, GQA, variable length)"),
+    patches="attention",
     kernels={
         "_attention_fwd_kernel": KernelDesign(min_occupancy=0.125, mma="HGMMA", min_stages=2,
                                               vector_bits=0, why=_FLASH),

@@ -20,16 +20,13 @@ from speedlight.kernels.cross_entropy import (
     _cross_entropy_split_finish_kernel,
     _cross_entropy_split_stats_kernel,
 )
-from speedlight.ops._common import (
-    check_runtime,
-    check_same_device,
-    check_tensor,
-    describe,
-    row_tile,
-    warps_for_tile,
-)
+from speedlight.launch import planned_sm_count, row_tile, warps_for_tile
+from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._suites import is_call_of, rows_case
+from speedlight.ops.registration import like, register_op
+from speedlight.runtime import check_runtime, describe
 from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, generator, inject_nonfinite,
-                             planned_sm_count, rand_tensor)
+                             rand_tensor)
 
 REDUCTIONS = ("mean", "sum", "none")
 TARGET_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -229,105 +226,82 @@ def cross_entropy_bwd(dlogits: torch.Tensor, grad_output: torch.Tensor, *,
     return out
 
 
-# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+# --- registration: custom ops, fakes and autograd -----------------------------------------
+# The forward of training writes the loss and dlogits; the backward only scales dlogits by
+# the upstream gradient. Without a gradient wanted, the inference op writes the loss alone.
 
-@torch.library.custom_op("speedlight::cross_entropy_fwd", mutates_args=())
-def _cross_entropy_fwd_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                          reduction: str, label_smoothing: float, z_loss: float,
-                          softcap: Optional[float], compute_grad: bool,
-                          check_target: bool
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    loss, dlogits, n_valid = cross_entropy_fwd(
-        logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
-        compute_grad=compute_grad, check_target=check_target)
-    return (loss, dlogits if dlogits is not None else logits.new_empty((0,)),
-            n_valid if n_valid is not None else target.new_empty((0,), dtype=torch.int64))
+def _train_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
+               label_smoothing: float, z_loss: float, softcap: Optional[float],
+               check_target: bool
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    return cross_entropy_fwd(logits, target, ignore_index, reduction, label_smoothing, z_loss,
+                             softcap, check_target=check_target)
 
 
-@_cross_entropy_fwd_op.register_fake
-def _(logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
-      compute_grad, check_target):
-    loss = logits.new_empty(target.shape if reduction == "none" else ())
-    n_valid = target.new_empty(() if reduction == "mean" else (0,), dtype=torch.int64)
-    return loss, logits.new_empty(logits.shape if compute_grad else (0,)), n_valid
+def _infer_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
+               label_smoothing: float, z_loss: float, softcap: Optional[float],
+               check_target: bool) -> torch.Tensor:
+    return cross_entropy_fwd(logits, target, ignore_index, reduction, label_smoothing, z_loss,
+                             softcap, compute_grad=False, check_target=check_target)[0]
 
 
-@torch.library.custom_op("speedlight::cross_entropy_bwd", mutates_args=())
-def _cross_entropy_bwd_op(dlogits: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
-    return cross_entropy_bwd(dlogits, grad_output)
+def _scaled_bwd(dloss: torch.Tensor, dlogits: torch.Tensor,
+                n_valid: torch.Tensor) -> torch.Tensor:
+    return cross_entropy_bwd(dlogits, _row_grad_scale(dloss, n_valid))
 
 
-@_cross_entropy_bwd_op.register_fake
-def _(dlogits, grad_output):
-    return dlogits.new_empty(dlogits.shape)
+def _loss_fake(logits, target, reduction):
+    return logits.new_empty(target.shape if reduction == "none" else ())
 
 
-def _setup_context(ctx, inputs, output):
-    _, dlogits, n_valid = output
-    ctx.save_for_backward(dlogits, n_valid)
-    ctx.mark_non_differentiable(dlogits, n_valid)
+def _n_valid_fake(target, reduction):
+    return target.new_empty((), dtype=torch.int64) if reduction == "mean" else None
 
 
-def _backward(ctx, grad_loss, _grad_dlogits, _grad_n_valid):
-    dlogits, n_valid = ctx.saved_tensors
-    grad = torch.ops.speedlight.cross_entropy_bwd(dlogits, _row_grad_scale(grad_loss, n_valid))
-    return grad, None, None, None, None, None, None, None, None
-
-
-_cross_entropy_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+CROSS_ENTROPY = register_op(
+    "cross_entropy",
+    forward=_train_fwd,
+    inference=_infer_fwd,
+    outputs=("loss", "dlogits", "n_valid"),
+    stats=("dlogits", "n_valid"),
+    fake=lambda logits, target, ignore_index, reduction, *_: (
+        _loss_fake(logits, target, reduction), like(logits), _n_valid_fake(target, reduction)),
+    backward=_scaled_bwd,
+    backward_fake=lambda dloss, dlogits, n_valid: like(dlogits),
+    grads=("logits",),
+)
 
 
 # The in-place gradient: the forward overwrites logits with dlogits, the backward scales
-# them in place. Mutating ops carry no autograd formula, so an autograd.Function wraps
-# them. The mutating op bumps logits' version counter: autograd then refuses (at backward)
-# any other op that saved logits. (ctx.mark_dirty is refused for a view such as a causal
-# LM's logits[:, :-1] in a Function with two outputs.)
+# them in place (mutation declared to torch). The mutating op bumps logits' version
+# counter: autograd then refuses (at backward) any other op that saved logits.
 
-@torch.library.custom_op("speedlight::cross_entropy_fwd_inplace", mutates_args=("logits",))
-def _cross_entropy_fwd_inplace_op(logits: torch.Tensor, target: torch.Tensor,
-                                  ignore_index: int, reduction: str, label_smoothing: float,
-                                  z_loss: float, softcap: Optional[float],
-                                  check_target: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _inplace_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                 reduction: str, label_smoothing: float, z_loss: float,
+                 softcap: Optional[float], check_target: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     loss, _, n_valid = cross_entropy_fwd(logits, target, ignore_index, reduction,
                                          label_smoothing, z_loss, softcap,
                                          check_target=check_target, grad_out=logits)
-    return loss, (n_valid if n_valid is not None
-                  else target.new_empty((0,), dtype=torch.int64))
+    return loss, n_valid
 
 
-@_cross_entropy_fwd_inplace_op.register_fake
-def _(logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap, check_target):
-    loss = logits.new_empty(target.shape if reduction == "none" else ())
-    return loss, target.new_empty(() if reduction == "mean" else (0,), dtype=torch.int64)
+def _inplace_bwd(dloss: torch.Tensor, logits: torch.Tensor, n_valid: torch.Tensor) -> None:
+    cross_entropy_bwd(logits, _row_grad_scale(dloss, n_valid), out=logits)
 
 
-@torch.library.custom_op("speedlight::cross_entropy_bwd_inplace", mutates_args=("dlogits",))
-def _cross_entropy_bwd_inplace_op(dlogits: torch.Tensor, grad_output: torch.Tensor) -> None:
-    cross_entropy_bwd(dlogits, grad_output, out=dlogits)
-
-
-@_cross_entropy_bwd_inplace_op.register_fake
-def _(dlogits, grad_output):
-    return None
-
-
-class _InplaceCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, target, ignore_index, reduction, label_smoothing, z_loss,
-                softcap, check_target):
-        loss, n_valid = torch.ops.speedlight.cross_entropy_fwd_inplace(
-            logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
-            check_target)
-        ctx.save_for_backward(logits, n_valid)
-        ctx.mark_non_differentiable(n_valid)
-        return loss, n_valid
-
-    @staticmethod
-    def backward(ctx, grad_loss, _grad_n_valid):
-        dlogits, n_valid = ctx.saved_tensors
-        torch.ops.speedlight.cross_entropy_bwd_inplace(dlogits,
-                                                        _row_grad_scale(grad_loss, n_valid))
-        return dlogits, None, None, None, None, None, None, None
+CROSS_ENTROPY_INPLACE = register_op(
+    "cross_entropy_inplace",
+    forward=_inplace_fwd,
+    mutates=("logits",),
+    outputs=("loss", "n_valid"),
+    stats=("n_valid",),
+    fake=lambda logits, target, ignore_index, reduction, *_: (
+        _loss_fake(logits, target, reduction), _n_valid_fake(target, reduction)),
+    backward=_inplace_bwd,
+    backward_mutates=("logits",),
+    grads=("logits",),
+)
 
 
 # --- public function ---------------------------------------------------------------------
@@ -408,17 +382,14 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     softcap = float(softcap) if softcap is not None else None
     args = (int(ignore_index), reduction, float(label_smoothing), float(z_loss), softcap)
     check = bool(check_target) or logits.device.type == "cpu"
-    want_grad = torch.is_grad_enabled() and logits.requires_grad
-    if inplace_backward and want_grad:
+    if inplace_backward and torch.is_grad_enabled() and logits.requires_grad:
         if logits.is_leaf:
             raise ValueError(
                 "inplace_backward=True overwrites logits with their gradient, but logits is a "
                 "leaf tensor that requires grad (autograd forbids writing over it); pass the "
                 "output of the op that made the logits, or inplace_backward=False")
-        loss, _ = _InplaceCrossEntropy.apply(logits, target, *args, check)
-        return loss
-    loss, _, _ = torch.ops.speedlight.cross_entropy_fwd(logits, target, *args, want_grad, check)
-    return loss
+        return CROSS_ENTROPY_INPLACE(logits, target, *args, check)
+    return CROSS_ENTROPY(logits, target, *args, check)
 
 
 # --- OpSpec --------------------------------------------------------------------------------
@@ -529,6 +500,23 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
                  flags={"ignore": "some"}, model=cfg.name)]
 
 
+def _case_of(call: str, args) -> Case | None:
+    """logits (dlogits, or the overwritten logits, in the backward) as [tokens, vocab],
+    with the options that change the cost."""
+    if not (is_call_of(call, "cross_entropy") or is_call_of(call, "cross_entropy_inplace")):
+        return None
+    if call.endswith("_bwd"):  # the backward scales dlogits: shapes and the reduction only
+        logits = args["dlogits"] if "dlogits" in args else args["logits"]
+        flags = {"reduction": "none" if args["dloss"].dim() else None}
+    else:
+        logits = args["logits"]
+        reduction = args["reduction"]
+        flags = {"reduction": None if reduction == "mean" else reduction,
+                 "smoothing": args["label_smoothing"] or None, "zloss": args["z_loss"] or None,
+                 "softcap": args["softcap"]}
+    return rows_case("cross_entropy", logits, "vocab", rows="tokens", **flags)
+
+
 SPEC = OpSpec(
     name="cross_entropy",
     impl=cross_entropy,
@@ -555,4 +543,8 @@ SPEC = OpSpec(
         "_cross_entropy_bwd_kernel": KernelDesign(min_occupancy=0.75),
     },
     for_model=_for_model,
+    case_of=_case_of,
+    fuses="log_softmax + nll_loss without the [tokens, vocab] log-probabilities",
+    peers={"liger": "liger_cross_entropy"},
+    patches="cross_entropy",
 )

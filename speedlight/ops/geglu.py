@@ -39,4 +39,7 @@ SPEC = glu_spec(
           "followed by strides; act recomputed in the backward.",
     # the gated models in shapes.py use the tanh approximation (gelu_pytorch_tanh)
     model_flags=lambda cfg: {} if cfg.mlp == "geglu" else None,
+    flags_of=lambda activation: {"gelu_tanh": {}, "gelu": {"approximate": "none"}}.get(activation),
+    fuses="gelu(gate) * up",
+    peers={"liger": "liger_geglu"},
 )

@@ -12,23 +12,19 @@ strides, never copied; the backward of the fused form writes one [..., 2 * I] gr
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import triton
 
 from speedlight import shapes
 from speedlight.kernels.glu import _glu_bwd_kernel, _glu_fwd_kernel
-from speedlight.ops._common import (
-    check_runtime,
-    check_same_device,
-    check_same_dtype,
-    check_tensor,
-    rows_view,
-    skip_huge_on_cpu,
-    warps_for_tile,
-)
-from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, planned_sm_count, rand_tensor
+from speedlight.launch import as_rows, planned_sm_count, warps_for_tile
+from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._suites import is_call_of, rows_case, skip_huge_on_cpu
+from speedlight.ops.registration import like, register_op
+from speedlight.runtime import check_runtime
+from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor
 
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 
@@ -43,7 +39,7 @@ def _halves(gate: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tensor, 
 
 def _tile(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of an elementwise tile: ~4K elements per program on a
-    GPU (or the one `spec.sized_for` names); large tiles under the interpreter, where each
+    GPU (or the one `launch.sized_for` names); large tiles under the interpreter, where each
     program costs milliseconds."""
     gpu = planned_sm_count(device) is not None
     max_tile, max_n = (4096, 1024) if gpu else (65536, 65536)
@@ -67,7 +63,7 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor | None, activation: str) -> tor
         return out
     check_runtime(gate, _glu_fwd_kernel)
     n_cols = g.shape[-1]
-    g2, u2, out2 = rows_view(g, n_cols), rows_view(u, n_cols), out.view(-1, n_cols)
+    g2, u2, out2 = as_rows(g, n_cols), as_rows(u, n_cols), out.view(-1, n_cols)
     n_rows = g2.shape[0]
     block_m, block_n, num_warps = _tile(n_rows, n_cols, gate.device)
     _glu_fwd_kernel[_grid(n_rows, n_cols, block_m, block_n)](
@@ -94,7 +90,7 @@ def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None,
         return dgate, dup
     check_runtime(gate, _glu_bwd_kernel)
     n_cols = g.shape[-1]
-    do2, g2, u2 = rows_view(dout, n_cols), rows_view(g, n_cols), rows_view(u, n_cols)
+    do2, g2, u2 = as_rows(dout, n_cols), as_rows(g, n_cols), as_rows(u, n_cols)
     dg2, du2 = dg.reshape(-1, n_cols), du.reshape(-1, n_cols)  # views: halves of a buffer
     n_rows = g2.shape[0]
     block_m, block_n, num_warps = _tile(n_rows, n_cols, gate.device)
@@ -105,46 +101,22 @@ def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None,
     return dgate, dup
 
 
-# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+# --- registration: custom ops, fakes and autograd -----------------------------------------
 
-@torch.library.custom_op("speedlight::glu_fwd", mutates_args=())
-def _glu_fwd_op(gate: torch.Tensor, up: Optional[torch.Tensor], activation: str) -> torch.Tensor:
-    return glu_fwd(gate, up, activation)
-
-
-@_glu_fwd_op.register_fake
-def _(gate, up, activation):
+def _glu_fake(gate, up, activation):
     g, _ = _halves(gate, up)
     return gate.new_empty(g.shape)
 
 
-@torch.library.custom_op("speedlight::glu_bwd", mutates_args=())
-def _glu_bwd_op(dout: torch.Tensor, gate: torch.Tensor, up: Optional[torch.Tensor],
-                activation: str) -> tuple[torch.Tensor, torch.Tensor]:
-    dgate, dup = glu_bwd(dout, gate, up, activation)
-    return dgate, (dup if dup is not None else gate.new_empty((0,)))
-
-
-@_glu_bwd_op.register_fake
-def _(dout, gate, up, activation):
-    if up is None:
-        return gate.new_empty(gate.shape), gate.new_empty((0,))
-    return gate.new_empty(gate.shape), up.new_empty(up.shape)
-
-
-def _setup_context(ctx, inputs, output):
-    gate, up, activation = inputs
-    ctx.save_for_backward(gate, up)
-    ctx.activation = activation
-
-
-def _backward(ctx, dout):
-    gate, up = ctx.saved_tensors
-    dgate, dup = torch.ops.speedlight.glu_bwd(dout, gate, up, ctx.activation)
-    return dgate, (dup if up is not None else None), None
-
-
-_glu_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+GLU = register_op(
+    "glu",
+    forward=glu_fwd,
+    outputs=("out",),
+    fake=_glu_fake,
+    backward=glu_bwd,
+    backward_fake=lambda dout, gate, up, activation: (like(gate), like(up)),
+    grads=("gate", "up"),
+)
 
 
 # --- the checked entry point of swiglu and geglu ------------------------------------------
@@ -165,7 +137,7 @@ def glu(gate: torch.Tensor, up: torch.Tensor | None, activation: str) -> torch.T
         check_same_device(gate=gate, up=up)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
-    return torch.ops.speedlight.glu_fwd(gate, up, activation)
+    return GLU(gate, up, activation)
 
 
 # --- OpSpecs -----------------------------------------------------------------------------
@@ -180,12 +152,15 @@ _ACT_FLOPS = {"silu": (4, 6), "gelu_tanh": (9, 10), "gelu": (5, 6)}
 
 def glu_spec(name: str, impl: Callable, reference: Callable,
              activation_of: Callable[[Case], str], extra_kwargs: Callable[[Case], dict],
-             flag_sets: list[dict], notes: str,
-             model_flags: Callable[[shapes.ModelConfig], dict | None] = lambda cfg: None) -> OpSpec:
-    """The OpSpec of one gated unit. activation_of(case) names the kernel's activation;
+             flag_sets: list[dict], notes: str, flags_of: Callable[[str], dict | None],
+             model_flags: Callable[[shapes.ModelConfig], dict | None] = lambda cfg: None,
+             **fields) -> OpSpec:
+    """The OpSpec of one gated unit. activation_of(case) names the kernel's activation and
+    flags_of(activation) the case flags of a kernel activation (None: not this unit's);
     extra_kwargs(case) are the op's own keyword arguments (e.g. approximate); flag_sets are
     the op's variants, each run on the quick shapes; model_flags(cfg) gives the case flags
-    of a model whose MLP is this unit, None when it is another."""
+    of a model whose MLP is this unit, None when it is another; fields: more OpSpec
+    fields (fuses, peers...)."""
 
     def make_inputs(case: Case, device) -> dict:
         rows, inter = case["rows"], case["intermediate"]
@@ -247,6 +222,17 @@ def glu_spec(name: str, impl: Callable, reference: Callable,
         return [Case(name, (("rows", batch * seq), ("intermediate", cfg.intermediate)),
                      flags=flags, model=cfg.name)]
 
+    def case_of(call: str, args) -> Case | None:
+        """gate (and up) of a call of glu's registered ops, when its activation is ours."""
+        flags = flags_of(args["activation"]) if is_call_of(call, "glu") else None
+        if flags is None:
+            return None
+        if args["up"] is None:
+            flags = dict(flags, concat=True)
+        g, _ = _halves(args["gate"], args["up"])
+        return rows_case(name, g, "intermediate", **flags)
+
     return OpSpec(name=name, impl=impl, reference=reference, make_inputs=make_inputs,
                   cost=cost, suites=shapes.suites(cases), grad_inputs=("gate", "up"),
-                  skip=skip_huge_on_cpu, notes=notes, for_model=for_model)
+                  skip=skip_huge_on_cpu, notes=notes, for_model=for_model, case_of=case_of,
+                  patches="mlp", **fields)

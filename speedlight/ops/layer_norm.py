@@ -8,7 +8,7 @@ statistics whatever the input dtype; y has x's dtype, dw and db those of w and b
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 import triton
@@ -20,20 +20,19 @@ from speedlight.kernels.layer_norm import (
     _layer_norm_fwd_kernel,
     _layer_norm_fwd_looped_kernel,
 )
-from speedlight.ops._common import (
-    check_runtime,
-    check_same_device,
-    check_tensor,
-    norm_cases,
+from speedlight.launch import (
+    as_rows,
     partial_sum_programs,
     persistent_row_grid,
     row_tile,
-    rows_view,
-    skip_huge_on_cpu,
     warps_for_tile,
 )
+from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
+from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.ops.rms_norm import BWD_WARPS_PER_SM, FWD_WARPS_PER_SM
 from speedlight.ops.rms_norm import FWD_TILE as RMS_FWD_TILE
+from speedlight.runtime import check_runtime
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
@@ -49,21 +48,37 @@ FWD_TILE = 2 * RMS_FWD_TILE
 def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """y (x's shape and dtype, contiguous), mean and rstd ([rows] fp32), over x's last dim."""
+    return _forward(x, weight, bias, eps, store_stats=True)
+
+
+def layer_norm_infer(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                     eps: float) -> torch.Tensor:
+    """y alone: the forward when no gradient is wanted (mean and rstd are not written)."""
+    return _forward(x, weight, bias, eps, store_stats=False)[0]
+
+
+def _forward(x, weight, bias, eps, store_stats: bool):
+    """layer_norm_fwd's y, mean and rstd; mean and rstd None unless store_stats."""
     n_cols = x.shape[-1]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     n_rows = x.numel() // n_cols if n_cols else 0
-    mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    mean = rstd = None
+    if store_stats:
+        mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+        rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     if x.numel() == 0:
         return y, mean, rstd
     check_runtime(x, _layer_norm_fwd_kernel)
-    x2 = rows_view(x, n_cols)
+    x2 = as_rows(x, n_cols)
     y2 = y.view(-1, n_cols)
     # placeholder pointers for the inputs a constexpr switches off
-    args = (x2, weight if weight is not None else x2, bias if bias is not None else x2,
-            y2, mean, rstd)
+    # the kernels step weight and bias by 1
+    args = (x2, weight.contiguous() if weight is not None else x2,
+            bias.contiguous() if bias is not None else x2, y2,
+            mean if store_stats else y2, rstd if store_stats else y2)
     strides = (x2.stride(0), x2.stride(1), y2.stride(0))
-    switches = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
+    switches = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+                    STORE_STATS=store_stats)
     if n_cols <= MAX_FUSED_N:
         # persistent, sized as RMSNorm's forward: w and b read once per program
         grid, block_m, block_n, num_warps = persistent_row_grid(
@@ -91,10 +106,10 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
                 torch.zeros_like(bias) if has_bias else None)
     check_runtime(x, _layer_norm_bwd_kernel)
     n_rows = x.numel() // n_cols
-    x2 = rows_view(x, n_cols)
-    dy2 = rows_view(dy, n_cols)
+    x2 = as_rows(x, n_cols)
+    dy2 = as_rows(dy, n_cols)
     dx2 = dx.view(-1, n_cols)
-    w = weight if has_weight else x2
+    w = weight.contiguous() if has_weight else x2  # the kernels step w by 1
     fused = n_cols <= MAX_FUSED_N
     if fused:
         block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
@@ -136,54 +151,18 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     return dx, dw, db
 
 
-# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+# --- registration: custom ops, fakes and autograd -----------------------------------------
 
-@torch.library.custom_op("speedlight::layer_norm_fwd", mutates_args=())
-def _layer_norm_fwd_op(x: torch.Tensor, weight: Optional[torch.Tensor],
-                       bias: Optional[torch.Tensor], eps: float
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return layer_norm_fwd(x, weight, bias, eps)
-
-
-@_layer_norm_fwd_op.register_fake
-def _(x, weight, bias, eps):
-    n_cols = x.shape[-1]
-    n_rows = x.numel() // n_cols if n_cols else 0
-    stat = x.new_empty((n_rows,), dtype=torch.float32)
-    return x.new_empty(x.shape), stat, torch.empty_like(stat)
-
-
-@torch.library.custom_op("speedlight::layer_norm_bwd", mutates_args=())
-def _layer_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
-                       bias: Optional[torch.Tensor], mean: torch.Tensor, rstd: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dw, db = layer_norm_bwd(dy, x, weight, bias, mean, rstd)
-    # a custom op's outputs may not alias one another: a fresh empty for each missing one
-    return (dx, dw if dw is not None else x.new_empty((0,)),
-            db if db is not None else x.new_empty((0,)))
-
-
-@_layer_norm_bwd_op.register_fake
-def _(dy, x, weight, bias, mean, rstd):
-    return (x.new_empty(x.shape), torch.empty_like(weight) if weight is not None
-            else x.new_empty((0,)), torch.empty_like(bias) if bias is not None
-            else x.new_empty((0,)))
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, bias, _ = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(x, weight, bias, mean, rstd)
-    ctx.mark_non_differentiable(mean, rstd)
-
-
-def _backward(ctx, dy, _dmean, _drstd):
-    x, weight, bias, mean, rstd = ctx.saved_tensors
-    dx, dw, db = torch.ops.speedlight.layer_norm_bwd(dy, x, weight, bias, mean, rstd)
-    return dx, (dw if weight is not None else None), (db if bias is not None else None), None
-
-
-_layer_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+LAYER_NORM = register_op(
+    "layer_norm",
+    forward=layer_norm_fwd,
+    outputs=("y", "mean", "rstd"),
+    stats=("mean", "rstd"),
+    fake=lambda x, weight, bias, eps: (like(x), row_stats(x), row_stats(x)),
+    inference=layer_norm_infer,
+    backward=layer_norm_bwd,
+    grads=("x", "weight", "bias"),
+)
 
 
 # --- public function ---------------------------------------------------------------------
@@ -218,10 +197,8 @@ def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int],
         flat = x.reshape(*lead, n)
         w = weight.reshape(n) if weight is not None else None
         b = bias.reshape(n) if bias is not None else None
-        y, _, _ = torch.ops.speedlight.layer_norm_fwd(flat, w, b, float(eps))
-        return y.view(x.shape)
-    y, _, _ = torch.ops.speedlight.layer_norm_fwd(x, weight, bias, float(eps))
-    return y
+        return LAYER_NORM(flat, w, b, float(eps)).view(x.shape)
+    return LAYER_NORM(x, weight, bias, float(eps))
 
 
 def _normalized_dims(normalized_shape) -> tuple[int, ...]:
@@ -276,9 +253,20 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
     return [Case("layer_norm", (("rows", batch * seq), ("hidden", cfg.hidden)), model=cfg.name)]
 
 
+def _case_of(call: str, args) -> Case | None:
+    if not is_call_of(call, "layer_norm"):
+        return None
+    return rows_case("layer_norm", args["x"], "hidden",
+                     weight=False if args["weight"] is None else None,
+                     bias=False if args["bias"] is None else None)
+
+
 SPEC = OpSpec(
     name="layer_norm",
     for_model=_for_model,
+    case_of=_case_of,
+    fuses="LayerNorm in one kernel per direction",
+    peers={"liger": "liger_layer_norm"},
     impl=layer_norm,
     reference=reference.layer_norm,
     make_inputs=_make_inputs,

@@ -6,8 +6,6 @@ input dtype; y has x's dtype, dw has w's dtype.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 
@@ -19,18 +17,17 @@ from speedlight.kernels.rms_norm import (
     _rms_norm_fwd_kernel,
     _rms_norm_fwd_looped_kernel,
 )
-from speedlight.ops._common import (
-    check_runtime,
-    check_same_device,
-    check_tensor,
-    norm_cases,
+from speedlight.launch import (
+    as_rows,
     partial_sum_programs,
     persistent_row_grid,
     row_tile,
-    rows_view,
-    skip_huge_on_cpu,
     warps_for_tile,
 )
+from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
+from speedlight.ops.registration import like, register_op, row_stats
+from speedlight.runtime import check_runtime
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
@@ -45,31 +42,43 @@ BWD_WARPS_PER_SM = 16  # persistent backward (it holds w, dw and two tiles: ~100
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
                  offset: float) -> tuple[torch.Tensor, torch.Tensor]:
     """y (x's shape and dtype, contiguous) and rstd ([rows] fp32)."""
-    y, _, rstd = norm_fwd(x, None, weight, eps, offset)
+    y, _, rstd = rms_norm_residual_fwd(x, None, weight, eps, offset)
     return y, rstd
 
 
-def norm_fwd(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
-             eps: float, offset: float) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+def rms_norm_infer(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                   offset: float) -> torch.Tensor:
+    """y alone: the forward when no gradient is wanted (rstd is not written)."""
+    y, _, _ = rms_norm_residual_fwd(x, None, weight, eps, offset, store_rstd=False)
+    return y
+
+
+def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
+                          weight: torch.Tensor | None, eps: float, offset: float,
+                          store_rstd: bool = True
+                          ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """y, h and rstd of RMSNorm over h = x + residual (h is None and x is normalized when
-    residual is None). y and h are contiguous, of x's shape and dtype; rstd is [rows] fp32."""
+    residual is None: plain RMSNorm). y and h are contiguous, of x's shape and dtype; rstd
+    is [rows] fp32, or None when store_rstd is False (no backward will read it)."""
     n_cols = x.shape[-1]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
     n_rows = x.numel() // n_cols if n_cols else 0
-    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    rstd = (torch.empty(n_rows, dtype=torch.float32, device=x.device) if store_rstd
+            else None)
     if x.numel() == 0:
         return y, h, rstd
     check_runtime(x, _rms_norm_fwd_kernel)
-    x2 = rows_view(x, n_cols)
+    x2 = as_rows(x, n_cols)
     y2 = y.view(-1, n_cols)
     # placeholder pointers for the inputs a constexpr switches off
-    r2 = rows_view(residual, n_cols) if residual is not None else x2
+    r2 = as_rows(residual, n_cols) if residual is not None else x2
     h2 = h.view(-1, n_cols) if h is not None else y2
-    w = weight if weight is not None else x2
-    args = (x2, r2, w, y2, h2, rstd)
+    w = weight.contiguous() if weight is not None else x2  # the kernels step w by 1
+    args = (x2, r2, w, y2, h2, rstd if store_rstd else y2)
     strides = (x2.stride(0), x2.stride(1), r2.stride(0), r2.stride(1), y2.stride(0))
-    switches = dict(HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None)
+    switches = dict(HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+                    STORE_RSTD=store_rstd)
     if n_cols <= MAX_FUSED_N:
         # Persistent: a grid of as many programs as fit (FWD_WARPS_PER_SM warps per SM)
         # walks the row tiles, so w is read once per program, not once per tile.
@@ -102,11 +111,11 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
         return dx, dw
     check_runtime(x, _rms_norm_bwd_kernel)
     n_rows = x.numel() // n_cols
-    x2 = rows_view(x, n_cols)
-    dy2 = rows_view(dy, n_cols)
-    dh2 = rows_view(dh, n_cols) if dh is not None else dy2  # placeholder when HAS_DH=False
+    x2 = as_rows(x, n_cols)
+    dy2 = as_rows(dy, n_cols)
+    dh2 = as_rows(dh, n_cols) if dh is not None else dy2  # placeholder when HAS_DH=False
     dx2 = dx.view(-1, n_cols)
-    w = weight if has_weight else x2
+    w = weight.contiguous() if has_weight else x2  # the kernels step w by 1
     fused = n_cols <= MAX_FUSED_N
     if fused:
         block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
@@ -144,49 +153,18 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     return dx, dw
 
 
-# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+# --- registration: custom ops, fakes and autograd -----------------------------------------
 
-@torch.library.custom_op("speedlight::rms_norm_fwd", mutates_args=())
-def _rms_norm_fwd_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
-                     offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return rms_norm_fwd(x, weight, eps, offset)
-
-
-@_rms_norm_fwd_op.register_fake
-def _(x, weight, eps, offset):
-    n_cols = x.shape[-1]
-    n_rows = x.numel() // n_cols if n_cols else 0
-    return x.new_empty(x.shape), x.new_empty((n_rows,), dtype=torch.float32)
-
-
-@torch.library.custom_op("speedlight::rms_norm_bwd", mutates_args=())
-def _rms_norm_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
-                     rstd: torch.Tensor, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    dx, dw = rms_norm_bwd(dy, x, weight, rstd, offset)
-    return dx, (dw if dw is not None else x.new_empty((0,)))
-
-
-@_rms_norm_bwd_op.register_fake
-def _(dy, x, weight, rstd, offset):
-    return x.new_empty(x.shape), (torch.empty_like(weight) if weight is not None
-                                  else x.new_empty((0,)))
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, eps, offset = inputs
-    _, rstd = output
-    ctx.save_for_backward(x, weight, rstd)
-    ctx.offset = offset
-    ctx.mark_non_differentiable(rstd)
-
-
-def _backward(ctx, dy, _drstd):
-    x, weight, rstd = ctx.saved_tensors
-    dx, dw = torch.ops.speedlight.rms_norm_bwd(dy, x, weight, rstd, ctx.offset)
-    return dx, (dw if weight is not None else None), None, None
-
-
-_rms_norm_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+RMS_NORM = register_op(
+    "rms_norm",
+    forward=rms_norm_fwd,
+    outputs=("y", "rstd"),
+    stats=("rstd",),
+    fake=lambda x, weight, eps, offset: (like(x), row_stats(x)),
+    inference=rms_norm_infer,
+    backward=rms_norm_bwd,
+    grads=("x", "weight"),
+)
 
 
 # --- public function ---------------------------------------------------------------------
@@ -201,8 +179,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     """
     check_tensor("x", x, min_dim=1)
     check_norm_args(x, weight, eps, offset)
-    y, _ = torch.ops.speedlight.rms_norm_fwd(x, weight, float(eps), float(offset))
-    return y
+    return RMS_NORM(x, weight, float(eps), float(offset))
 
 
 def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -> None:
@@ -216,6 +193,9 @@ def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -
         check_same_device(x=x, weight=weight)
     elif offset:
         raise ValueError(f"offset={offset} scales a weight, but weight is None")
+    if not isinstance(offset, (int, float)) or isinstance(offset, bool):
+        raise TypeError(f"offset must be a number (1.0 for Gemma's (1 + w) form), "
+                        f"got {offset!r}")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
 
@@ -262,6 +242,16 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
                  flags=model_norm_flags(cfg), model=cfg.name)]
 
 
+def _case_of(op: str, call: str, args) -> Case | None:
+    """The Case of a call of rms_norm's (or add_rms_norm's) registered ops: x (h in
+    add_rms_norm's backward) over its rows, with a weight or not, and Gemma's offset."""
+    if not is_call_of(call, op):
+        return None
+    x = args["x"] if "x" in args else args["h"]
+    return rows_case(op, x, "hidden", weight=False if args["weight"] is None else None,
+                     offset=1 if args.get("offset") else None)
+
+
 _TWO_PASS = ("a row longer than 16384 does not fit registers: it is read twice, for the "
              "sum of squares and for the write (the second read mostly from L2)")
 _TWO_PASS_BWD = ("a row longer than 16384 is read twice (dy and x: the row dot, then dx) "
@@ -281,6 +271,10 @@ SPEC = OpSpec(
     skip=skip_huge_on_cpu,
     notes="Normalizes the last dim; fp32 accumulation; dW reduced per program, then summed.",
     for_model=_for_model,
+    case_of=lambda call, args: _case_of("rms_norm", call, args),
+    fuses="RMSNorm in one kernel per direction",
+    peers={"liger": "liger_rms_norm"},
+    patches="rms_norm",
     kernels={
         # its persistent grid is sized for 32 resident warps per SM (FWD_WARPS_PER_SM)
         "_rms_norm_fwd_kernel": KernelDesign(min_occupancy=0.5),

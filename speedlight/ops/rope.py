@@ -11,22 +11,17 @@ copied). fp32 arithmetic; outputs in q's dtype. cos and sin take no gradient.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 
 from speedlight import reference, shapes
 from speedlight.kernels.rope import _rope_kernel
-from speedlight.ops._common import (
-    check_runtime,
-    check_same_device,
-    check_same_dtype,
-    check_tensor,
-    describe,
-)
-from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, generator, planned_sm_count,
-                             rand_tensor)
+from speedlight.launch import planned_sm_count
+from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._suites import is_call_of
+from speedlight.ops.registration import register_op
+from speedlight.runtime import check_runtime, describe
+from speedlight.spec import Case, Cost, KernelDesign, OpSpec, generator, rand_tensor
 
 INT_DTYPES = (torch.int32, torch.int64)
 
@@ -47,7 +42,7 @@ def _tiles(n_tokens: int, q_heads: int, k_heads: int, half: int, n_pass: int, it
     """Block sizes: a [BLOCK_T tokens, BLOCK_H heads, BLOCK_R pairs] tile per step, q's heads
     then k's.
 
-    On a GPU (or the GPU spec.sized_for names), 128-bit accesses whatever the head counts:
+    On a GPU (or the GPU launch.sized_for names), 128-bit accesses whatever the head counts:
     every tile that fills a warp's vectors (q and k, a token tile's cos/sin rows, the
     pass-through dims) gives each thread one or two 16-byte vectors per load (pass-through
     dims, copied without conversion, may give more). Tokens per program are not cut to make
@@ -138,46 +133,19 @@ def rope_bwd(dq_rot: torch.Tensor, dk_rot: torch.Tensor, cos: torch.Tensor, sin:
     return _launch(dq_rot, dk_rot, cos, sin, position_ids, interleaved, backward=True)
 
 
-# --- torch custom ops: opaque to torch.compile, with fake and autograd rules ---------------
+# --- registration: custom ops, fakes and autograd -----------------------------------------
 
-@torch.library.custom_op("speedlight::rope_fwd", mutates_args=())
-def _rope_fwd_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 position_ids: Optional[torch.Tensor],
-                 interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return rope_fwd(q, k, cos, sin, position_ids, interleaved)
-
-
-@_rope_fwd_op.register_fake
-def _(q, k, cos, sin, position_ids, interleaved):
-    return torch.empty_like(q), torch.empty_like(k)
-
-
-@torch.library.custom_op("speedlight::rope_bwd", mutates_args=())
-def _rope_bwd_op(dq_rot: torch.Tensor, dk_rot: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor, position_ids: Optional[torch.Tensor],
-                 interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return rope_bwd(dq_rot, dk_rot, cos, sin, position_ids, interleaved)
-
-
-@_rope_bwd_op.register_fake
-def _(dq_rot, dk_rot, cos, sin, position_ids, interleaved):
-    return torch.empty_like(dq_rot), torch.empty_like(dk_rot)
-
-
-def _setup_context(ctx, inputs, output):
-    _, _, cos, sin, position_ids, interleaved = inputs
-    ctx.save_for_backward(cos, sin, position_ids)
-    ctx.interleaved = interleaved
-
-
-def _backward(ctx, dq_rot, dk_rot):
-    cos, sin, position_ids = ctx.saved_tensors
-    dq, dk = torch.ops.speedlight.rope_bwd(dq_rot, dk_rot, cos, sin, position_ids,
-                                           ctx.interleaved)
-    return dq, dk, None, None, None, None
-
-
-_rope_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+ROPE = register_op(
+    "rope",
+    forward=rope_fwd,
+    outputs=("q_rot", "k_rot"),
+    fake=lambda q, k, cos, sin, position_ids, interleaved: (torch.empty_like(q),
+                                                            torch.empty_like(k)),
+    backward=rope_bwd,
+    backward_fake=lambda dq_rot, dk_rot, cos, sin, position_ids, interleaved: (
+        torch.empty_like(dq_rot), torch.empty_like(dk_rot)),
+    grads=("q", "k"),
+)
 
 
 # --- public function ---------------------------------------------------------------------
@@ -239,7 +207,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
     if heads_dim == 1:  # the kernel takes [batch, seq, heads, head_dim]: a view, not a copy
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-    q_rot, k_rot = torch.ops.speedlight.rope_fwd(q, k, cos, sin, position_ids, interleaved)
+    q_rot, k_rot = ROPE(q, k, cos, sin, position_ids, interleaved)
     if heads_dim == 1:
         q_rot, k_rot = q_rot.transpose(1, 2), k_rot.transpose(1, 2)
     return q_rot, k_rot
@@ -437,6 +405,21 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
                  layout="transposed", flags=flags, model=cfg.name)]
 
 
+def _case_of(call: str, args) -> Case | None:
+    """q and k ([batch, seq, heads, head_dim] as the registered op takes them; dq_rot and
+    dk_rot in the backward), the cos/sin rows and whether position_ids index a cache."""
+    if not is_call_of(call, "rope"):
+        return None
+    q, k = (args["q"], args["k"]) if "q" in args else (args["dq_rot"], args["dk_rot"])
+    cos, pos = args["cos"], args["position_ids"]
+    batch, seq, heads, dim = q.shape
+    flags = {"pos": pos is not None, "interleaved": bool(args["interleaved"]),
+             "bcast": pos is None and cos.shape[0] == 1 and batch > 1}
+    return Case("rope", (("batch", batch), ("seq", seq), ("heads", heads), ("kv", k.shape[2]),
+                         ("dim", dim), ("rot", cos.shape[-1])), dtype=q.dtype,
+                flags={f: True for f, on in flags.items() if on})
+
+
 SPEC = OpSpec(
     name="rope",
     impl=rope,
@@ -456,4 +439,8 @@ SPEC = OpSpec(
         "_rope_kernel": KernelDesign(min_occupancy=0.375),
     },
     for_model=_for_model,
+    case_of=_case_of,
+    fuses="rotary position embedding applied in place of the slice/neg/cat chain",
+    peers={"liger": "liger_rope"},
+    patches="rope",
 )

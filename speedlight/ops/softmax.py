@@ -18,9 +18,12 @@ from speedlight.kernels.softmax import (
     _softmax_fwd_split_stats_kernel,
     _softmax_fwd_split_write_kernel,
 )
-from speedlight.ops._common import check_runtime, check_tensor, row_tile, skip_huge_on_cpu
-from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, inject_nonfinite, planned_sm_count,
-                             rand_tensor)
+from speedlight.launch import planned_sm_count, row_tile
+from speedlight.ops._checks import check_tensor
+from speedlight.ops._suites import is_call_of, rows_case, skip_huge_on_cpu
+from speedlight.ops.registration import like, register_op
+from speedlight.runtime import check_runtime
+from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
 MAX_FUSED_N = 16384
 LOOP_BLOCK_N = 4096
@@ -140,37 +143,17 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
     return dx
 
 
-@torch.library.custom_op("speedlight::softmax_fwd", mutates_args=())
-def _softmax_fwd_op(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return softmax_fwd(x, dim)
+# --- registration: custom ops, fakes and autograd -----------------------------------------
 
-
-@_softmax_fwd_op.register_fake
-def _(x, dim):
-    return x.new_empty(x.shape)
-
-
-@torch.library.custom_op("speedlight::softmax_bwd", mutates_args=())
-def _softmax_bwd_op(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
-    return softmax_bwd(dy, y, dim)
-
-
-@_softmax_bwd_op.register_fake
-def _(dy, y, dim):
-    return y.new_empty(y.shape)
-
-
-def _setup_context(ctx, inputs, output):
-    ctx.dim = inputs[1]
-    ctx.save_for_backward(output)
-
-
-def _backward(ctx, dy):
-    (y,) = ctx.saved_tensors
-    return torch.ops.speedlight.softmax_bwd(dy, y, ctx.dim), None
-
-
-_softmax_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+SOFTMAX = register_op(
+    "softmax",
+    forward=softmax_fwd,
+    outputs=("y",),
+    fake=lambda x, dim: like(x),
+    backward=softmax_bwd,
+    backward_fake=lambda dy, y, dim: like(y),
+    grads=("x",),
+)
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -185,7 +168,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}] for x of shape "
                          f"{tuple(x.shape)}, got {dim}")
-    return torch.ops.speedlight.softmax_fwd(x, dim % x.dim())
+    return SOFTMAX(x, dim % x.dim())
 
 
 # --- OpSpec --------------------------------------------------------------------------------
@@ -232,6 +215,14 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
     return [Case("softmax", (("rows", batch * cfg.heads * seq), ("cols", seq)), model=cfg.name)]
 
 
+def _case_of(call: str, args) -> Case | None:
+    """x (y in the backward) as [rows, cols] along dim."""
+    if not is_call_of(call, "softmax"):
+        return None
+    x = args["x"] if "x" in args else args["y"]
+    return rows_case("softmax", x.movedim(args["dim"], -1), "cols")
+
+
 _TWO_PASS = ("a row longer than 16384 does not fit registers: x is read twice, for the "
              "online max and sum and for the write (the second read mostly from L2), plus "
              "per-span statistics when the row is split")
@@ -249,6 +240,9 @@ SPEC = OpSpec(
     skip=skip_huge_on_cpu,
     notes="Softmax over the last dim; rows longer than 16384 take the online kernels.",
     for_model=_for_model,
+    case_of=_case_of,
+    fuses="softmax with its casts folded in",
+    peers={"liger": "liger_softmax"},
     kernels={
         "_softmax_fwd_kernel": KernelDesign(min_occupancy=0.5),
         "_softmax_bwd_kernel": KernelDesign(min_occupancy=0.5),

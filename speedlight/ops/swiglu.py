@@ -31,4 +31,7 @@ SPEC = glu_spec(
     notes="silu(gate) * up on split or concatenated [.., 2I] inputs, followed by strides; "
           "act recomputed in the backward.",
     model_flags=lambda cfg: {} if cfg.mlp == "swiglu" else None,
+    flags_of=lambda activation: {} if activation == "silu" else None,
+    fuses="silu(gate) * up",
+    peers={"liger": "liger_swiglu"},
 )

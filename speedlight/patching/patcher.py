@@ -31,7 +31,6 @@ import torch
 
 from speedlight.patching.families import ACTIVATIONS, FAMILIES, Family
 
-KINDS = ("rms_norm", "mlp", "rope", "cross_entropy", "attention")
 _RECORD = "_speedlight_patch"
 
 
@@ -50,7 +49,7 @@ class PatchReport:
 
     def __str__(self) -> str:
         lines = [f"speedlight.patch on a {self.model_type!r} model:"]
-        for kind in KINDS:
+        for kind in kinds():
             if kind in self.patched:
                 lines.append(f"  patched {kind}: {len(self.patched[kind])} "
                              f"({', '.join(self.patched[kind][:3])}{', ...' if len(self.patched[kind]) > 3 else ''})")
@@ -156,10 +155,17 @@ def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ign
 
 # --- patch / unpatch -------------------------------------------------------------------------
 
+def kinds() -> tuple[str, ...]:
+    """What patch swaps, in the registry's order: the `patches` of the built-in OpSpecs
+    (mlp covers swiglu and geglu)."""
+    from speedlight import registry
+    return tuple(dict.fromkeys(s.patches for s in registry.builtin_specs() if s.patches))
+
+
 def _available(op: str) -> bool:
-    """Whether this install has speedlight.ops.<op>."""
-    import importlib.util
-    return importlib.util.find_spec(f"speedlight.ops.{op}") is not None
+    """Whether op is a built-in op of this install."""
+    from speedlight import registry
+    return op in registry.BUILTIN_OPS
 
 
 def _activation_of(mlp) -> tuple[str, dict] | None:

@@ -14,6 +14,9 @@ index.html and summary.md:
   5 bench.jsonl          the same cases timed against PyTorch (and torch.compile, Liger)
   6 inspect.json         the kernels of those cases compiled for the target GPU
   7 profile-after.json   profile the patched model
+  8 profile-projected.json  without a GPU: the real-size configuration of the model's
+                         family (Llama-3-8B by default) at 4096 tokens, projected onto
+                         several GPUs (and profile-projected.html, its page)
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from speedlight import arguments
 MANIFEST = "manifest.json"
 FILES = {"profile_before": "profile-before.json", "patch": "patch.json",
          "model_check": "model-check.json", "verify": "verify.jsonl", "bench": "bench.jsonl",
-         "inspect": "inspect.json", "profile_after": "profile-after.json"}
+         "inspect": "inspect.json", "profile_after": "profile-after.json",
+         "projection": "profile-projected.json"}
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -45,6 +49,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="seconds for the bench stage (default 240 on a GPU, 60 on a CPU)")
     p.add_argument("--no-bench", action="store_true", help="skip the bench stage")
     p.add_argument("--no-inspect", action="store_true", help="skip the inspect stage")
+    p.add_argument("--projection", default=None, metavar="NAME",
+                   help="without a GPU, the real-size model projected beside the small measured one "
+                        "(default: the measured model's family, Llama-3-8B for the default model)")
+    p.add_argument("--no-projection", action="store_true", help="skip the real-size projection")
     arguments.add_out(p, "speedlight-report", "the report folder")
 
 
@@ -225,6 +233,23 @@ def run(args: argparse.Namespace) -> int:
             results.write_json(out / FILES["profile_after"], after)
     else:
         stages.skip("profile_after", "profile the patched model", "patch failed")
+
+    if device.type == "cuda" or args.no_projection:
+        stages.skip("projection", "project the real-size model onto several GPUs",
+                    "--no-projection" if args.no_projection else "measured on a GPU")
+    else:
+        def do_projection():
+            from speedlight.pipeline.projection_stage import family_of, project_family
+            name = args.projection or family_of(args.model, cfg.hf_model_type if cfg else None)
+            doc = project_family(name, train=train, target=args.target)
+            results.write_json(out / FILES["projection"], doc)
+            try:
+                from speedlight.profile import html
+                html.write(doc, out / "profile-projected.html")
+            except RuntimeError:
+                pass
+            return doc
+        stages.run("projection", "project the real-size model onto several GPUs", do_projection)
 
     from speedlight.report import render
     paths = render.render(out)

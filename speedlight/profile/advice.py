@@ -10,34 +10,39 @@ Estimates, per step, on the target's roof:
 
 The fused op's compulsory bytes are those of the speedlight op (read its inputs once,
 write its outputs once, as in its OpSpec's cost); they are written here from the chain's
-boundary shapes, so the advice needs no import of the op itself.
+boundary shapes; what each op does is its OpSpec's `fuses`.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import torch
 
+from speedlight import registry
 from speedlight.hardware import Roof
 from speedlight.profile.patterns import Chain, find_chains
 
-# speedlight op -> (what it does, whether it is still to come)
-OPS = {
-    "rms_norm": ("RMSNorm in one kernel per direction", False),
-    "add_rms_norm": ("residual add + RMSNorm, returning both the sum and the norm", False),
-    "layer_norm": ("LayerNorm in one kernel per direction", False),
-    "swiglu": ("silu(gate) * up", False),
-    "geglu": ("gelu(gate) * up", False),
-    "rope": ("rotary position embedding applied in place of the slice/neg/cat chain", False),
-    "softmax": ("softmax with its casts folded in", False),
-    "cross_entropy": ("log_softmax + nll_loss without the [tokens, vocab] log-probabilities", False),
-    "attention": ("flash attention (scores never written to memory; causal, sliding window, "
-                  "softcap, GQA, variable length)", False),
-    "fused_linear_cross_entropy": ("lm_head matmul + cross-entropy in chunks: the logits are "
-                                   "never stored", True),
+# Chains whose speedlight op is still to come (a registered op's OpSpec.fuses says what
+# it replaces): op -> what it does.
+PLANNED = {
+    "fused_linear_cross_entropy": "lm_head matmul + cross-entropy in chunks: the logits are "
+                                  "never stored",
 }
+
+
+def describe(op: str, specs=None) -> tuple[str, str]:
+    """(what the op does, its status: available | planned | not in this install). `specs`:
+    the OpSpecs of this run (built-in and --spec files); an op among them is available,
+    a team's own op too."""
+    for spec in specs or ():
+        if spec.name == op:
+            return spec.fuses or op, "available"
+    if op in registry.BUILTIN_OPS:
+        return registry.builtin_spec(op).fuses, "available"
+    if op in PLANNED:
+        return PLANNED[op], "planned"
+    return op, "not in this install"
 
 
 def itemsize(dtype: str) -> int:
@@ -108,13 +113,6 @@ def fused_bytes(c: Chain, train: bool) -> tuple[int, int]:
     raise KeyError(c.op)
 
 
-def _available(op: str) -> bool:
-    try:
-        return importlib.util.find_spec(f"speedlight.ops.{op}") is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def estimate(c: Chain, rows: list[dict], roof: Roof, train: bool) -> dict:
     """Time and memory one chain instance would save."""
     members = [rows[i] for i in sorted(c.fwd)]
@@ -138,16 +136,6 @@ def estimate(c: Chain, rows: list[dict], roof: Roof, train: bool) -> dict:
     }
 
 
-def _status(op: str, planned: bool, specs) -> str:
-    """available (in this install, or one of `specs`: a team's own op counts too), planned,
-    or not in this install."""
-    if specs is not None and any(s.name == op for s in specs):
-        return "available"
-    if planned:
-        return "planned"
-    return "available" if _available(op) else "not in this install"
-
-
 def advise(rows: list[dict], calls, roof: Roof, specs=None) -> list[dict]:
     """One entry per speedlight op with what its instances save, best first. `specs`: the
     OpSpecs of this run (built-in and --spec files); an op among them is available."""
@@ -159,12 +147,12 @@ def advise(rows: list[dict], calls, roof: Roof, specs=None) -> list[dict]:
     for op, items in grouped.items():
         est = [e for _, e in items]
         fused_kernels = len(items) * (2 if train else 1)
-        what, planned = OPS[op]
+        what, status = describe(op, specs)
         modules = sorted({e["module"] for e in est if e["module"] is not None})
         out.append({
             "op": op, "what": what, "pattern": items[0][0].pattern, "instances": len(items),
             "modules": modules, "note": items[0][0].note,
-            "status": _status(op, planned, specs),
+            "status": status,
             "time_saved_s": sum(e["time_saved_s"] for e in est),
             "memory_saved_bytes": sum(e["memory_saved_bytes"] for e in est),
             "bytes_removed": sum(e["bytes_removed"] for e in est),

@@ -162,6 +162,30 @@ def matmul(func, args, kwargs, out) -> OpCost:
                   tensor_core=True)
 
 
+def grouped_matmul(func, args, kwargs, out) -> OpCost:
+    """_grouped_mm (mixture-of-experts layers): every routed row meets one group's matrix,
+    so the FLOPs do not depend on how rows are routed: [M, K] x [G, K, N] -> [M, N] is
+    2·M·K·N; [M, K] x [K, N] grouped along K -> [G, M, N] (weight gradients) is 2·M·K·N;
+    [G, M, K] x [G, K, N] is 2·G·M·K·N. Bytes: every operand once (every expert's weights
+    read, as when each gets rows)."""
+    b = bind(func, args, kwargs)
+    a_, w = b["self"], b["mat2"]
+    if a_.dim() == 3 and w.dim() == 3:
+        g, m, k = a_.shape
+        n = w.shape[-1]
+        flops, dims = 2 * g * m * k * n, f"G={g} M={m} K={k} N={n}"
+    elif a_.dim() == 3:  # [G, M, K] x [K?, N] grouped along N
+        g, m, k = a_.shape
+        n = w.shape[-1]
+        flops, dims = 2 * m * k * n, f"M={m} K={k} N={n} over {g} groups"
+    else:
+        m, k = a_.shape
+        n = w.shape[-1]
+        flops, dims = 2 * m * k * n, f"M={m} K={k} N={n}"
+    return OpCost(flops, _total_io(func, args, kwargs, out), "matmul",
+                  f"2·M·K·N, rows routed to groups ({dims})", tensor_core=True)
+
+
 def _attention_dims(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int, int, int]:
     """(batch, query heads, query length, key length, qk head dim, v head dim) of
     [B, H, S, D] tensors."""
@@ -369,7 +393,7 @@ _POINTWISE_FLOPS = {
        "ceil round trunc fmod remainder exp exp_ log log_ log1p expm1 sqrt sqrt_ rsqrt "
        "rsqrt_ sin cos tanh erf pow pow_ square logical_not logical_and logical_or bitwise_not "
        "bitwise_and bitwise_or isnan isinf nan_to_num hardtanh leaky_relu",
-    2: "lerp lerp_ addcmul addcmul_ addcdiv addcdiv_ tanh_backward native_dropout "
+    2: "floor_divide lerp lerp_ addcmul addcmul_ addcdiv addcdiv_ tanh_backward native_dropout "
        "native_dropout_backward sigmoid_backward",
     3: "sigmoid sigmoid_ mse_loss",
     4: "silu silu_ hardswish mish elu",
@@ -390,12 +414,14 @@ for _n in ("_scaled_dot_product_flash_attention _scaled_dot_product_efficient_at
     _FORMULAS[_n] = attention
     _FORMULAS[_n + "_backward"] = attention
 _FORMULAS["convolution"] = convolution
+_FORMULAS["_grouped_mm"] = grouped_matmul
 _FORMULAS["convolution_backward"] = convolution_backward
 
 for _n, _k in {"sum": 1, "mean": 1, "amax": 1, "amin": 1, "max": 1, "min": 1, "prod": 1,
                "any": 1, "all": 1, "argmax": 1, "argmin": 1, "nansum": 1, "cumsum": 1,
                "cumprod": 1, "count_nonzero": 1, "linalg_vector_norm": 2, "norm": 2,
-               "logsumexp": 3, "var": 3, "std": 3, "var_mean": 3, "std_mean": 3}.items():
+               "logsumexp": 3, "var": 3, "std": 3, "var_mean": 3, "std_mean": 3,
+               "topk": 1, "histc": 1, "sort": 1}.items():
     _FORMULAS[_n] = reduction(_k)
 
 _FORMULAS.update({
@@ -447,15 +473,37 @@ _FOREACH_FLOPS = {"add": 1, "sub": 1, "mul": 1, "div": 1, "neg": 1, "sqrt": 1, "
                   "addcdiv": 2, "copy": 0, "zero": 0, "norm": 2}
 
 
-# speedlight's own fused ops (what a patched model runs): every tensor argument read once
-# and every output written once is their compulsory traffic by construction; their FLOPs
-# are put at 8 per input element, which only places them on the roofline (they are
-# memory-bound by two orders of magnitude, so the count never changes their bound).
+# speedlight's own ops (what a patched model runs), and a team's registered through
+# speedlight.ops.registration: costed by their OpSpec's cost, at the Case their case_of
+# reads from the call's arguments. An op without a case_of is put at its tensors read
+# and written once and 8 FLOP per element of its first input, and says so.
 def _speedlight_op(func, args, kwargs, out) -> OpCost:
+    call = func.overloadpacket.__name__
+    direction = "bwd" if call.endswith("_bwd") else "fwd"
+    bound = bind(func, args, kwargs)
+    for spec in _specs():
+        case = spec.case_of(call, bound) if spec.case_of is not None else None
+        if case is None:
+            continue
+        c = spec.cost(case, direction)
+        if c is not None:
+            return OpCost(int(c.flops), int(c.bytes), "fused",
+                          f"{spec.name} {direction} cost (its OpSpec) at {case.id}")
     n = tensors(args)[0].numel()
     return OpCost(8 * n, _total_io(func, args, kwargs, out), "fused",
-                  f"speedlight op: its tensors read and written once; 8 FLOP x {n} elements (estimate)")
+                  f"{call}: no OpSpec reads this call; its tensors read and written once, "
+                  f"8 FLOP x {n} elements (estimate)")
 
+
+_SPECS: list = []
+
+
+def _specs() -> list:
+    """The OpSpecs that can cost a speedlight op (built-in ones, loaded on first use)."""
+    if not _SPECS:
+        from speedlight import registry
+        _SPECS.extend(registry.builtin_specs())
+    return _SPECS
 
 
 def formula_for(func) -> Formula | None:

@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from speedlight.spec import Case, OpSpec, dtype_name, grad_leaves, rand_tensor
+from speedlight.launch import watch_launches
+from speedlight.spec import Case, OpSpec, Tolerance, dtype_name, grad_leaves, rand_tensor
 from speedlight.verify.compare import Check, judge
 
 GiB = 2 ** 30
@@ -44,35 +45,20 @@ def poisoned_allocations():
 
 
 class LaunchCounter:
-    """Counts Triton kernel launches (compiled or interpreted) while active."""
+    """Counts kernel launches while active: Triton's, compiled or interpreted, and those of
+    CUDA extension functions (speedlight.launch.watch_launches)."""
 
     def __init__(self):
-        self.count = 0
         self.kernels: list[str] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.kernels)
 
     @contextlib.contextmanager
     def active(self):
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-
-        originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
-        counter = self
-
-        def wrap(orig):
-            def run(self, *args, **kwargs):
-                if not kwargs.get("warmup", False):
-                    counter.count += 1
-                    counter.kernels.append(getattr(self, "__name__", str(self)))
-                return orig(self, *args, **kwargs)
-            return run
-
-        for cls, orig in originals.items():
-            cls.run = wrap(orig)
-        try:
+        with watch_launches(into=self.kernels):
             yield self
-        finally:
-            for cls, orig in originals.items():
-                cls.run = orig
 
 
 # --- results ------------------------------------------------------------------------------
@@ -182,19 +168,21 @@ def verify_case(spec: OpSpec, case: Case, device: torch.device | str, *,
     return result
 
 
-def _run_case(spec: OpSpec, case: Case, device: torch.device) -> CaseResult:
-    tol = spec.tolerance(case.dtype)
-    inputs = spec.make_inputs(case, device)
-    empty = any(isinstance(v, torch.Tensor) and v.numel() == 0 for v in inputs.values())
-    counter = LaunchCounter()
-
-    low = case.dtype != torch.float32
+def references(spec: OpSpec, inputs: dict) -> tuple[tuple, tuple, tuple]:
+    """The reference's outputs on `inputs` in float64 (ground truth), in the inputs' own
+    dtypes (PyTorch's error) and in float32 (how well the case is conditioned)."""
+    low = any(v.dtype != torch.float32 for v in inputs.values()
+              if isinstance(v, torch.Tensor) and v.is_floating_point())
     with torch.no_grad():
         ref64 = _as_tuple(spec.reference(**_to64(inputs)))
         ref_lp = _as_tuple(spec.reference(**inputs))
         ref32 = _as_tuple(spec.reference(**_to(inputs, torch.float32))) if low else ref_lp
-        with poisoned_allocations(), counter.active(), _quiet_numpy(device):
-            ours = _as_tuple(spec.impl(**inputs))
+    return ref64, ref_lp, ref32
+
+
+def judge_outputs(ours: Sequence, refs: tuple[tuple, tuple, tuple], tol: Tolerance) -> list[Check]:
+    """The checks of speedlight's outputs `ours` against `references(...)`."""
+    ref64, ref_lp, ref32 = refs
     checks: list[Check] = []
     if len(ours) != len(ref64):
         checks.append(Check("outputs", False, f"{len(ours)} outputs, reference has {len(ref64)}",
@@ -202,6 +190,21 @@ def _run_case(spec: OpSpec, case: Case, device: torch.device) -> CaseResult:
     for name, o, r, t, t32 in zip(_output_names(len(ref64)), ours, ref64, ref_lp, ref32):
         if isinstance(r, torch.Tensor):
             checks.append(judge(name, o if isinstance(o, torch.Tensor) else None, r, t, tol, t32))
+    return checks
+
+
+def _run_case(spec: OpSpec, case: Case, device: torch.device) -> CaseResult:
+    tol = spec.tolerance(case.dtype)
+    inputs = spec.make_inputs(case, device)
+    empty = any(isinstance(v, torch.Tensor) and v.numel() == 0 for v in inputs.values())
+    counter = LaunchCounter()
+
+    low = case.dtype != torch.float32
+    refs = references(spec, inputs)
+    with torch.no_grad(), poisoned_allocations(), counter.active(), _quiet_numpy(device):
+        ours = _as_tuple(spec.impl(**inputs))
+    checks = judge_outputs(ours, refs, tol)
+    ref64 = refs[0]
 
     # gradients of every differentiable input, under one random upstream gradient per output
     leaves, names = _leaves(inputs, spec.grad_inputs)

@@ -1,9 +1,13 @@
-"""The Liger-Kernel mapping: each speedlight op name to the Liger call computing the same
-thing, with the reason when a case has no Liger counterpart."""
+"""The Liger-Kernel mapping: each speedlight op (through the Liger function its OpSpec
+names) to the Liger call computing the same thing, with the reason when a case has no
+Liger counterpart."""
+
+import dataclasses
 
 import pytest
 import torch
 
+from speedlight import registry
 from speedlight.bench import liger
 from speedlight.spec import Case
 
@@ -27,9 +31,14 @@ class StubF:
 CASE = Case("x", {"rows": 2})
 
 
+def adapter(op):
+    """The Liger adapter of built-in op `op`, through its OpSpec's peers."""
+    return liger.ADAPTERS[registry.builtin_spec(op).peers["liger"]]
+
+
 def _adapt(op, inputs, case=CASE):
     f = StubF()
-    fn, mutates = liger.ADAPTERS[op](f, inputs, case)
+    fn, mutates = adapter(op)(f, inputs, case)
     fn(**inputs)
     (call,) = f.calls
     return call, mutates
@@ -43,7 +52,7 @@ def test_rms_norm_llama_and_gemma_casting():
     (_, _, kw), _ = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-6, "offset": 1.0})
     assert kw["casting_mode"] == "gemma" and kw["offset"] == 1.0
     with pytest.raises(liger.Unsupported, match="weight"):
-        liger.ADAPTERS["rms_norm"](StubF(), {"x": x, "weight": None}, CASE)
+        adapter("rms_norm")(StubF(), {"x": x, "weight": None}, CASE)
 
 
 def test_cross_entropy_says_it_writes_its_inputs():
@@ -64,31 +73,29 @@ def test_rope_follows_the_layout_of_q():
     # [batch, seq, heads, dim]: Liger gets the [batch, heads, seq, dim] view, and back
     q_bshd, k_bshd = torch.randn(b, s, h, d), torch.randn(b, s, 1, d)
     f = StubF()
-    fn, _ = liger.ADAPTERS["rope"](f, dict(inputs, q=q_bshd, k=k_bshd, unsqueeze_dim=2), CASE)
+    fn, _ = adapter("rope")(f, dict(inputs, q=q_bshd, k=k_bshd, unsqueeze_dim=2), CASE)
     f.__dict__["liger_rope"] = lambda q, k, cos, sin: (q * 2, k * 3)
     qo, ko = fn(q=q_bshd, k=k_bshd, cos=cos, sin=sin)
     torch.testing.assert_close(qo, q_bshd * 2)
     torch.testing.assert_close(ko, k_bshd * 3)
     with pytest.raises(liger.Unsupported, match="interleaved"):
-        liger.ADAPTERS["rope"](f, dict(inputs, interleaved=True), CASE)
+        adapter("rope")(f, dict(inputs, interleaved=True), CASE)
     with pytest.raises(liger.Unsupported, match="position_ids"):
-        liger.ADAPTERS["rope"](f, dict(inputs, position_ids=torch.zeros(1, s)), CASE)
+        adapter("rope")(f, dict(inputs, position_ids=torch.zeros(1, s)), CASE)
 
 
 def test_the_mapping_takes_the_inputs_the_registered_ops_make():
     """For every built-in op Liger has a counterpart of, the adapter understands the inputs
     of the op's quick cases (so a renamed input shows here, not on the GPU); what it turns
     down, it turns down for a reason of the case, not of the names."""
-    from speedlight import registry
-
     for spec in registry.builtin_specs():
-        if spec.name not in liger.ADAPTERS:
+        if "liger" not in spec.peers:
             continue
         accepted = 0
         for case in spec.cases("quick"):
             inputs = spec.make_inputs(case, "cpu")
             try:
-                liger.ADAPTERS[spec.name](StubF(), inputs, case)
+                adapter(spec.name)(StubF(), inputs, case)
                 accepted += 1
             except liger.Unsupported as e:
                 assert "takes inputs" not in str(e), (spec.name, str(e))
@@ -108,18 +115,26 @@ def test_other_ops_call_their_liger_function(op, inputs, fn):
 
 def test_unexpected_input_names_are_an_explained_unsupported():
     with pytest.raises(liger.Unsupported, match=r"takes inputs \(gate, up\).*gives \(a, b\)"):
-        liger.ADAPTERS["swiglu"](StubF(), {"a": 1, "b": 2}, CASE)
+        adapter("swiglu")(StubF(), {"a": 1, "b": 2}, CASE)
+    spec = registry.builtin_spec("softmax")
     with pytest.raises(liger.Unsupported, match="no counterpart of my_op"):
-        liger.adapt("my_op", {}, CASE)
+        liger.adapt(dataclasses.replace(spec, name="my_op", peers={}), {}, CASE)
+    with pytest.raises(liger.Unsupported, match="names Liger's liger_nope, which"):
+        liger.adapt(dataclasses.replace(spec, peers={"liger": "liger_nope"}), {}, CASE)
+
+
+def test_every_liger_peer_named_by_an_op_has_an_adapter():
+    named = {s.peers["liger"] for s in registry.builtin_specs() if "liger" in s.peers}
+    assert named == set(liger.ADAPTERS)
 
 
 def test_softmax_over_another_dim_is_unsupported():
     with pytest.raises(liger.Unsupported, match="last dim"):
-        liger.ADAPTERS["softmax"](StubF(), {"x": torch.randn(3, 4), "dim": 0}, CASE)
+        adapter("softmax")(StubF(), {"x": torch.randn(3, 4), "dim": 0}, CASE)
 
 
 def test_real_liger_softmax_matches_torch_on_the_interpreter():
     pytest.importorskip("liger_kernel")
     x = torch.randn(3, 100)
-    fn, _ = liger.adapt("softmax", {"x": x, "dim": -1}, CASE)
+    fn, _ = liger.adapt(registry.builtin_spec("softmax"), {"x": x, "dim": -1}, CASE)
     torch.testing.assert_close(fn(x=x, dim=-1), torch.softmax(x, -1))

@@ -7,8 +7,9 @@ import triton
 import triton.language as tl
 
 from speedlight.inspect.capture import capture_case, interpreter_work
+from speedlight.launch import sized_for
 from speedlight.ops import rms_norm
-from speedlight.spec import Case, sized_for
+from speedlight.spec import Case
 from tests.inspect.kernels import COPY
 
 

@@ -4,37 +4,7 @@ import torch
 import speedlight
 import speedlight.nn as snn
 from speedlight import reference
-from speedlight.ops import add_rms_norm as op
-from speedlight.spec import Case
-from speedlight.verify.harness import LaunchCounter
-from tests.conftest import needs_gpu
-from tests.helpers import DTYPES, case_maker, assert_verified, seeded
-
-SPEC = op.SPEC
-
-
-case = case_maker("add_rms_norm", "rows", "hidden")
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,hidden,layout,flags", [
-    pytest.param(1, 1, "contiguous", {}, id="rows1-hidden1"),
-    pytest.param(13, 781, "contiguous", {}, id="rows13-hidden781"),
-    pytest.param(8, 1823, "strided", {}, id="rows8-hidden1823-strided"),
-    pytest.param(6, 1000, "transposed", {}, id="rows6-hidden1000-transposed"),
-    pytest.param(9, 256, "contiguous", {"weight": False}, id="rows9-hidden256-noweight"),
-    pytest.param(9, 256, "contiguous", {"offset": 1}, id="rows9-hidden256-gemma"),
-    pytest.param(2, 20011, "strided", {}, id="rows2-hidden20011-looped"),
-])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_forward_and_backward_match_float64(rows, hidden, layout, flags, dtype, seed, device):
-    """y, h and the gradients of x, residual and weight under upstream gradients of both
-    y and h."""
-    assert_verified(SPEC, case(rows, hidden, dtype, layout, seed, **flags), device)
-
-
-def test_nonfinite_positions_match(device):
-    assert_verified(SPEC, case(5, 300, nonfinite=True), device)
+from tests.helpers import DTYPES, assert_rejected, seeded
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -81,18 +51,6 @@ def test_gradient_when_only_one_output_is_used(used, device):
         assert gw is None or torch.equal(gw, torch.zeros_like(gw))
 
 
-def test_empty_input_launches_nothing(device):
-    x = torch.empty(0, 64, device=device, requires_grad=True)
-    res = torch.empty(0, 64, device=device, requires_grad=True)
-    w = torch.ones(64, device=device, requires_grad=True)
-    counter = LaunchCounter()
-    with counter.active():
-        y, h = speedlight.add_rms_norm(x, res, w)
-        (y.sum() + h.sum()).backward()
-    assert y.shape == h.shape == (0, 64) and counter.count == 0
-    assert torch.equal(w.grad, torch.zeros(64, device=device))
-
-
 def test_module_loads_rms_norm_state_dict_and_matches_hf(device):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
     hf = LlamaRMSNorm(384, eps=1e-5).to(device)
@@ -133,30 +91,6 @@ def test_module_default_eps_and_multidim_shape(device):
     torch.testing.assert_close(y, ref(x + res), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_torch_compile_fullgraph(backend, device):
-    """Two pre-norm blocks: h of the first feeds the second's residual, so the backward
-    carries dh down the stream."""
-    torch._dynamo.reset()
-
-    def blocks(x, res, w):
-        y1, h1 = speedlight.add_rms_norm(x, res, w, eps=1e-5)
-        y2, h2 = speedlight.add_rms_norm(y1 * 0.5, h1, w, eps=1e-5)
-        return y2 + h2
-
-    compiled = torch.compile(blocks, fullgraph=True, backend=backend)
-    x = seeded((6, 96), device=device).requires_grad_()
-    res = seeded((6, 96), device=device, seed=1).requires_grad_()
-    w = seeded((96,), device=device, seed=3).requires_grad_()
-    out = compiled(x, res, w)
-    grads = torch.autograd.grad(out.sum(), (x, res, w))
-    out_ref = blocks(x, res, w)
-    grads_ref = torch.autograd.grad(out_ref.sum(), (x, res, w))
-    torch.testing.assert_close(out, out_ref)
-    for g, g_ref in zip(grads, grads_ref):
-        torch.testing.assert_close(g, g_ref)
-
-
 @pytest.mark.parametrize("call,error,match", [
     (lambda d: speedlight.add_rms_norm(torch.ones(4, 8, dtype=torch.int64, device=d),
                                        torch.ones(4, 8, device=d)),
@@ -178,15 +112,7 @@ def test_torch_compile_fullgraph(backend, device):
                                        eps=-1.0), ValueError, "eps"),
 ])
 def test_bad_input_is_named_and_launches_nothing(call, error, match, device):
-    counter = LaunchCounter()
-    with counter.active(), pytest.raises(error, match=match):
-        call(device)
-    assert counter.count == 0
-
-
-def test_mismatched_devices():
-    with pytest.raises(ValueError, match="residual is on meta but x is on cpu"):
-        speedlight.add_rms_norm(torch.ones(4, 8), torch.ones(4, 8, device="meta"))
+    assert_rejected(lambda: call(device), error, match)
 
 
 def test_dw_reduced_over_many_programs(device):
@@ -201,19 +127,3 @@ def test_dw_reduced_over_many_programs(device):
     torch.testing.assert_close(gw.double(), gw64, rtol=1e-4, atol=1e-4)
 
 
-@needs_gpu("rows x stride > 2^31 needs > 4 GiB per tensor and hours under the CPU interpreter")
-def test_64bit_indexing(device):
-    rows, hidden = 65537, 32771  # rows * hidden > 2^31
-    x = torch.randn(rows, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
-    res = torch.randn(rows, hidden, device=device, dtype=torch.bfloat16)
-    w = torch.randn(hidden, device=device, dtype=torch.bfloat16)
-    y, h = speedlight.add_rms_norm(x, res, w)
-    (dx,) = torch.autograd.grad((y, h), (x,), (torch.ones_like(y), torch.ones_like(h)))
-    tail = slice(rows - 3, rows)
-    xt = x.detach()[tail].float().requires_grad_()
-    y_ref, h_ref = reference.add_rms_norm(xt, res[tail].float(), w.float())
-    (dx_ref,) = torch.autograd.grad((y_ref, h_ref), (xt,),
-                                    (torch.ones_like(y_ref), torch.ones_like(h_ref)))
-    torch.testing.assert_close(h[tail].float(), h_ref, rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(y[tail].float(), y_ref, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(dx[tail].float(), dx_ref, rtol=2e-2, atol=5e-2)

@@ -8,7 +8,8 @@ import torch
 import speedlight
 from speedlight import reference
 from speedlight.ops.attention import SPEC, attention_bwd, attention_fwd
-from speedlight.spec import Case, sized_for
+from speedlight.launch import sized_for
+from speedlight.spec import Case
 from speedlight.verify.harness import LaunchCounter
 from tests.helpers import assert_verified, seeded
 

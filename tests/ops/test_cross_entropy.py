@@ -6,10 +6,9 @@ import speedlight
 import speedlight.nn as snn
 from speedlight import reference
 from speedlight.ops import cross_entropy as op
-from speedlight.spec import Case
 from speedlight.verify.harness import LaunchCounter
 from tests.conftest import needs_gpu
-from tests.helpers import DTYPES, case_maker, assert_verified, seeded
+from tests.helpers import assert_rejected, case_maker, assert_verified, seeded
 
 SPEC = op.SPEC
 
@@ -30,34 +29,6 @@ def grad_of(fn, logits, *args, upstream=None, **kwargs):
     return loss.detach(), g
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens,vocab,layout,flags", [
-    pytest.param(1, 1, "contiguous", {}, id="tokens1-vocab1"),
-    pytest.param(3, 2, "contiguous", {}, id="tokens3-vocab2"),
-    pytest.param(13, 781, "contiguous", {}, id="tokens13-vocab781"),
-    pytest.param(8, 1823, "strided", {}, id="tokens8-vocab1823-strided"),
-    pytest.param(6, 1000, "transposed", {}, id="tokens6-vocab1000-transposed"),
-    pytest.param(8, 1000, "contiguous", {"shifted": True}, id="tokens8-vocab1000-shifted"),
-    pytest.param(3, 20011, "contiguous", {}, id="tokens3-vocab20011-looped"),
-    pytest.param(1, 20011, "strided", {}, id="tokens1-vocab20011-split-strided"),
-    pytest.param(37, 128, "contiguous", {"ignore": "some"}, id="tokens37-vocab128-ignoresome"),
-    pytest.param(9, 256, "contiguous", {"smoothing": 0.2}, id="tokens9-vocab256-smoothing"),
-    pytest.param(9, 256, "contiguous", {"zloss": 0.01}, id="tokens9-vocab256-zloss"),
-    pytest.param(9, 256, "contiguous", {"softcap": 30.0}, id="tokens9-vocab256-softcap"),
-    pytest.param(9, 256, "contiguous", {"reduction": "sum"}, id="tokens9-vocab256-sum"),
-    pytest.param(9, 256, "contiguous", {"reduction": "none", "ignore": "some"},
-                 id="tokens9-vocab256-none-ignoresome"),
-    pytest.param(1, 20011, "contiguous",
-                 {"smoothing": 0.1, "zloss": 1e-3, "softcap": 30.0, "reduction": "none"},
-                 id="tokens1-vocab20011-split-alloptions"),
-    pytest.param(4, 20011, "contiguous", {"smoothing": 0.1, "zloss": 1e-3, "softcap": 30.0},
-                 id="tokens4-vocab20011-looped-alloptions"),
-])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_forward_and_backward_match_float64(tokens, vocab, layout, flags, dtype, seed, device):
-    assert_verified(SPEC, case(tokens, vocab, dtype, layout, seed, **flags), device)
-
-
 @pytest.mark.parametrize("sms", [pytest.param(4, id="4-sms"), pytest.param(132, id="132-sms")])
 @pytest.mark.parametrize("tokens,vocab,flags", [
     pytest.param(37, 128, {}, id="tokens37-vocab128-row-tiles"),
@@ -66,20 +37,12 @@ def test_forward_and_backward_match_float64(tokens, vocab, layout, flags, dtype,
     pytest.param(1, 20011, {"softcap": 30.0, "zloss": 0.01}, id="tokens1-vocab20011-split"),
 ])
 def test_gpu_sized_launches_match_float64(sms, tokens, vocab, flags, device):
-    """The block sizes and plans a GPU gets (spec.sized_for), verified under the
+    """The block sizes and plans a GPU gets (launch.sized_for), verified under the
     interpreter: with 4 SMs five rows take the looped kernel, with 132 the split pair."""
-    from speedlight.spec import sized_for
+    from speedlight.launch import sized_for
 
     with sized_for(sms):
         assert_verified(SPEC, case(tokens, vocab, torch.bfloat16, **flags), device)
-
-
-@pytest.mark.parametrize("flags", [pytest.param({}, id="plain"),
-                                   pytest.param({"softcap": 30.0}, id="softcap"),
-                                   pytest.param({"smoothing": 0.1}, id="smoothing")])
-def test_nonfinite_positions_match(flags, device):
-    assert_verified(SPEC, case(6, 300, nonfinite=True, **flags), device)
-    assert_verified(SPEC, case(1, 20011, nonfinite=True, **flags), device)
 
 
 def test_all_ignored_mean_is_zero_with_zero_gradient(device):
@@ -204,9 +167,8 @@ def test_leading_dims_int32_targets_and_views(device):
 def test_no_gradient_wanted_writes_none(device):
     logits = seeded((4, 300), device=device)
     target = targets((4,), 300, device)
-    loss, dlogits, _ = torch.ops.speedlight.cross_entropy_fwd(
-        logits, target, -100, "mean", 0.0, 0.0, None, False, True)
-    assert dlogits.numel() == 0
+    loss, dlogits, _ = op.cross_entropy_fwd(logits, target, compute_grad=False)
+    assert dlogits is None
     with torch.no_grad():
         counter = LaunchCounter()
         with counter.active():
@@ -279,27 +241,6 @@ def test_inplace_is_refused_where_logits_are_needed_elsewhere(device):
 
 
 # --- torch.compile, modules ----------------------------------------------------------------
-
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_torch_compile_fullgraph(backend, device):
-    torch._dynamo.reset()
-
-    def lm_loss(h, w, target):
-        return speedlight.cross_entropy(h @ w.T, target, softcap=20.0, z_loss=1e-3) * 2.0
-
-    compiled = torch.compile(lm_loss, fullgraph=True, backend=backend)
-    h = seeded((10, 32), device=device).requires_grad_()
-    w = seeded((300, 32), device=device, seed=1).requires_grad_()
-    target = targets((10,), 300, device)
-    target[2] = -100
-    loss = compiled(h, w, target)
-    gh, gw = torch.autograd.grad(loss, (h, w))
-    loss_ref = lm_loss(h, w, target)
-    gh_ref, gw_ref = torch.autograd.grad(loss_ref, (h, w))
-    torch.testing.assert_close(loss, loss_ref)
-    torch.testing.assert_close(gh, gh_ref)
-    torch.testing.assert_close(gw, gw_ref)
-
 
 def test_torch_compile_fullgraph_inplace(device):
     torch._dynamo.reset()
@@ -375,15 +316,7 @@ def _ok(d, **kw):
      r"target\[2\] = -1"),
 ])
 def test_bad_input_is_named_and_launches_nothing(kwargs, error, match, device):
-    counter = LaunchCounter()
-    with counter.active(), pytest.raises(error, match=match):
-        speedlight.cross_entropy(**kwargs(device))
-    assert counter.count == 0
-
-
-def test_mismatched_devices():
-    with pytest.raises(ValueError, match="target is on meta but logits is on cpu"):
-        speedlight.cross_entropy(torch.ones(4, 8), torch.zeros(4, dtype=torch.long, device="meta"))
+    assert_rejected(lambda: speedlight.cross_entropy(**kwargs(device)), error, match)
 
 
 def test_unchecked_out_of_range_target_gives_nan_row_and_reads_nothing_outside(device):
@@ -416,33 +349,12 @@ def test_empty_input_launches_nothing(reduction, device):
     assert empty3.shape == (2, 0)
 
 
-def test_cpu_tensor_without_interpreter_says_how_to_enable_it(monkeypatch):
-    import speedlight.ops._common as common
-    monkeypatch.setattr(common, "is_interpreted", lambda kernel: False)
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
-        speedlight.cross_entropy(torch.ones(2, 8), torch.zeros(2, dtype=torch.long))
-
-
 def test_cost_counts_the_gradient_in_the_forward():
     c = case(512, 32000, torch.bfloat16)
     fwd, bwd = SPEC.cost(c, "fwd"), SPEC.cost(c, "bwd")
     elems = 512 * 32000
     assert fwd.bytes == 2 * elems * 2 + 8 * 512 + 2  # logits in, dlogits out, target, loss
     assert bwd.bytes == 2 * elems * 2 + 2  # dlogits in, grad out, grad_output
-
-
-@needs_gpu("tokens x vocab > 2^31 needs > 4 GiB per tensor and hours under the CPU interpreter")
-def test_64bit_indexing(device):
-    tokens, vocab = 16384, 152064  # Qwen2.5's vocab at 16K tokens: 2.49e9 > 2^31 elements
-    logits = torch.randn(tokens, vocab, device=device, dtype=torch.bfloat16).requires_grad_()
-    target = torch.randint(0, vocab, (tokens,), device=device)
-    loss = speedlight.cross_entropy(logits, target, reduction="none", softcap=30.0)
-    (g,) = torch.autograd.grad(loss, logits, torch.ones_like(loss))
-    for rows in (slice(0, 2), slice(tokens - 2, tokens)):
-        ref, g_ref = grad_of(reference.cross_entropy, logits[rows].float(), target[rows],
-                             reduction="none", softcap=30.0)
-        torch.testing.assert_close(loss[rows].float(), ref, rtol=1e-2, atol=1e-2)
-        torch.testing.assert_close(g[rows].float(), g_ref, rtol=2e-2, atol=1e-5)
 
 
 @needs_gpu("the CUDA target check (a reduction and one host sync) exists only on a GPU")

@@ -6,37 +6,7 @@ import torch
 import speedlight
 import speedlight.nn as snn
 from speedlight import reference
-from speedlight.ops import swiglu as op
-from speedlight.spec import Case
-from speedlight.verify.harness import LaunchCounter
-from tests.conftest import needs_gpu
-from tests.helpers import DTYPES, case_maker, assert_verified, seeded
-
-SPEC = op.SPEC
-
-
-case = case_maker("swiglu", "rows", "intermediate")
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,inter,layout,flags", [
-    pytest.param(1, 1, "contiguous", {}, id="rows1-intermediate1"),
-    pytest.param(13, 781, "contiguous", {}, id="rows13-intermediate781"),
-    pytest.param(8, 1823, "strided", {}, id="rows8-intermediate1823-strided"),
-    pytest.param(6, 1000, "transposed", {}, id="rows6-intermediate1000-transposed"),
-    pytest.param(9, 257, "contiguous", {"concat": True}, id="rows9-intermediate257-concat"),
-    pytest.param(5, 300, "strided", {"concat": True}, id="rows5-intermediate300-strided-concat"),
-    pytest.param(6, 100, "transposed", {"concat": True}, id="rows6-intermediate100-transposed-concat"),
-    pytest.param(2, 70001, "contiguous", {}, id="rows2-intermediate70001-two-column-blocks"),
-])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_forward_and_backward_match_float64(rows, inter, layout, flags, dtype, seed, device):
-    assert_verified(SPEC, case(rows, inter, dtype, layout, seed, **flags), device)
-
-
-@pytest.mark.parametrize("concat", [pytest.param(False, id="split"), pytest.param(True, id="concat")])
-def test_nonfinite_positions_match(concat, device):
-    assert_verified(SPEC, case(5, 300, nonfinite=True, concat=concat), device)
+from tests.helpers import assert_rejected, seeded
 
 
 def test_concatenated_equals_split_halves(device):
@@ -93,20 +63,6 @@ def test_strided_and_concatenated_inputs_are_read_in_place(device):
                                rtol=1e-6, atol=1e-6)
 
 
-def test_empty_input_launches_nothing(device):
-    gate = torch.empty(0, 64, device=device, requires_grad=True)
-    up = torch.empty(0, 64, device=device, requires_grad=True)
-    gate_up = torch.empty(3, 0, device=device, requires_grad=True)
-    counter = LaunchCounter()
-    with counter.active():
-        out = speedlight.swiglu(gate, up)
-        out.sum().backward()
-        out2 = speedlight.swiglu(gate_up)
-        out2.sum().backward()
-    assert out.shape == (0, 64) and out2.shape == (3, 0) and counter.count == 0
-    assert gate.grad.shape == (0, 64) and gate_up.grad.shape == (3, 0)
-
-
 def _tiny_llama_config(**kw):
     from transformers import LlamaConfig
     return LlamaConfig(**{"hidden_size": 64, "intermediate_size": 176, "hidden_act": "silu",
@@ -156,26 +112,6 @@ def test_activation_module(device):
     assert torch.equal(m(torch.cat([gate, up], -1)), speedlight.swiglu(gate, up))
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_torch_compile_fullgraph(backend, device):
-    torch._dynamo.reset()
-
-    def mlp(x, w_gate_up):
-        gate_up = x @ w_gate_up
-        return speedlight.swiglu(gate_up) + speedlight.swiglu(*gate_up.chunk(2, -1))
-
-    compiled = torch.compile(mlp, fullgraph=True, backend=backend)
-    x = seeded((6, 32), device=device).requires_grad_()
-    w = seeded((32, 2 * 48), device=device, seed=3, scale=0.3).requires_grad_()
-    y = compiled(x, w)
-    grads = torch.autograd.grad(y.sum(), (x, w))
-    y_ref = mlp(x, w)
-    grads_ref = torch.autograd.grad(y_ref.sum(), (x, w))
-    torch.testing.assert_close(y, y_ref)
-    for g, g_ref in zip(grads, grads_ref):
-        torch.testing.assert_close(g, g_ref)
-
-
 @pytest.mark.parametrize("call,error,match", [
     (lambda d: speedlight.swiglu(torch.ones(4, 8, dtype=torch.int64, device=d)), TypeError,
      "gate must be a float32, float16 or bfloat16 tensor.*int64"),
@@ -196,33 +132,6 @@ def test_torch_compile_fullgraph(backend, device):
      "config's activation 'relu' has no gated kernel"),
 ])
 def test_bad_input_is_named_and_launches_nothing(call, error, match, device):
-    counter = LaunchCounter()
-    with counter.active(), pytest.raises(error, match=match):
-        call(device)
-    assert counter.count == 0
+    assert_rejected(lambda: call(device), error, match)
 
 
-def test_mismatched_devices():
-    with pytest.raises(ValueError, match="up is on meta but gate is on cpu"):
-        speedlight.swiglu(torch.ones(4, 8), torch.ones(4, 8, device="meta"))
-
-
-def assert_64bit_indexing(op, ref, device):
-    """op on a concatenated gate_up whose up half and gradient sit past 2^31 elements,
-    checked on its last rows against ref in float32 (shared by swiglu and geglu)."""
-    rows, inter = 32769, 32771  # rows * (2 * inter) > 2^31
-    gate_up = torch.randn(rows, 2 * inter, device=device, dtype=torch.bfloat16,
-                          requires_grad=True)
-    out = op(gate_up)
-    (d_gate_up,) = torch.autograd.grad(out, (gate_up,), torch.ones_like(out))
-    tail = slice(rows - 3, rows)
-    gt = gate_up.detach()[tail].float().requires_grad_()
-    out_ref = ref(gt)
-    (d_ref,) = torch.autograd.grad(out_ref, (gt,), torch.ones_like(out_ref))
-    torch.testing.assert_close(out[tail].float(), out_ref, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(d_gate_up[tail].float(), d_ref, rtol=2e-2, atol=2e-2)
-
-
-@needs_gpu("rows x stride > 2^31 needs > 4 GiB per tensor and hours under the CPU interpreter")
-def test_64bit_indexing(device):
-    assert_64bit_indexing(speedlight.swiglu, reference.swiglu, device)

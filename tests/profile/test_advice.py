@@ -1,11 +1,14 @@
 """Advice: the fusions found in the default model, and what each estimate is made of."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from speedlight import hardware
 from speedlight.profile import advice, models
 from speedlight.profile.patterns import Chain
+from tests.bench.toy_specs import TOY
 from tests.profile.util import profile_model
 
 
@@ -101,6 +104,10 @@ def test_gemma_geglu_offset_norm_and_eager_attention():
     adv = {a["op"]: a for a in advice.advise(res["rows"], [], hardware.roof_for(hardware.DEVICES["h200"]))}
     assert {"geglu", "attention", "rope", "cross_entropy"} <= set(adv)
     assert adv["attention"]["status"] == "available" and adv["attention"]["memory_saved_bytes"] > 0
+    team = [dataclasses.replace(TOY, name="attention")]  # a team's own attention (--spec FILE)
+    roof = hardware.roof_for(hardware.DEVICES["h200"])
+    adv = {a["op"]: a for a in advice.advise(res["rows"], [], roof, specs=team)}
+    assert adv["attention"]["status"] == "available"
 
 
 def test_module_class_chains_need_the_module_calls():

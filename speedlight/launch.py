@@ -1,0 +1,183 @@
+"""Launch sizing and launch counting, public so a team's own launcher does what
+speedlight's do.
+
+Sizing: which GPU a launch is sized for (`planned_sm_count`: the CUDA device in use, or the
+one `sized_for(sm_count)` names, so that `speedlight inspect` on a CPU runs the launches a
+GPU user gets), and the grids and tiles of kernels over rows. Under the Triton interpreter
+(CPU tensors, no `sized_for`) every program costs milliseconds, so the helpers choose few,
+large programs there.
+
+Counting: `watch_launches()` sees every kernel launch while active: Triton's (compiled or
+interpreted) and those of CUDA C++ extension functions wrapped by `extension_kernel`.
+verify's empty-input check ("no launch on an empty input") is built on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable, Iterator
+
+import torch
+import triton
+
+# --- which GPU a launch is sized for ------------------------------------------------------
+
+_SIZED_FOR: list[int] = []
+
+
+@contextlib.contextmanager
+def sized_for(sm_count: int):
+    """Inside, launchers size grids and blocks as for a GPU with `sm_count` SMs, whatever
+    device the tensors are on. `speedlight inspect` uses it to run, on a CPU, the launches
+    a GPU user gets (a plain module-level setting, so autograd's backward sees it too)."""
+    if not isinstance(sm_count, int) or isinstance(sm_count, bool) or sm_count < 1:
+        raise ValueError(f"sm_count must be a positive int, got {sm_count!r}")
+    _SIZED_FOR.append(sm_count)
+    try:
+        yield
+    finally:
+        _SIZED_FOR.pop()
+
+
+def planned_sm_count(device: torch.device | str) -> int | None:
+    """How many SMs a launch on `device` is sized for: sized_for's when active, else the
+    CUDA device's own, else None (the CPU interpreter's own sizing: few, large programs)."""
+    if _SIZED_FOR:
+        return _SIZED_FOR[-1]
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return sm_count(index)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    """The SM count of CUDA device `device_index`."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+# --- grids and tiles over rows ------------------------------------------------------------
+
+def target_programs(device: torch.device, per_sm: int = 4) -> int:
+    """How many programs a persistent-style grid should have: `per_sm` per SM on a GPU
+    (or on the GPU `sized_for` names), two on the CPU interpreter (every program there
+    costs milliseconds)."""
+    sms = planned_sm_count(device)
+    return per_sm * sms if sms else 2
+
+
+def partial_sum_programs(n_rows: int, device: torch.device, per_sm: int = 4) -> int:
+    """How many programs split the rows of a kernel that also reduces over them (the dW of
+    a norm): each sums its own rows into one fp32 partial and the host sums the partials.
+
+    On a GPU (or the one `sized_for` names) target_programs(per_sm): a few rows to a few
+    dozen each, summed as a tree within a block. Under the interpreter at most 4 rows
+    each: it sums a block's rows one after another (numpy down axis 0), so the row sum is
+    left to the host's torch.sum instead, which is as accurate as the GPU's reduction and
+    keeps dW's fp32 error near it.
+    """
+    if planned_sm_count(device) is not None:
+        return max(1, min(n_rows, target_programs(device, per_sm=per_sm)))
+    return max(1, min(n_rows, max(target_programs(device), triton.cdiv(n_rows, 4))))
+
+
+def row_tile(n_cols: int, device: torch.device, *, max_block_n: int,
+             max_tile: int | None = None) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for a kernel that holds BLOCK_M whole rows.
+
+    On a GPU (or the GPU `sized_for` names) a tile of ~4K elements per program keeps
+    registers low while several rows share a program when rows are short; under the
+    interpreter, tiles are larger because each program costs milliseconds whatever its size.
+    """
+    block_n = triton.next_power_of_2(max(n_cols, 1))
+    if block_n > max_block_n:
+        raise ValueError(f"row of {n_cols} does not fit one block of {max_block_n}")
+    gpu = planned_sm_count(device) is not None
+    if max_tile is None:
+        max_tile = 4096 if gpu else 65536
+    block_m = max(1, min(64 if gpu else 1024, max_tile // block_n))
+    return block_m, block_n, warps_for_tile(block_m * block_n)
+
+
+def warps_for_tile(tile: int) -> int:
+    """num_warps for a tile of `tile` elements: one warp per 512 (16 per thread, so every
+    thread moves whole 16-byte vectors of 16-bit data), 1 to 16 warps."""
+    return max(1, min(16, tile // 512))
+
+
+def persistent_row_grid(n_rows: int, n_cols: int, device: torch.device, *, max_block_n: int,
+                        tile: int, warps_per_sm: int) -> tuple[tuple[int], int, int, int]:
+    """(grid, BLOCK_M, BLOCK_N, num_warps) of a persistent kernel over whole rows: tiles
+    of BLOCK_M rows of ~`tile` elements on a GPU (16 values per thread, up to 32 warps for
+    a 16384-wide row), and as many programs as fit `warps_per_sm` resident warps per SM,
+    each walking tiles p, p + P, ... so what it loads once (a weight) is read P times, not
+    once per tile. Under the interpreter, row_tile's large tiles and two programs."""
+    gpu = planned_sm_count(device) is not None
+    block_m, block_n, num_warps = row_tile(n_cols, device, max_block_n=max_block_n,
+                                           max_tile=tile if gpu else None)
+    if gpu:
+        num_warps = max(1, min(32, block_m * block_n // 512))
+    per_sm = max(1, warps_per_sm // num_warps)
+    grid = (min(triton.cdiv(n_rows, block_m), target_programs(device, per_sm=per_sm)),)
+    return grid, block_m, block_n, num_warps
+
+
+def as_rows(x: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """x as [rows, n_cols] over its last dim(s): a view when the strides allow, else a copy
+    (the `x2` of a launcher)."""
+    return x.reshape(-1, n_cols)
+
+
+# --- counting launches --------------------------------------------------------------------
+
+_WATCHERS: list[Callable[[str], None]] = []
+
+
+def record_launch(kernel: str) -> None:
+    """Tell every active watch_launches that `kernel` was launched (what extension_kernel
+    does for each call; a launcher that starts device work another way calls it itself)."""
+    for watcher in list(_WATCHERS):
+        watcher(kernel)
+
+
+def extension_kernel(fn: Callable, name: str | None = None) -> Callable:
+    """`fn` (a function of a CUDA C++ extension that launches one kernel), recording each
+    call as a launch of `name` (default: fn's name)."""
+    label = name or getattr(fn, "__name__", repr(fn))
+
+    @functools.wraps(fn)
+    def launch(*args, **kwargs):
+        record_launch(label)
+        return fn(*args, **kwargs)
+    return launch
+
+
+@contextlib.contextmanager
+def watch_launches(into: list[str] | None = None) -> Iterator[list[str]]:
+    """Inside, the names of the kernels launched are appended, in order, to the yielded
+    list (`into`, or a new one): Triton kernels, compiled or interpreted (not warmup
+    compiles), and extension kernels."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    launched = [] if into is None else into
+    originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
+
+    def counting(orig):
+        def run(self, *args, **kwargs):
+            if not kwargs.get("warmup", False):
+                launched.append(getattr(self, "__name__", str(self)))
+            return orig(self, *args, **kwargs)
+        return run
+
+    for cls, orig in originals.items():
+        cls.run = counting(orig)
+    _WATCHERS.append(launched.append)
+    try:
+        yield launched
+    finally:
+        _WATCHERS.remove(launched.append)
+        for cls, orig in originals.items():
+            cls.run = orig

@@ -1,0 +1,47 @@
+"""The input checks every public op function makes before any launch: each names the
+argument, its shape, dtype and device, and what was expected."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from speedlight.runtime import describe
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DTYPE_LIST = "float32, float16 or bfloat16"
+
+
+def check_tensor(name: str, t, *, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES,
+                 min_dim: int = 0, expected: str | None = None) -> None:
+    """TypeError unless t is a tensor of one of `dtypes` with at least `min_dim` dims."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dtypes = tuple(dtypes)
+    if t.dtype not in dtypes:
+        want = expected or (_DTYPE_LIST if dtypes == FLOAT_DTYPES else
+                            " or ".join(str(d).replace("torch.", "") for d in dtypes))
+        raise TypeError(f"{name} must be a {want} tensor, got {describe(t)}")
+    if t.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} dim(s), got {describe(t)}")
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> None:
+    items = [(k, v) for k, v in tensors.items() if v is not None]
+    if not items:
+        return
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.device != first.device:
+            raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}: "
+                             f"all tensors must be on one device")
+
+
+def check_same_dtype(**tensors: torch.Tensor | None) -> None:
+    items = [(k, v) for k, v in tensors.items() if v is not None]
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but {first_name} has {first.dtype}: "
+                            f"they must match")

@@ -1,0 +1,398 @@
+"""One registration per op: the torch custom op(s), their fakes and the autograd rule,
+built from one declaration.
+
+    RMS_NORM = register_op(
+        "rms_norm",
+        forward=rms_norm_fwd,          # launcher: (x, weight, eps, offset) -> (y, rstd)
+        outputs=("y", "rstd"),         # names of what forward returns, in order
+        stats=("rstd",),               # kept for the backward only, never returned
+        fake=lambda x, weight, eps, offset: (like(x), row_stats(x)),
+        backward=rms_norm_bwd,         # launcher: (dy, x, weight, rstd, offset) -> (dx, dw)
+        grads=("x", "weight"),         # the inputs backward's results are gradients of
+    )
+
+    def rms_norm(x, weight=None, eps=1e-6, offset=0.0):
+        check...(x, weight, eps, offset)           # bad input raises before any launch
+        return RMS_NORM(x, weight, float(eps), float(offset))   # y
+
+What the declaration builds:
+- `speedlight::<name>_fwd`, a torch.library custom op (opaque to torch.compile, which
+  traces it through `fake`), whose schema comes from the forward launcher's annotations
+  plus `impl: str`, the implementation that runs;
+- `speedlight::<name>_bwd`, the backward launcher as a custom op, and the autograd rule
+  that links the two: the backward's parameters are matched by name, `d<output>` to the
+  gradient of that output, an input's or output's name to that value (tensors are saved
+  for the backward, plain values kept on the context). Its results are the gradients of
+  `grads`, in order (an entry ("x", "residual") gives both inputs the same gradient);
+  a None result, or the gradient of an input passed as None, is None. `backward_fake`
+  defaults to each gradient shaped like the backward argument of the same name;
+- `speedlight::<name>_infer` when `inference` is given: a launcher with forward's
+  parameters that returns only the public outputs, skipping the work only a backward
+  needs (statistics, a gradient computed in the forward). It runs when no input in
+  `grads` requires grad (or grad mode is off).
+
+Calling the returned `RegisteredOp` returns the public outputs (those not in `stats`):
+one tensor, or a tuple. Launchers may return None for an optional output; the custom
+op carries an empty placeholder instead, since its outputs are tensors.
+
+More than one implementation: `forward={"triton": f, "cuda": g}` (and `backward` the
+same keys); the first is the default, `op(..., impl="cuda")` picks another. A launcher
+that calls a CUDA C++ extension registers exactly like a Triton one; it wraps each
+extension function with `speedlight.launch.extension_kernel(fn, name)` so that launch
+counting (verify's empty-input check) sees its launches as it sees Triton's.
+
+Written in place: `mutates=("logits",)` declares which inputs the forward overwrites
+(`backward_mutates` the backward's). torch accepts no autograd formula on a mutating
+op, so the rule is then an autograd.Function around the two ops; a backward that
+mutates returns nothing and its gradients are the tensors it wrote, in order.
+
+`configs`: the op's configuration space (block sizes, warps, stages) for tuning, and the
+hook a launcher asks for a tuned configuration: `op.config(key)` is the configuration
+`set_tuned` stored for that key, else `configs.default(key)` (the launcher's heuristic).
+
+Why torch.library.custom_op and not triton_op: triton_op lets torch.compile trace into
+Triton kernels, but only kernels launched through wrap_triton and only Triton ones; a
+CUDA extension launcher, the interpreter runtime and launchers that choose among
+kernels on the host need an opaque op with a fake, which custom_op is. See
+docs/DESIGN-NOTES.md.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+NAMESPACE = "speedlight"
+
+Launcher = Callable[..., Any]
+
+
+def like(t: torch.Tensor | None) -> torch.Tensor | None:
+    """An uninitialized tensor of t's shape and dtype (None for None): the usual fake."""
+    return None if t is None else t.new_empty(t.shape)
+
+
+def row_stats(x: torch.Tensor) -> torch.Tensor:
+    """A fake [rows] fp32 statistic of x over its last dim (rstd, mean)."""
+    n_cols = x.shape[-1]
+    return x.new_empty((x.numel() // n_cols if n_cols else 0,), dtype=torch.float32)
+
+
+@dataclass(frozen=True)
+class Configs:
+    """The configuration space of an op's kernels, for tuning: `space` maps each
+    launch parameter (BLOCK_M, num_warps, num_stages...) to its candidate values;
+    `default(key)` is the launcher's own choice for a key (the shape, dtype and GPU a
+    tuned table is keyed by)."""
+
+    space: Mapping[str, Sequence[Any]]
+    default: Callable[[Any], Mapping[str, Any]] | None = None
+
+
+@dataclass
+class RegisteredOp:
+    """What register_op built: call it like the forward launcher (plus `impl=`)."""
+
+    name: str
+    outputs: tuple[str, ...]
+    stats: tuple[str, ...]
+    impls: tuple[str, ...]
+    forward_op: Any
+    backward_op: Any | None = None
+    inference_op: Any | None = None
+    configs: Configs | None = None
+    _apply: Callable[..., Any] | None = None
+    _grad_positions: tuple[int, ...] = ()
+    _n_params: int = 0  # the forward launcher's parameters (impl not counted)
+    _defaults: tuple = ()  # of the forward's trailing parameters that have one
+    _tuned: dict = field(default_factory=dict)
+
+    @property
+    def public(self) -> tuple[str, ...]:
+        """The outputs a call returns: those not in stats."""
+        return tuple(o for o in self.outputs if o not in self.stats)
+
+    def __call__(self, *args, impl: str | None = None):
+        impl = self._impl(impl)
+        missing = self._n_params - len(args)
+        if 0 < missing <= len(self._defaults):  # impl comes last: fill in the defaults
+            args = args + self._defaults[len(self._defaults) - missing:]
+        if self.inference_op is not None and not self._needs_grad(args):
+            return self.inference_op(*args, impl)
+        out = self._apply(*args, impl)
+        if not isinstance(out, tuple):
+            return out
+        public = tuple(v for v, n in zip(out, self.outputs) if n in self.public)
+        return public[0] if len(public) == 1 else public
+
+    def _impl(self, impl: str | None) -> str:
+        if impl is None:
+            return self.impls[0]
+        if impl not in self.impls:
+            raise ValueError(f"{self.name} has no implementation {impl!r}: expected one of "
+                             f"{', '.join(self.impls)}")
+        return impl
+
+    def _needs_grad(self, args) -> bool:
+        if not torch.is_grad_enabled():
+            return False
+        return any(isinstance(args[i], torch.Tensor) and args[i].requires_grad
+                   for i in self._grad_positions if i < len(args))
+
+    def config(self, key) -> Mapping[str, Any] | None:
+        """The tuned configuration for `key`, else the declared default (None without one)."""
+        if key in self._tuned:
+            return self._tuned[key]
+        if self.configs is not None and self.configs.default is not None:
+            return self.configs.default(key)
+        return None
+
+    def set_tuned(self, table: Mapping[Any, Mapping[str, Any]]) -> None:
+        """Install tuned configurations (key -> launch parameters), e.g. from a tune run."""
+        self._tuned = dict(table)
+
+
+def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
+                outputs: Sequence[str], fake: Callable[..., Any],
+                stats: Sequence[str] = (),
+                backward: Launcher | Mapping[str, Launcher] | None = None,
+                grads: Sequence[str | Sequence[str]] = (),
+                backward_fake: Callable[..., Any] | None = None,
+                inference: Launcher | Mapping[str, Launcher] | None = None,
+                mutates: Sequence[str] = (), backward_mutates: Sequence[str] = (),
+                optional_grads: bool = False, configs: Configs | None = None,
+                namespace: str = NAMESPACE) -> RegisteredOp:
+    """Register op `name` (see the module docstring) and return its RegisteredOp.
+
+    optional_grads: the backward takes None for an output that received no gradient
+    (instead of zeros), e.g. one of two outputs left unused. namespace: the torch library
+    the ops go in (`torch.ops.<namespace>`); a team's own ops take their own.
+    """
+    forward, backward, inference = (_by_impl(f) for f in (forward, backward, inference))
+    outputs, stats = tuple(outputs), tuple(stats)
+    unknown = [s for s in stats if s not in outputs]
+    if unknown:
+        raise ValueError(f"{name}: stats {unknown} are not among outputs {outputs}")
+    for role, impls in (("backward", backward), ("inference", inference)):
+        if impls is not None and set(impls) != set(forward):
+            raise ValueError(f"{name}: {role} implementations {sorted(impls)} differ from "
+                             f"forward's {sorted(forward)}")
+    first = next(iter(forward.values()))
+    params = list(inspect.signature(first).parameters.values())
+    hints = typing.get_type_hints(first)
+    in_names = [p.name for p in params]
+    defaults = tuple(p.default for p in params if p.default is not inspect.Parameter.empty)
+
+    fwd_op = _custom_op(f"{namespace}::{name}_fwd", forward, fake, params, hints,
+                        len(outputs), mutates)
+    op = RegisteredOp(name, outputs, stats, tuple(forward), fwd_op, configs=configs,
+                      _apply=fwd_op, _n_params=len(params), _defaults=defaults)
+
+    if inference is not None:
+        public_at = [i for i, o in enumerate(outputs) if o not in stats]
+
+        def inference_fake(*args):
+            out = fake(*args)
+            out = out if isinstance(out, tuple) else (out,)
+            picked = tuple(out[i] for i in public_at)
+            return picked[0] if len(picked) == 1 else picked
+
+        op.inference_op = _custom_op(f"{namespace}::{name}_infer", inference, inference_fake,
+                                     params, hints, len(public_at), mutates)
+
+    if backward is None:
+        return op
+    targets = [(g,) if isinstance(g, str) else tuple(g) for g in grads]
+    for group in targets:
+        for g in group:
+            if g not in in_names:
+                raise ValueError(f"{name}: grads names {g!r}, not a forward parameter "
+                                 f"({', '.join(in_names)})")
+    op._grad_positions = tuple(in_names.index(g) for group in targets for g in group)
+    bfirst = next(iter(backward.values()))
+    bparams = list(inspect.signature(bfirst).parameters.values())
+    bhints = typing.get_type_hints(bfirst)
+    plan = _backward_plan(name, bparams, in_names, outputs, stats)
+    n_grads = 0 if backward_mutates else len(targets)
+    if backward_fake is None:
+        backward_fake = _default_backward_fake(name, bparams, targets, backward_mutates)
+    used = [p for p in bparams if p.name in plan]
+    bwd_op = _custom_op(f"{namespace}::{name}_bwd", backward, backward_fake, used, bhints,
+                        n_grads, backward_mutates)
+    op.backward_op = bwd_op
+    rule = _AutogradRule(in_names, outputs, stats, plan, [p.name for p in used], targets,
+                         bwd_op, backward_mutates, optional_grads)
+    if mutates:
+        op._apply = _function(name, fwd_op, rule)
+    else:
+        fwd_op.register_autograd(rule.backward, setup_context=rule.setup_context)
+    return op
+
+
+# --- building the custom ops --------------------------------------------------------------
+
+def _by_impl(f) -> dict[str, Launcher] | None:
+    if f is None:
+        return None
+    return dict(f) if isinstance(f, Mapping) else {"triton": f}
+
+
+def _placeholder(args) -> torch.Tensor:
+    first = next(a for a in args if isinstance(a, torch.Tensor))
+    return first.new_empty((0,))
+
+
+def _tensors_only(out, n: int, args):
+    """A launcher's result as a custom op returns it: None -> an empty placeholder."""
+    if n == 0:
+        return None
+    out = out if isinstance(out, tuple) else (out,)
+    if len(out) != n:
+        raise RuntimeError(f"expected {n} outputs, got {len(out)}")
+    out = tuple(_placeholder(args) if o is None else o for o in out)
+    return out[0] if n == 1 else out
+
+
+def _custom_op(op_name: str, impls: dict[str, Launcher], fake, params, hints, n_out: int,
+               mutates: Sequence[str]):
+    """A custom op `op_name` (namespace::name) over `params` (+ impl) that runs
+    impls[impl]."""
+    default = next(iter(impls))
+    n_args = len(params)
+
+    def split(args, kwargs):
+        """(the launcher's arguments, impl): torch may pass an argument with a default
+        by keyword, or leave it out."""
+        call = list(args[:n_args]) + [kwargs.get(p.name, p.default)
+                                      for p in params[len(args):]]
+        if len(args) > n_args:
+            return call, args[n_args]
+        return call, kwargs.get("impl", default)
+
+    def run(*args, **kwargs):
+        call, impl = split(args, kwargs)
+        return _tensors_only(impls[impl](*call), n_out, call)
+
+    def run_fake(*args, **kwargs):
+        call, _ = split(args, kwargs)
+        return _tensors_only(fake(*call), n_out, call)
+
+    sig_params = [p.replace(annotation=hints.get(p.name, p.annotation),
+                            kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params]
+    sig_params.append(inspect.Parameter("impl", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                        default=default, annotation=str))
+    returns = (None if n_out == 0 else torch.Tensor if n_out == 1
+               else tuple[(torch.Tensor,) * n_out])
+    run.__signature__ = inspect.Signature(sig_params, return_annotation=returns)
+    run.__name__ = op_name.split("::")[-1]
+    schema = torch.library.infer_schema(run, mutates_args=tuple(mutates))
+    op = torch.library.custom_op(op_name, run, mutates_args=tuple(mutates),
+                                 schema=schema)
+    op.register_fake(run_fake)
+    return op
+
+
+# --- autograd -----------------------------------------------------------------------------
+
+def _backward_plan(name, bparams, in_names, outputs, stats) -> dict[str, tuple[str, str]]:
+    """backward parameter -> ("output" | "input" | "grad", the name it refers to)."""
+    public = [o for o in outputs if o not in stats]
+    plan = {}
+    for p in bparams:
+        if p.name in outputs:
+            plan[p.name] = ("output", p.name)
+        elif p.name.startswith("d") and p.name[1:] in public:
+            plan[p.name] = ("grad", p.name[1:])
+        elif p.name in in_names:
+            plan[p.name] = ("input", p.name)
+        elif p.default is inspect.Parameter.empty:
+            raise ValueError(
+                f"{name}: backward parameter {p.name!r} is neither a forward input "
+                f"({', '.join(in_names)}), an output ({', '.join(outputs)}) nor the gradient "
+                f"d<output> of a public output ({', '.join(public)})")
+    return plan
+
+
+def _default_backward_fake(name, bparams, targets, mutates):
+    if mutates:
+        return lambda *args: None
+    names = [p.name for p in bparams]
+    missing = [g[0] for g in targets if g[0] not in names]
+    if missing:
+        raise ValueError(f"{name}: give backward_fake: the gradients of {missing} are not "
+                         f"shaped like a backward argument of the same name")
+
+    def fake(*args):
+        bound = dict(zip(names, args))
+        out = tuple(like(bound[g[0]]) for g in targets)
+        return out[0] if len(out) == 1 else out
+    return fake
+
+
+class _AutogradRule:
+    """setup_context and backward of one registered op, from the backward's plan."""
+
+    def __init__(self, in_names, outputs, stats, plan, bnames, targets, bwd_op, bmutates,
+                 optional_grads):
+        self.in_names, self.outputs, self.stats = in_names, outputs, stats
+        self.public = [o for o in outputs if o not in stats]
+        self.plan, self.bnames, self.targets = plan, bnames, targets
+        self.bwd_op, self.bmutates, self.optional_grads = bwd_op, bmutates, optional_grads
+        self.saved = [n for n in bnames if plan[n][0] != "grad"]
+
+    def setup_context(self, ctx, inputs, output):
+        output = output if isinstance(output, tuple) else (output,)
+        values = dict(zip(self.in_names, inputs))
+        values.update(zip(self.outputs, output))
+        ctx.impl = inputs[-1]
+        tensors = [n for n in self.saved if isinstance(values[n], torch.Tensor)]
+        plain = {n: values[n] for n in self.saved if n not in tensors}
+        ctx.tensor_names, ctx.plain = tensors, plain
+        ctx.save_for_backward(*(values[n] for n in tensors))
+        ctx.input_is_none = {n: values[n] is None for n in self.in_names}
+        stat_tensors = [v for v, o in zip(output, self.outputs) if o in self.stats]
+        if stat_tensors:
+            ctx.mark_non_differentiable(*stat_tensors)
+        if self.optional_grads:
+            ctx.set_materialize_grads(False)
+
+    def backward(self, ctx, *grad_outputs):
+        grads = dict(zip(self.outputs, grad_outputs))
+        n_in = len(self.in_names) + 1  # + impl
+        if all(grads[o] is None for o in self.public):
+            return (None,) * n_in
+        values = dict(zip(ctx.tensor_names, ctx.saved_tensors))
+        values.update(ctx.plain)
+        args = [grads[self.plan[n][1]] if self.plan[n][0] == "grad" else values[n]
+                for n in self.bnames]
+        out = self.bwd_op(*args, ctx.impl)
+        if self.bmutates:
+            out = tuple(values[n] for n in self.bmutates)
+        out = out if isinstance(out, tuple) else (out,)
+        result = [None] * n_in
+        for group, g in zip(self.targets, out):
+            for n in group:
+                if not ctx.input_is_none[n]:
+                    result[self.in_names.index(n)] = g
+        return tuple(result)
+
+
+def _function(name: str, fwd_op, rule: _AutogradRule):
+    """The autograd.Function a mutating op's rule needs (torch registers no formula on a
+    mutating custom op)."""
+
+    def forward(ctx, *args):
+        out = fwd_op(*args)
+        rule.setup_context(ctx, args, out)
+        return out
+
+    def backward(ctx, *grads):
+        return rule.backward(ctx, *grads)
+
+    fn = type(f"_{name}_function", (torch.autograd.Function,),
+              {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    return fn.apply

@@ -1,0 +1,92 @@
+"""Where speedlight's kernels run: on CUDA tensors, compiled; or on CPU tensors through the
+Triton interpreter (TRITON_INTERPRET=1 before the first kernel module is imported).
+
+`use_interpreter()` is the one place the interpreter runtime is chosen and made to compute
+as the GPU does; the CLI calls it at startup for `--device cpu`, and `check_runtime` on
+the first launch on CPU tensors (a script or test that set TRITON_INTERPRET itself).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+_INTERPRETER_READY = False
+
+
+def describe(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+
+def is_interpreted(kernel) -> bool:
+    """True when `kernel` was built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(kernel, InterpretedFunction)
+
+
+def use_interpreter() -> None:
+    """Choose the CPU runtime: switch the Triton interpreter on (it must be on before the
+    first kernel module is imported), quiet numpy's warnings on masked-off lanes, and make
+    the interpreter round fp32 -> bf16 to nearest even as compiled kernels do.
+    Idempotent."""
+    global _INTERPRETER_READY
+    if _INTERPRETER_READY:
+        return
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    warnings.filterwarnings("ignore", category=RuntimeWarning,
+                            module="triton.runtime.interpreter")
+    warnings.filterwarnings("ignore", category=DeprecationWarning,
+                            module="triton.runtime.interpreter")
+    _round_bf16_like_the_gpu()
+    _INTERPRETER_READY = True
+
+
+def check_runtime(t: torch.Tensor, kernel) -> None:
+    """CUDA tensors run compiled kernels; CPU tensors need the Triton interpreter (whose
+    numerics use_interpreter sets on the first CPU launch)."""
+    if t.device.type == "cuda":
+        if is_interpreted(kernel):
+            raise RuntimeError(
+                "speedlight's kernels were imported under TRITON_INTERPRET=1, which runs them "
+                "on CPU tensors only; unset TRITON_INTERPRET to run on the GPU")
+        return
+    if t.device.type == "cpu":
+        if not is_interpreted(kernel):
+            raise RuntimeError(
+                f"got a CPU tensor ({describe(t)}) but the Triton interpreter is off: speedlight "
+                "runs its kernels on CPU tensors only under the interpreter. Set "
+                "TRITON_INTERPRET=1 in the environment before importing speedlight (or triton), "
+                "e.g. `TRITON_INTERPRET=1 python ...`, or move the tensors to a CUDA device")
+        use_interpreter()
+        return
+    raise RuntimeError(f"speedlight runs on CUDA devices (or on CPU through the Triton "
+                       f"interpreter); got a tensor on {t.device}")
+
+
+def _round_bf16_like_the_gpu() -> None:
+    """Make the Triton 3.6 interpreter round fp32 -> bf16 to nearest even, as the GPU does.
+
+    The interpreter truncates that cast (round toward zero), which doubles the rounding
+    error of every bf16 output on CPU and would make a correct kernel look worse than
+    PyTorch; compiled kernels round to nearest even.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    original = InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            a = np.ascontiguousarray(src.data, dtype=np.float32)
+            u = a.view(np.uint32)
+            rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+            nan = np.isnan(a)
+            if nan.any():
+                rounded[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)  # quiet NaN stays NaN
+            return TensorHandle(rounded, tl.bfloat16)
+        return original(self, src, dst_type)
+
+    InterpreterBuilder.cast_impl = cast_impl

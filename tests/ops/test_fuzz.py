@@ -1,0 +1,117 @@
+"""Every argument of every registered op, mutated through one fixed list.
+
+Each argument `make_inputs` gives the op's example case is replaced, one at a time, by a
+wrong or unusual value (another dtype, device or rank, a size of 0 or 1, a stride of 0, a
+non-contiguous layout, NaN and Inf, 2^63 for integers). The op must either raise an error
+that names the argument (TypeError, ValueError or RuntimeError) before any launch, or
+return what the reference returns on the same inputs, judged by verify's pass rule.
+A new op inherits this by being registered.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from speedlight.verify.harness import LaunchCounter, judge_outputs, references
+from tests.ops.contract import SPECS, as_tuple, example
+
+
+def _first(t: torch.Tensor, value) -> torch.Tensor:
+    t = t.clone()
+    if t.numel():
+        t.view(-1)[0] = value
+    return t
+
+
+def _non_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """The same values and shape in another memory order (the innermost dim strided)."""
+    if t.dim() >= 2:
+        return t.mT.contiguous().mT
+    return torch.stack([t, t], -1)[..., 0]
+
+
+def _lower_rank(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1) if t.dim() >= 2 else t.reshape(-1)[0]
+
+
+# name -> (applies to this value?, the mutated value)
+TENSOR_MUTATIONS: dict[str, tuple[Callable[[torch.Tensor], bool], Callable[[torch.Tensor], Any]]] = {
+    "int32": (lambda t: t.dtype != torch.int32, lambda t: t.to(torch.int32)),
+    "int64": (lambda t: t.dtype != torch.int64, lambda t: t.to(torch.int64)),
+    "bool": (lambda t: True, lambda t: t.to(torch.bool)),
+    "float16": (lambda t: t.dtype != torch.float16, lambda t: t.to(torch.float16)),
+    "float64": (lambda t: True, lambda t: t.to(torch.float64)),
+    "meta": (lambda t: True, lambda t: t.to("meta")),
+    "rank+1": (lambda t: True, lambda t: t.unsqueeze(0)),
+    "rank-1": (lambda t: t.dim() >= 1, _lower_rank),
+    "size0": (lambda t: t.dim() >= 1, lambda t: t.narrow(-1, 0, 0)),
+    "size1": (lambda t: t.dim() >= 1, lambda t: t.narrow(-1, 0, 1)),
+    "stride0": (lambda t: t.dim() >= 1 and t.shape[-1] > 1,
+                lambda t: t.narrow(-1, 0, 1).expand(t.shape)),
+    "noncontiguous": (lambda t: True, _non_contiguous),
+    "nan": (lambda t: t.is_floating_point(), lambda t: _first(t, float("nan"))),
+    "inf": (lambda t: t.is_floating_point(), lambda t: _first(t, float("inf"))),
+    "2^63-1": (lambda t: t.dtype == torch.int64, lambda t: _first(t, 2 ** 63 - 1)),
+    "list": (lambda t: True, lambda t: t.tolist()),
+    "None": (lambda t: True, lambda t: None),
+}
+
+SCALAR_MUTATIONS: dict[str, tuple[Callable[[Any], bool], Callable[[Any], Any]]] = {
+    "2^63": (lambda v: isinstance(v, int) and not isinstance(v, bool), lambda v: 2 ** 63),
+    "-1": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), lambda v: -1),
+    "nan": (lambda v: isinstance(v, float), lambda v: float("nan")),
+    "inf": (lambda v: isinstance(v, float), lambda v: float("inf")),
+    "str": (lambda v: not isinstance(v, str), lambda v: "1"),
+    "bogus": (lambda v: isinstance(v, str), lambda v: "bogus"),
+    "sequence-2^63": (lambda v: isinstance(v, tuple), lambda v: (2 ** 63,) * len(v)),
+}
+
+def mutations() -> list:
+    out = []
+    for spec in SPECS:
+        good = spec.make_inputs(example(spec), "cpu")
+        for name, value in good.items():
+            table = TENSOR_MUTATIONS if isinstance(value, torch.Tensor) else SCALAR_MUTATIONS
+            for what, (applies, _) in table.items():
+                if value is None or not applies(value):
+                    continue
+                out.append(pytest.param(spec, name, what, id=f"{spec.name}-{name}-{what}"))
+    return out
+
+
+def _tensor_outputs(out) -> list[torch.Tensor]:
+    return [o for o in as_tuple(out) if isinstance(o, torch.Tensor)]
+
+
+@pytest.mark.parametrize("spec,name,what", mutations())
+def test_mutated_argument_is_named_or_matches_torch(spec, name, what, device):
+    inputs = spec.make_inputs(example(spec), device)
+    table = TENSOR_MUTATIONS if isinstance(inputs[name], torch.Tensor) else SCALAR_MUTATIONS
+    inputs[name] = table[what][1](inputs[name])
+    counter = LaunchCounter()
+    try:
+        with counter.active():
+            ours = as_tuple(spec.impl(**inputs))
+    except (TypeError, ValueError, RuntimeError) as e:
+        assert re.search(rf"\b{re.escape(name)}\b", str(e)), \
+            f"{name} as {what}: {type(e).__name__}: {e} (does not name {name})"
+        assert counter.count == 0, f"{name} as {what}: launched {counter.kernels}, then: {e}"
+        return
+    try:
+        refs = references(spec, inputs)
+    except Exception as e:  # torch rejects what speedlight accepted
+        pytest.fail(f"{name} as {what}: speedlight returned a result where the reference "
+                    f"raises {type(e).__name__}: {e}")
+    if any(o.device.type == "meta" for o in _tensor_outputs(ours)):
+        got = [(tuple(o.shape), o.dtype) for o in _tensor_outputs(ours)]
+        want = [(tuple(r.shape), r.dtype) for r in _tensor_outputs(refs[1])]
+        assert got == want, f"{name} as {what}: meta outputs {got}, reference {want}"
+        return
+    dtype = next((r.dtype for r in _tensor_outputs(refs[1]) if r.is_floating_point()),
+                 torch.float32)
+    failed = [c for c in judge_outputs(ours, refs, spec.tolerance(dtype)) if not c.passed]
+    assert not failed, f"{name} as {what}: " + "; ".join(f"{c.name}: {c.reason}" for c in failed)

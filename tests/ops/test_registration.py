@@ -1,0 +1,76 @@
+"""speedlight.ops.registration: what one declaration builds, beyond what every op's
+tests already show (custom ops, fakes, autograd, torch.compile)."""
+
+import pytest
+import torch
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import speedlight
+from speedlight.ops import cross_entropy, layer_norm, registration, rms_norm
+
+
+class _Calls(TorchDispatchMode):
+    """Records the speedlight custom ops called inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "speedlight":
+            self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
+def test_the_inference_op_runs_when_no_gradient_is_wanted(grad, device):
+    x = torch.randn(4, 64, device=device)
+    w = torch.randn(64, device=device, requires_grad=True)
+    b = torch.randn(64, device=device)
+    with torch.set_grad_enabled(grad), _Calls() as calls:
+        y = speedlight.rms_norm(x, w)
+        z = speedlight.layer_norm(x, 64, w, b)
+    assert y.requires_grad == z.requires_grad == grad
+    expected = ["rms_norm_fwd", "layer_norm_fwd"] if grad else ["rms_norm_infer", "layer_norm_infer"]
+    assert calls.names == expected
+    torch.testing.assert_close(y, rms_norm.rms_norm_fwd(x, w, 1e-6, 0.0)[0])
+    torch.testing.assert_close(z, layer_norm.layer_norm_fwd(x, w, b, 1e-5)[0])
+
+
+def test_schema_comes_from_the_launcher_with_impl_and_mutation():
+    assert cross_entropy.CROSS_ENTROPY_INPLACE.forward_op is not None
+    fwd = str(torch.ops.speedlight.rms_norm_fwd.default._schema)
+    assert fwd == ("speedlight::rms_norm_fwd(Tensor x, Tensor? weight, float eps, float offset, "
+                   "str impl=\"triton\") -> (Tensor, Tensor)")
+    inplace = str(torch.ops.speedlight.cross_entropy_inplace_fwd.default._schema)
+    assert inplace.startswith("speedlight::cross_entropy_inplace_fwd(Tensor(a0!) logits")
+    with pytest.raises(ValueError, match="rms_norm has no implementation 'cuda'"):
+        rms_norm.RMS_NORM(torch.ones(2, 4), None, 1e-6, 0.0, impl="cuda")
+
+
+def test_config_hook_prefers_a_tuned_entry():
+    space = registration.Configs({"num_warps": (1, 2, 4)}, default=lambda key: {"num_warps": 4})
+    op = registration.RegisteredOp("toy", ("y",), (), ("triton",), None, configs=space)
+    assert op.config((4096, "bf16")) == {"num_warps": 4}
+    op.set_tuned({(4096, "bf16"): {"num_warps": 2}})
+    assert op.config((4096, "bf16")) == {"num_warps": 2} and op.config((8, "bf16")) == {"num_warps": 4}
+
+
+def test_a_declaration_that_cannot_work_is_refused_when_registered():
+    def fwd(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    def bwd(dy: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return dy
+
+    with pytest.raises(ValueError, match="stats \\['s'\\] are not among outputs"):
+        registration.register_op("bad_stats", forward=fwd, outputs=("y",), stats=("s",),
+                                 fake=registration.like, namespace="speedlight_tests")
+    with pytest.raises(ValueError, match="backward parameter 'z' is neither a forward input"):
+        registration.register_op("bad_bwd", forward=fwd, outputs=("y",), fake=registration.like,
+                                 backward=bwd, grads=("x",), namespace="speedlight_tests")
+    with pytest.raises(ValueError, match="grads names 'w', not a forward parameter"):
+        registration.register_op("bad_grads", forward=fwd, outputs=("y",),
+                                 fake=registration.like, backward=lambda dy: dy, grads=("w",),
+                                 namespace="speedlight_tests")
