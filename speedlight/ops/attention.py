@@ -240,12 +240,12 @@ def attention_fwd(q, k, v, *, causal: bool = False, scale: float | None = None,
     m_blocks = triton.cdiv(pb.seq_q, blocks["BLOCK_M"])
     splits, span = _split_plan(m_blocks * pb.batch * pb.heads_q, pb.seq_k, blocks["BLOCK_N"],
                                q.device, num_splits)
-    grid = (m_blocks, pb.batch * pb.heads_q, splits)
+    grid = (m_blocks * pb.batch * pb.heads_q, splits)
     flags = dict(VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
                  SPLIT=splits > 1, UPCAST=_upcast(_attention_fwd_kernel, q),
                  PRECISION=_precision(q.dtype))
-    common = (pb.cu_q, pb.cu_k, pb.seq_q, pb.seq_k, pb.heads_q, pb.group, pb.head_dim, scale,
-              float(softcap or 1.0), left, right, span,
+    common = (pb.cu_q, pb.cu_k, m_blocks, pb.seq_q, pb.seq_k, pb.heads_q, pb.group,
+              pb.head_dim, scale, float(softcap or 1.0), left, right, span,
               *pb.strides(q), *pb.strides(k), *pb.strides(v))
     if splits == 1:
         _attention_fwd_kernel[grid](q, k, v, o, lse, *common, *pb.strides(o), 0,
@@ -290,9 +290,10 @@ def attention_bwd(do, q, k, v, o, lse, *, dlse=None, causal: bool = False,
     lse = lse.contiguous()
     if dlse is not None:  # the lse's layout, which delta shares
         dlse = dlse.to(torch.float32).expand(pb.lse_shape).contiguous()
-    _attention_bwd_delta_kernel[(triton.cdiv(pb.seq_q, pre_m), pb.batch * pb.heads_q)](
-        o, do, dlse if dlse is not None else delta, delta, pb.cu_q, pb.seq_q, pb.heads_q,
-        pb.head_dim, *pb.strides(o), *pb.strides(do), *pb.lse_strides(delta),
+    pre_blocks = triton.cdiv(pb.seq_q, pre_m)
+    _attention_bwd_delta_kernel[(pre_blocks * pb.batch * pb.heads_q,)](
+        o, do, dlse if dlse is not None else delta, delta, pb.cu_q, pre_blocks, pb.seq_q,
+        pb.heads_q, pb.head_dim, *pb.strides(o), *pb.strides(do), *pb.lse_strides(delta),
         VARLEN=pb.varlen, HAS_DLSE=dlse is not None, BLOCK_M=pre_m,
         BLOCK_D=d_blocks["BLOCK_D"], num_warps=4)
     flags = dict(VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
@@ -302,13 +303,15 @@ def attention_bwd(do, q, k, v, o, lse, *, dlse=None, causal: bool = False,
               left, right, *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(do),
               *pb.lse_strides(lse))
     kv_blocks = _blocks("dkdv", pb.head_dim, pb.seq_q, q.dtype, q.device)
-    grid = (triton.cdiv(pb.seq_k, kv_blocks["BLOCK_N"]), pb.batch * pb.heads_kv)
-    _attention_bwd_dkdv_kernel[grid](
-        q, k, v, do, lse, delta, dk, dv, pb.cu_q, pb.cu_k, *_with_heads(common, pb.heads_kv),
+    n_blocks = triton.cdiv(pb.seq_k, kv_blocks["BLOCK_N"])
+    _attention_bwd_dkdv_kernel[(n_blocks * pb.batch * pb.heads_kv,)](
+        q, k, v, do, lse, delta, dk, dv, pb.cu_q, pb.cu_k, n_blocks,
+        *_with_heads(common, pb.heads_kv),
         *pb.strides(dk), *pb.strides(dv), **flags, **kv_blocks)
-    grid = (triton.cdiv(pb.seq_q, d_blocks["BLOCK_M"]), pb.batch * pb.heads_q)
-    _attention_bwd_dq_kernel[grid](
-        q, k, v, do, lse, delta, dq, pb.cu_q, pb.cu_k, *_with_heads(common, pb.heads_q),
+    m_blocks = triton.cdiv(pb.seq_q, d_blocks["BLOCK_M"])
+    _attention_bwd_dq_kernel[(m_blocks * pb.batch * pb.heads_q,)](
+        q, k, v, do, lse, delta, dq, pb.cu_q, pb.cu_k, m_blocks,
+        *_with_heads(common, pb.heads_q),
         *pb.strides(dq), **flags, **d_blocks)
     return dq, dk, dv
 
@@ -565,6 +568,9 @@ def _cases(suite: str) -> list[Case]:
                    causal=True, lse=True),
             packed(8, 8, 64, [1, 16, 3], [10000, 100, 65536], causal=True),
             case(1, 2, 1, 0, 4096, 128), case(1, 2, 1, 4096, 0, 128),
+            # 64-bit offsets: q and o past 2^31 elements, and batch x heads past CUDA's
+            # 65535 on a grid's second axis (the kernels take one flat first axis)
+            case(65537, 32, 8, 8, 8, 128, causal=True, huge=True),
         ]
     return out
 

@@ -24,7 +24,7 @@ from speedlight.kernels.attention.common import (LOG2E, _key_range, _query_range
 
 @triton.jit
 def _attention_bwd_delta_kernel(
-    o_ptr, do_ptr, dlse_ptr, delta_ptr, cu_q_ptr, seq_q, heads_q, head_dim,
+    o_ptr, do_ptr, dlse_ptr, delta_ptr, cu_q_ptr, m_blocks, seq_q, heads_q, head_dim,
     stride_ob, stride_oh, stride_om,
     stride_db, stride_dh, stride_dm,
     stride_lb, stride_lh, stride_lm,
@@ -32,12 +32,13 @@ def _attention_bwd_delta_kernel(
 ):
     """delta = rowsum(do * o) - dlse, fp32, for BLOCK_M query rows of one (batch, head).
 
-    grid (cdiv(max seq_q, BLOCK_M), batch * heads_q). o, do [batch, heads_q, seq_q,
-    head_dim] by their strides (packed [total, heads, head_dim] with VARLEN); dlse and
+    grid (m_blocks * batch * heads_q,), m_blocks = cdiv(max seq_q, BLOCK_M). o, do [batch,
+    heads_q, seq_q, head_dim] by their strides (packed [total, heads, head_dim] with VARLEN); dlse and
     delta fp32 [batch, heads_q, seq_q] at the lse strides. HAS_DLSE reads dlse.
     """
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid = tl.program_id(0)
+    pid_m = pid % m_blocks
+    pid_bh = pid // m_blocks
     pid_b = pid_bh // heads_q
     pid_h = pid_bh % heads_q
     q_start, _, seq_q, _ = _sequence(cu_q_ptr, cu_q_ptr, pid_b, seq_q, seq_q, VARLEN)
@@ -60,7 +61,7 @@ def _attention_bwd_delta_kernel(
 @triton.jit
 def _attention_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr,
-    seq_q, seq_k, heads_kv, group, head_dim, sm_scale, softcap, left, right,
+    n_blocks, seq_q, seq_k, heads_kv, group, head_dim, sm_scale, softcap, left, right,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -75,13 +76,14 @@ def _attention_bwd_dkdv_kernel(
     """dk and dv of BLOCK_N keys of one (batch, kv head), summed over the group's q heads
     and every query block that sees them; tiles computed transposed ([BN, BM]).
 
-    grid (cdiv(max seq_k, BLOCK_N), batch * heads_kv). q, do [batch, heads_kv * group,
+    grid (n_blocks * batch * heads_kv,), n_blocks = cdiv(max seq_k, BLOCK_N). q, do [batch, heads_kv * group,
     seq_q, head_dim], k, v, dk, dv [batch, heads_kv, seq_k, head_dim] by their strides
     (packed with VARLEN); lse and delta fp32 [batch, heads_q, seq_q] at the lse strides.
     Constexprs as in _attention_fwd_kernel.
     """
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid = tl.program_id(0)
+    pid_n = pid % n_blocks
+    pid_bh = pid // n_blocks
     pid_b = pid_bh // heads_kv
     pid_kv = pid_bh % heads_kv
     q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN)
@@ -155,7 +157,7 @@ def _attention_bwd_dkdv_kernel(
 @triton.jit
 def _attention_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr,
-    seq_q, seq_k, heads_q, group, head_dim, sm_scale, softcap, left, right,
+    m_blocks, seq_q, seq_k, heads_q, group, head_dim, sm_scale, softcap, left, right,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -168,11 +170,12 @@ def _attention_bwd_dq_kernel(
 ):
     """dq of BLOCK_M query rows of one (batch, q head) over the keys they see.
 
-    grid (cdiv(max seq_q, BLOCK_M), batch * heads_q). Shapes as in _attention_bwd_dkdv_kernel;
+    grid (m_blocks * batch * heads_q,). Shapes as in _attention_bwd_dkdv_kernel;
     dq has q's shape. Constexprs as in _attention_fwd_kernel.
     """
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid = tl.program_id(0)
+    pid_m = pid % m_blocks
+    pid_bh = pid // m_blocks
     pid_b = pid_bh // heads_q
     pid_h = pid_bh % heads_q
     q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN)

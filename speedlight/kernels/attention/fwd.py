@@ -16,7 +16,7 @@ from speedlight.kernels.attention.common import (LOG2E, _key_range, _scores, _se
 
 @triton.jit
 def _attention_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, m_blocks,
     seq_q, seq_k, heads_q, group, head_dim, sm_scale, softcap, left, right, split_span,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -29,7 +29,9 @@ def _attention_fwd_kernel(
 ):
     """One block of BLOCK_M query rows of one (batch, q head) against its visible keys.
 
-    grid (cdiv(max seq_q, BLOCK_M), batch * heads_q, splits). q, o [batch, heads_q, seq_q,
+    grid (m_blocks * batch * heads_q, splits), m_blocks = cdiv(max seq_q, BLOCK_M): one
+    flat first axis (batch * heads can pass CUDA's 65535 limit on the second), the query
+    blocks of one head consecutive so they share its K/V in L2. q, o [batch, heads_q, seq_q,
     head_dim] and k, v [batch, heads_q // group, seq_k, head_dim] by their strides (last
     dim contiguous); packed [total, heads, head_dim] with VARLEN (batch strides 0, rows
     offset by cu_q / cu_k, int32 [batch + 1]). lse fp32 [batch, heads_q, seq_q].
@@ -43,9 +45,10 @@ def _attention_fwd_kernel(
     PRECISION "ieee" keeps fp32 products exact (no TF32); BLOCK_D is head_dim rounded up
     to a power of two, the rest masked.
     """
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    pid_s = tl.program_id(2)
+    pid = tl.program_id(0)
+    pid_m = pid % m_blocks
+    pid_bh = pid // m_blocks
+    pid_s = tl.program_id(1)
     pid_b = pid_bh // heads_q
     pid_h = pid_bh % heads_q
     q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN)
