@@ -9,6 +9,7 @@ import torch
 
 from speedlight.ops._checks import check_tensor
 from speedlight.ops.add_rms_norm import add_rms_norm, broadcast_residual
+from speedlight.ops.attention import attention
 from speedlight.ops.cross_entropy import check_options, cross_entropy
 from speedlight.ops.geglu import geglu
 from speedlight.ops.glu import ACTIVATIONS, glu
@@ -274,3 +275,36 @@ class FusedGatedMLP(GatedMLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = gated_matmul(x, self.gate_proj.weight, self.up_proj.weight, self.activation)
         return matmul(h, self.down_proj.weight.t())
+
+
+class Attention(torch.nn.Module):
+    """Scaled dot-product attention over [batch, heads, seq, dim] q, k, v, computed by
+    speedlight.attention (flash attention: no [seq, seq] matrix is stored).
+
+    No torch module computes attention alone (torch.nn.MultiheadAttention owns the
+    projections too), so this one subclasses torch.nn.Module and holds no parameters:
+    the options are fixed at construction, the tensors come per call. GQA/MQA: k and v may
+    have fewer heads than q (a divisor). forward(q, k, v, cu_seqlens_q=None,
+    cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> o in q's shape (and the
+    fp32 log-sum-exp too with return_lse=True).
+    """
+
+    def __init__(self, causal: bool = False, scale: float | None = None,
+                 window: tuple[int, int] | None = None, softcap: float | None = None,
+                 return_lse: bool = False):
+        super().__init__()
+        self.causal, self.scale, self.window = causal, scale, window
+        self.softcap, self.return_lse = softcap, return_lse
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                cu_seqlens_q: torch.Tensor | None = None,
+                cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
+                max_seqlen_k: int | None = None):
+        return attention(q, k, v, causal=self.causal, scale=self.scale, window=self.window,
+                         softcap=self.softcap, cu_seqlens_q=cu_seqlens_q,
+                         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                         max_seqlen_k=max_seqlen_k, return_lse=self.return_lse)
+
+    def extra_repr(self) -> str:
+        return (f"causal={self.causal}, scale={self.scale}, window={self.window}, "
+                f"softcap={self.softcap}")

@@ -31,6 +31,7 @@ BUILTIN_OPS = (
     "geglu",
     "matmul",
     "gated_matmul",
+    "attention",
 )
 BUILTIN_MODULES = tuple(f"speedlight.ops.{name}" for name in BUILTIN_OPS)
 

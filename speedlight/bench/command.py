@@ -16,6 +16,10 @@ from pathlib import Path
 
 from speedlight import arguments
 
+# bench/baselines.py's BASELINES, spelled out so the command parser imports no torch
+_BASELINES = ("torch-eager", "torch-compile", "liger", "sdpa-flash", "sdpa-efficient",
+              "sdpa-cudnn", "flex-attention", "flash-attn")
+
 ACTIONS = ("run", "compare", "plot", "table")
 
 
@@ -31,8 +35,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     r.add_argument("--suite", default="model", choices=("quick", "model", "full"))
     arguments.add_dtypes(r, "bf16")
     r.add_argument("--modes", default="fwd,bwd,fwd+bwd", help="comma-separated: fwd,bwd,fwd+bwd")
-    r.add_argument("--baselines", default="torch-eager,torch-compile,liger",
-                   help="comma-separated, from torch-eager,torch-compile,liger; 'none' for none")
+    r.add_argument("--baselines", default=",".join(_BASELINES),
+                   help=f"comma-separated, from {','.join(_BASELINES)} (the last five apply to "
+                        "attention only); 'none' for none")
     arguments.add_spec(r)
     arguments.add_target(r)
     r.add_argument("--cases", default=None, metavar="REGEX", help="only cases whose id matches")
