@@ -94,10 +94,6 @@ class Target:
         return (f"target {self.sku.name} ({self.arch_name}, {self.sku.sm_count} SMs; {why}); "
                 f"roof: {self.roof_note}")
 
-    def peak_key(self, dtype: torch.dtype | str | None, *, tensor_core: bool,
-                 tf32: bool | None = None) -> str:
-        return peak_key(dtype, tensor_core=tensor_core, tf32=tf32)
-
     def to_json(self) -> dict:
         roof = self.roof
         return {"key": self.sku.key, "name": self.sku.name, "arch": self.arch_name,
@@ -215,8 +211,7 @@ def _roof(sku: DeviceSpec, ceilings: hardware.Ceilings | None) -> tuple[Roof | N
                         ceilings.device_name)
         return roof, f"measured by speedlight probe ({ceilings.measured_at or 'undated'})"
     if sku.dram_bandwidth and sku.peak_flops:
-        return hardware.roof_for(sku), ("datasheet (run `speedlight probe` on the GPU for "
-                                        "measured ceilings)")
+        return hardware.roof_for(sku), "datasheet (no `speedlight probe` measurement cached)"
     return None, (f"none: no datasheet for {sku.name} and no measured ceilings (run "
                   f"`speedlight probe`, or pass --target)")
 

@@ -1,10 +1,13 @@
 """speedlight.target: one resolution of "which GPU" for every tool, one peak rule, one
 error for an unknown GPU."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from speedlight import cli, hardware, target
+from speedlight.bench import metrics
 from speedlight.target import TargetError, peak_key, resolve
 
 TOOLS = {  # the cheapest command line of each tool; each resolves its target before work
@@ -119,3 +122,35 @@ def test_every_tool_gives_the_same_error_for_an_unknown_target(tmp_path):
         messages[tool] = str(e.value).removeprefix(f"speedlight {tool}: ")
     assert len(set(messages.values())) == 1, messages
     assert "'h999' is not a known GPU" in messages["report"] and "sm_90a" in messages["report"]
+
+
+def _pretend_gpu(monkeypatch, name, cc, sms):
+    props = SimpleNamespace(name=name, major=cc[0], minor=cc[1], multi_processor_count=sms,
+                            total_memory=24 * 10**9, L2_cache_size=72 * 2**20)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+
+
+def test_the_gpu_in_use_is_the_target_unless_flags_say_otherwise(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPEEDLIGHT_CACHE", str(tmp_path))
+    _pretend_gpu(monkeypatch, "NVIDIA H100 80GB HBM3", (9, 0), 132)
+    here = resolve(None, None, "cuda")
+    assert here.sku.key == "h100-sxm" and here.in_use and here.native
+    assert here.origin == "the GPU in use" and metrics.device_roof(here)[0] is here.roof
+    other = resolve("b200", None, "cuda")
+    assert not other.in_use and not other.native
+    assert "not the device the times are measured on" in metrics.device_roof(other)[1]
+
+
+def test_a_gpu_without_a_datasheet_still_resolves(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPEEDLIGHT_CACHE", str(tmp_path))
+    _pretend_gpu(monkeypatch, "NVIDIA GeForce RTX 4090", (8, 9), 128)
+    t = resolve(None, None, "cuda")
+    assert (t.sku.name, t.sm_count, t.arch_name) == ("NVIDIA GeForce RTX 4090", 128, "sm_89")
+    assert t.roof is None and "no datasheet" in t.roof_note and t.in_use
+    roof, note = metrics.device_roof(t)
+    assert roof is None and "speedlight probe" in note
+    hardware.save_ceilings(hardware.Ceilings("NVIDIA GeForce RTX 4090", "580.1", 0.9e12,
+                                             {"bf16": 1.5e14}, measured_at="2026-11-01"))
+    t = resolve(None, None, "cuda")
+    assert t.roof.source == "measured" and t.roof.bandwidth == 0.9e12

@@ -108,21 +108,31 @@ def breakdown_svg(doc: dict, n: int = 12) -> str:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     floor_total = doc["summary"]["floor_s"] or 1.0
+    projected = doc["measured"]["time"] == "projected"
     for ax, key, title in ((axes[0], "by_type", "by op type"), (axes[1], "by_class", "by module class")):
         groups = doc[key][:n][::-1]
         names = [str(g["key"]).replace("aten.", "").replace(".default", "") for g in groups]
         ys = range(len(groups))
-        ax.barh([y + 0.2 for y in ys], [100 * g["time_share"] for g in groups], height=0.4,
-                color="#457b9d", label=f"measured time ({doc['measured']['time']})")
-        ax.barh([y - 0.2 for y in ys], [100 * g["floor_s"] / floor_total for g in groups], height=0.4,
-                color="#e9c46a", label=f"floor on {doc['target']['key']}")
+        if projected:  # the times are the floors: one bar
+            ax.barh(list(ys), [100 * g["floor_s"] / floor_total for g in groups], height=0.6,
+                    color="#e9c46a", label=f"projected floor on {doc['target']['key']}")
+        else:
+            ax.barh([y + 0.2 for y in ys], [100 * g["time_share"] for g in groups], height=0.4,
+                    color="#457b9d", label=f"measured time ({doc['measured']['time']})")
+            ax.barh([y - 0.2 for y in ys], [100 * g["floor_s"] / floor_total for g in groups],
+                    height=0.4, color="#e9c46a", label=f"floor on {doc['target']['key']}")
         ax.set_yticks(list(ys))
         ax.set_yticklabels(names, fontsize=7)
         ax.set_xlabel("% of the step")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"where the time goes: {fmt.seconds(doc['summary']['op_time_s'])} of op time measured "
+    if projected:
+        title = (f"where the time goes: {fmt.seconds(doc['summary']['floor_s'])} of projected floors "
+                 f"on {doc['target']['key']} (nothing was run)")
+    else:
+        title = (f"where the time goes: {fmt.seconds(doc['summary']['op_time_s'])} of op time measured "
                  f"({doc['measured']['time']}), {fmt.seconds(doc['summary']['floor_s'])} of floors on "
-                 f"{doc['target']['key']}", fontsize=9)
+                 f"{doc['target']['key']}")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return _svg(fig)

@@ -11,14 +11,29 @@ from speedlight import arguments
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    arguments.add_model(p)
-    arguments.add_mode(p, train=False)
-    arguments.add_target(p)
-    arguments.add_steps(p)
-    arguments.add_spec(p)
+    arguments.add_model_run(p, train=False)
     p.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
     arguments.add_out(p, "speedlight-results", "folder for the JSON and HTML")
     p.add_argument("--no-html", action="store_true", help="write the JSON only")
+    p.set_defaults(batch=None, seq=None)  # 2 x 128 measured, 1 x 4096 projected
+    proj = p.add_argument_group("projection (a real-size step on fake tensors, no GPU needed)")
+    proj.add_argument("--project", action="store_true",
+                      help="project the step instead of running it: the model built on fake tensors "
+                           "at --size (default full), every op's floor on the target, batch 1 x seq "
+                           "4096 unless given; the default for --size full on a machine without a GPU")
+    proj.add_argument("--recipe", default=None,
+                      help="training recipe of a projection: bf16 (default: bf16 weights and "
+                           "gradients, fp32 AdamW moments), bf16-master, bf16-pure, fp32")
+    proj.add_argument("--targets", default=None, metavar="GPU,GPU,...",
+                      help="compare the projected step across GPUs, e.g. h100-sxm,h200,b200")
+    proj.add_argument("--shard", type=int, default=None, metavar="N",
+                      help="with --targets: memory per GPU with parameters, gradients and optimizer "
+                           "state sharded over N GPUs (FSDP / ZeRO-3)")
+    proj.add_argument("--no-patch", action="store_true",
+                      help="skip the second projection with speedlight's ops patched in")
+    proj.add_argument("--vary", action="append", default=None, metavar="FIELD=V1,V2",
+                      help="project once per value (batch, seq or a Hugging Face config field, "
+                           "e.g. seq=2048,8192 or num_key_value_heads=8,2); repeatable")
 
 
 def _slug(name: str) -> str:
@@ -47,6 +62,20 @@ def make_step(workload, optimizer, train: bool):
     return step
 
 
+def projecting(args: argparse.Namespace) -> bool:
+    """--project, a comparison, or --size full on a machine without a GPU (where a real-size
+    step cannot run)."""
+    wants = getattr(args, "project", False) or getattr(args, "targets", None) or getattr(args, "vary", None)
+    return bool(wants or (args.size == "full" and args.device == "cpu"))
+
+
+def _default_size(args: argparse.Namespace, *, batch: int, seq: int) -> None:
+    args.batch = batch if args.batch is None else args.batch
+    args.seq = seq if args.seq is None else args.seq
+    if args.batch < 1 or args.seq < 1:
+        raise ValueError(f"--batch and --seq must be at least 1, got {args.batch} and {args.seq}")
+
+
 def profile(args: argparse.Namespace, tgt) -> dict:
     """Build, capture, analyze: the profile's JSON document, floors on Target `tgt`."""
     import torch
@@ -55,6 +84,11 @@ def profile(args: argparse.Namespace, tgt) -> dict:
     from speedlight.profile import models
     from speedlight.spec import parse_dtype
 
+    if projecting(args):
+        from speedlight.profile.project_command import projected_profile
+        _default_size(args, batch=1, seq=4096)
+        return projected_profile(args, tgt)
+    _default_size(args, batch=2, seq=128)
     device = torch.device(args.device)
     train = bool(args.train)
     specs = registry.select(None, args.spec, include_builtin=not args.only_spec)
@@ -118,7 +152,7 @@ def profile_workload(w, *, device, train: bool, target, warmup: int = arguments.
 
 def run(args: argparse.Namespace) -> int:
     from speedlight import results
-    from speedlight.profile import models, render
+    from speedlight.profile import display, models
 
     tgt = arguments.resolve_target(args, "profile")
     console = results.make_console(width=180)
@@ -131,9 +165,11 @@ def run(args: argparse.Namespace) -> int:
         doc = profile(args, tgt)
     except (models.ModelError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"speedlight profile: {e}")
-    render.print_profile(doc, console, top=args.top)
+    display.print_profile(doc, console, top=args.top)
     out = Path(args.out)
     stem = f"profile-{_slug(doc['run']['model'])}-{doc['run']['mode']}"
+    if doc["measured"]["time"] == "projected":
+        stem += "-projected"
     json_path = results.write_json(out / f"{stem}.json", doc)
     written = [str(json_path)]
     if not args.no_html:

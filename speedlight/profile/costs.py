@@ -162,6 +162,30 @@ def matmul(func, args, kwargs, out) -> OpCost:
                   tensor_core=True)
 
 
+def grouped_matmul(func, args, kwargs, out) -> OpCost:
+    """_grouped_mm (mixture-of-experts layers): every routed row meets one group's matrix,
+    so the FLOPs do not depend on how rows are routed: [M, K] x [G, K, N] -> [M, N] is
+    2·M·K·N; [M, K] x [K, N] grouped along K -> [G, M, N] (weight gradients) is 2·M·K·N;
+    [G, M, K] x [G, K, N] is 2·G·M·K·N. Bytes: every operand once (every expert's weights
+    read, as when each gets rows)."""
+    b = bind(func, args, kwargs)
+    a_, w = b["self"], b["mat2"]
+    if a_.dim() == 3 and w.dim() == 3:
+        g, m, k = a_.shape
+        n = w.shape[-1]
+        flops, dims = 2 * g * m * k * n, f"G={g} M={m} K={k} N={n}"
+    elif a_.dim() == 3:  # [G, M, K] x [K?, N] grouped along N
+        g, m, k = a_.shape
+        n = w.shape[-1]
+        flops, dims = 2 * m * k * n, f"M={m} K={k} N={n} over {g} groups"
+    else:
+        m, k = a_.shape
+        n = w.shape[-1]
+        flops, dims = 2 * m * k * n, f"M={m} K={k} N={n}"
+    return OpCost(flops, _total_io(func, args, kwargs, out), "matmul",
+                  f"2·M·K·N, rows routed to groups ({dims})", tensor_core=True)
+
+
 def _attention_dims(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int, int, int]:
     """(batch, query heads, query length, key length, qk head dim, v head dim) of
     [B, H, S, D] tensors."""
@@ -369,7 +393,7 @@ _POINTWISE_FLOPS = {
        "ceil round trunc fmod remainder exp exp_ log log_ log1p expm1 sqrt sqrt_ rsqrt "
        "rsqrt_ sin cos tanh erf pow pow_ square logical_not logical_and logical_or bitwise_not "
        "bitwise_and bitwise_or isnan isinf nan_to_num hardtanh leaky_relu",
-    2: "lerp lerp_ addcmul addcmul_ addcdiv addcdiv_ tanh_backward native_dropout "
+    2: "floor_divide lerp lerp_ addcmul addcmul_ addcdiv addcdiv_ tanh_backward native_dropout "
        "native_dropout_backward sigmoid_backward",
     3: "sigmoid sigmoid_ mse_loss",
     4: "silu silu_ hardswish mish elu",
@@ -390,12 +414,14 @@ for _n in ("_scaled_dot_product_flash_attention _scaled_dot_product_efficient_at
     _FORMULAS[_n] = attention
     _FORMULAS[_n + "_backward"] = attention
 _FORMULAS["convolution"] = convolution
+_FORMULAS["_grouped_mm"] = grouped_matmul
 _FORMULAS["convolution_backward"] = convolution_backward
 
 for _n, _k in {"sum": 1, "mean": 1, "amax": 1, "amin": 1, "max": 1, "min": 1, "prod": 1,
                "any": 1, "all": 1, "argmax": 1, "argmin": 1, "nansum": 1, "cumsum": 1,
                "cumprod": 1, "count_nonzero": 1, "linalg_vector_norm": 2, "norm": 2,
-               "logsumexp": 3, "var": 3, "std": 3, "var_mean": 3, "std_mean": 3}.items():
+               "logsumexp": 3, "var": 3, "std": 3, "var_mean": 3, "std_mean": 3,
+               "topk": 1, "histc": 1, "sort": 1}.items():
     _FORMULAS[_n] = reduction(_k)
 
 _FORMULAS.update({

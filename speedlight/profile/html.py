@@ -31,8 +31,15 @@ def render(doc: dict, top: int = 25) -> str:
     for r in doc["rows"]:
         if r["formula"] is None:
             uncounted.setdefault(r["op"], []).append(r)
+    extra = {}
+    if doc.get("comparison") or doc.get("variations"):
+        from speedlight.profile import compare_charts
+        if doc.get("comparison"):
+            extra["targets_svg"] = compare_charts.targets_svg(doc)
+        if doc.get("variations"):
+            extra["variations_svg"] = compare_charts.variations_svg(doc)
     return env.get_template(TEMPLATE).render(
-        doc=doc, top=top, root=doc["model"].get("class"),
+        doc=doc, top=top, root=doc["model"].get("class"), **extra,
         roofline_svg=charts.roofline_svg(doc), breakdown_svg=charts.breakdown_svg(doc),
         uncounted=sorted(uncounted.items(), key=lambda kv: -sum(r["time_s"] for r in kv[1])))
 

@@ -7,6 +7,9 @@ alive before the step (parameters, buffers, optimizer state, inputs) is measured
 A storage changes category when autograd saves it for backward (an activation, belonging
 to the module whose forward saved it) or when it becomes a parameter's gradient.
 
+Storages are keyed by their StorageImpl (`UntypedStorage._cdata`), not their data pointer,
+so the same bookkeeping follows the fake tensors of a projected step (which have no data).
+
 What this does not see: allocator caching and fragmentation, workspaces libraries allocate
 outside aten, and memory of other processes. On CUDA the caching allocator's own peak
 (torch.cuda.max_memory_allocated) is reported beside it.
@@ -25,15 +28,20 @@ CATEGORIES = ("parameters", "buffers", "optimizer_state", "inputs", "gradients",
               "activations", "temporaries")
 
 
+def storage_key(st) -> int:
+    """One key per live storage, shared by every view of it (fake tensors included)."""
+    return st._cdata
+
+
 def _storages(ts) -> dict[int, int]:
-    """The distinct storages of these tensors: address -> bytes."""
+    """The distinct storages of these tensors: key -> bytes."""
     seen: dict[int, int] = {}
     for t in ts:
         if t is None or t.device.type == "meta":
             continue
         st = t.untyped_storage()
         if st.nbytes():
-            seen[st.data_ptr()] = st.nbytes()
+            seen[storage_key(st)] = st.nbytes()
     return seen
 
 
@@ -94,12 +102,12 @@ class LiveMemory:
     def on_outputs(self, outs, ins, module: str | None, producer: int) -> None:
         if not self.running:
             return
-        in_ptrs = {t.untyped_storage().data_ptr() for t in ins if t.device.type != "meta"}
+        in_ptrs = {storage_key(t.untyped_storage()) for t in ins if t.device.type != "meta"}
         for t in outs:
             if t.device.type == "meta":
                 continue
             st = t.untyped_storage()
-            ptr, n = st.data_ptr(), st.nbytes()
+            ptr, n = storage_key(st), st.nbytes()
             if n == 0 or ptr in self.ptr_key or ptr in in_ptrs or ptr in self.baseline_ptrs:
                 continue
             key = self._next
@@ -123,7 +131,7 @@ class LiveMemory:
         """A tensor autograd saves for backward: (op that produced it, bytes newly saved)."""
         if t.device.type == "meta":
             return None, 0
-        key = self.ptr_key.get(t.untyped_storage().data_ptr())
+        key = self.ptr_key.get(storage_key(t.untyped_storage()))
         if key is None or self.entries[key][1] != "temporaries":
             return None, 0
         n = self._move(key, "activations", module)
@@ -134,7 +142,7 @@ class LiveMemory:
     def on_grad(self, p: torch.Tensor) -> None:
         if p.grad is None:
             return
-        key = self.ptr_key.get(p.grad.untyped_storage().data_ptr())
+        key = self.ptr_key.get(storage_key(p.grad.untyped_storage()))
         if key is None:
             self.grad_untracked += p.grad.untyped_storage().nbytes()
             return

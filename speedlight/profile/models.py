@@ -118,7 +118,18 @@ def _build_hf(config, dtype: torch.dtype, device: torch.device, seed: int):
     torch.manual_seed(seed)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if all(p.device == device and p.dtype == dtype for p in model.parameters()):
+        return model  # made where it belongs (and fake tensors cannot be moved in place)
     return model.to(device=device, dtype=dtype)
+
+
+def apply_overrides(cfg, overrides: dict | None, where: str):
+    """Set Hugging Face config fields by their names there (`--vary num_key_value_heads=2`)."""
+    for key, value in (overrides or {}).items():
+        if not hasattr(cfg, key):
+            raise ModelError(f"{where}: the {type(cfg).__name__} has no field {key!r}")
+        setattr(cfg, key, value)
+    return cfg
 
 
 def _lm_workload(name: str, model, vocab: int, batch: int, seq: int, train: bool,
@@ -141,7 +152,7 @@ def _config_summary(cfg) -> dict:
 
 def build(spec: str | None, *, batch: int, seq: int, train: bool, dtype: torch.dtype,
           device: torch.device, size: str = "small", layers: int | None = None,
-          seed: int = 0) -> Workload:
+          seed: int = 0, overrides: dict | None = None) -> Workload:
     """The workload --model names (see the module docstring); ModelError when it names
     nothing speedlight can build."""
     if batch < 1 or seq < 1:
@@ -150,7 +161,7 @@ def build(spec: str | None, *, batch: int, seq: int, train: bool, dtype: torch.d
     if spec == DEFAULT:
         transformers = _transformers()
         kw = dict(DEFAULT_LLAMA, num_hidden_layers=layers or DEFAULT_LLAMA["num_hidden_layers"])
-        cfg = transformers.LlamaConfig(**kw)
+        cfg = apply_overrides(transformers.LlamaConfig(**kw), overrides, "--model default")
         model = _build_hf(cfg, dtype, device, seed)
         return _lm_workload("llama-tiny", model, cfg.vocab_size, batch, seq, train, device, seed,
                             dict(_config_summary(cfg), source="speedlight default (LlamaConfig, "
@@ -160,6 +171,7 @@ def build(spec: str | None, *, batch: int, seq: int, train: bool, dtype: torch.d
         depth = layers or (shapes.NUM_LAYERS[spec] if size == "full" else 2)
         transformers = _transformers()
         cfg = transformers.AutoConfig.for_model(m.hf_model_type, **hf_kwargs(m, depth, size, seq))
+        cfg = apply_overrides(cfg, overrides, f"--model {spec}")
         notes = [] if size == "full" else [
             f"{spec} scaled down (--size small): its architecture at {depth} layers and small "
             f"widths; --size full builds the real widths (a GPU's job)"]
@@ -178,6 +190,7 @@ def build(spec: str | None, *, batch: int, seq: int, train: bool, dtype: torch.d
             if layers:
                 raw["num_hidden_layers"] = layers
             cfg = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
+            cfg = apply_overrides(cfg, overrides, f"--model {spec}")
         except (KeyError, ValueError, json.JSONDecodeError) as e:
             raise ModelError(f"--model {spec!r}: not a Hugging Face config.json with a "
                              f"model_type ({type(e).__name__}: {e})") from None
@@ -217,7 +230,8 @@ def _from_callable(spec: str, train: bool, dtype: torch.dtype, device: torch.dev
                          f"{type(got).__name__}")
     model, inputs = got[0], got[1]
     loss_fn = got[2] if len(got) == 3 else default_loss
-    model = model.to(device)
+    if not all(p.device == device for p in model.parameters()):  # (fake tensors cannot move)
+        model = model.to(device)
     inputs = _to_device(inputs, device)
     params = sum(p.numel() for p in model.parameters())
     return Workload(attr, model, inputs, loss_fn,
@@ -226,7 +240,7 @@ def _from_callable(spec: str, train: bool, dtype: torch.dtype, device: torch.dev
 
 def _to_device(x, device):
     if isinstance(x, torch.Tensor):
-        return x.to(device)
+        return x if x.device == device else x.to(device)
     if isinstance(x, dict):
         return {k: _to_device(v, device) for k, v in x.items()}
     if isinstance(x, (tuple, list)):

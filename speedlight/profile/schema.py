@@ -44,6 +44,25 @@ TOP = {
     "notes": "anything the reader must know about this run",
 }
 
+# Present in a projected document only (`speedlight profile --project`); there, measured.time
+# is "projected", every time_s is the op's floor and summary.step_time_s is null.
+PROJECTED = {
+    "projection": "how it was made: label (projected floor), dispatch (gpu|here) and dispatch_note, "
+                  "attention (backend, why, calls), recipe (name, text, bytes_per_parameter), "
+                  "exact_bytes (parameters, gradients, optimizer_state by arithmetic), tokens, "
+                  "tokens_per_s_at_floor, moe, seconds (wall time of the fake step)",
+    "with_speedlight": "the model patched with speedlight's ops, projected on the same target: patch, "
+                       "floor_s, floor_with_launch_s, ops, kernel_ops, peak_bytes, activations_bytes, "
+                       "saved_s, saved_with_launch_s, saved_bytes, by_type, label",
+    "comparison": "--targets: rows (target, name, floor_s, floor_with_launch_s, tokens_per_s, "
+                  "floor_by_bound_s, memory_bytes, peak_bytes, fits, patched_floor_s, "
+                  "patched_tokens_per_s, patched_peak_bytes; with --shard: shard, sharded_peak_bytes, "
+                  "sharded_fits), shard, shard_note, largest_layer, largest_layer_bytes, label",
+    "variations": "--vary: target, base {batch, seq}, fields, rows (field, value, batch, seq, parameters, "
+                  "floor_s, floor_with_launch_s, tokens_per_s, flops, split_s by cost family, peak_bytes, "
+                  "fits), label",
+}
+
 ROW = {
     "index": "position in the step's op sequence",
     "op": "aten overload, e.g. aten.mm.default", "name": "overload packet, e.g. mm",

@@ -102,6 +102,18 @@ def _speedup_means(bench: list[dict]) -> dict:
     return means
 
 
+def _projection(doc: dict | None) -> dict | None:
+    """The real-size projection: what was projected, and the per-GPU comparison."""
+    if not doc:
+        return None
+    s, run = doc["summary"], doc["run"]
+    return {"model": run["model"], "mode": run["mode"], "batch": run["batch"], "seq": run["seq"],
+            "parameters": doc["model"].get("parameters"), "target": doc["target"]["name"],
+            "floor_s": s["floor_s"], "flops": s["flops"], "peak_bytes": doc["memory"]["peak_bytes"],
+            "projection": doc.get("projection", {}), "comparison": doc.get("comparison"),
+            "by_type": doc["by_type"][:8], "advice": doc.get("advice", [])[:6]}
+
+
 def _inspect_table(doc: dict | None) -> list[dict]:
     if not doc:
         return []
@@ -130,6 +142,7 @@ def load(folder: str | Path) -> dict:
         "verify": verify, "bench": bench, "speedup_means": _speedup_means(bench),
         "inspect": _json(get("inspect")), "inspect_kernels": _inspect_table(_json(get("inspect"))),
         "advice": (before or {}).get("advice", []),
+        "projection": _projection(_json(get("projection"))),
         "verify_counts": {s: sum(1 for v in verify if v["status"] == s)
                           for s in ("pass", "fail", "error", "skip")},
     }

@@ -125,3 +125,17 @@ def test_a_failed_stage_is_shown_and_fails_the_run(report_dir, tmp_path):
     html = (broken / "index.html").read_text()
     assert "RuntimeError: boom" in html and "patched model differs from the original" in html
     assert render.has_failures(broken)
+
+
+def test_cpu_report_adds_the_real_size_projection_of_the_family(report_dir):
+    out, _ = report_dir
+    doc = json.loads((out / "profile-projected.json").read_text())
+    assert doc["run"]["model"] == "llama-3-8b" and doc["run"]["seq"] == 4096
+    assert doc["measured"]["time"] == "projected" and doc["run"]["mode"] == "train"
+    assert [r["target"] for r in doc["comparison"]["rows"]] == ["h100-sxm", "h200", "b200"]
+    assert doc["target"]["key"] == "h200"  # the report's own target, as in every stage
+    data = load(out)
+    assert data["projection"]["floor_s"] == doc["summary"]["floor_s"]
+    page = (out / "index.html").read_text()
+    assert "At real size: llama-3-8b" in page and "projected floor" in page
+    assert (out / "profile-projected.html").exists()

@@ -75,7 +75,8 @@ def top_ops(doc: dict, console: Console, n: int) -> None:
                right=("calls", "time", "share", "FLOPs", "bytes", "floor"))
     for g in doc["top_ops"][:n]:
         where = fmt.place(g["place"], root) + (f" +{g['places'] - 1}" if g["places"] > 1 else "")
-        t.add_row(g["name"], g["phase"], g["shapes"], str(g["calls"]), fmt.seconds(g["time_s"]),
+        shapes = g["shapes"] if len(g["shapes"]) <= 64 else g["shapes"][:61] + "..."  # foreach lists
+        t.add_row(g["name"], g["phase"], shapes, str(g["calls"]), fmt.seconds(g["time_s"]),
                   fmt.share(g["time_share"]), fmt.flops(g["flops"]), fmt.nbytes(g["bytes"]),
                   fmt.seconds(g["floor_s"]), _bound(g["bound"]), where)
     console.print(t)
@@ -155,7 +156,14 @@ def uncounted(doc: dict, console: Console) -> None:
 def print_profile(doc: dict, console: Console | None = None, top: int = 15) -> None:
     console = console or Console()
     header(doc, console)
-    summary(doc, console)
+    projected = doc["measured"]["time"] == "projected"
+    if projected:
+        from speedlight.profile import project_render
+        project_render.summary(doc, console)
+        project_render.comparison(doc, console)
+        project_render.variations(doc, console)
+    else:
+        summary(doc, console)
     top_ops(doc, console, top)
     groups(doc, "by_type", "by op type", console, top)
     groups(doc, "by_class", "by module class", console, 10)

@@ -1,0 +1,101 @@
+"""`speedlight profile --project`: the real-size step projected onto one GPU or several."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def projected_profile(args: argparse.Namespace, tgt=None) -> dict:
+    """Build on fake tensors, record the step, analyze it on the target (`tgt`, the resolved
+    --target; without one, the first of --targets); with --targets and --vary the
+    comparisons ride along in the same document."""
+    from speedlight import target as target_mod
+    from speedlight.profile import compare, project, roofline
+    from speedlight.spec import parse_dtype
+
+    train = bool(args.train)
+    recipe_name = getattr(args, "recipe", None) or project.DEFAULT_RECIPE
+    if recipe_name not in project.RECIPES:
+        raise ValueError(f"--recipe {recipe_name!r}: expected one of {', '.join(project.RECIPES)}")
+    recipe = project.RECIPES[recipe_name]
+    if getattr(args, "shard", None) is not None and args.shard < 1:
+        raise ValueError(f"--shard must be at least 1, got {args.shard}")
+    sweeps = compare.parse_vary(getattr(args, "vary", None))
+    keys = [k.strip() for k in (getattr(args, "targets", None) or "").split(",") if k.strip()]
+    for k in keys:
+        target_mod.resolve(k)  # an unknown GPU fails before any work
+    if tgt is None or (args.target is None and getattr(args, "sku", None) is None and keys):
+        tgt = target_mod.resolve(args.target or (keys[0] if keys else None))
+    target, why = roofline.with_roof(tgt)
+    primary = target.sku.key
+    dtype = parse_dtype(args.dtype) if args.dtype else None
+    notes = []
+    if args.size == "small":
+        notes.append("--size small projected: the scaled-down model, on fake tensors")
+    mode = project.fake_mode()
+    w = project.build_workload(args.model, batch=args.batch, seq=args.seq, train=train,
+                               recipe=recipe, dtype=dtype, layers=args.layers, seed=args.seed,
+                               overrides=None, mode=mode) if args.size != "small" else \
+        _small(args, train, recipe, dtype, mode)
+    pj = project.project_step(w, train=train, recipe=recipe,
+                              capability=target.compute_capability, mode=mode)
+    if train:
+        notes.append(f"recipe {recipe.name}: {recipe.text}")
+    if why:
+        notes.append(why)
+    doc = project.document(w, pj, target, train=train, batch=args.batch, seq=args.seq,
+                           seed=args.seed, top=args.top, notes=notes)
+    patched = None
+    if not getattr(args, "no_patch", False):
+        patched = _patched(args, train, recipe, dtype, target)
+        if patched is not None:
+            doc["with_speedlight"] = compare.with_speedlight(pj, patched[1], target, patched[0])
+    if keys or getattr(args, "shard", None):
+        doc["comparison"] = compare.per_target(pj, w.model, keys or [primary], shard=args.shard,
+                                               train=train, tokens=args.batch * args.seq,
+                                               patched=patched[1] if patched else None)
+    if sweeps:
+        doc["variations"] = compare.vary(
+            args.model, sweeps, base={"batch": args.batch, "seq": args.seq}, target=target,
+            train=train, recipe=recipe, dtype=dtype, layers=args.layers, seed=args.seed)
+    return doc
+
+
+def _small(args, train, recipe, dtype, mode):
+    from speedlight.profile import models
+
+    with mode:
+        return models.build(args.model, batch=args.batch, seq=args.seq, train=train,
+                            dtype=recipe.params if train else (dtype or torch.bfloat16),
+                            device=torch.device("cpu"), size="small", layers=args.layers,
+                            seed=args.seed)
+
+
+def _patched(args, train, recipe, dtype, target):
+    """(patch report text, projection) of the same model with speedlight's ops swapped in,
+    or None for a model speedlight.patch does not know."""
+    import warnings
+
+    from speedlight.profile import project
+
+    mode = project.fake_mode()
+    w = project.build_workload(args.model, batch=args.batch, seq=args.seq, train=train,
+                               recipe=recipe, dtype=dtype, layers=args.layers, seed=args.seed,
+                               overrides=None, mode=mode) if args.size != "small" else \
+        _small(args, train, recipe, dtype, mode)
+    try:
+        from speedlight.patching import patch
+    except ImportError:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            report = patch(w.model)
+        except (TypeError, ValueError):  # not a model speedlight.patch knows
+            return None
+    if not report.patched:
+        return None
+    return str(report), project.project_step(w, train=train, recipe=recipe,
+                                             capability=target.compute_capability, mode=mode)
