@@ -53,6 +53,16 @@ def add_common(parser: argparse.ArgumentParser) -> None:
                              "(kernels run on the Triton interpreter)")
 
 
+def _requested_device(argv: list[str]) -> str:
+    """--device as given (before the parser exists), else auto."""
+    for i, arg in enumerate(argv):
+        if arg == "--device" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--device="):
+            return arg.split("=", 1)[1]
+    return "auto"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from speedlight import __version__
 
@@ -69,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The runtime is chosen before the sub-commands are imported to build the parser: a
+    # module they import may import triton, whose language functions (tl.cdiv...) are
+    # compiled or interpreted as TRITON_INTERPRET says when triton is first imported.
+    try:
+        select_device(_requested_device(sys.argv[1:] if argv is None else argv))
+    except SystemExit:
+        pass  # said again below, once the command line is parsed
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:

@@ -6,6 +6,8 @@ input dtype; y has x's dtype, dw has w's dtype.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 
@@ -184,7 +186,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
 
 def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -> None:
     """The checks every RMSNorm entry point shares: weight [hidden] on x's device (or None,
-    then no offset), eps a non-negative number."""
+    then no offset), eps a finite non-negative number."""
     if weight is not None:
         check_tensor("weight", weight)
         if tuple(weight.shape) != (x.shape[-1],):
@@ -196,8 +198,14 @@ def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -
     if not isinstance(offset, (int, float)) or isinstance(offset, bool):
         raise TypeError(f"offset must be a number (1.0 for Gemma's (1 + w) form), "
                         f"got {offset!r}")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
-        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    check_eps(eps)
+
+
+def check_eps(eps) -> None:
+    """eps of a norm: a finite non-negative number (NaN would pass a plain `eps < 0`)."""
+    if (not isinstance(eps, (int, float)) or isinstance(eps, bool)
+            or not math.isfinite(eps) or eps < 0):
+        raise ValueError(f"eps must be a finite non-negative number, got {eps!r}")
 
 
 # --- OpSpec --------------------------------------------------------------------------------

@@ -11,11 +11,7 @@ from speedlight import arguments
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    arguments.add_model(p)
-    arguments.add_mode(p, train=False)
-    arguments.add_target(p)
-    arguments.add_steps(p)
-    arguments.add_spec(p)
+    arguments.add_model_run(p, train=False)
     p.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
     arguments.add_out(p, "speedlight-results", "folder for the JSON and HTML")
     p.add_argument("--no-html", action="store_true", help="write the JSON only")
