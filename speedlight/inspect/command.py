@@ -156,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     console = results.make_console()
     if not args.all and not args.op and not args.spec:
         raise SystemExit("speedlight inspect: name an op (speedlight inspect rms_norm) or --all")
+    if args.jobs is not None and args.jobs < 1:
+        raise SystemExit(f"speedlight inspect: --jobs must be at least 1, got {args.jobs}")
     if args.all and args.case:
         raise SystemExit("speedlight inspect: --case names one case of one op; drop --all")
     device = torch.device(args.device)
