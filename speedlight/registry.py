@@ -29,6 +29,9 @@ BUILTIN_OPS = (
     "add_rms_norm",
     "swiglu",
     "geglu",
+    "matmul",
+    "gated_matmul",
+    "attention",
 )
 BUILTIN_MODULES = tuple(f"speedlight.ops.{name}" for name in BUILTIN_OPS)
 

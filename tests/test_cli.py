@@ -1,7 +1,11 @@
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from speedlight import cli, results
 
@@ -51,6 +55,23 @@ def test_unknown_op_is_a_clear_error(tmp_path):
 def test_no_command_prints_help(capsys):
     assert cli.main([]) == 2
     assert "verify" in capsys.readouterr().out
+
+
+def test_the_runtime_is_chosen_before_any_sub_command_is_imported(tmp_path):
+    """On a CPU, triton's own language functions (tl.cdiv...) must be interpreted like the
+    kernels calling them; they are, only if TRITON_INTERPRET is set before triton is first
+    imported, and building the parser imports every sub-command."""
+    if torch.cuda.is_available():
+        pytest.skip("the GPU runs compiled kernels: nothing to interpret")
+    code = ("import sys\nfrom speedlight import cli\n"
+            "try:\n    cli.main(['verify', '--ops', 'nope', '--out', sys.argv[1]])\n"
+            "except SystemExit:\n    pass\n"
+            "import triton.language as tl\nprint(type(tl.cdiv).__name__)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == "InterpretedFunction", out.stderr[-2000:]
 
 
 def test_verify_interrupted_keeps_the_finished_cases_of_the_op_in_progress(tmp_path, capsys,

@@ -16,6 +16,10 @@ from pathlib import Path
 
 from speedlight import arguments
 
+# bench/baselines.py's BASELINES, spelled out so the command parser imports no torch
+_BASELINES = ("torch-eager", "torch-compile", "liger", "sdpa-flash", "sdpa-efficient",
+              "sdpa-cudnn", "flex-attention", "flash-attn")
+
 ACTIONS = ("run", "compare", "plot", "table")
 
 
@@ -31,8 +35,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     r.add_argument("--suite", default="model", choices=("quick", "model", "full"))
     arguments.add_dtypes(r, "bf16")
     r.add_argument("--modes", default="fwd,bwd,fwd+bwd", help="comma-separated: fwd,bwd,fwd+bwd")
-    r.add_argument("--baselines", default="torch-eager,torch-compile,liger",
-                   help="comma-separated, from torch-eager,torch-compile,liger; 'none' for none")
+    r.add_argument("--baselines", default=",".join(_BASELINES),
+                   help=f"comma-separated, from {','.join(_BASELINES)} (the last five apply to "
+                        "attention only); 'none' for none")
     arguments.add_spec(r)
     arguments.add_target(r)
     r.add_argument("--cases", default=None, metavar="REGEX", help="only cases whose id matches")
@@ -143,6 +148,15 @@ def _run(args: argparse.Namespace) -> int:
         _fail(f"--cases {args.cases!r} is not a regular expression: {e}")
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
+    for flag, value, least in (("--rse", args.rse, 0.0), ("--time-cap", args.time_cap, 0.0),
+                               ("--budget-s", args.budget_s, 0.0), ("--max-gib", args.max_gib, 0.0),
+                               ("--cpu-max-mib", args.cpu_max_mib, 0.0),
+                               ("--min-samples", args.min_samples, 0),
+                               ("--max-samples", args.max_samples, 0), ("--limit", args.limit, 0)):
+        if value is not None and value <= least:
+            _fail(f"{flag} must be more than {least:g}, got {value:g}")
+    if args.graph_max_mib < 0:
+        _fail(f"--graph-max-mib must be at least 0, got {args.graph_max_mib:g}")
     try:  # before any work, not at the first write after a case was timed
         out_dir = results.writable_folder(args.out or "speedlight-results")
     except ValueError as e:

@@ -41,11 +41,7 @@ FILES = {"profile_before": "profile-before.json", "patch": "patch.json",
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    arguments.add_model(p)
-    arguments.add_mode(p, train=True)
-    arguments.add_target(p)
-    arguments.add_steps(p)
-    arguments.add_spec(p)
+    arguments.add_model_run(p, train=True)
     p.add_argument("--baselines", default=None,
                    help="bench baselines (default: torch-eager,torch-compile,liger on a GPU; "
                         "torch-eager on a CPU, where compiling each case costs more than the report)")
@@ -330,7 +326,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         def do_projection():
             from speedlight.pipeline.projection_stage import family_of, project_family
             name = args.projection or family_of(args.model, cfg.hf_model_type if cfg else None)
-            doc = project_family(name, train=train, target=args.target)
+            doc = project_family(name, train=train, target=tgt)
             results.write_json(out / FILES["projection"], doc)
             try:
                 from speedlight.profile import html
