@@ -34,6 +34,8 @@ def select_device(requested: str = "auto") -> str:
 
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested != "cpu" and not requested.startswith("cuda"):
+        raise SystemExit(f"speedlight: --device takes auto, cuda, cuda:N or cpu; got {requested!r}")
     if requested.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("speedlight: --device cuda asked for, but torch sees no CUDA device")
     if requested == "cpu":

@@ -152,7 +152,7 @@ def profile_workload(w, *, device, train: bool, target, warmup: int = arguments.
 
 def run(args: argparse.Namespace) -> int:
     from speedlight import results
-    from speedlight.profile import models, render
+    from speedlight.profile import display, models
 
     tgt = arguments.resolve_target(args, "profile")
     console = results.make_console(width=180)
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         doc = profile(args, tgt)
     except (models.ModelError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"speedlight profile: {e}")
-    render.print_profile(doc, console, top=args.top)
+    display.print_profile(doc, console, top=args.top)
     out = Path(args.out)
     stem = f"profile-{_slug(doc['run']['model'])}-{doc['run']['mode']}"
     if doc["measured"]["time"] == "projected":
