@@ -64,6 +64,6 @@ def test_the_registry_is_the_one_list_of_ops():
         assert s.fuses and advice.describe(s.name) == (s.fuses, "available")
     assert set(registry.BUILTIN_OPS) <= set(speedlight.__all__)
     assert set(patcher.kinds()) == set(inspect.signature(patcher.patch).parameters) - {"model"}
-    assert advice.describe("attention")[1] == "planned"
+    assert advice.describe("fused_linear_cross_entropy")[1] == "planned"
     with pytest.raises(ValueError, match="unknown op 'nope'; known: rms_norm"):
         registry.builtin_spec("nope")

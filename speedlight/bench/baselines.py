@@ -9,6 +9,9 @@
                  its own Triton GEMM templates with the epilogue fused included
   liger          Liger-Kernel's function for the op, when Liger is installed (found at run
                  time) and has one (bench/liger.py); on a GPU only
+  sdpa-flash, sdpa-efficient, sdpa-cudnn, flex-attention, flash-attn
+                 attention only (bench/attention_baselines.py): SDPA's backends, FlexAttention
+                 and flash-attn when installed; on a GPU only. Other ops get no row for them.
 
 A baseline that cannot run a case (not installed, no counterpart, unsupported dtype or
 layout, an error, or an output that differs from the reference) is kept as a row with
@@ -23,14 +26,14 @@ from typing import Callable
 
 import torch
 
-from speedlight.bench import liger
+from speedlight.bench import attention_baselines, liger
 from speedlight.spec import Case, OpSpec
 
 SPEEDLIGHT = "speedlight"
 EAGER = "torch-eager"
 COMPILE = "torch-compile"
 LIGER = "liger"
-BASELINES = (EAGER, COMPILE, LIGER)
+BASELINES = (EAGER, COMPILE, LIGER, *attention_baselines.NAMES)
 
 
 @dataclass
@@ -72,6 +75,8 @@ class Baselines:
                  device: torch.device | str = "cuda") -> list[Implementation]:
         impls = [Implementation(SPEEDLIGHT, spec.impl)]
         for name in self.names:
+            if name in attention_baselines.NAMES and spec.name != "attention":
+                continue  # an attention library has nothing to say about other ops
             impls.append(self._build(name, spec, case, inputs, torch.device(device)))
         return impls
 
@@ -86,6 +91,12 @@ class Baselines:
                                                           dynamic=o.dynamic,
                                                           mode=self.compile_mode(spec, device))
             return Implementation(COMPILE, self._compiled[spec.name], checked=True)
+        if name in attention_baselines.NAMES:
+            try:
+                return Implementation(name, attention_baselines.adapt(name, inputs, case, device),
+                                      checked=True)
+            except liger.Unsupported as e:
+                return Implementation(name, None, str(e))
         if device.type != "cuda":
             return Implementation(LIGER, None, "Liger-Kernel runs on CUDA GPUs; it is not run "
                                                "on the CPU interpreter")

@@ -12,7 +12,12 @@ are, so weights load unchanged and optimizers keep their references):
                  by a dispatcher that calls speedlight only inside a patched attention
                  layer, so unpatched models of the same family keep the original)
   cross_entropy  the model's loss_function -> the causal-LM loss on speedlight.cross_entropy
-unpatch restores every instance's forward and the model's loss exactly as they were.
+  attention      the model's config._attn_implementation -> "speedlight" (transformers'
+                 attention-function and mask registries, see hf_attention.py): every
+                 attention layer calls speedlight.attention with its scaling, sliding
+                 window and softcap; padding masks arrive 2-D and run as variable length
+unpatch restores every instance's forward, the model's loss and its attention
+implementation exactly as they were.
 """
 
 from __future__ import annotations
@@ -201,7 +206,7 @@ def _activation_of(mlp) -> tuple[str, dict] | None:
 
 
 def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
-          rope: bool = True, cross_entropy: bool = True) -> PatchReport:
+          rope: bool = True, cross_entropy: bool = True, attention: bool = True) -> PatchReport:
     """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3).
 
     mlp: True swaps the gated unit between the projections (swiglu / geglu); "fused" runs
@@ -222,9 +227,10 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None) or type(model).__name__
     family: Family | None = FAMILIES.get(model_type)
-    wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy}
+    wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy,
+              "attention": attention}
     report = PatchReport(model_type)
-    record: dict = {"forwards": [], "rope_modules": [], "loss": None}
+    record: dict = {"forwards": [], "rope_modules": [], "loss": None, "attention": None}
 
     if family is None:
         for kind, on in wanted.items():
@@ -285,10 +291,39 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
             else:
                 report.not_patched.append(("cross_entropy", f"{type(model).__name__} computes no loss "
                                            "(not a *ForCausalLM model)"))
+        if wanted["attention"]:
+            _patch_attention(model, family, report, record)
     setattr(model, _RECORD, record)
     if report.not_patched:
         warnings.warn(str(report), PatchWarning, stacklevel=2)
     return report
+
+
+def _patch_attention(model, family: Family, report: PatchReport, record: dict) -> None:
+    """Point the model's config at the "speedlight" attention implementation, and let every
+    attention layer find the report its fallbacks are written to."""
+    from speedlight.patching import hf_attention
+
+    config = model.config
+    if not _available("attention"):
+        report.not_patched.append(("attention", "this install has no speedlight.attention"))
+        return
+    if not hasattr(config, "_attn_implementation_internal"):
+        report.not_patched.append(("attention", "this transformers version has no attention-"
+                                   "function registry (config._attn_implementation)"))
+        return
+    layers = [(path, m) for path, m in model.named_modules()
+              if type(m).__name__ == family.attention_class]
+    if not layers:
+        report.not_patched.append(("attention", f"no attention module of the {family.model_type} "
+                                   "family found"))
+        return
+    hf_attention.register()
+    record["attention"] = (config._attn_implementation_internal, [m for _, m in layers])
+    config._attn_implementation = hf_attention.NAME
+    for path, m in layers:
+        setattr(m, hf_attention.REPORT_ATTR, report)
+    report.patched["attention"] = [path for path, _ in layers]
 
 
 def _set_forward(module: torch.nn.Module, fn, record: dict) -> None:
@@ -309,6 +344,12 @@ def unpatch(model: torch.nn.Module) -> None:
             module.forward = had
     for release in record["rope_modules"]:
         release()  # a finalizer runs once: here, not again when the model is collected
+    if record.get("attention") is not None:
+        from speedlight.patching import hf_attention
+        previous, layers = record["attention"]
+        model.config._attn_implementation_internal = previous
+        for m in layers:
+            m.__dict__.pop(hf_attention.REPORT_ATTR, None)
     if record["loss"] is not None:
         state, value = record["loss"]
         if state == "had":
