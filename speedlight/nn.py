@@ -7,12 +7,15 @@ import math
 
 import torch
 
-from speedlight.ops.add_rms_norm import add_rms_norm
+from speedlight.ops._checks import check_tensor
+from speedlight.ops.add_rms_norm import add_rms_norm, broadcast_residual
 from speedlight.ops.attention import attention
 from speedlight.ops.cross_entropy import check_options, cross_entropy
 from speedlight.ops.geglu import geglu
 from speedlight.ops.glu import ACTIVATIONS, glu
+from speedlight.ops.gated_matmul import gated_matmul
 from speedlight.ops.layer_norm import layer_norm
+from speedlight.ops.matmul import matmul
 from speedlight.ops.rms_norm import rms_norm
 from speedlight.ops.rope import rope
 from speedlight.ops.softmax import softmax
@@ -28,6 +31,7 @@ class RMSNorm(torch.nn.RMSNorm):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x, min_dim=1)  # before torch.finfo, which needs a float dtype
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         flat = _rows_shape(x, self.normalized_shape)
         weight = self.weight.reshape(-1) if self.weight is not None else None
@@ -128,7 +132,9 @@ class LayerNorm(torch.nn.LayerNorm):
 
 class AddRMSNorm(torch.nn.RMSNorm):
     """The residual add and RMSNorm of a pre-norm block in one kernel:
-    forward(x, residual) -> (y, h) with h = x + residual and y = RMSNorm(h).
+    forward(x, residual) -> (y, h) with h = x + residual and y = RMSNorm(h). The residual
+    is checked and broadcast as speedlight.add_rms_norm does; residual=None (the first
+    block, where the stream starts) gives (RMSNorm(x), x).
 
     Same constructor, parameters and state-dict as torch.nn.RMSNorm, so a model's norm
     weights load unchanged; eps=None means torch.finfo(x.dtype).eps, as in torch.
@@ -149,10 +155,18 @@ class AddRMSNorm(torch.nn.RMSNorm):
         else:
             super().reset_parameters()
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        check_tensor("x", x, min_dim=1)  # before torch.finfo, which needs a float dtype
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        flat = _rows_shape(x, self.normalized_shape)
         weight = self.weight.reshape(-1) if self.weight is not None else None
+        if residual is None:  # the residual stream starts at x: no add, and h is x
+            flat = _rows_shape(x, self.normalized_shape)
+            return rms_norm(x.reshape(flat), weight, eps, self.offset).reshape(x.shape), x
+        # checked and broadcast as add_rms_norm does, before the rows are flattened
+        check_tensor("residual", residual)
+        x, residual = broadcast_residual(x, residual)
+        flat = _rows_shape(x, self.normalized_shape)
         y, h = add_rms_norm(x.reshape(flat), residual.reshape(flat), weight, eps, self.offset)
         return y.view(x.shape), h.view(x.shape)
 
@@ -233,6 +247,34 @@ class GatedMLP(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"
+
+
+class Linear(torch.nn.Linear):
+    """y = x @ W^T + b by speedlight's GEMM (bias fused in its epilogue), W read where it
+    lies: the same constructor, parameters and state-dict as torch.nn.Linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return matmul(x, self.weight.t(), bias=self.bias)
+
+
+class FusedGatedMLP(GatedMLP):
+    """GatedMLP with both of its input projections in one kernel: down_proj(
+    gated_matmul(x, gate_proj.weight, up_proj.weight)), the gated product written by the
+    GEMM's epilogue so neither projection reaches memory. The parameters and state-dict
+    are GatedMLP's (Hugging Face's gate_proj / up_proj / down_proj). No biases: the gated
+    kernel has no bias epilogue (bias=True raises)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu",
+                 bias: bool = False, device=None, dtype=None):
+        if bias:
+            raise ValueError("FusedGatedMLP has no bias epilogue in its gated kernel; use "
+                             "GatedMLP for an MLP with biases (mlp_bias=True)")
+        super().__init__(hidden_size, intermediate_size, activation, bias=False,
+                         device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = gated_matmul(x, self.gate_proj.weight, self.up_proj.weight, self.activation)
+        return matmul(h, self.down_proj.weight.t())
 
 
 class Attention(torch.nn.Module):

@@ -143,6 +143,50 @@ def geglu(gate: torch.Tensor, up: torch.Tensor | None = None,
     return torch.nn.functional.gelu(gate, approximate=approximate) * up
 
 
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+           activation: str | None = None, residual: torch.Tensor | None = None,
+           scale: float | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """act(scale * (a @ b) + bias) + residual, as a PyTorch user chains it: torch.matmul in
+    a's dtype (fp32 accumulation, one rounding), then each epilogue step in that dtype.
+    out_dtype float32 on half inputs multiplies the upcast operands (their products are
+    exact in float32). On float64 inputs (the ground truth) everything stays float64.
+    activation: None, "silu", "gelu_tanh" or "gelu"."""
+    dtype = torch.float64 if a.dtype == torch.float64 else (out_dtype or a.dtype)
+    y = a.to(dtype) @ b.to(dtype) if dtype != a.dtype else a @ b
+    if scale is not None:
+        y = y * scale
+    if bias is not None:
+        y = y + bias.to(dtype)
+    if activation == "silu":
+        y = torch.nn.functional.silu(y)
+    elif activation in ("gelu_tanh", "gelu"):
+        y = torch.nn.functional.gelu(y, approximate="tanh" if activation == "gelu_tanh" else "none")
+    elif activation is not None:
+        raise ValueError(f"unknown activation {activation!r}")
+    if residual is not None:
+        y = y + residual.to(dtype)
+    return y
+
+
+def gated_matmul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor | None = None,
+                 activation: str = "silu") -> torch.Tensor:
+    """act(x @ w_gate^T) * (x @ w_up^T), as Llama's MLP computes act_fn(gate_proj(x)) *
+    up_proj(x) in x's dtype; with w_up None, w_gate is [2 * I, H], gate rows then up rows
+    (Phi-3's gate_up_proj, split by chunk(2, -1) after the projection)."""
+    if w_up is None:
+        gate, up = torch.nn.functional.linear(x, w_gate).chunk(2, dim=-1)
+    else:
+        gate, up = torch.nn.functional.linear(x, w_gate), torch.nn.functional.linear(x, w_up)
+    if activation == "silu":
+        act = torch.nn.functional.silu(gate)
+    elif activation in ("gelu_tanh", "gelu"):
+        act = torch.nn.functional.gelu(gate, approximate="tanh" if activation == "gelu_tanh"
+                                       else "none")
+    else:
+        raise ValueError(f"unknown activation {activation!r}")
+    return act * up
+
+
 # Score elements (queries x keys x heads) the attention reference holds at once: it takes
 # queries in chunks, so a 128K-token case needs no [seq, seq] matrix.
 ATTENTION_SCORE_BUDGET = 2 ** 24

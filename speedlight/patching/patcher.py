@@ -3,7 +3,10 @@
 What is swapped, per module instance (the class, parameters and state-dict stay as they
 are, so weights load unchanged and optimizers keep their references):
   rms_norm       every <Family>RMSNorm's forward -> speedlight.rms_norm (offset 1 for Gemma)
-  mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up))
+  mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up));
+                 with mlp="fused" -> down_proj(gated_matmul(x, gate and up weights)): both
+                 projections and the gated product in one GEMM kernel (off by default
+                 until measured on a GPU)
   rope           every <Family>Attention's forward runs with speedlight.rope in place of
                  the family's apply_rotary_pos_emb (the module-level function is replaced
                  by a dispatcher that calls speedlight only inside a patched attention
@@ -134,6 +137,30 @@ def _fused_mlp_forward(op_name: str, op_kwargs: dict):
     return forward
 
 
+_GATED_ACTIVATION = {("swiglu", ""): "silu", ("geglu", "tanh"): "gelu_tanh",
+                     ("geglu", "none"): "gelu"}
+
+
+def _gated_matmul_forward(op_name: str, op_kwargs: dict):
+    """down_proj(act(x W_gate^T) * (x W_up^T)) with the two projections in one kernel: the
+    weights are the module's own parameters (gate_up_proj's [2I, H] for Phi-3)."""
+    activation = _GATED_ACTIVATION[(op_name, op_kwargs.get("approximate", ""))]
+
+    def forward(self, x):
+        from speedlight.ops.gated_matmul import gated_matmul
+        if hasattr(self, "gate_up_proj"):
+            h = gated_matmul(x, self.gate_up_proj.weight, None, activation)
+        else:
+            h = gated_matmul(x, self.gate_proj.weight, self.up_proj.weight, activation)
+        return self.down_proj(h)
+    return forward
+
+
+def _has_bias(mlp) -> bool:
+    return any(getattr(getattr(mlp, name, None), "bias", None) is not None
+               for name in ("gate_proj", "up_proj", "gate_up_proj"))
+
+
 def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100,
                    shift_labels=None, **kwargs):
     """Hugging Face's ForCausalLMLoss on speedlight.cross_entropy: labels shifted by one,
@@ -178,9 +205,14 @@ def _activation_of(mlp) -> tuple[str, dict] | None:
     return ACTIVATIONS.get(name)
 
 
-def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, rope: bool = True,
-          cross_entropy: bool = True, attention: bool = True) -> PatchReport:
+def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
+          rope: bool = True, cross_entropy: bool = True, attention: bool = True) -> PatchReport:
     """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3).
+
+    mlp: True swaps the gated unit between the projections (swiglu / geglu); "fused" runs
+    both input projections and the gated product as one speedlight.gated_matmul kernel,
+    then the module's own down_proj (MLPs with biases keep the unfused path, reported);
+    False leaves the MLPs alone.
 
     Returns a PatchReport listing what was patched; anything asked for that could not be
     patched (an unknown architecture, an unsupported activation) is also warned about
@@ -188,6 +220,8 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, ro
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if mlp not in (True, False, "fused"):
+        raise ValueError(f"mlp must be True, False or 'fused', got {mlp!r}")
     if hasattr(model, _RECORD):
         raise ValueError("model is already patched by speedlight; call speedlight.unpatch(model) first")
     config = getattr(model, "config", None)
@@ -224,6 +258,14 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, ro
                     continue
                 if not _available(act[0]):
                     report.not_patched.append((f"mlp {path}", f"this install has no speedlight.{act[0]}"))
+                    continue
+                if mlp == "fused" and _has_bias(module):
+                    report.not_patched.append((f"mlp {path} (fused)", "its projections have "
+                                               "biases, which gated_matmul does not add; the "
+                                               "gated unit alone is patched"))
+                if mlp == "fused" and not _has_bias(module) and _available("gated_matmul"):
+                    _set_forward(module, _gated_matmul_forward(*act), record)
+                    report.patched.setdefault("mlp", []).append(f"{path} (gated_matmul)")
                     continue
                 make = _fused_mlp_forward if family.mlp == "fused" else _split_mlp_forward
                 _set_forward(module, make(*act), record)

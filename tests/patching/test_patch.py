@@ -48,6 +48,30 @@ def test_patched_logits_loss_and_every_gradient_match(family):
             torch.testing.assert_close(g1, g0, **TOL, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2", "phi3"])
+def test_fused_mlp_runs_gated_matmul_and_matches(family):
+    """mlp="fused": each MLP's two input projections and its gated product in one
+    gated_matmul kernel (Phi-3's [2I, H] gate_up_proj read in place), then down_proj."""
+    base = build(family)
+    patched = copy.deepcopy(base)
+    report = patch(patched, rms_norm=False, rope=False, cross_entropy=False, mlp="fused")
+    assert report.count("mlp") == 2 and not report.not_patched
+    assert all("(gated_matmul)" in m for m in report.patched["mlp"]), report.patched["mlp"]
+    ids, labels = batch(base.config.vocab_size)
+    logits0, loss0, grads0 = _run(base, ids, labels)
+    counter = LaunchCounter()
+    with counter.active():
+        logits1, loss1, grads1 = _run(patched, ids, labels)
+    assert "_gated_matmul_kernel" in counter.kernels
+    torch.testing.assert_close(logits1, logits0, **TOL)
+    torch.testing.assert_close(loss1, loss0, **TOL)
+    for (name, _), g0, g1 in zip(base.named_parameters(), grads0, grads1):
+        if g0 is not None:
+            torch.testing.assert_close(g1, g0, **TOL, msg=lambda m: f"{name}: {m}")
+    with pytest.raises(ValueError, match="mlp must be"):
+        patch(copy.deepcopy(base), mlp="yes")
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_unpatch_restores_the_original_exactly(family):
     model = build(family)
