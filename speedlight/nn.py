@@ -23,14 +23,25 @@ class RMSNorm(torch.nn.RMSNorm):
 
     Same constructor and state-dict as torch.nn.RMSNorm; eps=None means
     torch.finfo(x.dtype).eps, as in torch. A multi-dim normalized_shape normalizes over
-    the flattened trailing dims.
+    the flattened trailing dims. in_place=True (keyword only): the backward writes dx over
+    the gradient it receives; only where the output feeds no residual add (see
+    speedlight.rms_norm).
     """
+
+    def __init__(self, normalized_shape, eps: float | None = None,
+                 elementwise_affine: bool = True, device=None, dtype=None, *,
+                 in_place: bool = False):
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+        self.in_place = in_place
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         flat = _rows_shape(x, self.normalized_shape)
         weight = self.weight.reshape(-1) if self.weight is not None else None
-        return rms_norm(x.reshape(flat), weight, eps).reshape(x.shape)
+        return rms_norm(x.reshape(flat), weight, eps, in_place=self.in_place).reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", in_place=True" if self.in_place else "")
 
 
 def _rows_shape(x: torch.Tensor, normalized_shape) -> tuple[int, ...]:
@@ -132,13 +143,16 @@ class AddRMSNorm(torch.nn.RMSNorm):
     Same constructor, parameters and state-dict as torch.nn.RMSNorm, so a model's norm
     weights load unchanged; eps=None means torch.finfo(x.dtype).eps, as in torch.
     offset=1.0 (keyword only) is Gemma's (1 + w) form, whose weight then starts at 0.
+    in_place=True (keyword only): the backward writes over the gradient of y (see
+    speedlight.add_rms_norm).
     """
 
     def __init__(self, normalized_shape, eps: float | None = None,
                  elementwise_affine: bool = True, device=None, dtype=None, *,
-                 offset: float = 0.0):
+                 offset: float = 0.0, in_place: bool = False):
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
         self.offset = float(offset)
+        self.in_place = in_place
         if self.offset and self.weight is not None:
             self.reset_parameters()
 
@@ -152,11 +166,13 @@ class AddRMSNorm(torch.nn.RMSNorm):
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         flat = _rows_shape(x, self.normalized_shape)
         weight = self.weight.reshape(-1) if self.weight is not None else None
-        y, h = add_rms_norm(x.reshape(flat), residual.reshape(flat), weight, eps, self.offset)
+        y, h = add_rms_norm(x.reshape(flat), residual.reshape(flat), weight, eps, self.offset,
+                            in_place=self.in_place)
         return y.view(x.shape), h.view(x.shape)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + (f", offset={self.offset}" if self.offset else "")
+        return (super().extra_repr() + (f", offset={self.offset}" if self.offset else "")
+                + (", in_place=True" if self.in_place else ""))
 
 
 class SwiGLU(torch.nn.Module):

@@ -18,11 +18,12 @@ def _opmath(x: torch.Tensor) -> torch.dtype:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
-             offset: float = 0.0) -> torch.Tensor:
+             offset: float = 0.0, in_place: bool = False) -> torch.Tensor:
     """y = x / sqrt(mean(x^2) + eps) * (offset + w) over the last dim.
 
     As torch.nn.functional.rms_norm and the Hugging Face norms compute it: statistics in
-    float32 for half inputs, one rounding to x's dtype at the end.
+    float32 for half inputs, one rounding to x's dtype at the end. in_place (where
+    speedlight's backward writes dx) changes no value: the reference ignores it.
     """
     h = x.to(_opmath(x))
     y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -102,9 +103,11 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
-                 eps: float = 1e-6, offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float = 1e-6, offset: float = 0.0,
+                 in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(h), h) with h = x + residual, as a Hugging Face decoder layer computes it:
-    the residual add in the model's dtype, then the norm of that (rounded) h."""
+    the residual add in the model's dtype, then the norm of that (rounded) h. in_place is
+    ignored, as in rms_norm."""
     h = x + residual
     return rms_norm(h, weight, eps, offset), h
 

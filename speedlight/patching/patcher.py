@@ -2,7 +2,11 @@
 
 What is swapped, per module instance (the class, parameters and state-dict stay as they
 are, so weights load unchanged and optimizers keep their references):
-  rms_norm       every <Family>RMSNorm's forward -> speedlight.rms_norm (offset 1 for Gemma)
+  rms_norm       every <Family>RMSNorm's forward -> speedlight.rms_norm (offset 1 for Gemma);
+                 in_place=True for the norms whose output feeds linear layers alone
+                 (Family.in_place_norms: pre-norms and the final norm, never a post-norm
+                 whose output joins the residual stream), so their backward allocates
+                 nothing of the activations' size
   mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up))
   rope           every <Family>Attention's forward runs with speedlight.rope in place of
                  the family's apply_rotary_pos_emb (the module-level function is replaced
@@ -37,6 +41,7 @@ class PatchWarning(UserWarning):
 class PatchReport:
     model_type: str
     patched: dict[str, list[str]] = field(default_factory=dict)  # kind -> module paths
+    in_place: list[str] = field(default_factory=list)  # norms whose backward writes over dy
     not_patched: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
 
     def count(self, kind: str) -> int:
@@ -48,6 +53,9 @@ class PatchReport:
             if kind in self.patched:
                 lines.append(f"  patched {kind}: {len(self.patched[kind])} "
                              f"({', '.join(self.patched[kind][:3])}{', ...' if len(self.patched[kind]) > 3 else ''})")
+        if self.in_place:
+            lines.append(f"  rms_norm backward in place: {len(self.in_place)} (the norms "
+                         f"whose output feeds linear layers alone)")
         for what, why in self.not_patched:
             lines.append(f"  NOT patched {what}: {why}")
         return "\n".join(lines)
@@ -104,11 +112,11 @@ def _attention_forward(previous):
 
 # --- the replacement forwards --------------------------------------------------------------
 
-def _norm_forward(offset: float, out: str, eps_attr: str):
+def _norm_forward(offset: float, out: str, eps_attr: str, in_place: bool = False):
     def forward(self, x):
         from speedlight.ops.rms_norm import rms_norm
         y = rms_norm(x, self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype),
-                     float(getattr(self, eps_attr)), offset)
+                     float(getattr(self, eps_attr)), offset, in_place=in_place)
         if out == "promote":  # Llama: weight * x.to(input dtype) promotes to weight's dtype
             return y.to(torch.promote_types(x.dtype, self.weight.dtype))
         return y
@@ -174,8 +182,12 @@ def _activation_of(mlp) -> tuple[str, dict] | None:
 
 
 def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, rope: bool = True,
-          cross_entropy: bool = True) -> PatchReport:
+          cross_entropy: bool = True, norm_in_place: bool = True) -> PatchReport:
     """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3).
+
+    norm_in_place: the norms whose output feeds linear layers alone (the family's
+    in_place_norms) run their backward in place (speedlight.rms_norm's in_place); False
+    keeps every norm's backward out of place.
 
     Returns a PatchReport listing what was patched; anything asked for that could not be
     patched (an unknown architecture, an unsupported activation) is also warned about
@@ -207,8 +219,12 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, ro
                 continue
             if wanted["rms_norm"] and cls == family.norm_class:
                 eps_attr = "variance_epsilon" if hasattr(module, "variance_epsilon") else "eps"
-                _set_forward(module, _norm_forward(family.norm_offset, family.norm_out, eps_attr), record)
+                in_place = norm_in_place and path.rsplit(".", 1)[-1] in family.in_place_norms
+                _set_forward(module, _norm_forward(family.norm_offset, family.norm_out, eps_attr,
+                                                   in_place), record)
                 report.patched.setdefault("rms_norm", []).append(path)
+                if in_place:
+                    report.in_place.append(path)
             elif wanted["mlp"] and cls == family.mlp_class:
                 act = _activation_of(module)
                 if act is None:

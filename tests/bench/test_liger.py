@@ -48,7 +48,10 @@ def test_rms_norm_llama_and_gemma_casting():
     x, w = torch.randn(2, 8), torch.randn(8)
     (name, args, kw), mutates = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-5, "offset": 0.0})
     assert name == "liger_rms_norm" and args[:3] == (x, w, 1e-5)
-    assert kw == {"offset": 0.0, "casting_mode": "llama", "in_place": True} and not mutates
+    assert kw == {"offset": 0.0, "casting_mode": "llama", "in_place": False} and not mutates
+    (_, _, kw), _ = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-5, "offset": 0.0,
+                                        "in_place": True})
+    assert kw["in_place"] is True  # the case's in_place is Liger's
     (_, _, kw), _ = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-6, "offset": 1.0})
     assert kw["casting_mode"] == "gemma" and kw["offset"] == 1.0
     with pytest.raises(liger.Unsupported, match="weight"):
