@@ -67,6 +67,9 @@ def _layer_norm(F, inputs: dict, case: Case):
 def _gated(name: str, liger_fn: str):
     def adapter(F, inputs: dict, case: Case):
         _need(name, inputs, "gate", "up")
+        if any(inputs.get(k, 1.0) != 1.0 for k in ("gate_multiplier", "down_multiplier")):
+            raise Unsupported(f"Liger's {liger_fn} has no gate or down multiplier "
+                              f"(Falcon-H1's mlp_multipliers)")
         fn = getattr(F, liger_fn)
         return lambda gate, up, **_: fn(gate, up), False
     return adapter
