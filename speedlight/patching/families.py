@@ -50,6 +50,11 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
            norm_out="input", in_place_norms=("input_layernorm", "pre_feedforward_layernorm",
                                              "norm")),
     Family("phi3", "Phi3", "transformers.models.phi3.modeling_phi3", mlp="fused"),
+    # hybrid attention + Mamba-2 layers; its MLP (feed_forward) has mlp_multipliers. The
+    # input norm feeds both mixers and stays out of place; the Mamba mixer's own gated norm
+    # is another class, left as it is.
+    Family("falcon_h1", "FalconH1", "transformers.models.falcon_h1.modeling_falcon_h1",
+           in_place_norms=("pre_ff_layernorm", "final_layernorm")),
 ]}
 
 # Hugging Face activation classes -> (speedlight op, its keyword arguments)

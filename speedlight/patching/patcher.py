@@ -124,9 +124,18 @@ def _norm_forward(offset: float, out: str, eps_attr: str, in_place: bool = False
 
 
 def _split_mlp_forward(op_name: str, op_kwargs: dict):
+    """down_proj(act(gate_proj(x)) * up_proj(x)), with Falcon-H1's gate_multiplier and
+    down_multiplier (attributes of its MLP) folded into the gated unit; down_multiplier
+    scales down_proj's output instead when down_proj has a bias."""
     def forward(self, x):
         op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
-        return self.down_proj(op(self.gate_proj(x), self.up_proj(x), **op_kwargs))
+        gate_multiplier = float(getattr(self, "gate_multiplier", 1.0))
+        down_multiplier = float(getattr(self, "down_multiplier", 1.0))
+        folded = self.down_proj.bias is None
+        y = self.down_proj(op(self.gate_proj(x), self.up_proj(x), **op_kwargs,
+                              gate_multiplier=gate_multiplier,
+                              down_multiplier=down_multiplier if folded else 1.0))
+        return y if folded or down_multiplier == 1.0 else y * down_multiplier
     return forward
 
 
@@ -183,7 +192,8 @@ def _activation_of(mlp) -> tuple[str, dict] | None:
 
 def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, rope: bool = True,
           cross_entropy: bool = True, norm_in_place: bool = True) -> PatchReport:
-    """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3).
+    """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3,
+    Falcon-H1).
 
     norm_in_place: the norms whose output feeds linear layers alone (the family's
     in_place_norms) run their backward in place (speedlight.rms_norm's in_place); False
