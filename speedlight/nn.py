@@ -7,11 +7,15 @@ import math
 
 import torch
 
-from speedlight.ops.add_rms_norm import add_rms_norm
+from speedlight.ops._checks import check_tensor
+from speedlight.ops.add_rms_norm import add_rms_norm, broadcast_residual
+from speedlight.ops.attention import attention
 from speedlight.ops.cross_entropy import check_options, cross_entropy
 from speedlight.ops.geglu import geglu
 from speedlight.ops.glu import ACTIVATIONS, glu
+from speedlight.ops.gated_matmul import gated_matmul
 from speedlight.ops.layer_norm import layer_norm
+from speedlight.ops.matmul import matmul
 from speedlight.ops.rms_norm import rms_norm
 from speedlight.ops.rope import rope
 from speedlight.ops.softmax import softmax
@@ -35,6 +39,7 @@ class RMSNorm(torch.nn.RMSNorm):
         self.in_place = in_place
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x, min_dim=1)  # before torch.finfo, which needs a float dtype
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         flat = _rows_shape(x, self.normalized_shape)
         weight = self.weight.reshape(-1) if self.weight is not None else None
@@ -138,7 +143,9 @@ class LayerNorm(torch.nn.LayerNorm):
 
 class AddRMSNorm(torch.nn.RMSNorm):
     """The residual add and RMSNorm of a pre-norm block in one kernel:
-    forward(x, residual) -> (y, h) with h = x + residual and y = RMSNorm(h).
+    forward(x, residual) -> (y, h) with h = x + residual and y = RMSNorm(h). The residual
+    is checked and broadcast as speedlight.add_rms_norm does; residual=None (the first
+    block, where the stream starts) gives (RMSNorm(x), x).
 
     Same constructor, parameters and state-dict as torch.nn.RMSNorm, so a model's norm
     weights load unchanged; eps=None means torch.finfo(x.dtype).eps, as in torch.
@@ -162,10 +169,19 @@ class AddRMSNorm(torch.nn.RMSNorm):
         else:
             super().reset_parameters()
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        check_tensor("x", x, min_dim=1)  # before torch.finfo, which needs a float dtype
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        flat = _rows_shape(x, self.normalized_shape)
         weight = self.weight.reshape(-1) if self.weight is not None else None
+        if residual is None:  # the residual stream starts at x: no add, and h is x
+            flat = _rows_shape(x, self.normalized_shape)
+            y = rms_norm(x.reshape(flat), weight, eps, self.offset, in_place=self.in_place)
+            return y.reshape(x.shape), x
+        # checked and broadcast as add_rms_norm does, before the rows are flattened
+        check_tensor("residual", residual)
+        x, residual = broadcast_residual(x, residual)
+        flat = _rows_shape(x, self.normalized_shape)
         y, h = add_rms_norm(x.reshape(flat), residual.reshape(flat), weight, eps, self.offset,
                             in_place=self.in_place)
         return y.view(x.shape), h.view(x.shape)
@@ -296,3 +312,69 @@ def _layer(config, layer_idx: int | None, why: str) -> int:
     if not isinstance(layer_idx, int) or not 0 <= layer_idx < n:
         raise ValueError(f"layer_idx must be an int in [0, {n}), got {layer_idx!r}")
     return layer_idx
+
+
+class Linear(torch.nn.Linear):
+    """y = x @ W^T + b by speedlight's GEMM (bias fused in its epilogue), W read where it
+    lies: the same constructor, parameters and state-dict as torch.nn.Linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return matmul(x, self.weight.t(), bias=self.bias)
+
+
+class FusedGatedMLP(GatedMLP):
+    """GatedMLP with both of its input projections in one kernel: down_proj(
+    gated_matmul(x, gate_proj.weight, up_proj.weight)), the gated product written by the
+    GEMM's epilogue so neither projection reaches memory. The parameters and state-dict
+    are GatedMLP's (Hugging Face's gate_proj / up_proj / down_proj). No biases: the gated
+    kernel has no bias epilogue (bias=True raises)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu",
+                 bias: bool = False, device=None, dtype=None, *, gate_multiplier: float = 1.0,
+                 down_multiplier: float = 1.0):
+        if bias:
+            raise ValueError("FusedGatedMLP has no bias epilogue in its gated kernel; use "
+                             "GatedMLP for an MLP with biases (mlp_bias=True)")
+        if gate_multiplier != 1.0 or down_multiplier != 1.0:
+            raise ValueError("FusedGatedMLP's gated kernel has no gate or down multiplier "
+                             "(Falcon-H1's mlp_multipliers); use GatedMLP, which folds them "
+                             "into its gated unit")
+        super().__init__(hidden_size, intermediate_size, activation, bias=False,
+                         device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = gated_matmul(x, self.gate_proj.weight, self.up_proj.weight, self.activation)
+        return matmul(h, self.down_proj.weight.t())
+
+
+class Attention(torch.nn.Module):
+    """Scaled dot-product attention over [batch, heads, seq, dim] q, k, v, computed by
+    speedlight.attention (flash attention: no [seq, seq] matrix is stored).
+
+    No torch module computes attention alone (torch.nn.MultiheadAttention owns the
+    projections too), so this one subclasses torch.nn.Module and holds no parameters:
+    the options are fixed at construction, the tensors come per call. GQA/MQA: k and v may
+    have fewer heads than q (a divisor). forward(q, k, v, cu_seqlens_q=None,
+    cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> o in q's shape (and the
+    fp32 log-sum-exp too with return_lse=True).
+    """
+
+    def __init__(self, causal: bool = False, scale: float | None = None,
+                 window: tuple[int, int] | None = None, softcap: float | None = None,
+                 return_lse: bool = False):
+        super().__init__()
+        self.causal, self.scale, self.window = causal, scale, window
+        self.softcap, self.return_lse = softcap, return_lse
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                cu_seqlens_q: torch.Tensor | None = None,
+                cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
+                max_seqlen_k: int | None = None):
+        return attention(q, k, v, causal=self.causal, scale=self.scale, window=self.window,
+                         softcap=self.softcap, cu_seqlens_q=cu_seqlens_q,
+                         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                         max_seqlen_k=max_seqlen_k, return_lse=self.return_lse)
+
+    def extra_repr(self) -> str:
+        return (f"causal={self.causal}, scale={self.scale}, window={self.window}, "
+                f"softcap={self.softcap}")

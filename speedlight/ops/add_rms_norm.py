@@ -107,10 +107,12 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
                  in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, h): h = x + residual and y = RMSNorm(h) over the last dim, in one pass.
 
-    x, residual: [..., hidden] of one shape and dtype (float32/float16/bfloat16), any
-    strides; h is rounded to that dtype before it is normalized, as an unfused
-    `h = x + residual; y = norm(h)` computes it. weight: [hidden] or None. offset: 1.0
-    for Gemma's (1 + w) form. Returns y and h, contiguous, of x's shape and dtype.
+    x, residual: [..., hidden] of one dtype (float32/float16/bfloat16), any strides, of one
+    shape or shapes that broadcast as in `x + residual` (y and h then have the broadcast
+    shape, and each gradient is summed back to its input's shape); h is rounded to that
+    dtype before it is normalized, as an unfused `h = x + residual; y = norm(h)` computes
+    it. weight: [hidden] or None. offset: 1.0 for Gemma's (1 + w) form. Returns y and h,
+    contiguous, of that shape and x's dtype.
     Differentiable in x, residual and weight (gradients flow in through both y and h);
     works under torch.compile(fullgraph=True).
 
@@ -121,15 +123,28 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     """
     check_tensor("x", x, min_dim=1)
     check_tensor("residual", residual)
-    if residual.shape != x.shape:
-        raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got "
-                         f"{tuple(residual.shape)}")
     check_same_dtype(x=x, residual=residual)
     check_same_device(x=x, residual=residual)
+    x, residual = broadcast_residual(x, residual)
     check_norm_args(x, weight, eps, offset)
     check_in_place(in_place)
     op = ADD_RMS_NORM_INPLACE if in_place else ADD_RMS_NORM
     return op(x, residual, weight, float(eps), float(offset))
+
+
+def broadcast_residual(x: torch.Tensor, residual: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and residual expanded (views) to the shape of `x + residual`, as torch broadcasts
+    it; ValueError naming residual when the shapes do not broadcast (rows of different
+    tokens are never added)."""
+    if residual.shape == x.shape:
+        return x, residual
+    try:
+        shape = torch.broadcast_shapes(x.shape, residual.shape)
+    except RuntimeError:
+        raise ValueError(f"residual must have x's shape {tuple(x.shape)} or one that broadcasts "
+                         f"with it, got {tuple(residual.shape)}") from None
+    return x.expand(shape), residual.expand(shape)
 
 
 # --- OpSpec --------------------------------------------------------------------------------

@@ -254,13 +254,14 @@ def _placeholder(args) -> torch.Tensor:
     return first.new_empty((0,))
 
 
-def _tensors_only(out, n: int, args):
+def _tensors_only(out, n: int, args, op_name: str):
     """A launcher's result as a custom op returns it: None -> an empty placeholder."""
     if n == 0:
         return None
     out = out if isinstance(out, tuple) else (out,)
     if len(out) != n:
-        raise RuntimeError(f"expected {n} outputs, got {len(out)}")
+        raise RuntimeError(f"{op_name}: its launcher returned {len(out)} outputs, the "
+                           f"registration declares {n}")
     out = tuple(_placeholder(args) if o is None else o for o in out)
     return out[0] if n == 1 else out
 
@@ -283,11 +284,11 @@ def _custom_op(op_name: str, impls: dict[str, Launcher], fake, params, hints, n_
 
     def run(*args, **kwargs):
         call, impl = split(args, kwargs)
-        return _tensors_only(impls[impl](*call), n_out, call)
+        return _tensors_only(impls[impl](*call), n_out, call, op_name)
 
     def run_fake(*args, **kwargs):
         call, _ = split(args, kwargs)
-        return _tensors_only(fake(*call), n_out, call)
+        return _tensors_only(fake(*call), n_out, call, op_name)
 
     sig_params = [p.replace(annotation=hints.get(p.name, p.annotation),
                             kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params]

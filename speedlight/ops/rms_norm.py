@@ -6,6 +6,8 @@ input dtype; y has x's dtype, dw has w's dtype.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 
@@ -19,6 +21,7 @@ from speedlight.kernels.rms_norm import (
 )
 from speedlight.launch import (
     as_rows,
+    planned_sm_count,
     partial_sum_programs,
     persistent_row_grid,
     row_tile,
@@ -26,7 +29,7 @@ from speedlight.launch import (
 )
 from speedlight.ops._checks import check_same_device, check_tensor
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
-from speedlight.ops.registration import like, register_op, row_stats
+from speedlight.ops.registration import Configs, like, register_op, row_stats
 from speedlight.runtime import check_runtime
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
@@ -82,9 +85,9 @@ def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
     if n_cols <= MAX_FUSED_N:
         # Persistent: a grid of as many programs as fit (FWD_WARPS_PER_SM warps per SM)
         # walks the row tiles, so w is read once per program, not once per tile.
+        config = RMS_NORM.config((n_cols, x.dtype, planned_sm_count(x.device)))
         grid, block_m, block_n, num_warps = persistent_row_grid(
-            n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, tile=FWD_TILE,
-            warps_per_sm=FWD_WARPS_PER_SM)
+            n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, **config)
         _rms_norm_fwd_kernel[grid](
             *args, n_rows, n_cols, *strides, eps, offset, **switches,
             BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
@@ -167,6 +170,9 @@ RMS_NORM = register_op(
     inference=rms_norm_infer,
     backward=rms_norm_bwd,
     grads=("x", "weight"),
+    # the persistent forward's tile and grid, keyed by (hidden, dtype, SM count)
+    configs=Configs(space={"tile": (2048, 4096, 8192, 16384), "warps_per_sm": (16, 32, 48, 64)},
+                    default=lambda key: {"tile": FWD_TILE, "warps_per_sm": FWD_WARPS_PER_SM}),
 )
 
 
@@ -225,7 +231,7 @@ def check_in_place(in_place) -> None:
 
 def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -> None:
     """The checks every RMSNorm entry point shares: weight [hidden] on x's device (or None,
-    then no offset), eps a non-negative number."""
+    then no offset), eps a finite non-negative number."""
     if weight is not None:
         check_tensor("weight", weight)
         if tuple(weight.shape) != (x.shape[-1],):
@@ -237,8 +243,14 @@ def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -
     if not isinstance(offset, (int, float)) or isinstance(offset, bool):
         raise TypeError(f"offset must be a number (1.0 for Gemma's (1 + w) form), "
                         f"got {offset!r}")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
-        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    check_eps(eps)
+
+
+def check_eps(eps) -> None:
+    """eps of a norm: a finite non-negative number (NaN would pass a plain `eps < 0`)."""
+    if (not isinstance(eps, (int, float)) or isinstance(eps, bool)
+            or not math.isfinite(eps) or eps < 0):
+        raise ValueError(f"eps must be a finite non-negative number, got {eps!r}")
 
 
 # --- OpSpec --------------------------------------------------------------------------------

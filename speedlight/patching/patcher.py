@@ -7,13 +7,22 @@ are, so weights load unchanged and optimizers keep their references):
                  (Family.in_place_norms: pre-norms and the final norm, never a post-norm
                  whose output joins the residual stream), so their backward allocates
                  nothing of the activations' size
-  mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up))
+  mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up)), with
+                 Falcon-H1's mlp multipliers folded into the gated unit;
+                 with mlp="fused" -> down_proj(gated_matmul(x, gate and up weights)): both
+                 projections and the gated product in one GEMM kernel (off by default
+                 until measured on a GPU)
   rope           every <Family>Attention's forward runs with speedlight.rope in place of
                  the family's apply_rotary_pos_emb (the module-level function is replaced
                  by a dispatcher that calls speedlight only inside a patched attention
                  layer, so unpatched models of the same family keep the original)
   cross_entropy  the model's loss_function -> the causal-LM loss on speedlight.cross_entropy
-unpatch restores every instance's forward and the model's loss exactly as they were.
+  attention      the model's config._attn_implementation -> "speedlight" (transformers'
+                 attention-function and mask registries, see hf_attention.py): every
+                 attention layer calls speedlight.attention with its scaling, sliding
+                 window and softcap; padding masks arrive 2-D and run as variable length
+unpatch restores every instance's forward, the model's loss and its attention
+implementation exactly as they were.
 """
 
 from __future__ import annotations
@@ -146,6 +155,36 @@ def _fused_mlp_forward(op_name: str, op_kwargs: dict):
     return forward
 
 
+_GATED_ACTIVATION = {("swiglu", ""): "silu", ("geglu", "tanh"): "gelu_tanh",
+                     ("geglu", "none"): "gelu"}
+
+
+def _gated_matmul_forward(op_name: str, op_kwargs: dict):
+    """down_proj(act(x W_gate^T) * (x W_up^T)) with the two projections in one kernel: the
+    weights are the module's own parameters (gate_up_proj's [2I, H] for Phi-3)."""
+    activation = _GATED_ACTIVATION[(op_name, op_kwargs.get("approximate", ""))]
+
+    def forward(self, x):
+        from speedlight.ops.gated_matmul import gated_matmul
+        if hasattr(self, "gate_up_proj"):
+            h = gated_matmul(x, self.gate_up_proj.weight, None, activation)
+        else:
+            h = gated_matmul(x, self.gate_proj.weight, self.up_proj.weight, activation)
+        return self.down_proj(h)
+    return forward
+
+
+def _has_multipliers(mlp) -> bool:
+    """Whether the MLP scales its gate or its output (Falcon-H1's mlp_multipliers)."""
+    return any(float(getattr(mlp, name, 1.0)) != 1.0
+               for name in ("gate_multiplier", "down_multiplier"))
+
+
+def _has_bias(mlp) -> bool:
+    return any(getattr(getattr(mlp, name, None), "bias", None) is not None
+               for name in ("gate_proj", "up_proj", "gate_up_proj"))
+
+
 def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100,
                    shift_labels=None, **kwargs):
     """Hugging Face's ForCausalLMLoss on speedlight.cross_entropy: labels shifted by one,
@@ -190,8 +229,9 @@ def _activation_of(mlp) -> tuple[str, dict] | None:
     return ACTIVATIONS.get(name)
 
 
-def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, rope: bool = True,
-          cross_entropy: bool = True, norm_in_place: bool = True) -> PatchReport:
+def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
+          rope: bool = True, cross_entropy: bool = True, attention: bool = True,
+          norm_in_place: bool = True) -> PatchReport:
     """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3,
     Falcon-H1).
 
@@ -199,20 +239,28 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, ro
     in_place_norms) run their backward in place (speedlight.rms_norm's in_place); False
     keeps every norm's backward out of place.
 
+    mlp: True swaps the gated unit between the projections (swiglu / geglu); "fused" runs
+    both input projections and the gated product as one speedlight.gated_matmul kernel,
+    then the module's own down_proj (MLPs with biases keep the unfused path, reported);
+    False leaves the MLPs alone.
+
     Returns a PatchReport listing what was patched; anything asked for that could not be
     patched (an unknown architecture, an unsupported activation) is also warned about
     with a PatchWarning, never skipped silently. `unpatch(model)` undoes it exactly.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if mlp not in (True, False, "fused"):
+        raise ValueError(f"mlp must be True, False or 'fused', got {mlp!r}")
     if hasattr(model, _RECORD):
         raise ValueError("model is already patched by speedlight; call speedlight.unpatch(model) first")
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None) or type(model).__name__
     family: Family | None = FAMILIES.get(model_type)
-    wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy}
+    wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy,
+              "attention": attention}
     report = PatchReport(model_type)
-    record: dict = {"forwards": [], "rope_modules": [], "loss": None}
+    record: dict = {"forwards": [], "rope_modules": [], "loss": None, "attention": None}
 
     if family is None:
         for kind, on in wanted.items():
@@ -245,6 +293,18 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, ro
                 if not _available(act[0]):
                     report.not_patched.append((f"mlp {path}", f"this install has no speedlight.{act[0]}"))
                     continue
+                if mlp == "fused" and _has_bias(module):
+                    report.not_patched.append((f"mlp {path} (fused)", "its projections have "
+                                               "biases, which gated_matmul does not add; the "
+                                               "gated unit alone is patched"))
+                elif mlp == "fused" and _has_multipliers(module):
+                    report.not_patched.append((f"mlp {path} (fused)", "it has mlp multipliers "
+                                               "(Falcon-H1), which gated_matmul does not "
+                                               "apply; the gated unit alone is patched"))
+                elif mlp == "fused" and _available("gated_matmul"):
+                    _set_forward(module, _gated_matmul_forward(*act), record)
+                    report.patched.setdefault("mlp", []).append(f"{path} (gated_matmul)")
+                    continue
                 make = _fused_mlp_forward if family.mlp == "fused" else _split_mlp_forward
                 _set_forward(module, make(*act), record)
                 report.patched.setdefault("mlp", []).append(f"{path} ({act[0]})")
@@ -269,10 +329,39 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, ro
             else:
                 report.not_patched.append(("cross_entropy", f"{type(model).__name__} computes no loss "
                                            "(not a *ForCausalLM model)"))
+        if wanted["attention"]:
+            _patch_attention(model, family, report, record)
     setattr(model, _RECORD, record)
     if report.not_patched:
         warnings.warn(str(report), PatchWarning, stacklevel=2)
     return report
+
+
+def _patch_attention(model, family: Family, report: PatchReport, record: dict) -> None:
+    """Point the model's config at the "speedlight" attention implementation, and let every
+    attention layer find the report its fallbacks are written to."""
+    from speedlight.patching import hf_attention
+
+    config = model.config
+    if not _available("attention"):
+        report.not_patched.append(("attention", "this install has no speedlight.attention"))
+        return
+    if not hasattr(config, "_attn_implementation_internal"):
+        report.not_patched.append(("attention", "this transformers version has no attention-"
+                                   "function registry (config._attn_implementation)"))
+        return
+    layers = [(path, m) for path, m in model.named_modules()
+              if type(m).__name__ == family.attention_class]
+    if not layers:
+        report.not_patched.append(("attention", f"no attention module of the {family.model_type} "
+                                   "family found"))
+        return
+    hf_attention.register()
+    record["attention"] = (config._attn_implementation_internal, [m for _, m in layers])
+    config._attn_implementation = hf_attention.NAME
+    for path, m in layers:
+        setattr(m, hf_attention.REPORT_ATTR, report)
+    report.patched["attention"] = [path for path, _ in layers]
 
 
 def _set_forward(module: torch.nn.Module, fn, record: dict) -> None:
@@ -293,6 +382,12 @@ def unpatch(model: torch.nn.Module) -> None:
             module.forward = had
     for release in record["rope_modules"]:
         release()  # a finalizer runs once: here, not again when the model is collected
+    if record.get("attention") is not None:
+        from speedlight.patching import hf_attention
+        previous, layers = record["attention"]
+        model.config._attn_implementation_internal = previous
+        for m in layers:
+            m.__dict__.pop(hf_attention.REPORT_ATTR, None)
     if record["loss"] is not None:
         state, value = record["loss"]
         if state == "had":

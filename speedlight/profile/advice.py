@@ -26,7 +26,6 @@ from speedlight.profile.patterns import Chain, find_chains
 # Chains whose speedlight op is still to come (a registered op's OpSpec.fuses says what
 # it replaces): op -> what it does.
 PLANNED = {
-    "attention": "fused attention (scores never written to memory)",
     "fused_linear_cross_entropy": "lm_head matmul + cross-entropy in chunks: the logits are "
                                   "never stored",
 }

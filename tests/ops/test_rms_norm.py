@@ -5,7 +5,8 @@ import speedlight
 import speedlight.nn as snn
 from speedlight import reference
 from speedlight.ops import rms_norm as op
-from tests.helpers import assert_rejected, case_maker, assert_verified, seeded
+from tests.helpers import (EXTREME_SCALES, assert_rejected, assert_verified, case_maker,
+                           relative_error, seeded)
 
 SPEC = op.SPEC
 
@@ -63,6 +64,12 @@ def test_module_default_eps_and_multidim_shape(device):
     (lambda d: speedlight.rms_norm(torch.ones(4, 8, device=d), None, offset=1.0), ValueError,
      "offset=1.0 scales a weight"),
     (lambda d: speedlight.rms_norm(torch.ones(4, 8, device=d), eps=-1.0), ValueError, "eps"),
+    (lambda d: speedlight.rms_norm(torch.ones(4, 8, device=d), eps=float("nan")), ValueError,
+     "eps must be a finite non-negative number, got nan"),
+    (lambda d: speedlight.rms_norm(torch.ones(4, 8, device=d), eps=float("inf")), ValueError,
+     "eps must be a finite non-negative number, got inf"),
+    (lambda d: snn.RMSNorm(8).to(d)(torch.ones(4, 8, dtype=torch.int32, device=d)), TypeError,
+     "x must be a float32, float16 or bfloat16 tensor.*int32"),
     (lambda d: speedlight.rms_norm([1.0, 2.0]), TypeError, "x must be a torch.Tensor"),
 ])
 def test_bad_input_is_named_and_launches_nothing(call, error, match, device):
@@ -94,6 +101,26 @@ def test_gpu_sized_launches_match_float64(sms, rows, hidden, device):
     with sized_for(sms):
         assert_verified(SPEC, case(rows, hidden, torch.bfloat16), device)
         assert_verified(SPEC, case(rows, hidden, torch.float32, weight=False), device)
+
+
+@pytest.mark.parametrize("hidden", [pytest.param(300, id="hidden300"),
+                                    pytest.param(20011, id="hidden20011-looped")])
+@pytest.mark.parametrize("scale,eps", EXTREME_SCALES)
+def test_extreme_magnitudes_match_float64(hidden, scale, eps, device):
+    """x^2 overflows float32 above |x| ~ 1.8e19 (rstd became 0 and y silently 0): each row
+    is scaled by a power of two near its largest |x|, so y and every gradient match
+    float64 wherever they are representable."""
+    x = seeded((3, hidden), device=device, scale=scale).requires_grad_()
+    w = (1.0 + seeded((hidden,), device=device, seed=1, scale=0.2)).requires_grad_()
+    g = seeded((3, hidden), device=device, seed=2)
+    y = speedlight.rms_norm(x, w, eps=eps)
+    grads = torch.autograd.grad(y, (x, w), g)
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    y64 = reference.rms_norm(x64, w64, eps=eps)
+    grads64 = torch.autograd.grad(y64, (x64, w64), g.double())
+    for name, got, want in zip(("y", "dx", "dw"), (y, *grads), (y64, *grads64)):
+        assert torch.isfinite(got).all(), name
+        assert relative_error(got, want) < 1e-5, name
 
 
 # --- in_place: the backward writes dx over dy ---------------------------------------------
