@@ -202,7 +202,7 @@ def test_norm_backward_in_place_only_where_its_gradient_is_its_own(monkeypatch):
     runs = {}
     for name, kwargs in [("out_of_place", dict(norm_in_place=False)), ("patched", {})]:
         model = copy.deepcopy(base)
-        report = patch(model, rope=False, **kwargs)
+        report = patch(model, rope=False, attention=False, **kwargs)
         runs[name] = (_run(model, ids, labels), report)
     assert runs["out_of_place"][1].in_place == []
     assert sorted({p.rsplit(".", 1)[-1] for p in runs["patched"][1].in_place}) == [
@@ -219,6 +219,6 @@ def test_norm_backward_in_place_only_where_its_gradient_is_its_own(monkeypatch):
     monkeypatch.setitem(families.FAMILIES, "gemma2", dataclasses.replace(
         families.FAMILIES["gemma2"], in_place_norms=everywhere))
     model = copy.deepcopy(base)
-    patch(model, rope=False)
+    patch(model, rope=False, attention=False)
     _, _, grads2 = _run(model, ids, labels)
     assert any(not torch.equal(g0, g2) for g0, g2 in zip(grads0, grads2))
