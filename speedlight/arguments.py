@@ -92,5 +92,15 @@ def add_spec(p: argparse.ArgumentParser) -> None:
                    help="only the ops of --spec files, not the built-in ones")
 
 
+def add_model_run(p: argparse.ArgumentParser, *, train: bool) -> None:
+    """Everything a run of a model takes (profile and report): the model and its shape,
+    train or infer, the target, warm-up and steps, and spec files of a team's own ops."""
+    add_model(p)
+    add_mode(p, train=train)
+    add_target(p)
+    add_steps(p)
+    add_spec(p)
+
+
 def add_out(p: argparse.ArgumentParser, default: str | None, what: str) -> None:
     p.add_argument("--out", default=default, help=what)

@@ -34,6 +34,8 @@ def select_device(requested: str = "auto") -> str:
 
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested != "cpu" and not requested.startswith("cuda"):
+        raise SystemExit(f"speedlight: --device takes auto, cuda, cuda:N or cpu; got {requested!r}")
     if requested.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("speedlight: --device cuda asked for, but torch sees no CUDA device")
     if requested == "cpu":
@@ -49,6 +51,16 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto",
                         help="auto (the GPU if there is one, else CPU), cuda, or cpu "
                              "(kernels run on the Triton interpreter)")
+
+
+def _requested_device(argv: list[str]) -> str:
+    """--device as given (before the parser exists), else auto."""
+    for i, arg in enumerate(argv):
+        if arg == "--device" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--device="):
+            return arg.split("=", 1)[1]
+    return "auto"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The runtime is chosen before the sub-commands are imported to build the parser: a
+    # module they import may import triton, whose language functions (tl.cdiv...) are
+    # compiled or interpreted as TRITON_INTERPRET says when triton is first imported.
+    try:
+        select_device(_requested_device(sys.argv[1:] if argv is None else argv))
+    except SystemExit:
+        pass  # said again below, once the command line is parsed
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:

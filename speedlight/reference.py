@@ -18,11 +18,12 @@ def _opmath(x: torch.Tensor) -> torch.dtype:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
-             offset: float = 0.0) -> torch.Tensor:
+             offset: float = 0.0, in_place: bool = False) -> torch.Tensor:
     """y = x / sqrt(mean(x^2) + eps) * (offset + w) over the last dim.
 
     As torch.nn.functional.rms_norm and the Hugging Face norms compute it: statistics in
-    float32 for half inputs, one rounding to x's dtype at the end.
+    float32 for half inputs, one rounding to x's dtype at the end. in_place (where
+    speedlight's backward writes dx) changes no value: the reference ignores it.
     """
     h = x.to(_opmath(x))
     y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -131,9 +132,11 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
-                 eps: float = 1e-6, offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float = 1e-6, offset: float = 0.0,
+                 in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(h), h) with h = x + residual, as a Hugging Face decoder layer computes it:
-    the residual add in the model's dtype, then the norm of that (rounded) h."""
+    the residual add in the model's dtype, then the norm of that (rounded) h. in_place is
+    ignored, as in rms_norm."""
     h = x + residual
     return rms_norm(h, weight, eps, offset), h
 
@@ -157,19 +160,172 @@ def _glu_halves(gate: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tens
     return gate.chunk(2, dim=-1) if up is None else (gate, up)
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
-    """silu(gate) * up, as LlamaMLP computes act_fn(gate_proj(x)) * up_proj(x): the
-    activation rounded to the dtype, then the product."""
+def _glu(act, gate: torch.Tensor, up: torch.Tensor | None, gate_multiplier: float,
+         down_multiplier: float) -> torch.Tensor:
+    """up * act(gate * gate_multiplier), times down_multiplier: Falcon-H1's MLP computes
+    `up_proj(x) * act_fn(gate_proj(x) * gate_multiplier)`, then `down_proj(y) *
+    down_multiplier`, which (no bias) is down_proj(y * down_multiplier). Each step rounds
+    to the dtype; a multiplier of 1 is skipped, as the models without one compute."""
     gate, up = _glu_halves(gate, up)
-    return torch.nn.functional.silu(gate) * up
+    if gate_multiplier != 1.0:
+        gate = gate * gate_multiplier
+    y = act(gate) * up
+    return y * down_multiplier if down_multiplier != 1.0 else y
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None, gate_multiplier: float = 1.0,
+           down_multiplier: float = 1.0) -> torch.Tensor:
+    """silu(gate) * up, as LlamaMLP computes act_fn(gate_proj(x)) * up_proj(x): the
+    activation rounded to the dtype, then the product; with Falcon-H1's multipliers as
+    `_glu` says."""
+    return _glu(torch.nn.functional.silu, gate, up, gate_multiplier, down_multiplier)
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor | None = None,
-          approximate: str = "tanh") -> torch.Tensor:
+          approximate: str = "tanh", gate_multiplier: float = 1.0,
+          down_multiplier: float = 1.0) -> torch.Tensor:
     """gelu(gate) * up (approximate="tanh" is GemmaMLP's gelu_pytorch_tanh, "none" the exact
-    erf form), the activation rounded to the dtype, then the product."""
-    gate, up = _glu_halves(gate, up)
-    return torch.nn.functional.gelu(gate, approximate=approximate) * up
+    erf form), the activation rounded to the dtype, then the product; multipliers as swiglu's."""
+    return _glu(lambda g: torch.nn.functional.gelu(g, approximate=approximate), gate, up,
+                gate_multiplier, down_multiplier)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+           activation: str | None = None, residual: torch.Tensor | None = None,
+           scale: float | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """act(scale * (a @ b) + bias) + residual, as a PyTorch user chains it: torch.matmul in
+    a's dtype (fp32 accumulation, one rounding), then each epilogue step in that dtype.
+    out_dtype float32 on half inputs multiplies the upcast operands (their products are
+    exact in float32). On float64 inputs (the ground truth) everything stays float64.
+    activation: None, "silu", "gelu_tanh" or "gelu"."""
+    dtype = torch.float64 if a.dtype == torch.float64 else (out_dtype or a.dtype)
+    y = a.to(dtype) @ b.to(dtype) if dtype != a.dtype else a @ b
+    if scale is not None:
+        y = y * scale
+    if bias is not None:
+        y = y + bias.to(dtype)
+    if activation == "silu":
+        y = torch.nn.functional.silu(y)
+    elif activation in ("gelu_tanh", "gelu"):
+        y = torch.nn.functional.gelu(y, approximate="tanh" if activation == "gelu_tanh" else "none")
+    elif activation is not None:
+        raise ValueError(f"unknown activation {activation!r}")
+    if residual is not None:
+        y = y + residual.to(dtype)
+    return y
+
+
+def gated_matmul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor | None = None,
+                 activation: str = "silu") -> torch.Tensor:
+    """act(x @ w_gate^T) * (x @ w_up^T), as Llama's MLP computes act_fn(gate_proj(x)) *
+    up_proj(x) in x's dtype; with w_up None, w_gate is [2 * I, H], gate rows then up rows
+    (Phi-3's gate_up_proj, split by chunk(2, -1) after the projection)."""
+    if w_up is None:
+        gate, up = torch.nn.functional.linear(x, w_gate).chunk(2, dim=-1)
+    else:
+        gate, up = torch.nn.functional.linear(x, w_gate), torch.nn.functional.linear(x, w_up)
+    if activation == "silu":
+        act = torch.nn.functional.silu(gate)
+    elif activation in ("gelu_tanh", "gelu"):
+        act = torch.nn.functional.gelu(gate, approximate="tanh" if activation == "gelu_tanh"
+                                       else "none")
+    else:
+        raise ValueError(f"unknown activation {activation!r}")
+    return act * up
+
+
+# Score elements (queries x keys x heads) the attention reference holds at once: it takes
+# queries in chunks, so a 128K-token case needs no [seq, seq] matrix.
+ATTENTION_SCORE_BUDGET = 2 ** 24
+
+
+def attention_visible(seq_q: int, seq_k: int, rows: torch.Tensor, causal: bool = False,
+                      window: tuple[int, int] | None = None) -> torch.Tensor:
+    """[len(rows), seq_k] bool: which keys query rows `rows` see. Positions are aligned at
+    the end (row r at position r + seq_k - seq_q); causal hides keys after the query; a
+    window (left, right) keeps keys in [i - left, i + right], -1 for an unbounded side."""
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    pos = (rows + (seq_k - seq_q)).unsqueeze(-1)
+    keys = torch.arange(seq_k, device=rows.device)
+    vis = torch.ones(len(rows), seq_k, dtype=torch.bool, device=rows.device)
+    if left >= 0:
+        vis &= keys >= pos - left
+    if right >= 0:
+        vis &= keys <= pos + right
+    return vis
+
+
+def _attention_dense(q, k, v, causal, scale, window, softcap, budget):
+    """(o, lse) of q [b, hq, sq, d], k/v [b, hkv, sk, d], queries taken in chunks."""
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    g = hq // hkv
+    if sk == 0:  # no key: zeros, and a log-sum-exp of -inf
+        return q.new_zeros(q.shape), torch.full((b, hq, sq), float("-inf"), dtype=_opmath(q),
+                                                device=q.device)
+    qg = q.reshape(b, hkv, g, sq, d)
+    kt, vg = k.unsqueeze(2).transpose(-1, -2), v.unsqueeze(2)
+    chunk = max(1, budget // max(1, b * hq * sk))
+    outs, lses = [], []
+    for r0 in range(0, sq, chunk):
+        rows = torch.arange(r0, min(sq, r0 + chunk), device=q.device)
+        s = torch.matmul(qg[:, :, :, r0:r0 + len(rows)], kt) * scale  # [b, hkv, g, c, sk]
+        if softcap is not None:
+            s = torch.tanh(s / softcap) * softcap
+        x = s.to(_opmath(s))
+        vis = attention_visible(sq, sk, rows, causal, window)
+        m = x.masked_fill(~vis, float("-inf")).amax(-1, keepdim=True).detach()
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        e = torch.where(vis, torch.exp(torch.where(vis, x, m) - m), torch.zeros_like(x))
+        den = e.sum(-1, keepdim=True)
+        p = e / torch.where(den > 0, den, torch.ones_like(den))
+        outs.append(torch.matmul(p.to(q.dtype), vg))
+        lses.append((torch.log(den) + m).squeeze(-1))
+    o = torch.cat(outs, dim=3) if outs else q.new_zeros(b, hkv, g, 0, d)
+    lse = (torch.cat(lses, dim=3) if lses else
+           torch.zeros(b, hkv, g, 0, dtype=_opmath(q), device=q.device))
+    return o.reshape(b, hq, sq, d), lse.reshape(b, hq, sq)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+              scale: float | None = None, window: tuple[int, int] | None = None,
+              softcap: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
+              cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
+              max_seqlen_k: int | None = None, return_lse: bool = False,
+              num_splits: int | None = None, budget: int = ATTENTION_SCORE_BUDGET):
+    """softmax(cap(q k^T * scale) + mask) v, as Hugging Face's eager attention computes it:
+    scores and the softcap in the inputs' dtype, the softmax in float32 (float64 for
+    float64 inputs) rounded back to the dtype, then p @ v. A query that sees no key gets
+    zeros and a log-sum-exp of -inf.
+
+    q [batch, heads_q, seq_q, dim], k/v [batch, heads_kv, seq_k, dim], or packed
+    [total, heads, dim] with cu_seqlens_q/k [batch + 1]; the log-sum-exp (returned when
+    return_lse) is fp32 [batch, heads_q, seq_q] ([heads_q, total] packed), float64 for
+    float64 inputs. GQA without repeating k and v; queries are taken in chunks so no more
+    than `budget` scores exist at once. max_seqlen_* and num_splits only tell a kernel how
+    to divide the work and do not change the result.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if cu_seqlens_q is None:
+        o, lse = _attention_dense(q, k, v, causal, scale, window, softcap, budget)
+    else:
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        outs, lses = [], []
+        for i in range(len(cq) - 1):
+            qi = q[cq[i]:cq[i + 1]].transpose(0, 1).unsqueeze(0)
+            ki = k[ck[i]:ck[i + 1]].transpose(0, 1).unsqueeze(0)
+            vi = v[ck[i]:ck[i + 1]].transpose(0, 1).unsqueeze(0)
+            oi, li = _attention_dense(qi, ki, vi, causal, scale, window, softcap, budget)
+            outs.append(oi[0].transpose(0, 1))
+            lses.append(li[0])
+        o = torch.cat(outs, dim=0) if outs else q.new_zeros(q.shape)
+        lse = (torch.cat(lses, dim=1) if lses else
+               torch.zeros(q.shape[1], 0, dtype=_opmath(q), device=q.device))
+    if not return_lse:
+        return o
+    return o, lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,

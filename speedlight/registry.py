@@ -29,6 +29,9 @@ BUILTIN_OPS = (
     "add_rms_norm",
     "swiglu",
     "geglu",
+    "matmul",
+    "gated_matmul",
+    "attention",
     "linear_cross_entropy",
 )
 BUILTIN_MODULES = tuple(f"speedlight.ops.{name}" for name in BUILTIN_OPS)
@@ -54,7 +57,13 @@ def load_spec_file(path: str | Path) -> list[OpSpec]:
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        detail = e.msg if isinstance(e, SyntaxError) else e
+        raise ValueError(f"spec file {str(path)!r} failed to load: {_where(e, path)}"
+                         f"{type(e).__name__}: {detail}") from None
     from speedlight.spec import OpSpec
     found = []
     if isinstance(getattr(module, "SPEC", None), OpSpec):
@@ -64,6 +73,19 @@ def load_spec_file(path: str | Path) -> list[OpSpec]:
         raise ValueError(f"spec file {str(path)!r} defines no SPEC (an OpSpec) or SPECS "
                          f"(a list of OpSpecs)")
     return found
+
+
+def _where(e: Exception, path: Path) -> str:
+    """'line N: ' of the spec file where loading it failed (the syntax error's own line,
+    or the last frame in that file), or '' when it cannot be told."""
+    if isinstance(e, SyntaxError) and e.lineno:
+        return f"line {e.lineno}: "
+    line, tb, here = None, e.__traceback__, str(path.resolve())
+    while tb is not None:
+        if str(Path(tb.tb_frame.f_code.co_filename).resolve()) == here:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f"line {line}: " if line else ""
 
 
 def select(names: Sequence[str] | None = None, spec_files: Iterable[str | Path] = (),

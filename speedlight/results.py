@@ -1,12 +1,14 @@
 """Results every tool writes: JSON lines, one row per (op, case, implementation), each
 carrying the device, versions, git revision and time it was measured on.
 
-Files are written atomically: a new version is written beside the old one and renamed
-over it, so an interrupted run leaves the earlier results intact.
+Whole documents are written atomically (a new version beside the old one, renamed over
+it); JSON-lines files are appended whole rows at a time under a lock. Either way an
+interrupted run leaves the earlier results intact.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import json
@@ -15,10 +17,16 @@ import os
 import platform
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Iterable
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; appends are still whole O_APPEND writes
+    fcntl = None
 
 
 def _git_revision() -> str | None:
@@ -105,6 +113,22 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+def writable_folder(path: str | os.PathLike) -> Path:
+    """path as a folder results can be written into, created if missing. ValueError saying
+    why not (a file is there, a parent is a file, no permission), so a tool can refuse
+    before doing any work rather than fail at its first write."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{str(path)!r} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ValueError(f"{str(path)!r} cannot be written: {e.strerror or e}") from None
+    return path
+
+
 def write_json(path: str | os.PathLike, doc) -> Path:
     """One JSON document, NaN/Inf written as strings, atomically."""
     return write_atomic(path, json.dumps(_clean(doc), indent=1))
@@ -118,25 +142,97 @@ def make_console(width: int = 160):
     return c if c.is_terminal else Console(width=width)
 
 
+class TornLineWarning(UserWarning):
+    """A JSON-lines file ends in part of a row: its writer was killed mid-write."""
+
+
+@contextlib.contextmanager
+def _locked(fd: int, exclusive: bool):
+    """An advisory lock on the whole file (flock), where the platform has one."""
+    if fcntl is None:
+        yield
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _torn_tail(fd: int, size: int) -> tuple[int, bytes]:
+    """(offset, bytes) of what follows the file's last newline (b"" when it ends in one)."""
+    end, tail = size, b""
+    while end > 0:
+        start = max(0, end - 65536)
+        chunk = os.pread(fd, end - start, start)
+        cut = chunk.rfind(b"\n")
+        if cut >= 0:
+            return start + cut + 1, chunk[cut + 1:] + tail
+        tail, end = chunk + tail, start
+    return 0, tail
+
+
 def append_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> Path:
-    """Append rows to a JSON-lines file atomically (old rows + new rows, then rename)."""
+    """Append rows to a JSON-lines file, whole lines only, safe with other writers.
+
+    Each call writes its rows with one O_APPEND write under an exclusive lock (flock), so
+    two processes appending to one file interleave whole rows and lose none, and the rows
+    already there are never read or written again. A writer killed mid-write leaves part
+    of a line at the end: readers skip it (read_jsonl says so), and the next append drops
+    it before writing, so the file is whole rows again.
+    """
     path = Path(path)
-    old = path.read_text() if path.exists() else ""
-    if old and not old.endswith("\n"):
-        old += "\n"
-    new = "".join(json.dumps(_clean(r), sort_keys=False) + "\n" for r in rows)
-    return write_atomic(path, old + new)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(_clean(r), sort_keys=False) + "\n" for r in rows).encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        with _locked(fd, exclusive=True):
+            start, tail = _torn_tail(fd, os.fstat(fd).st_size)
+            if tail and _parses(tail):
+                data = b"\n" + data  # a whole last row written without its newline
+            elif tail:
+                os.ftruncate(fd, start)  # part of a row from a writer that was killed
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except ValueError:
+        return False
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The rows of a JSON-lines file. A last line cut short (a writer killed mid-write) is
+    skipped with a TornLineWarning; any other line that is not JSON is a ValueError naming
+    the file and line."""
+    with open(path, "rb") as f, _locked(f.fileno(), exclusive=False):
+        data = f.read()
+    lines = data.split(b"\n")
     rows = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            if n == len(lines):  # no newline after it: the row was never finished
+                warnings.warn(f"{path}:{n}: skipped a torn last line ({len(line)} bytes): "
+                              f"its writer was interrupted mid-row", TornLineWarning,
+                              stacklevel=2)
                 continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not a JSON line ({e.msg})") from None
+            msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+            raise ValueError(f"{path}:{n}: not a JSON line ({msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: not a JSON object (got a {type(row).__name__}): "
+                             f"each line of a results file is one row")
+        rows.append(row)
     return rows

@@ -34,6 +34,8 @@ class ModelConfig:
     norm_offset: float = 0.0  # Gemma scales by (1 + w)
     rope_interleaved: bool = False  # GPT-J pairs (0,1),(2,3)...; Llama/NeoX rotate halves
     logit_softcap: float | None = None
+    attn_softcap: float | None = None  # attn_logit_softcapping (Gemma 2)
+    sliding_window: int | None = None  # keys a query sees on its sliding-window layers
 
 
 def _hf(repo: str) -> str:
@@ -46,15 +48,17 @@ MODELS: dict[str, ModelConfig] = {m.name: m for m in [
     ModelConfig("llama-3-70b", "llama", 8192, 28672, 64, 8, 128, 128256, "rms", 1e-5, "swiglu",
                 128, _hf("meta-llama/Meta-Llama-3-70B")),
     ModelConfig("mistral-7b", "mistral", 4096, 14336, 32, 8, 128, 32000, "rms", 1e-5, "swiglu",
-                128, _hf("mistralai/Mistral-7B-v0.1")),
+                128, _hf("mistralai/Mistral-7B-v0.1"), sliding_window=4096),
     ModelConfig("qwen2.5-7b", "qwen2", 3584, 18944, 28, 4, 128, 152064, "rms", 1e-6, "swiglu",
                 128, _hf("Qwen/Qwen2.5-7B")),
     ModelConfig("qwen3-8b", "qwen3", 4096, 12288, 32, 8, 128, 151936, "rms", 1e-6, "swiglu",
                 128, _hf("Qwen/Qwen3-8B")),
     ModelConfig("gemma-2-9b", "gemma2", 3584, 14336, 16, 8, 256, 256000, "rms", 1e-6, "geglu",
-                256, _hf("google/gemma-2-9b"), norm_offset=1.0, logit_softcap=30.0),
+                256, _hf("google/gemma-2-9b"), norm_offset=1.0, logit_softcap=30.0,
+                attn_softcap=50.0, sliding_window=4096),
     ModelConfig("gemma-3-1b", "gemma3_text", 1152, 6912, 4, 1, 256, 262144, "rms", 1e-6, "geglu",
-                256, _hf("google/gemma-3-1b-pt"), norm_offset=1.0),
+                256, _hf("google/gemma-3-1b-pt"), norm_offset=1.0,
+                sliding_window=512),
     ModelConfig("phi-3-mini", "phi3", 3072, 8192, 32, 32, 96, 32064, "rms", 1e-5, "swiglu",
                 96, _hf("microsoft/Phi-3-mini-4k-instruct")),
     ModelConfig("gpt-j-6b", "gptj", 4096, 16384, 16, 16, 256, 50400, "layer", 1e-5, "gelu",
@@ -169,4 +173,5 @@ def from_hf_config(config, name: str | None = None) -> ModelConfig:
         mlp=mlp, rotary_dim=rotary or 0, source="Hugging Face config",
         norm_offset=1.0 if model_type.startswith("gemma") else 0.0,
         rope_interleaved=model_type == "gptj",
-        logit_softcap=get("final_logit_softcapping"))
+        logit_softcap=get("final_logit_softcapping"),
+        attn_softcap=get("attn_logit_softcapping"), sliding_window=get("sliding_window"))

@@ -39,6 +39,18 @@ def seeded(shape, dtype=torch.float32, device="cpu", seed=0, scale=1.0):
     return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype).to(device)
 
 
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want|| / ||want|| in float64 (got may be in any float dtype)."""
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm())
+
+
+# |x| where x^2 overflows float32 (above ~1.8e19), near its top, and where it underflows
+# (eps = 0, below ~1e-19): norms must still match float64 there
+EXTREME_SCALES = [pytest.param(1e20, 1e-6, id="x1e20"), pytest.param(1e30, 1e-6, id="x1e30"),
+                  pytest.param(1e36, 1e-6, id="x1e36"), pytest.param(1e-25, 0.0, id="x1e-25-eps0")]
+
+
 def assert_rejected(call, error, match: str) -> None:
     """call() raises `error` matching `match` and launches no kernel."""
     from speedlight.verify.harness import LaunchCounter

@@ -3,12 +3,18 @@
   torch-eager    the OpSpec's reference, run in the case's dtype: what a PyTorch user runs
   torch-compile  torch.compile of that reference (inductor by default; static shapes by
                  default, the best code torch.compile makes for one shape; compile time is
-                 not timed, the first call happens in the warm-up)
+                 not timed, the first call happens in the warm-up). Compute-bound ops (the
+                 GEMMs) on a GPU compile with mode="max-autotune" unless a mode is given:
+                 the eager chain (cuBLAS matmul + epilogue) at the best Inductor can do,
+                 its own Triton GEMM templates with the epilogue fused included
   liger          Liger-Kernel's function for the op, when Liger is installed (found at run
                  time) and has one (bench/liger.py); on a GPU only
   torch-fused    torch's own fused function for the op (its OpSpec's peers["torch"]), where
                  this torch has it: F.linear_cross_entropy with its chunked options for
                  linear_cross_entropy
+  sdpa-flash, sdpa-efficient, sdpa-cudnn, flex-attention, flash-attn
+                 attention only (bench/attention_baselines.py): SDPA's backends, FlexAttention
+                 and flash-attn when installed; on a GPU only. Other ops get no row for them.
 
 A baseline that cannot run a case (not installed, no counterpart, unsupported dtype or
 layout, an error, or an output that differs from the reference) is kept as a row with
@@ -23,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from speedlight.bench import liger
+from speedlight.bench import attention_baselines, liger
 from speedlight.spec import Case, OpSpec
 
 SPEEDLIGHT = "speedlight"
@@ -31,7 +37,7 @@ EAGER = "torch-eager"
 COMPILE = "torch-compile"
 LIGER = "liger"
 TORCH_FUSED = "torch-fused"
-BASELINES = (EAGER, COMPILE, LIGER, TORCH_FUSED)
+BASELINES = (EAGER, COMPILE, LIGER, TORCH_FUSED, *attention_baselines.NAMES)
 
 
 def _torch_linear_cross_entropy(inputs: dict):
@@ -104,6 +110,8 @@ class Baselines:
                  device: torch.device | str = "cuda") -> list[Implementation]:
         impls = [Implementation(SPEEDLIGHT, spec.impl)]
         for name in self.names:
+            if name in attention_baselines.NAMES and spec.name != "attention":
+                continue  # an attention library has nothing to say about other ops
             impls.append(self._build(name, spec, case, inputs, torch.device(device)))
         return impls
 
@@ -115,7 +123,8 @@ class Baselines:
             if spec.name not in self._compiled:
                 o = self.compile_options
                 self._compiled[spec.name] = torch.compile(spec.reference, backend=o.backend,
-                                                          dynamic=o.dynamic, mode=o.mode)
+                                                          dynamic=o.dynamic,
+                                                          mode=self.compile_mode(spec, device))
             return Implementation(COMPILE, self._compiled[spec.name], checked=True)
         if name == TORCH_FUSED:
             peer = spec.peers.get("torch")
@@ -123,6 +132,12 @@ class Baselines:
                 return Implementation(TORCH_FUSED, None, f"torch has no fused function of {spec.name}")
             fn, reason = TORCH_FUSED_ADAPTERS[peer](inputs)
             return Implementation(TORCH_FUSED, fn, reason, checked=True)
+        if name in attention_baselines.NAMES:
+            try:
+                return Implementation(name, attention_baselines.adapt(name, inputs, case, device),
+                                      checked=True)
+            except liger.Unsupported as e:
+                return Implementation(name, None, str(e))
         if device.type != "cuda":
             return Implementation(LIGER, None, "Liger-Kernel runs on CUDA GPUs; it is not run "
                                                "on the CPU interpreter")
@@ -131,6 +146,16 @@ class Baselines:
         except liger.Unsupported as e:
             return Implementation(LIGER, None, str(e))
         return Implementation(LIGER, fn, mutates_inputs=mutates, checked=True)
+
+    def compile_mode(self, spec: OpSpec, device: torch.device) -> str | None:
+        """The torch.compile mode of an op's baseline: the one asked for, else max-autotune
+        for compute-bound ops on a GPU (autotuning a GEMM is what a user comparing against
+        torch.compile would do), else torch's default."""
+        if self.compile_options.mode is not None:
+            return self.compile_options.mode
+        if spec.family == "compute-bound" and torch.device(device).type == "cuda":
+            return "max-autotune"
+        return None
 
 
 @contextlib.contextmanager

@@ -16,6 +16,10 @@ from pathlib import Path
 
 from speedlight import arguments
 
+# bench/baselines.py's BASELINES, spelled out so the command parser imports no torch
+_BASELINES = ("torch-eager", "torch-compile", "liger", "torch-fused", "sdpa-flash",
+              "sdpa-efficient", "sdpa-cudnn", "flex-attention", "flash-attn")
+
 ACTIONS = ("run", "compare", "plot", "table")
 
 
@@ -31,9 +35,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     r.add_argument("--suite", default="model", choices=("quick", "model", "full"))
     arguments.add_dtypes(r, "bf16")
     r.add_argument("--modes", default="fwd,bwd,fwd+bwd", help="comma-separated: fwd,bwd,fwd+bwd")
-    r.add_argument("--baselines", default="torch-eager,torch-compile,liger,torch-fused",
-                   help="comma-separated, from torch-eager,torch-compile,liger,torch-fused "
-                        "(torch's own fused function, where it has one); 'none' for none")
+    r.add_argument("--baselines", default=",".join(_BASELINES),
+                   help=f"comma-separated, from {','.join(_BASELINES)} (torch-fused: torch's "
+                        "own fused function where it has one; the last five apply to "
+                        "attention only); 'none' for none")
     arguments.add_spec(r)
     arguments.add_target(r)
     r.add_argument("--cases", default=None, metavar="REGEX", help="only cases whose id matches")
@@ -139,8 +144,24 @@ def _run(args: argparse.Namespace) -> int:
                                 include_builtin=not args.only_spec)
         baselines = Baselines(tuple(names), CompileOptions(
             args.compile_backend, False if args.compile_shapes == "static" else None, args.compile_mode))
+        pattern = re.compile(args.cases) if args.cases else None
+    except re.error as e:
+        _fail(f"--cases {args.cases!r} is not a regular expression: {e}")
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
+    for flag, value, least in (("--rse", args.rse, 0.0), ("--time-cap", args.time_cap, 0.0),
+                               ("--budget-s", args.budget_s, 0.0), ("--max-gib", args.max_gib, 0.0),
+                               ("--cpu-max-mib", args.cpu_max_mib, 0.0),
+                               ("--min-samples", args.min_samples, 0),
+                               ("--max-samples", args.max_samples, 0), ("--limit", args.limit, 0)):
+        if value is not None and value <= least:
+            _fail(f"{flag} must be more than {least:g}, got {value:g}")
+    if args.graph_max_mib < 0:
+        _fail(f"--graph-max-mib must be at least 0, got {args.graph_max_mib:g}")
+    try:  # before any work, not at the first write after a case was timed
+        out_dir = results.writable_folder(args.out or "speedlight-results")
+    except ValueError as e:
+        _fail(f"--out {e}")
     rule = default_rule(device)
     overrides = {k: v for k, v in (("target_rse", args.rse), ("min_samples", args.min_samples),
                                     ("max_samples", args.max_samples), ("time_cap_s", args.time_cap))
@@ -154,7 +175,6 @@ def _run(args: argparse.Namespace) -> int:
                         cpu_max_bytes=int(args.cpu_max_mib * 2 ** 20))
     tgt = arguments.resolve_target(args, "bench")
     bench = Bench(device, settings, baselines, suite=args.suite, target=tgt)
-    pattern = re.compile(args.cases) if args.cases else None
 
     def cases(spec):
         out = [c.with_(dtype=d, seed=args.seed) for c in spec.cases(args.suite) for d in dtypes]
@@ -164,7 +184,7 @@ def _run(args: argparse.Namespace) -> int:
     if device.type == "cpu":
         console.print(f"[bold yellow]{display.NOT_REPRESENTATIVE}[/]")
     console.print(f"[dim]{tgt.describe()}; % of speed-of-light: {bench.roof_note}[/]")
-    out_path = Path(args.out or "speedlight-results") / "bench.jsonl"
+    out_path = out_dir / "bench.jsonl"
     total = sum(len(cases(s)) for s in specs)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     rows: list[dict] = []
@@ -197,6 +217,10 @@ def _compare(args: argparse.Namespace) -> int:
         _fail("compare takes two paths: OLD NEW (results files or folders)")
     try:
         old, new = (compare.load(p) for p in args.paths)
+        for side, path, rows in (("OLD", args.paths[0], old), ("NEW", args.paths[1], new)):
+            if not rows:
+                _fail(f"{side} {str(path)!r} holds no bench rows (bench*.jsonl files "
+                      f"written by `speedlight bench`)")
         comps = compare.compare(old, new, threshold=args.threshold, alpha=args.alpha,
                                 implementations=None if args.impls == "all" else _list(args.impls))
     except (ValueError, FileNotFoundError) as e:

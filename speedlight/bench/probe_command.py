@@ -38,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise SystemExit(f"speedlight probe: unknown dtype(s) {', '.join(bad)}; "
                          f"known: {', '.join(probe.MATMUL_DTYPES)}")
+    if args.copy_gib is not None and args.copy_gib <= 0:
+        raise SystemExit(f"speedlight probe: --copy-gib must be more than 0, got {args.copy_gib:g}")
+    if args.matmul_n is not None and args.matmul_n < 1:
+        raise SystemExit(f"speedlight probe: --matmul-n must be at least 1, got {args.matmul_n}")
     copy_bytes = int(args.copy_gib * 2 ** 30) if args.copy_gib else None
     ceilings, readings = probe.probe(device, copy_bytes=copy_bytes, matmul_n=args.matmul_n,
                                      dtypes=dtypes)

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedlight.inspect.capture import Launch
+from speedlight.inspect.launches import Launch
 from speedlight.target import Target
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)

@@ -9,7 +9,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from speedlight.inspect.analysis import CaseReport, KernelReport
+from speedlight.inspect.case_report import CaseReport, KernelReport
 from speedlight.spec import dtype_name
 
 _SEVERITY = {"error": "bold red", "warn": "yellow", "info": "dim"}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from speedlight.inspect.analysis import Access, CaseReport, DirectionBytes, KernelReport
+from speedlight.inspect.case_report import Access, CaseReport, DirectionBytes, KernelReport
 
 WARN, INFO, ERROR = "warn", "info", "error"
 

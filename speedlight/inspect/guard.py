@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from speedlight.inspect.analysis import CaseReport, DirectionBytes, KernelReport
-from speedlight.inspect.capture import Capture, capture_case, interpreter_work
+from speedlight.inspect.case_report import CaseReport, DirectionBytes, KernelReport
+from speedlight.inspect.launches import Capture, capture_case, interpreter_work
 from speedlight.launch import sized_for
 from speedlight.spec import Case, OpSpec
 from speedlight.target import Target
@@ -100,6 +100,35 @@ def check_direction(d: DirectionBytes) -> list[Shortfall]:
 def check(report: CaseReport) -> list[Shortfall]:
     return [s for k in report.kernels for s in check_kernel(k)] + \
         [s for d in report.directions for s in check_direction(d)]
+
+
+# A bytes design counts the traffic once what each program re-reads (a weight vector, a
+# partial sum) is spread over its rows: it holds from this many rows per SM of the GPU the
+# launches are sized for (a decode step's few rows measure launch set-up instead).
+AMORTISED_ROWS_PER_SM = 4
+
+
+def applies(spec: OpSpec, case: Case, shortfall: Shortfall, sm_count: int) -> bool:
+    """Whether a design covers this case, so that falling short of it is a regression: a
+    compile error always; on aligned cases (aligned() below) the vector width, spills and
+    occupancy, and the bytes from AMORTISED_ROWS_PER_SM rows per SM. Elsewhere (a row
+    width off a multiple of 16 elements, a strided or transposed view, non-finite inputs)
+    narrower accesses and other block configurations are expected: information."""
+    if shortfall.check == "compile":
+        return True
+    if not aligned(spec, case):
+        return False
+    if shortfall.check == "bytes":
+        return spec.rows(case) >= AMORTISED_ROWS_PER_SM * sm_count
+    return True
+
+
+def judge(spec: OpSpec, report: CaseReport, sm_count: int) -> tuple[list[Shortfall], list[Shortfall]]:
+    """(held, informational): the report's shortfalls where its designs apply, and the rest."""
+    held, info = [], []
+    for s in check(report):
+        (held if applies(spec, report.case, s, sm_count) else info).append(s)
+    return held, info
 
 
 # --- which cases to hold kernels to --------------------------------------------------------

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from speedlight.hardware import DeviceSpec
-from speedlight.inspect import analysis, findings
-from speedlight.inspect.capture import Capture, capture_case, interpreter_work
+from speedlight.inspect import case_report, findings
+from speedlight.inspect.launches import Capture, capture_case, interpreter_work
 from speedlight.inspect.compile import Compiler
 from speedlight.launch import sized_for
 from speedlight.spec import Case, OpSpec
@@ -41,7 +41,7 @@ def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, sku
 def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
                   device: torch.device | str = "cpu", compiler: Compiler | None = None,
                   mode: str = "auto", backward: bool = True,
-                  on_case=None) -> list[analysis.CaseReport]:
+                  on_case=None) -> list[case_report.CaseReport]:
     """Everything inspect says about each (op, case) on `target` (a speedlight.target
     Target: its arch compiles, its SKU's SM count sizes the launches): every case is
     captured first, then all their distinct kernels are compiled in one batch (worker
@@ -52,7 +52,7 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
     compiler = compiler or Compiler()
     staged = []
     for spec, case in items:
-        report = analysis.CaseReport(spec.name, case, target, sku)
+        report = case_report.CaseReport(spec.name, case, target, sku)
         capture = None
         reason = spec.skip(case, device)
         if reason:
@@ -82,8 +82,8 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
             continue
         for launch in capture.launches:
             c = compiled[launch.key(target.arch_name)]
-            report.kernels.append(analysis.analyse_kernel(launch, c, target, sku,
+            report.kernels.append(case_report.analyse_kernel(launch, c, target, sku,
                                                           spec.design(launch.kernel)))
-        report.directions = analysis.direction_bytes(spec, capture)
+        report.directions = case_report.direction_bytes(spec, capture)
         findings.case_findings(report)
     return [r for _, r, _ in staged]

@@ -1,6 +1,6 @@
 """Count what an interpreted launch loads and stores, and how its accesses are laid out.
 
-Hooked into the interpreter's masked load and store (capture.intercept), each access adds
+Hooked into the interpreter's masked load and store (launches.intercept), each access adds
 its live lanes' bytes (masked-off lanes excluded) to a Site: one source line (the kernel
 statement issuing it, found on the Python stack: the interpreter runs the kernel's own
 code with the file's real line numbers) and one tensor argument (the one whose memory the
@@ -20,7 +20,7 @@ import numpy as np
 
 _TRITON_PKG = os.path.join(os.path.dirname(os.path.abspath(__import__("triton").__file__)), "")
 _OWN_FILES = {os.path.join(os.path.dirname(os.path.abspath(__file__)), f)
-              for f in ("traffic.py", "capture.py")}
+              for f in ("traffic.py", "launches.py")}
 
 
 @dataclass

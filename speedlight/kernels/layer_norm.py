@@ -3,11 +3,15 @@
 A row tile holds whole rows in registers (n_cols <= BLOCK_N: one read of x, the variance
 taken around the mean already in registers, so no E[x^2] - E[x]^2 cancellation); looped
 kernels take rows longer than one block in three sweeps (sum, centered sum of squares,
-write), the last two from L2.
+write), the last two from L2. Mean and variance are taken of x / p, p a power of two near
+the row's largest |x| (norm_scale.py), so the squares neither overflow nor underflow where
+y is representable.
 """
 
 import triton
 import triton.language as tl
+
+from speedlight.kernels.norm_scale import _pow2_scale
 
 
 @triton.jit
@@ -44,22 +48,24 @@ def _layer_norm_fwd_kernel(
         rows = offs_m.to(tl.int64)
         x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
                     mask=mask, other=0.0).to(tl.float32)
+        # [BM, BN] -> [BM]: the scale p, then the mean and variance of x / p
+        p, inv_p = _pow2_scale(tl.max(tl.abs(x), axis=1), eps)
+        xs = x * inv_p[:, None]
+        mean_s = tl.sum(xs, axis=1) / n_cols
+        xc = tl.where(mask, xs - mean_s[:, None], 0.0)
         # [BM, BN] -> [BM]
-        mean = tl.sum(x, axis=1) / n_cols
-        xc = tl.where(mask, x - mean[:, None], 0.0)
-        # [BM, BN] -> [BM]
-        var = tl.sum(xc * xc, axis=1) / n_cols
-        rstd = 1.0 / tl.sqrt(var + eps)
-        y = xc * rstd[:, None]
+        var_s = tl.sum(xc * xc, axis=1) / n_cols
+        rstd_s = 1.0 / tl.sqrt(var_s + eps * inv_p * inv_p)  # = rstd * p
+        if STORE_STATS:  # first: p and 1/p are then dead while y is formed (registers)
+            tl.store(mean_ptr + offs_m, mean_s * p, mask=mask_m)
+            tl.store(rstd_ptr + offs_m, rstd_s * inv_p, mask=mask_m)
+        y = xc * rstd_s[:, None]
         if HAS_WEIGHT:
             y = y * w[None, :]
         if HAS_BIAS:
             y = y + b[None, :]
         tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :],
                  y.to(y_ptr.dtype.element_ty), mask=mask)
-        if STORE_STATS:
-            tl.store(mean_ptr + offs_m, mean, mask=mask_m)
-            tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
 
 
 @triton.jit
@@ -71,7 +77,9 @@ def _layer_norm_fwd_looped_kernel(
     BLOCK_N: tl.constexpr,
 ):
     """The same formula for rows longer than BLOCK_N, one row per program: a sweep for the
-    mean, one for the centered sum of squares, one to write y (fp32 lanes throughout).
+    mean and the scale p (the running max rescales the lanes' sum of x / p by powers of two,
+    exactly, as online softmax does), one for the centered sum of squares of x / p, one to
+    write y (fp32 lanes throughout).
 
     Pointers as in _layer_norm_fwd_kernel; the grid is (n_rows,).
     """
@@ -79,21 +87,29 @@ def _layer_norm_fwd_looped_kernel(
     x_row = x_ptr + row * stride_xm
     y_row = y_ptr + row * stride_ym
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    max_abs = tl.full([], 0.0, tl.float32)
+    p, inv_p = _pow2_scale(max_abs, eps)  # acc holds sum(x / p)
     for start in range(0, n_cols, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        acc += tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=offs_n < n_cols,
-                       other=0.0).to(tl.float32)
+        x = tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=offs_n < n_cols,
+                    other=0.0).to(tl.float32)
+        # [BN] -> scalar: a larger max moves acc to the new scale (a power of two, exact)
+        max_abs = tl.maximum(max_abs, tl.max(tl.abs(x), axis=0))
+        p_new, inv_p_new = _pow2_scale(max_abs, eps)
+        acc = acc * (p * inv_p_new) + x * inv_p_new
+        p, inv_p = p_new, inv_p_new
     # [BN] -> scalar
-    mean = tl.sum(acc, axis=0) / n_cols
+    mean_s = tl.sum(acc, axis=0) / n_cols
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < n_cols
         x = tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=mask_n, other=0.0).to(tl.float32)
-        xc = tl.where(mask_n, x - mean, 0.0)
+        xc = tl.where(mask_n, x * inv_p - mean_s, 0.0)
         acc += xc * xc
     # [BN] -> scalar
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    rstd = inv_p / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps * inv_p * inv_p)
+    mean = mean_s * p
     for start in range(0, n_cols, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < n_cols

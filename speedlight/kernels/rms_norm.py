@@ -7,10 +7,15 @@ The same kernels serve the fused residual add of pre-norm blocks (ops/add_rms_no
 HAS_RESIDUAL makes the forward normalize h = x + residual and write h too, and HAS_DH
 makes the backward add the gradient dh already flowing into h from the residual stream.
 Compiled away when off, so plain RMSNorm pays nothing for them.
+
+The sum of squares is taken over x / p, p a power of two near the row's largest |x|
+(norm_scale.py), so it neither overflows nor underflows where y is representable.
 """
 
 import triton
 import triton.language as tl
+
+from speedlight.kernels.norm_scale import _pow2_scale
 
 
 @triton.jit
@@ -54,9 +59,11 @@ def _rms_norm_fwd_kernel(
             h = (x + res).to(h_ptr.dtype.element_ty)
             tl.store(h_ptr + rows[:, None] * stride_ym + cols[None, :], h, mask=mask)
             x = h.to(tl.float32)
-        # [BM, BN] -> [BM]
-        mean_sq = tl.sum(x * x, axis=1) / n_cols
-        rstd = 1.0 / tl.sqrt(mean_sq + eps)
+        # [BM, BN] -> [BM]: the scale p, then mean((x / p)^2) in [0, 4)
+        p, inv_p = _pow2_scale(tl.max(tl.abs(x), axis=1), eps)
+        xs = x * inv_p[:, None]
+        mean_sq = tl.sum(xs * xs, axis=1) / n_cols
+        rstd = inv_p / tl.sqrt(mean_sq + eps * inv_p * inv_p)
         y = x * rstd[:, None]
         if HAS_WEIGHT:
             y = y * w[None, :]
@@ -75,7 +82,9 @@ def _rms_norm_fwd_looped_kernel(
     BLOCK_N: tl.constexpr,
 ):
     """The same formula for rows longer than BLOCK_N: one row per program, a first loop
-    accumulates sum(x^2) in fp32 lanes, a second re-reads the row (from L2) and writes y.
+    accumulates sum((x / p)^2) in fp32 lanes, rescaling them (exactly, by powers of two)
+    whenever a block raises the running max and with it p, as online softmax does; a
+    second loop re-reads the row (from L2) and writes y.
     With HAS_RESIDUAL the first loop writes h and the second re-reads h (one read of x and
     residual each; a barrier makes the program's own stores of h visible to all its lanes).
 
@@ -85,6 +94,8 @@ def _rms_norm_fwd_looped_kernel(
     x_row = x_ptr + row * stride_xm
     y_row = y_ptr + row * stride_ym
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    max_abs = tl.full([], 0.0, tl.float32)
+    p, inv_p = _pow2_scale(max_abs, eps)  # acc holds sum((x / p)^2)
     for start in range(0, n_cols, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < n_cols
@@ -96,9 +107,15 @@ def _rms_norm_fwd_looped_kernel(
             h = (x + res).to(h_ptr.dtype.element_ty)
             tl.store(h_ptr + row * stride_ym + cols, h, mask=mask_n)
             x = h.to(tl.float32)
-        acc += x * x
+        # [BN] -> scalar: a larger max moves acc to the new scale (a power of two, exact)
+        max_abs = tl.maximum(max_abs, tl.max(tl.abs(x), axis=0))
+        p_new, inv_p_new = _pow2_scale(max_abs, eps)
+        ratio = p * inv_p_new  # <= 1; may underflow to 0, dropping what is negligible
+        xs = x * inv_p_new
+        acc = acc * (ratio * ratio) + xs * xs
+        p, inv_p = p_new, inv_p_new
     # [BN] -> scalar
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    rstd = inv_p / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps * inv_p * inv_p)
     if HAS_RESIDUAL:
         tl.debug_barrier()
     for start in range(0, n_cols, BLOCK_N):
@@ -208,9 +225,9 @@ def _rms_norm_bwd_row_dot_kernel(
                     other=0.0).to(tl.float32)
         if HAS_WEIGHT:
             dy = dy * (tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32) + offset)
-        acc += dy * x
+        acc += dy * (x * r)  # xhat first: dy * x alone overflows for |x| ~ 1e30
     # [BN] -> scalar
-    tl.store(c_ptr + row, tl.sum(acc, axis=0) * r / n_cols)
+    tl.store(c_ptr + row, tl.sum(acc, axis=0) / n_cols)
 
 
 @triton.jit

@@ -398,6 +398,8 @@ def check_options(ignore_index, reduction, label_smoothing, z_loss, softcap) -> 
     """The checks on cross_entropy's plain arguments (shared with nn.CrossEntropyLoss)."""
     if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
         raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    if not -2**63 <= ignore_index < 2**63:
+        raise ValueError(f"ignore_index must fit int64 (the targets' dtype), got {ignore_index}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, "
                          f"got {reduction!r}")

@@ -30,7 +30,7 @@ from speedlight.launch import (
 from speedlight.ops._checks import check_same_device, check_tensor
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
-from speedlight.ops.rms_norm import BWD_WARPS_PER_SM, FWD_WARPS_PER_SM
+from speedlight.ops.rms_norm import BWD_WARPS_PER_SM, FWD_WARPS_PER_SM, check_eps
 from speedlight.ops.rms_norm import FWD_TILE as RMS_FWD_TILE
 from speedlight.runtime import check_runtime
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
@@ -189,8 +189,7 @@ def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int],
         if tuple(t.shape) != dims:
             raise ValueError(f"{name} must have normalized_shape {dims}, got {tuple(t.shape)}")
     check_same_device(x=x, weight=weight, bias=bias)
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
-        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    check_eps(eps)
     n = math.prod(dims)
     if len(dims) != 1:
         lead = x.shape[:x.dim() - len(dims)]

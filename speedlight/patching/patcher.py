@@ -2,21 +2,35 @@
 
 What is swapped, per module instance (the class, parameters and state-dict stay as they
 are, so weights load unchanged and optimizers keep their references):
-  rms_norm       every <Family>RMSNorm's forward -> speedlight.rms_norm (offset 1 for Gemma)
-  mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up))
+  rms_norm       every <Family>RMSNorm's forward -> speedlight.rms_norm (offset 1 for Gemma);
+                 in_place=True for the norms whose output feeds linear layers alone
+                 (Family.in_place_norms: pre-norms and the final norm, never a post-norm
+                 whose output joins the residual stream), so their backward allocates
+                 nothing of the activations' size
+  mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up)), with
+                 Falcon-H1's mlp multipliers folded into the gated unit;
+                 with mlp="fused" -> down_proj(gated_matmul(x, gate and up weights)): both
+                 projections and the gated product in one GEMM kernel (off by default
+                 until measured on a GPU)
   rope           every <Family>Attention's forward runs with speedlight.rope in place of
                  the family's apply_rotary_pos_emb (the module-level function is replaced
                  by a dispatcher that calls speedlight only inside a patched attention
                  layer, so unpatched models of the same family keep the original)
   cross_entropy  the model's loss_function -> the causal-LM loss on speedlight.cross_entropy
+  attention      the model's config._attn_implementation -> "speedlight" (transformers'
+                 attention-function and mask registries, see hf_attention.py): every
+                 attention layer calls speedlight.attention with its scaling, sliding
+                 window and softcap; padding masks arrive 2-D and run as variable length
   linear_cross_entropy
                  the causal LM's forward, when it trains with labels: the lm_head and the
                  loss by speedlight.linear_cross_entropy, so the [tokens, vocab] logits are
                  never made, and the output's logits are None (say skip_logits=False to get
                  them; eval mode, no labels or logits_to_keep keep the normal path, whose
-                 loss is the cross_entropy patch's). Granite's logits_scaling divides the
-                 hidden states first; Gemma 2's final_logit_softcapping is the op's softcap.
-unpatch restores every instance's forward and the model's loss exactly as they were.
+                 loss is the cross_entropy patch's). Granite's logits_scaling and Falcon-H1's
+                 lm_head_multiplier scale the hidden states first; Gemma 2's
+                 final_logit_softcapping is the op's softcap.
+unpatch restores every instance's forward, the model's loss and its attention
+implementation exactly as they were.
 """
 
 from __future__ import annotations
@@ -44,6 +58,7 @@ class PatchWarning(UserWarning):
 class PatchReport:
     model_type: str
     patched: dict[str, list[str]] = field(default_factory=dict)  # kind -> module paths
+    in_place: list[str] = field(default_factory=list)  # norms whose backward writes over dy
     not_patched: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
 
     def count(self, kind: str) -> int:
@@ -55,6 +70,9 @@ class PatchReport:
             if kind in self.patched:
                 lines.append(f"  patched {kind}: {len(self.patched[kind])} "
                              f"({', '.join(self.patched[kind][:3])}{', ...' if len(self.patched[kind]) > 3 else ''})")
+        if self.in_place:
+            lines.append(f"  rms_norm backward in place: {len(self.in_place)} (the norms "
+                         f"whose output feeds linear layers alone)")
         for what, why in self.not_patched:
             lines.append(f"  NOT patched {what}: {why}")
         return "\n".join(lines)
@@ -111,11 +129,11 @@ def _attention_forward(previous):
 
 # --- the replacement forwards --------------------------------------------------------------
 
-def _norm_forward(offset: float, out: str, eps_attr: str):
+def _norm_forward(offset: float, out: str, eps_attr: str, in_place: bool = False):
     def forward(self, x):
         from speedlight.ops.rms_norm import rms_norm
         y = rms_norm(x, self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype),
-                     float(getattr(self, eps_attr)), offset)
+                     float(getattr(self, eps_attr)), offset, in_place=in_place)
         if out == "promote":  # Llama: weight * x.to(input dtype) promotes to weight's dtype
             return y.to(torch.promote_types(x.dtype, self.weight.dtype))
         return y
@@ -123,9 +141,18 @@ def _norm_forward(offset: float, out: str, eps_attr: str):
 
 
 def _split_mlp_forward(op_name: str, op_kwargs: dict):
+    """down_proj(act(gate_proj(x)) * up_proj(x)), with Falcon-H1's gate_multiplier and
+    down_multiplier (attributes of its MLP) folded into the gated unit; down_multiplier
+    scales down_proj's output instead when down_proj has a bias."""
     def forward(self, x):
         op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
-        return self.down_proj(op(self.gate_proj(x), self.up_proj(x), **op_kwargs))
+        gate_multiplier = float(getattr(self, "gate_multiplier", 1.0))
+        down_multiplier = float(getattr(self, "down_multiplier", 1.0))
+        folded = self.down_proj.bias is None
+        y = self.down_proj(op(self.gate_proj(x), self.up_proj(x), **op_kwargs,
+                              gate_multiplier=gate_multiplier,
+                              down_multiplier=down_multiplier if folded else 1.0))
+        return y if folded or down_multiplier == 1.0 else y * down_multiplier
     return forward
 
 
@@ -134,6 +161,36 @@ def _fused_mlp_forward(op_name: str, op_kwargs: dict):
         op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
         return self.down_proj(op(self.gate_up_proj(x), None, **op_kwargs))
     return forward
+
+
+_GATED_ACTIVATION = {("swiglu", ""): "silu", ("geglu", "tanh"): "gelu_tanh",
+                     ("geglu", "none"): "gelu"}
+
+
+def _gated_matmul_forward(op_name: str, op_kwargs: dict):
+    """down_proj(act(x W_gate^T) * (x W_up^T)) with the two projections in one kernel: the
+    weights are the module's own parameters (gate_up_proj's [2I, H] for Phi-3)."""
+    activation = _GATED_ACTIVATION[(op_name, op_kwargs.get("approximate", ""))]
+
+    def forward(self, x):
+        from speedlight.ops.gated_matmul import gated_matmul
+        if hasattr(self, "gate_up_proj"):
+            h = gated_matmul(x, self.gate_up_proj.weight, None, activation)
+        else:
+            h = gated_matmul(x, self.gate_proj.weight, self.up_proj.weight, activation)
+        return self.down_proj(h)
+    return forward
+
+
+def _has_multipliers(mlp) -> bool:
+    """Whether the MLP scales its gate or its output (Falcon-H1's mlp_multipliers)."""
+    return any(float(getattr(mlp, name, 1.0)) != 1.0
+               for name in ("gate_multiplier", "down_multiplier"))
+
+
+def _has_bias(mlp) -> bool:
+    return any(getattr(getattr(mlp, name, None), "bias", None) is not None
+               for name in ("gate_proj", "up_proj", "gate_up_proj"))
 
 
 def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100,
@@ -157,17 +214,17 @@ def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ign
 
 def fused_causal_lm_loss(hidden, lm_head, labels, *, shift_labels=None,
                          num_items_in_batch=None, ignore_index: int = -100,
-                         logits_scaling: float | None = None, softcap: float | None = None):
-    """Hugging Face's ForCausalLMLoss of lm_head(hidden) (divided by logits_scaling,
-    soft-capped), by speedlight.linear_cross_entropy: the logits are never made. Labels
-    shifted by one; a mean over non-ignored tokens, or sum / num_items_in_batch (gradient
-    accumulation); fp32, as Hugging Face's loss."""
+                         logits_scale: float = 1.0, softcap: float | None = None):
+    """Hugging Face's ForCausalLMLoss of lm_head(hidden) (times logits_scale, soft-capped),
+    by speedlight.linear_cross_entropy: the logits are never made. Labels shifted by one;
+    a mean over non-ignored tokens, or sum / num_items_in_batch (gradient accumulation);
+    fp32, as Hugging Face's loss. A logits_scale other than 1 needs a bias-free lm_head."""
     from speedlight.ops.linear_cross_entropy import linear_cross_entropy
     if shift_labels is None:
         labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
         shift_labels = labels[..., 1:]
-    if logits_scaling is not None and logits_scaling != 1:
-        hidden = hidden / logits_scaling  # lm_head(h) / s = lm_head(h / s) without a bias
+    if logits_scale != 1:
+        hidden = hidden * logits_scale  # s * lm_head(h) = lm_head(s * h) without a bias
     target = shift_labels.to(hidden.device)
     kwargs = dict(ignore_index=ignore_index, softcap=softcap)
     if num_items_in_batch is None:
@@ -178,6 +235,19 @@ def fused_causal_lm_loss(hidden, lm_head, labels, *, shift_labels=None,
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(loss.device)
     return loss / num_items_in_batch
+
+
+def _logits_scale(model) -> float:
+    """What a family multiplies its lm_head's output by before the loss: Granite divides by
+    config.logits_scaling, Falcon-H1 multiplies by model.lm_head_multiplier; 1 elsewhere."""
+    scale = 1.0
+    divisor = getattr(model.config, "logits_scaling", None)
+    if divisor:
+        scale /= float(divisor)
+    multiplier = getattr(model.model, "lm_head_multiplier", None)
+    if multiplier is not None:
+        scale *= float(multiplier)
+    return scale
 
 
 def _causal_lm_forward(previous, signature: inspect.Signature):
@@ -192,15 +262,16 @@ def _causal_lm_forward(previous, signature: inspect.Signature):
         labels = arguments.pop("labels", None)
         keep = arguments.pop("logits_to_keep", 0)
         fused = labels is not None and (self.training if skip_logits is None else skip_logits)
-        if not fused or not isinstance(keep, int) or keep != 0:
+        scale = _logits_scale(self)
+        if (not fused or not isinstance(keep, int) or keep != 0
+                or (scale != 1 and self.lm_head.bias is not None)):
             return previous(*args, **kwargs)
         loss_kwargs = {k: extra.pop(k) for k in ("num_items_in_batch", "shift_labels",
                                                  "ignore_index") if k in extra}
         outputs = self.model(**arguments, **extra)
         config = self.config
         loss = fused_causal_lm_loss(
-            outputs.last_hidden_state, self.lm_head, labels, **loss_kwargs,
-            logits_scaling=getattr(config, "logits_scaling", None),
+            outputs[0], self.lm_head, labels, **loss_kwargs, logits_scale=scale,
             softcap=getattr(config, "final_logit_softcapping", None))
         from transformers.modeling_outputs import CausalLMOutputWithPast
         fields = {k: v for k, v in outputs.items() if k != "last_hidden_state"}
@@ -233,13 +304,23 @@ def _activation_of(mlp) -> tuple[str, dict] | None:
     return ACTIVATIONS.get(name)
 
 
-def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, rope: bool = True,
-          cross_entropy: bool = True, linear_cross_entropy: bool = True) -> PatchReport:
+def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
+          rope: bool = True, cross_entropy: bool = True, attention: bool = True,
+          norm_in_place: bool = True, linear_cross_entropy: bool = True) -> PatchReport:
     """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3,
-    Granite).
+    Falcon-H1, Granite).
 
     linear_cross_entropy: the training loss of a causal LM with labels is computed without
     its logits, which the output then does not hold (see the module docstring).
+
+    norm_in_place: the norms whose output feeds linear layers alone (the family's
+    in_place_norms) run their backward in place (speedlight.rms_norm's in_place); False
+    keeps every norm's backward out of place.
+
+    mlp: True swaps the gated unit between the projections (swiglu / geglu); "fused" runs
+    both input projections and the gated product as one speedlight.gated_matmul kernel,
+    then the module's own down_proj (MLPs with biases keep the unfused path, reported);
+    False leaves the MLPs alone.
 
     Returns a PatchReport listing what was patched; anything asked for that could not be
     patched (an unknown architecture, an unsupported activation) is also warned about
@@ -247,15 +328,18 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, ro
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if mlp not in (True, False, "fused"):
+        raise ValueError(f"mlp must be True, False or 'fused', got {mlp!r}")
     if hasattr(model, _RECORD):
         raise ValueError("model is already patched by speedlight; call speedlight.unpatch(model) first")
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None) or type(model).__name__
     family: Family | None = FAMILIES.get(model_type)
     wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy,
+              "attention": attention,
               "linear_cross_entropy": linear_cross_entropy}
     report = PatchReport(model_type)
-    record: dict = {"forwards": [], "rope_modules": [], "loss": None}
+    record: dict = {"forwards": [], "rope_modules": [], "loss": None, "attention": None}
 
     if family is None:
         for kind, on in wanted.items():
@@ -272,8 +356,12 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, ro
                 continue
             if wanted["rms_norm"] and cls == family.norm_class:
                 eps_attr = "variance_epsilon" if hasattr(module, "variance_epsilon") else "eps"
-                _set_forward(module, _norm_forward(family.norm_offset, family.norm_out, eps_attr), record)
+                in_place = norm_in_place and path.rsplit(".", 1)[-1] in family.in_place_norms
+                _set_forward(module, _norm_forward(family.norm_offset, family.norm_out, eps_attr,
+                                                   in_place), record)
                 report.patched.setdefault("rms_norm", []).append(path)
+                if in_place:
+                    report.in_place.append(path)
             elif wanted["mlp"] and cls == family.mlp_class:
                 act = _activation_of(module)
                 if act is None:
@@ -283,6 +371,18 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, ro
                     continue
                 if not _available(act[0]):
                     report.not_patched.append((f"mlp {path}", f"this install has no speedlight.{act[0]}"))
+                    continue
+                if mlp == "fused" and _has_bias(module):
+                    report.not_patched.append((f"mlp {path} (fused)", "its projections have "
+                                               "biases, which gated_matmul does not add; the "
+                                               "gated unit alone is patched"))
+                elif mlp == "fused" and _has_multipliers(module):
+                    report.not_patched.append((f"mlp {path} (fused)", "it has mlp multipliers "
+                                               "(Falcon-H1), which gated_matmul does not "
+                                               "apply; the gated unit alone is patched"))
+                elif mlp == "fused" and _available("gated_matmul"):
+                    _set_forward(module, _gated_matmul_forward(*act), record)
+                    report.patched.setdefault("mlp", []).append(f"{path} (gated_matmul)")
                     continue
                 make = _fused_mlp_forward if family.mlp == "fused" else _split_mlp_forward
                 _set_forward(module, make(*act), record)
@@ -308,6 +408,8 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool = True, ro
             else:
                 report.not_patched.append(("cross_entropy", f"{type(model).__name__} computes no loss "
                                            "(not a *ForCausalLM model)"))
+        if wanted["attention"]:
+            _patch_attention(model, family, report, record)
         if wanted["linear_cross_entropy"]:
             _patch_causal_lm_forward(model, report, record)
     setattr(model, _RECORD, record)
@@ -331,6 +433,31 @@ def _patch_causal_lm_forward(model, report: PatchReport, record: dict) -> None:
     _set_forward(model, _causal_lm_forward(previous, inspect.signature(previous)), record)
     report.patched[kind] = ["forward (training with labels: the loss without logits; "
                             "the output's logits are None)"]
+def _patch_attention(model, family: Family, report: PatchReport, record: dict) -> None:
+    """Point the model's config at the "speedlight" attention implementation, and let every
+    attention layer find the report its fallbacks are written to."""
+    from speedlight.patching import hf_attention
+
+    config = model.config
+    if not _available("attention"):
+        report.not_patched.append(("attention", "this install has no speedlight.attention"))
+        return
+    if not hasattr(config, "_attn_implementation_internal"):
+        report.not_patched.append(("attention", "this transformers version has no attention-"
+                                   "function registry (config._attn_implementation)"))
+        return
+    layers = [(path, m) for path, m in model.named_modules()
+              if type(m).__name__ == family.attention_class]
+    if not layers:
+        report.not_patched.append(("attention", f"no attention module of the {family.model_type} "
+                                   "family found"))
+        return
+    hf_attention.register()
+    record["attention"] = (config._attn_implementation_internal, [m for _, m in layers])
+    config._attn_implementation = hf_attention.NAME
+    for path, m in layers:
+        setattr(m, hf_attention.REPORT_ATTR, report)
+    report.patched["attention"] = [path for path, _ in layers]
 
 
 def _set_forward(module: torch.nn.Module, fn, record: dict) -> None:
@@ -351,6 +478,12 @@ def unpatch(model: torch.nn.Module) -> None:
             module.forward = had
     for release in record["rope_modules"]:
         release()  # a finalizer runs once: here, not again when the model is collected
+    if record.get("attention") is not None:
+        from speedlight.patching import hf_attention
+        previous, layers = record["attention"]
+        model.config._attn_implementation_internal = previous
+        for m in layers:
+            m.__dict__.pop(hf_attention.REPORT_ATTR, None)
     if record["loss"] is not None:
         state, value = record["loss"]
         if state == "had":

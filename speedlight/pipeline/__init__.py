@@ -22,7 +22,11 @@ index.html and summary.md:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import os
+import shutil
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -37,11 +41,7 @@ FILES = {"profile_before": "profile-before.json", "patch": "patch.json",
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    arguments.add_model(p)
-    arguments.add_mode(p, train=True)
-    arguments.add_target(p)
-    arguments.add_steps(p)
-    arguments.add_spec(p)
+    arguments.add_model_run(p, train=True)
     p.add_argument("--baselines", default=None,
                    help="bench baselines (default: torch-eager,torch-compile,liger,torch-fused on a GPU; "
                         "torch-eager on a CPU, where compiling each case costs more than the report)")
@@ -54,16 +54,6 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "(default: the measured model's family, Llama-3-8B for the default model)")
     p.add_argument("--no-projection", action="store_true", help="skip the real-size projection")
     arguments.add_out(p, "speedlight-report", "the report folder")
-
-
-def prepare_out(out: str | Path) -> Path:
-    """The folder the stages write into, without any earlier run's stage files (a report
-    never mixes two runs' stages)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in list(FILES.values()) + [MANIFEST]:
-        (out / stale).unlink(missing_ok=True)
-    return out
 
 
 def op_cases(specs, own: set[str], cfg, batch: int, seq: int,
@@ -114,7 +104,103 @@ class Stages:
                                          "status": "skipped", "reason": reason}
 
 
+# what a report folder holds, all written by speedlight: the stage files, the manifest,
+# the projection's own page, and render's two
+REPORT_FILES = frozenset([*FILES.values(), MANIFEST, "profile-projected.html", "index.html",
+                          "summary.md"])
+
+
 def run(args: argparse.Namespace) -> int:
+    final = Path(args.out)
+    try:
+        with built_beside(final) as out:
+            code = _run(args, out)
+    except KeyboardInterrupt:
+        print(f"speedlight report: interrupted; {final} is as it was before this run")
+        return 130
+    print(f"report: {final / 'index.html'}  (and summary.md, with the JSON of each stage)")
+    return code
+
+
+@contextlib.contextmanager
+def built_beside(final: Path):
+    """A new folder beside `final` to build the report in, which replaces `final` only when
+    the block completes, so at every moment `final` holds a whole report, old or new.
+
+    Refused up front (SystemExit) when `final` is a file or holds files speedlight did not
+    write, which are never deleted. On an error or Ctrl-C the partial folder is removed and
+    `final` is untouched; one left by a killed run is removed by the next run. The swap is
+    one atomic exchange of the two folders where Linux offers it (renameat2), else two
+    renames; then the old report's files, all speedlight's, are deleted.
+    """
+    final = final.resolve() if final.is_symlink() else final.absolute()
+    if final.exists():
+        if not final.is_dir():
+            raise SystemExit(f"speedlight report: --out {str(final)!r} is a file, not a folder")
+        foreign = sorted(p.name for p in final.iterdir() if p.name not in REPORT_FILES)
+        if foreign:
+            raise SystemExit(f"speedlight report: --out {str(final)!r} holds files speedlight "
+                             f"did not write ({', '.join(foreign[:5])}): give a new folder, an "
+                             f"empty one, or that of an earlier report")
+    prefix = f".{final.name}.partial-"
+    for stale in final.parent.glob(prefix + "*"):  # left by a run that was killed
+        if stale.name[len(prefix):].isdigit() and not _alive(int(stale.name[len(prefix):])):
+            shutil.rmtree(stale, ignore_errors=True)
+    try:
+        build = final.parent / f"{prefix}{os.getpid()}"
+        build.mkdir(parents=True)
+    except OSError as e:
+        raise SystemExit(f"speedlight report: cannot write beside --out {str(final)!r}: "
+                         f"{e.strerror or e}") from None
+    try:
+        yield build
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+    if final.exists() and _exchange(build, final):
+        old = build  # the two folders traded places
+    else:
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        if final.exists():
+            os.rename(final, old)
+        try:
+            os.rename(build, final)
+        except OSError:
+            if old.exists():
+                os.rename(old, final)  # put the earlier report back
+            raise
+    for p in old.iterdir() if old.is_dir() else ():
+        if p.name in REPORT_FILES and p.is_file():
+            p.unlink()
+    with contextlib.suppress(OSError):
+        old.rmdir()  # fails, keeping them, if files speedlight did not write appeared
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders atomically (Linux renameat2 RENAME_EXCHANGE); False where that is
+    not available, and nothing moved."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _run(args: argparse.Namespace, out: Path) -> int:
     import warnings
 
     import torch
@@ -142,7 +228,6 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"speedlight report: {e}")
     console.print(f"[dim]{tgt.describe()}[/]")
-    out = prepare_out(args.out)
     stages = Stages(out, console)
     try:
         w = models.build(args.model, batch=args.batch, seq=args.seq, train=train, dtype=dtype,
@@ -242,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
         def do_projection():
             from speedlight.pipeline.projection_stage import family_of, project_family
             name = args.projection or family_of(args.model, cfg.hf_model_type if cfg else None)
-            doc = project_family(name, train=train, target=args.target)
+            doc = project_family(name, train=train, target=tgt)
             results.write_json(out / FILES["projection"], doc)
             try:
                 from speedlight.profile import html
@@ -253,8 +338,7 @@ def run(args: argparse.Namespace) -> int:
         stages.run("projection", "project the real-size model onto several GPUs", do_projection)
 
     from speedlight.report import render
-    paths = render.render(out)
+    render.render(out)
     render.print_summary(out, console)
-    console.print(f"report: {paths['html']}  (and {paths['md'].name}, with the JSON of each stage)")
     failed = [k for k, v in stages.manifest["stages"].items() if v["status"] == "failed"]
     return 1 if failed or render.has_failures(out) else 0

@@ -24,11 +24,15 @@ def family_of(model: str | None, model_type: str | None) -> str:
     return DEFAULT_FAMILY
 
 
-def project_family(name: str, *, train: bool, target: str | None, targets: str = TARGETS) -> dict:
+def project_family(name: str, *, train: bool, target, targets: str = TARGETS) -> dict:
+    """`speedlight profile --project --targets` on the family's real size: floors on the
+    report's `target` (a speedlight.target.Target), compared with it across `targets`."""
     from speedlight.profile.project_command import projected_profile
 
+    keys = [k for k in targets.split(",") if k]
+    keys += [] if target.sku.key in keys else [target.sku.key]
     args = argparse.Namespace(model=name, batch=1, seq=TOKENS, train=train, infer=not train,
-                              target=target, sku=None, dtype=None, size="full", layers=None, seed=0,
-                              top=15, recipe=None, targets=targets, shard=None, vary=None,
-                              device="cpu", project=True)
-    return projected_profile(args)
+                              target=target.sku.key, sku=None, dtype=None, size="full",
+                              layers=None, seed=0, top=15, recipe=None, targets=",".join(keys),
+                              shard=None, vary=None, device="cpu", project=True)
+    return projected_profile(args, target)

@@ -27,9 +27,7 @@ from speedlight.profile.patterns import Chain, find_chains
 
 # Chains whose speedlight op is still to come (a registered op's OpSpec.fuses says what
 # it replaces): op -> what it does.
-PLANNED = {
-    "attention": "fused attention (scores never written to memory)",
-}
+PLANNED: dict[str, str] = {}
 
 
 def describe(op: str, specs=None) -> tuple[str, str]:

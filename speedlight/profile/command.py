@@ -11,11 +11,7 @@ from speedlight import arguments
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    arguments.add_model(p)
-    arguments.add_mode(p, train=False)
-    arguments.add_target(p)
-    arguments.add_steps(p)
-    arguments.add_spec(p)
+    arguments.add_model_run(p, train=False)
     p.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
     arguments.add_out(p, "speedlight-results", "folder for the JSON and HTML")
     p.add_argument("--no-html", action="store_true", help="write the JSON only")
@@ -156,7 +152,7 @@ def profile_workload(w, *, device, train: bool, target, warmup: int = arguments.
 
 def run(args: argparse.Namespace) -> int:
     from speedlight import results
-    from speedlight.profile import models, render
+    from speedlight.profile import display, models
 
     tgt = arguments.resolve_target(args, "profile")
     console = results.make_console(width=180)
@@ -169,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         doc = profile(args, tgt)
     except (models.ModelError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"speedlight profile: {e}")
-    render.print_profile(doc, console, top=args.top)
+    display.print_profile(doc, console, top=args.top)
     out = Path(args.out)
     stem = f"profile-{_slug(doc['run']['model'])}-{doc['run']['mode']}"
     if doc["measured"]["time"] == "projected":

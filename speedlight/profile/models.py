@@ -157,6 +157,8 @@ def build(spec: str | None, *, batch: int, seq: int, train: bool, dtype: torch.d
     nothing speedlight can build."""
     if batch < 1 or seq < 1:
         raise ModelError(f"--batch and --seq must be at least 1, got {batch} and {seq}")
+    if layers is not None and layers < 1:
+        raise ModelError(f"--layers must be at least 1, got {layers}")
     spec = spec or DEFAULT
     if spec == DEFAULT:
         transformers = _transformers()

@@ -252,6 +252,27 @@ def attention(g: Graph) -> list[Chain]:
     return chains
 
 
+_SDPA_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_fused_attention_overrideable")
+
+
+def sdpa_attention(g: Graph) -> list[Chain]:
+    """PyTorch's fused SDPA: already one kernel, so the bytes it saves are few; what
+    speedlight.attention offers is its speed, which `speedlight bench --ops attention`
+    measures against each SDPA backend."""
+    chains = []
+    for r in g.fwd:
+        if r["name"] not in _SDPA_OPS or len(r["inputs"]) < 3 or not r["outputs"]:
+            continue
+        chains.append(Chain("attention", f"SDPA ({r['name'].lstrip('_')})", {r["index"]},
+                            r["module"], {"q": r["inputs"][0], "k": r["inputs"][1],
+                                          "v": r["inputs"][2], "out": r["outputs"][0]},
+                            "already fused: the gain is kernel speed (speedlight bench --ops "
+                            "attention compares it with each SDPA backend)"))
+    return chains
+
+
 def softmax(g: Graph, claimed: set[int]) -> list[Chain]:
     """A softmax with its casts, or spelled out as exp / sum / div, outside attention."""
     chains = []
@@ -290,7 +311,7 @@ def find_chains(rows: list[dict], calls) -> list[Chain]:
     chains = norms(g, calls) + glu(g) + rope(g) + cross_entropy(g)
     att = attention(g)
     claimed = set().union(*(c.fwd for c in att)) if att else set()
-    chains += att + softmax(g, claimed)
+    chains += att + sdpa_attention(g) + softmax(g, claimed)
     for c in chains:
         c.external = {i for i in c.fwd if not g.is_view(i)
                       and (not g.uses(i) or any(u not in c.fwd for u in g.uses(i)))}

@@ -77,12 +77,18 @@ def run(args: argparse.Namespace) -> int:
     console = display.make_console()
     if args.seeds < 1:
         raise SystemExit("speedlight verify: --seeds must be at least 1")
-    dtypes = [parse_dtype(d) for d in args.dtypes.split(",") if d.strip()]
+    if args.max_gib is not None and args.max_gib <= 0:
+        raise SystemExit(f"speedlight verify: --max-gib must be more than 0, got {args.max_gib:g}")
     names = [n.strip() for n in args.ops.split(",")] if args.ops else None
     try:
+        dtypes = [parse_dtype(d) for d in args.dtypes.split(",") if d.strip()]
         specs = registry.select(names, args.spec, include_builtin=not args.only_spec)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"speedlight verify: {e}")
+    try:  # before any work, not at the first write after an op was verified
+        out_dir = results.writable_folder(args.out)
+    except ValueError as e:
+        raise SystemExit(f"speedlight verify: --out {e}")
     tgt = arguments.resolve_target(args, "verify")
     device = torch.device(args.device)
     max_bytes = default_max_bytes(device, args.max_gib)
@@ -92,20 +98,27 @@ def run(args: argparse.Namespace) -> int:
                       "interpreter (correctness only; bfloat16 tl.dot cases are skipped).[/]")
     console.print(f"[dim]{tgt.describe()}[/]")
 
-    out_path = Path(args.out) / "verify.jsonl"
+    out_path = out_dir / "verify.jsonl"
     env = results.environment(device)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     total = sum(len(harness.expand(s, args.suite, dtypes, seeds)) for s in specs)
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("verify", total=total)
+    finished = []
+    try:
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task("verify", total=total)
 
-        def on_case(spec, result):
-            progress.update(task, description=f"{spec.name} {result.case.id}")
-            progress.advance(task)
-        all_results = verify_cases(specs, lambda s: harness.expand(s, args.suite, dtypes, seeds),
-                                   device, out_path, suite=args.suite, target=tgt,
-                                   max_bytes=max_bytes, on_case=on_case)
+            def on_case(spec, result):
+                finished.append(result)
+                progress.update(task, description=f"{spec.name} {result.case.id}")
+                progress.advance(task)
+            all_results = verify_cases(
+                specs, lambda s: harness.expand(s, args.suite, dtypes, seeds), device,
+                out_path, suite=args.suite, target=tgt, max_bytes=max_bytes, on_case=on_case)
+    except KeyboardInterrupt:  # each finished case is already in out_path
+        console.print(f"[yellow]interrupted: the {len(finished)} finished cases are in "
+                      f"{out_path}[/]")
+        return 130
 
     display.print_results(all_results, console, device=f"{env['device']}, {env['runtime']}",
                           only_problems=not args.all_rows)

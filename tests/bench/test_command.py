@@ -1,5 +1,7 @@
 """`speedlight bench` and `speedlight probe` end to end on the CPU."""
 
+import os
+
 import pytest
 
 from speedlight import cli, results
@@ -52,3 +54,41 @@ def test_bad_arguments_are_clear_errors(tmp_path):
     with pytest.raises(SystemExit, match="no timed rows"):
         (tmp_path / "bench.jsonl").write_text("")
         cli.main(["bench", "plot", str(tmp_path / "bench.jsonl")])
+
+
+@pytest.mark.parametrize("where", ["file", "under-a-file"])
+def test_an_output_location_that_cannot_be_written_fails_before_any_work(where, tmp_path,
+                                                                          monkeypatch):
+    from speedlight.bench import runner
+    monkeypatch.setattr(runner.Bench, "run", lambda *a, **k: pytest.fail("work started"))
+    (tmp_path / "f").write_text("not a folder")
+    out = tmp_path / "f" if where == "file" else tmp_path / "f" / "sub"
+    with pytest.raises(SystemExit, match=r"speedlight bench: --out .*f.* (is a file|not a "
+                                         r"folder|cannot)") as e:
+        cli.main(["bench", "--ops", "softmax", "--suite", "quick", "--out", str(out)])
+    assert "\n" not in str(e.value.code)
+
+
+def test_a_read_only_output_folder_fails_before_any_work(tmp_path, monkeypatch):
+    from speedlight.bench import runner
+    monkeypatch.setattr(runner.Bench, "run", lambda *a, **k: pytest.fail("work started"))
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o500)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # root writes anyway: refuse as for others
+
+        def denied(*args, **kwargs):
+            raise PermissionError(13, "Permission denied")
+        monkeypatch.setattr(results.tempfile, "TemporaryFile", denied)
+    try:
+        with pytest.raises(SystemExit, match=r"speedlight bench: --out .*ro.* cannot be "
+                                             r"written: Permission denied"):
+            cli.main(["bench", "--ops", "softmax", "--suite", "quick", "--out", str(out)])
+    finally:
+        out.chmod(0o700)
+
+
+def test_a_bad_case_pattern_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match=r"speedlight bench: --cases '\(' is not a regular "
+                                         r"expression: missing \)"):
+        cli.main(["bench", "--ops", "softmax", "--cases", "(", "--out", str(tmp_path)])

@@ -96,3 +96,20 @@ def test_cli_needs_two_paths_and_something_in_common(tmp_path):
     a = _write(tmp_path / "a.jsonl", [_row(_draw(0), case="x")])
     b = _write(tmp_path / "b.jsonl", [_row(_draw(0), case="y")])
     assert cli.main(["bench", "compare", a, b]) == 2
+
+
+def test_cli_names_a_side_without_bench_rows(tmp_path):
+    new = _write(tmp_path / "new" / "bench.jsonl", [_row(_draw(0))])
+    (tmp_path / "old").mkdir()
+    with pytest.raises(SystemExit, match=r"OLD .*old.* holds no bench rows") as e:
+        cli.main(["bench", "compare", str(tmp_path / "old"), new])
+    assert "\n" not in str(e.value.code)
+    with pytest.raises(SystemExit, match=r"NEW .*empty.jsonl.* holds no bench rows"):
+        cli.main(["bench", "compare", new, _write(tmp_path / "empty.jsonl", [])])
+
+
+def test_cli_rows_that_are_not_objects_are_a_clear_error(tmp_path):
+    new = _write(tmp_path / "new.jsonl", [_row(_draw(0))])
+    (tmp_path / "old.jsonl").write_text(json.dumps(_row(_draw(0))) + "\n[1, 2]\n")
+    with pytest.raises(SystemExit, match=r"old\.jsonl:2: not a JSON object \(got a list\)"):
+        cli.main(["bench", "compare", str(tmp_path / "old.jsonl"), new])

@@ -50,7 +50,10 @@ def test_rms_norm_llama_and_gemma_casting():
     x, w = torch.randn(2, 8), torch.randn(8)
     (name, args, kw), mutates = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-5, "offset": 0.0})
     assert name == "liger_rms_norm" and args[:3] == (x, w, 1e-5)
-    assert kw == {"offset": 0.0, "casting_mode": "llama", "in_place": True} and not mutates
+    assert kw == {"offset": 0.0, "casting_mode": "llama", "in_place": False} and not mutates
+    (_, _, kw), _ = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-5, "offset": 0.0,
+                                        "in_place": True})
+    assert kw["in_place"] is True  # the case's in_place is Liger's
     (_, _, kw), _ = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-6, "offset": 1.0})
     assert kw["casting_mode"] == "gemma" and kw["offset"] == 1.0
     with pytest.raises(liger.Unsupported, match="weight"):
@@ -206,3 +209,12 @@ def test_linear_cross_entropy_baselines_map_the_op_inputs():
     t_all = torch.full((6,), -100)
     assert fn(**dict(inputs, target=t_all)).item() == 0.0
     assert TORCH_FUSED_ADAPTERS["linear_cross_entropy"](dict(inputs, softcap=30.0))[0] is None
+@pytest.mark.parametrize("op", ["swiglu", "geglu"])
+def test_gated_units_with_multipliers_are_unsupported_by_liger(op):
+    """Liger's gated units have no gate or down multiplier: such a case is no Liger row."""
+    gate, up = torch.randn(2, 8), torch.randn(2, 8)
+    (name, args, _), _ = _adapt(op, {"gate": gate, "up": up})
+    assert name == f"liger_{op}" and args == (gate, up)
+    with pytest.raises(liger.Unsupported, match="multiplier"):
+        adapter(op)(StubF(), {"gate": gate, "up": up, "gate_multiplier": 0.75,
+                              "down_multiplier": 2.5}, CASE)

@@ -8,9 +8,9 @@ import torch
 
 from speedlight import cli, results
 from speedlight.bench import runner
-from speedlight.bench.baselines import Baselines, CompileOptions
+from speedlight.bench.baselines import Baselines, CompileOptions, Implementation
 from speedlight.bench.runner import Bench, Settings
-from speedlight.bench.timer import StopRule
+from speedlight.bench.timer import StopRule, clock_for
 from speedlight.spec import Case
 from tests.bench import toy_specs
 from tests.bench.toy_specs import SLOW, TOY, WRONG
@@ -86,7 +86,7 @@ def test_a_baseline_that_computes_something_else_is_not_timed():
     impls[1].checked = True
     impls[1].fn = lambda x, alpha: x * alpha + 1.0
     copies = [inputs]
-    row = bench._timed(impls[1], off, case, "fwd", copies, None, [], off.reference(**inputs), False)
+    row = bench.timer.time(impls[1], off, case, "fwd", copies, None, [], off.reference(**inputs), False)
     assert row["status"] == "unavailable" and "does not compute toy_scale" in row["reason"]
 
 
@@ -101,8 +101,8 @@ def test_an_implementation_that_writes_its_inputs_gets_them_restored():
     bench = _bench(baselines=())
     case = TOY.cases("quick")[0]
     inputs = TOY.make_inputs(case, "cpu")
-    impl = runner.Implementation("speedlight", clobber, mutates_inputs=True)
-    row = bench._timed(impl, TOY, case, "fwd", [inputs], TOY.make_inputs(case, "cpu"), [],
+    impl = Implementation("speedlight", clobber, mutates_inputs=True)
+    row = bench.timer.time(impl, TOY, case, "fwd", [inputs], TOY.make_inputs(case, "cpu"), [],
                        None, False)
     assert row["status"] == "ok"
     assert len(set(seen)) == 1, "every call must see the original inputs"
@@ -122,7 +122,7 @@ def test_skips_say_why():
 def test_budget_skips_the_cases_not_started_in_time():
     clock = iter(range(0, 10**6, 10))  # every reading of the wall clock is 10 s later
     bench = Bench("cpu", Settings(rule=FAST, verify=False), Baselines(()), wall=lambda: next(clock))
-    bench.clock = runner.clock_for(torch.device("cpu"))
+    bench.timer.clock = clock_for(torch.device("cpu"))
     rows = bench.run([TOY], lambda spec: spec.cases("quick"), budget_s=5.0)
     reasons = {r["case_id"]: r["reason"] for r in rows if r["implementation"] == "speedlight"}
     assert len(reasons) == 2

@@ -111,7 +111,7 @@ def test_a_grid_one_program_past_a_wave_leaves_the_last_wave_idle(reports):
 def test_bytes_are_held_to_the_design_from_both_sides():
     """Over the design's ratio a direction re-reads; under compulsory it did less than its
     cost counts (a skipped output), which would hide a re-read."""
-    from speedlight.inspect.analysis import DirectionBytes
+    from speedlight.inspect.case_report import DirectionBytes
 
     def moved(measured):
         return guard.check_direction(DirectionBytes("fwd", measured, 1000, ["_k"], {}, 1.05, ""))

@@ -4,7 +4,7 @@ import torch
 import speedlight
 import speedlight.nn as snn
 from speedlight import reference
-from tests.helpers import DTYPES, assert_rejected, seeded
+from tests.helpers import DTYPES, EXTREME_SCALES, assert_rejected, relative_error, seeded
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -96,7 +96,8 @@ def test_module_default_eps_and_multidim_shape(device):
                                        torch.ones(4, 8, device=d)),
      TypeError, "x must be a float32, float16 or bfloat16 tensor.*int64"),
     (lambda d: speedlight.add_rms_norm(torch.ones(4, 8, device=d), torch.ones(4, 7, device=d)),
-     ValueError, r"residual must have x's shape \(4, 8\), got \(4, 7\)"),
+     ValueError, r"residual must have x's shape \(4, 8\) or one that broadcasts with it, "
+                 r"got \(4, 7\)"),
     (lambda d: speedlight.add_rms_norm(torch.ones(4, 8, device=d),
                                        torch.ones(4, 8, dtype=torch.float16, device=d)),
      TypeError, "residual has dtype torch.float16 but x has torch.float32"),
@@ -110,6 +111,9 @@ def test_module_default_eps_and_multidim_shape(device):
      "residual must be a torch.Tensor"),
     (lambda d: speedlight.add_rms_norm(torch.ones(4, 8, device=d), torch.ones(4, 8, device=d),
                                        eps=-1.0), ValueError, "eps"),
+    (lambda d: speedlight.add_rms_norm(torch.ones(4, 8, device=d), torch.ones(4, 8, device=d),
+                                       eps=float("nan")), ValueError,
+     "eps must be a finite non-negative number, got nan"),
 ])
 def test_bad_input_is_named_and_launches_nothing(call, error, match, device):
     assert_rejected(lambda: call(device), error, match)
@@ -127,3 +131,101 @@ def test_dw_reduced_over_many_programs(device):
     torch.testing.assert_close(gw.double(), gw64, rtol=1e-4, atol=1e-4)
 
 
+def test_module_checks_the_residual_as_the_function_does(device):
+    """Rows of different tokens must never be added: [2, 3, 16] + [3, 2, 16] is an error,
+    as it is for the function, not a reshape of the residual."""
+    norm = snn.AddRMSNorm(16).to(device)
+    assert_rejected(lambda: norm(torch.ones(2, 3, 16, device=device),
+                                 torch.ones(3, 2, 16, device=device)),
+                    ValueError, r"residual must have x's shape \(2, 3, 16\).*got \(3, 2, 16\)")
+
+
+@pytest.mark.parametrize("x_shape,res_shape", [
+    pytest.param((4, 16), (1, 16), id="residual-row"),
+    pytest.param((2, 3, 16), (3, 16), id="residual-lower-rank"),
+    pytest.param((1, 16), (4, 16), id="x-row"),
+])
+def test_a_broadcastable_residual_broadcasts_as_torch_does(x_shape, res_shape, device):
+    norm = snn.AddRMSNorm(16, eps=1e-6).to(device)
+    ref = torch.nn.RMSNorm(16, eps=1e-6).to(device)
+    with torch.no_grad():
+        norm.weight.copy_(seeded((16,), device=device, seed=2))
+        ref.weight.copy_(norm.weight)
+    x = seeded(x_shape, device=device).requires_grad_()
+    res = seeded(res_shape, device=device, seed=1).requires_grad_()
+    y, h = norm(x, res)
+    x_ref, res_ref = (t.detach().clone().requires_grad_() for t in (x, res))
+    h_ref = x_ref + res_ref
+    y_ref = ref(h_ref)
+    assert y.shape == h.shape == h_ref.shape
+    torch.testing.assert_close(h, h_ref)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    g = seeded(h_ref.shape, device=device, seed=3)
+    gx, gres = torch.autograd.grad((y * g).sum() + h.sum(), (x, res))
+    gx_ref, gres_ref = torch.autograd.grad((y_ref * g).sum() + h_ref.sum(), (x_ref, res_ref))
+    assert gx.shape == x.shape and gres.shape == res.shape
+    torch.testing.assert_close(gx, gx_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gres, gres_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_module_without_a_residual_is_plain_rms_norm(device):
+    """residual=None: no add; y = RMSNorm(x) and h is x itself (the residual stream
+    starts at x)."""
+    norm = snn.AddRMSNorm(16).to(device)
+    x = seeded((4, 16), device=device)
+    y, h = norm(x)
+    assert h is x
+    torch.testing.assert_close(y, torch.nn.RMSNorm(16).to(device)(x), rtol=1e-5, atol=1e-5)
+    y2, _ = norm(x, None)
+    assert torch.equal(y, y2)
+
+
+def test_module_rejects_an_integer_input_by_name(device):
+    with pytest.raises(TypeError, match="x must be a float32, float16 or bfloat16 tensor.*int32"):
+        snn.AddRMSNorm(16).to(device)(torch.ones(4, 16, dtype=torch.int32, device=device),
+                                      torch.ones(4, 16, dtype=torch.int32, device=device))
+
+
+@pytest.mark.parametrize("hidden", [pytest.param(300, id="hidden300"),
+                                    pytest.param(20011, id="hidden20011-looped")])
+@pytest.mark.parametrize("scale,eps", EXTREME_SCALES[1:3])
+def test_extreme_magnitudes_match_float64(hidden, scale, eps, device):
+    """h^2 overflowing float32 does not zero y: RMSNorm's rescaled kernels with the
+    residual switched on match float64 in y, h and every gradient."""
+    x = seeded((3, hidden), device=device, scale=scale).requires_grad_()
+    res = seeded((3, hidden), device=device, seed=3, scale=scale).requires_grad_()
+    w = (1.0 + seeded((hidden,), device=device, seed=1, scale=0.2)).requires_grad_()
+    g = seeded((3, hidden), device=device, seed=2)
+    y, h = speedlight.add_rms_norm(x, res, w, eps=eps)
+    grads = torch.autograd.grad((y * g).sum() + (h * g / scale).sum(), (x, res, w))
+    x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, res, w))
+    y64, h64 = reference.add_rms_norm(x64, r64, w64, eps=eps)
+    grads64 = torch.autograd.grad((y64 * g).sum() + (h64 * g / scale).sum(), (x64, r64, w64))
+    names = ("y", "h", "dx", "dres", "dw")
+    for name, got, want in zip(names, (y, h, *grads), (y64, h64, *grads64)):
+        assert torch.isfinite(got).all(), name
+        assert relative_error(got, want) < 1e-5, name
+
+
+@pytest.mark.parametrize("used", ["both", "y", "h"])
+def test_in_place_writes_over_dy_never_dh(used, device):
+    """The gradient of x and residual is written over y's gradient; h's (the residual
+    stream's, shared with the next block's input) is only read; all equal out of place."""
+    x = seeded((4, 300), device=device)
+    res = seeded((4, 300), device=device, seed=1, scale=4.0)
+    w = seeded((300,), device=device, seed=2)
+    dy, dh = seeded((4, 300), device=device, seed=3), seeded((4, 300), device=device, seed=4)
+    results = {}
+    for in_place in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (x, res, w)]
+        y, h = speedlight.add_rms_norm(*leaves, in_place=in_place)
+        gy, gh = dy.clone(), dh.clone()
+        outs, ups = {"both": ((y, h), (gy, gh)), "y": ((y,), (gy,)), "h": ((h,), (gh,))}[used]
+        grads = torch.autograd.grad(outs, leaves, ups)
+        results[in_place] = grads, gy, gh
+    (g0, gy0, gh0), (g1, gy1, gh1) = results[False], results[True]
+    for a, b in zip(g0, g1):
+        assert torch.equal(a, b)
+    assert torch.equal(gh1, dh) and torch.equal(gy0, dy)  # dh never written; nor dy out of place
+    if used != "h":
+        assert g1[0].data_ptr() == gy1.data_ptr()  # dx is dy's storage

@@ -4,7 +4,7 @@ import torch
 import speedlight
 import speedlight.nn as snn
 from speedlight import reference
-from tests.helpers import assert_rejected, seeded
+from tests.helpers import EXTREME_SCALES, assert_rejected, relative_error, seeded
 
 
 @pytest.mark.parametrize("hidden", [pytest.param(512, id="hidden512"),
@@ -91,6 +91,8 @@ def test_module_multidim_shape(device):
                                      torch.ones(8, dtype=torch.int32, device=d)),
      TypeError, "weight must be"),
     (lambda d: speedlight.layer_norm(torch.ones(4, 8, device=d), 8, eps=-1.0), ValueError, "eps"),
+    (lambda d: speedlight.layer_norm(torch.ones(4, 8, device=d), 8, eps=float("nan")),
+     ValueError, "eps must be a finite non-negative number, got nan"),
     (lambda d: speedlight.layer_norm([1.0, 2.0], 2), TypeError, "x must be a torch.Tensor"),
 ])
 def test_bad_input_is_named_and_launches_nothing(call, error, match, device):
@@ -112,3 +114,22 @@ def test_dw_db_reduced_over_many_programs(device):
     torch.testing.assert_close(gb.double(), gb64, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("hidden", [pytest.param(300, id="hidden300"),
+                                    pytest.param(20011, id="hidden20011-looped")])
+@pytest.mark.parametrize("scale,eps", EXTREME_SCALES)
+def test_extreme_magnitudes_match_float64(hidden, scale, eps, device):
+    """(x - mean)^2 overflows float32 above |x| ~ 1e19 (rstd became 0: y was the bias,
+    silently): each row is scaled by a power of two near its largest |x|, so y and every
+    gradient match float64 wherever they are representable. The mean sits away from 0."""
+    x = (scale * (1.0 + seeded((3, hidden), device=device))).requires_grad_()
+    w = (1.0 + seeded((hidden,), device=device, seed=1, scale=0.2)).requires_grad_()
+    b = seeded((hidden,), device=device, seed=3, scale=0.2).requires_grad_()
+    g = seeded((3, hidden), device=device, seed=2)
+    y = speedlight.layer_norm(x, (hidden,), w, b, eps=eps)
+    grads = torch.autograd.grad(y, (x, w, b), g)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    y64 = reference.layer_norm(x64, (hidden,), w64, b64, eps=eps)
+    grads64 = torch.autograd.grad(y64, (x64, w64, b64), g.double())
+    for name, got, want in zip(("y", "dx", "dw", "db"), (y, *grads), (y64, *grads64)):
+        assert torch.isfinite(got).all(), name
+        assert relative_error(got, want) < 1e-5, name

@@ -5,7 +5,8 @@ import speedlight
 import speedlight.nn as snn
 from speedlight import reference
 from speedlight.ops import rms_norm as op
-from tests.helpers import assert_rejected, case_maker, assert_verified, seeded
+from tests.helpers import (EXTREME_SCALES, assert_rejected, assert_verified, case_maker,
+                           relative_error, seeded)
 
 SPEC = op.SPEC
 
@@ -63,6 +64,12 @@ def test_module_default_eps_and_multidim_shape(device):
     (lambda d: speedlight.rms_norm(torch.ones(4, 8, device=d), None, offset=1.0), ValueError,
      "offset=1.0 scales a weight"),
     (lambda d: speedlight.rms_norm(torch.ones(4, 8, device=d), eps=-1.0), ValueError, "eps"),
+    (lambda d: speedlight.rms_norm(torch.ones(4, 8, device=d), eps=float("nan")), ValueError,
+     "eps must be a finite non-negative number, got nan"),
+    (lambda d: speedlight.rms_norm(torch.ones(4, 8, device=d), eps=float("inf")), ValueError,
+     "eps must be a finite non-negative number, got inf"),
+    (lambda d: snn.RMSNorm(8).to(d)(torch.ones(4, 8, dtype=torch.int32, device=d)), TypeError,
+     "x must be a float32, float16 or bfloat16 tensor.*int32"),
     (lambda d: speedlight.rms_norm([1.0, 2.0]), TypeError, "x must be a torch.Tensor"),
 ])
 def test_bad_input_is_named_and_launches_nothing(call, error, match, device):
@@ -94,3 +101,66 @@ def test_gpu_sized_launches_match_float64(sms, rows, hidden, device):
     with sized_for(sms):
         assert_verified(SPEC, case(rows, hidden, torch.bfloat16), device)
         assert_verified(SPEC, case(rows, hidden, torch.float32, weight=False), device)
+
+
+@pytest.mark.parametrize("hidden", [pytest.param(300, id="hidden300"),
+                                    pytest.param(20011, id="hidden20011-looped")])
+@pytest.mark.parametrize("scale,eps", EXTREME_SCALES)
+def test_extreme_magnitudes_match_float64(hidden, scale, eps, device):
+    """x^2 overflows float32 above |x| ~ 1.8e19 (rstd became 0 and y silently 0): each row
+    is scaled by a power of two near its largest |x|, so y and every gradient match
+    float64 wherever they are representable."""
+    x = seeded((3, hidden), device=device, scale=scale).requires_grad_()
+    w = (1.0 + seeded((hidden,), device=device, seed=1, scale=0.2)).requires_grad_()
+    g = seeded((3, hidden), device=device, seed=2)
+    y = speedlight.rms_norm(x, w, eps=eps)
+    grads = torch.autograd.grad(y, (x, w), g)
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    y64 = reference.rms_norm(x64, w64, eps=eps)
+    grads64 = torch.autograd.grad(y64, (x64, w64), g.double())
+    for name, got, want in zip(("y", "dx", "dw"), (y, *grads), (y64, *grads64)):
+        assert torch.isfinite(got).all(), name
+        assert relative_error(got, want) < 1e-5, name
+
+
+# --- in_place: the backward writes dx over dy ---------------------------------------------
+
+def _grads_in_place(fn, inputs, dy, in_place):
+    """(gradients of inputs, the upstream gradient afterwards) of fn(*inputs) under dy."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    upstream = dy.clone()
+    grads = torch.autograd.grad(fn(*leaves, in_place=in_place), leaves, upstream)
+    return grads, upstream
+
+
+@pytest.mark.parametrize("hidden", [pytest.param(384, id="hidden384"),
+                                    pytest.param(20001, id="hidden20001-looped")])
+def test_in_place_writes_dx_over_dy_and_matches(hidden, device):
+    """dx is dy's own storage, and every gradient equals the out-of-place backward's."""
+    x = seeded((3, hidden), device=device)
+    w = seeded((hidden,), device=device, seed=1)
+    dy = seeded((3, hidden), device=device, seed=2)
+    (dx, dw), written = _grads_in_place(speedlight.rms_norm, (x, w), dy, True)
+    (dx0, dw0), untouched = _grads_in_place(speedlight.rms_norm, (x, w), dy, False)
+    assert dx.data_ptr() == written.data_ptr() and torch.equal(written, dx0)
+    assert torch.equal(untouched, dy)  # out of place leaves the upstream gradient alone
+    assert torch.equal(dx, dx0) and torch.equal(dw, dw0)
+
+
+def test_in_place_with_a_broadcast_upstream_gradient(device):
+    """y.sum() hands a stride-0 gradient: it is made dense before being written over."""
+    x = seeded((5, 64), device=device).requires_grad_()
+    (dx,) = torch.autograd.grad(speedlight.rms_norm(x, in_place=True).sum(), (x,))
+    (dx0,) = torch.autograd.grad(speedlight.rms_norm(x).sum(), (x,))
+    assert torch.equal(dx, dx0)
+
+
+def test_in_place_module_and_bad_flag(device):
+    norm = snn.RMSNorm(64, in_place=True).to(device)
+    assert "in_place=True" in repr(norm)
+    x = seeded((3, 64), device=device).requires_grad_()
+    (dx,) = torch.autograd.grad(norm(x), (x,), seeded((3, 64), device=device, seed=3))
+    (dx0,) = torch.autograd.grad(torch.nn.RMSNorm(64).to(device)(x), (x,),
+                                 seeded((3, 64), device=device, seed=3))
+    torch.testing.assert_close(dx, dx0, rtol=1e-5, atol=1e-5)
+    assert_rejected(lambda: speedlight.rms_norm(x, in_place=1), TypeError, "in_place must be a bool")

@@ -1,4 +1,5 @@
 import copy
+import dataclasses
 import warnings
 
 import pytest
@@ -31,6 +32,7 @@ def test_patched_logits_loss_and_every_gradient_match(family):
     assert report.count("rms_norm") == 2 * 2 + 1 + (4 if family == "qwen3" else 0) + \
         (4 if family == "gemma2" else 0)
     assert report.count("mlp") == 2 and report.count("rope") == 2
+    assert report.count("attention") == 2
     assert report.count("cross_entropy") == 1 and not report.not_patched
     assert report.count("linear_cross_entropy") == 1 and "logits are None" in str(report)
     ids, labels = batch(base.config.vocab_size)
@@ -39,7 +41,7 @@ def test_patched_logits_loss_and_every_gradient_match(family):
     with counter.active():
         logits1, loss1, grads1 = _run(patched, ids, labels)
     kernels = " ".join(counter.kernels)
-    for name in ("rms_norm", "rope", "cross_entropy", "glu"):  # (cross_entropy: in the fused loss)
+    for name in ("rms_norm", "rope", "cross_entropy", "glu", "attention"):
         assert f"_{name}_" in kernels, f"no {name} kernel ran in the patched {family} model"
     gated = "geglu" if family.startswith("gemma") else "swiglu"
     assert all(f"({gated})" in m for m in report.patched["mlp"]), report.patched["mlp"]
@@ -49,6 +51,30 @@ def test_patched_logits_loss_and_every_gradient_match(family):
         assert (g0 is None) == (g1 is None), name
         if g0 is not None:
             torch.testing.assert_close(g1, g0, **TOL, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "phi3"])
+def test_fused_mlp_runs_gated_matmul_and_matches(family):
+    """mlp="fused": each MLP's two input projections and its gated product in one
+    gated_matmul kernel (Phi-3's [2I, H] gate_up_proj read in place), then down_proj."""
+    base = build(family)
+    patched = copy.deepcopy(base)
+    report = patch(patched, rms_norm=False, rope=False, cross_entropy=False, mlp="fused")
+    assert report.count("mlp") == 2 and not report.not_patched
+    assert all("(gated_matmul)" in m for m in report.patched["mlp"]), report.patched["mlp"]
+    ids, labels = batch(base.config.vocab_size)
+    logits0, loss0, grads0 = _run(base, ids, labels)
+    counter = LaunchCounter()
+    with counter.active():
+        logits1, loss1, grads1 = _run(patched, ids, labels)
+    assert "_gated_matmul_kernel" in counter.kernels
+    torch.testing.assert_close(logits1, logits0, **TOL)
+    torch.testing.assert_close(loss1, loss0, **TOL)
+    for (name, _), g0, g1 in zip(base.named_parameters(), grads0, grads1):
+        if g0 is not None:
+            torch.testing.assert_close(g1, g0, **TOL, msg=lambda m: f"{name}: {m}")
+    with pytest.raises(ValueError, match="mlp must be"):
+        patch(copy.deepcopy(base), mlp="yes")
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
@@ -68,6 +94,7 @@ def test_unpatch_restores_the_original_exactly(family):
     assert mod.apply_rotary_pos_emb is original_rope
     assert not any("forward" in m.__dict__ for m in model.modules())
     assert "_loss_function" not in model.__dict__
+    assert model.config._attn_implementation == "eager"
     counter = LaunchCounter()
     with counter.active():
         after = model(input_ids=ids, labels=labels).logits
@@ -102,7 +129,8 @@ def test_state_dicts_load_unchanged():
 
 def test_choose_which_ops():
     model = build("llama")
-    report = patch(model, mlp=False, rope=False, cross_entropy=False, linear_cross_entropy=False)
+    report = patch(model, mlp=False, rope=False, cross_entropy=False, attention=False,
+                   linear_cross_entropy=False)
     assert set(report.patched) == {"rms_norm"}
     assert "forward" not in model.__dict__
     unpatch(model)
@@ -121,8 +149,9 @@ def test_unknown_architecture_says_what_was_not_patched():
     gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
     with pytest.warns(PatchWarning, match=r"unknown architecture 'gpt2'.*\n.*NOT patched"):
         report = patch(gpt2)
-    assert not report.patched and {w for w, _ in report.not_patched} == {"rms_norm", "mlp", "rope", "cross_entropy",
-                                                                  "linear_cross_entropy"}
+    assert not report.patched and {w for w, _ in report.not_patched} == {
+        "rms_norm", "mlp", "rope", "cross_entropy", "attention",
+        "linear_cross_entropy"}
     unpatch(gpt2)
 
 
@@ -149,8 +178,8 @@ def test_twenty_training_steps_give_matching_loss_curves():
     curves = []
     for do_patch in (False, True):
         model = build("llama", seed=11)
-        if do_patch:
-            patch(model)
+        if do_patch:  # attention's interpreter cost over 20 steps is minutes; its model
+            patch(model, attention=False)  # match is checked per family above
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         g = torch.Generator().manual_seed(0)
         losses = []
@@ -168,10 +197,11 @@ def test_twenty_training_steps_give_matching_loss_curves():
     assert max(abs(a - b) for a, b in zip(base, ours)) < 1e-3, (base, ours)
 
 
-@pytest.mark.parametrize("family", ["gemma2", "granite"])
+@pytest.mark.parametrize("family", ["gemma2", "granite", "falcon_h1"])
 def test_fused_loss_without_logits_and_the_normal_path(family):
     """Training with labels: the loss comes from linear_cross_entropy and no logits are
-    made (Gemma 2's softcap and Granite's logits_scaling applied); eval, skip_logits=False
+    made (Gemma 2's softcap, Granite's logits_scaling and Falcon-H1's lm_head_multiplier
+    applied); eval, skip_logits=False
     or no labels keep the logits; num_items_in_batch divides a sum, as Hugging Face does."""
     base = build(family)
     model = copy.deepcopy(base)
@@ -194,3 +224,35 @@ def test_fused_loss_without_logits_and_the_normal_path(family):
     with counter.active():
         model(input_ids=ids, labels=labels)
     assert "_cross_entropy_fwd_kernel" in counter.kernels
+def test_norm_backward_in_place_only_where_its_gradient_is_its_own(monkeypatch):
+    """Gemma 2 has pre-norms and post-norms whose output joins the residual stream (the add
+    hands one gradient to both operands). The patch runs the pre-norms' and the final
+    norm's backward in place, not the post-norms', and every gradient equals the
+    out-of-place patch's exactly; in place on the post-norms too would corrupt them."""
+    from speedlight.patching import families
+
+    base = build("gemma2")
+    ids, labels = batch(base.config.vocab_size)
+    runs = {}
+    for name, kwargs in [("out_of_place", dict(norm_in_place=False)), ("patched", {})]:
+        model = copy.deepcopy(base)
+        report = patch(model, rope=False, attention=False, **kwargs)
+        runs[name] = (_run(model, ids, labels), report)
+    assert runs["out_of_place"][1].in_place == []
+    assert sorted({p.rsplit(".", 1)[-1] for p in runs["patched"][1].in_place}) == [
+        "input_layernorm", "norm", "pre_feedforward_layernorm"]
+    assert len(runs["patched"][1].in_place) == 2 * 2 + 1
+    (_, loss0, grads0), (_, loss1, grads1) = runs["out_of_place"][0], runs["patched"][0]
+    assert torch.equal(loss0, loss1)
+    for (name, _), g0, g1 in zip(base.named_parameters(), grads0, grads1):
+        assert torch.equal(g0, g1), name
+
+    # the hazard is real: post-norms in place give other gradients
+    everywhere = families.FAMILIES["gemma2"].in_place_norms + (
+        "post_attention_layernorm", "post_feedforward_layernorm")
+    monkeypatch.setitem(families.FAMILIES, "gemma2", dataclasses.replace(
+        families.FAMILIES["gemma2"], in_place_norms=everywhere))
+    model = copy.deepcopy(base)
+    patch(model, rope=False, attention=False)
+    _, _, grads2 = _run(model, ids, labels)
+    assert any(not torch.equal(g0, g2) for g0, g2 in zip(grads0, grads2))

@@ -110,7 +110,7 @@ def test_gemma_geglu_offset_norm_and_eager_attention():
     _, res, _ = profile_model(w.model, w.inputs, loss_fn=lambda out: out.loss)
     adv = {a["op"]: a for a in advice.advise(res["rows"], [], hardware.roof_for(hardware.DEVICES["h200"]))}
     assert {"geglu", "attention", "rope", "cross_entropy"} <= set(adv)
-    assert adv["attention"]["status"] == "planned" and adv["attention"]["memory_saved_bytes"] > 0
+    assert adv["attention"]["status"] == "available" and adv["attention"]["memory_saved_bytes"] > 0
     team = [dataclasses.replace(TOY, name="attention")]  # a team's own attention (--spec FILE)
     roof = hardware.roof_for(hardware.DEVICES["h200"])
     adv = {a["op"]: a for a in advice.advise(res["rows"], [], roof, specs=team)}
@@ -124,3 +124,15 @@ def test_module_class_chains_need_the_module_calls():
     cap, res, _ = profile_model(w.model, w.inputs, train=False)
     adv = {a["op"]: a for a in advice.advise(res["rows"], cap.calls, hardware.roof_for(hardware.DEVICES["h200"]))}
     assert "offset=1" in adv["rms_norm"]["note"]
+
+
+def test_sdpa_attention_is_offered_as_attention():
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    _, res, _ = profile_model(Block(), {"q": q, "k": k, "v": v}, train=False)
+    adv = {a["op"]: a for a in advice.advise(res["rows"], [], hardware.roof_for(hardware.DEVICES["h200"]))}
+    assert adv["attention"]["status"] == "available"
+    assert adv["attention"]["pattern"].startswith("SDPA") and "kernel speed" in adv["attention"]["note"]

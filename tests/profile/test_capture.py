@@ -6,7 +6,7 @@ import time
 import torch
 from torch import nn
 
-from speedlight.profile import render
+from speedlight.profile import display
 from tests.profile.util import profile_model
 
 LIB = torch.library.Library("sltest", "DEF")  # noqa: TOR901 - a test-only op namespace
@@ -106,6 +106,6 @@ def test_an_op_without_a_formula_is_listed_with_its_time_share(capsys):
     assert u["time_share"] > 0.5  # the sleep dominates this tiny model
     # the terminal lists it with that share
     doc = {"rows": res["rows"], "summary": res["summary"]}
-    render.uncounted(doc, render.Console(width=200))
+    display.uncounted(doc, display.Console(width=200))
     out = capsys.readouterr().out
     assert "sltest.mystery.default" in out and f"{100 * u['time_share']:.1f}%" in out

@@ -6,7 +6,7 @@ from rich.console import Console
 from torch import nn
 
 from speedlight import hardware
-from speedlight.profile import advice, analyze, html, render, roofline, schema
+from speedlight.profile import advice, analyze, display, html, roofline, schema
 from speedlight.target import Target
 from tests.profile.util import profile_model
 
@@ -53,7 +53,7 @@ def test_distances_idle_and_speed_of_light():
                           advice=advice.advise(res["rows"], cap.calls, target.roof), notes=[])
     assert schema.check(doc) == []
     console = Console(width=200, record=True)
-    render.print_profile(doc, console)
+    display.print_profile(doc, console)
     text = console.export_text()
     assert "vs floor" in text and "GPU idle between kernels" in text and "speed of light" in text
     page = html.render(doc)

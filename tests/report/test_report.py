@@ -133,6 +133,7 @@ def test_cpu_report_adds_the_real_size_projection_of_the_family(report_dir):
     assert doc["run"]["model"] == "llama-3-8b" and doc["run"]["seq"] == 4096
     assert doc["measured"]["time"] == "projected" and doc["run"]["mode"] == "train"
     assert [r["target"] for r in doc["comparison"]["rows"]] == ["h100-sxm", "h200", "b200"]
+    assert doc["target"]["key"] == "h200"  # the report's own target, as in every stage
     data = load(out)
     assert data["projection"]["floor_s"] == doc["summary"]["floor_s"]
     page = (out / "index.html").read_text()

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from speedlight.inspect.capture import capture_case, interpreter_work
+from speedlight.inspect.launches import capture_case, interpreter_work
 from speedlight.launch import sized_for
 from speedlight.ops import rms_norm
 from speedlight.spec import Case
@@ -50,7 +50,7 @@ def _scale_kernel(x_ptr, n, BLOCK: tl.constexpr):
 
 
 def test_do_not_specialize_is_honoured():
-    from speedlight.inspect.capture import Recorder, intercept
+    from speedlight.inspect.launches import Recorder, intercept
 
     x = torch.ones(16)
     with intercept(Recorder(arch=90)) as rec:

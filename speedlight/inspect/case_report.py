@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from speedlight.hardware import DeviceSpec
 from speedlight.inspect import sass
-from speedlight.inspect.capture import Capture, Launch
+from speedlight.inspect.launches import Capture, Launch
 from speedlight.inspect.traffic import Site, source_line, statement_span
 from speedlight.inspect.compile import Compiled
 from speedlight.target import Target

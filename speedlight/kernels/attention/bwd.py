@@ -1,0 +1,236 @@
+"""Attention backward: delta, then dk and dv per key block, then dq per query block.
+
+With u = q k^T * scale, s = cap(u) (u without a softcap), p = exp(s - lse), o = p v and
+upstream gradients do (and dlse when the log-sum-exp was an output too):
+
+    dv    = p^T do
+    dp    = do v^T
+    ds    = p * (dp - delta),   delta_i = sum_d do_id o_id - dlse_i
+    du    = ds * cap'(u),       cap'(u) = 1 - tanh^2(u / c)
+    dq    = du k * scale,       dk = du^T q * scale
+
+(d lse_i / d s_ij = p_ij, so an upstream dlse only shifts delta.) Each kernel recomputes p
+from q, k and the saved fp32 lse; masked pairs and rows that saw no key (lse = -inf) get
+p = 0. dk and dv of a kv head sum over its group of q heads inside one program, and dq is
+its own pass over keys: no atomics, the same bits on every run.
+"""
+
+import triton
+import triton.language as tl
+
+from speedlight.kernels.attention.common import (LOG2E, _key_range, _query_range, _scores,
+                                                 _sequence, _visible)
+
+
+@triton.jit
+def _attention_bwd_delta_kernel(
+    o_ptr, do_ptr, dlse_ptr, delta_ptr, cu_q_ptr, m_blocks, seq_q, heads_q, head_dim,
+    stride_ob, stride_oh, stride_om,
+    stride_db, stride_dh, stride_dm,
+    stride_lb, stride_lh, stride_lm,
+    VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """delta = rowsum(do * o) - dlse, fp32, for BLOCK_M query rows of one (batch, head).
+
+    grid (m_blocks * batch * heads_q,), m_blocks = cdiv(max seq_q, BLOCK_M). o, do [batch,
+    heads_q, seq_q, head_dim] by their strides (packed [total, heads, head_dim] with VARLEN); dlse and
+    delta fp32 [batch, heads_q, seq_q] at the lse strides. HAS_DLSE reads dlse.
+    """
+    pid = tl.program_id(0)
+    pid_m = pid % m_blocks
+    pid_bh = pid // m_blocks
+    pid_b = pid_bh // heads_q
+    pid_h = pid_bh % heads_q
+    q_start, _, seq_q, _ = _sequence(cu_q_ptr, cu_q_ptr, pid_b, seq_q, seq_q, VARLEN)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < seq_q
+    mask = mask_m[:, None] & (offs_d[None, :] < head_dim)
+    rows = (q_start + offs_m).to(tl.int64)
+    o = tl.load(o_ptr + pid_b.to(tl.int64) * stride_ob + pid_h.to(tl.int64) * stride_oh
+                + rows[:, None] * stride_om + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(do_ptr + pid_b.to(tl.int64) * stride_db + pid_h.to(tl.int64) * stride_dh
+                 + rows[:, None] * stride_dm + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # [BM, D] -> [BM]
+    lse_offs = pid_b.to(tl.int64) * stride_lb + pid_h.to(tl.int64) * stride_lh + rows * stride_lm
+    if HAS_DLSE:
+        delta -= tl.load(dlse_ptr + lse_offs, mask=mask_m, other=0.0)
+    tl.store(delta_ptr + lse_offs, delta, mask=mask_m)
+
+
+@triton.jit
+def _attention_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr,
+    n_blocks, seq_q, seq_k, heads_kv, group, head_dim, sm_scale, softcap, left, right,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_db, stride_dh, stride_dm,
+    stride_lb, stride_lh, stride_lm,
+    stride_dkb, stride_dkh, stride_dkn,
+    stride_dvb, stride_dvh, stride_dvn,
+    VARLEN: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """dk and dv of BLOCK_N keys of one (batch, kv head), summed over the group's q heads
+    and every query block that sees them; tiles computed transposed ([BN, BM]).
+
+    grid (n_blocks * batch * heads_kv,), n_blocks = cdiv(max seq_k, BLOCK_N). q, do [batch, heads_kv * group,
+    seq_q, head_dim], k, v, dk, dv [batch, heads_kv, seq_k, head_dim] by their strides
+    (packed with VARLEN); lse and delta fp32 [batch, heads_q, seq_q] at the lse strides.
+    Constexprs as in _attention_fwd_kernel.
+    """
+    pid = tl.program_id(0)
+    pid_n = pid % n_blocks
+    pid_bh = pid // n_blocks
+    pid_b = pid_bh // heads_kv
+    pid_kv = pid_bh % heads_kv
+    q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN)
+    n_lo = pid_n * BLOCK_N
+    if n_lo >= seq_k:
+        return
+    offs_n = n_lo + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_n = offs_n < seq_k
+    mask_d = offs_d < head_dim
+    mask_nd = mask_n[:, None] & mask_d[None, :]
+    rows_k = (k_start + offs_n).to(tl.int64)
+    k = tl.load(k_ptr + pid_b.to(tl.int64) * stride_kb + pid_kv.to(tl.int64) * stride_kh
+                + rows_k[:, None] * stride_kn + offs_d[None, :], mask=mask_nd, other=0.0)
+    v = tl.load(v_ptr + pid_b.to(tl.int64) * stride_vb + pid_kv.to(tl.int64) * stride_vh
+                + rows_k[:, None] * stride_vn + offs_d[None, :], mask=mask_nd, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    lo, hi = _query_range(n_lo, tl.minimum(n_lo + BLOCK_N, seq_k), seq_q, seq_k, left, right,
+                          BLOCK_M)
+    for g in range(0, group):
+        pid_h = (pid_kv * group + g).to(tl.int64)
+        q_base = q_ptr + pid_b.to(tl.int64) * stride_qb + pid_h * stride_qh
+        do_base = do_ptr + pid_b.to(tl.int64) * stride_db + pid_h * stride_dh
+        l_base = pid_b.to(tl.int64) * stride_lb + pid_h * stride_lh
+        for start_m in range(lo, hi, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            mask_m = offs_m < hi
+            rows_q = (q_start + offs_m).to(tl.int64)
+            mask_dm = mask_d[:, None] & mask_m[None, :]
+            q_t = tl.load(q_base + rows_q[None, :] * stride_qm + offs_d[:, None], mask=mask_dm,
+                          other=0.0)
+            do_t = tl.load(do_base + rows_q[None, :] * stride_dm + offs_d[:, None],
+                           mask=mask_dm, other=0.0)
+            lse = tl.load(lse_ptr + l_base + rows_q * stride_lm, mask=mask_m, other=0.0)
+            delta = tl.load(delta_ptr + l_base + rows_q * stride_lm, mask=mask_m, other=0.0)
+            if UPCAST:
+                q_t = q_t.to(tl.float32)
+                do_t = do_t.to(tl.float32)
+            lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # no key: p = 0
+            s_t, dcap_t = _scores(k, q_t, sm_scale, softcap, SOFTCAP, PRECISION)  # [BN, BM]
+            vis = _visible(offs_m[None, :], offs_n[:, None], seq_q, seq_k, left, right, WINDOW)
+            vis &= mask_m[None, :]
+            p_t = tl.where(vis, tl.exp2(s_t - lse2[None, :]), 0.0)
+            p_lo = p_t.to(do_ptr.dtype.element_ty)
+            if UPCAST:
+                p_lo = p_lo.to(tl.float32)
+            # [BN, BM] @ [BM, D] -> [BN, D]
+            dv += tl.dot(p_lo, tl.trans(do_t), input_precision=PRECISION)
+            dp_t = tl.dot(v, do_t, input_precision=PRECISION)  # [BN, D] @ [D, BM] -> [BN, BM]
+            ds_t = p_t * (dp_t - delta[None, :])
+            if SOFTCAP:
+                ds_t *= dcap_t
+            ds_lo = ds_t.to(q_ptr.dtype.element_ty)
+            if UPCAST:
+                ds_lo = ds_lo.to(tl.float32)
+            # [BN, BM] @ [BM, D] -> [BN, D]
+            dk += tl.dot(ds_lo, tl.trans(q_t), input_precision=PRECISION)
+    dk *= sm_scale
+    tl.store(dk_ptr + pid_b.to(tl.int64) * stride_dkb + pid_kv.to(tl.int64) * stride_dkh
+             + rows_k[:, None] * stride_dkn + offs_d[None, :],
+             dk.to(dk_ptr.dtype.element_ty), mask=mask_nd)
+    tl.store(dv_ptr + pid_b.to(tl.int64) * stride_dvb + pid_kv.to(tl.int64) * stride_dvh
+             + rows_k[:, None] * stride_dvn + offs_d[None, :],
+             dv.to(dv_ptr.dtype.element_ty), mask=mask_nd)
+
+
+@triton.jit
+def _attention_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr,
+    m_blocks, seq_q, seq_k, heads_q, group, head_dim, sm_scale, softcap, left, right,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_db, stride_dh, stride_dm,
+    stride_lb, stride_lh, stride_lm,
+    stride_dqb, stride_dqh, stride_dqm,
+    VARLEN: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """dq of BLOCK_M query rows of one (batch, q head) over the keys they see.
+
+    grid (m_blocks * batch * heads_q,). Shapes as in _attention_bwd_dkdv_kernel;
+    dq has q's shape. Constexprs as in _attention_fwd_kernel.
+    """
+    pid = tl.program_id(0)
+    pid_m = pid % m_blocks
+    pid_bh = pid // m_blocks
+    pid_b = pid_bh // heads_q
+    pid_h = pid_bh % heads_q
+    q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN)
+    m_lo = pid_m * BLOCK_M
+    if m_lo >= seq_q:
+        return
+    offs_m = m_lo + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < seq_q
+    mask_d = offs_d < head_dim
+    mask_md = mask_m[:, None] & mask_d[None, :]
+    rows_q = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + pid_b.to(tl.int64) * stride_qb + pid_h.to(tl.int64) * stride_qh
+                + rows_q[:, None] * stride_qm + offs_d[None, :], mask=mask_md, other=0.0)
+    do = tl.load(do_ptr + pid_b.to(tl.int64) * stride_db + pid_h.to(tl.int64) * stride_dh
+                 + rows_q[:, None] * stride_dm + offs_d[None, :], mask=mask_md, other=0.0)
+    l_offs = pid_b.to(tl.int64) * stride_lb + pid_h.to(tl.int64) * stride_lh + rows_q * stride_lm
+    lse = tl.load(lse_ptr + l_offs, mask=mask_m, other=0.0)
+    delta = tl.load(delta_ptr + l_offs, mask=mask_m, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # no key: p = 0
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    pid_kv = (pid_h // group).to(tl.int64)
+    k_base = k_ptr + pid_b.to(tl.int64) * stride_kb + pid_kv * stride_kh
+    v_base = v_ptr + pid_b.to(tl.int64) * stride_vb + pid_kv * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lo, hi = _key_range(m_lo, tl.minimum(m_lo + BLOCK_M, seq_q), seq_q, seq_k, left, right,
+                        BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        rows_k = (k_start + offs_n).to(tl.int64)
+        mask_dn = mask_d[:, None] & mask_n[None, :]
+        k_t = tl.load(k_base + rows_k[None, :] * stride_kn + offs_d[:, None], mask=mask_dn,
+                      other=0.0)
+        v_t = tl.load(v_base + rows_k[None, :] * stride_vn + offs_d[:, None], mask=mask_dn,
+                      other=0.0)
+        if UPCAST:
+            k_t = k_t.to(tl.float32)
+            v_t = v_t.to(tl.float32)
+        s, dcap = _scores(q, k_t, sm_scale, softcap, SOFTCAP, PRECISION)  # [BM, BN]
+        vis = _visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, left, right, WINDOW)
+        vis &= mask_n[None, :]
+        p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
+        dp = tl.dot(do, v_t, input_precision=PRECISION)  # [BM, D] @ [D, BN] -> [BM, BN]
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds *= dcap
+        ds_lo = ds.to(k_ptr.dtype.element_ty)
+        if UPCAST:
+            ds_lo = ds_lo.to(tl.float32)
+        # [BM, BN] @ [BN, D] -> [BM, D]
+        dq += tl.dot(ds_lo, tl.trans(k_t), input_precision=PRECISION)
+    dq *= sm_scale
+    tl.store(dq_ptr + pid_b.to(tl.int64) * stride_dqb + pid_h.to(tl.int64) * stride_dqh
+             + rows_q[:, None] * stride_dqm + offs_d[None, :], dq.to(dq_ptr.dtype.element_ty),
+             mask=mask_md)

@@ -1,0 +1,85 @@
+"""Pieces every attention kernel shares: where a sequence starts, which keys a query sees,
+and the score of a [BLOCK_M, BLOCK_N] tile.
+
+Positions are aligned at the end: query row r of a sequence with seq_q queries and seq_k
+keys sits at position i = r + seq_k - seq_q (as with a KV cache). Key j is visible to
+query i when j < seq_k, j >= i - left (left >= 0) and j <= i + right (right >= 0); the
+host turns causal into right = 0. A side of -1 is unbounded.
+"""
+
+import triton
+import triton.language as tl
+
+from speedlight.kernels.cross_entropy import _softcap
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN: tl.constexpr):
+    """(first query row, first key row, seq_q, seq_k) of sequence pid_b: from cu_seqlens
+    (int32 [batch + 1]) when VARLEN, else row 0 of a batch entry of the given lengths."""
+    if VARLEN:
+        q_start = tl.load(cu_q_ptr + pid_b)
+        k_start = tl.load(cu_k_ptr + pid_b)
+        seq_q = tl.load(cu_q_ptr + pid_b + 1) - q_start
+        seq_k = tl.load(cu_k_ptr + pid_b + 1) - k_start
+    else:
+        q_start = 0
+        k_start = 0
+    return q_start, k_start, seq_q, seq_k
+
+
+@triton.jit
+def _key_range(m_lo, m_hi, seq_q, seq_k, left, right, BLOCK_N: tl.constexpr):
+    """[lo, hi) of the keys query rows [m_lo, m_hi) can see, lo rounded down to BLOCK_N."""
+    shift = seq_k - seq_q
+    lo = 0
+    hi = seq_k
+    if left >= 0:
+        lo = tl.maximum(m_lo + shift - left, 0)
+    if right >= 0:
+        hi = tl.minimum(m_hi - 1 + shift + right + 1, seq_k)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    return lo, hi
+
+
+@triton.jit
+def _query_range(n_lo, n_hi, seq_q, seq_k, left, right, BLOCK_M: tl.constexpr):
+    """[lo, hi) of the query rows that can see some key of [n_lo, n_hi), lo rounded down
+    to BLOCK_M."""
+    shift = seq_k - seq_q
+    lo = 0
+    hi = seq_q
+    if right >= 0:
+        lo = tl.maximum(n_lo - right - shift, 0)
+    if left >= 0:
+        hi = tl.minimum(n_hi - 1 + left - shift + 1, seq_q)
+    lo = (lo // BLOCK_M) * BLOCK_M
+    return lo, hi
+
+
+@triton.jit
+def _visible(rows, keys, seq_q, seq_k, left, right, WINDOW: tl.constexpr):
+    """Mask of the (query row, key) pairs that see each other, rows and keys broadcast
+    against each other ([BM, 1] and [1, BN], or transposed for a [BN, BM] tile); WINDOW=False
+    compiles the window tests away (only the ends of the rows and keys are checked)."""
+    mask = (rows < seq_q) & (keys < seq_k)
+    if WINDOW:
+        pos = rows + (seq_k - seq_q)
+        mask &= ((left < 0) | (keys >= pos - left)) & ((right < 0) | (keys <= pos + right))
+    return mask
+
+
+@triton.jit
+def _scores(q, k_t, sm_scale, softcap, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+    """(s, dcap) of one tile: s = cap(q @ k^T * sm_scale) * log2(e), the base-2 scores the
+    online softmax uses, fp32; dcap = d cap / d x (1 - tanh^2) with a softcap, else 1.
+
+    q [BM, D] and k_t [D, BN] in the input dtype (fp32 under the interpreter for bf16).
+    """
+    qk = tl.dot(q, k_t, input_precision=PRECISION)  # [BM, D] @ [D, BN] -> [BM, BN]
+    if SOFTCAP:
+        c, dcap = _softcap(qk * sm_scale, softcap)
+        return c * LOG2E, dcap
+    return qk * (sm_scale * LOG2E), qk

@@ -1,0 +1,159 @@
+"""Attention forward (FlashAttention-2 style) and the combine of a split key range.
+
+    o = softmax(cap(q k^T * scale) + mask) v,   lse = log(sum_j exp(cap(q k^T * scale)_j))
+
+per query row, with an online softmax over key blocks: fp32 running max m and sum l in
+base 2, the output accumulated in fp32 and divided by l once at the end. A row that sees
+no key gets o = 0 and lse = -inf.
+"""
+
+import triton
+import triton.language as tl
+
+from speedlight.kernels.attention.common import (LOG2E, _key_range, _scores, _sequence,
+                                                 _visible)
+
+
+@triton.jit
+def _attention_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, m_blocks,
+    seq_q, seq_k, heads_q, group, head_dim, sm_scale, softcap, left, right, split_span,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om, stride_os,
+    stride_lb, stride_lh, stride_lm, stride_ls,
+    VARLEN: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    SPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One block of BLOCK_M query rows of one (batch, q head) against its visible keys.
+
+    grid (m_blocks * batch * heads_q, splits), m_blocks = cdiv(max seq_q, BLOCK_M): one
+    flat first axis (batch * heads can pass CUDA's 65535 limit on the second), the query
+    blocks of one head consecutive so they share its K/V in L2. q, o [batch, heads_q, seq_q,
+    head_dim] and k, v [batch, heads_q // group, seq_k, head_dim] by their strides (last
+    dim contiguous); packed [total, heads, head_dim] with VARLEN (batch strides 0, rows
+    offset by cu_q / cu_k, int32 [batch + 1]). lse fp32 [batch, heads_q, seq_q].
+    q head h reads kv head h // group (GQA without copies).
+    SPLIT: program pid_s takes keys [pid_s * split_span, (pid_s + 1) * split_span) only and
+    writes its normalised fp32 partial o and lse at split stride stride_os / stride_ls, for
+    _attention_combine_kernel; else o is the output (input dtype).
+    Constexprs: VARLEN reads cu_seqlens; WINDOW compiles the window tests in (causal is
+    right = 0); SOFTCAP applies softcap * tanh(s / softcap); UPCAST turns bf16 tiles to fp32
+    before tl.dot (the interpreter's bf16 dot is wrong; products of bf16 are exact in fp32);
+    PRECISION "ieee" keeps fp32 products exact (no TF32); BLOCK_D is head_dim rounded up
+    to a power of two, the rest masked.
+    """
+    pid = tl.program_id(0)
+    pid_m = pid % m_blocks
+    pid_bh = pid // m_blocks
+    pid_s = tl.program_id(1)
+    pid_b = pid_bh // heads_q
+    pid_h = pid_bh % heads_q
+    q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN)
+    m_lo = pid_m * BLOCK_M
+    if m_lo >= seq_q:
+        return
+    offs_m = m_lo + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < head_dim
+    mask_m = offs_m < seq_q
+    pid_kv = pid_h // group
+
+    q_ptrs = (q_ptr + pid_b.to(tl.int64) * stride_qb + pid_h.to(tl.int64) * stride_qh
+              + (q_start + offs_m[:, None]).to(tl.int64) * stride_qm + offs_d[None, :])
+    q = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_base = k_ptr + pid_b.to(tl.int64) * stride_kb + pid_kv.to(tl.int64) * stride_kh
+    v_base = v_ptr + pid_b.to(tl.int64) * stride_vb + pid_kv.to(tl.int64) * stride_vh
+
+    lo, hi = _key_range(m_lo, tl.minimum(m_lo + BLOCK_M, seq_q), seq_q, seq_k, left, right,
+                        BLOCK_N)
+    if SPLIT:
+        lo = tl.maximum(lo, pid_s * split_span)
+        hi = tl.minimum(hi, (pid_s + 1) * split_span)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        rows_k = (k_start + offs_n).to(tl.int64)
+        k_t = tl.load(k_base + rows_k[None, :] * stride_kn + offs_d[:, None],
+                      mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+        v = tl.load(v_base + rows_k[:, None] * stride_vn + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        if UPCAST:
+            k_t = k_t.to(tl.float32)
+            v = v.to(tl.float32)
+        s, _ = _scores(q, k_t, sm_scale, softcap, SOFTCAP, PRECISION)
+        s = tl.where(_visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, left, right, WINDOW)
+                     & mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing yet
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p_lo = p.to(v_ptr.dtype.element_ty)  # p rounded to the input dtype, as the GPU's dot
+        if UPCAST:
+            p_lo = p_lo.to(tl.float32)
+        # [BM, BN] @ [BN, D] -> [BM, D]
+        acc = acc * alpha[:, None] + tl.dot(p_lo, v, input_precision=PRECISION)
+        m_i = m_new
+
+    seen = l_i > 0.0
+    acc = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) / LOG2E, float("-inf"))
+    o_ptrs = (o_ptr + pid_s.to(tl.int64) * stride_os + pid_b.to(tl.int64) * stride_ob
+              + pid_h.to(tl.int64) * stride_oh + (q_start + offs_m[:, None]).to(tl.int64) * stride_om
+              + offs_d[None, :])
+    tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+    lse_ptrs = (lse_ptr + pid_s.to(tl.int64) * stride_ls + pid_b.to(tl.int64) * stride_lb
+                + pid_h.to(tl.int64) * stride_lh + (q_start + offs_m).to(tl.int64) * stride_lm)
+    tl.store(lse_ptrs, lse, mask=mask_m)
+
+
+@triton.jit
+def _attention_combine_kernel(
+    part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, rows, heads_q, seq_q, head_dim, n_splits,
+    stride_pb, stride_ph, stride_pm, stride_ps,
+    stride_plb, stride_plh, stride_plm, stride_pls,
+    stride_ob, stride_oh, stride_om,
+    stride_lb, stride_lh, stride_lm,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """o = sum_s exp(lse_s - lse) o_s, lse = log(sum_s exp(lse_s)) over the splits of one
+    query row; splits that saw no key carry lse_s = -inf and add nothing.
+
+    grid (batch * heads_q * seq_q,). part_o fp32 [splits, batch, heads_q, seq_q,
+    head_dim] and part_lse fp32 [splits, batch, heads_q, seq_q] by their strides (a
+    packed varlen tensor as batch 1); o and lse are the outputs. BLOCK_S is n_splits
+    rounded up to a power of two, BLOCK_D head_dim.
+    """
+    pid = tl.program_id(0)
+    pid_m = pid % seq_q
+    pid_h = (pid // seq_q) % heads_q
+    pid_b = pid // (seq_q * heads_q)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < n_splits
+    mask_d = offs_d < head_dim
+    lse_s = tl.load(part_lse_ptr + pid_b.to(tl.int64) * stride_plb + pid_h.to(tl.int64) * stride_plh
+                    + pid_m.to(tl.int64) * stride_plm + offs_s.to(tl.int64) * stride_pls,
+                    mask=mask_s, other=float("-inf"))
+    m = tl.max(lse_s, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m_safe)  # [BLOCK_S]
+    total = tl.sum(w, 0)
+    o_s = tl.load(part_o_ptr + pid_b.to(tl.int64) * stride_pb + pid_h.to(tl.int64) * stride_ph
+                  + pid_m.to(tl.int64) * stride_pm + offs_s[:, None].to(tl.int64) * stride_ps
+                  + offs_d[None, :], mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    o = tl.sum(o_s * w[:, None], 0) / tl.where(total > 0, total, 1.0)  # [BS, D] -> [D]
+    lse = tl.where(total > 0, m_safe + tl.log(tl.where(total > 0, total, 1.0)), float("-inf"))
+    tl.store(o_ptr + pid_b.to(tl.int64) * stride_ob + pid_h.to(tl.int64) * stride_oh
+             + pid_m.to(tl.int64) * stride_om + offs_d, o.to(o_ptr.dtype.element_ty), mask=mask_d)
+    tl.store(lse_ptr + pid_b.to(tl.int64) * stride_lb + pid_h.to(tl.int64) * stride_lh
+             + pid_m.to(tl.int64) * stride_lm, lse)

@@ -1,0 +1,406 @@
+"""GEMM with fused epilogues: c = act(scale * (a @ b) + bias) + residual in one kernel.
+
+Host code of kernels/matmul.py's _matmul_kernel: the launcher `matmul_fwd` (usable without
+autograd; its launch rule and operand paths are ops/_gemm.py's), the registration (custom
+ops `speedlight::matmul_fwd / _infer / _bwd`, fake and autograd rule), the public
+`speedlight.matmul`, and the OpSpec.
+
+The backward runs the same kernel through strides: with dz = dy * act'(z) (act' written
+by the forward's epilogue when a gradient is needed, so z itself never reaches memory),
+da = scale * dz @ b^T and db = scale * a^T @ dz, each operand a transposed view, never a
+copy; db is computed in b's own layout (for b = W^T, nn.Linear's weight, dW = dz^T @ a is
+written contiguous as W is).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from speedlight import reference, shapes
+from speedlight.kernels.matmul import _matmul_kernel
+from speedlight.ops._gemm import (
+    CONFIG_SPACE,
+    ensure_allocator,
+    launch_config,
+    precision,
+    programs,
+    tma_layout,
+    use_tma,
+)
+from speedlight.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
+from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
+from speedlight.ops.registration import Configs, like, register_op
+from speedlight.runtime import check_runtime, describe
+from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, dtype_name, inject_nonfinite,
+                             rand_tensor)
+
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+
+# --- launcher (usable without autograd) ----------------------------------------------------
+
+def matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None, activation: str | None = None,
+               scale: float | None = None, out_dtype: torch.dtype | None = None,
+               store_dact: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(c, dact) for 2-D a [M, K], b [K, N], any strides: c = act(scale * a @ b + bias) +
+    residual [M, N] contiguous in out_dtype (a's dtype by default), and dact = act'(z) in
+    c's dtype when store_dact (else None)."""
+    m, k = a.shape
+    n = b.shape[1]
+    out_dtype = out_dtype or a.dtype
+    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    dact = torch.empty((m, n), dtype=out_dtype, device=a.device) if store_dact else None
+    if c.numel() == 0:
+        return c, dact
+    if k == 0:  # an empty sum: the epilogue of zeros, without a launch
+        z = torch.zeros((m, n), dtype=torch.float32, device=a.device)
+        return _epilogue_of_zeros(z, bias, residual, activation, out_dtype, dact)
+    check_runtime(a, _matmul_kernel)
+    cfg = launch_config(m, n, k, a.dtype, a.device, out_dtype=out_dtype,
+                        residual=residual is not None, store_dact=store_dact)
+    a_lay, b_lay = tma_layout(a), tma_layout(b)
+    tma = (use_tma(a.device) and a_lay is not None and b_lay is not None
+           and tma_layout(c) == "row")
+    if tma and a.device.type == "cuda":
+        ensure_allocator()
+    num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    act = activation or "none"
+    d = dact if dact is not None else c
+    bias_arg = bias if bias is not None else c
+    res = residual if residual is not None else c
+    _matmul_kernel[(programs(num_tiles, a.device),)](
+        a, b, c, d, bias_arg, res, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        c.stride(0), c.stride(1), bias.stride(0) if bias is not None else 0,
+        res.stride(0), res.stride(1), float(scale if scale is not None else 1.0),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        TMA=tma, A_KMAJOR=a_lay == "row", B_KMAJOR=b_lay == "col",
+        HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, ACTIVATION=act,
+        HAS_RESIDUAL=residual is not None, STORE_DACT=store_dact, PRECISION=precision(a.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return c, dact
+
+
+def _epilogue_of_zeros(z, bias, residual, activation, out_dtype, dact):
+    """K = 0: a @ b is zeros; the epilogue in fp32 on the host (nothing to launch for)."""
+    if bias is not None:
+        z = z + bias.float()
+    y, d = _torch_activation(z, activation), _torch_dact(z, activation)
+    if residual is not None:
+        y = y + residual.float()
+    if dact is not None:
+        dact.copy_(d)
+    return y.to(out_dtype), dact
+
+
+def _torch_dact(z: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """act'(z), as kernels/glu.py's _glu_activation derives it."""
+    if activation is None:
+        return torch.ones_like(z)
+    if activation == "silu":
+        s = torch.sigmoid(z)
+        return s * (1 + z * torch.sigmoid(-z))
+    if activation == "gelu_tanh":
+        c = math.sqrt(2 / math.pi)
+        u = 2 * c * (z + 0.044715 * z ** 3)
+        du = 2 * c * (1 + 3 * 0.044715 * z * z)
+        s = torch.sigmoid(u)
+        return s + z * s * torch.sigmoid(-u) * du
+    cdf = 0.5 * (1 + torch.erf(z / math.sqrt(2)))
+    return cdf + z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+
+
+def _torch_activation(z: torch.Tensor, activation: str | None) -> torch.Tensor:
+    if activation is None:
+        return z
+    if activation == "silu":
+        return torch.nn.functional.silu(z)
+    return torch.nn.functional.gelu(z, approximate="tanh" if activation == "gelu_tanh" else "none")
+
+
+def _like_layout(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialized tensor of t's shape laid out as matmul_bwd writes t's gradient:
+    transposed when t is a transposed view (b = W^T), else contiguous."""
+    if t.dim() == 2 and t.stride(0) == 1 and t.stride(1) != 1:
+        return t.new_empty((t.shape[1], t.shape[0])).t()
+    return t.new_empty(t.shape)
+
+
+def matmul_bwd(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+               bias: torch.Tensor | None, residual: torch.Tensor | None,
+               dact: torch.Tensor | None, scale: float | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                          torch.Tensor | None]:
+    """(da, db, dbias, dresidual) of c = act(scale * a @ b + bias) + residual, from dact =
+    act'(z) the forward wrote (None without an activation): dz = dc * act'(z), then
+    da = scale * dz @ b^T and db = scale * a^T @ dz by the same kernel through strides; db
+    in b's own layout (for b = W^T, dW = dz^T @ a is written as W lies). The registered
+    op hands an empty placeholder for a dact the forward did not write."""
+    if dact is not None and dact.shape != dc.shape:
+        dact = None
+    dz = dc if dact is None else dc * dact
+    dz = dz.to(a.dtype)
+    da, _ = matmul_fwd(dz, b.t(), scale=scale)  # [M, N] @ [N, K] -> [M, K]: b^T a view
+    if b.stride(0) == 1 and b.stride(1) != 1:
+        dbt, _ = matmul_fwd(dz.t(), a, scale=scale)  # [N, M] @ [M, K] -> [N, K]
+        db = dbt.t()
+    else:
+        db, _ = matmul_fwd(a.t(), dz, scale=scale)  # [K, M] @ [M, N] -> [K, N]
+    dbias = dres = None
+    if bias is not None:
+        # bias is added after the scale: its gradient is dz summed over rows, unscaled
+        dbias = (dc.float() * dact.float() if dact is not None else dc.float()).sum(0)
+        dbias = dbias.to(bias.dtype)
+    if residual is not None:  # dc itself; a copy, since a custom op's output may not alias
+        dres = dc.to(residual.dtype, copy=True)
+    return da, db, dbias, dres
+
+
+def _train_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+               residual: torch.Tensor | None, activation: str | None, scale: float | None,
+               out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward a backward follows: c and, with an activation, act'(z)."""
+    return matmul_fwd(a, b, bias, residual, activation, scale, out_dtype,
+                      store_dact=activation is not None)
+
+
+def _infer_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+               residual: torch.Tensor | None, activation: str | None, scale: float | None,
+               out_dtype: torch.dtype | None) -> torch.Tensor:
+    """The forward when no gradient is needed: c alone, act' not written."""
+    return matmul_fwd(a, b, bias, residual, activation, scale, out_dtype)[0]
+
+
+def _fake(a, b, bias, residual, activation, scale, out_dtype):
+    c = a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
+    return c, (torch.empty_like(c) if activation is not None else None)
+
+
+MATMUL = register_op(
+    "matmul",
+    forward=_train_fwd,
+    outputs=("c", "dact"),
+    stats=("dact",),
+    fake=_fake,
+    inference=_infer_fwd,
+    backward=matmul_bwd,
+    backward_fake=lambda dc, a, b, bias, residual, dact, scale: (
+        like(a), _like_layout(b), like(bias), like(residual)),
+    grads=("a", "b", "bias", "residual"),
+    configs=Configs(CONFIG_SPACE),
+)
+
+
+# --- the public function -------------------------------------------------------------------
+
+def check_activation(activation: str | None) -> None:
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be None or one of {', '.join(ACTIVATIONS)}, "
+                         f"got {activation!r}")
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
+           activation: str | None = None, residual: torch.Tensor | None = None,
+           scale: float | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """act(scale * (a @ b) + bias) + residual in one kernel; fp32 accumulation, one rounding.
+
+    a: [..., K] (leading dims flattened into M); b: [K, N]; both any strides (a transposed
+    operand is read where it lies: `x @ w.t()` with nn.Linear's weight w [N, K] is no
+    copy), one dtype of float32, float16 or bfloat16 (float32 uses TF32 only where
+    torch.backends.cuda.matmul.allow_tf32 is set, as torch.matmul does). bias: [N];
+    activation: None, "silu", "gelu_tanh" or "gelu" (exact); residual: [..., N] like the
+    output; scale: a float multiplying a @ b before the bias; out_dtype: the output dtype
+    (a's by default; float32 keeps the accumulator's digits). Differentiable in a, b, bias
+    and residual; works under torch.compile(fullgraph=True).
+    """
+    check_tensor("a", a, min_dim=1)
+    check_tensor("b", b)
+    if b.dim() != 2:
+        raise ValueError(f"b must be 2-D [K, N], got {describe(b)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have one dtype (no mixed-precision GEMM): a has "
+                        f"{a.dtype}, b has {b.dtype}")
+    if a.shape[-1] != b.shape[0]:
+        raise ValueError(f"inner dimensions do not match: a is {tuple(a.shape)} (K = "
+                         f"{a.shape[-1]}) but b is {tuple(b.shape)} (K = {b.shape[0]})")
+    if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"out_dtype must be torch.float32, float16 or bfloat16, got {out_dtype}")
+    check_activation(activation)
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    lead, (k, n) = a.shape[:-1], b.shape
+    out_shape = (*lead, n)
+    if bias is not None:
+        check_tensor("bias", bias)
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"bias must have shape ({n},) (b's N), got {describe(bias)}")
+    if residual is not None:
+        check_tensor("residual", residual)
+        if tuple(residual.shape) != out_shape:
+            raise ValueError(f"residual must have the output's shape {out_shape}, got "
+                             f"{describe(residual)}")
+    check_same_device(a=a, b=b, bias=bias, residual=residual)
+    rows = math.prod(lead)
+    a2 = a.reshape(rows, k)
+    res2 = residual.reshape(rows, n) if residual is not None else None
+    c = MATMUL(a2, b, bias, res2, activation, float(scale) if scale is not None else None,
+               out_dtype)
+    return c.view(out_shape)
+
+
+# --- OpSpec ------------------------------------------------------------------------------
+
+# FLOP per output element of each activation (and its derivative), as kernels/glu.py
+# computes them (glu.py's table)
+_ACT_FLOPS = {None: (0, 0), "silu": (4, 6), "gelu_tanh": (9, 10), "gelu": (5, 6)}
+
+MODEL_TOKENS = (1, 17, 512, 4096, 16384)
+
+
+def projections(cfg: shapes.ModelConfig) -> list[tuple[str, int, int]]:
+    """(name, N, K) of every projection of a model's layer and its head: qkv (fused),
+    o, gate/up (each), down, lm_head."""
+    qkv = (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim
+    return [("qkv", qkv, cfg.hidden), ("o", cfg.hidden, cfg.heads * cfg.head_dim),
+            ("up", cfg.intermediate, cfg.hidden), ("down", cfg.hidden, cfg.intermediate),
+            ("lm_head", cfg.vocab, cfg.hidden)]
+
+
+def _model_points() -> list[tuple[int, int, int, str, str]]:
+    """(M, N, K, model, projection) over every model at MODEL_TOKENS, each distinct
+    (N, K) once (the first model that has it)."""
+    seen: dict[tuple[int, int], tuple[str, str]] = {}
+    for cfg in shapes.MODELS.values():
+        for proj, n, k in projections(cfg):
+            seen.setdefault((n, k), (cfg.name, proj))
+    return [(m, n, k, model, proj) for (n, k), (model, proj) in seen.items()
+            for m in MODEL_TOKENS]
+
+
+def _case(m, n, k, layout="contiguous", model=None, **flags) -> Case:
+    return Case("matmul", (("m", m), ("n", n), ("k", k)), layout=layout, flags=flags,
+                model=model)
+
+
+def cases(suite: str) -> list[Case]:
+    """quick: odd M, N, K, transposed and strided operands, each epilogue, tiles few
+    enough for the interpreter; model: every model's projections (linear: b = W^T, as
+    nn.Linear runs) at 1, 17, 512, 4096, 16384 tokens with the epilogue each takes in a
+    model (bias where GPT-2 has one; none else), and the gated MLP's activations on up;
+    full: model plus odd sizes with every epilogue."""
+    shapes.check_suite(suite)
+    if suite == "quick":
+        return [
+            _case(1, 1, 1), _case(5, 7, 3), _case(37, 45, 70), _case(64, 64, 64, linear=True),
+            _case(33, 20, 17, "transposed"), _case(30, 19, 21, "strided"),
+            _case(17, 48, 40, linear=True, bias=True, act="silu"),
+            _case(19, 33, 24, bias=True, act="gelu_tanh", residual=True),
+            _case(9, 40, 32, "transposed", act="gelu", scale=0.5),
+            _case(16, 24, 36, residual=True, out="fp32"),
+            _case(0, 16, 16), _case(4, 0, 8), _case(4, 8, 0, bias=True, act="silu"),
+            _case(13, 24, 40, nonfinite=True),
+            _case(9, 140, 130, linear=True, bias=True),  # two column tiles, a k loop
+        ]
+    out = [_case(m, n, k, model=model, linear=True, proj=proj)
+           for m, n, k, model, proj in _model_points()]
+    if suite == "full":
+        for m, n, k in ((1, 1, 1), (3, 17, 127), (257, 509, 1021), (1031, 4093, 257)):
+            out += [_case(m, n, k), _case(m, n, k, "transposed"), _case(m, n, k, "strided"),
+                    _case(m, n, k, linear=True, bias=True, act="silu", residual=True),
+                    _case(m, n, k, act="gelu_tanh", scale=0.125),
+                    _case(m, n, k, act="gelu", out="fp32")]
+        out.append(_case(257, 1021, 509, nonfinite=True))
+        # c past 2^31 elements: 64-bit offsets (skipped on a CPU)
+        out.append(_case(65537, 32771, 16, bias=True, huge=True))
+    return out
+
+
+def make_inputs(case: Case, device) -> dict:
+    """a [M, K] and b [K, N] as the case lays them out: contiguous (row-major), transposed
+    (both column-major), strided (rows padded, NaN in the padding), linear (b = W^T of a
+    row-major W [N, K], as nn.Linear multiplies); the epilogue's inputs its flags name."""
+    m, n, k = case["m"], case["n"], case["k"]
+    a = rand_tensor((m, k), case, device)
+    if case.flag("linear"):
+        b = rand_tensor((n, k), case, device, salt=1, layout="contiguous").t()
+    else:
+        b = rand_tensor((k, n), case, device, salt=1)
+    if case.flag("nonfinite"):
+        inject_nonfinite(a, case)
+    # bias and residual of the order of a @ b (whose elements are ~sqrt(K))
+    mag = max(1.0, k ** 0.5)
+    bias = rand_tensor((n,), case, device, salt=2, scale=mag, layout="contiguous") \
+        if case.flag("bias") else None
+    residual = rand_tensor((m, n), case, device, salt=3, scale=mag) \
+        if case.flag("residual") else None
+    out = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}.get(
+        case.flag("out"))
+    return {"a": a, "b": b, "bias": bias, "activation": case.flag("act"), "residual": residual,
+            "scale": case.flag("scale"), "out_dtype": out}
+
+
+def cost(case: Case, mode: str) -> Cost:
+    m, n, k, e = case["m"], case["n"], case["k"], case.dtype.itemsize
+    out = {"fp32": 4, "fp16": 2, "bf16": 2}.get(case.flag("out"), e)
+    act, dact = _ACT_FLOPS[case.flag("act")]
+    epi = (act + bool(case.flag("bias")) + bool(case.flag("residual"))
+           + bool(case.flag("scale"))) * m * n
+    bias_b = n * e if case.flag("bias") else 0
+    res_b = m * n * e if case.flag("residual") else 0
+    if mode == "fwd":
+        # read a, b, bias, residual; write c
+        return Cost(flops=2 * m * n * k + epi, bytes=(m * k + k * n) * e + bias_b + res_b
+                    + m * n * out)
+    # read dy (and act' when there is an activation), a, b; write da, db, dbias, dresidual
+    d_bytes = m * n * out if case.flag("act") else 0
+    return Cost(flops=4 * m * n * k + (dact + 1) * m * n,
+                bytes=m * n * out + d_bytes + (m * k + k * n) * e * 2 + bias_b + res_b)
+
+
+def case_of(call: str, args) -> Case | None:
+    """The Case of one call of the registered op (profile costs it through `cost`)."""
+    if not is_call_of(call, "matmul"):
+        return None
+    a, b = args["a"], args["b"]
+    out = args.get("out_dtype")
+    flags = {"bias": args.get("bias") is not None or None, "act": args.get("activation"),
+             "residual": args.get("residual") is not None or None, "scale": args.get("scale"),
+             "out": dtype_name(out) if out is not None and out != a.dtype else None}
+    return Case("matmul", (("m", a.shape[0]), ("n", b.shape[1]), ("k", a.shape[1])),
+                dtype=a.dtype, flags={k: v for k, v in flags.items() if v is not None})
+
+
+def for_model(cfg, batch: int, seq: int) -> list[Case]:
+    return [_case(batch * seq, n, k, model=cfg.name, linear=True, proj=proj)
+            for proj, n, k in projections(cfg)]
+
+
+# sm_90a design of the bf16/fp16 kernels (compile-only guard: tests/inspect/test_matmul_guard)
+DESIGN = KernelDesign(min_occupancy=0.0, vector_bits=0, spills=False, mma="HGMMA", tma=True,
+                      min_stages=3, bytes_ratio=float("inf"),
+                      why="a GEMM reads a once per column of tiles and b once per row of "
+                          "tiles; grouped order serves those re-reads from L2")
+
+SPEC = OpSpec(
+    name="matmul",
+    impl=matmul,
+    reference=reference.matmul,
+    make_inputs=make_inputs,
+    cost=cost,
+    suites=shapes.suites(cases),
+    grad_inputs=("a", "b", "bias", "residual"),
+    skip=skip_huge_on_cpu,
+    case_of=case_of,
+    fuses="matmul + bias + activation + residual add",
+    notes="GEMM with bias / scale / activation / residual fused into the epilogue; "
+          "persistent, grouped tile order, TMA + wgmma on Hopper; backward by the same "
+          "kernel through strides.",
+    family="compute-bound",
+    for_model=for_model,
+    kernels={"_matmul_kernel": DESIGN},
+    count_rows=lambda case: case["m"],
+    aligned=lambda case: case.layout != "strided" and all(
+        case[p] % 16 == 0 for p in ("m", "n", "k")),
+)
