@@ -18,11 +18,12 @@ def _opmath(x: torch.Tensor) -> torch.dtype:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
-             offset: float = 0.0) -> torch.Tensor:
+             offset: float = 0.0, in_place: bool = False) -> torch.Tensor:
     """y = x / sqrt(mean(x^2) + eps) * (offset + w) over the last dim.
 
     As torch.nn.functional.rms_norm and the Hugging Face norms compute it: statistics in
-    float32 for half inputs, one rounding to x's dtype at the end.
+    float32 for half inputs, one rounding to x's dtype at the end. in_place (where
+    speedlight's backward writes dx) changes no value: the reference ignores it.
     """
     h = x.to(_opmath(x))
     y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -102,9 +103,11 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
-                 eps: float = 1e-6, offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float = 1e-6, offset: float = 0.0,
+                 in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(h), h) with h = x + residual, as a Hugging Face decoder layer computes it:
-    the residual add in the model's dtype, then the norm of that (rounded) h."""
+    the residual add in the model's dtype, then the norm of that (rounded) h. in_place is
+    ignored, as in rms_norm."""
     h = x + residual
     return rms_norm(h, weight, eps, offset), h
 
@@ -128,19 +131,34 @@ def _glu_halves(gate: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tens
     return gate.chunk(2, dim=-1) if up is None else (gate, up)
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
-    """silu(gate) * up, as LlamaMLP computes act_fn(gate_proj(x)) * up_proj(x): the
-    activation rounded to the dtype, then the product."""
+def _glu(act, gate: torch.Tensor, up: torch.Tensor | None, gate_multiplier: float,
+         down_multiplier: float) -> torch.Tensor:
+    """up * act(gate * gate_multiplier), times down_multiplier: Falcon-H1's MLP computes
+    `up_proj(x) * act_fn(gate_proj(x) * gate_multiplier)`, then `down_proj(y) *
+    down_multiplier`, which (no bias) is down_proj(y * down_multiplier). Each step rounds
+    to the dtype; a multiplier of 1 is skipped, as the models without one compute."""
     gate, up = _glu_halves(gate, up)
-    return torch.nn.functional.silu(gate) * up
+    if gate_multiplier != 1.0:
+        gate = gate * gate_multiplier
+    y = act(gate) * up
+    return y * down_multiplier if down_multiplier != 1.0 else y
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None, gate_multiplier: float = 1.0,
+           down_multiplier: float = 1.0) -> torch.Tensor:
+    """silu(gate) * up, as LlamaMLP computes act_fn(gate_proj(x)) * up_proj(x): the
+    activation rounded to the dtype, then the product; with Falcon-H1's multipliers as
+    `_glu` says."""
+    return _glu(torch.nn.functional.silu, gate, up, gate_multiplier, down_multiplier)
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor | None = None,
-          approximate: str = "tanh") -> torch.Tensor:
+          approximate: str = "tanh", gate_multiplier: float = 1.0,
+          down_multiplier: float = 1.0) -> torch.Tensor:
     """gelu(gate) * up (approximate="tanh" is GemmaMLP's gelu_pytorch_tanh, "none" the exact
-    erf form), the activation rounded to the dtype, then the product."""
-    gate, up = _glu_halves(gate, up)
-    return torch.nn.functional.gelu(gate, approximate=approximate) * up
+    erf form), the activation rounded to the dtype, then the product; multipliers as swiglu's."""
+    return _glu(lambda g: torch.nn.functional.gelu(g, approximate=approximate), gate, up,
+                gate_multiplier, down_multiplier)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,

@@ -38,11 +38,12 @@ def _rms_norm(F, inputs: dict, case: Case):
         raise Unsupported("Liger's RMSNorm always scales by a weight; this case has none")
     offset = float(inputs.get("offset", 0.0) or 0.0)
     # Gemma (offset 1) computes everything in fp32, Llama only the inverse RMS: Liger's
-    # casting modes of the same names. in_place=True is Liger's default (dY becomes dX);
-    # bench gives every backward sample a fresh upstream gradient.
+    # casting modes of the same names. Liger's in_place (dY becomes dX) follows the case's
+    # in_place, so both write dx where the other does; bench gives every backward sample a
+    # fresh upstream gradient.
     mode = "gemma" if offset else "llama"
-    return lambda x, weight, eps=1e-6, offset=0.0, **_: F.liger_rms_norm(
-        x, weight, eps, offset=offset, casting_mode=mode, in_place=True), False
+    return lambda x, weight, eps=1e-6, offset=0.0, in_place=False, **_: F.liger_rms_norm(
+        x, weight, eps, offset=offset, casting_mode=mode, in_place=in_place), False
 
 
 def _add_rms_norm(F, inputs: dict, case: Case):
@@ -51,8 +52,9 @@ def _add_rms_norm(F, inputs: dict, case: Case):
         raise Unsupported("Liger's fused add + RMSNorm always scales by a weight; this case has none")
     offset = float(inputs.get("offset", 0.0) or 0.0)
     mode = "gemma" if offset else "llama"
-    return lambda x, residual, weight, eps=1e-6, offset=0.0, **_: F.liger_fused_add_rms_norm(
-        x, residual, weight, eps, offset=offset, casting_mode=mode, in_place=False), False
+    return (lambda x, residual, weight, eps=1e-6, offset=0.0, in_place=False, **_:
+            F.liger_fused_add_rms_norm(x, residual, weight, eps, offset=offset,
+                                       casting_mode=mode, in_place=in_place)), False
 
 
 def _layer_norm(F, inputs: dict, case: Case):
@@ -65,6 +67,9 @@ def _layer_norm(F, inputs: dict, case: Case):
 def _gated(name: str, liger_fn: str):
     def adapter(F, inputs: dict, case: Case):
         _need(name, inputs, "gate", "up")
+        if any(inputs.get(k, 1.0) != 1.0 for k in ("gate_multiplier", "down_multiplier")):
+            raise Unsupported(f"Liger's {liger_fn} has no gate or down multiplier "
+                              f"(Falcon-H1's mlp_multipliers)")
         fn = getattr(F, liger_fn)
         return lambda gate, up, **_: fn(gate, up), False
     return adapter

@@ -2,8 +2,13 @@
 
 What is swapped, per module instance (the class, parameters and state-dict stay as they
 are, so weights load unchanged and optimizers keep their references):
-  rms_norm       every <Family>RMSNorm's forward -> speedlight.rms_norm (offset 1 for Gemma)
-  mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up));
+  rms_norm       every <Family>RMSNorm's forward -> speedlight.rms_norm (offset 1 for Gemma);
+                 in_place=True for the norms whose output feeds linear layers alone
+                 (Family.in_place_norms: pre-norms and the final norm, never a post-norm
+                 whose output joins the residual stream), so their backward allocates
+                 nothing of the activations' size
+  mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up)), with
+                 Falcon-H1's mlp multipliers folded into the gated unit;
                  with mlp="fused" -> down_proj(gated_matmul(x, gate and up weights)): both
                  projections and the gated product in one GEMM kernel (off by default
                  until measured on a GPU)
@@ -45,6 +50,7 @@ class PatchWarning(UserWarning):
 class PatchReport:
     model_type: str
     patched: dict[str, list[str]] = field(default_factory=dict)  # kind -> module paths
+    in_place: list[str] = field(default_factory=list)  # norms whose backward writes over dy
     not_patched: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
 
     def count(self, kind: str) -> int:
@@ -56,6 +62,9 @@ class PatchReport:
             if kind in self.patched:
                 lines.append(f"  patched {kind}: {len(self.patched[kind])} "
                              f"({', '.join(self.patched[kind][:3])}{', ...' if len(self.patched[kind]) > 3 else ''})")
+        if self.in_place:
+            lines.append(f"  rms_norm backward in place: {len(self.in_place)} (the norms "
+                         f"whose output feeds linear layers alone)")
         for what, why in self.not_patched:
             lines.append(f"  NOT patched {what}: {why}")
         return "\n".join(lines)
@@ -112,11 +121,11 @@ def _attention_forward(previous):
 
 # --- the replacement forwards --------------------------------------------------------------
 
-def _norm_forward(offset: float, out: str, eps_attr: str):
+def _norm_forward(offset: float, out: str, eps_attr: str, in_place: bool = False):
     def forward(self, x):
         from speedlight.ops.rms_norm import rms_norm
         y = rms_norm(x, self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype),
-                     float(getattr(self, eps_attr)), offset)
+                     float(getattr(self, eps_attr)), offset, in_place=in_place)
         if out == "promote":  # Llama: weight * x.to(input dtype) promotes to weight's dtype
             return y.to(torch.promote_types(x.dtype, self.weight.dtype))
         return y
@@ -124,9 +133,18 @@ def _norm_forward(offset: float, out: str, eps_attr: str):
 
 
 def _split_mlp_forward(op_name: str, op_kwargs: dict):
+    """down_proj(act(gate_proj(x)) * up_proj(x)), with Falcon-H1's gate_multiplier and
+    down_multiplier (attributes of its MLP) folded into the gated unit; down_multiplier
+    scales down_proj's output instead when down_proj has a bias."""
     def forward(self, x):
         op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
-        return self.down_proj(op(self.gate_proj(x), self.up_proj(x), **op_kwargs))
+        gate_multiplier = float(getattr(self, "gate_multiplier", 1.0))
+        down_multiplier = float(getattr(self, "down_multiplier", 1.0))
+        folded = self.down_proj.bias is None
+        y = self.down_proj(op(self.gate_proj(x), self.up_proj(x), **op_kwargs,
+                              gate_multiplier=gate_multiplier,
+                              down_multiplier=down_multiplier if folded else 1.0))
+        return y if folded or down_multiplier == 1.0 else y * down_multiplier
     return forward
 
 
@@ -154,6 +172,12 @@ def _gated_matmul_forward(op_name: str, op_kwargs: dict):
             h = gated_matmul(x, self.gate_proj.weight, self.up_proj.weight, activation)
         return self.down_proj(h)
     return forward
+
+
+def _has_multipliers(mlp) -> bool:
+    """Whether the MLP scales its gate or its output (Falcon-H1's mlp_multipliers)."""
+    return any(float(getattr(mlp, name, 1.0)) != 1.0
+               for name in ("gate_multiplier", "down_multiplier"))
 
 
 def _has_bias(mlp) -> bool:
@@ -206,8 +230,14 @@ def _activation_of(mlp) -> tuple[str, dict] | None:
 
 
 def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
-          rope: bool = True, cross_entropy: bool = True, attention: bool = True) -> PatchReport:
-    """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3).
+          rope: bool = True, cross_entropy: bool = True, attention: bool = True,
+          norm_in_place: bool = True) -> PatchReport:
+    """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3,
+    Falcon-H1).
+
+    norm_in_place: the norms whose output feeds linear layers alone (the family's
+    in_place_norms) run their backward in place (speedlight.rms_norm's in_place); False
+    keeps every norm's backward out of place.
 
     mlp: True swaps the gated unit between the projections (swiglu / geglu); "fused" runs
     both input projections and the gated product as one speedlight.gated_matmul kernel,
@@ -247,8 +277,12 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
                 continue
             if wanted["rms_norm"] and cls == family.norm_class:
                 eps_attr = "variance_epsilon" if hasattr(module, "variance_epsilon") else "eps"
-                _set_forward(module, _norm_forward(family.norm_offset, family.norm_out, eps_attr), record)
+                in_place = norm_in_place and path.rsplit(".", 1)[-1] in family.in_place_norms
+                _set_forward(module, _norm_forward(family.norm_offset, family.norm_out, eps_attr,
+                                                   in_place), record)
                 report.patched.setdefault("rms_norm", []).append(path)
+                if in_place:
+                    report.in_place.append(path)
             elif wanted["mlp"] and cls == family.mlp_class:
                 act = _activation_of(module)
                 if act is None:
@@ -263,7 +297,11 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
                     report.not_patched.append((f"mlp {path} (fused)", "its projections have "
                                                "biases, which gated_matmul does not add; the "
                                                "gated unit alone is patched"))
-                if mlp == "fused" and not _has_bias(module) and _available("gated_matmul"):
+                elif mlp == "fused" and _has_multipliers(module):
+                    report.not_patched.append((f"mlp {path} (fused)", "it has mlp multipliers "
+                                               "(Falcon-H1), which gated_matmul does not "
+                                               "apply; the gated unit alone is patched"))
+                elif mlp == "fused" and _available("gated_matmul"):
                     _set_forward(module, _gated_matmul_forward(*act), record)
                     report.patched.setdefault("mlp", []).append(f"{path} (gated_matmul)")
                     continue

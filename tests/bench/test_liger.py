@@ -48,7 +48,10 @@ def test_rms_norm_llama_and_gemma_casting():
     x, w = torch.randn(2, 8), torch.randn(8)
     (name, args, kw), mutates = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-5, "offset": 0.0})
     assert name == "liger_rms_norm" and args[:3] == (x, w, 1e-5)
-    assert kw == {"offset": 0.0, "casting_mode": "llama", "in_place": True} and not mutates
+    assert kw == {"offset": 0.0, "casting_mode": "llama", "in_place": False} and not mutates
+    (_, _, kw), _ = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-5, "offset": 0.0,
+                                        "in_place": True})
+    assert kw["in_place"] is True  # the case's in_place is Liger's
     (_, _, kw), _ = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-6, "offset": 1.0})
     assert kw["casting_mode"] == "gemma" and kw["offset"] == 1.0
     with pytest.raises(liger.Unsupported, match="weight"):
@@ -138,3 +141,14 @@ def test_real_liger_softmax_matches_torch_on_the_interpreter():
     x = torch.randn(3, 100)
     fn, _ = liger.adapt(registry.builtin_spec("softmax"), {"x": x, "dim": -1}, CASE)
     torch.testing.assert_close(fn(x=x, dim=-1), torch.softmax(x, -1))
+
+
+@pytest.mark.parametrize("op", ["swiglu", "geglu"])
+def test_gated_units_with_multipliers_are_unsupported_by_liger(op):
+    """Liger's gated units have no gate or down multiplier: such a case is no Liger row."""
+    gate, up = torch.randn(2, 8), torch.randn(2, 8)
+    (name, args, _), _ = _adapt(op, {"gate": gate, "up": up})
+    assert name == f"liger_{op}" and args == (gate, up)
+    with pytest.raises(liger.Unsupported, match="multiplier"):
+        adapter(op)(StubF(), {"gate": gate, "up": up, "gate_multiplier": 0.75,
+                              "down_multiplier": 2.5}, CASE)

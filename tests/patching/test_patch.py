@@ -1,4 +1,5 @@
 import copy
+import dataclasses
 import warnings
 
 import pytest
@@ -187,3 +188,37 @@ def test_twenty_training_steps_give_matching_loss_curves():
     base, ours = curves
     assert base[-1] < base[0] - 0.3, "the model did not train"
     assert max(abs(a - b) for a, b in zip(base, ours)) < 1e-3, (base, ours)
+
+
+def test_norm_backward_in_place_only_where_its_gradient_is_its_own(monkeypatch):
+    """Gemma 2 has pre-norms and post-norms whose output joins the residual stream (the add
+    hands one gradient to both operands). The patch runs the pre-norms' and the final
+    norm's backward in place, not the post-norms', and every gradient equals the
+    out-of-place patch's exactly; in place on the post-norms too would corrupt them."""
+    from speedlight.patching import families
+
+    base = build("gemma2")
+    ids, labels = batch(base.config.vocab_size)
+    runs = {}
+    for name, kwargs in [("out_of_place", dict(norm_in_place=False)), ("patched", {})]:
+        model = copy.deepcopy(base)
+        report = patch(model, rope=False, attention=False, **kwargs)
+        runs[name] = (_run(model, ids, labels), report)
+    assert runs["out_of_place"][1].in_place == []
+    assert sorted({p.rsplit(".", 1)[-1] for p in runs["patched"][1].in_place}) == [
+        "input_layernorm", "norm", "pre_feedforward_layernorm"]
+    assert len(runs["patched"][1].in_place) == 2 * 2 + 1
+    (_, loss0, grads0), (_, loss1, grads1) = runs["out_of_place"][0], runs["patched"][0]
+    assert torch.equal(loss0, loss1)
+    for (name, _), g0, g1 in zip(base.named_parameters(), grads0, grads1):
+        assert torch.equal(g0, g1), name
+
+    # the hazard is real: post-norms in place give other gradients
+    everywhere = families.FAMILIES["gemma2"].in_place_norms + (
+        "post_attention_layernorm", "post_feedforward_layernorm")
+    monkeypatch.setitem(families.FAMILIES, "gemma2", dataclasses.replace(
+        families.FAMILIES["gemma2"], in_place_norms=everywhere))
+    model = copy.deepcopy(base)
+    patch(model, rope=False, attention=False)
+    _, _, grads2 = _run(model, ids, labels)
+    assert any(not torch.equal(g0, g2) for g0, g2 in zip(grads0, grads2))
