@@ -15,6 +15,7 @@ from speedlight.ops.geglu import geglu
 from speedlight.ops.glu import ACTIVATIONS, glu
 from speedlight.ops.gated_matmul import gated_matmul
 from speedlight.ops.layer_norm import layer_norm
+from speedlight.ops.linear_cross_entropy import linear_cross_entropy
 from speedlight.ops.matmul import matmul
 from speedlight.ops.rms_norm import rms_norm
 from speedlight.ops.rope import rope
@@ -98,18 +99,16 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
     non-ignored token), softcap (softcap * tanh(logits / softcap) before the loss) and
     inplace_backward (see speedlight.cross_entropy). Inputs follow torch: [N, C] or [C], or
     [N, C, d1, ...] with the classes at dim 1 (read in place, not copied); integer class
-    targets only. Class weights are not supported. A mean over no non-ignored target is 0,
-    not torch's NaN.
+    targets only. weight (per-class, [C]) is a buffer as in torch, with torch's semantics.
+    A mean over no non-ignored target (or whose counted weights sum to 0) is 0, not
+    torch's NaN.
     """
 
     def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
                  reduction: str = "mean", label_smoothing: float = 0.0, *,
                  z_loss: float = 0.0, softcap: float | None = None,
                  inplace_backward: bool = False):
-        if weight is not None:
-            raise ValueError("speedlight.nn.CrossEntropyLoss does not support class weights; "
-                             "use torch.nn.CrossEntropyLoss for a weighted loss")
-        super().__init__(None, size_average, ignore_index, reduce, reduction, label_smoothing)
+        super().__init__(weight, size_average, ignore_index, reduce, reduction, label_smoothing)
         check_options(ignore_index, self.reduction, label_smoothing, z_loss, softcap)
         self.z_loss = z_loss
         self.softcap = softcap
@@ -119,7 +118,7 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         if isinstance(input, torch.Tensor) and input.dim() > 2:
             input = input.movedim(1, -1)  # torch's [N, C, d1, ...]: classes at dim 1
         return cross_entropy(input, target, self.ignore_index, self.reduction,
-                             self.label_smoothing, self.z_loss, self.softcap,
+                             self.label_smoothing, self.z_loss, self.softcap, weight=self.weight,
                              inplace_backward=self.inplace_backward)
 
     def extra_repr(self) -> str:
@@ -130,6 +129,39 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
             extra += f", z_loss={self.z_loss}"
         if self.softcap is not None:
             extra += f", softcap={self.softcap}"
+        return extra
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """An lm_head's matmul and the cross-entropy of its logits without the logits:
+    forward(hidden, weight, target, bias=None) -> speedlight.linear_cross_entropy(...).
+
+    Holds only the loss's options (ignore_index, reduction, label_smoothing, z_loss,
+    softcap, chunk_size); the lm_head's weight and bias are passed in, so a model keeps
+    its own lm_head (and its state-dict) unchanged.
+    """
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0, *, z_loss: float = 0.0,
+                 softcap: float | None = None, chunk_size: int | None = None):
+        super().__init__()
+        check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
+        self.ignore_index, self.reduction = ignore_index, reduction
+        self.label_smoothing, self.z_loss, self.softcap = label_smoothing, z_loss, softcap
+        self.chunk_size = chunk_size
+
+    def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        return linear_cross_entropy(hidden, weight, target, bias,
+                                    ignore_index=self.ignore_index, reduction=self.reduction,
+                                    label_smoothing=self.label_smoothing, z_loss=self.z_loss,
+                                    softcap=self.softcap, chunk_size=self.chunk_size)
+
+    def extra_repr(self) -> str:
+        extra = f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+        for name in ("label_smoothing", "z_loss", "softcap", "chunk_size"):
+            if getattr(self, name):
+                extra += f", {name}={getattr(self, name)}"
         return extra
 
 

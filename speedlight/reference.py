@@ -73,33 +73,62 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
-                  softcap: float | None = None) -> torch.Tensor:
-    """torch.nn.functional.cross_entropy over the last dim of logits [..., vocab], plus
-    z_loss * logsumexp^2 per non-ignored token and an optional softcap * tanh(x / softcap)
-    on the logits first.
+                  softcap: float | None = None, *, weight: torch.Tensor | None = None,
+                  return_z_loss: bool = False, return_token_accuracy: bool = False,
+                  return_predicted_tokens: bool = False):
+    """torch.nn.functional.cross_entropy over the last dim of logits [..., vocab] (with its
+    per-class weight and label smoothing), plus z_loss * logsumexp^2 per non-ignored token
+    (times the target's class weight) and an optional softcap * tanh(x / softcap) on the
+    logits first.
 
     As the Hugging Face losses compute it: half-precision logits are upcast to float32
     (`logits.float()`) before the loss, and the loss is returned in the logits' dtype.
-    A mean over no non-ignored token is 0 (torch gives NaN), as speedlight defines it.
+    A mean divides by the number of non-ignored tokens, or with weights by the sum of their
+    targets' weights, as torch does; a mean over nothing counted (a divisor of 0) is 0
+    (torch gives NaN), as speedlight defines it. With any return_* flag: the tuple (loss,
+    z_loss, token_accuracy, predicted_tokens) of speedlight.cross_entropy, None where not
+    asked; z_loss is detached (a logged value).
     """
     x = logits.to(_opmath(logits))
+    w = weight.to(x.dtype) if weight is not None else None
     if softcap is not None:
         x = softcap * torch.tanh(x / softcap)
     x = x.reshape(-1, x.shape[-1])
     t = target.reshape(-1).long()
-    losses = torch.nn.functional.cross_entropy(x, t, ignore_index=ignore_index,
+    losses = torch.nn.functional.cross_entropy(x, t, weight=w, ignore_index=ignore_index,
                                                reduction="none",
                                                label_smoothing=label_smoothing)
     valid = t != ignore_index
+    w_t = (w[torch.where(valid, t, 0)] if w is not None else torch.ones_like(losses))
+    w_t = torch.where(valid, w_t, 0.0)
+    z_rows = torch.zeros_like(losses)
     if z_loss:
         lse = torch.logsumexp(x, dim=-1)
-        losses = losses + torch.where(valid, z_loss * lse * lse, torch.zeros_like(lse))
+        z_rows = w_t * z_loss * lse * lse
+        losses = losses + z_rows
+    divisor = w_t.sum() if w is not None else valid.sum()
+
+    def reduce(rows: torch.Tensor) -> torch.Tensor:
+        if reduction == "none":
+            return rows.reshape(target.shape).to(logits.dtype)
+        total = rows.sum()
+        if reduction == "mean":
+            total = torch.where(divisor != 0, total / divisor, 0.0)
+        return total.to(logits.dtype)
+
+    loss = reduce(losses)
+    if not (return_z_loss or return_token_accuracy or return_predicted_tokens):
+        return loss
+    pred = logits.reshape(-1, logits.shape[-1]).argmax(-1)
+    correct = (valid & (pred == t)).to(torch.float32)
     if reduction == "none":
-        return losses.reshape(target.shape).to(logits.dtype)
-    total = losses.sum()
-    if reduction == "mean":
-        total = total / valid.sum().clamp_min(1)
-    return total.to(logits.dtype)
+        acc = correct.reshape(target.shape)
+    else:
+        n = valid.sum()
+        acc = torch.where(n != 0, correct.sum() / n, 0.0)
+    return (loss, reduce(z_rows.detach()) if return_z_loss else None,
+            acc if return_token_accuracy else None,
+            pred.reshape(target.shape) if return_predicted_tokens else None)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
@@ -297,3 +326,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     if not return_lse:
         return o
     return o, lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: torch.Tensor | None = None, *, ignore_index: int = -100,
+                         reduction: str = "mean", label_smoothing: float = 0.0,
+                         z_loss: float = 0.0, softcap: float | None = None) -> torch.Tensor:
+    """cross_entropy(F.linear(hidden, weight, bias), target, ...): the logits in hidden's
+    dtype, as an lm_head computes them, then the loss as cross_entropy computes it."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    return cross_entropy(logits, target, ignore_index, reduction, label_smoothing, z_loss,
+                         softcap)

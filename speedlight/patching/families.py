@@ -50,6 +50,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
            norm_out="input", in_place_norms=("input_layernorm", "pre_feedforward_layernorm",
                                              "norm")),
     Family("phi3", "Phi3", "transformers.models.phi3.modeling_phi3", mlp="fused"),
+    Family("granite", "Granite", "transformers.models.granite.modeling_granite"),
     # hybrid attention + Mamba-2 layers; its MLP (feed_forward) has mlp_multipliers. The
     # input norm feeds both mixers and stays out of place; the Mamba mixer's own gated norm
     # is another class, left as it is.

@@ -21,6 +21,14 @@ are, so weights load unchanged and optimizers keep their references):
                  attention-function and mask registries, see hf_attention.py): every
                  attention layer calls speedlight.attention with its scaling, sliding
                  window and softcap; padding masks arrive 2-D and run as variable length
+  linear_cross_entropy
+                 the causal LM's forward, when it trains with labels: the lm_head and the
+                 loss by speedlight.linear_cross_entropy, so the [tokens, vocab] logits are
+                 never made, and the output's logits are None (say skip_logits=False to get
+                 them; eval mode, no labels or logits_to_keep keep the normal path, whose
+                 loss is the cross_entropy patch's). Granite's logits_scaling and Falcon-H1's
+                 lm_head_multiplier scale the hidden states first; Gemma 2's
+                 final_logit_softcapping is the op's softcap.
 unpatch restores every instance's forward, the model's loss and its attention
 implementation exactly as they were.
 """
@@ -204,6 +212,73 @@ def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ign
     return loss / num_items_in_batch
 
 
+def fused_causal_lm_loss(hidden, lm_head, labels, *, shift_labels=None,
+                         num_items_in_batch=None, ignore_index: int = -100,
+                         logits_scale: float = 1.0, softcap: float | None = None):
+    """Hugging Face's ForCausalLMLoss of lm_head(hidden) (times logits_scale, soft-capped),
+    by speedlight.linear_cross_entropy: the logits are never made. Labels shifted by one;
+    a mean over non-ignored tokens, or sum / num_items_in_batch (gradient accumulation);
+    fp32, as Hugging Face's loss. A logits_scale other than 1 needs a bias-free lm_head."""
+    from speedlight.ops.linear_cross_entropy import linear_cross_entropy
+    if shift_labels is None:
+        labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:]
+    if logits_scale != 1:
+        hidden = hidden * logits_scale  # s * lm_head(h) = lm_head(s * h) without a bias
+    target = shift_labels.to(hidden.device)
+    kwargs = dict(ignore_index=ignore_index, softcap=softcap)
+    if num_items_in_batch is None:
+        return linear_cross_entropy(hidden, lm_head.weight, target, lm_head.bias,
+                                    **kwargs).float()
+    loss = linear_cross_entropy(hidden, lm_head.weight, target, lm_head.bias, reduction="sum",
+                                **kwargs).float()
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+def _logits_scale(model) -> float:
+    """What a family multiplies its lm_head's output by before the loss: Granite divides by
+    config.logits_scaling, Falcon-H1 multiplies by model.lm_head_multiplier; 1 elsewhere."""
+    scale = 1.0
+    divisor = getattr(model.config, "logits_scaling", None)
+    if divisor:
+        scale /= float(divisor)
+    multiplier = getattr(model.model, "lm_head_multiplier", None)
+    if multiplier is not None:
+        scale *= float(multiplier)
+    return scale
+
+
+def _causal_lm_forward(previous, signature: inspect.Signature):
+    """The causal LM's forward: with labels in training (or skip_logits=True), the base
+    model, then fused_causal_lm_loss on its last hidden state; otherwise `previous`."""
+    var_kw = next((n for n, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), None)
+
+    def forward(self, *args, skip_logits: bool | None = None, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        arguments = dict(bound.arguments)
+        extra = dict(arguments.pop(var_kw, {}) if var_kw else {})
+        labels = arguments.pop("labels", None)
+        keep = arguments.pop("logits_to_keep", 0)
+        fused = labels is not None and (self.training if skip_logits is None else skip_logits)
+        scale = _logits_scale(self)
+        if (not fused or not isinstance(keep, int) or keep != 0
+                or (scale != 1 and self.lm_head.bias is not None)):
+            return previous(*args, **kwargs)
+        loss_kwargs = {k: extra.pop(k) for k in ("num_items_in_batch", "shift_labels",
+                                                 "ignore_index") if k in extra}
+        outputs = self.model(**arguments, **extra)
+        config = self.config
+        loss = fused_causal_lm_loss(
+            outputs[0], self.lm_head, labels, **loss_kwargs, logits_scale=scale,
+            softcap=getattr(config, "final_logit_softcapping", None))
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+        fields = {k: v for k, v in outputs.items() if k != "last_hidden_state"}
+        return CausalLMOutputWithPast(loss=loss, logits=None, **fields)
+    return forward
+
+
 # --- patch / unpatch -------------------------------------------------------------------------
 
 def kinds() -> tuple[str, ...]:
@@ -231,9 +306,12 @@ def _activation_of(mlp) -> tuple[str, dict] | None:
 
 def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
           rope: bool = True, cross_entropy: bool = True, attention: bool = True,
-          norm_in_place: bool = True) -> PatchReport:
+          norm_in_place: bool = True, linear_cross_entropy: bool = True) -> PatchReport:
     """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3,
-    Falcon-H1).
+    Falcon-H1, Granite).
+
+    linear_cross_entropy: the training loss of a causal LM with labels is computed without
+    its logits, which the output then does not hold (see the module docstring).
 
     norm_in_place: the norms whose output feeds linear layers alone (the family's
     in_place_norms) run their backward in place (speedlight.rms_norm's in_place); False
@@ -258,7 +336,8 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     model_type = getattr(config, "model_type", None) or type(model).__name__
     family: Family | None = FAMILIES.get(model_type)
     wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy,
-              "attention": attention}
+              "attention": attention,
+              "linear_cross_entropy": linear_cross_entropy}
     report = PatchReport(model_type)
     record: dict = {"forwards": [], "rope_modules": [], "loss": None, "attention": None}
 
@@ -331,12 +410,29 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
                                            "(not a *ForCausalLM model)"))
         if wanted["attention"]:
             _patch_attention(model, family, report, record)
+        if wanted["linear_cross_entropy"]:
+            _patch_causal_lm_forward(model, report, record)
     setattr(model, _RECORD, record)
     if report.not_patched:
         warnings.warn(str(report), PatchWarning, stacklevel=2)
     return report
 
 
+def _patch_causal_lm_forward(model, report: PatchReport, record: dict) -> None:
+    kind = "linear_cross_entropy"
+    lm_head = getattr(model, "lm_head", None)
+    if not (hasattr(type(model), "loss_function") and isinstance(lm_head, torch.nn.Linear)
+            and isinstance(getattr(model, "model", None), torch.nn.Module)):
+        report.not_patched.append((kind, f"{type(model).__name__} is not a causal LM with a "
+                                   "linear lm_head over its base model"))
+        return
+    if not _available(kind):
+        report.not_patched.append((kind, "this install has no speedlight.linear_cross_entropy"))
+        return
+    previous = model.__dict__.get("forward") or model.forward
+    _set_forward(model, _causal_lm_forward(previous, inspect.signature(previous)), record)
+    report.patched[kind] = ["forward (training with labels: the loss without logits; "
+                            "the output's logits are None)"]
 def _patch_attention(model, family: Family, report: PatchReport, record: dict) -> None:
     """Point the model's config at the "speedlight" attention implementation, and let every
     attention layer find the report its fallbacks are written to."""
