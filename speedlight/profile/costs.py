@@ -27,6 +27,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_flatten
 
+from speedlight.target import TENSOR_CORE_FAMILIES
+
 Tensor = torch.Tensor
 
 
@@ -488,7 +490,8 @@ def _speedlight_op(func, args, kwargs, out) -> OpCost:
         c = spec.cost(case, direction)
         if c is not None:
             return OpCost(int(c.flops), int(c.bytes), "fused",
-                          f"{spec.name} {direction} cost (its OpSpec) at {case.id}")
+                          f"{spec.name} {direction} cost (its OpSpec) at {case.id}",
+                          tensor_core=spec.family in TENSOR_CORE_FAMILIES)
     n = tensors(args)[0].numel()
     return OpCost(8 * n, _total_io(func, args, kwargs, out), "fused",
                   f"{call}: no OpSpec reads this call; its tensors read and written once, "

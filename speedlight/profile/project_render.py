@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from speedlight.profile import fmt
-from speedlight.profile.render import _table
+from speedlight.profile.display import _table
 
 
 def summary(doc: dict, console) -> None:

@@ -9,7 +9,7 @@ import torch
 
 import speedlight
 import speedlight.nn as snn
-from speedlight.inspect.capture import capture_case
+from speedlight.inspect.launches import capture_case
 from speedlight.ops import _gemm as gemm
 from speedlight.ops import matmul as op
 from speedlight.launch import sized_for
