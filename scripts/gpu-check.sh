@@ -2,8 +2,9 @@
 # speedlight on a GPU machine, in one go and under 8 minutes on an H100/H200:
 #   the machine (nvidia-smi, versions), `speedlight probe` (ceilings), `verify --suite full`,
 #   `bench --suite model` for every op against PyTorch eager, torch.compile and Liger-Kernel,
-#   plots, and a summary table printed last. Everything lands in one folder: $OUT when set,
-#   else ./gpu-check-<time>. The GEMMs (matmul, gated_matmul) have a section of their own
+#   plots, linear_cross_entropy's time and memory at Llama 3's size against eager and its
+#   peers (scripts/lce_check.py), and a summary table printed last. Everything lands in one
+#   folder: $OUT when set, else ./gpu-check-<time>. The GEMMs (matmul, gated_matmul) have a section of their own
 #   (their model suite alone would take the whole budget): verify --suite quick, then bf16
 #   bench at Llama-3-8B's projections at 4096 tokens, forward, against cuBLAS (torch-eager)
 #   and torch.compile max-autotune of the eager chain. Targets (not asserted): plain GEMM
@@ -159,6 +160,12 @@ step verify verify.log timeout "$VERIFY_TIMEOUT_S" "$PYTHON" -m speedlight verif
 # shellcheck disable=SC2086
 step bench bench.log timeout "$((BENCH_BUDGET_S + 120))" "$PYTHON" -m speedlight bench --device "$DEVICE" \
   --suite "$BENCH_SUITE" "${OPS_ARG[@]}" --out "$OUT" --budget-s "$BENCH_BUDGET_S" $BENCH_ARGS
+# linear_cross_entropy at Llama 3's size (16K tokens, hidden 4096, vocab 128256, bf16):
+# fwd+bwd time and peak memory beyond inputs and gradients, against every baseline present
+case ",$OPS," in
+  ,, | *,linear_cross_entropy,*)
+    step lce lce.log "$PYTHON" "$REPO/scripts/lce_check.py" --out "$OUT/lce.json" ;;
+esac
 # the attention targets of issue 14, as ratios measured in this run: forward bf16 head dim 128
 # at 8K tokens >= 1.3x SDPA flash, >= cuDNN, >= 0.9x FlashAttention-3; backward >= 1.2x SDPA
 # flash (benchmark targets, read from the table, not asserted)

@@ -15,6 +15,7 @@ from speedlight.ops.geglu import geglu
 from speedlight.ops.glu import ACTIVATIONS, glu
 from speedlight.ops.gated_matmul import gated_matmul
 from speedlight.ops.layer_norm import layer_norm
+from speedlight.ops.linear_cross_entropy import linear_cross_entropy
 from speedlight.ops.matmul import matmul
 from speedlight.ops.rms_norm import rms_norm
 from speedlight.ops.rope import rope
@@ -27,15 +28,26 @@ class RMSNorm(torch.nn.RMSNorm):
 
     Same constructor and state-dict as torch.nn.RMSNorm; eps=None means
     torch.finfo(x.dtype).eps, as in torch. A multi-dim normalized_shape normalizes over
-    the flattened trailing dims.
+    the flattened trailing dims. in_place=True (keyword only): the backward writes dx over
+    the gradient it receives; only where the output feeds no residual add (see
+    speedlight.rms_norm).
     """
+
+    def __init__(self, normalized_shape, eps: float | None = None,
+                 elementwise_affine: bool = True, device=None, dtype=None, *,
+                 in_place: bool = False):
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+        self.in_place = in_place
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_tensor("x", x, min_dim=1)  # before torch.finfo, which needs a float dtype
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         flat = _rows_shape(x, self.normalized_shape)
         weight = self.weight.reshape(-1) if self.weight is not None else None
-        return rms_norm(x.reshape(flat), weight, eps).reshape(x.shape)
+        return rms_norm(x.reshape(flat), weight, eps, in_place=self.in_place).reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", in_place=True" if self.in_place else "")
 
 
 def _rows_shape(x: torch.Tensor, normalized_shape) -> tuple[int, ...]:
@@ -87,18 +99,16 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
     non-ignored token), softcap (softcap * tanh(logits / softcap) before the loss) and
     inplace_backward (see speedlight.cross_entropy). Inputs follow torch: [N, C] or [C], or
     [N, C, d1, ...] with the classes at dim 1 (read in place, not copied); integer class
-    targets only. Class weights are not supported. A mean over no non-ignored target is 0,
-    not torch's NaN.
+    targets only. weight (per-class, [C]) is a buffer as in torch, with torch's semantics.
+    A mean over no non-ignored target (or whose counted weights sum to 0) is 0, not
+    torch's NaN.
     """
 
     def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
                  reduction: str = "mean", label_smoothing: float = 0.0, *,
                  z_loss: float = 0.0, softcap: float | None = None,
                  inplace_backward: bool = False):
-        if weight is not None:
-            raise ValueError("speedlight.nn.CrossEntropyLoss does not support class weights; "
-                             "use torch.nn.CrossEntropyLoss for a weighted loss")
-        super().__init__(None, size_average, ignore_index, reduce, reduction, label_smoothing)
+        super().__init__(weight, size_average, ignore_index, reduce, reduction, label_smoothing)
         check_options(ignore_index, self.reduction, label_smoothing, z_loss, softcap)
         self.z_loss = z_loss
         self.softcap = softcap
@@ -108,7 +118,7 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         if isinstance(input, torch.Tensor) and input.dim() > 2:
             input = input.movedim(1, -1)  # torch's [N, C, d1, ...]: classes at dim 1
         return cross_entropy(input, target, self.ignore_index, self.reduction,
-                             self.label_smoothing, self.z_loss, self.softcap,
+                             self.label_smoothing, self.z_loss, self.softcap, weight=self.weight,
                              inplace_backward=self.inplace_backward)
 
     def extra_repr(self) -> str:
@@ -119,6 +129,39 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
             extra += f", z_loss={self.z_loss}"
         if self.softcap is not None:
             extra += f", softcap={self.softcap}"
+        return extra
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """An lm_head's matmul and the cross-entropy of its logits without the logits:
+    forward(hidden, weight, target, bias=None) -> speedlight.linear_cross_entropy(...).
+
+    Holds only the loss's options (ignore_index, reduction, label_smoothing, z_loss,
+    softcap, chunk_size); the lm_head's weight and bias are passed in, so a model keeps
+    its own lm_head (and its state-dict) unchanged.
+    """
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0, *, z_loss: float = 0.0,
+                 softcap: float | None = None, chunk_size: int | None = None):
+        super().__init__()
+        check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
+        self.ignore_index, self.reduction = ignore_index, reduction
+        self.label_smoothing, self.z_loss, self.softcap = label_smoothing, z_loss, softcap
+        self.chunk_size = chunk_size
+
+    def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        return linear_cross_entropy(hidden, weight, target, bias,
+                                    ignore_index=self.ignore_index, reduction=self.reduction,
+                                    label_smoothing=self.label_smoothing, z_loss=self.z_loss,
+                                    softcap=self.softcap, chunk_size=self.chunk_size)
+
+    def extra_repr(self) -> str:
+        extra = f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+        for name in ("label_smoothing", "z_loss", "softcap", "chunk_size"):
+            if getattr(self, name):
+                extra += f", {name}={getattr(self, name)}"
         return extra
 
 
@@ -139,13 +182,16 @@ class AddRMSNorm(torch.nn.RMSNorm):
     Same constructor, parameters and state-dict as torch.nn.RMSNorm, so a model's norm
     weights load unchanged; eps=None means torch.finfo(x.dtype).eps, as in torch.
     offset=1.0 (keyword only) is Gemma's (1 + w) form, whose weight then starts at 0.
+    in_place=True (keyword only): the backward writes over the gradient of y (see
+    speedlight.add_rms_norm).
     """
 
     def __init__(self, normalized_shape, eps: float | None = None,
                  elementwise_affine: bool = True, device=None, dtype=None, *,
-                 offset: float = 0.0):
+                 offset: float = 0.0, in_place: bool = False):
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
         self.offset = float(offset)
+        self.in_place = in_place
         if self.offset and self.weight is not None:
             self.reset_parameters()
 
@@ -162,16 +208,19 @@ class AddRMSNorm(torch.nn.RMSNorm):
         weight = self.weight.reshape(-1) if self.weight is not None else None
         if residual is None:  # the residual stream starts at x: no add, and h is x
             flat = _rows_shape(x, self.normalized_shape)
-            return rms_norm(x.reshape(flat), weight, eps, self.offset).reshape(x.shape), x
+            y = rms_norm(x.reshape(flat), weight, eps, self.offset, in_place=self.in_place)
+            return y.reshape(x.shape), x
         # checked and broadcast as add_rms_norm does, before the rows are flattened
         check_tensor("residual", residual)
         x, residual = broadcast_residual(x, residual)
         flat = _rows_shape(x, self.normalized_shape)
-        y, h = add_rms_norm(x.reshape(flat), residual.reshape(flat), weight, eps, self.offset)
+        y, h = add_rms_norm(x.reshape(flat), residual.reshape(flat), weight, eps, self.offset,
+                            in_place=self.in_place)
         return y.view(x.shape), h.view(x.shape)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + (f", offset={self.offset}" if self.offset else "")
+        return (super().extra_repr() + (f", offset={self.offset}" if self.offset else "")
+                + (", in_place=True" if self.in_place else ""))
 
 
 class SwiGLU(torch.nn.Module):
@@ -214,39 +263,87 @@ class GatedMLP(torch.nn.Module):
 
     The parameters are named as in Hugging Face's LlamaMLP / GemmaMLP (gate_proj, up_proj,
     down_proj; biases with bias=True, as mlp_bias), so their state-dicts load unchanged.
-    activation: "silu", "gelu_tanh" or "gelu" (exact).
+    activation: "silu", "gelu_tanh" or "gelu" (exact). gate_multiplier, down_multiplier:
+    Falcon-H1's mlp_multipliers, down_proj(up * act(gate * gate_multiplier)) *
+    down_multiplier, both folded into the gated-unit kernel (down_multiplier scales what
+    down_proj reads, which is the same without a bias; with one it scales the output).
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu",
-                 bias: bool = False, device=None, dtype=None):
+                 bias: bool = False, device=None, dtype=None, *, gate_multiplier: float = 1.0,
+                 down_multiplier: float = 1.0):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, "
                              f"got {activation!r}")
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.activation = activation
+        self.gate_multiplier, self.down_multiplier = float(gate_multiplier), float(down_multiplier)
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.gate_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
         self.up_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
         self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, **kw)
 
     @classmethod
-    def from_config(cls, config, device=None, dtype=None) -> "GatedMLP":
-        """The GatedMLP of a Hugging Face config (Llama, Mistral, Qwen2/3, Gemma 1/2/3):
-        hidden_size, intermediate_size, hidden_activation (Gemma 2/3) or hidden_act, and
-        mlp_bias where the config has it."""
+    def from_config(cls, config, layer_idx: int | None = None, device=None,
+                    dtype=None) -> "GatedMLP":
+        """The GatedMLP of layer `layer_idx` of a Hugging Face config (Llama, Mistral,
+        Qwen2/3, Gemma 1/2/3/4, Falcon-H1; a multimodal config's text config): hidden_size,
+        intermediate_size (a per-layer list is indexed by layer_idx), hidden_activation
+        (Gemma) or hidden_act, mlp_bias, Falcon-H1's mlp_multipliers ([gate, down]), and
+        Gemma 4's use_double_wide_mlp, which doubles intermediate_size in the layers that
+        reuse another layer's keys and values (the last num_kv_shared_layers); layer_idx
+        is needed where the width depends on the layer."""
+        get_text = getattr(config, "get_text_config", None)
+        config = get_text() if callable(get_text) else config
         name = getattr(config, "hidden_activation", None) or config.hidden_act
         if name not in HF_ACTIVATIONS:
             raise ValueError(f"config's activation {name!r} has no gated kernel: expected one "
                              f"of {', '.join(HF_ACTIVATIONS)}")
-        return cls(config.hidden_size, config.intermediate_size, HF_ACTIVATIONS[name],
-                   bias=bool(getattr(config, "mlp_bias", False)), device=device, dtype=dtype)
+        width = config.intermediate_size
+        if isinstance(width, (list, tuple)):
+            width = width[_layer(config, layer_idx, "intermediate_size is a per-layer list")]
+        shared = getattr(config, "num_kv_shared_layers", 0) or 0
+        if getattr(config, "use_double_wide_mlp", False) and shared:
+            first_shared = config.num_hidden_layers - shared
+            if _layer(config, layer_idx, "use_double_wide_mlp widens some layers") >= first_shared:
+                width *= 2
+        sparsity = getattr(config, "activation_sparsity_pattern", None)
+        if sparsity and any(sparsity) and (layer_idx is None or sparsity[layer_idx]):
+            raise ValueError("config's activation_sparsity_pattern (Gemma 3n) keeps the top "
+                             "activations of a layer's gate; GatedMLP has no kernel for it")
+        multipliers = getattr(config, "mlp_multipliers", None) or (1.0, 1.0)
+        if len(multipliers) != 2:
+            raise ValueError(f"config's mlp_multipliers must be [gate_multiplier, "
+                             f"down_multiplier], got {multipliers!r}")
+        return cls(config.hidden_size, width, HF_ACTIVATIONS[name],
+                   bias=bool(getattr(config, "mlp_bias", False)), device=device, dtype=dtype,
+                   gate_multiplier=multipliers[0], down_multiplier=multipliers[1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(glu(self.gate_proj(x), self.up_proj(x), self.activation))
+        folded = self.down_proj.bias is None  # down_proj(y) * m == down_proj(y * m)
+        y = glu(self.gate_proj(x), self.up_proj(x), self.activation, self.gate_multiplier,
+                self.down_multiplier if folded else 1.0)
+        out = self.down_proj(y)
+        return out if folded or self.down_multiplier == 1.0 else out * self.down_multiplier
 
     def extra_repr(self) -> str:
-        return f"activation={self.activation!r}"
+        extra = f"activation={self.activation!r}"
+        if self.gate_multiplier != 1.0 or self.down_multiplier != 1.0:
+            extra += (f", gate_multiplier={self.gate_multiplier}, "
+                      f"down_multiplier={self.down_multiplier}")
+        return extra
+
+
+def _layer(config, layer_idx: int | None, why: str) -> int:
+    """layer_idx, checked against the config's layers; a ValueError saying why it is needed
+    when None."""
+    n = config.num_hidden_layers
+    if layer_idx is None:
+        raise ValueError(f"from_config needs layer_idx: the config's {why}")
+    if not isinstance(layer_idx, int) or not 0 <= layer_idx < n:
+        raise ValueError(f"layer_idx must be an int in [0, {n}), got {layer_idx!r}")
+    return layer_idx
 
 
 class Linear(torch.nn.Linear):
@@ -265,10 +362,15 @@ class FusedGatedMLP(GatedMLP):
     kernel has no bias epilogue (bias=True raises)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu",
-                 bias: bool = False, device=None, dtype=None):
+                 bias: bool = False, device=None, dtype=None, *, gate_multiplier: float = 1.0,
+                 down_multiplier: float = 1.0):
         if bias:
             raise ValueError("FusedGatedMLP has no bias epilogue in its gated kernel; use "
                              "GatedMLP for an MLP with biases (mlp_bias=True)")
+        if gate_multiplier != 1.0 or down_multiplier != 1.0:
+            raise ValueError("FusedGatedMLP's gated kernel has no gate or down multiplier "
+                             "(Falcon-H1's mlp_multipliers); use GatedMLP, which folds them "
+                             "into its gated unit")
         super().__init__(hidden_size, intermediate_size, activation, bias=False,
                          device=device, dtype=dtype)
 

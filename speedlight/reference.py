@@ -18,11 +18,12 @@ def _opmath(x: torch.Tensor) -> torch.dtype:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
-             offset: float = 0.0) -> torch.Tensor:
+             offset: float = 0.0, in_place: bool = False) -> torch.Tensor:
     """y = x / sqrt(mean(x^2) + eps) * (offset + w) over the last dim.
 
     As torch.nn.functional.rms_norm and the Hugging Face norms compute it: statistics in
-    float32 for half inputs, one rounding to x's dtype at the end.
+    float32 for half inputs, one rounding to x's dtype at the end. in_place (where
+    speedlight's backward writes dx) changes no value: the reference ignores it.
     """
     h = x.to(_opmath(x))
     y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -72,39 +73,70 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
-                  softcap: float | None = None) -> torch.Tensor:
-    """torch.nn.functional.cross_entropy over the last dim of logits [..., vocab], plus
-    z_loss * logsumexp^2 per non-ignored token and an optional softcap * tanh(x / softcap)
-    on the logits first.
+                  softcap: float | None = None, *, weight: torch.Tensor | None = None,
+                  return_z_loss: bool = False, return_token_accuracy: bool = False,
+                  return_predicted_tokens: bool = False):
+    """torch.nn.functional.cross_entropy over the last dim of logits [..., vocab] (with its
+    per-class weight and label smoothing), plus z_loss * logsumexp^2 per non-ignored token
+    (times the target's class weight) and an optional softcap * tanh(x / softcap) on the
+    logits first.
 
     As the Hugging Face losses compute it: half-precision logits are upcast to float32
     (`logits.float()`) before the loss, and the loss is returned in the logits' dtype.
-    A mean over no non-ignored token is 0 (torch gives NaN), as speedlight defines it.
+    A mean divides by the number of non-ignored tokens, or with weights by the sum of their
+    targets' weights, as torch does; a mean over nothing counted (a divisor of 0) is 0
+    (torch gives NaN), as speedlight defines it. With any return_* flag: the tuple (loss,
+    z_loss, token_accuracy, predicted_tokens) of speedlight.cross_entropy, None where not
+    asked; z_loss is detached (a logged value).
     """
     x = logits.to(_opmath(logits))
+    w = weight.to(x.dtype) if weight is not None else None
     if softcap is not None:
         x = softcap * torch.tanh(x / softcap)
     x = x.reshape(-1, x.shape[-1])
     t = target.reshape(-1).long()
-    losses = torch.nn.functional.cross_entropy(x, t, ignore_index=ignore_index,
+    losses = torch.nn.functional.cross_entropy(x, t, weight=w, ignore_index=ignore_index,
                                                reduction="none",
                                                label_smoothing=label_smoothing)
     valid = t != ignore_index
+    w_t = (w[torch.where(valid, t, 0)] if w is not None else torch.ones_like(losses))
+    w_t = torch.where(valid, w_t, 0.0)
+    z_rows = torch.zeros_like(losses)
     if z_loss:
         lse = torch.logsumexp(x, dim=-1)
-        losses = losses + torch.where(valid, z_loss * lse * lse, torch.zeros_like(lse))
+        z_rows = w_t * z_loss * lse * lse
+        losses = losses + z_rows
+    divisor = w_t.sum() if w is not None else valid.sum()
+
+    def reduce(rows: torch.Tensor) -> torch.Tensor:
+        if reduction == "none":
+            return rows.reshape(target.shape).to(logits.dtype)
+        total = rows.sum()
+        if reduction == "mean":
+            total = torch.where(divisor != 0, total / divisor, 0.0)
+        return total.to(logits.dtype)
+
+    loss = reduce(losses)
+    if not (return_z_loss or return_token_accuracy or return_predicted_tokens):
+        return loss
+    pred = logits.reshape(-1, logits.shape[-1]).argmax(-1)
+    correct = (valid & (pred == t)).to(torch.float32)
     if reduction == "none":
-        return losses.reshape(target.shape).to(logits.dtype)
-    total = losses.sum()
-    if reduction == "mean":
-        total = total / valid.sum().clamp_min(1)
-    return total.to(logits.dtype)
+        acc = correct.reshape(target.shape)
+    else:
+        n = valid.sum()
+        acc = torch.where(n != 0, correct.sum() / n, 0.0)
+    return (loss, reduce(z_rows.detach()) if return_z_loss else None,
+            acc if return_token_accuracy else None,
+            pred.reshape(target.shape) if return_predicted_tokens else None)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
-                 eps: float = 1e-6, offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float = 1e-6, offset: float = 0.0,
+                 in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(h), h) with h = x + residual, as a Hugging Face decoder layer computes it:
-    the residual add in the model's dtype, then the norm of that (rounded) h."""
+    the residual add in the model's dtype, then the norm of that (rounded) h. in_place is
+    ignored, as in rms_norm."""
     h = x + residual
     return rms_norm(h, weight, eps, offset), h
 
@@ -128,19 +160,34 @@ def _glu_halves(gate: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tens
     return gate.chunk(2, dim=-1) if up is None else (gate, up)
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
-    """silu(gate) * up, as LlamaMLP computes act_fn(gate_proj(x)) * up_proj(x): the
-    activation rounded to the dtype, then the product."""
+def _glu(act, gate: torch.Tensor, up: torch.Tensor | None, gate_multiplier: float,
+         down_multiplier: float) -> torch.Tensor:
+    """up * act(gate * gate_multiplier), times down_multiplier: Falcon-H1's MLP computes
+    `up_proj(x) * act_fn(gate_proj(x) * gate_multiplier)`, then `down_proj(y) *
+    down_multiplier`, which (no bias) is down_proj(y * down_multiplier). Each step rounds
+    to the dtype; a multiplier of 1 is skipped, as the models without one compute."""
     gate, up = _glu_halves(gate, up)
-    return torch.nn.functional.silu(gate) * up
+    if gate_multiplier != 1.0:
+        gate = gate * gate_multiplier
+    y = act(gate) * up
+    return y * down_multiplier if down_multiplier != 1.0 else y
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None, gate_multiplier: float = 1.0,
+           down_multiplier: float = 1.0) -> torch.Tensor:
+    """silu(gate) * up, as LlamaMLP computes act_fn(gate_proj(x)) * up_proj(x): the
+    activation rounded to the dtype, then the product; with Falcon-H1's multipliers as
+    `_glu` says."""
+    return _glu(torch.nn.functional.silu, gate, up, gate_multiplier, down_multiplier)
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor | None = None,
-          approximate: str = "tanh") -> torch.Tensor:
+          approximate: str = "tanh", gate_multiplier: float = 1.0,
+          down_multiplier: float = 1.0) -> torch.Tensor:
     """gelu(gate) * up (approximate="tanh" is GemmaMLP's gelu_pytorch_tanh, "none" the exact
-    erf form), the activation rounded to the dtype, then the product."""
-    gate, up = _glu_halves(gate, up)
-    return torch.nn.functional.gelu(gate, approximate=approximate) * up
+    erf form), the activation rounded to the dtype, then the product; multipliers as swiglu's."""
+    return _glu(lambda g: torch.nn.functional.gelu(g, approximate=approximate), gate, up,
+                gate_multiplier, down_multiplier)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
@@ -279,3 +326,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     if not return_lse:
         return o
     return o, lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: torch.Tensor | None = None, *, ignore_index: int = -100,
+                         reduction: str = "mean", label_smoothing: float = 0.0,
+                         z_loss: float = 0.0, softcap: float | None = None) -> torch.Tensor:
+    """cross_entropy(F.linear(hidden, weight, bias), target, ...): the logits in hidden's
+    dtype, as an lm_head computes them, then the loss as cross_entropy computes it."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    return cross_entropy(logits, target, ignore_index, reduction, label_smoothing, z_loss,
+                         softcap)

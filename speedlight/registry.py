@@ -32,6 +32,7 @@ BUILTIN_OPS = (
     "matmul",
     "gated_matmul",
     "attention",
+    "linear_cross_entropy",
 )
 BUILTIN_MODULES = tuple(f"speedlight.ops.{name}" for name in BUILTIN_OPS)
 

@@ -9,6 +9,9 @@
                  its own Triton GEMM templates with the epilogue fused included
   liger          Liger-Kernel's function for the op, when Liger is installed (found at run
                  time) and has one (bench/liger.py); on a GPU only
+  torch-fused    torch's own fused function for the op (its OpSpec's peers["torch"]), where
+                 this torch has it: F.linear_cross_entropy with its chunked options for
+                 linear_cross_entropy
   sdpa-flash, sdpa-efficient, sdpa-cudnn, flex-attention, flash-attn
                  attention only (bench/attention_baselines.py): SDPA's backends, FlexAttention
                  and flash-attn when installed; on a GPU only. Other ops get no row for them.
@@ -33,7 +36,39 @@ SPEEDLIGHT = "speedlight"
 EAGER = "torch-eager"
 COMPILE = "torch-compile"
 LIGER = "liger"
-BASELINES = (EAGER, COMPILE, LIGER, *attention_baselines.NAMES)
+TORCH_FUSED = "torch-fused"
+BASELINES = (EAGER, COMPILE, LIGER, TORCH_FUSED, *attention_baselines.NAMES)
+
+
+def _torch_linear_cross_entropy(inputs: dict):
+    """F.linear_cross_entropy (chunked) over linear_cross_entropy's inputs, or the reason
+    it cannot compute this case."""
+    import torch.nn.functional as F
+
+    if not hasattr(F, "linear_cross_entropy") or not hasattr(torch.nn, "LinearCrossEntropyOptions"):
+        return None, f"torch {torch.__version__} has no F.linear_cross_entropy"
+    missing = [k for k in ("z_loss", "softcap") if inputs.get(k)]
+    if missing:
+        return None, f"F.linear_cross_entropy has no {' or '.join(missing)}"
+    if inputs.get("label_smoothing"):
+        return None, ("F.linear_cross_entropy's chunked path has no label smoothing (it falls "
+                      "back to the full logits)")
+    options = torch.nn.LinearCrossEntropyOptions()
+
+    def fn(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
+           label_smoothing=0.0, **_):
+        loss = F.linear_cross_entropy(hidden, weight, target, linear_bias=bias,
+                                      reduction=reduction, ignore_index=ignore_index,
+                                      label_smoothing=label_smoothing, options=options)
+        n_valid = (target != ignore_index).sum()
+        if reduction == "mean":  # speedlight (and the reference) define a mean over nothing as 0
+            loss = torch.where(n_valid > 0, loss, torch.zeros_like(loss))
+        return loss
+    return fn, ""
+
+
+# torch.nn.functional name (an OpSpec's peers["torch"]) -> adapter(inputs) -> (fn or None, reason)
+TORCH_FUSED_ADAPTERS = {"linear_cross_entropy": _torch_linear_cross_entropy}
 
 
 @dataclass
@@ -91,6 +126,12 @@ class Baselines:
                                                           dynamic=o.dynamic,
                                                           mode=self.compile_mode(spec, device))
             return Implementation(COMPILE, self._compiled[spec.name], checked=True)
+        if name == TORCH_FUSED:
+            peer = spec.peers.get("torch")
+            if peer not in TORCH_FUSED_ADAPTERS:
+                return Implementation(TORCH_FUSED, None, f"torch has no fused function of {spec.name}")
+            fn, reason = TORCH_FUSED_ADAPTERS[peer](inputs)
+            return Implementation(TORCH_FUSED, fn, reason, checked=True)
         if name in attention_baselines.NAMES:
             try:
                 return Implementation(name, attention_baselines.adapt(name, inputs, case, device),

@@ -17,8 +17,8 @@ from pathlib import Path
 from speedlight import arguments
 
 # bench/baselines.py's BASELINES, spelled out so the command parser imports no torch
-_BASELINES = ("torch-eager", "torch-compile", "liger", "sdpa-flash", "sdpa-efficient",
-              "sdpa-cudnn", "flex-attention", "flash-attn")
+_BASELINES = ("torch-eager", "torch-compile", "liger", "torch-fused", "sdpa-flash",
+              "sdpa-efficient", "sdpa-cudnn", "flex-attention", "flash-attn")
 
 ACTIONS = ("run", "compare", "plot", "table")
 
@@ -36,7 +36,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     arguments.add_dtypes(r, "bf16")
     r.add_argument("--modes", default="fwd,bwd,fwd+bwd", help="comma-separated: fwd,bwd,fwd+bwd")
     r.add_argument("--baselines", default=",".join(_BASELINES),
-                   help=f"comma-separated, from {','.join(_BASELINES)} (the last five apply to "
+                   help=f"comma-separated, from {','.join(_BASELINES)} (torch-fused: torch's "
+                        "own fused function where it has one; the last five apply to "
                         "attention only); 'none' for none")
     arguments.add_spec(r)
     arguments.add_target(r)

@@ -14,7 +14,8 @@ from speedlight.bench.baselines import BASELINES, SPEEDLIGHT
 
 NOT_REPRESENTATIVE = ("CPU, Triton interpreter: timings NOT representative of any GPU "
                       "(they check the harness, not the kernels' speed)")
-_SHORT = {"torch-eager": "x eager", "torch-compile": "x compile", "liger": "x Liger"}
+_SHORT = {"torch-eager": "x eager", "torch-compile": "x compile", "liger": "x Liger",
+          "torch-fused": "x torch fused"}
 
 
 def make_console() -> Console:

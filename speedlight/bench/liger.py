@@ -38,11 +38,12 @@ def _rms_norm(F, inputs: dict, case: Case):
         raise Unsupported("Liger's RMSNorm always scales by a weight; this case has none")
     offset = float(inputs.get("offset", 0.0) or 0.0)
     # Gemma (offset 1) computes everything in fp32, Llama only the inverse RMS: Liger's
-    # casting modes of the same names. in_place=True is Liger's default (dY becomes dX);
-    # bench gives every backward sample a fresh upstream gradient.
+    # casting modes of the same names. Liger's in_place (dY becomes dX) follows the case's
+    # in_place, so both write dx where the other does; bench gives every backward sample a
+    # fresh upstream gradient.
     mode = "gemma" if offset else "llama"
-    return lambda x, weight, eps=1e-6, offset=0.0, **_: F.liger_rms_norm(
-        x, weight, eps, offset=offset, casting_mode=mode, in_place=True), False
+    return lambda x, weight, eps=1e-6, offset=0.0, in_place=False, **_: F.liger_rms_norm(
+        x, weight, eps, offset=offset, casting_mode=mode, in_place=in_place), False
 
 
 def _add_rms_norm(F, inputs: dict, case: Case):
@@ -51,8 +52,9 @@ def _add_rms_norm(F, inputs: dict, case: Case):
         raise Unsupported("Liger's fused add + RMSNorm always scales by a weight; this case has none")
     offset = float(inputs.get("offset", 0.0) or 0.0)
     mode = "gemma" if offset else "llama"
-    return lambda x, residual, weight, eps=1e-6, offset=0.0, **_: F.liger_fused_add_rms_norm(
-        x, residual, weight, eps, offset=offset, casting_mode=mode, in_place=False), False
+    return (lambda x, residual, weight, eps=1e-6, offset=0.0, in_place=False, **_:
+            F.liger_fused_add_rms_norm(x, residual, weight, eps, offset=offset,
+                                       casting_mode=mode, in_place=in_place)), False
 
 
 def _layer_norm(F, inputs: dict, case: Case):
@@ -65,6 +67,9 @@ def _layer_norm(F, inputs: dict, case: Case):
 def _gated(name: str, liger_fn: str):
     def adapter(F, inputs: dict, case: Case):
         _need(name, inputs, "gate", "up")
+        if any(inputs.get(k, 1.0) != 1.0 for k in ("gate_multiplier", "down_multiplier")):
+            raise Unsupported(f"Liger's {liger_fn} has no gate or down multiplier "
+                              f"(Falcon-H1's mlp_multipliers)")
         fn = getattr(F, liger_fn)
         return lambda gate, up, **_: fn(gate, up), False
     return adapter
@@ -91,18 +96,60 @@ def _rope(F, inputs: dict, case: Case):
 
 
 def _cross_entropy(F, inputs: dict, case: Case):
+    import inspect
+
     _need("cross_entropy", inputs, "logits", "target")
+    params = inspect.signature(F.liger_cross_entropy).parameters
+    any_keyword = any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+    def takes(name: str) -> bool:
+        return name in params or any_keyword
+
     if inputs.get("weight") is not None:
-        raise Unsupported("Liger's cross entropy has no per-class weight")
+        if not takes("weight"):
+            raise Unsupported("this Liger's cross entropy has no per-class weight")
+        if inputs.get("z_loss"):
+            raise Unsupported("Liger's z-loss ignores the class weights (its mean divides it "
+                              "by the token count); speedlight weighs it like the target's term")
+    extras = [k for k in ("return_z_loss", "return_token_accuracy", "return_predicted_tokens")
+              if inputs.get(k)]
+    if extras and not all(takes(k) for k in extras):
+        raise Unsupported(f"this Liger's cross entropy has no {', '.join(extras)}")
+    if extras and inputs.get("reduction") == "sum":
+        raise Unsupported("Liger's token accuracy under reduction='sum' is a mean; "
+                          "speedlight's too, but its z-loss is a sum")
+    if ("return_predicted_tokens" in extras
+            and bool((inputs["target"] == inputs.get("ignore_index", -100)).any())):
+        raise Unsupported("Liger's predicted tokens are -1 at ignored targets; speedlight's "
+                          "are every token's argmax")
 
     def fn(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0,
-           softcap=None, **_):
-        return F.liger_cross_entropy(logits, target, ignore_index=ignore_index,
-                                     reduction=reduction, label_smoothing=label_smoothing,
-                                     softcap=softcap)
+           z_loss=0.0, softcap=None, weight=None, **flags):
+        more = {k: True for k in extras}
+        if weight is not None:
+            more["weight"] = weight
+        out = F.liger_cross_entropy(logits, target, ignore_index=ignore_index,
+                                    reduction=reduction, label_smoothing=label_smoothing,
+                                    lse_square_scale=z_loss, softcap=softcap, **more)
+        if not extras:
+            return out
+        # Liger's CrossEntropyOutput (loss, z_loss, token_accuracy, predicted_tokens)
+        return tuple(getattr(out, k) for k in ("loss", "z_loss", "token_accuracy",
+                                                  "predicted_tokens"))
     # Liger writes the gradient into the logits during the forward: bench restores the
     # inputs before every sample.
     return fn, True
+
+
+def _linear_cross_entropy(F, inputs: dict, case: Case):
+    _need("linear_cross_entropy", inputs, "hidden", "weight", "target")
+
+    def fn(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
+           label_smoothing=0.0, z_loss=0.0, softcap=None, **_):
+        return F.liger_fused_linear_cross_entropy(
+            hidden, weight, target, bias, ignore_index=ignore_index, lse_square_scale=z_loss,
+            label_smoothing=label_smoothing, reduction=reduction, softcap=softcap)
+    return fn, False
 
 
 def _softmax(F, inputs: dict, case: Case):
@@ -122,6 +169,7 @@ ADAPTERS: dict[str, Callable[[Any, dict, Case], tuple[Callable, bool]]] = {
     "liger_geglu": _gated("geglu", "liger_geglu"),
     "liger_rope": _rope,
     "liger_cross_entropy": _cross_entropy,
+    "liger_fused_linear_cross_entropy": _linear_cross_entropy,
     "liger_softmax": _softmax,
 }
 

@@ -1,10 +1,13 @@
 """Triton kernels of cross-entropy over logits [rows, vocab] with integer targets.
 
 Per row, with c = softcap * tanh(x / softcap) (or c = x), lse = logsumexp(c), p = softmax(c),
-label smoothing eps over V classes and z-loss weight z:
-    loss = lse - (1 - eps) * c[t] - eps * mean(c) + z * lse^2
-    dloss/dc_j = p_j * (1 + 2 * z * lse) - (1 - eps) * [j == t] - eps / V
+label smoothing eps over V classes, z-loss weight z and class weights w (all 1 without
+them; W = sum_j w_j), torch's weighted, smoothed cross-entropy plus a weighted z-loss:
+    loss = w_t * ((1 - eps) * (lse - c[t]) + z * lse^2) + eps / V * sum_j w_j * (lse - c_j)
+    dloss/dc_j = p_j * A - w_t * (1 - eps) * [j == t] - eps * w_j / V,
+                 A = w_t * (1 - eps + 2 * z * lse) + eps * W / V
     dloss/dx_j = dloss/dc_j * (1 - tanh^2(x_j / softcap))        (1 without softcap)
+Unweighted, A = 1 + 2 * z * lse and the loss is lse - (1 - eps) c[t] - eps mean(c) + z lse^2.
 The forward computes each row's loss and, in the same pass, its gradient; the backward
 only multiplies that by the upstream gradient (times 1 / #non-ignored rows for a mean, a
 scalar the host folds in). All arithmetic is fp32 whatever the logits dtype.
@@ -21,6 +24,10 @@ Kernels:
                kernel writes each span's (max, sum exp, sum c), a finish kernel combines
                them, writes the loss (span 0) and its span of the gradient.
   bwd          grad = dlogits * grad_output (one scalar, or one per row), in place or not.
+
+EXTRAS (fwd and fwd looped): each row's z-loss term w_t * z * lse^2, whether its argmax is
+its target, and its argmax (over the logits as given; the first index among equal maxima
+and a NaN counted as the largest, as torch.argmax), tracked in the same pass.
 
 Targets: t == ignore_index gives loss 0 and a zero gradient row. A target outside
 [0, vocab) that is not ignore_index is never used as an address: its row gets a NaN loss
@@ -71,20 +78,70 @@ def _softcap(x, softcap):
 
 @triton.jit
 def _load_logits(x_rows, cols, mask, stride_v, softcap, HAS_SOFTCAP: tl.constexpr):
-    """A [BM, BN] tile of (capped) logits in fp32 and dc/dx; masked lanes hold -inf."""
+    """(x, c, dc/dx): a [BM, BN] tile of logits as given, capped, and the cap's derivative,
+    fp32; masked lanes hold -inf in x and c."""
     x = tl.load(x_rows[:, None] + cols[None, :].to(tl.int64) * stride_v, mask=mask,
                 other=float("-inf")).to(tl.float32)
     if HAS_SOFTCAP:
         c, dc = _softcap(x, softcap)
-        return tl.where(mask, c, float("-inf")), dc
-    return x, x  # the second value is unused without a softcap
+        return x, tl.where(mask, c, float("-inf")), dc
+    return x, x, x  # dc is unused without a softcap
 
 
 @triton.jit
-def _merge_stats(m, d, d_rest, sc, c, cols, t, mask):
-    """Fold a [BM, BN] tile c (columns cols) into the running per-row max m, sum of
-    exp(c - m) d, the same sum without the target column t d_rest, and sum of c sc ([BM]
-    each). A row that has seen only -inf keeps m = -inf and d = 0."""
+def _load_class_weights(weight_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr):
+    """w_j over columns cols ([BN] fp32, 0 past n_cols); 1.0 (a scalar) without weights."""
+    if HAS_WEIGHT:
+        w = tl.load(weight_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    else:
+        w = 1.0
+    return w
+
+
+@triton.jit
+def _weighted_sum(c, w, mask, HAS_WEIGHT: tl.constexpr):
+    """sum_j w_j * c_j per row of a [BM, BN] tile (masked lanes add 0)."""
+    # [BM, BN] -> [BM]
+    if HAS_WEIGHT:
+        s = tl.sum(tl.where(mask, c * w[None, :], 0.0), axis=1)
+    else:
+        s = tl.sum(tl.where(mask, c, 0.0), axis=1)
+    return s
+
+
+@triton.jit
+def _merge_argmax(best, best_idx, nan_idx, x, cols, mask):
+    """Fold a [BM, BN] tile of logits x into a running first-index argmax per row ([BM]
+    each): best, the largest non-NaN value so far, best_idx its first column (2^31 - 1
+    before any column), nan_idx the first NaN's column (2^31 - 1 if none). The argmax is
+    nan_idx when a row has a NaN (torch.argmax takes NaN as the largest), else best_idx."""
+    none = 2147483647
+    cols2 = cols[None, :] + tl.zeros(x.shape, tl.int32)
+    is_nan = (x != x) & mask
+    # [BM, BN] -> [BM]
+    nan_idx = tl.minimum(nan_idx, tl.min(tl.where(is_nan, cols2, none), axis=1))
+    xv = tl.where(is_nan | (mask == 0), float("-inf"), x)
+    tile_max = tl.max(xv, axis=1)
+    tile_idx = tl.min(tl.where((xv == tile_max[:, None]) & mask, cols2, none), axis=1)
+    take = (tile_max > best) | (best_idx == none)
+    return tl.where(take, tile_max, best), tl.where(take, tile_idx, best_idx), nan_idx
+
+
+@triton.jit
+def _store_extras(best_idx, nan_idx, t, valid, z_row, z_ptr, correct_ptr, pred_ptr, offs_m,
+                  mask_m):
+    """Write each row's z-loss term, whether its argmax is its target, and its argmax."""
+    pred = tl.where(nan_idx != 2147483647, nan_idx, best_idx).to(tl.int64)
+    tl.store(pred_ptr + offs_m, pred, mask=mask_m)
+    tl.store(correct_ptr + offs_m, tl.where(valid & (pred == t), 1.0, 0.0), mask=mask_m)
+    tl.store(z_ptr + offs_m, z_row, mask=mask_m)
+
+
+@triton.jit
+def _merge_stats(m, d, d_rest, sc, c, w, cols, t, mask, HAS_WEIGHT: tl.constexpr):
+    """Fold a [BM, BN] tile c (columns cols, class weights w) into the running per-row max
+    m, sum of exp(c - m) d, the same sum without the target column t d_rest, and sum of
+    w_j * c_j sc ([BM] each). A row that has seen only -inf keeps m = -inf and d = 0."""
     # [BM, BN] -> [BM]
     m_new = tl.maximum(m, tl.max(c, axis=1))
     dead = m_new == float("-inf")
@@ -92,7 +149,7 @@ def _merge_stats(m, d, d_rest, sc, c, cols, t, mask):
     e = tl.where(dead[:, None], 0.0, tl.exp(c - m_new[:, None]))
     d = d * alpha + tl.sum(e, axis=1)
     d_rest = d_rest * alpha + tl.sum(tl.where(cols[None, :] == t[:, None], 0.0, e), axis=1)
-    sc = sc + tl.sum(tl.where(mask, c, 0.0), axis=1)
+    sc = sc + _weighted_sum(c, w, mask, HAS_WEIGHT)
     return m_new, d, d_rest, sc
 
 
@@ -120,41 +177,72 @@ def _target_logit(x_rows, t, valid, stride_v, softcap, HAS_SOFTCAP: tl.constexpr
 
 
 @triton.jit
-def _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss):
-    """(loss, log_d, coef) per row from its statistics and target logit x_t; coef =
-    1 + 2 * z * lse scales p in the gradient."""
+def _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss, w_t, w_sum,
+              HAS_WEIGHT: tl.constexpr):
+    """(loss, log_d, coef, z_row) per row from its statistics, target logit x_t and target
+    weight w_t; coef = A scales p in the gradient; z_row is the loss's z-loss term."""
     log_d = tl.log(d)
     lse = m + log_d
-    # lse - (1 - eps) c_t - eps * mean(c), grouped around m so that a row whose target
-    # takes almost all the mass keeps its small loss.
-    loss = (1.0 - label_smoothing) * (m - x_t) + log_d
-    if label_smoothing > 0:  # eps = 0 must not turn a -inf logit elsewhere into NaN
-        loss += label_smoothing * (m - sc / n_cols)
     coef = tl.full(m.shape, 1.0, tl.float32)
+    z_row = tl.zeros(m.shape, tl.float32)
+    if HAS_WEIGHT:
+        # w_t (1 - eps) (lse - c_t) + eps / V (W lse - sum_j w_j c_j), grouped around m
+        a = w_t * (1.0 - label_smoothing)
+        coef = a + label_smoothing * w_sum / n_cols
+        loss = a * (m - x_t) + coef * log_d
+        if label_smoothing > 0:  # eps = 0 must not turn a -inf logit elsewhere into NaN
+            loss += label_smoothing / n_cols * (w_sum * m - sc)
+    else:
+        # lse - (1 - eps) c_t - eps * mean(c), grouped around m so that a row whose target
+        # takes almost all the mass keeps its small loss.
+        loss = (1.0 - label_smoothing) * (m - x_t) + log_d
+        if label_smoothing > 0:
+            loss += label_smoothing * (m - sc / n_cols)
     if z_loss > 0:
-        loss += z_loss * lse * lse
-        coef += 2.0 * z_loss * lse
-    loss = tl.where(valid, loss, tl.where(bad, float("nan"), 0.0))
-    return loss, log_d, coef
+        z_row = w_t * z_loss * lse * lse
+        loss += z_row
+        coef += 2.0 * z_loss * w_t * lse
+    nan_or_0 = tl.where(bad, float("nan"), 0.0)
+    loss = tl.where(valid, loss, nan_or_0)
+    return loss, log_d, coef, tl.where(valid, z_row, nan_or_0)
 
 
 @triton.jit
-def _grad_tile(c, dc, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, n_cols,
-               label_smoothing, HAS_SOFTCAP: tl.constexpr):
-    """dloss/dx over a [BM, BN] tile, with p = exp((c - m) - log_d) (c - m is exact near the
-    max, and m's size never enters the rounding). At the target, p - 1 cancels when the
-    model is confident; it is taken as p_t_minus_1 = -d_rest / d instead, so
-        g_t = (p_t - 1) + p_t * (coef - 1) + eps * (1 - 1/V).
-    Ignored rows (valid and bad both False there) get exactly 0 whatever their logits;
-    bad rows get NaN."""
+def _grad_tile(c, dc, w, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, w_t, gscale,
+               n_cols, label_smoothing, HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+    """dloss/dx over a [BM, BN] tile (class weights w), with p = exp((c - m) - log_d) (c - m
+    is exact near the max, and m's size never enters the rounding). At the target, p - 1
+    cancels when the model is confident; it is taken as p_t_minus_1 = -d_rest / d instead:
+        g_t = (p_t - 1) + p_t * (coef - 1) + eps * (1 - 1/V)                   (unweighted)
+        g_t = w_t (1 - eps) (p_t - 1) + p_t * (coef - w_t (1 - eps)) - eps w_t / V
+    The result is scaled by gscale (a mean's 1 / divisor, or 1). Ignored rows (valid and
+    bad both False there) get exactly 0 whatever their logits; bad rows get NaN."""
     p = tl.exp((c - m[:, None]) - log_d[:, None])
     smooth = label_smoothing / n_cols
-    g = tl.where(cols[None, :] == t[:, None],
-                 p_t_minus_1[:, None] + p * (coef[:, None] - 1.0) + (label_smoothing - smooth),
-                 p * coef[:, None] - smooth)
+    if HAS_WEIGHT:
+        a = w_t * (1.0 - label_smoothing)
+        g = tl.where(cols[None, :] == t[:, None],
+                     (a * p_t_minus_1 - smooth * w_t)[:, None] + p * (coef - a)[:, None],
+                     p * coef[:, None] - smooth * w[None, :])
+    else:
+        g = tl.where(cols[None, :] == t[:, None],
+                     p_t_minus_1[:, None] + p * (coef[:, None] - 1.0)
+                     + (label_smoothing - smooth),
+                     p * coef[:, None] - smooth)
     if HAS_SOFTCAP:
         g = g * dc
+    g = g * gscale
     return tl.where(valid[:, None], g, tl.where(bad[:, None], float("nan"), 0.0))
+
+
+@triton.jit
+def _grad_scale(grad_scale_ptr, GRAD_SCALE: tl.constexpr):
+    """The scalar the gradient is multiplied by: grad_scale_ptr[0] in fp32, or 1."""
+    if GRAD_SCALE:
+        g = tl.load(grad_scale_ptr).to(tl.float32)
+    else:
+        g = 1.0
+    return g
 
 
 @triton.jit
@@ -166,56 +254,82 @@ def _row_offsets(offs_m, seq, stride_b, stride_s):
 
 
 @triton.jit
-def _span_stats(x_rows, mask_m, t, start, end, stride_v, softcap, HAS_SOFTCAP: tl.constexpr,
+def _span_stats(x_rows, mask_m, t, start, end, n_cols, stride_v, softcap, weight_ptr,
+                HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, EXTRAS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(max, sum exp(c - max), the same without column t, sum c) per row over columns
-    [start, end), BLOCK_N at a time."""
+    """(max, sum exp(c - max), the same without column t, sum w_j c_j, argmax, first NaN
+    column) per row over columns [start, end), BLOCK_N at a time (the last two tracked
+    only with EXTRAS)."""
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     d = tl.zeros([BLOCK_M], tl.float32)
     d_rest = tl.zeros([BLOCK_M], tl.float32)
     sc = tl.zeros([BLOCK_M], tl.float32)
+    best = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    best_idx = tl.full([BLOCK_M], 2147483647, tl.int32)
+    nan_idx = tl.full([BLOCK_M], 2147483647, tl.int32)
     for s in range(start, end, BLOCK_N):
         cols = s + tl.arange(0, BLOCK_N)
         mask = mask_m[:, None] & (cols < end)[None, :]
-        c, _ = _load_logits(x_rows, cols, mask, stride_v, softcap, HAS_SOFTCAP)
-        m, d, d_rest, sc = _merge_stats(m, d, d_rest, sc, c, cols, t, mask)
-    return m, d, d_rest, sc
+        x, c, _ = _load_logits(x_rows, cols, mask, stride_v, softcap, HAS_SOFTCAP)
+        w = _load_class_weights(weight_ptr, cols, n_cols, HAS_WEIGHT)
+        m, d, d_rest, sc = _merge_stats(m, d, d_rest, sc, c, w, cols, t, mask, HAS_WEIGHT)
+        if EXTRAS:
+            best, best_idx, nan_idx = _merge_argmax(best, best_idx, nan_idx, x, cols, mask)
+    return m, d, d_rest, sc, best_idx, nan_idx
 
 
 @triton.jit
 def _span_grad(x_rows, dx_rows, mask_m, start, end, stride_xv, stride_dv, t, valid, bad,
-               m, log_d, p_t_minus_1, coef, n_cols, label_smoothing, softcap,
-               HAS_SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr):
+               m, log_d, p_t_minus_1, coef, w_t, gscale, weight_ptr, n_cols, label_smoothing,
+               softcap, HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+               BLOCK_N: tl.constexpr):
     """Write dloss/dx over columns [start, end), re-reading the logits BLOCK_N at a time."""
     for s in range(start, end, BLOCK_N):
         cols = s + tl.arange(0, BLOCK_N)
         mask = mask_m[:, None] & (cols < end)[None, :]
-        c, dc = _load_logits(x_rows, cols, mask, stride_xv, softcap, HAS_SOFTCAP)
-        g = _grad_tile(c, dc, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, n_cols,
-                       label_smoothing, HAS_SOFTCAP)
+        _, c, dc = _load_logits(x_rows, cols, mask, stride_xv, softcap, HAS_SOFTCAP)
+        w = _load_class_weights(weight_ptr, cols, n_cols, HAS_WEIGHT)
+        g = _grad_tile(c, dc, w, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, w_t, gscale,
+                       n_cols, label_smoothing, HAS_SOFTCAP, HAS_WEIGHT)
         tl.store(dx_rows[:, None] + cols[None, :].to(tl.int64) * stride_dv,
                  g.to(dx_rows.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _store_row_loss(x_rows, t, valid, bad, m, d, sc, loss_ptr, offs_m, mask_m, n_cols,
-                    stride_xv, label_smoothing, z_loss, softcap, HAS_SOFTCAP: tl.constexpr):
+def _target_weight(weight_ptr, w_sum_ptr, t, valid, HAS_WEIGHT: tl.constexpr):
+    """(w_t per row, W = sum of the class weights): (1, V, unused) without weights."""
+    if HAS_WEIGHT:
+        w_t = tl.load(weight_ptr + t, mask=valid, other=0.0).to(tl.float32)
+        w_sum = tl.load(w_sum_ptr).to(tl.float32)
+    else:
+        w_t = tl.full(t.shape, 1.0, tl.float32)
+        w_sum = 0.0
+    return w_t, w_sum
+
+
+@triton.jit
+def _store_row_loss(x_rows, t, valid, bad, m, d, sc, w_t, w_sum, loss_ptr, offs_m, mask_m,
+                    n_cols, stride_xv, label_smoothing, z_loss, softcap,
+                    HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr):
     """Write loss[offs_m] from the rows' statistics and their target logits (read here,
-    before an in-place gradient overwrites them); return (log_d, coef) for the gradient."""
+    before an in-place gradient overwrites them); return (log_d, coef, z_row) for the
+    gradient and the extras."""
     x_t = _target_logit(x_rows, t, valid, stride_xv, softcap, HAS_SOFTCAP)
-    loss, log_d, coef = _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss)
+    loss, log_d, coef, z_row = _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing,
+                                         z_loss, w_t, w_sum, HAS_WEIGHT)
     tl.store(loss_ptr + offs_m, loss.to(loss_ptr.dtype.element_ty), mask=mask_m)
-    return log_d, coef
+    return log_d, coef, z_row
 
 
 @triton.jit
 def _cross_entropy_fwd_kernel(
-    x_ptr, target_ptr, loss_ptr, dx_ptr,
-    n_rows, n_cols, seq,
+    x_ptr, target_ptr, loss_ptr, dx_ptr, weight_ptr, w_sum_ptr, z_ptr, correct_ptr, pred_ptr,
+    grad_scale_ptr, n_rows, n_cols, seq,
     stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv,
     ignore_index, label_smoothing, z_loss, softcap,
-    HAS_SOFTCAP: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
+    EXTRAS: tl.constexpr, GRAD_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """loss[r] and dx[r, :] = dloss[r]/dx[r, :] for the BLOCK_M rows of one program, each
     row held whole (n_cols <= BLOCK_N): the tile read for the statistics is reused for the
@@ -223,70 +337,90 @@ def _cross_entropy_fwd_kernel(
 
     x_ptr [batch, seq, n_cols] (strides stride_xb, stride_xs, stride_xv); target_ptr [rows]
     (stride_t); loss_ptr [rows] (fp32, or the logits dtype for reduction none); dx_ptr like
-    x_ptr with its own strides (x_ptr itself for the in-place gradient). Program pid
-    covers rows [pid * BLOCK_M, (pid + 1) * BLOCK_M).
-    HAS_SOFTCAP: cap the logits. COMPUTE_GRAD=False (no gradient wanted) writes the loss
-    only.
+    x_ptr with its own strides (x_ptr itself for the in-place gradient); weight_ptr
+    [n_cols] class weights and w_sum_ptr [] their sum (fp32); z_ptr, correct_ptr [rows]
+    fp32 and pred_ptr [rows] int64, the extras; grad_scale_ptr [] a factor of the gradient
+    (a chunked loss's 1 / divisor). Program pid covers rows
+    [pid * BLOCK_M, (pid + 1) * BLOCK_M).
+    HAS_SOFTCAP: cap the logits. HAS_WEIGHT: class weights (else weight_ptr, w_sum_ptr are
+    unused). COMPUTE_GRAD=False (no gradient wanted) writes no dx. EXTRAS=False writes no
+    z, correct, pred and tracks no argmax. GRAD_SCALE=False: grad_scale_ptr unused (1).
     """
     pid = tl.program_id(0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n_rows
     x_rows = x_ptr + _row_offsets(offs_m, seq, stride_xb, stride_xs)
     t, valid, bad = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
+    w_t, w_sum = _target_weight(weight_ptr, w_sum_ptr, t, valid, HAS_WEIGHT)
     offs_n = tl.arange(0, BLOCK_N)
     mask = mask_m[:, None] & (offs_n < n_cols)[None, :]
-    c, dc = _load_logits(x_rows, offs_n, mask, stride_xv, softcap, HAS_SOFTCAP)
+    x, c, dc = _load_logits(x_rows, offs_n, mask, stride_xv, softcap, HAS_SOFTCAP)
+    w = _load_class_weights(weight_ptr, offs_n, n_cols, HAS_WEIGHT)
     zero = tl.zeros([BLOCK_M], tl.float32)
-    m, d, d_rest, sc = _merge_stats(zero + float("-inf"), zero, zero, zero, c, offs_n, t, mask)
-    log_d, coef = _store_row_loss(x_rows, t, valid, bad, m, d, sc, loss_ptr, offs_m, mask_m,
-                                  n_cols, stride_xv, label_smoothing, z_loss, softcap,
-                                  HAS_SOFTCAP)
+    m, d, d_rest, sc = _merge_stats(zero + float("-inf"), zero, zero, zero, c, w, offs_n, t,
+                                    mask, HAS_WEIGHT)
+    log_d, coef, z_row = _store_row_loss(x_rows, t, valid, bad, m, d, sc, w_t, w_sum, loss_ptr,
+                                         offs_m, mask_m, n_cols, stride_xv, label_smoothing,
+                                         z_loss, softcap, HAS_SOFTCAP, HAS_WEIGHT)
+    if EXTRAS:
+        none = tl.full([BLOCK_M], 2147483647, tl.int32)
+        _, best_idx, nan_idx = _merge_argmax(zero + float("-inf"), none, none, x, offs_n, mask)
+        _store_extras(best_idx, nan_idx, t, valid, z_row, z_ptr, correct_ptr, pred_ptr, offs_m,
+                      mask_m)
     if COMPUTE_GRAD:
         dx_rows = dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds)
-        g = _grad_tile(c, dc, offs_n, t, valid, bad, m, log_d, -d_rest / d, coef, n_cols,
-                       label_smoothing, HAS_SOFTCAP)
+        g = _grad_tile(c, dc, w, offs_n, t, valid, bad, m, log_d, -d_rest / d, coef, w_t,
+                       _grad_scale(grad_scale_ptr, GRAD_SCALE), n_cols, label_smoothing,
+                       HAS_SOFTCAP, HAS_WEIGHT)
         tl.store(dx_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_dv,
                  g.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _cross_entropy_fwd_looped_kernel(
-    x_ptr, target_ptr, loss_ptr, dx_ptr,
-    n_rows, n_cols, seq,
+    x_ptr, target_ptr, loss_ptr, dx_ptr, weight_ptr, w_sum_ptr, z_ptr, correct_ptr, pred_ptr,
+    grad_scale_ptr, n_rows, n_cols, seq,
     stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv,
     ignore_index, label_smoothing, z_loss, softcap,
-    HAS_SOFTCAP: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
+    EXTRAS: tl.constexpr, GRAD_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """As _cross_entropy_fwd_kernel for rows longer than BLOCK_N: a first loop computes the
-    online (max, sum of exp, sum of c) over BLOCK_N chunks, a second re-reads the row and
-    writes the gradient. Pointers and constexprs as there."""
+    online (max, sum of exp, sum of c, argmax) over BLOCK_N chunks, a second re-reads the
+    row and writes the gradient. Pointers and constexprs as there."""
     pid = tl.program_id(0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n_rows
     x_rows = x_ptr + _row_offsets(offs_m, seq, stride_xb, stride_xs)
     t, valid, bad = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
-    m, d, d_rest, sc = _span_stats(x_rows, mask_m, t, 0, n_cols, stride_xv, softcap,
-                                   HAS_SOFTCAP, BLOCK_M, BLOCK_N)
-    log_d, coef = _store_row_loss(x_rows, t, valid, bad, m, d, sc, loss_ptr, offs_m, mask_m,
-                                  n_cols, stride_xv, label_smoothing, z_loss, softcap,
-                                  HAS_SOFTCAP)
+    w_t, w_sum = _target_weight(weight_ptr, w_sum_ptr, t, valid, HAS_WEIGHT)
+    m, d, d_rest, sc, best_idx, nan_idx = _span_stats(
+        x_rows, mask_m, t, 0, n_cols, n_cols, stride_xv, softcap, weight_ptr, HAS_SOFTCAP,
+        HAS_WEIGHT, EXTRAS, BLOCK_M, BLOCK_N)
+    log_d, coef, z_row = _store_row_loss(x_rows, t, valid, bad, m, d, sc, w_t, w_sum, loss_ptr,
+                                         offs_m, mask_m, n_cols, stride_xv, label_smoothing,
+                                         z_loss, softcap, HAS_SOFTCAP, HAS_WEIGHT)
+    if EXTRAS:
+        _store_extras(best_idx, nan_idx, t, valid, z_row, z_ptr, correct_ptr, pred_ptr, offs_m,
+                      mask_m)
     if COMPUTE_GRAD:
         _span_grad(x_rows, dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds), mask_m,
                    0, n_cols, stride_xv, stride_dv, t, valid, bad, m, log_d, -d_rest / d,
-                   coef, n_cols, label_smoothing, softcap, HAS_SOFTCAP, BLOCK_N)
+                   coef, w_t, _grad_scale(grad_scale_ptr, GRAD_SCALE), weight_ptr, n_cols,
+                   label_smoothing, softcap, HAS_SOFTCAP, HAS_WEIGHT, BLOCK_N)
 
 
 @triton.jit
 def _cross_entropy_split_stats_kernel(
-    x_ptr, target_ptr, stats_ptr, n_cols, seq, span, n_splits,
+    x_ptr, target_ptr, weight_ptr, stats_ptr, n_cols, seq, span, n_splits,
     stride_xb, stride_xs, stride_xv, stride_t, ignore_index, softcap,
-    HAS_SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """(max, sum exp(c - max), the same without the target, sum c, c[t]) of span q of row
-    r into stats_ptr[:, r, q] ([5, rows, n_splits] fp32; c[t] is the row's, written by
-    span 0); the grid is (rows, n_splits). The target logit is read here, before the
-    finish kernel may overwrite it with the in-place gradient."""
+    """(max, sum exp(c - max), the same without the target, sum w_j c_j, c[t]) of span q
+    of row r into stats_ptr[:, r, q] ([5, rows, n_splits] fp32; c[t] is the row's, written
+    by span 0); the grid is (rows, n_splits). The target logit is read here, before the
+    finish kernel may overwrite it with the in-place gradient. weight_ptr [n_cols]."""
     row = tl.program_id(0)
     q = tl.program_id(1)
     offs_m = row + tl.arange(0, 1)
@@ -294,8 +428,10 @@ def _cross_entropy_split_stats_kernel(
     x_rows = x_ptr + _row_offsets(offs_m, seq, stride_xb, stride_xs)
     t, valid, _ = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
     start = q * span
-    m, d, d_rest, sc = _span_stats(x_rows, mask_m, t, start, tl.minimum(start + span, n_cols),
-                                   stride_xv, softcap, HAS_SOFTCAP, 1, BLOCK_N)
+    m, d, d_rest, sc, _, _ = _span_stats(x_rows, mask_m, t, start,
+                                         tl.minimum(start + span, n_cols), n_cols, stride_xv,
+                                         softcap, weight_ptr, HAS_SOFTCAP, HAS_WEIGHT, False,
+                                         1, BLOCK_N)
     n_stats = tl.num_programs(0).to(tl.int64) * n_splits
     at = row.to(tl.int64) * n_splits + q + tl.arange(0, 1)
     tl.store(stats_ptr + at, m)
@@ -309,22 +445,24 @@ def _cross_entropy_split_stats_kernel(
 
 @triton.jit
 def _cross_entropy_split_finish_kernel(
-    x_ptr, target_ptr, loss_ptr, dx_ptr, stats_ptr,
+    x_ptr, target_ptr, loss_ptr, dx_ptr, weight_ptr, w_sum_ptr, stats_ptr, grad_scale_ptr,
     n_cols, seq, span, n_splits,
     stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv,
     ignore_index, label_smoothing, z_loss, softcap,
-    HAS_SOFTCAP: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
+    GRAD_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """Combine the n_splits statistics of row r; span 0 writes loss[r], span q writes
     dx[r] over its columns (when COMPUTE_GRAD). Pointers as in _cross_entropy_fwd_kernel
-    plus stats_ptr [5, rows, n_splits]; the grid is (rows, n_splits or 1)."""
+    plus stats_ptr [5, rows, n_splits]; the grid is (rows, n_splits or 1). (No extras: the
+    host takes the looped kernel when they are asked for.)"""
     row = tl.program_id(0)
     q = tl.program_id(1)
     offs_m = row + tl.arange(0, 1)
     mask_m = offs_m >= 0
     x_rows = x_ptr + _row_offsets(offs_m, seq, stride_xb, stride_xs)
     t, valid, bad = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
+    w_t, w_sum = _target_weight(weight_ptr, w_sum_ptr, t, valid, HAS_WEIGHT)
 
     offs_s = tl.arange(0, BLOCK_S)
     mask_s = offs_s < n_splits
@@ -347,14 +485,16 @@ def _cross_entropy_split_finish_kernel(
     m = m + one
     x_t = tl.load(stats_ptr + 4 * n_stats + row.to(tl.int64) * n_splits + tl.arange(0, 1))
 
-    loss, log_d, coef = _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss)
+    loss, log_d, coef, _ = _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing,
+                                     z_loss, w_t, w_sum, HAS_WEIGHT)
     tl.store(loss_ptr + offs_m, loss.to(loss_ptr.dtype.element_ty), mask=q == 0)
 
     if COMPUTE_GRAD:
         start = q * span
         _span_grad(x_rows, dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds), mask_m,
                    start, tl.minimum(start + span, n_cols), stride_xv, stride_dv, t, valid, bad,
-                   m, log_d, -d_rest / d, coef, n_cols, label_smoothing, softcap, HAS_SOFTCAP,
+                   m, log_d, -d_rest / d, coef, w_t, _grad_scale(grad_scale_ptr, GRAD_SCALE),
+                   weight_ptr, n_cols, label_smoothing, softcap, HAS_SOFTCAP, HAS_WEIGHT,
                    BLOCK_N)
 
 

@@ -1,5 +1,7 @@
 """Triton kernels of the gated linear units of transformer MLPs: out = act(gate) * up,
-act one of silu (SwiGLU), gelu with the tanh approximation or exact gelu (GeGLU).
+act one of silu (SwiGLU), gelu with the tanh approximation or exact gelu (GeGLU), with
+Falcon-H1's multipliers folded in: out = act(gate_multiplier * gate) * up * down_multiplier
+(the down projection being linear, its output's multiplier may scale its input instead).
 
 Elementwise over [rows, n_cols] tiles, every pointer with its own strides, so gate and up
 may be two halves of one [rows, 2 * n_cols] projection output (or any other views) and
@@ -64,30 +66,33 @@ def _glu_load_tile(gate_ptr, up_ptr, n_rows, n_cols, stride_gm, stride_gn, strid
 def _glu_fwd_kernel(
     gate_ptr, up_ptr, out_ptr,
     n_rows, n_cols, stride_gm, stride_gn, stride_um, stride_un, stride_om,
+    gate_multiplier, down_multiplier,
     ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """out = act(gate) * up, computed in fp32 and rounded once.
+    """out = act(gate_multiplier * gate) * up * down_multiplier, in fp32, rounded once.
 
     gate_ptr, up_ptr [n_rows, n_cols] (own strides), out_ptr [n_rows, n_cols] (row stride
     stride_om, unit column stride). The grid is (cdiv(n_rows, BLOCK_M), cdiv(n_cols,
     BLOCK_N)), one [BLOCK_M, BLOCK_N] tile per program. ACTIVATION selects act at compile time.
+    The multipliers are runtime floats (1.0 without them: exact, so the plain unit's values).
     """
     rows, cols, mask, g, u = _glu_load_tile(gate_ptr, up_ptr, n_rows, n_cols, stride_gm,
                                             stride_gn, stride_um, stride_un, BLOCK_M, BLOCK_N)
-    act, _ = _glu_activation(g, ACTIVATION)
-    tl.store(out_ptr + rows * stride_om + cols, (act * u).to(out_ptr.dtype.element_ty), mask=mask)
+    act, _ = _glu_activation(g * gate_multiplier, ACTIVATION)
+    tl.store(out_ptr + rows * stride_om + cols,
+             (act * u * down_multiplier).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# Backward of out = act(gate) * up:
-#   dup   = dout * act(gate)
-#   dgate = dout * up * act'(gate)
+# Backward of out = act(a) * up * m_d, a = m_g * gate:
+#   dup   = dout * m_d * act(a)
+#   dgate = dout * m_d * up * act'(a) * m_g
 # act is recomputed from gate (reading gate costs what reading a saved act would).
 
 @triton.jit
 def _glu_bwd_kernel(
     dout_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr,
     n_rows, n_cols, stride_dom, stride_don, stride_gm, stride_gn, stride_um, stride_un,
-    stride_dgm, stride_dum,
+    stride_dgm, stride_dum, gate_multiplier, down_multiplier,
     ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dgate and dup, computed in fp32 and rounded once.
@@ -95,14 +100,14 @@ def _glu_bwd_kernel(
     dout_ptr, gate_ptr, up_ptr [n_rows, n_cols] (own strides); dgate_ptr, dup_ptr
     [n_rows, n_cols] (row strides stride_dgm, stride_dum, unit column stride: two halves of
     one [n_rows, 2 * n_cols] buffer when the forward took one concatenated input).
-    Grid and ACTIVATION as in _glu_fwd_kernel.
+    Grid, ACTIVATION and the multipliers as in _glu_fwd_kernel.
     """
     rows, cols, mask, g, u = _glu_load_tile(gate_ptr, up_ptr, n_rows, n_cols, stride_gm,
                                             stride_gn, stride_um, stride_un, BLOCK_M, BLOCK_N)
     do = tl.load(dout_ptr + rows * stride_dom + cols * stride_don, mask=mask,
-                 other=0.0).to(tl.float32)
-    act, dact = _glu_activation(g, ACTIVATION)
-    tl.store(dgate_ptr + rows * stride_dgm + cols, (do * u * dact).to(dgate_ptr.dtype.element_ty),
-             mask=mask)
+                 other=0.0).to(tl.float32) * down_multiplier
+    act, dact = _glu_activation(g * gate_multiplier, ACTIVATION)
+    tl.store(dgate_ptr + rows * stride_dgm + cols,
+             (do * u * dact * gate_multiplier).to(dgate_ptr.dtype.element_ty), mask=mask)
     tl.store(dup_ptr + rows * stride_dum + cols, (do * act).to(dup_ptr.dtype.element_ty),
              mask=mask)

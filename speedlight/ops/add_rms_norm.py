@@ -16,6 +16,7 @@ from speedlight.ops._checks import check_same_device, check_same_dtype, check_te
 from speedlight.ops._suites import norm_cases, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.ops.rms_norm import (
+    check_in_place,
     check_norm_args,
     model_norm_flags,
     rms_norm_residual_fwd,
@@ -72,10 +73,38 @@ ADD_RMS_NORM = register_op(
 )
 
 
+
+def add_rms_norm_inplace_bwd(dy: torch.Tensor, dh: torch.Tensor, h: torch.Tensor,
+                             weight: torch.Tensor | None, rstd: torch.Tensor,
+                             offset: float) -> torch.Tensor | None:
+    """dw (None without a weight); dh_total, the gradient of x and residual, is written
+    over dy. dh is only read: it is the residual stream's gradient, which the next block
+    also handed to its own input."""
+    return rms_norm_bwd(dy, h, weight, rstd, offset, dh=dh, out=dy)[1]
+
+
+# The in-place backward writes over dy, the gradient of the norm's output (not dh: the
+# residual stream's gradient is the same tensor as the next block's input gradient).
+# Gradients are materialized (zeros for an output left unused), so dy is always a tensor
+# of this op's own to write over.
+ADD_RMS_NORM_INPLACE = register_op(
+    "add_rms_norm_inplace",
+    forward=add_rms_norm_fwd,
+    outputs=("y", "h", "rstd"),
+    stats=("rstd",),
+    fake=lambda x, residual, weight, eps, offset: (like(x), like(x), row_stats(x)),
+    inference=add_rms_norm_infer,
+    backward=add_rms_norm_inplace_bwd,
+    backward_mutates=("dy",),
+    grads=(("x", "residual"), "weight"),
+)
+
+
 # --- public function ---------------------------------------------------------------------
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
-                 eps: float = 1e-6, offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float = 1e-6, offset: float = 0.0, *,
+                 in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, h): h = x + residual and y = RMSNorm(h) over the last dim, in one pass.
 
     x, residual: [..., hidden] of one dtype (float32/float16/bfloat16), any strides, of one
@@ -86,6 +115,11 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     contiguous, of that shape and x's dtype.
     Differentiable in x, residual and weight (gradients flow in through both y and h);
     works under torch.compile(fullgraph=True).
+
+    in_place: the backward writes the gradient of x and residual over the gradient of y
+    it receives (never over h's, the residual stream's), so it allocates nothing of x's
+    size; only where y's gradient goes nowhere else, as for rms_norm's in_place (y feeding
+    linear layers, as a pre-norm block's does).
     """
     check_tensor("x", x, min_dim=1)
     check_tensor("residual", residual)
@@ -93,7 +127,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     check_same_device(x=x, residual=residual)
     x, residual = broadcast_residual(x, residual)
     check_norm_args(x, weight, eps, offset)
-    return ADD_RMS_NORM(x, residual, weight, float(eps), float(offset))
+    check_in_place(in_place)
+    op = ADD_RMS_NORM_INPLACE if in_place else ADD_RMS_NORM
+    return op(x, residual, weight, float(eps), float(offset))
 
 
 def broadcast_residual(x: torch.Tensor, residual: torch.Tensor
@@ -157,8 +193,10 @@ SPEC = OpSpec(
     make_inputs=_make_inputs,
     cost=_cost,
     suites=shapes.suites(lambda suite: norm_cases(
-        "add_rms_norm", suite, model_flags=model_norm_flags, full_variants=[{"weight": False}],
-        quick_variants=[(3, 7, {"weight": False}), (37, 128, {"offset": 1})])),
+        "add_rms_norm", suite, model_flags=model_norm_flags,
+        full_variants=[{"weight": False}, {"in_place": True}],
+        quick_variants=[(3, 7, {"weight": False}), (37, 128, {"offset": 1}),
+                        (37, 128, {"in_place": True})])),
     grad_inputs=("x", "residual", "weight"),
     skip=skip_huge_on_cpu,
     notes="h = x + residual then RMSNorm(h), both returned; RMSNorm's kernels with the "

@@ -7,7 +7,7 @@ fp32 arithmetic whatever the logits dtype; the loss has the logits' dtype, as in
 from __future__ import annotations
 
 import numbers
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -82,7 +82,17 @@ def _check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> None
         f"= {int(flat[first])}")
 
 
-def _fwd_plan(n_rows: int, n_cols: int, device: torch.device) -> dict:
+class CrossEntropyOutput(NamedTuple):
+    """What cross_entropy returns when any of return_z_loss, return_token_accuracy,
+    return_predicted_tokens is asked for; the fields not asked for are None."""
+
+    loss: torch.Tensor
+    z_loss: torch.Tensor | None = None
+    token_accuracy: torch.Tensor | None = None
+    predicted_tokens: torch.Tensor | None = None
+
+
+def _fwd_plan(n_rows: int, n_cols: int, device: torch.device, extras: bool = False) -> dict:
     if n_cols <= MAX_FUSED_N:
         block_m, block_n, num_warps = row_tile(n_cols, device, max_block_n=MAX_FUSED_N)
         if planned_sm_count(device):
@@ -93,27 +103,53 @@ def _fwd_plan(n_rows: int, n_cols: int, device: torch.device) -> dict:
                     n_splits=1)
     block_n = LOOP_BLOCK_N
     sms = planned_sm_count(device)
+    # the split pair tracks no argmax: with extras, few long rows take the looped kernel
     if sms:
-        n_splits = 1 if n_rows >= sms else min(triton.cdiv(n_cols, SPLIT_SPAN),
-                                               triton.cdiv(2 * sms, n_rows))
+        n_splits = 1 if n_rows >= sms or extras else min(triton.cdiv(n_cols, SPLIT_SPAN),
+                                                         triton.cdiv(2 * sms, n_rows))
         block_m, num_warps = 1, warps_for_tile(block_n)
     else:  # split a lone row, so that the interpreter runs the split kernels too
-        n_splits = 1 if n_rows >= 2 else min(4, triton.cdiv(n_cols, SPLIT_SPAN))
+        n_splits = 1 if n_rows >= 2 or extras else min(4, triton.cdiv(n_cols, SPLIT_SPAN))
         block_m, num_warps = min(4, triton.next_power_of_2(n_rows)), 4
     return dict(block_m=block_m, block_n=block_n, one_block=False, num_warps=num_warps,
                 n_splits=max(1, n_splits))
 
 
+def _mean_divisor(t: torch.Tensor, n_cols: int, ignore_index: int,
+                  weight: torch.Tensor | None) -> torch.Tensor:
+    """What a mean divides by: the number of non-ignored tokens (int64), or with class
+    weights the sum of their targets' weights (fp32), as torch divides. 0-dim, no sync."""
+    valid = t != ignore_index
+    if weight is None:
+        return valid.sum()
+    idx = torch.where(valid & (t >= 0) & (t < n_cols), t, 0).long()
+    return torch.where(valid, weight.float()[idx], 0.0).sum()
+
+
+def _divide(total: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
+    """total / divisor in fp32; 0 where divisor is 0 (a mean over nothing counted)."""
+    return torch.where(divisor != 0, total.float() / divisor, 0.0)
+
+
 def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                       reduction: str = "mean", label_smoothing: float = 0.0,
                       z_loss: float = 0.0, softcap: float | None = None, *,
-                      compute_grad: bool = True, check_target: bool = True,
-                      grad_out: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(loss, dlogits, n_valid): the loss (logits' dtype; shape () or target's shape for
-    "none"), each token's dloss_i/dlogits_i (None unless compute_grad; a new contiguous
-    tensor, or `grad_out`: pass logits to overwrite them) and, for a mean, the number of
-    non-ignored tokens (int64, 0-dim), by which the backward divides grad_output.
+                      weight: torch.Tensor | None = None, compute_grad: bool = True,
+                      check_target: bool = True, grad_out: torch.Tensor | None = None,
+                      extras: bool = False, grad_scale: torch.Tensor | None = None,
+                      loss_out: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
+                                 tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
+    """(loss, dlogits, divisor, extras): the loss (logits' dtype; shape () or target's shape
+    for "none"), each token's dloss_i/dlogits_i (None unless compute_grad; a new contiguous
+    tensor, or `grad_out`: pass logits to overwrite them), for a mean the divisor of the
+    sum (the number of non-ignored tokens, int64, or the sum of their class weights, fp32;
+    0-dim), by which the backward divides grad_output, and with extras=True (z_loss,
+    token_accuracy, predicted_tokens) reduced as cross_entropy documents.
+    weight: class weights [vocab] (any float dtype; read in fp32).
+    grad_scale: a 0-dim tensor the gradient is multiplied by in the kernel (a chunked
+    loss's 1 / divisor). loss_out: an fp32 [tokens] buffer each token's loss is written to
+    (reduction "none" only; it is then the returned loss).
     check_target: ValueError on a target neither in [0, vocab) nor ignore_index (on CUDA,
     a host sync); unchecked, such a row gets a NaN loss and a NaN gradient row.
     """
@@ -124,11 +160,17 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
     if grad_out is None and compute_grad:
         grad_out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
     t = target.reshape(-1)
-    n_valid = (t != ignore_index).sum() if reduction == "mean" else None
+    divisor = _mean_divisor(t, n_cols, ignore_index, weight) if reduction == "mean" else None
     if n_rows == 0:
         loss = (logits.new_empty(target.shape) if reduction == "none"
                 else logits.new_zeros(()))
-        return loss, grad_out, n_valid
+        more = None
+        if extras:
+            z = loss.clone()
+            acc = (torch.empty(target.shape, device=logits.device) if reduction == "none"
+                   else torch.zeros((), device=logits.device))
+            more = (z, acc, torch.empty(target.shape, dtype=torch.int64, device=logits.device))
+        return loss, grad_out, divisor, more
     check_runtime(logits, _cross_entropy_fwd_kernel)
 
     x, x_layout = logits, _rows_layout(logits)
@@ -146,36 +188,50 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
         dx, dx_layout = x, x_layout  # never written: COMPUTE_GRAD=False
     (sxb, sxs, sxv), (sdb, sds, sdv) = x_layout[1], dx_layout[1]
 
-    if reduction == "none":
+    if loss_out is not None:
+        loss = loss_rows = loss_out
+    elif reduction == "none":
         loss = torch.empty(target.shape, dtype=logits.dtype, device=logits.device)
         loss_rows = loss.view(-1)
     else:
         loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+    has_weight = weight is not None
+    w = weight.contiguous() if has_weight else loss_rows  # never read without weights
+    w_sum = weight.float().sum() if has_weight else loss_rows
+    if extras:
+        z_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+        correct = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+        pred = torch.empty(target.shape, dtype=torch.int64, device=logits.device)
+        extra_ptrs = (z_rows, correct, pred.view(-1))
+    else:
+        extra_ptrs = (loss_rows, loss_rows, loss_rows)  # never written with EXTRAS=False
     has_softcap = softcap is not None
     scalars = (int(ignore_index), float(label_smoothing), float(z_loss),
                float(softcap) if has_softcap else 1.0)
-    flags = dict(HAS_SOFTCAP=has_softcap, COMPUTE_GRAD=compute_grad)
-    plan = _fwd_plan(n_rows, n_cols, logits.device)
+    flags = dict(HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight, COMPUTE_GRAD=compute_grad,
+                 GRAD_SCALE=grad_scale is not None)
+    g_scale = grad_scale if grad_scale is not None else loss_rows  # unread without GRAD_SCALE
+    plan = _fwd_plan(n_rows, n_cols, logits.device, extras)
 
     if plan["n_splits"] == 1:
         grid = (triton.cdiv(n_rows, plan["block_m"]),)
         kernel = (_cross_entropy_fwd_kernel if plan["one_block"]
                   else _cross_entropy_fwd_looped_kernel)
         kernel[grid](
-            x, t, loss_rows, dx, n_rows, n_cols, seq, sxb, sxs, sxv, t.stride(0),
-            sdb, sds, sdv, *scalars, **flags, BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"],
-            num_warps=plan["num_warps"])
+            x, t, loss_rows, dx, w, w_sum, *extra_ptrs, g_scale, n_rows, n_cols, seq,
+            sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, *scalars, **flags, EXTRAS=extras,
+            BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"], num_warps=plan["num_warps"])
     else:
         block_n = plan["block_n"]
         span = triton.cdiv(triton.cdiv(n_cols, plan["n_splits"]), block_n) * block_n
         n_splits = triton.cdiv(n_cols, span)
         stats = torch.empty((5, n_rows, n_splits), dtype=torch.float32, device=logits.device)
         _cross_entropy_split_stats_kernel[(n_rows, n_splits)](
-            x, t, stats, n_cols, seq, span, n_splits, sxb, sxs, sxv, t.stride(0),
-            scalars[0], scalars[3], HAS_SOFTCAP=has_softcap, BLOCK_N=block_n,
-            num_warps=plan["num_warps"])
+            x, t, w, stats, n_cols, seq, span, n_splits, sxb, sxs, sxv, t.stride(0),
+            scalars[0], scalars[3], HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight,
+            BLOCK_N=block_n, num_warps=plan["num_warps"])
         _cross_entropy_split_finish_kernel[(n_rows, n_splits if compute_grad else 1)](
-            x, t, loss_rows, dx, stats, n_cols, seq, span, n_splits,
+            x, t, loss_rows, dx, w, w_sum, stats, g_scale, n_cols, seq, span, n_splits,
             sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, *scalars, **flags, BLOCK_N=block_n,
             BLOCK_S=triton.next_power_of_2(n_splits), num_warps=plan["num_warps"])
 
@@ -184,16 +240,25 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
     if reduction == "sum":
         loss = loss_rows.sum().to(logits.dtype)
     elif reduction == "mean":
-        loss = (loss_rows.sum() / n_valid.clamp_min(1)).to(logits.dtype)
-    return loss, grad_out, n_valid
+        loss = _divide(loss_rows.sum(), divisor).to(logits.dtype)
+    more = None
+    if extras:
+        if reduction == "none":
+            z, acc = z_rows.view(target.shape).to(logits.dtype), correct.view(target.shape)
+        else:
+            z = z_rows.sum()
+            z = (_divide(z, divisor) if reduction == "mean" else z).to(logits.dtype)
+            acc = _divide(correct.sum(), (t != ignore_index).sum())
+        more = (z, acc, pred)
+    return loss, grad_out, divisor, more
 
 
-def _row_grad_scale(grad_loss: torch.Tensor, n_valid: torch.Tensor | None) -> torch.Tensor:
-    """The upstream gradient of each token's loss: grad_loss, over max(n_valid, 1) (in
-    fp32, one rounding) for a mean."""
-    if n_valid is None or n_valid.numel() == 0:
+def _row_grad_scale(grad_loss: torch.Tensor, divisor: torch.Tensor | None) -> torch.Tensor:
+    """The upstream gradient of each token's loss: grad_loss, over the mean's divisor (in
+    fp32, one rounding; 0 when the divisor is 0) for a mean."""
+    if divisor is None or divisor.numel() == 0:
         return grad_loss
-    return grad_loss.float() / n_valid.clamp_min(1)
+    return _divide(grad_loss, divisor)
 
 
 def cross_entropy_bwd(dlogits: torch.Tensor, grad_output: torch.Tensor, *,
@@ -229,46 +294,64 @@ def cross_entropy_bwd(dlogits: torch.Tensor, grad_output: torch.Tensor, *,
 # --- registration: custom ops, fakes and autograd -----------------------------------------
 # The forward of training writes the loss and dlogits; the backward only scales dlogits by
 # the upstream gradient. Without a gradient wanted, the inference op writes the loss alone.
+# The extras (z_loss, token_accuracy, predicted_tokens) are None (an empty placeholder in
+# the custom op) unless asked for.
 
-def _train_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
-               label_smoothing: float, z_loss: float, softcap: Optional[float],
-               check_target: bool
-               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    return cross_entropy_fwd(logits, target, ignore_index, reduction, label_smoothing, z_loss,
-                             softcap, check_target=check_target)
+def _train_fwd(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
+               ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
+               softcap: Optional[float], check_target: bool, extras: bool):
+    loss, dlogits, divisor, more = cross_entropy_fwd(
+        logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
+        weight=weight, check_target=check_target, extras=extras)
+    return (loss, dlogits, divisor, *(more or (None, None, None)))
 
 
-def _infer_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
-               label_smoothing: float, z_loss: float, softcap: Optional[float],
-               check_target: bool) -> torch.Tensor:
-    return cross_entropy_fwd(logits, target, ignore_index, reduction, label_smoothing, z_loss,
-                             softcap, compute_grad=False, check_target=check_target)[0]
+def _infer_fwd(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
+               ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
+               softcap: Optional[float], check_target: bool, extras: bool):
+    loss, _, _, more = cross_entropy_fwd(
+        logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
+        weight=weight, compute_grad=False, check_target=check_target, extras=extras)
+    return (loss, *(more or (None, None, None)))
 
 
 def _scaled_bwd(dloss: torch.Tensor, dlogits: torch.Tensor,
-                n_valid: torch.Tensor) -> torch.Tensor:
-    return cross_entropy_bwd(dlogits, _row_grad_scale(dloss, n_valid))
+                divisor: torch.Tensor) -> torch.Tensor:
+    return cross_entropy_bwd(dlogits, _row_grad_scale(dloss, divisor))
 
 
 def _loss_fake(logits, target, reduction):
     return logits.new_empty(target.shape if reduction == "none" else ())
 
 
-def _n_valid_fake(target, reduction):
-    return target.new_empty((), dtype=torch.int64) if reduction == "mean" else None
+def _divisor_fake(target, reduction, weight):
+    if reduction != "mean":
+        return None
+    return target.new_empty((), dtype=torch.int64 if weight is None else torch.float32)
+
+
+def _extras_fake(logits, target, reduction, extras):
+    if not extras:
+        return None, None, None
+    per_token = target.shape if reduction == "none" else ()
+    return (logits.new_empty(per_token), logits.new_empty(per_token, dtype=torch.float32),
+            target.new_empty(target.shape, dtype=torch.int64))
 
 
 CROSS_ENTROPY = register_op(
     "cross_entropy",
     forward=_train_fwd,
     inference=_infer_fwd,
-    outputs=("loss", "dlogits", "n_valid"),
-    stats=("dlogits", "n_valid"),
-    fake=lambda logits, target, ignore_index, reduction, *_: (
-        _loss_fake(logits, target, reduction), like(logits), _n_valid_fake(target, reduction)),
+    outputs=("loss", "dlogits", "divisor", "z_loss", "token_accuracy", "predicted_tokens"),
+    stats=("dlogits", "divisor"),
+    fake=lambda logits, target, weight, ignore_index, reduction, *rest: (
+        _loss_fake(logits, target, reduction), like(logits),
+        _divisor_fake(target, reduction, weight),
+        *_extras_fake(logits, target, reduction, rest[-1])),
     backward=_scaled_bwd,
-    backward_fake=lambda dloss, dlogits, n_valid: like(dlogits),
+    backward_fake=lambda dloss, dlogits, divisor: like(dlogits),
     grads=("logits",),
+    optional_grads=True,  # the extras receive no gradient
 )
 
 
@@ -276,31 +359,32 @@ CROSS_ENTROPY = register_op(
 # them in place (mutation declared to torch). The mutating op bumps logits' version
 # counter: autograd then refuses (at backward) any other op that saved logits.
 
-def _inplace_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                 reduction: str, label_smoothing: float, z_loss: float,
-                 softcap: Optional[float], check_target: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    loss, _, n_valid = cross_entropy_fwd(logits, target, ignore_index, reduction,
-                                         label_smoothing, z_loss, softcap,
-                                         check_target=check_target, grad_out=logits)
-    return loss, n_valid
+def _inplace_fwd(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
+                 ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
+                 softcap: Optional[float], check_target: bool, extras: bool):
+    loss, _, divisor, more = cross_entropy_fwd(
+        logits, target, ignore_index, reduction, label_smoothing, z_loss, softcap,
+        weight=weight, check_target=check_target, grad_out=logits, extras=extras)
+    return (loss, divisor, *(more or (None, None, None)))
 
 
-def _inplace_bwd(dloss: torch.Tensor, logits: torch.Tensor, n_valid: torch.Tensor) -> None:
-    cross_entropy_bwd(logits, _row_grad_scale(dloss, n_valid), out=logits)
+def _inplace_bwd(dloss: torch.Tensor, logits: torch.Tensor, divisor: torch.Tensor) -> None:
+    cross_entropy_bwd(logits, _row_grad_scale(dloss, divisor), out=logits)
 
 
 CROSS_ENTROPY_INPLACE = register_op(
     "cross_entropy_inplace",
     forward=_inplace_fwd,
     mutates=("logits",),
-    outputs=("loss", "n_valid"),
-    stats=("n_valid",),
-    fake=lambda logits, target, ignore_index, reduction, *_: (
-        _loss_fake(logits, target, reduction), _n_valid_fake(target, reduction)),
+    outputs=("loss", "divisor", "z_loss", "token_accuracy", "predicted_tokens"),
+    stats=("divisor",),
+    fake=lambda logits, target, weight, ignore_index, reduction, *rest: (
+        _loss_fake(logits, target, reduction), _divisor_fake(target, reduction, weight),
+        *_extras_fake(logits, target, reduction, rest[-1])),
     backward=_inplace_bwd,
     backward_mutates=("logits",),
     grads=("logits",),
+    optional_grads=True,
 )
 
 
@@ -329,18 +413,40 @@ def check_options(ignore_index, reduction, label_smoothing, z_loss, softcap) -> 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
-                  softcap: float | None = None, *, inplace_backward: bool = False,
-                  check_target: bool = True) -> torch.Tensor:
+                  softcap: float | None = None, *, weight: torch.Tensor | None = None,
+                  inplace_backward: bool = False, check_target: bool = True,
+                  return_z_loss: bool = False, return_token_accuracy: bool = False,
+                  return_predicted_tokens: bool = False
+                  ) -> torch.Tensor | CrossEntropyOutput:
     """Cross-entropy of logits [..., vocab] against class indices target [...].
 
     Per token with target t (c = softcap * tanh(logits / softcap) with a softcap, else the
-    logits; lse = logsumexp(c); eps = label_smoothing):
+    logits; lse = logsumexp(c); eps = label_smoothing; V = vocab):
         loss = (1 - eps) * (lse - c[t]) + eps * (lse - mean(c)) + z_loss * lse^2
     the first two terms being torch.nn.functional.cross_entropy with label_smoothing=eps;
     z_loss adds z_loss * lse^2 per non-ignored token (PaLM's z-loss; it enters the mean
     like the rest). A token whose target is ignore_index adds 0. reduction: "mean" (over
     non-ignored tokens), "sum", or "none" (target's shape). Unlike torch's NaN, a mean over
     no non-ignored token (all ignored, or no tokens) is 0, with an all-zero gradient.
+
+    weight: per-class weights [vocab] (any float dtype, read in fp32), with torch's
+    semantics: per token
+        loss = w[t] * ((1 - eps) * (lse - c[t]) + z_loss * lse^2)
+               + eps / V * sum_j w[j] * (lse - c[j])
+    (torch's weighted, smoothed loss; the z-loss term is weighted like the target's own
+    term), and a mean divides the sum by the sum of w[t] over non-ignored tokens. A mean
+    whose counted weights sum to 0 is 0 (torch: NaN or inf), with a zero gradient.
+
+    return_z_loss / return_token_accuracy / return_predicted_tokens: computed in the same
+    kernel pass; any of them makes the result a CrossEntropyOutput(loss, z_loss,
+    token_accuracy, predicted_tokens) named tuple (None for the parts not asked). z_loss:
+    the loss's z-loss term, reduced as the loss is (so loss - z_loss is the cross-entropy),
+    in logits' dtype, for logging (not differentiable: its gradient flows through loss).
+    token_accuracy (fp32): for reduction "none" 1.0 where a token's argmax is its target
+    and 0.0 elsewhere (0 for ignored tokens); otherwise the fraction of non-ignored tokens
+    whose argmax is their target (unweighted; 0 when none). predicted_tokens: the argmax
+    of every token's logits (ignored tokens too), int64, target's shape; ties go to the
+    first index and a NaN counts as the largest, as torch.argmax(logits, -1).
 
     The vocab is the LAST dim (torch's F.cross_entropy takes it at dim 1 for > 2-D input;
     speedlight.nn.CrossEntropyLoss follows torch there). logits: float32/float16/bfloat16,
@@ -381,17 +487,40 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     if logits.shape[-1] == 0 and target.numel():
         raise ValueError(f"logits must have at least one class in its last dim, got "
                          f"{describe(logits)}")
+    check_class_weight(weight, logits)
     softcap = float(softcap) if softcap is not None else None
     args = (int(ignore_index), reduction, float(label_smoothing), float(z_loss), softcap)
     check = bool(check_target) or logits.device.type == "cpu"
-    if inplace_backward and torch.is_grad_enabled() and logits.requires_grad:
+    asked = (bool(return_z_loss), bool(return_token_accuracy), bool(return_predicted_tokens))
+    extras = any(asked)
+    want_grad = torch.is_grad_enabled() and logits.requires_grad
+    if inplace_backward and want_grad:
         if logits.is_leaf:
             raise ValueError(
                 "inplace_backward=True overwrites logits with their gradient, but logits is a "
                 "leaf tensor that requires grad (autograd forbids writing over it); pass the "
                 "output of the op that made the logits, or inplace_backward=False")
-        return CROSS_ENTROPY_INPLACE(logits, target, *args, check)
-    return CROSS_ENTROPY(logits, target, *args, check)
+        loss, *more = CROSS_ENTROPY_INPLACE(logits, target, weight, *args, check, extras)
+    else:
+        loss, *more = CROSS_ENTROPY(logits, target, weight, *args, check, extras)
+    if not extras:
+        return loss
+    # logged values: their gradient flows through loss, not through them
+    return CrossEntropyOutput(loss, *(m.detach() if a else None for m, a in zip(more, asked)))
+
+
+def check_class_weight(weight, logits: torch.Tensor) -> None:
+    """TypeError/ValueError unless weight is None or a float tensor [vocab] on logits'
+    device."""
+    if weight is None:
+        return
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise TypeError(f"weight must be None or a floating-point tensor of class weights, "
+                        f"got {describe(weight) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    if tuple(weight.shape) != (logits.shape[-1],):
+        raise ValueError(f"weight must have shape ({logits.shape[-1]},) (one weight per class "
+                         f"of logits' last dim), got {describe(weight)}")
+    check_same_device(logits=logits, weight=weight)
 
 
 # --- OpSpec --------------------------------------------------------------------------------
@@ -416,16 +545,28 @@ def _make_inputs(case: Case, device) -> dict:
         target.fill_(-100)
     elif ignore == "some":
         target[torch.rand(target.shape, generator=g) < 0.3] = -100
+    weight = None
+    if case.flag("weight"):  # class weights in [0, 2), a few classes weighed 0
+        weight = rand_tensor((vocab,), case.with_(layout="contiguous"), device,
+                             dist="uniform", scale=2.0, salt=3)
+        weight[::7] = 0.0
+    extras = bool(case.flag("extras"))
     return {"logits": logits, "target": target.to(device), "ignore_index": -100,
             "reduction": case.flag("reduction", "mean"),
             "label_smoothing": float(case.flag("smoothing", 0.0)),
-            "z_loss": float(case.flag("zloss", 0.0)), "softcap": softcap}
+            "z_loss": float(case.flag("zloss", 0.0)), "softcap": softcap, "weight": weight,
+            "return_z_loss": extras, "return_token_accuracy": extras,
+            "return_predicted_tokens": extras}
 
 
 def _cost(case: Case, mode: str) -> Cost:
     tokens, vocab, e = case["tokens"], case["vocab"], case.dtype.itemsize
     elems = tokens * vocab
     loss_bytes = tokens * e if case.flag("reduction") == "none" else e
+    if mode == "fwd" and case.flag("weight"):
+        loss_bytes += vocab * e  # read the class weights
+    if mode == "fwd" and case.flag("extras"):  # write z, correct (fp32), argmax (int64)
+        loss_bytes += tokens * 16
     if mode == "fwd":
         # read logits, target (int64); write loss and dlogits. The forward of training
         # produces the gradient (the backward only scales it), so dlogits is this pass's
@@ -462,6 +603,14 @@ def _cases(suite: str) -> list[Case]:
                 case(37, 128, "strided"), case(5, 781, "transposed"), case(8, 1000, shifted=True),
                 case(6, 1000, nonfinite=True), case(6, 1000, nonfinite=True, softcap=30.0),
                 case(5, 781, ignore="some", smoothing=0.1, zloss=0.01, softcap=30.0),
+                case(37, 128, weight=True, ignore="some"),
+                case(37, 128, weight=True, smoothing=0.1, reduction="sum"),
+                case(5, 781, weight=True, smoothing=0.1, zloss=0.01, reduction="none"),
+                case(1, 70001, weight=True, smoothing=0.1, ignore="some"),
+                case(37, 128, extras=True, ignore="some"),
+                case(5, 781, extras=True, weight=True, zloss=0.01, reduction="none"),
+                case(3, 70001, extras=True, zloss=0.01, softcap=30.0),
+                case(6, 1000, extras=True, nonfinite=True),
                 case(0, 128)]
     if suite == "model":
         out += [case(4096, vocab, model=model, ignore="some", zloss=1e-4)
@@ -472,6 +621,8 @@ def _cases(suite: str) -> list[Case]:
                 case(257, 65537, smoothing=0.1, zloss=1e-4, softcap=30.0),
                 case(1024, 32000, shifted=True, ignore="some", reduction="none"),
                 case(1, 262144, softcap=30.0), case(2, 262147, reduction="sum"), case(0, 4096),
+                case(257, 32000, weight=True, smoothing=0.1, zloss=1e-4, ignore="some"),
+                case(257, 65537, extras=True, weight=True, softcap=30.0, reduction="none"),
                 # tokens x vocab > 2^31 (Qwen's vocab at 16K tokens): 64-bit offsets
                 case(16384, 152064, huge=True)]
     return out
@@ -515,7 +666,8 @@ def _case_of(call: str, args) -> Case | None:
         reduction = args["reduction"]
         flags = {"reduction": None if reduction == "mean" else reduction,
                  "smoothing": args["label_smoothing"] or None, "zloss": args["z_loss"] or None,
-                 "softcap": args["softcap"]}
+                 "softcap": args["softcap"], "weight": args.get("weight") is not None or None,
+                 "extras": args.get("extras") or None}
     return rows_case("cross_entropy", logits, "vocab", rows="tokens", **flags)
 
 

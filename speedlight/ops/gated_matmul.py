@@ -29,22 +29,19 @@ from speedlight.kernels.matmul import _gated_matmul_kernel
 from speedlight.ops._checks import check_same_device, check_tensor
 from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
 from speedlight.ops.glu import glu_bwd
-from speedlight.ops.matmul import (
-    ACTIVATIONS,
+from speedlight.ops._gemm import (
     CONFIG_SPACE,
-    DESIGN,
-    MODEL_TOKENS,
     ensure_allocator,
     launch_config,
-    matmul_fwd,
     precision,
     programs,
     tma_layout,
     use_tma,
 )
+from speedlight.ops.matmul import ACTIVATIONS, DESIGN, MODEL_TOKENS, matmul_fwd
 from speedlight.ops.registration import Configs, register_op
 from speedlight.runtime import check_runtime, describe
-from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
+from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor
 
 
 def _halves(w_gate: torch.Tensor, w_up: torch.Tensor | None):
@@ -312,8 +309,7 @@ SPEC = OpSpec(
     for_model=for_model,
     case_of=case_of,
     fuses="gate_proj and up_proj matmuls + act(gate) * up",
-    kernels={"_gated_matmul_kernel": DESIGN, "_matmul_kernel": DESIGN,
-             "_glu_bwd_kernel": KernelDesign(bytes_ratio=float("inf"))},
+    kernels={"_gated_matmul_kernel": DESIGN, "_matmul_kernel": DESIGN},
     count_rows=lambda case: case["m"],
     skip=skip_huge_on_cpu,
     aligned=lambda case: case.layout != "strided" and all(

@@ -16,17 +16,20 @@ APPROXIMATIONS = {"tanh": "gelu_tanh", "none": "gelu"}  # torch's `approximate` 
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor | None = None,
-          approximate: str = "tanh") -> torch.Tensor:
+          approximate: str = "tanh", *, gate_multiplier: float = 1.0,
+          down_multiplier: float = 1.0) -> torch.Tensor:
     """gelu(gate) * up, in fp32 and rounded once; approximate="tanh" (Gemma's
     gelu_pytorch_tanh) or "none" (the exact erf form), as torch.nn.functional.gelu.
 
     gate, up: [..., I] of one dtype (float32/float16/bfloat16), any strides; or up=None and
     gate [..., 2 * I] holding gate then up on its last dim, read in place. Returns [..., I]
     in gate's dtype. Differentiable in gate and up; works under torch.compile(fullgraph=True).
+    gate_multiplier, down_multiplier: gelu(gate_multiplier * gate) * up * down_multiplier,
+    as swiglu's.
     """
     if approximate not in APPROXIMATIONS:
         raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
-    return glu(gate, up, APPROXIMATIONS[approximate])
+    return glu(gate, up, APPROXIMATIONS[approximate], gate_multiplier, down_multiplier)
 
 
 SPEC = glu_spec(

@@ -8,10 +8,16 @@ gate and up are two tensors of one shape, or (up=None) one [..., 2 * I] tensor h
 gate then up on its last dim, as a fused gate_up projection writes it (Phi-3's
 gate_up_proj; Hugging Face's `gate, up = x.chunk(2, -1)`). Both are read through their
 strides, never copied; the backward of the fused form writes one [..., 2 * I] gradient.
+
+Falcon-H1's `mlp_multipliers` fold in: gate_multiplier scales gate before the activation,
+down_multiplier the unit's output (= the down projection's output when it has no bias):
+act(gate_multiplier * gate) * up * down_multiplier, in fp32 and rounded once.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Callable
 
 import torch
@@ -55,8 +61,10 @@ def _grid(n_rows: int, n_cols: int, block_m: int, block_n: int) -> tuple[int, in
 
 # --- launchers (usable without autograd) --------------------------------------------------
 
-def glu_fwd(gate: torch.Tensor, up: torch.Tensor | None, activation: str) -> torch.Tensor:
-    """act(gate) * up: contiguous, of the gate half's shape and gate's dtype."""
+def glu_fwd(gate: torch.Tensor, up: torch.Tensor | None, activation: str,
+            gate_multiplier: float = 1.0, down_multiplier: float = 1.0) -> torch.Tensor:
+    """act(gate_multiplier * gate) * up * down_multiplier: contiguous, of the gate half's
+    shape and gate's dtype."""
     g, u = _halves(gate, up)
     out = torch.empty(g.shape, dtype=gate.dtype, device=gate.device)
     if out.numel() == 0:
@@ -68,13 +76,14 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor | None, activation: str) -> tor
     block_m, block_n, num_warps = _tile(n_rows, n_cols, gate.device)
     _glu_fwd_kernel[_grid(n_rows, n_cols, block_m, block_n)](
         g2, u2, out2, n_rows, n_cols, g2.stride(0), g2.stride(1), u2.stride(0), u2.stride(1),
-        out2.stride(0), ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=num_warps)
+        out2.stride(0), gate_multiplier, down_multiplier, ACTIVATION=activation,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     return out
 
 
 def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None,
-            activation: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+            activation: str, gate_multiplier: float = 1.0, down_multiplier: float = 1.0
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(dgate, dup), contiguous. When up is None, dgate is the one [..., 2 * I] gradient of
     the concatenated input (dgate then dup on the last dim) and dup is None."""
     g, u = _halves(gate, up)
@@ -97,13 +106,13 @@ def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None,
     _glu_bwd_kernel[_grid(n_rows, n_cols, block_m, block_n)](
         do2, g2, u2, dg2, du2, n_rows, n_cols, do2.stride(0), do2.stride(1),
         g2.stride(0), g2.stride(1), u2.stride(0), u2.stride(1), dg2.stride(0), du2.stride(0),
-        ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+        gate_multiplier, down_multiplier, ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     return dgate, dup
 
 
 # --- registration: custom ops, fakes and autograd -----------------------------------------
 
-def _glu_fake(gate, up, activation):
+def _glu_fake(gate, up, activation, gate_multiplier=1.0, down_multiplier=1.0):
     g, _ = _halves(gate, up)
     return gate.new_empty(g.shape)
 
@@ -114,15 +123,17 @@ GLU = register_op(
     outputs=("out",),
     fake=_glu_fake,
     backward=glu_bwd,
-    backward_fake=lambda dout, gate, up, activation: (like(gate), like(up)),
+    backward_fake=lambda dout, gate, up, *_: (like(gate), like(up)),
     grads=("gate", "up"),
 )
 
 
 # --- the checked entry point of swiglu and geglu ------------------------------------------
 
-def glu(gate: torch.Tensor, up: torch.Tensor | None, activation: str) -> torch.Tensor:
-    """act(gate) * up after the input checks; `activation` one of ACTIVATIONS."""
+def glu(gate: torch.Tensor, up: torch.Tensor | None, activation: str,
+        gate_multiplier: float = 1.0, down_multiplier: float = 1.0) -> torch.Tensor:
+    """act(gate_multiplier * gate) * up * down_multiplier after the input checks;
+    `activation` one of ACTIVATIONS."""
     check_tensor("gate", gate, min_dim=1)
     if up is None:
         if gate.shape[-1] % 2:
@@ -137,7 +148,14 @@ def glu(gate: torch.Tensor, up: torch.Tensor | None, activation: str) -> torch.T
         check_same_device(gate=gate, up=up)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
-    return GLU(gate, up, activation)
+    for name, value in (("gate_multiplier", gate_multiplier),
+                        ("down_multiplier", down_multiplier)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise TypeError(f"{name} must be a number (Falcon-H1's mlp_multipliers), "
+                            f"got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value!r}")
+    return GLU(gate, up, activation, float(gate_multiplier), float(down_multiplier))
 
 
 # --- OpSpecs -----------------------------------------------------------------------------
@@ -148,6 +166,11 @@ def glu(gate: torch.Tensor, up: torch.Tensor | None, activation: str) -> torch.T
 #   gelu_tanh: z (5), s (3), g *;             act': dz (3), s(-z) (3), 3 *, +
 #   gelu:      g / sqrt 2, erf, 1 +, / 2, g *; act': g^2, * -1/2, exp, g *, / sqrt(2 pi), +
 _ACT_FLOPS = {"silu": (4, 6), "gelu_tanh": (9, 10), "gelu": (5, 6)}
+
+# Falcon-H1's mlp_multipliers, as case flags and keyword arguments (absent: 1.0)
+MULTIPLIERS = ("gate_multiplier", "down_multiplier")
+# the quick and full suites' multiplier variant of every gated unit
+MULTIPLIED = {"gate_multiplier": 0.75, "down_multiplier": 2.5}
 
 
 def glu_spec(name: str, impl: Callable, reference: Callable,
@@ -175,16 +198,19 @@ def glu_spec(name: str, impl: Callable, reference: Callable,
             inject_nonfinite(gate, case)
             if up is not None:  # other positions than gate's
                 inject_nonfinite(up, case.with_(seed=case.seed + 1))
-        return {"gate": gate, "up": up, **extra_kwargs(case)}
+        multipliers = {k: float(case.flag(k)) for k in MULTIPLIERS if case.flag(k) is not None}
+        return {"gate": gate, "up": up, **extra_kwargs(case), **multipliers}
 
     def cost(case: Case, mode: str) -> Cost:
         m, n, e = case["rows"], case["intermediate"], case.dtype.itemsize
         act, dact = _ACT_FLOPS[activation_of(case)]
+        k = sum(case.flag(name) is not None for name in MULTIPLIERS)  # one product each
         if mode == "fwd":
-            # read gate, up; write out. FLOP per elem: act, * up.
-            return Cost(flops=(act + 1) * m * n, bytes=3 * m * n * e)
-        # read dout, gate, up; write dgate, dup. FLOP per elem: act and act', 3 products.
-        return Cost(flops=(act + dact + 3) * m * n, bytes=5 * m * n * e)
+            # read gate, up; write out. FLOP per elem: act, * up, the multipliers.
+            return Cost(flops=(act + 1 + k) * m * n, bytes=3 * m * n * e)
+        # read dout, gate, up; write dgate, dup. FLOP per elem: act and act', 3 products,
+        # the multipliers (twice each: the forward's, recomputed, and the chain rule's).
+        return Cost(flops=(act + dact + 3 + 2 * k) * m * n, bytes=5 * m * n * e)
 
     def cases(suite: str) -> list[Case]:
         def case(rows, inter, layout="contiguous", model=None, **flags):
@@ -204,11 +230,13 @@ def glu_spec(name: str, impl: Callable, reference: Callable,
                     case(4, 1000, "transposed", concat=True), case(0, 64, concat=True),
                     case(5, 781, nonfinite=True), case(3, 7, concat=True, nonfinite=True)]
             out += [case(5, 781, **flags) for flags in flag_sets]
+            out += [case(5, 781, **MULTIPLIED), case(4, 128, "strided", concat=True, **MULTIPLIED)]
         if suite == "full":
             out += [case(r, w, "strided", concat=True) for r, w, m in points
                     if m is None and r * w <= 2**24]
             out += [case(3, 100003, "transposed"), case(257, 1021, nonfinite=True),
-                    case(0, 4096)] + [case(257, 4093, **flags) for flags in flag_sets]
+                    case(0, 4096)] + [case(257, 4093, **flags)
+                                      for flags in flag_sets + [MULTIPLIED]]
             # rows x row stride of the concatenated input > 2^31: 64-bit offsets
             out.append(case(32769, 32771, concat=True, huge=True))
         return out
@@ -229,6 +257,7 @@ def glu_spec(name: str, impl: Callable, reference: Callable,
             return None
         if args["up"] is None:
             flags = dict(flags, concat=True)
+        flags = dict(flags, **{k: args[k] for k in MULTIPLIERS if args.get(k, 1.0) != 1.0})
         g, _ = _halves(args["gate"], args["up"])
         return rows_case(name, g, "intermediate", **flags)
 

@@ -43,8 +43,11 @@ counting (verify's empty-input check) sees its launches as it sees Triton's.
 
 Written in place: `mutates=("logits",)` declares which inputs the forward overwrites
 (`backward_mutates` the backward's). torch accepts no autograd formula on a mutating
-op, so the rule is then an autograd.Function around the two ops; a backward that
-mutates returns nothing and its gradients are the tensors it wrote, in order.
+op, so the rule is then an autograd.Function around the two ops. A backward that
+mutates writes the first gradients of `grads` over the arguments it names, in order,
+and returns the rest (none when it writes them all): `backward_mutates=("dy",)` with
+`grads=("x", "weight")` writes dx over dy and returns dw. A gradient written over is
+made contiguous first (a copy only when autograd hands over a strided or broadcast one).
 
 `configs`: the op's configuration space (block sizes, warps, stages) for tuning, and the
 hook a launcher asks for a tuned configuration: `op.config(key)` is the configuration
@@ -217,7 +220,12 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
     bparams = list(inspect.signature(bfirst).parameters.values())
     bhints = typing.get_type_hints(bfirst)
     plan = _backward_plan(name, bparams, in_names, outputs, stats)
-    n_grads = 0 if backward_mutates else len(targets)
+    backward_mutates = tuple(backward_mutates)
+    unknown = [n for n in backward_mutates if n not in plan]
+    if unknown or len(backward_mutates) > len(targets):
+        raise ValueError(f"{name}: backward_mutates {list(backward_mutates)} must name at most "
+                         f"{len(targets)} backward parameters (of {', '.join(plan)})")
+    n_grads = len(targets) - len(backward_mutates)
     if backward_fake is None:
         backward_fake = _default_backward_fake(name, bparams, targets, backward_mutates)
     used = [p for p in bparams if p.name in plan]
@@ -246,13 +254,14 @@ def _placeholder(args) -> torch.Tensor:
     return first.new_empty((0,))
 
 
-def _tensors_only(out, n: int, args):
+def _tensors_only(out, n: int, args, op_name: str):
     """A launcher's result as a custom op returns it: None -> an empty placeholder."""
     if n == 0:
         return None
     out = out if isinstance(out, tuple) else (out,)
     if len(out) != n:
-        raise RuntimeError(f"expected {n} outputs, got {len(out)}")
+        raise RuntimeError(f"{op_name}: its launcher returned {len(out)} outputs, the "
+                           f"registration declares {n}")
     out = tuple(_placeholder(args) if o is None else o for o in out)
     return out[0] if n == 1 else out
 
@@ -275,11 +284,11 @@ def _custom_op(op_name: str, impls: dict[str, Launcher], fake, params, hints, n_
 
     def run(*args, **kwargs):
         call, impl = split(args, kwargs)
-        return _tensors_only(impls[impl](*call), n_out, call)
+        return _tensors_only(impls[impl](*call), n_out, call, op_name)
 
     def run_fake(*args, **kwargs):
         call, _ = split(args, kwargs)
-        return _tensors_only(fake(*call), n_out, call)
+        return _tensors_only(fake(*call), n_out, call, op_name)
 
     sig_params = [p.replace(annotation=hints.get(p.name, p.annotation),
                             kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params]
@@ -318,7 +327,8 @@ def _backward_plan(name, bparams, in_names, outputs, stats) -> dict[str, tuple[s
 
 
 def _default_backward_fake(name, bparams, targets, mutates):
-    if mutates:
+    targets = targets[len(mutates):]  # the gradients written over arguments are not returned
+    if not targets:
         return lambda *args: None
     names = [p.name for p in bparams]
     missing = [g[0] for g in targets if g[0] not in names]
@@ -369,10 +379,15 @@ class _AutogradRule:
         values.update(ctx.plain)
         args = [grads[self.plan[n][1]] if self.plan[n][0] == "grad" else values[n]
                 for n in self.bnames]
-        out = self.bwd_op(*args, ctx.impl)
+        written = ()
         if self.bmutates:
-            out = tuple(values[n] for n in self.bmutates)
-        out = out if isinstance(out, tuple) else (out,)
+            for i, n in enumerate(self.bnames):
+                if n in self.bmutates and self.plan[n][0] == "grad" and args[i] is not None:
+                    args[i] = args[i].contiguous()  # written over: dense, in its own layout
+            written = tuple(args[self.bnames.index(n)] for n in self.bmutates)
+        out = self.bwd_op(*args, ctx.impl)
+        out = out if isinstance(out, tuple) else () if out is None else (out,)
+        out = written + out
         result = [None] * n_in
         for group, g in zip(self.targets, out):
             for n in group:

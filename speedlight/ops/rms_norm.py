@@ -21,6 +21,7 @@ from speedlight.kernels.rms_norm import (
 )
 from speedlight.launch import (
     as_rows,
+    planned_sm_count,
     partial_sum_programs,
     persistent_row_grid,
     row_tile,
@@ -28,7 +29,7 @@ from speedlight.launch import (
 )
 from speedlight.ops._checks import check_same_device, check_tensor
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
-from speedlight.ops.registration import like, register_op, row_stats
+from speedlight.ops.registration import Configs, like, register_op, row_stats
 from speedlight.runtime import check_runtime
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
@@ -84,9 +85,9 @@ def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
     if n_cols <= MAX_FUSED_N:
         # Persistent: a grid of as many programs as fit (FWD_WARPS_PER_SM warps per SM)
         # walks the row tiles, so w is read once per program, not once per tile.
+        config = RMS_NORM.config((n_cols, x.dtype, planned_sm_count(x.device)))
         grid, block_m, block_n, num_warps = persistent_row_grid(
-            n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, tile=FWD_TILE,
-            warps_per_sm=FWD_WARPS_PER_SM)
+            n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, **config)
         _rms_norm_fwd_kernel[grid](
             *args, n_rows, n_cols, *strides, eps, offset, **switches,
             BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
@@ -98,15 +99,18 @@ def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
 
 
 def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
-                 rstd: torch.Tensor, offset: float, dh: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 rstd: torch.Tensor, offset: float, dh: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """dx (x's shape and dtype) and dw (w's dtype; None without a weight).
 
     dh: a gradient that already reaches x by another path (the residual stream, when x is
     h = x_in + residual), added to dx in fp32 before the one rounding.
+    out: where dx is written (contiguous, x's shape and dtype), e.g. dy itself: every
+    element of dy (and dh) is read by the program that writes the same element of dx,
+    before it writes it, so dx may be written over them.
     """
     n_cols = x.shape[-1]
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
     has_weight = weight is not None
     if x.numel() == 0:
         dw = torch.zeros_like(weight) if has_weight else None
@@ -166,22 +170,63 @@ RMS_NORM = register_op(
     inference=rms_norm_infer,
     backward=rms_norm_bwd,
     grads=("x", "weight"),
+    # the persistent forward's tile and grid, keyed by (hidden, dtype, SM count)
+    configs=Configs(space={"tile": (2048, 4096, 8192, 16384), "warps_per_sm": (16, 32, 48, 64)},
+                    default=lambda key: {"tile": FWD_TILE, "warps_per_sm": FWD_WARPS_PER_SM}),
+)
+
+
+
+def rms_norm_inplace_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                         rstd: torch.Tensor, offset: float) -> torch.Tensor | None:
+    """dw (None without a weight); dx is written over dy (contiguous, x's dtype)."""
+    return rms_norm_bwd(dy, x, weight, rstd, offset, out=dy)[1]
+
+
+# The in-place backward: dx is written over the incoming gradient dy (mutation declared to
+# torch), so the backward allocates nothing of x's size. Safe only where dy reaches no
+# other consumer: see rms_norm's `in_place`.
+RMS_NORM_INPLACE = register_op(
+    "rms_norm_inplace",
+    forward=rms_norm_fwd,
+    outputs=("y", "rstd"),
+    stats=("rstd",),
+    fake=lambda x, weight, eps, offset: (like(x), row_stats(x)),
+    inference=rms_norm_infer,
+    backward=rms_norm_inplace_bwd,
+    backward_mutates=("dy",),
+    grads=("x", "weight"),
 )
 
 
 # --- public function ---------------------------------------------------------------------
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
-             offset: float = 0.0) -> torch.Tensor:
+             offset: float = 0.0, *, in_place: bool = False) -> torch.Tensor:
     """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * (offset + weight).
 
     x: [..., hidden] float32/float16/bfloat16, any strides. weight: [hidden] or None
     (no scale). offset: 1.0 for Gemma's (1 + w) form. Returns a tensor of x's shape and
     dtype. Differentiable in x and weight; works under torch.compile(fullgraph=True).
+
+    in_place: the backward writes dx over the gradient of y it receives, so it allocates
+    nothing of x's size. Only where that gradient goes nowhere else: not when y (or a
+    view of it) is added to another tensor (a post-norm's output joining the residual
+    stream: the add hands one gradient to both operands), is the root of backward (the
+    caller's upstream gradient is overwritten), or has a hook that keeps its gradient.
+    speedlight.patch turns it on only for norms whose output feeds linear layers alone.
     """
     check_tensor("x", x, min_dim=1)
     check_norm_args(x, weight, eps, offset)
-    return RMS_NORM(x, weight, float(eps), float(offset))
+    check_in_place(in_place)
+    op = RMS_NORM_INPLACE if in_place else RMS_NORM
+    return op(x, weight, float(eps), float(offset))
+
+
+def check_in_place(in_place) -> None:
+    """in_place must be a bool (a norm's backward-in-place switch)."""
+    if not isinstance(in_place, bool):
+        raise TypeError(f"in_place must be a bool, got {in_place!r}")
 
 
 def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -> None:
@@ -229,7 +274,10 @@ def make_inputs(case: Case, device) -> dict:
         # Gemma stores w - 1 (near 0); plain RMSNorm weights sit near 1.
         weight = rand_tensor((hidden,), case, device, layout="contiguous", salt=1, scale=0.2,
                              shift=0.0 if offset else 1.0)
-    return {"x": x, "weight": weight, "eps": 1e-6, "offset": offset}
+    inputs = {"x": x, "weight": weight, "eps": 1e-6, "offset": offset}
+    if case.flag("in_place"):
+        inputs["in_place"] = True
+    return inputs
 
 
 def _cost(case: Case, mode: str) -> Cost:
@@ -251,13 +299,15 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
 
 
 def _case_of(op: str, call: str, args) -> Case | None:
-    """The Case of a call of rms_norm's (or add_rms_norm's) registered ops: x (h in
-    add_rms_norm's backward) over its rows, with a weight or not, and Gemma's offset."""
-    if not is_call_of(call, op):
+    """The Case of a call of rms_norm's (or add_rms_norm's) registered ops, in place or
+    not: x (h in add_rms_norm's backward) over its rows, with a weight or not, and Gemma's
+    offset."""
+    in_place = is_call_of(call, f"{op}_inplace")
+    if not (in_place or is_call_of(call, op)):
         return None
     x = args["x"] if "x" in args else args["h"]
     return rows_case(op, x, "hidden", weight=False if args["weight"] is None else None,
-                     offset=1 if args.get("offset") else None)
+                     offset=1 if args.get("offset") else None, in_place=in_place or None)
 
 
 _TWO_PASS = ("a row longer than 16384 does not fit registers: it is read twice, for the "
@@ -272,9 +322,10 @@ SPEC = OpSpec(
     make_inputs=make_inputs,
     cost=_cost,
     suites=shapes.suites(lambda suite: norm_cases(
-        "rms_norm", suite, model_flags=model_norm_flags, full_variants=[{"weight": False}],
+        "rms_norm", suite, model_flags=model_norm_flags,
+        full_variants=[{"weight": False}, {"in_place": True}],
         quick_variants=[(3, 7, {"weight": False}), (5, 781, {"weight": False}),
-                        (37, 128, {"offset": 1})])),
+                        (37, 128, {"offset": 1}), (37, 128, {"in_place": True})])),
     grad_inputs=("x", "weight"),
     skip=skip_huge_on_cpu,
     notes="Normalizes the last dim; fp32 accumulation; dW reduced per program, then summed.",

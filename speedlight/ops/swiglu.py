@@ -12,15 +12,20 @@ from speedlight import reference
 from speedlight.ops.glu import glu, glu_spec
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None, *,
+           gate_multiplier: float = 1.0, down_multiplier: float = 1.0) -> torch.Tensor:
     """silu(gate) * up, in fp32 and rounded once.
 
     gate, up: [..., I] of one dtype (float32/float16/bfloat16), any strides; or up=None and
     gate [..., 2 * I] holding gate then up on its last dim (a fused gate_up projection, as
     `gate, up = gate_up.chunk(2, -1)`), read in place. Returns [..., I] in gate's dtype.
     Differentiable in gate and up; works under torch.compile(fullgraph=True).
+
+    gate_multiplier, down_multiplier: Falcon-H1's mlp_multipliers, folded in:
+    silu(gate_multiplier * gate) * up * down_multiplier. down_multiplier scales what the
+    down projection reads, which equals scaling its output when it has no bias.
     """
-    return glu(gate, up, "silu")
+    return glu(gate, up, "silu", gate_multiplier, down_multiplier)
 
 
 SPEC = glu_spec(

@@ -18,6 +18,11 @@ class Family:
     norm_offset: float = 0.0  # Gemma scales by (1 + w)
     norm_out: str = "promote"  # "promote": weight * x.to(dtype) (Llama); "input": (x*w).type_as(x)
     mlp: str = "split"  # "split": gate_proj/up_proj/down_proj; "fused": gate_up_proj/down_proj
+    # The norms (by attribute name) whose output feeds linear layers alone: the gradient
+    # they receive is a fresh sum of those layers' input gradients, so their backward may
+    # write over it (rms_norm's in_place). Not a post-norm, whose output joins the residual
+    # stream (the add hands one gradient to both operands), nor q_norm/k_norm.
+    in_place_norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm", "norm")
 
     @property
     def norm_class(self) -> str:
@@ -39,9 +44,18 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     Family("qwen3", "Qwen3", "transformers.models.qwen3.modeling_qwen3"),
     Family("gemma", "Gemma", "transformers.models.gemma.modeling_gemma", norm_offset=1.0,
            norm_out="input"),
+    # post_attention_layernorm and post_feedforward_layernorm are post-norms (their output
+    # is added to the residual); pre_feedforward_layernorm feeds the MLP
     Family("gemma2", "Gemma2", "transformers.models.gemma2.modeling_gemma2", norm_offset=1.0,
-           norm_out="input"),
+           norm_out="input", in_place_norms=("input_layernorm", "pre_feedforward_layernorm",
+                                             "norm")),
     Family("phi3", "Phi3", "transformers.models.phi3.modeling_phi3", mlp="fused"),
+    Family("granite", "Granite", "transformers.models.granite.modeling_granite"),
+    # hybrid attention + Mamba-2 layers; its MLP (feed_forward) has mlp_multipliers. The
+    # input norm feeds both mixers and stays out of place; the Mamba mixer's own gated norm
+    # is another class, left as it is.
+    Family("falcon_h1", "FalconH1", "transformers.models.falcon_h1.modeling_falcon_h1",
+           in_place_norms=("pre_ff_layernorm", "final_layernorm")),
 ]}
 
 # Hugging Face activation classes -> (speedlight op, its keyword arguments)

@@ -37,10 +37,18 @@ def _cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
 
 
+def _has_values(t: torch.Tensor) -> bool:
+    """False for a fake or meta tensor (profile's projection): nothing to read."""
+    from torch._subclasses.fake_tensor import is_fake
+    return not is_fake(t) and t.device.type != "meta"
+
+
 def _packed_lengths(position_ids: torch.Tensor | None, batch: int, seq: int) -> torch.Tensor | None:
     """Sequence lengths of one row packed with several sequences (positions restart at 0),
-    or None when position_ids describe ordinary rows."""
-    if position_ids is None or batch != 1 or position_ids.shape[-1] != seq or seq < 2:
+    or None when position_ids describe ordinary rows (or have no values to read: one
+    sequence per row, as the projection assumes)."""
+    if (position_ids is None or batch != 1 or position_ids.shape[-1] != seq or seq < 2
+            or not _has_values(position_ids)):
         return None
     pos = position_ids.reshape(-1)
     starts = torch.nonzero(pos == 0).flatten()
@@ -83,6 +91,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                          query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                          sliding_window=sliding_window, softcap=softcap, is_causal=is_causal,
                          position_ids=position_ids, **kwargs)
+    if attention_mask is not None and not _has_values(attention_mask):
+        attention_mask = None  # fake tensors (projection): costed as unpadded rows
     if attention_mask is not None:
         keep_k = attention_mask[:, -sk:].bool()
         keep_q = keep_k[:, -sq:]

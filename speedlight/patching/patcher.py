@@ -2,8 +2,13 @@
 
 What is swapped, per module instance (the class, parameters and state-dict stay as they
 are, so weights load unchanged and optimizers keep their references):
-  rms_norm       every <Family>RMSNorm's forward -> speedlight.rms_norm (offset 1 for Gemma)
-  mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up));
+  rms_norm       every <Family>RMSNorm's forward -> speedlight.rms_norm (offset 1 for Gemma);
+                 in_place=True for the norms whose output feeds linear layers alone
+                 (Family.in_place_norms: pre-norms and the final norm, never a post-norm
+                 whose output joins the residual stream), so their backward allocates
+                 nothing of the activations' size
+  mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up)), with
+                 Falcon-H1's mlp multipliers folded into the gated unit;
                  with mlp="fused" -> down_proj(gated_matmul(x, gate and up weights)): both
                  projections and the gated product in one GEMM kernel (off by default
                  until measured on a GPU)
@@ -16,6 +21,14 @@ are, so weights load unchanged and optimizers keep their references):
                  attention-function and mask registries, see hf_attention.py): every
                  attention layer calls speedlight.attention with its scaling, sliding
                  window and softcap; padding masks arrive 2-D and run as variable length
+  linear_cross_entropy
+                 the causal LM's forward, when it trains with labels: the lm_head and the
+                 loss by speedlight.linear_cross_entropy, so the [tokens, vocab] logits are
+                 never made, and the output's logits are None (say skip_logits=False to get
+                 them; eval mode, no labels or logits_to_keep keep the normal path, whose
+                 loss is the cross_entropy patch's). Granite's logits_scaling and Falcon-H1's
+                 lm_head_multiplier scale the hidden states first; Gemma 2's
+                 final_logit_softcapping is the op's softcap.
 unpatch restores every instance's forward, the model's loss and its attention
 implementation exactly as they were.
 """
@@ -45,6 +58,7 @@ class PatchWarning(UserWarning):
 class PatchReport:
     model_type: str
     patched: dict[str, list[str]] = field(default_factory=dict)  # kind -> module paths
+    in_place: list[str] = field(default_factory=list)  # norms whose backward writes over dy
     not_patched: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
 
     def count(self, kind: str) -> int:
@@ -56,6 +70,9 @@ class PatchReport:
             if kind in self.patched:
                 lines.append(f"  patched {kind}: {len(self.patched[kind])} "
                              f"({', '.join(self.patched[kind][:3])}{', ...' if len(self.patched[kind]) > 3 else ''})")
+        if self.in_place:
+            lines.append(f"  rms_norm backward in place: {len(self.in_place)} (the norms "
+                         f"whose output feeds linear layers alone)")
         for what, why in self.not_patched:
             lines.append(f"  NOT patched {what}: {why}")
         return "\n".join(lines)
@@ -112,11 +129,11 @@ def _attention_forward(previous):
 
 # --- the replacement forwards --------------------------------------------------------------
 
-def _norm_forward(offset: float, out: str, eps_attr: str):
+def _norm_forward(offset: float, out: str, eps_attr: str, in_place: bool = False):
     def forward(self, x):
         from speedlight.ops.rms_norm import rms_norm
         y = rms_norm(x, self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype),
-                     float(getattr(self, eps_attr)), offset)
+                     float(getattr(self, eps_attr)), offset, in_place=in_place)
         if out == "promote":  # Llama: weight * x.to(input dtype) promotes to weight's dtype
             return y.to(torch.promote_types(x.dtype, self.weight.dtype))
         return y
@@ -124,9 +141,18 @@ def _norm_forward(offset: float, out: str, eps_attr: str):
 
 
 def _split_mlp_forward(op_name: str, op_kwargs: dict):
+    """down_proj(act(gate_proj(x)) * up_proj(x)), with Falcon-H1's gate_multiplier and
+    down_multiplier (attributes of its MLP) folded into the gated unit; down_multiplier
+    scales down_proj's output instead when down_proj has a bias."""
     def forward(self, x):
         op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
-        return self.down_proj(op(self.gate_proj(x), self.up_proj(x), **op_kwargs))
+        gate_multiplier = float(getattr(self, "gate_multiplier", 1.0))
+        down_multiplier = float(getattr(self, "down_multiplier", 1.0))
+        folded = self.down_proj.bias is None
+        y = self.down_proj(op(self.gate_proj(x), self.up_proj(x), **op_kwargs,
+                              gate_multiplier=gate_multiplier,
+                              down_multiplier=down_multiplier if folded else 1.0))
+        return y if folded or down_multiplier == 1.0 else y * down_multiplier
     return forward
 
 
@@ -156,6 +182,12 @@ def _gated_matmul_forward(op_name: str, op_kwargs: dict):
     return forward
 
 
+def _has_multipliers(mlp) -> bool:
+    """Whether the MLP scales its gate or its output (Falcon-H1's mlp_multipliers)."""
+    return any(float(getattr(mlp, name, 1.0)) != 1.0
+               for name in ("gate_multiplier", "down_multiplier"))
+
+
 def _has_bias(mlp) -> bool:
     return any(getattr(getattr(mlp, name, None), "bias", None) is not None
                for name in ("gate_proj", "up_proj", "gate_up_proj"))
@@ -178,6 +210,73 @@ def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ign
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(loss.device)
     return loss / num_items_in_batch
+
+
+def fused_causal_lm_loss(hidden, lm_head, labels, *, shift_labels=None,
+                         num_items_in_batch=None, ignore_index: int = -100,
+                         logits_scale: float = 1.0, softcap: float | None = None):
+    """Hugging Face's ForCausalLMLoss of lm_head(hidden) (times logits_scale, soft-capped),
+    by speedlight.linear_cross_entropy: the logits are never made. Labels shifted by one;
+    a mean over non-ignored tokens, or sum / num_items_in_batch (gradient accumulation);
+    fp32, as Hugging Face's loss. A logits_scale other than 1 needs a bias-free lm_head."""
+    from speedlight.ops.linear_cross_entropy import linear_cross_entropy
+    if shift_labels is None:
+        labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:]
+    if logits_scale != 1:
+        hidden = hidden * logits_scale  # s * lm_head(h) = lm_head(s * h) without a bias
+    target = shift_labels.to(hidden.device)
+    kwargs = dict(ignore_index=ignore_index, softcap=softcap)
+    if num_items_in_batch is None:
+        return linear_cross_entropy(hidden, lm_head.weight, target, lm_head.bias,
+                                    **kwargs).float()
+    loss = linear_cross_entropy(hidden, lm_head.weight, target, lm_head.bias, reduction="sum",
+                                **kwargs).float()
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+def _logits_scale(model) -> float:
+    """What a family multiplies its lm_head's output by before the loss: Granite divides by
+    config.logits_scaling, Falcon-H1 multiplies by model.lm_head_multiplier; 1 elsewhere."""
+    scale = 1.0
+    divisor = getattr(model.config, "logits_scaling", None)
+    if divisor:
+        scale /= float(divisor)
+    multiplier = getattr(model.model, "lm_head_multiplier", None)
+    if multiplier is not None:
+        scale *= float(multiplier)
+    return scale
+
+
+def _causal_lm_forward(previous, signature: inspect.Signature):
+    """The causal LM's forward: with labels in training (or skip_logits=True), the base
+    model, then fused_causal_lm_loss on its last hidden state; otherwise `previous`."""
+    var_kw = next((n for n, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), None)
+
+    def forward(self, *args, skip_logits: bool | None = None, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        arguments = dict(bound.arguments)
+        extra = dict(arguments.pop(var_kw, {}) if var_kw else {})
+        labels = arguments.pop("labels", None)
+        keep = arguments.pop("logits_to_keep", 0)
+        fused = labels is not None and (self.training if skip_logits is None else skip_logits)
+        scale = _logits_scale(self)
+        if (not fused or not isinstance(keep, int) or keep != 0
+                or (scale != 1 and self.lm_head.bias is not None)):
+            return previous(*args, **kwargs)
+        loss_kwargs = {k: extra.pop(k) for k in ("num_items_in_batch", "shift_labels",
+                                                 "ignore_index") if k in extra}
+        outputs = self.model(**arguments, **extra)
+        config = self.config
+        loss = fused_causal_lm_loss(
+            outputs[0], self.lm_head, labels, **loss_kwargs, logits_scale=scale,
+            softcap=getattr(config, "final_logit_softcapping", None))
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+        fields = {k: v for k, v in outputs.items() if k != "last_hidden_state"}
+        return CausalLMOutputWithPast(loss=loss, logits=None, **fields)
+    return forward
 
 
 # --- patch / unpatch -------------------------------------------------------------------------
@@ -206,8 +305,17 @@ def _activation_of(mlp) -> tuple[str, dict] | None:
 
 
 def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
-          rope: bool = True, cross_entropy: bool = True, attention: bool = True) -> PatchReport:
-    """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3).
+          rope: bool = True, cross_entropy: bool = True, attention: bool = True,
+          norm_in_place: bool = True, linear_cross_entropy: bool = True) -> PatchReport:
+    """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3,
+    Falcon-H1, Granite).
+
+    linear_cross_entropy: the training loss of a causal LM with labels is computed without
+    its logits, which the output then does not hold (see the module docstring).
+
+    norm_in_place: the norms whose output feeds linear layers alone (the family's
+    in_place_norms) run their backward in place (speedlight.rms_norm's in_place); False
+    keeps every norm's backward out of place.
 
     mlp: True swaps the gated unit between the projections (swiglu / geglu); "fused" runs
     both input projections and the gated product as one speedlight.gated_matmul kernel,
@@ -228,7 +336,8 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     model_type = getattr(config, "model_type", None) or type(model).__name__
     family: Family | None = FAMILIES.get(model_type)
     wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy,
-              "attention": attention}
+              "attention": attention,
+              "linear_cross_entropy": linear_cross_entropy}
     report = PatchReport(model_type)
     record: dict = {"forwards": [], "rope_modules": [], "loss": None, "attention": None}
 
@@ -247,8 +356,12 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
                 continue
             if wanted["rms_norm"] and cls == family.norm_class:
                 eps_attr = "variance_epsilon" if hasattr(module, "variance_epsilon") else "eps"
-                _set_forward(module, _norm_forward(family.norm_offset, family.norm_out, eps_attr), record)
+                in_place = norm_in_place and path.rsplit(".", 1)[-1] in family.in_place_norms
+                _set_forward(module, _norm_forward(family.norm_offset, family.norm_out, eps_attr,
+                                                   in_place), record)
                 report.patched.setdefault("rms_norm", []).append(path)
+                if in_place:
+                    report.in_place.append(path)
             elif wanted["mlp"] and cls == family.mlp_class:
                 act = _activation_of(module)
                 if act is None:
@@ -263,7 +376,11 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
                     report.not_patched.append((f"mlp {path} (fused)", "its projections have "
                                                "biases, which gated_matmul does not add; the "
                                                "gated unit alone is patched"))
-                if mlp == "fused" and not _has_bias(module) and _available("gated_matmul"):
+                elif mlp == "fused" and _has_multipliers(module):
+                    report.not_patched.append((f"mlp {path} (fused)", "it has mlp multipliers "
+                                               "(Falcon-H1), which gated_matmul does not "
+                                               "apply; the gated unit alone is patched"))
+                elif mlp == "fused" and _available("gated_matmul"):
                     _set_forward(module, _gated_matmul_forward(*act), record)
                     report.patched.setdefault("mlp", []).append(f"{path} (gated_matmul)")
                     continue
@@ -293,12 +410,29 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
                                            "(not a *ForCausalLM model)"))
         if wanted["attention"]:
             _patch_attention(model, family, report, record)
+        if wanted["linear_cross_entropy"]:
+            _patch_causal_lm_forward(model, report, record)
     setattr(model, _RECORD, record)
     if report.not_patched:
         warnings.warn(str(report), PatchWarning, stacklevel=2)
     return report
 
 
+def _patch_causal_lm_forward(model, report: PatchReport, record: dict) -> None:
+    kind = "linear_cross_entropy"
+    lm_head = getattr(model, "lm_head", None)
+    if not (hasattr(type(model), "loss_function") and isinstance(lm_head, torch.nn.Linear)
+            and isinstance(getattr(model, "model", None), torch.nn.Module)):
+        report.not_patched.append((kind, f"{type(model).__name__} is not a causal LM with a "
+                                   "linear lm_head over its base model"))
+        return
+    if not _available(kind):
+        report.not_patched.append((kind, "this install has no speedlight.linear_cross_entropy"))
+        return
+    previous = model.__dict__.get("forward") or model.forward
+    _set_forward(model, _causal_lm_forward(previous, inspect.signature(previous)), record)
+    report.patched[kind] = ["forward (training with labels: the loss without logits; "
+                            "the output's logits are None)"]
 def _patch_attention(model, family: Family, report: PatchReport, record: dict) -> None:
     """Point the model's config at the "speedlight" attention implementation, and let every
     attention layer find the report its fallbacks are written to."""

@@ -43,7 +43,7 @@ FILES = {"profile_before": "profile-before.json", "patch": "patch.json",
 def configure(p: argparse.ArgumentParser) -> None:
     arguments.add_model_run(p, train=True)
     p.add_argument("--baselines", default=None,
-                   help="bench baselines (default: torch-eager,torch-compile,liger on a GPU; "
+                   help="bench baselines (default: torch-eager,torch-compile,liger,torch-fused on a GPU; "
                         "torch-eager on a CPU, where compiling each case costs more than the report)")
     p.add_argument("--bench-budget", type=float, default=None,
                    help="seconds for the bench stage (default 240 on a GPU, 60 on a CPU)")
@@ -291,7 +291,8 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         def do_bench():
             from speedlight.bench.baselines import Baselines
             from speedlight.bench.runner import Bench, Settings
-            names = args.baselines or ("torch-eager,torch-compile,liger" if device.type == "cuda"
+            names = args.baselines or ("torch-eager,torch-compile,liger,torch-fused"
+                                       if device.type == "cuda"
                                        else "torch-eager")
             bench = Bench(device, Settings(modes=("fwd", "bwd")),
                           Baselines(tuple(n for n in names.split(",") if n and n != "none")),

@@ -3,6 +3,8 @@
 The same rule as `speedlight verify`, one level up: the patched model's logits, loss and
 every parameter gradient may have at most k times the error the original model has in
 the same dtype (each against the float64 copy of the original), under the dtype's ceiling.
+A patched model that trains without logits (linear_cross_entropy) has its logits checked
+on its normal (eval) path.
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ def _outputs(model, inputs, loss_fn, train: bool) -> dict[str, torch.Tensor]:
         loss = loss_fn(out)
         got = {}
         logits = getattr(out, "logits", None)
+        if logits is None and train and model.training:
+            # a patched model trains on linear_cross_entropy and returns no logits: check
+            # them on the normal path (eval mode keeps it) too, so both paths are covered
+            with torch.no_grad():
+                model.eval()
+                try:
+                    logits = getattr(_call(model, inputs), "logits", None)
+                finally:
+                    model.train()
         if isinstance(logits, torch.Tensor):
             got["logits"] = logits.detach()
         got["loss"] = loss.detach().reshape(1)

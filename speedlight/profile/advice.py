@@ -6,7 +6,9 @@ Estimates, per step, on the target's roof:
   training). Launches removed are counted too; their time is part of the launch-gap
   figure, reported separately, since CUDA graphs recover it without fusing;
 - memory saved = the bytes of the chain's intermediates (not its outputs) autograd kept
-  for backward (measured), less what the fused op keeps instead (rstd, logsumexp).
+  for backward (measured), less what the fused op keeps instead (rstd, logsumexp; for
+  linear_cross_entropy, whose logits are never stored, one chunk of logits and, in
+  training with half-precision weights, d_weight's fp32 accumulator).
 
 The fused op's compulsory bytes are those of the speedlight op (read its inputs once,
 write its outputs once, as in its OpSpec's cost); they are written here from the chain's
@@ -25,10 +27,7 @@ from speedlight.profile.patterns import Chain, find_chains
 
 # Chains whose speedlight op is still to come (a registered op's OpSpec.fuses says what
 # it replaces): op -> what it does.
-PLANNED = {
-    "fused_linear_cross_entropy": "lm_head matmul + cross-entropy in chunks: the logits are "
-                                  "never stored",
-}
+PLANNED: dict[str, str] = {}
 
 
 def describe(op: str, specs=None) -> tuple[str, str]:
@@ -43,6 +42,11 @@ def describe(op: str, specs=None) -> tuple[str, str]:
     if op in PLANNED:
         return PLANNED[op], "planned"
     return op, "not in this install"
+
+
+# speedlight.ops.linear_cross_entropy.CHUNK_BUDGET_BYTES (not imported: the advice imports
+# no op), the most bytes of logits one chunk holds
+LCE_CHUNK_BYTES = 512 * 2 ** 20
 
 
 def itemsize(dtype: str) -> int:
@@ -99,11 +103,16 @@ def fused_bytes(c: Chain, train: bool) -> tuple[int, int]:
         fwd = size(logits) + size(target) + lse + 4
         bwd = size(logits) + lse + size(target) + size(logits)
         return fwd + (bwd if train else 0), lse
-    if c.op == "fused_linear_cross_entropy":
+    if c.op == "linear_cross_entropy":
         h, w, target = t["hidden"], t["weight"], t["target"]
         fwd = size(h) + size(w) + size(target) + 4
         bwd = size(h) + size(w)  # dh and dW, computed chunk by chunk in the forward
-        return fwd + (bwd if train else 0), 4 * rows_of(h)
+        # alive at once instead of the logits: one chunk of them (speedlight's
+        # CHUNK_BUDGET_BYTES) and, training half-precision weights, dW's fp32 accumulator
+        kept = min(size(t["logits"]), LCE_CHUNK_BYTES)
+        if train and itemsize(w["dtype"]) < 4:
+            kept += 4 * elements(w)
+        return fwd + (bwd if train else 0), kept
     if c.op == "attention":
         q, k, v, out = t["q"], t["k"], t["v"], t["out"]
         lse = 4 * rows_of(q)
@@ -123,7 +132,7 @@ def estimate(c: Chain, rows: list[dict], roof: Roof, train: bool) -> dict:
     removed = max(unfused - fused, 0)
     # what autograd kept of the chain's intermediates; its outputs stay kept when fused
     saved_acts = sum(rows[i]["saved_bytes"] for i in c.fwd if i not in c.external)
-    if c.op == "fused_linear_cross_entropy":  # the logits themselves are never stored
+    if c.op == "linear_cross_entropy":  # the logits themselves are never stored
         saved_acts += size(c.tensors["logits"])
     return {
         "module": c.module, "ops": len(members),

@@ -202,7 +202,7 @@ def cross_entropy(g: Graph) -> list[Chain]:
         mm = g.input_base(start, 0)
         if _name(g, mm) in ("mm", "addmm"):
             h, w = g.row(mm)["inputs"][-2:]
-            chains.append(Chain("fused_linear_cross_entropy", "logits matmul + cross-entropy (logits never stored)",
+            chains.append(Chain("linear_cross_entropy", "logits matmul + cross-entropy (logits never stored)",
                                 fwd | {mm} | g.views_between(mm, start), g.row(mm)["module"],
                                 dict(t, hidden=h, weight=w), "an alternative to cross_entropy, not in addition"))
     return chains

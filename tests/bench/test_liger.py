@@ -4,6 +4,8 @@ Liger counterpart."""
 
 import dataclasses
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -48,7 +50,10 @@ def test_rms_norm_llama_and_gemma_casting():
     x, w = torch.randn(2, 8), torch.randn(8)
     (name, args, kw), mutates = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-5, "offset": 0.0})
     assert name == "liger_rms_norm" and args[:3] == (x, w, 1e-5)
-    assert kw == {"offset": 0.0, "casting_mode": "llama", "in_place": True} and not mutates
+    assert kw == {"offset": 0.0, "casting_mode": "llama", "in_place": False} and not mutates
+    (_, _, kw), _ = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-5, "offset": 0.0,
+                                        "in_place": True})
+    assert kw["in_place"] is True  # the case's in_place is Liger's
     (_, _, kw), _ = _adapt("rms_norm", {"x": x, "weight": w, "eps": 1e-6, "offset": 1.0})
     assert kw["casting_mode"] == "gemma" and kw["offset"] == 1.0
     with pytest.raises(liger.Unsupported, match="weight"):
@@ -138,3 +143,78 @@ def test_real_liger_softmax_matches_torch_on_the_interpreter():
     x = torch.randn(3, 100)
     fn, _ = liger.adapt(registry.builtin_spec("softmax"), {"x": x, "dim": -1}, CASE)
     torch.testing.assert_close(fn(x=x, dim=-1), torch.softmax(x, -1))
+
+
+def test_cross_entropy_passes_weight_z_loss_and_extras_to_liger():
+    logits, target = torch.randn(4, 10), torch.randint(0, 10, (4,))
+    w = torch.rand(10)
+    inputs = {"logits": logits, "target": target, "weight": w, "label_smoothing": 0.1,
+              "return_token_accuracy": True}
+    f, seen = StubF(), {}
+
+    def liger_cross_entropy(logits, target, **kw):
+        seen.update(kw)
+        return SimpleNamespace(loss=1, z_loss=None, token_accuracy=2, predicted_tokens=None)
+    f.__dict__["liger_cross_entropy"] = liger_cross_entropy
+    fn, _ = adapter("cross_entropy")(f, inputs, CASE)
+    assert fn(**inputs) == (1, None, 2, None)
+    assert seen["weight"] is w and seen["return_token_accuracy"] and seen["label_smoothing"] == 0.1
+    with pytest.raises(liger.Unsupported, match="z-loss ignores the class weights"):
+        adapter("cross_entropy")(StubF(), dict(inputs, z_loss=1e-3), CASE)
+    target[0] = -100
+    with pytest.raises(liger.Unsupported, match="-1 at ignored"):
+        adapter("cross_entropy")(StubF(), dict(inputs, return_predicted_tokens=True), CASE)
+
+
+def test_real_liger_cross_entropy_extras_match_speedlight():
+    """(Liger's weighted path does not run under the Triton interpreter: it calls .to on a
+    Python float; the stub test above checks the weight is passed.)"""
+    pytest.importorskip("liger_kernel")
+    import speedlight
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=g)
+    target = torch.randint(0, 50, (6,), generator=g)
+    kw = dict(reduction="mean", label_smoothing=0.1, z_loss=1e-3, return_z_loss=True,
+              return_token_accuracy=True, return_predicted_tokens=True)
+    fn, _ = liger.adapt(registry.builtin_spec("cross_entropy"),
+                        {"logits": logits, "target": target, **kw}, CASE)
+    theirs = fn(logits=logits.clone(), target=target, **kw)
+    ours = speedlight.cross_entropy(logits, target, **kw)
+    torch.testing.assert_close(theirs[0], ours.loss)
+    torch.testing.assert_close(theirs[1], ours.z_loss)
+    torch.testing.assert_close(theirs[2], ours.token_accuracy)
+    assert torch.equal(theirs[3], ours.predicted_tokens)
+
+
+def test_linear_cross_entropy_baselines_map_the_op_inputs():
+    """Liger's fused linear cross-entropy gets the op's inputs by name; torch's own
+    F.linear_cross_entropy (where torch has it) computes the reference's loss, and says
+    why not where it has no such option."""
+    from speedlight import reference
+    from speedlight.bench.baselines import TORCH_FUSED_ADAPTERS
+
+    h, w = torch.randn(6, 8), torch.randn(20, 8)
+    t = torch.randint(0, 20, (6,))
+    inputs = {"hidden": h, "weight": w, "target": t, "bias": None, "label_smoothing": 0.1}
+    (name, args, kw), _ = _adapt("linear_cross_entropy", inputs)
+    assert name == "liger_fused_linear_cross_entropy" and args[0] is h and args[1] is w
+    assert kw["label_smoothing"] == 0.1
+    assert TORCH_FUSED_ADAPTERS["linear_cross_entropy"](inputs)[0] is None  # smoothing
+    inputs["label_smoothing"] = 0.0
+    fn, reason = TORCH_FUSED_ADAPTERS["linear_cross_entropy"](inputs)
+    if fn is None:
+        pytest.skip(reason)
+    torch.testing.assert_close(fn(**inputs), reference.linear_cross_entropy(h, w, t))
+    t_all = torch.full((6,), -100)
+    assert fn(**dict(inputs, target=t_all)).item() == 0.0
+    assert TORCH_FUSED_ADAPTERS["linear_cross_entropy"](dict(inputs, softcap=30.0))[0] is None
+@pytest.mark.parametrize("op", ["swiglu", "geglu"])
+def test_gated_units_with_multipliers_are_unsupported_by_liger(op):
+    """Liger's gated units have no gate or down multiplier: such a case is no Liger row."""
+    gate, up = torch.randn(2, 8), torch.randn(2, 8)
+    (name, args, _), _ = _adapt(op, {"gate": gate, "up": up})
+    assert name == f"liger_{op}" and args == (gate, up)
+    with pytest.raises(liger.Unsupported, match="multiplier"):
+        adapter(op)(StubF(), {"gate": gate, "up": up, "gate_multiplier": 0.75,
+                              "down_multiplier": 2.5}, CASE)

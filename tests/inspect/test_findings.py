@@ -148,7 +148,7 @@ def test_a_matrix_kernel_is_held_to_the_design_its_spec_names(reports):
 
 
 def test_pipeline_stages_are_read_from_the_shared_allocations():
-    from speedlight.inspect.analysis import pipeline_stages
+    from speedlight.inspect.case_report import pipeline_stages
 
     ttgir = """
     %2 = ttg.local_alloc : () -> !ttg.memdesc<128x128xbf16, #shared, #smem, mutable>

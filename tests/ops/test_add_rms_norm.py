@@ -205,3 +205,27 @@ def test_extreme_magnitudes_match_float64(hidden, scale, eps, device):
     for name, got, want in zip(names, (y, h, *grads), (y64, h64, *grads64)):
         assert torch.isfinite(got).all(), name
         assert relative_error(got, want) < 1e-5, name
+
+
+@pytest.mark.parametrize("used", ["both", "y", "h"])
+def test_in_place_writes_over_dy_never_dh(used, device):
+    """The gradient of x and residual is written over y's gradient; h's (the residual
+    stream's, shared with the next block's input) is only read; all equal out of place."""
+    x = seeded((4, 300), device=device)
+    res = seeded((4, 300), device=device, seed=1, scale=4.0)
+    w = seeded((300,), device=device, seed=2)
+    dy, dh = seeded((4, 300), device=device, seed=3), seeded((4, 300), device=device, seed=4)
+    results = {}
+    for in_place in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (x, res, w)]
+        y, h = speedlight.add_rms_norm(*leaves, in_place=in_place)
+        gy, gh = dy.clone(), dh.clone()
+        outs, ups = {"both": ((y, h), (gy, gh)), "y": ((y,), (gy,)), "h": ((h,), (gh,))}[used]
+        grads = torch.autograd.grad(outs, leaves, ups)
+        results[in_place] = grads, gy, gh
+    (g0, gy0, gh0), (g1, gy1, gh1) = results[False], results[True]
+    for a, b in zip(g0, g1):
+        assert torch.equal(a, b)
+    assert torch.equal(gh1, dh) and torch.equal(gy0, dy)  # dh never written; nor dy out of place
+    if used != "h":
+        assert g1[0].data_ptr() == gy1.data_ptr()  # dx is dy's storage

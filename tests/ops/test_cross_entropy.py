@@ -167,7 +167,7 @@ def test_leading_dims_int32_targets_and_views(device):
 def test_no_gradient_wanted_writes_none(device):
     logits = seeded((4, 300), device=device)
     target = targets((4,), 300, device)
-    loss, dlogits, _ = op.cross_entropy_fwd(logits, target, compute_grad=False)
+    loss, dlogits, _, _ = op.cross_entropy_fwd(logits, target, compute_grad=False)
     assert dlogits is None
     with torch.no_grad():
         counter = LaunchCounter()
@@ -281,9 +281,20 @@ def test_module_matches_torch(device):
                                                        z_loss=1e-3, softcap=30.0))
 
 
+def test_module_takes_class_weights_as_torch_does(device):
+    logits = seeded((3, 50, 4), device=device)
+    target = targets((3, 4), 50, device)
+    w = seeded((50,), device=device, seed=4).abs()
+    ours = snn.CrossEntropyLoss(weight=w, label_smoothing=0.1)
+    theirs = torch.nn.CrossEntropyLoss(weight=w, label_smoothing=0.1)
+    assert set(ours.state_dict()) == set(theirs.state_dict()) == {"weight"}
+    loss, g = grad_of(ours, logits, target)
+    ref, g_ref = grad_of(theirs, logits, target)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-7)
+
+
 def test_module_rejects_what_it_cannot_do():
-    with pytest.raises(ValueError, match="does not support class weights"):
-        snn.CrossEntropyLoss(weight=torch.ones(10))
     with pytest.raises(ValueError, match="softcap"):
         snn.CrossEntropyLoss(softcap=0.0)
 
@@ -310,6 +321,11 @@ def _ok(d, **kw):
     (lambda d: _ok(d, softcap=0.0), ValueError, "softcap must be None or a finite number > 0"),
     (lambda d: _ok(d, softcap=-30.0), ValueError, "softcap"),
     (lambda d: _ok(d, ignore_index=1.5), TypeError, "ignore_index must be an int"),
+    (lambda d: _ok(d, weight=torch.ones(7, device=d)), ValueError,
+     r"weight must have shape \(8,\).*got shape \(7,\)"),
+    (lambda d: _ok(d, weight=torch.ones(8, dtype=torch.long, device=d)), TypeError,
+     "weight must be None or a floating-point tensor.*int64"),
+    (lambda d: _ok(d, weight=[1.0] * 8), TypeError, "weight must be None.*list"),
     (lambda d: _ok(d, ignore_index=2**63), ValueError,
      r"ignore_index must fit int64 \(the targets' dtype\), got 9223372036854775808"),
     (lambda d: _ok(d, label_smoothing=float("nan")), ValueError, "label_smoothing"),
@@ -325,8 +341,8 @@ def test_bad_input_is_named_and_launches_nothing(kwargs, error, match, device):
 def test_unchecked_out_of_range_target_gives_nan_row_and_reads_nothing_outside(device):
     logits = seeded((4, 300), device=device)
     target = torch.tensor([5, 300, -7, -100], device=device)
-    loss, dlogits, _ = op.cross_entropy_fwd(logits, target, reduction="none",
-                                            check_target=False)
+    loss, dlogits, _, _ = op.cross_entropy_fwd(logits, target, reduction="none",
+                                               check_target=False)
     assert torch.isnan(loss[1:3]).all() and torch.isnan(dlogits[1:3]).all()
     assert loss[3].item() == 0.0 and torch.equal(dlogits[3], torch.zeros(300, device=device))
     ref, g_ref = grad_of(F.cross_entropy, logits[:1], target[:1], reduction="none")
@@ -368,3 +384,128 @@ def test_cuda_target_check_can_be_turned_off(device):
         speedlight.cross_entropy(logits, target)
     loss = speedlight.cross_entropy(logits, target, reduction="none", check_target=False)
     assert torch.isnan(loss[1]) and torch.isfinite(loss[[0, 2, 3]]).all()
+
+
+# --- class weights ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
+@pytest.mark.parametrize("vocab", [pytest.param(97, id="vocab97"),
+                                   pytest.param(20011, id="vocab20011-looped")])
+def test_class_weights_match_torch_functional(reduction, label_smoothing, vocab, device):
+    """torch's weighted loss, including how it combines weight and label smoothing (the
+    smoothing term weighs each class, a mean divides by the sum of the targets' weights)."""
+    tokens = 12 if vocab < 1000 else 3
+    logits = seeded((tokens, vocab), device=device, scale=2.0)
+    target = targets((tokens,), vocab, device)
+    target[::5] = -100
+    w = seeded((vocab,), device=device, seed=5).abs()
+    kwargs = dict(reduction=reduction, label_smoothing=label_smoothing, weight=w)
+    upstream = seeded((tokens,) if reduction == "none" else (), device=device, seed=3)
+    loss, g = grad_of(speedlight.cross_entropy, logits, target, upstream=upstream, **kwargs)
+    ref, g_ref = grad_of(F.cross_entropy, logits.double(), target, upstream=upstream.double(),
+                         **dict(kwargs, weight=w.double()))
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g.double(), g_ref, rtol=1e-5, atol=1e-7)
+
+
+def test_weighted_mean_over_zero_counted_weight_is_zero(device):
+    """Deliberately unlike torch (NaN/inf): counted targets whose weights sum to 0 give a
+    mean of 0 and a zero gradient, even with smoothing (which weighs other classes)."""
+    logits = seeded((5, 30), device=device)
+    target = torch.tensor([1, 2, -100, 1, 2], device=device)
+    w = torch.ones(30, device=device)
+    w[1] = w[2] = 0.0
+    for kwargs in ({}, {"label_smoothing": 0.1, "z_loss": 1e-3}):
+        loss, g = grad_of(speedlight.cross_entropy, logits, target, weight=w, **kwargs)
+        assert loss.item() == 0.0 and torch.equal(g, torch.zeros_like(g))
+    assert not torch.isfinite(F.cross_entropy(logits, target, weight=w, label_smoothing=0.1))
+
+
+def test_weighted_z_loss_is_weighted_like_the_target_term(device):
+    logits = seeded((9, 40), device=device, scale=2.0)
+    target = targets((9,), 40, device)
+    w = seeded((40,), device=device, seed=6).abs()
+    base = speedlight.cross_entropy(logits, target, weight=w, reduction="none")
+    with_z = speedlight.cross_entropy(logits, target, weight=w, reduction="none", z_loss=0.05)
+    lse = torch.logsumexp(logits.double(), -1)
+    torch.testing.assert_close((with_z - base).double(), 0.05 * w[target].double() * lse ** 2,
+                               rtol=1e-5, atol=1e-6)
+
+
+# --- z-loss, accuracy and predicted tokens from the same pass ------------------------------
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("vocab", [pytest.param(300, id="vocab300"),
+                                   pytest.param(20011, id="vocab20011-looped")])
+def test_extras_in_one_launch(reduction, vocab, device):
+    tokens = 8 if vocab < 1000 else 1  # one long row: the split kernels give way to the loop
+    logits = seeded((tokens, vocab), device=device, scale=2.0)
+    target = targets((tokens,), vocab, device)
+    target[0] = -100
+    if tokens > 1:
+        target[1] = int(logits[1].argmax())  # at least one right prediction
+    counter = LaunchCounter()
+    with counter.active():
+        out = speedlight.cross_entropy(logits, target, reduction=reduction, z_loss=0.01,
+                                       return_z_loss=True, return_token_accuracy=True,
+                                       return_predicted_tokens=True)
+    assert counter.count == 1 and isinstance(out, op.CrossEntropyOutput)
+    ref = reference.cross_entropy(logits.double(), target, reduction=reduction, z_loss=0.01,
+                                  return_z_loss=True, return_token_accuracy=True,
+                                  return_predicted_tokens=True)
+    torch.testing.assert_close(out.loss.double(), ref[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.z_loss.double(), ref[1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.token_accuracy, ref[2])
+    assert torch.equal(out.predicted_tokens, logits.argmax(-1))
+    plain = speedlight.cross_entropy(logits, target, reduction=reduction, z_loss=0.01)
+    assert torch.equal(out.loss, plain)
+
+
+def test_only_the_asked_extras_are_returned(device):
+    logits = seeded((4, 30), device=device)
+    target = targets((4,), 30, device)
+    out = speedlight.cross_entropy(logits, target, return_token_accuracy=True)
+    assert out.z_loss is None and out.predicted_tokens is None and out.token_accuracy.dim() == 0
+    assert isinstance(speedlight.cross_entropy(logits, target), torch.Tensor)
+
+
+@pytest.mark.parametrize("vocab", [pytest.param(50, id="vocab50"),
+                                   pytest.param(20011, id="vocab20011-looped")])
+def test_predicted_tokens_break_ties_and_nan_as_torch_argmax(vocab, device):
+    logits = torch.zeros((5, vocab), device=device)
+    logits[0, [3, 7, vocab - 1]] = 2.0                 # a tie: the first index wins
+    logits[1, [vocab - 1, 5]] = 1.0                    # a tie across blocks of the loop
+    logits[2] = float("-inf")                          # all -inf: index 0
+    logits[3, [4, vocab - 2]] = float("nan")           # NaN counts as the largest
+    logits[3, 1] = float("inf")
+    logits[4, vocab - 1] = float("inf")
+    target = torch.tensor([3, 5, 0, 4, vocab - 1], device=device)
+    out = speedlight.cross_entropy(logits, target, reduction="none",
+                                   return_predicted_tokens=True, return_token_accuracy=True)
+    expected = torch.argmax(logits, -1)
+    assert expected.tolist() == [3, 5, 0, 4, vocab - 1]
+    assert torch.equal(out.predicted_tokens, expected)
+    assert out.token_accuracy.tolist() == [1.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_extras_with_the_inplace_gradient_and_compile(device):
+    torch._dynamo.reset()
+    h = seeded((10, 32), device=device).requires_grad_()
+    w = seeded((300, 32), device=device, seed=1).requires_grad_()
+    target = targets((10,), 300, device)
+
+    def lm_loss(h, w, target, inplace):
+        out = speedlight.cross_entropy(h @ w.T, target, z_loss=1e-3, inplace_backward=inplace,
+                                       return_z_loss=True, return_token_accuracy=True)
+        return out.loss, out.z_loss, out.token_accuracy
+
+    ref = lm_loss(h, w, target, False)
+    gh_ref = torch.autograd.grad(ref[0], h)[0]
+    compiled = torch.compile(lm_loss, fullgraph=True, backend="aot_eager")
+    for fn, inplace in ((lm_loss, True), (compiled, False)):
+        loss, z, acc = fn(h, w, target, inplace)
+        assert not z.requires_grad and not acc.requires_grad
+        (gh,) = torch.autograd.grad(loss, h)
+        torch.testing.assert_close((loss, z, acc), ref)
+        torch.testing.assert_close(gh, gh_ref, rtol=1e-5, atol=1e-6)

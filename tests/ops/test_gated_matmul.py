@@ -8,7 +8,7 @@ import torch
 
 import speedlight
 import speedlight.nn as snn
-from speedlight.inspect.capture import capture_case
+from speedlight.inspect.launches import capture_case
 from speedlight.ops import gated_matmul as op
 from tests.helpers import DTYPES, assert_verified, case_maker, seeded
 

@@ -65,3 +65,36 @@ def test_bad_input_is_named_and_launches_nothing(call, error, match, device):
     assert_rejected(lambda: call(device), error, match)
 
 
+
+
+def _gemma4_config(**kw):
+    from transformers import Gemma4TextConfig
+    return Gemma4TextConfig(**{
+        "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 5,
+        "num_kv_shared_layers": 2, "use_double_wide_mlp": True, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 64,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                        "sliding_attention", "full_attention"], **kw})
+
+
+def test_gated_mlp_widens_the_layers_gemma4_double_wide_mlp_widens(device):
+    """Gemma 4's use_double_wide_mlp doubles the MLP of the layers that reuse another
+    layer's keys and values (the last num_kv_shared_layers): from_config(config, layer_idx)
+    builds each layer's MLP at Hugging Face's width, and matches it."""
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextMLP
+    config = _gemma4_config()
+    torch.manual_seed(0)
+    widths = []
+    for layer in range(config.num_hidden_layers):
+        hf = Gemma4TextMLP(config, layer).to(device)
+        ours = snn.GatedMLP.from_config(config, layer).to(device)
+        assert ours.intermediate_size == hf.intermediate_size and ours.activation == "gelu_tanh"
+        widths.append(ours.intermediate_size)
+    assert widths == [48, 48, 48, 96, 96]
+    assert_loads_and_matches_hf(ours, hf, device)  # a widened layer
+    with pytest.raises(ValueError, match="needs layer_idx.*use_double_wide_mlp"):
+        snn.GatedMLP.from_config(config)
+    with pytest.raises(ValueError, match="layer_idx must be an int in \\[0, 5\\)"):
+        snn.GatedMLP.from_config(config, 5)
+    # without shared layers nothing is widened, and no layer_idx is needed
+    assert snn.GatedMLP.from_config(_gemma4_config(num_kv_shared_layers=0)).intermediate_size == 48

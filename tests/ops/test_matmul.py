@@ -9,7 +9,8 @@ import torch
 
 import speedlight
 import speedlight.nn as snn
-from speedlight.inspect.capture import capture_case
+from speedlight.inspect.launches import capture_case
+from speedlight.ops import _gemm as gemm
 from speedlight.ops import matmul as op
 from speedlight.launch import sized_for
 from tests.helpers import DTYPES, assert_verified, case_maker, seeded
@@ -105,20 +106,20 @@ def test_tf32_only_where_torch_allows_it():
 def test_launch_rule_picks_points_of_the_declared_space():
     dev = torch.device("cpu")
     with sized_for(132):
-        decode = op.launch_config(1, 4096, 4096, torch.bfloat16, dev)
-        big = op.launch_config(4096, 14336, 4096, torch.bfloat16, dev)
-        fp32_out = op.launch_config(4096, 14336, 4096, torch.bfloat16, dev, out_dtype=torch.float32)
-        gated = op.launch_config(4096, 14336, 4096, torch.bfloat16, dev, operands=2)
-        f32 = op.launch_config(4096, 4096, 4096, torch.float32, dev)
+        decode = gemm.launch_config(1, 4096, 4096, torch.bfloat16, dev)
+        big = gemm.launch_config(4096, 14336, 4096, torch.bfloat16, dev)
+        fp32_out = gemm.launch_config(4096, 14336, 4096, torch.bfloat16, dev, out_dtype=torch.float32)
+        gated = gemm.launch_config(4096, 14336, 4096, torch.bfloat16, dev, operands=2)
+        f32 = gemm.launch_config(4096, 4096, 4096, torch.float32, dev)
     assert (decode.block_m, decode.num_warps) == (64, 4)
     assert (big.block_m, big.block_n, big.block_k, big.num_warps, big.num_stages) == (128, 256, 64, 8, 3)
     assert (fp32_out.block_n, gated.block_n) == (128, 128)
     assert f32.block_k == 32
     for cfg in (decode, big, fp32_out, gated, f32):
-        assert cfg.block_m in op.CONFIG_SPACE["BLOCK_M"] and cfg.block_n in op.CONFIG_SPACE["BLOCK_N"]
-        assert cfg.block_k in op.CONFIG_SPACE["BLOCK_K"] and cfg.group_m in op.CONFIG_SPACE["GROUP_M"]
-        assert cfg.num_warps in op.CONFIG_SPACE["num_warps"]
-        assert cfg.num_stages in op.CONFIG_SPACE["num_stages"] and cfg.num_stages >= 3
+        assert cfg.block_m in gemm.CONFIG_SPACE["BLOCK_M"] and cfg.block_n in gemm.CONFIG_SPACE["BLOCK_N"]
+        assert cfg.block_k in gemm.CONFIG_SPACE["BLOCK_K"] and cfg.group_m in gemm.CONFIG_SPACE["GROUP_M"]
+        assert cfg.num_warps in gemm.CONFIG_SPACE["num_warps"]
+        assert cfg.num_stages in gemm.CONFIG_SPACE["num_stages"] and cfg.num_stages >= 3
     with sized_for(132):
         (fwd,) = _launch(case(2048, 4096, 64, torch.bfloat16, linear=True), backward=False)
     assert fwd.grid == (132, 1, 1)  # persistent: one program per SM, 256 tiles

@@ -1,13 +1,15 @@
 """speedlight.ops.registration: what one declaration builds, beyond what every op's
 tests already show (custom ops, fakes, autograd, torch.compile)."""
 
+import contextlib
+
 import pytest
 import torch
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import speedlight
-from speedlight.ops import cross_entropy, layer_norm, registration, rms_norm
+from speedlight.ops import add_rms_norm, cross_entropy, layer_norm, registration, rms_norm
 
 
 class _Calls(TorchDispatchMode):
@@ -23,19 +25,77 @@ class _Calls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@contextlib.contextmanager
+def _stat_switches():
+    """The STORE_RSTD / STORE_STATS switch of every norm kernel launched inside."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    seen = []
+    originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
+
+    def recording(orig):
+        def run(self, *args, **kwargs):
+            for key in ("STORE_RSTD", "STORE_STATS"):
+                if key in kwargs:
+                    seen.append((getattr(self, "__name__", str(self)), kwargs[key]))
+            return orig(self, *args, **kwargs)
+        return run
+
+    for cls, orig in originals.items():
+        cls.run = recording(orig)
+    try:
+        yield seen
+    finally:
+        for cls, orig in originals.items():
+            cls.run = orig
+
+
+def _saved_tensors(fn) -> int:
+    """How many tensors autograd saves for a backward while fn runs."""
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        fn()
+    return len(saved)
+
+
 @pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
 def test_the_inference_op_runs_when_no_gradient_is_wanted(grad, device):
+    """Every norm (rms_norm, add_rms_norm, layer_norm) runs its inference op when no
+    gradient is wanted: its kernels store no statistics and autograd saves nothing."""
     x = torch.randn(4, 64, device=device)
+    r = torch.randn(4, 64, device=device)
     w = torch.randn(64, device=device, requires_grad=True)
     b = torch.randn(64, device=device)
-    with torch.set_grad_enabled(grad), _Calls() as calls:
-        y = speedlight.rms_norm(x, w)
-        z = speedlight.layer_norm(x, 64, w, b)
-    assert y.requires_grad == z.requires_grad == grad
-    expected = ["rms_norm_fwd", "layer_norm_fwd"] if grad else ["rms_norm_infer", "layer_norm_infer"]
-    assert calls.names == expected
+    out = {}
+
+    def run():
+        out["y"] = speedlight.rms_norm(x, w)
+        out["yh"] = speedlight.add_rms_norm(x, r, w)
+        out["z"] = speedlight.layer_norm(x, 64, w, b)
+
+    with torch.set_grad_enabled(grad), _Calls() as calls, _stat_switches() as switches:
+        n_saved = _saved_tensors(run)
+    y, (y2, h), z = out["y"], out["yh"], out["z"]
+    assert y.requires_grad == y2.requires_grad == z.requires_grad == grad
+    suffix = "fwd" if grad else "infer"
+    assert calls.names == [f"{op}_{suffix}" for op in ("rms_norm", "add_rms_norm", "layer_norm")]
+    assert len(switches) == 3 and all(store == grad for _, store in switches), switches
+    assert (n_saved > 0) == grad, n_saved  # x, w and the statistics, or nothing
     torch.testing.assert_close(y, rms_norm.rms_norm_fwd(x, w, 1e-6, 0.0)[0])
+    torch.testing.assert_close((y2, h), add_rms_norm.add_rms_norm_fwd(x, r, w, 1e-6, 0.0)[:2])
     torch.testing.assert_close(z, layer_norm.layer_norm_fwd(x, w, b, 1e-5)[0])
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm"])
+def test_inference_in_place_norm_is_the_inference_op(op, device):
+    """in_place changes the backward only: with no gradient wanted the in-place variant
+    runs the same inference launcher (no statistics)."""
+    x = torch.randn(4, 64, device=device)
+    args = (x, torch.randn(4, 64, device=device)) if op == "add_rms_norm" else (x,)
+    with torch.no_grad(), _Calls() as calls, _stat_switches() as switches:
+        getattr(speedlight, op)(*args, in_place=True)
+    assert calls.names == [f"{op}_inplace_infer"] and switches[0][1] is False
 
 
 def test_schema_comes_from_the_launcher_with_impl_and_mutation():

@@ -121,3 +121,46 @@ def test_extreme_magnitudes_match_float64(hidden, scale, eps, device):
     for name, got, want in zip(("y", "dx", "dw"), (y, *grads), (y64, *grads64)):
         assert torch.isfinite(got).all(), name
         assert relative_error(got, want) < 1e-5, name
+
+
+# --- in_place: the backward writes dx over dy ---------------------------------------------
+
+def _grads_in_place(fn, inputs, dy, in_place):
+    """(gradients of inputs, the upstream gradient afterwards) of fn(*inputs) under dy."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    upstream = dy.clone()
+    grads = torch.autograd.grad(fn(*leaves, in_place=in_place), leaves, upstream)
+    return grads, upstream
+
+
+@pytest.mark.parametrize("hidden", [pytest.param(384, id="hidden384"),
+                                    pytest.param(20001, id="hidden20001-looped")])
+def test_in_place_writes_dx_over_dy_and_matches(hidden, device):
+    """dx is dy's own storage, and every gradient equals the out-of-place backward's."""
+    x = seeded((3, hidden), device=device)
+    w = seeded((hidden,), device=device, seed=1)
+    dy = seeded((3, hidden), device=device, seed=2)
+    (dx, dw), written = _grads_in_place(speedlight.rms_norm, (x, w), dy, True)
+    (dx0, dw0), untouched = _grads_in_place(speedlight.rms_norm, (x, w), dy, False)
+    assert dx.data_ptr() == written.data_ptr() and torch.equal(written, dx0)
+    assert torch.equal(untouched, dy)  # out of place leaves the upstream gradient alone
+    assert torch.equal(dx, dx0) and torch.equal(dw, dw0)
+
+
+def test_in_place_with_a_broadcast_upstream_gradient(device):
+    """y.sum() hands a stride-0 gradient: it is made dense before being written over."""
+    x = seeded((5, 64), device=device).requires_grad_()
+    (dx,) = torch.autograd.grad(speedlight.rms_norm(x, in_place=True).sum(), (x,))
+    (dx0,) = torch.autograd.grad(speedlight.rms_norm(x).sum(), (x,))
+    assert torch.equal(dx, dx0)
+
+
+def test_in_place_module_and_bad_flag(device):
+    norm = snn.RMSNorm(64, in_place=True).to(device)
+    assert "in_place=True" in repr(norm)
+    x = seeded((3, 64), device=device).requires_grad_()
+    (dx,) = torch.autograd.grad(norm(x), (x,), seeded((3, 64), device=device, seed=3))
+    (dx0,) = torch.autograd.grad(torch.nn.RMSNorm(64).to(device)(x), (x,),
+                                 seeded((3, 64), device=device, seed=3))
+    torch.testing.assert_close(dx, dx0, rtol=1e-5, atol=1e-5)
+    assert_rejected(lambda: speedlight.rms_norm(x, in_place=1), TypeError, "in_place must be a bool")

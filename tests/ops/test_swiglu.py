@@ -135,3 +135,39 @@ def test_bad_input_is_named_and_launches_nothing(call, error, match, device):
     assert_rejected(lambda: call(device), error, match)
 
 
+
+
+# --- Falcon-H1's mlp_multipliers ----------------------------------------------------------
+
+@pytest.mark.parametrize("bias", [pytest.param(False, id="nobias"), pytest.param(True, id="mlp_bias")])
+def test_gated_mlp_reproduces_falcon_h1_mlp_with_its_multipliers(bias, device):
+    """FalconH1MLP: down_proj(up * act(gate * gate_multiplier)) * down_multiplier; the
+    multipliers are read from mlp_multipliers and folded into the kernel (down_multiplier
+    after down_proj when it has a bias)."""
+    from transformers import FalconH1Config
+    from transformers.models.falcon_h1.modeling_falcon_h1 import FalconH1MLP
+    config = FalconH1Config(hidden_size=64, intermediate_size=176, mlp_bias=bias,
+                            mlp_multipliers=[0.75, 2.5])
+    torch.manual_seed(0)
+    hf = FalconH1MLP(config).to(device)
+    ours = snn.GatedMLP.from_config(config).to(device)
+    assert (ours.gate_multiplier, ours.down_multiplier) == (0.75, 2.5)
+    assert "down_multiplier=2.5" in repr(ours)
+    assert_loads_and_matches_hf(ours, hf, device)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda g: speedlight.swiglu(g, g, gate_multiplier="2"), TypeError, "gate_multiplier must be a number"),
+    (lambda g: speedlight.swiglu(g, g, down_multiplier=float("inf")), ValueError,
+     "down_multiplier must be finite"),
+    (lambda g: speedlight.geglu(g, g, gate_multiplier=True), TypeError, "gate_multiplier"),
+])
+def test_bad_multiplier_is_named_and_launches_nothing(call, error, match, device):
+    gate = seeded((2, 8), device=device)
+    assert_rejected(lambda: call(gate), error, match)
+
+
+def test_multipliers_of_one_are_the_plain_unit(device):
+    gate, up = seeded((3, 40), device=device), seeded((3, 40), device=device, seed=1)
+    assert torch.equal(speedlight.swiglu(gate, up, gate_multiplier=1.0, down_multiplier=1.0),
+                       speedlight.swiglu(gate, up))

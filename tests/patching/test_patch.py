@@ -1,4 +1,5 @@
 import copy
+import dataclasses
 import warnings
 
 import pytest
@@ -15,9 +16,12 @@ TOL = dict(rtol=2e-4, atol=2e-5)
 
 
 def _run(model, ids, labels):
+    """Logits without labels; loss and gradients of the training step with labels (a
+    patched model computes that loss without its logits)."""
+    logits = model(input_ids=ids).logits.detach()
     out = model(input_ids=ids, labels=labels)
     grads = torch.autograd.grad(out.loss, [p for p in model.parameters()], allow_unused=True)
-    return out.logits.detach(), out.loss.detach(), grads
+    return logits, out.loss.detach(), grads
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -30,6 +34,7 @@ def test_patched_logits_loss_and_every_gradient_match(family):
     assert report.count("mlp") == 2 and report.count("rope") == 2
     assert report.count("attention") == 2
     assert report.count("cross_entropy") == 1 and not report.not_patched
+    assert report.count("linear_cross_entropy") == 1 and "logits are None" in str(report)
     ids, labels = batch(base.config.vocab_size)
     logits0, loss0, grads0 = _run(base, ids, labels)
     counter = LaunchCounter()
@@ -124,8 +129,10 @@ def test_state_dicts_load_unchanged():
 
 def test_choose_which_ops():
     model = build("llama")
-    report = patch(model, mlp=False, rope=False, cross_entropy=False, attention=False)
+    report = patch(model, mlp=False, rope=False, cross_entropy=False, attention=False,
+                   linear_cross_entropy=False)
     assert set(report.patched) == {"rms_norm"}
+    assert "forward" not in model.__dict__
     unpatch(model)
 
 
@@ -143,7 +150,8 @@ def test_unknown_architecture_says_what_was_not_patched():
     with pytest.warns(PatchWarning, match=r"unknown architecture 'gpt2'.*\n.*NOT patched"):
         report = patch(gpt2)
     assert not report.patched and {w for w, _ in report.not_patched} == {
-        "rms_norm", "mlp", "rope", "cross_entropy", "attention"}
+        "rms_norm", "mlp", "rope", "cross_entropy", "attention",
+        "linear_cross_entropy"}
     unpatch(gpt2)
 
 
@@ -187,3 +195,64 @@ def test_twenty_training_steps_give_matching_loss_curves():
     base, ours = curves
     assert base[-1] < base[0] - 0.3, "the model did not train"
     assert max(abs(a - b) for a, b in zip(base, ours)) < 1e-3, (base, ours)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "granite", "falcon_h1"])
+def test_fused_loss_without_logits_and_the_normal_path(family):
+    """Training with labels: the loss comes from linear_cross_entropy and no logits are
+    made (Gemma 2's softcap, Granite's logits_scaling and Falcon-H1's lm_head_multiplier
+    applied); eval, skip_logits=False
+    or no labels keep the logits; num_items_in_batch divides a sum, as Hugging Face does."""
+    base = build(family)
+    model = copy.deepcopy(base)
+    patch(model)
+    ids, labels = batch(model.config.vocab_size)
+    fused = model(input_ids=ids, labels=labels)
+    assert fused.logits is None
+    plain = model(input_ids=ids, labels=labels, skip_logits=False)
+    assert plain.logits is not None
+    torch.testing.assert_close(fused.loss, plain.loss, **TOL)
+    torch.testing.assert_close(fused.loss, base(input_ids=ids, labels=labels).loss, **TOL)
+    model.eval()
+    assert model(input_ids=ids, labels=labels).logits is not None
+    model.train()
+    n = torch.tensor(7.0)
+    summed = model(input_ids=ids, labels=labels, num_items_in_batch=n).loss
+    expected = base(input_ids=ids, labels=labels, num_items_in_batch=n).loss
+    torch.testing.assert_close(summed, expected, **TOL)
+    counter = LaunchCounter()
+    with counter.active():
+        model(input_ids=ids, labels=labels)
+    assert "_cross_entropy_fwd_kernel" in counter.kernels
+def test_norm_backward_in_place_only_where_its_gradient_is_its_own(monkeypatch):
+    """Gemma 2 has pre-norms and post-norms whose output joins the residual stream (the add
+    hands one gradient to both operands). The patch runs the pre-norms' and the final
+    norm's backward in place, not the post-norms', and every gradient equals the
+    out-of-place patch's exactly; in place on the post-norms too would corrupt them."""
+    from speedlight.patching import families
+
+    base = build("gemma2")
+    ids, labels = batch(base.config.vocab_size)
+    runs = {}
+    for name, kwargs in [("out_of_place", dict(norm_in_place=False)), ("patched", {})]:
+        model = copy.deepcopy(base)
+        report = patch(model, rope=False, attention=False, **kwargs)
+        runs[name] = (_run(model, ids, labels), report)
+    assert runs["out_of_place"][1].in_place == []
+    assert sorted({p.rsplit(".", 1)[-1] for p in runs["patched"][1].in_place}) == [
+        "input_layernorm", "norm", "pre_feedforward_layernorm"]
+    assert len(runs["patched"][1].in_place) == 2 * 2 + 1
+    (_, loss0, grads0), (_, loss1, grads1) = runs["out_of_place"][0], runs["patched"][0]
+    assert torch.equal(loss0, loss1)
+    for (name, _), g0, g1 in zip(base.named_parameters(), grads0, grads1):
+        assert torch.equal(g0, g1), name
+
+    # the hazard is real: post-norms in place give other gradients
+    everywhere = families.FAMILIES["gemma2"].in_place_norms + (
+        "post_attention_layernorm", "post_feedforward_layernorm")
+    monkeypatch.setitem(families.FAMILIES, "gemma2", dataclasses.replace(
+        families.FAMILIES["gemma2"], in_place_norms=everywhere))
+    model = copy.deepcopy(base)
+    patch(model, rope=False, attention=False)
+    _, _, grads2 = _run(model, ids, labels)
+    assert any(not torch.equal(g0, g2) for g0, g2 in zip(grads0, grads2))

@@ -30,10 +30,17 @@ def config(model_type: str):
         return tf.Phi3Config(**{**COMMON, "num_key_value_heads": 4}, pad_token_id=0, bos_token_id=1,
                              eos_token_id=2,
                              partial_rotary_factor=0.5)
+    if model_type == "granite":
+        return tf.GraniteConfig(**COMMON, logits_scaling=4.0, residual_multiplier=0.5,
+                                embedding_multiplier=2.0, attention_multiplier=0.2)
+    if model_type == "falcon_h1":  # hybrid: attention and a small Mamba-2 mixer per layer
+        return tf.FalconH1Config(**COMMON, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4,
+                                 mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
+                                 mamba_chunk_size=8, mlp_multipliers=[0.75, 2.5])
     raise KeyError(model_type)
 
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"]
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "falcon_h1", "granite"]
 
 
 def build(model_type: str, seed: int = 0, dtype=torch.float32):

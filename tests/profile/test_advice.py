@@ -32,6 +32,10 @@ def test_default_model_training_lists_the_fusions_with_estimates(train_run):
     seq, vocab, inter = 16, train_run["doc"]["model"]["vocab_size"], train_run["doc"]["model"]["intermediate_size"]
     assert adv["swiglu"]["memory_saved_bytes"] == 2 * seq * inter * 4
     assert adv["cross_entropy"]["memory_saved_bytes"] == seq * vocab * 4 - seq * 4  # less the lse kept
+    # the lm_head and its loss fused: available, saving the logits themselves too
+    lce = adv["linear_cross_entropy"]
+    assert lce["status"] == "available"
+    assert lce["memory_saved_bytes"] > adv["cross_entropy"]["memory_saved_bytes"]
     saved = [a["time_saved_s"] for a in train_run["doc"]["advice"]]
     assert saved == sorted(saved, reverse=True)
 
@@ -90,10 +94,13 @@ def test_fused_bytes_by_hand():
         (2 * 4096 + 4096 + 2 * 2048) * 4 + lse + (4096 + 2 * 2048) * 4
     h = {"shape": [64, 256], "dtype": "bf16", "stride": [256, 1]}
     wt = {"shape": [256, 1000], "dtype": "bf16", "stride": [1, 256]}
-    flce = Chain("fused_linear_cross_entropy", "", set(), None,
+    flce = Chain("linear_cross_entropy", "", set(), None,
                  {"hidden": h, "weight": wt, "target": target, "logits": logits})
-    # read h, W, targets, write the loss; in training also dh and dW
-    assert advice.fused_bytes(flce, train=True) == (32768 + 512000 + 512 + 4 + 32768 + 512000, 256)
+    # read h, W, targets, write the loss; in training also dh and dW. Kept instead of the
+    # logits: one chunk of them (all 64 tokens here), and dW's fp32 accumulator (bf16 W)
+    assert advice.fused_bytes(flce, train=True) == (32768 + 512000 + 512 + 4 + 32768 + 512000,
+                                                    256000 + 4 * 256000)
+    assert advice.fused_bytes(flce, train=False)[1] == 256000
 
 
 def test_gemma_geglu_offset_norm_and_eager_attention():

@@ -182,6 +182,7 @@ def test_command_writes_a_labelled_projection_with_its_comparisons(tmp_path):
     assert [r["value"] for r in doc["variations"]["rows"]] == [32, 64]
     ws = doc["with_speedlight"]  # the projected model patched with speedlight's ops
     assert "patched rms_norm" in ws["patch"] and 0 < ws["floor_s"] < doc["summary"]["floor_s"]
+    assert "patched attention" in ws["patch"]  # run on fake tensors: no values to unpad by
     assert all(0 < r["patched_floor_s"] < r["floor_s"] for r in doc["comparison"]["rows"])
     page = stem.with_suffix(".html").read_text()
     assert "projected floor" in page and page.count("<svg") >= 4

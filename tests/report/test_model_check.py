@@ -30,3 +30,16 @@ def test_a_wrong_patched_model_fails_on_the_tensor_that_differs():
     doc = check_models(model, wrong, _inputs(model), lambda o: o.loss, train=True)
     assert not doc["passed"]
     assert "logits" in doc["failed"]
+
+
+def test_a_model_patched_with_the_fused_loss_is_checked_on_both_paths():
+    from speedlight.patching import patch
+
+    model = build("gemma2")
+    patched = copy.deepcopy(model)
+    patch(patched)
+    doc = check_models(model, patched, _inputs(model), lambda o: o.loss, train=True)
+    assert doc["passed"], doc["failed"]
+    names = {c["name"] for c in doc["checks"]}
+    assert "logits" in names and "loss" in names  # logits from the normal (eval) path
+    assert patched.training

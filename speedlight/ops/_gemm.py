@@ -1,0 +1,117 @@
+"""What speedlight's GEMM launchers share (ops/matmul.py, ops/gated_matmul.py): the
+configuration space and the rule that picks a point of it per shape, the persistent grid,
+and the operand paths (TMA tensor descriptors or pointers) with what selects them."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from speedlight.launch import planned_sm_count
+
+# The configuration space of the GEMM kernels (the tuning issue sweeps it): tile sizes,
+# warps, pipeline stages and the grouped order's group size. `launch_config` is the rule
+# that picks one point per shape until a tuned table does.
+CONFIG_SPACE = {
+    "BLOCK_M": (64, 128, 256),
+    "BLOCK_N": (64, 128, 256),
+    "BLOCK_K": (32, 64, 128),
+    "GROUP_M": (1, 4, 8, 16),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4, 5),
+}
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, *,
+                  operands: int = 1, out_dtype: torch.dtype | None = None,
+                  residual: bool = False, store_dact: bool = False) -> LaunchConfig:
+    """The rule: one configuration of CONFIG_SPACE per (M, N, K, dtype, device).
+
+    On a GPU (or the one spec.sized_for names), for `operands` b tiles per k-step (2: the
+    gated kernel's gate and up):
+      - K steps of 128 bytes per row (BLOCK_K 64 in 16-bit, 32 in fp32): one TMA box
+        row of a 128-byte swizzled tile;
+      - M <= 64 (decode, short prompts): BLOCK_M 64, one warp group (4 warps), BLOCK_N 128;
+      - otherwise 128 x 256 tiles on two warp groups (8 warps) for one b operand where N
+        allows (the largest tile whose 3 stages and 16-bit epilogue tile fit 227 KB);
+        128 x 128 with 4 stages when N < 256, or when the output is fp32 (its epilogue
+        tile would not fit beside 3 stages), or a residual is read or act' stored (a
+        second [BM, BN] tile beside a 128 x 256 accumulator spills); 128 x 128 with 3
+        stages for the gated kernel's two accumulators;
+      - GROUP_M 8: eight row tiles share each b column tile while it is in L2.
+    Under the interpreter (CPU): tiles as large as the problem (up to 128), since every
+    loop iteration costs milliseconds there whatever its size.
+    """
+    if planned_sm_count(device) is None:
+        fit = lambda x: max(16, min(128, triton.next_power_of_2(max(x, 1))))  # noqa: E731
+        return LaunchConfig(fit(m), fit(n), fit(k), 8, 4, 1)
+    block_k = 128 // dtype.itemsize if dtype.itemsize <= 2 else 32
+    if m <= 64:
+        return LaunchConfig(64, 128, block_k, 8, 4, 4 if operands == 1 else 3)
+    out_size = (out_dtype or dtype).itemsize
+    plain = out_size <= 2 and not residual and not store_dact
+    if operands == 1 and n >= 256 and dtype.itemsize <= 2 and plain:
+        return LaunchConfig(128, 256, block_k, 8, 8, 3)
+    return LaunchConfig(128, 128, block_k, 8, 8, 4 if operands == 1 else 3)
+
+
+def programs(num_tiles: int, device: torch.device) -> int:
+    """Persistent grid: one program per SM (a 128 x 256 tile with its pipeline fills an
+    SM's shared memory), two under the interpreter."""
+    sms = planned_sm_count(device)
+    return max(1, min(num_tiles, sms if sms else 2))
+
+
+# --- operand paths -------------------------------------------------------------------------
+
+def tma_layout(t: torch.Tensor) -> str | None:
+    """How a 2-D tensor can be a TMA tensor descriptor: "row" (its last dim contiguous),
+    "col" (its first dim contiguous), or None (no dim of unit stride, or a base or stride
+    that is not 16-byte aligned, or an overlapping view)."""
+    es = t.element_size()
+    if t.data_ptr() % 16:
+        return None
+    rows, cols = t.shape
+    if t.stride(1) == 1 and (t.stride(0) * es) % 16 == 0 and t.stride(0) >= max(cols, 1):
+        return "row"
+    if t.stride(0) == 1 and (t.stride(1) * es) % 16 == 0 and t.stride(1) >= max(rows, 1):
+        return "col"
+    return None
+
+
+def use_tma(device: torch.device) -> bool:
+    """TMA descriptors on Hopper and later; under the interpreter too (the CPU runs the path
+    an H100 takes, and inspect compiles it for sm_90a). Ampere takes the pointer path."""
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def ensure_allocator() -> None:
+    """Device-side tensor descriptors live in a global scratch buffer Triton asks the
+    caller to allocate; set once, on the first CUDA launch that uses them."""
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, device="cuda", dtype=torch.int8)
+
+    triton.set_allocator(alloc)
+
+
+def precision(dtype: torch.dtype) -> str:
+    """tl.dot's input_precision: fp32 uses TF32 only where
+    torch.backends.cuda.matmul.allow_tf32 says so, as torch.matmul does."""
+    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    return "tf32" if tf32 else "ieee"
