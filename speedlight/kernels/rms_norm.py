@@ -145,31 +145,27 @@ def _rms_norm_fwd_looped_kernel(
 # dw_partial [n_programs, n_cols] (fp32); the host sums the n_programs rows.
 
 @triton.jit
-def _rms_norm_bwd_kernel(
-    dy_ptr, x_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, dw_partial_ptr,
+def _rms_norm_bwd_tile(
+    dy_ptr, x_ptr, w_ptr, rstd_ptr, c_ptr, dh_ptr, dx_ptr, dw_partial_ptr,
     n_rows, n_cols, rows_per_program,
     stride_dym, stride_dyn, stride_xm, stride_xn, stride_dhm, stride_dhn, stride_dxm,
-    offset,
-    HAS_DH: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    offset, pid_m, offs_n,
+    SPLIT_ROW: tl.constexpr, HAS_DH: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """dx and this program's share of dw for whole rows held in registers.
+    """dx and dw_partial[pid_m, offs_n] for the rows of program pid_m, columns offs_n [BN].
 
-    dy_ptr, x_ptr [n_rows, n_cols] (own strides), w_ptr [n_cols], rstd_ptr [n_rows] fp32,
-    dx_ptr [n_rows, n_cols] (row stride stride_dxm, unit column stride),
-    dw_partial_ptr [n_programs, n_cols] fp32. Program p owns rows
-    [p * rows_per_program, (p + 1) * rows_per_program), taken BLOCK_M at a time.
-    HAS_DH: dh_ptr [n_rows, n_cols] (strides stride_dhm, stride_dhn) is added to dx;
-    False removes it. HAS_WEIGHT=False drops w and dw.
+    The body both backward kernels share (pointers as in _rms_norm_bwd_kernel).
+    SPLIT_ROW=False: offs_n covers the whole row and c = mean(dxhat * xhat) is reduced in
+    registers; c_ptr is not read. SPLIT_ROW=True: c comes from c_ptr [n_rows] fp32
+    (_rms_norm_bwd_row_dot_kernel).
     """
-    pid = tl.program_id(0)
-    offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < n_cols
     cols = offs_n.to(tl.int64)
     if HAS_WEIGHT:
         w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32) + offset
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    row_start = pid * rows_per_program
+    row_start = pid_m * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
     for m0 in range(row_start, row_end, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -188,8 +184,11 @@ def _rms_norm_bwd_kernel(
             dw_acc += tl.sum(dy * xhat, axis=0)
         else:
             dxhat = dy
-        # [BM, BN] -> [BM]
-        c = tl.sum(dxhat * xhat, axis=1) / n_cols
+        if SPLIT_ROW:
+            c = tl.load(c_ptr + offs_m, mask=mask_m, other=0.0)
+        else:
+            # [BM, BN] -> [BM]
+            c = tl.sum(dxhat * xhat, axis=1) / n_cols
         dx = (dxhat - xhat * c[:, None]) * r[:, None]
         if HAS_DH:
             dx += tl.load(dh_ptr + rows[:, None] * stride_dhm + cols[None, :] * stride_dhn,
@@ -197,7 +196,34 @@ def _rms_norm_bwd_kernel(
         tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
                  dx.to(dx_ptr.dtype.element_ty), mask=mask)
     if HAS_WEIGHT:
-        tl.store(dw_partial_ptr + pid.to(tl.int64) * n_cols + offs_n, dw_acc, mask=mask_n)
+        tl.store(dw_partial_ptr + pid_m.to(tl.int64) * n_cols + offs_n, dw_acc, mask=mask_n)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(
+    dy_ptr, x_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, dw_partial_ptr,
+    n_rows, n_cols, rows_per_program,
+    stride_dym, stride_dyn, stride_xm, stride_xn, stride_dhm, stride_dhn, stride_dxm,
+    offset,
+    HAS_DH: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """dx and this program's share of dw for whole rows held in registers.
+
+    dy_ptr, x_ptr [n_rows, n_cols] (own strides), w_ptr [n_cols], rstd_ptr [n_rows] fp32,
+    dx_ptr [n_rows, n_cols] (row stride stride_dxm, unit column stride),
+    dw_partial_ptr [n_programs, n_cols] fp32. Program p owns rows
+    [p * rows_per_program, (p + 1) * rows_per_program), taken BLOCK_M at a time.
+    HAS_DH: dh_ptr [n_rows, n_cols] (strides stride_dhm, stride_dhn) is added to dx;
+    False removes it. HAS_WEIGHT=False drops w and dw.
+    """
+    _rms_norm_bwd_tile(
+        dy_ptr, x_ptr, w_ptr, rstd_ptr, rstd_ptr, dh_ptr, dx_ptr, dw_partial_ptr,
+        n_rows, n_cols, rows_per_program,
+        stride_dym, stride_dyn, stride_xm, stride_xn, stride_dhm, stride_dhn, stride_dxm,
+        offset, tl.program_id(0), tl.arange(0, BLOCK_N),
+        False, HAS_DH, HAS_WEIGHT, BLOCK_M, BLOCK_N,
+    )
 
 
 @triton.jit
@@ -245,39 +271,11 @@ def _rms_norm_bwd_dx_kernel(
     and columns [q * BLOCK_N, (q + 1) * BLOCK_N), and writes dw_partial[p, those columns].
     Pointers and HAS_DH as in _rms_norm_bwd_kernel, plus c_ptr [n_rows] fp32.
     """
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < n_cols
-    cols = offs_n.to(tl.int64)
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32) + offset
-    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    row_start = pid_m * rows_per_program
-    row_end = tl.minimum(row_start + rows_per_program, n_rows)
-    for m0 in range(row_start, row_end, BLOCK_M):
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < row_end
-        mask = mask_m[:, None] & mask_n[None, :]
-        rows = offs_m.to(tl.int64)
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :] * stride_dyn,
-                     mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
-                    mask=mask, other=0.0).to(tl.float32)
-        r = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
-        c = tl.load(c_ptr + offs_m, mask=mask_m, other=0.0)
-        xhat = x * r[:, None]
-        if HAS_WEIGHT:
-            dxhat = dy * w[None, :]
-            # [BM, BN] -> [BN]
-            dw_acc += tl.sum(dy * xhat, axis=0)
-        else:
-            dxhat = dy
-        dx = (dxhat - xhat * c[:, None]) * r[:, None]
-        if HAS_DH:
-            dx += tl.load(dh_ptr + rows[:, None] * stride_dhm + cols[None, :] * stride_dhn,
-                          mask=mask, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
-                 dx.to(dx_ptr.dtype.element_ty), mask=mask)
-    if HAS_WEIGHT:
-        tl.store(dw_partial_ptr + pid_m.to(tl.int64) * n_cols + offs_n, dw_acc, mask=mask_n)
+    _rms_norm_bwd_tile(
+        dy_ptr, x_ptr, w_ptr, rstd_ptr, c_ptr, dh_ptr, dx_ptr, dw_partial_ptr,
+        n_rows, n_cols, rows_per_program,
+        stride_dym, stride_dyn, stride_xm, stride_xn, stride_dhm, stride_dhn, stride_dxm,
+        offset, tl.program_id(0),
+        tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N),
+        True, HAS_DH, HAS_WEIGHT, BLOCK_M, BLOCK_N,
+    )
