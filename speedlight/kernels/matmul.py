@@ -48,9 +48,9 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 @triton.jit
 def _operand_desc(ptr, rows, cols, stride_row, stride_col, BLOCK_ROWS: tl.constexpr,
                   BLOCK_COLS: tl.constexpr, COLS_CONTIGUOUS: tl.constexpr):
-    """A tensor descriptor of a [rows, cols] operand whose tiles are [BLOCK_ROWS,
-    BLOCK_COLS]: over its memory as laid out, [rows, cols] when the cols are contiguous,
-    else [cols, rows] (then loads return transposed tiles)."""
+    """A tensor descriptor of a [rows, cols] operand (or output) whose tiles are
+    [BLOCK_ROWS, BLOCK_COLS]: over its memory as laid out, [rows, cols] when the cols are
+    contiguous, else [cols, rows] (then loads return transposed tiles)."""
     if COLS_CONTIGUOUS:
         return tl.make_tensor_descriptor(ptr, shape=[rows, cols], strides=[stride_row, 1],
                                          block_shape=[BLOCK_ROWS, BLOCK_COLS])
@@ -152,11 +152,9 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, dact_ptr, bias_ptr, res_ptr, M, N, K,
         # b [K, N] tiles [BK, BN]: as [N, K] tiles [BN, BK] when its K stride is 1
         b_desc = _operand_desc(b_ptr, K, N, stride_bk, stride_bn, BLOCK_K, BLOCK_N,
                                not B_KMAJOR)
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
-                                           block_shape=[BLOCK_M, BLOCK_N])
+        c_desc = _operand_desc(c_ptr, M, N, stride_cm, 1, BLOCK_M, BLOCK_N, True)
         if STORE_DACT:
-            d_desc = tl.make_tensor_descriptor(dact_ptr, shape=[M, N], strides=[stride_cm, 1],
-                                               block_shape=[BLOCK_M, BLOCK_N])
+            d_desc = _operand_desc(dact_ptr, M, N, stride_cm, 1, BLOCK_M, BLOCK_N, True)
         else:
             d_desc = c_desc
     else:
@@ -219,13 +217,10 @@ def _gated_matmul_kernel(x_ptr, wg_ptr, wu_ptr, out_ptr, h1_ptr, h2_ptr, M, N, K
                                 not W_KMAJOR)
         wu_desc = _operand_desc(wu_ptr, K, N, stride_wuk, stride_wun, BLOCK_K, BLOCK_N,
                                 not W_KMAJOR)
-        o_desc = tl.make_tensor_descriptor(out_ptr, shape=[M, N], strides=[stride_om, 1],
-                                           block_shape=[BLOCK_M, BLOCK_N])
+        o_desc = _operand_desc(out_ptr, M, N, stride_om, 1, BLOCK_M, BLOCK_N, True)
         if STORE_H:
-            h1_desc = tl.make_tensor_descriptor(h1_ptr, shape=[M, N], strides=[stride_hm, 1],
-                                                block_shape=[BLOCK_M, BLOCK_N])
-            h2_desc = tl.make_tensor_descriptor(h2_ptr, shape=[M, N], strides=[stride_hm, 1],
-                                                block_shape=[BLOCK_M, BLOCK_N])
+            h1_desc = _operand_desc(h1_ptr, M, N, stride_hm, 1, BLOCK_M, BLOCK_N, True)
+            h2_desc = _operand_desc(h2_ptr, M, N, stride_hm, 1, BLOCK_M, BLOCK_N, True)
         else:
             h1_desc = o_desc
             h2_desc = o_desc
