@@ -220,9 +220,13 @@ class OpSpec:
     `skip(case, device)` returns the reason a runtime cannot run a case, or None.
     """
 
-    name: str
-    impl: Callable[..., Any]
-    reference: Callable[..., Any]
+    # The op's name; "": its public function's (impl.__name__), as for every built-in op.
+    name: str = ""
+    impl: Callable[..., Any] | None = None
+    _: dataclasses.KW_ONLY
+    # The float64-capable reference; None: speedlight.reference.<name>, where every
+    # built-in op's lives (a team's own op passes its own).
+    reference: Callable[..., Any] | None = None
     make_inputs: Callable[[Case, torch.device], Inputs]
     cost: Callable[[Case, str], Cost | None]
     suites: Mapping[str, Callable[[], Sequence[Case]]]
@@ -260,6 +264,18 @@ class OpSpec:
     # What speedlight.patch swaps for this op in a Hugging Face model (its kinds:
     # "rms_norm", "mlp", "rope", "cross_entropy"), or None when it patches none.
     patches: str | None = None
+
+    def __post_init__(self):
+        if self.impl is None:
+            raise TypeError(f"OpSpec {self.name!r} needs impl, the function under test")
+        self.name = self.name or self.impl.__name__
+        if self.reference is None:
+            from speedlight import reference  # no import cycle: reference needs only torch
+
+            self.reference = getattr(reference, self.name, None)
+            if self.reference is None:
+                raise TypeError(f"OpSpec {self.name!r} has no reference: pass reference=, "
+                                f"speedlight.reference has no {self.name!r}")
 
     def cases(self, suite: str) -> list[Case]:
         if suite not in self.suites:

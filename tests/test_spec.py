@@ -79,6 +79,23 @@ def test_opspec_rejects_unknown_suite():
         spec.cases("full")
 
 
+def test_opspec_name_and_reference_default_to_the_public_function_and_its_reference():
+    from speedlight import reference
+
+    spec = OpSpec("softmax", impl=lambda: None, make_inputs=None, cost=None, suites={})
+    assert spec.reference is reference.softmax
+
+    def softmax():
+        pass
+
+    named = OpSpec(impl=softmax, make_inputs=None, cost=None, suites={})
+    assert named.name == "softmax" and named.reference is reference.softmax
+    with pytest.raises(TypeError, match="needs impl"):
+        OpSpec("softmax", make_inputs=None, cost=None, suites={})
+    with pytest.raises(TypeError, match="OpSpec 'my_op' has no reference"):
+        OpSpec("my_op", impl=lambda: None, make_inputs=None, cost=None, suites={})
+
+
 def test_kernel_designs_default_to_the_generic_design():
     from speedlight.spec import KernelDesign
 

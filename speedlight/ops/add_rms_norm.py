@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from speedlight import reference, shapes
+from speedlight import shapes
 from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
 from speedlight.ops._suites import norm_cases, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
@@ -57,18 +57,23 @@ def add_rms_norm_bwd(dy: torch.Tensor | None, dh: torch.Tensor | None, h: torch.
 
 # --- registration: custom ops, fakes and autograd -----------------------------------------
 
-ADD_RMS_NORM = register_op(
-    "add_rms_norm",
+# What the plain and the in-place op share: they differ only in the backward.
+_ADD_RMS_NORM_OP = dict(
     forward=add_rms_norm_fwd,
     outputs=("y", "h", "rstd"),
     stats=("rstd",),
     fake=lambda x, residual, weight, eps, offset: (like(x), like(x), row_stats(x)),
     inference=add_rms_norm_infer,
-    backward=add_rms_norm_bwd,
-    backward_fake=lambda dy, dh, h, weight, rstd, offset: (like(h), like(weight)),
     # x and residual enter h with coefficient 1: both receive dh_total (autograd copies
     # it before accumulating, so the two .grad tensors never alias)
     grads=(("x", "residual"), "weight"),
+)
+
+ADD_RMS_NORM = register_op(
+    "add_rms_norm",
+    **_ADD_RMS_NORM_OP,
+    backward=add_rms_norm_bwd,
+    backward_fake=lambda dy, dh, h, weight, rstd, offset: (like(h), like(weight)),
     optional_grads=True,  # h alone, or y alone, may be used
 )
 
@@ -88,16 +93,8 @@ def add_rms_norm_inplace_bwd(dy: torch.Tensor, dh: torch.Tensor, h: torch.Tensor
 # Gradients are materialized (zeros for an output left unused), so dy is always a tensor
 # of this op's own to write over.
 ADD_RMS_NORM_INPLACE = register_op(
-    "add_rms_norm_inplace",
-    forward=add_rms_norm_fwd,
-    outputs=("y", "h", "rstd"),
-    stats=("rstd",),
-    fake=lambda x, residual, weight, eps, offset: (like(x), like(x), row_stats(x)),
-    inference=add_rms_norm_infer,
-    backward=add_rms_norm_inplace_bwd,
-    backward_mutates=("dy",),
-    grads=(("x", "residual"), "weight"),
-)
+    "add_rms_norm_inplace", **_ADD_RMS_NORM_OP, backward=add_rms_norm_inplace_bwd,
+    backward_mutates=("dy",))
 
 
 # --- public function ---------------------------------------------------------------------
@@ -183,13 +180,11 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
 
 
 SPEC = OpSpec(
-    name="add_rms_norm",
+    impl=add_rms_norm,
     for_model=_for_model,
     case_of=lambda call, args: rms_norm_case_of("add_rms_norm", call, args),
     fuses="residual add + RMSNorm, returning both the sum and the norm",
     peers={"liger": "liger_fused_add_rms_norm"},
-    impl=add_rms_norm,
-    reference=reference.add_rms_norm,
     make_inputs=_make_inputs,
     cost=_cost,
     suites=shapes.suites(lambda suite: norm_cases(

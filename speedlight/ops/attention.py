@@ -18,7 +18,7 @@ import math
 import torch
 import triton
 
-from speedlight import reference, shapes
+from speedlight import shapes
 
 from speedlight.kernels.attention import (_attention_bwd_delta_kernel, _attention_bwd_dkdv_kernel,
                                           _attention_bwd_dq_kernel, _attention_combine_kernel,
@@ -648,9 +648,7 @@ _FLASH = ("flash tiles: one 8-warp program per SM; k and v re-read per query blo
           "(cp.async, pipelined: min_stages), and lse/delta are one fp32 per row (32-bit)")
 
 SPEC = OpSpec(
-    name="attention",
     impl=attention,
-    reference=reference.attention,
     make_inputs=_make_inputs,
     cost=_cost,
     suites=shapes.suites(_cases),

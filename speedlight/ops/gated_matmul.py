@@ -24,7 +24,7 @@ import math
 import torch
 import triton
 
-from speedlight import reference, shapes
+from speedlight import shapes
 from speedlight.kernels.matmul import _gated_matmul_kernel
 from speedlight.ops._checks import check_same_device, check_tensor
 from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
@@ -295,9 +295,7 @@ def case_of(call: str, args) -> Case | None:
 
 
 SPEC = OpSpec(
-    name="gated_matmul",
     impl=gated_matmul,
-    reference=reference.gated_matmul,
     make_inputs=make_inputs,
     cost=cost,
     suites=shapes.suites(cases),

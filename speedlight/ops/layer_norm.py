@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 import triton
 
-from speedlight import reference, shapes
+from speedlight import shapes
 from speedlight.kernels.layer_norm import (
     _layer_norm_bwd_kernel,
     _layer_norm_bwd_row_dot_kernel,
@@ -261,13 +261,11 @@ def _case_of(call: str, args) -> Case | None:
 
 
 SPEC = OpSpec(
-    name="layer_norm",
+    impl=layer_norm,
     for_model=_for_model,
     case_of=_case_of,
     fuses="LayerNorm in one kernel per direction",
     peers={"liger": "liger_layer_norm"},
-    impl=layer_norm,
-    reference=reference.layer_norm,
     make_inputs=_make_inputs,
     cost=_cost,
     suites=shapes.suites(lambda suite: norm_cases(

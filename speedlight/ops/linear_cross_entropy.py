@@ -460,7 +460,6 @@ def _case_of(call: str, args) -> Case | None:
 
 
 SPEC = OpSpec(
-    name="linear_cross_entropy",
     impl=linear_cross_entropy,
     reference=_reference,
     make_inputs=_make_inputs,

@@ -19,7 +19,7 @@ import math
 import torch
 import triton
 
-from speedlight import reference, shapes
+from speedlight import shapes
 from speedlight.kernels.matmul import _matmul_kernel
 from speedlight.ops._gemm import (
     CONFIG_SPACE,
@@ -384,9 +384,7 @@ DESIGN = KernelDesign(min_occupancy=0.0, vector_bits=0, spills=False, mma="HGMMA
                           "tiles; grouped order serves those re-reads from L2")
 
 SPEC = OpSpec(
-    name="matmul",
     impl=matmul,
-    reference=reference.matmul,
     make_inputs=make_inputs,
     cost=cost,
     suites=shapes.suites(cases),

@@ -11,7 +11,7 @@ import math
 import torch
 import triton
 
-from speedlight import reference, shapes
+from speedlight import shapes
 from speedlight.kernels.rms_norm import (
     _rms_norm_bwd_dx_kernel,
     _rms_norm_bwd_kernel,
@@ -161,15 +161,20 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
 
 # --- registration: custom ops, fakes and autograd -----------------------------------------
 
-RMS_NORM = register_op(
-    "rms_norm",
+# What the plain and the in-place op share: they differ only in the backward.
+_RMS_NORM_OP = dict(
     forward=rms_norm_fwd,
     outputs=("y", "rstd"),
     stats=("rstd",),
     fake=lambda x, weight, eps, offset: (like(x), row_stats(x)),
     inference=rms_norm_infer,
-    backward=rms_norm_bwd,
     grads=("x", "weight"),
+)
+
+RMS_NORM = register_op(
+    "rms_norm",
+    **_RMS_NORM_OP,
+    backward=rms_norm_bwd,
     # the persistent forward's tile and grid, keyed by (hidden, dtype, SM count)
     configs=Configs(space={"tile": (2048, 4096, 8192, 16384), "warps_per_sm": (16, 32, 48, 64)},
                     default=lambda key: {"tile": FWD_TILE, "warps_per_sm": FWD_WARPS_PER_SM}),
@@ -187,16 +192,7 @@ def rms_norm_inplace_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
 # torch), so the backward allocates nothing of x's size. Safe only where dy reaches no
 # other consumer: see rms_norm's `in_place`.
 RMS_NORM_INPLACE = register_op(
-    "rms_norm_inplace",
-    forward=rms_norm_fwd,
-    outputs=("y", "rstd"),
-    stats=("rstd",),
-    fake=lambda x, weight, eps, offset: (like(x), row_stats(x)),
-    inference=rms_norm_infer,
-    backward=rms_norm_inplace_bwd,
-    backward_mutates=("dy",),
-    grads=("x", "weight"),
-)
+    "rms_norm_inplace", **_RMS_NORM_OP, backward=rms_norm_inplace_bwd, backward_mutates=("dy",))
 
 
 # --- public function ---------------------------------------------------------------------
@@ -316,9 +312,7 @@ _TWO_PASS_BWD = ("a row longer than 16384 is read twice (dy and x: the row dot, 
                  "plus dw partial rows")
 
 SPEC = OpSpec(
-    name="rms_norm",
     impl=rms_norm,
-    reference=reference.rms_norm,
     make_inputs=make_inputs,
     cost=_cost,
     suites=shapes.suites(lambda suite: norm_cases(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from speedlight import reference, shapes
+from speedlight import shapes
 from speedlight.kernels.rope import _rope_kernel
 from speedlight.launch import planned_sm_count
 from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
@@ -421,9 +421,7 @@ def _case_of(call: str, args) -> Case | None:
 
 
 SPEC = OpSpec(
-    name="rope",
     impl=rope,
-    reference=reference.rope,
     make_inputs=_make_inputs,
     cost=_cost,
     suites=shapes.suites(_cases),

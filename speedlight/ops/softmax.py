@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from speedlight import reference, shapes
+from speedlight import shapes
 from speedlight.kernels.softmax import (
     _softmax_bwd_kernel,
     _softmax_bwd_looped_kernel,
@@ -230,9 +230,7 @@ _TWO_PASS_BWD = ("a row longer than 16384 is read twice: y and dy for the row do
                  "again for dx (5/3 of compulsory)")
 
 SPEC = OpSpec(
-    name="softmax",
     impl=softmax,
-    reference=reference.softmax,
     make_inputs=_make_inputs,
     cost=_cost,
     suites=shapes.suites(_cases),
@@ -246,17 +244,11 @@ SPEC = OpSpec(
     kernels={
         "_softmax_fwd_kernel": KernelDesign(min_occupancy=0.5),
         "_softmax_bwd_kernel": KernelDesign(min_occupancy=0.5),
-        "_softmax_fwd_looped_kernel": KernelDesign(min_occupancy=0.5, bytes_ratio=1.52,
-                                                   why=_TWO_PASS),
-        "_softmax_fwd_split_stats_kernel": KernelDesign(min_occupancy=0.5, bytes_ratio=1.52,
-                                                        why=_TWO_PASS),
-        "_softmax_fwd_split_write_kernel": KernelDesign(min_occupancy=0.5, bytes_ratio=1.52,
-                                                        why=_TWO_PASS),
-        "_softmax_bwd_looped_kernel": KernelDesign(min_occupancy=0.5, bytes_ratio=1.7,
-                                                   why=_TWO_PASS_BWD),
-        "_softmax_bwd_split_dot_kernel": KernelDesign(min_occupancy=0.5, bytes_ratio=1.7,
-                                                      why=_TWO_PASS_BWD),
-        "_softmax_bwd_split_write_kernel": KernelDesign(min_occupancy=0.5, bytes_ratio=1.7,
-                                                        why=_TWO_PASS_BWD),
+        **dict.fromkeys(("_softmax_fwd_looped_kernel", "_softmax_fwd_split_stats_kernel",
+                         "_softmax_fwd_split_write_kernel"),
+                        KernelDesign(min_occupancy=0.5, bytes_ratio=1.52, why=_TWO_PASS)),
+        **dict.fromkeys(("_softmax_bwd_looped_kernel", "_softmax_bwd_split_dot_kernel",
+                         "_softmax_bwd_split_write_kernel"),
+                        KernelDesign(min_occupancy=0.5, bytes_ratio=1.7, why=_TWO_PASS_BWD)),
     },
 )
