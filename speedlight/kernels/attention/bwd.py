@@ -18,8 +18,9 @@ its own pass over keys: no atomics, the same bits on every run.
 import triton
 import triton.language as tl
 
-from speedlight.kernels.attention.common import (LOG2E, _key_range, _query_range, _scores,
-                                                 _sequence, _visible)
+from speedlight.kernels.attention.common import (LOG2E, _dscores, _key_range, _load_rows,
+                                                 _operand, _probs, _program, _query_range,
+                                                 _sequence)
 
 
 @triton.jit
@@ -36,21 +37,17 @@ def _attention_bwd_delta_kernel(
     heads_q, seq_q, head_dim] by their strides (packed [total, heads, head_dim] with VARLEN); dlse and
     delta fp32 [batch, heads_q, seq_q] at the lse strides. HAS_DLSE reads dlse.
     """
-    pid = tl.program_id(0)
-    pid_m = pid % m_blocks
-    pid_bh = pid // m_blocks
-    pid_b = pid_bh // heads_q
-    pid_h = pid_bh % heads_q
+    pid_m, pid_b, pid_h = _program(tl.program_id(0), m_blocks, heads_q)
     q_start, _, seq_q, _ = _sequence(cu_q_ptr, cu_q_ptr, pid_b, seq_q, seq_q, VARLEN)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask_m = offs_m < seq_q
     mask = mask_m[:, None] & (offs_d[None, :] < head_dim)
     rows = (q_start + offs_m).to(tl.int64)
-    o = tl.load(o_ptr + pid_b.to(tl.int64) * stride_ob + pid_h.to(tl.int64) * stride_oh
-                + rows[:, None] * stride_om + offs_d[None, :], mask=mask, other=0.0)
-    do = tl.load(do_ptr + pid_b.to(tl.int64) * stride_db + pid_h.to(tl.int64) * stride_dh
-                 + rows[:, None] * stride_dm + offs_d[None, :], mask=mask, other=0.0)
+    o = _load_rows(o_ptr, pid_b, pid_h, rows, offs_d, mask, stride_ob, stride_oh, stride_om,
+                   False)
+    do = _load_rows(do_ptr, pid_b, pid_h, rows, offs_d, mask, stride_db, stride_dh, stride_dm,
+                    False)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # [BM, D] -> [BM]
     lse_offs = pid_b.to(tl.int64) * stride_lb + pid_h.to(tl.int64) * stride_lh + rows * stride_lm
     if HAS_DLSE:
@@ -81,11 +78,7 @@ def _attention_bwd_dkdv_kernel(
     (packed with VARLEN); lse and delta fp32 [batch, heads_q, seq_q] at the lse strides.
     Constexprs as in _attention_fwd_kernel.
     """
-    pid = tl.program_id(0)
-    pid_n = pid % n_blocks
-    pid_bh = pid // n_blocks
-    pid_b = pid_bh // heads_kv
-    pid_kv = pid_bh % heads_kv
+    pid_n, pid_b, pid_kv = _program(tl.program_id(0), n_blocks, heads_kv)
     q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN)
     n_lo = pid_n * BLOCK_N
     if n_lo >= seq_k:
@@ -96,13 +89,10 @@ def _attention_bwd_dkdv_kernel(
     mask_d = offs_d < head_dim
     mask_nd = mask_n[:, None] & mask_d[None, :]
     rows_k = (k_start + offs_n).to(tl.int64)
-    k = tl.load(k_ptr + pid_b.to(tl.int64) * stride_kb + pid_kv.to(tl.int64) * stride_kh
-                + rows_k[:, None] * stride_kn + offs_d[None, :], mask=mask_nd, other=0.0)
-    v = tl.load(v_ptr + pid_b.to(tl.int64) * stride_vb + pid_kv.to(tl.int64) * stride_vh
-                + rows_k[:, None] * stride_vn + offs_d[None, :], mask=mask_nd, other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    k = _load_rows(k_ptr, pid_b, pid_kv, rows_k, offs_d, mask_nd, stride_kb, stride_kh,
+                   stride_kn, UPCAST)
+    v = _load_rows(v_ptr, pid_b, pid_kv, rows_k, offs_d, mask_nd, stride_vb, stride_vh,
+                   stride_vn, UPCAST)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     lo, hi = _query_range(n_lo, tl.minimum(n_lo + BLOCK_N, seq_k), seq_q, seq_k, left, right,
@@ -127,22 +117,16 @@ def _attention_bwd_dkdv_kernel(
                 q_t = q_t.to(tl.float32)
                 do_t = do_t.to(tl.float32)
             lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # no key: p = 0
-            s_t, dcap_t = _scores(k, q_t, sm_scale, softcap, SOFTCAP, PRECISION)  # [BN, BM]
-            vis = _visible(offs_m[None, :], offs_n[:, None], seq_q, seq_k, left, right, WINDOW)
-            vis &= mask_m[None, :]
-            p_t = tl.where(vis, tl.exp2(s_t - lse2[None, :]), 0.0)
-            p_lo = p_t.to(do_ptr.dtype.element_ty)
-            if UPCAST:
-                p_lo = p_lo.to(tl.float32)
+            # [BN, D] @ [D, BM] -> [BN, BM]
+            p_t, dcap_t = _probs(k, q_t, offs_m[None, :], offs_n[:, None], mask_m[None, :],
+                                 lse2[None, :], seq_q, seq_k, left, right, sm_scale, softcap,
+                                 WINDOW, SOFTCAP, PRECISION)
+            p_lo = _operand(p_t, do_ptr.dtype.element_ty, UPCAST)
             # [BN, BM] @ [BM, D] -> [BN, D]
             dv += tl.dot(p_lo, tl.trans(do_t), input_precision=PRECISION)
             dp_t = tl.dot(v, do_t, input_precision=PRECISION)  # [BN, D] @ [D, BM] -> [BN, BM]
-            ds_t = p_t * (dp_t - delta[None, :])
-            if SOFTCAP:
-                ds_t *= dcap_t
-            ds_lo = ds_t.to(q_ptr.dtype.element_ty)
-            if UPCAST:
-                ds_lo = ds_lo.to(tl.float32)
+            ds_lo = _dscores(p_t, dp_t, delta[None, :], dcap_t, q_ptr.dtype.element_ty,
+                             SOFTCAP, UPCAST)
             # [BN, BM] @ [BM, D] -> [BN, D]
             dk += tl.dot(ds_lo, tl.trans(q_t), input_precision=PRECISION)
     dk *= sm_scale
@@ -173,11 +157,7 @@ def _attention_bwd_dq_kernel(
     grid (m_blocks * batch * heads_q,). Shapes as in _attention_bwd_dkdv_kernel;
     dq has q's shape. Constexprs as in _attention_fwd_kernel.
     """
-    pid = tl.program_id(0)
-    pid_m = pid % m_blocks
-    pid_bh = pid // m_blocks
-    pid_b = pid_bh // heads_q
-    pid_h = pid_bh % heads_q
+    pid_m, pid_b, pid_h = _program(tl.program_id(0), m_blocks, heads_q)
     q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN)
     m_lo = pid_m * BLOCK_M
     if m_lo >= seq_q:
@@ -188,17 +168,14 @@ def _attention_bwd_dq_kernel(
     mask_d = offs_d < head_dim
     mask_md = mask_m[:, None] & mask_d[None, :]
     rows_q = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + pid_b.to(tl.int64) * stride_qb + pid_h.to(tl.int64) * stride_qh
-                + rows_q[:, None] * stride_qm + offs_d[None, :], mask=mask_md, other=0.0)
-    do = tl.load(do_ptr + pid_b.to(tl.int64) * stride_db + pid_h.to(tl.int64) * stride_dh
-                 + rows_q[:, None] * stride_dm + offs_d[None, :], mask=mask_md, other=0.0)
+    q = _load_rows(q_ptr, pid_b, pid_h, rows_q, offs_d, mask_md, stride_qb, stride_qh,
+                   stride_qm, UPCAST)
+    do = _load_rows(do_ptr, pid_b, pid_h, rows_q, offs_d, mask_md, stride_db, stride_dh,
+                    stride_dm, UPCAST)
     l_offs = pid_b.to(tl.int64) * stride_lb + pid_h.to(tl.int64) * stride_lh + rows_q * stride_lm
     lse = tl.load(lse_ptr + l_offs, mask=mask_m, other=0.0)
     delta = tl.load(delta_ptr + l_offs, mask=mask_m, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # no key: p = 0
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
     pid_kv = (pid_h // group).to(tl.int64)
     k_base = k_ptr + pid_b.to(tl.int64) * stride_kb + pid_kv * stride_kh
     v_base = v_ptr + pid_b.to(tl.int64) * stride_vb + pid_kv * stride_vh
@@ -217,17 +194,12 @@ def _attention_bwd_dq_kernel(
         if UPCAST:
             k_t = k_t.to(tl.float32)
             v_t = v_t.to(tl.float32)
-        s, dcap = _scores(q, k_t, sm_scale, softcap, SOFTCAP, PRECISION)  # [BM, BN]
-        vis = _visible(offs_m[:, None], offs_n[None, :], seq_q, seq_k, left, right, WINDOW)
-        vis &= mask_n[None, :]
-        p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
+        # [BM, D] @ [D, BN] -> [BM, BN]
+        p, dcap = _probs(q, k_t, offs_m[:, None], offs_n[None, :], mask_n[None, :],
+                         lse2[:, None], seq_q, seq_k, left, right, sm_scale, softcap,
+                         WINDOW, SOFTCAP, PRECISION)
         dp = tl.dot(do, v_t, input_precision=PRECISION)  # [BM, D] @ [D, BN] -> [BM, BN]
-        ds = p * (dp - delta[:, None])
-        if SOFTCAP:
-            ds *= dcap
-        ds_lo = ds.to(k_ptr.dtype.element_ty)
-        if UPCAST:
-            ds_lo = ds_lo.to(tl.float32)
+        ds_lo = _dscores(p, dp, delta[:, None], dcap, k_ptr.dtype.element_ty, SOFTCAP, UPCAST)
         # [BM, BN] @ [BN, D] -> [BM, D]
         dq += tl.dot(ds_lo, tl.trans(k_t), input_precision=PRECISION)
     dq *= sm_scale

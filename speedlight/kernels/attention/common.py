@@ -1,5 +1,5 @@
 """Pieces every attention kernel shares: where a sequence starts, which keys a query sees,
-and the score of a [BLOCK_M, BLOCK_N] tile.
+the score of a [BLOCK_M, BLOCK_N] tile and the backward's probabilities and score gradients.
 
 Positions are aligned at the end: query row r of a sequence with seq_q queries and seq_k
 keys sits at position i = r + seq_k - seq_q (as with a KV cache). Key j is visible to
@@ -83,3 +83,57 @@ def _scores(q, k_t, sm_scale, softcap, SOFTCAP: tl.constexpr, PRECISION: tl.cons
         c, dcap = _softcap(qk * sm_scale, softcap)
         return c * LOG2E, dcap
     return qk * (sm_scale * LOG2E), qk
+
+
+@triton.jit
+def _program(pid, n_blocks, heads):
+    """(block, batch entry, head) of flat program id pid: the blocks of one (batch, head)
+    are consecutive, so they share its K/V (or Q) in L2."""
+    pid_bh = pid // n_blocks
+    return pid % n_blocks, pid_bh // heads, pid_bh % heads
+
+
+@triton.jit
+def _load_rows(ptr, pid_b, pid_h, rows, offs_d, mask, stride_b, stride_h, stride_row,
+               UPCAST: tl.constexpr):
+    """The [len(rows), BLOCK_D] tile of head pid_h of batch entry pid_b at int64 row
+    indices `rows` (last dim contiguous), masked positions 0; fp32 when UPCAST."""
+    x = tl.load(ptr + pid_b.to(tl.int64) * stride_b + pid_h.to(tl.int64) * stride_h
+                + rows[:, None] * stride_row + offs_d[None, :], mask=mask, other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _operand(x, dtype, UPCAST: tl.constexpr):
+    """x rounded to `dtype`, as the GPU's tl.dot sees it; back in fp32 when UPCAST (the
+    interpreter's bf16 dot is wrong, and products of bf16 are exact in fp32)."""
+    x = x.to(dtype)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _probs(a, b, rows, keys, valid, lse2, seq_q, seq_k, left, right, sm_scale, softcap,
+           WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+    """(p, dcap) of one backward tile, recomputed: p = exp2(s - lse2) where the query row
+    sees the key and `valid`, else 0; s and dcap as _scores(a, b).
+
+    a @ b is q @ k^T ([BM, BN]) or k @ q^T ([BN, BM]); rows, keys, valid and lse2 (the
+    base-2 lse, +inf for a row that saw no key) are broadcast to that tile.
+    """
+    s, dcap = _scores(a, b, sm_scale, softcap, SOFTCAP, PRECISION)
+    vis = _visible(rows, keys, seq_q, seq_k, left, right, WINDOW) & valid
+    return tl.where(vis, tl.exp2(s - lse2), 0.0), dcap
+
+
+@triton.jit
+def _dscores(p, dp, delta, dcap, dtype, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr):
+    """du = p * (dp - delta) * cap'(u) of one tile (delta broadcast to it), as the operand
+    of the next tl.dot (_operand)."""
+    ds = p * (dp - delta)
+    if SOFTCAP:
+        ds *= dcap
+    return _operand(ds, dtype, UPCAST)

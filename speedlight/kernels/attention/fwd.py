@@ -10,8 +10,8 @@ no key gets o = 0 and lse = -inf.
 import triton
 import triton.language as tl
 
-from speedlight.kernels.attention.common import (LOG2E, _key_range, _scores, _sequence,
-                                                 _visible)
+from speedlight.kernels.attention.common import (LOG2E, _key_range, _load_rows, _operand,
+                                                 _program, _scores, _sequence, _visible)
 
 
 @triton.jit
@@ -45,12 +45,8 @@ def _attention_fwd_kernel(
     PRECISION "ieee" keeps fp32 products exact (no TF32); BLOCK_D is head_dim rounded up
     to a power of two, the rest masked.
     """
-    pid = tl.program_id(0)
-    pid_m = pid % m_blocks
-    pid_bh = pid // m_blocks
+    pid_m, pid_b, pid_h = _program(tl.program_id(0), m_blocks, heads_q)
     pid_s = tl.program_id(1)
-    pid_b = pid_bh // heads_q
-    pid_h = pid_bh % heads_q
     q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN)
     m_lo = pid_m * BLOCK_M
     if m_lo >= seq_q:
@@ -61,11 +57,8 @@ def _attention_fwd_kernel(
     mask_m = offs_m < seq_q
     pid_kv = pid_h // group
 
-    q_ptrs = (q_ptr + pid_b.to(tl.int64) * stride_qb + pid_h.to(tl.int64) * stride_qh
-              + (q_start + offs_m[:, None]).to(tl.int64) * stride_qm + offs_d[None, :])
-    q = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
+    q = _load_rows(q_ptr, pid_b, pid_h, (q_start + offs_m).to(tl.int64), offs_d,
+                   mask_m[:, None] & mask_d[None, :], stride_qb, stride_qh, stride_qm, UPCAST)
     k_base = k_ptr + pid_b.to(tl.int64) * stride_kb + pid_kv.to(tl.int64) * stride_kh
     v_base = v_ptr + pid_b.to(tl.int64) * stride_vb + pid_kv.to(tl.int64) * stride_vh
 
@@ -97,9 +90,7 @@ def _attention_fwd_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        p_lo = p.to(v_ptr.dtype.element_ty)  # p rounded to the input dtype, as the GPU's dot
-        if UPCAST:
-            p_lo = p_lo.to(tl.float32)
+        p_lo = _operand(p, v_ptr.dtype.element_ty, UPCAST)  # p as the GPU's dot sees it
         # [BM, BN] @ [BN, D] -> [BM, D]
         acc = acc * alpha[:, None] + tl.dot(p_lo, v, input_precision=PRECISION)
         m_i = m_new
