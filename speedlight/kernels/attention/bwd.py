@@ -18,7 +18,7 @@ its own pass over keys: no atomics, the same bits on every run.
 import triton
 import triton.language as tl
 
-from speedlight.kernels.attention.common import (LOG2E, _dscores, _key_range, _load_rows,
+from speedlight.kernels.attention.common import (LOG2E, _block, _dscores, _key_range, _load_rows,
                                                  _operand, _probs, _program, _query_range,
                                                  _sequence)
 
@@ -39,10 +39,9 @@ def _attention_bwd_delta_kernel(
     """
     pid_m, pid_b, pid_h = _program(tl.program_id(0), m_blocks, heads_q)
     q_start, _, seq_q, _ = _sequence(cu_q_ptr, cu_q_ptr, pid_b, seq_q, seq_q, VARLEN)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_m = offs_m < seq_q
-    mask = mask_m[:, None] & (offs_d[None, :] < head_dim)
+    offs_m, mask_m = _block(pid_m * BLOCK_M, seq_q, BLOCK_M)
+    offs_d, mask_d = _block(0, head_dim, BLOCK_D)
+    mask = mask_m[:, None] & mask_d[None, :]
     rows = (q_start + offs_m).to(tl.int64)
     o = _load_rows(o_ptr, pid_b, pid_h, rows, offs_d, mask, stride_ob, stride_oh, stride_om,
                    False)
@@ -83,10 +82,8 @@ def _attention_bwd_dkdv_kernel(
     n_lo = pid_n * BLOCK_N
     if n_lo >= seq_k:
         return
-    offs_n = n_lo + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_n = offs_n < seq_k
-    mask_d = offs_d < head_dim
+    offs_n, mask_n = _block(n_lo, seq_k, BLOCK_N)
+    offs_d, mask_d = _block(0, head_dim, BLOCK_D)
     mask_nd = mask_n[:, None] & mask_d[None, :]
     rows_k = (k_start + offs_n).to(tl.int64)
     k = _load_rows(k_ptr, pid_b, pid_kv, rows_k, offs_d, mask_nd, stride_kb, stride_kh,
@@ -103,8 +100,7 @@ def _attention_bwd_dkdv_kernel(
         do_base = do_ptr + pid_b.to(tl.int64) * stride_db + pid_h * stride_dh
         l_base = pid_b.to(tl.int64) * stride_lb + pid_h * stride_lh
         for start_m in range(lo, hi, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            mask_m = offs_m < hi
+            offs_m, mask_m = _block(start_m, hi, BLOCK_M)
             rows_q = (q_start + offs_m).to(tl.int64)
             mask_dm = mask_d[:, None] & mask_m[None, :]
             q_t = tl.load(q_base + rows_q[None, :] * stride_qm + offs_d[:, None], mask=mask_dm,
@@ -162,10 +158,8 @@ def _attention_bwd_dq_kernel(
     m_lo = pid_m * BLOCK_M
     if m_lo >= seq_q:
         return
-    offs_m = m_lo + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_m = offs_m < seq_q
-    mask_d = offs_d < head_dim
+    offs_m, mask_m = _block(m_lo, seq_q, BLOCK_M)
+    offs_d, mask_d = _block(0, head_dim, BLOCK_D)
     mask_md = mask_m[:, None] & mask_d[None, :]
     rows_q = (q_start + offs_m).to(tl.int64)
     q = _load_rows(q_ptr, pid_b, pid_h, rows_q, offs_d, mask_md, stride_qb, stride_qh,
@@ -183,8 +177,7 @@ def _attention_bwd_dq_kernel(
     lo, hi = _key_range(m_lo, tl.minimum(m_lo + BLOCK_M, seq_q), seq_q, seq_k, left, right,
                         BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < hi
+        offs_n, mask_n = _block(start_n, hi, BLOCK_N)
         rows_k = (k_start + offs_n).to(tl.int64)
         mask_dn = mask_d[:, None] & mask_n[None, :]
         k_t = tl.load(k_base + rows_k[None, :] * stride_kn + offs_d[:, None], mask=mask_dn,

@@ -86,6 +86,13 @@ def _scores(q, k_t, sm_scale, softcap, SOFTCAP: tl.constexpr, PRECISION: tl.cons
 
 
 @triton.jit
+def _block(start, end, BLOCK: tl.constexpr):
+    """(offs, mask) of one block: the indices start + [0, BLOCK) and which are below end."""
+    offs = start + tl.arange(0, BLOCK)
+    return offs, offs < end
+
+
+@triton.jit
 def _program(pid, n_blocks, heads):
     """(block, batch entry, head) of flat program id pid: the blocks of one (batch, head)
     are consecutive, so they share its K/V (or Q) in L2."""

@@ -10,8 +10,9 @@ no key gets o = 0 and lse = -inf.
 import triton
 import triton.language as tl
 
-from speedlight.kernels.attention.common import (LOG2E, _key_range, _load_rows, _operand,
-                                                 _program, _scores, _sequence, _visible)
+from speedlight.kernels.attention.common import (LOG2E, _block, _key_range, _load_rows,
+                                                 _operand, _program, _scores, _sequence,
+                                                 _visible)
 
 
 @triton.jit
@@ -51,10 +52,8 @@ def _attention_fwd_kernel(
     m_lo = pid_m * BLOCK_M
     if m_lo >= seq_q:
         return
-    offs_m = m_lo + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < head_dim
-    mask_m = offs_m < seq_q
+    offs_m, mask_m = _block(m_lo, seq_q, BLOCK_M)
+    offs_d, mask_d = _block(0, head_dim, BLOCK_D)
     pid_kv = pid_h // group
 
     q = _load_rows(q_ptr, pid_b, pid_h, (q_start + offs_m).to(tl.int64), offs_d,
@@ -72,8 +71,7 @@ def _attention_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < hi
+        offs_n, mask_n = _block(start_n, hi, BLOCK_N)
         rows_k = (k_start + offs_n).to(tl.int64)
         k_t = tl.load(k_base + rows_k[None, :] * stride_kn + offs_d[:, None],
                       mask=mask_n[None, :] & mask_d[:, None], other=0.0)
@@ -128,10 +126,8 @@ def _attention_combine_kernel(
     pid_m = pid % seq_q
     pid_h = (pid // seq_q) % heads_q
     pid_b = pid // (seq_q * heads_q)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < n_splits
-    mask_d = offs_d < head_dim
+    offs_s, mask_s = _block(0, n_splits, BLOCK_S)
+    offs_d, mask_d = _block(0, head_dim, BLOCK_D)
     lse_s = tl.load(part_lse_ptr + pid_b.to(tl.int64) * stride_plb + pid_h.to(tl.int64) * stride_plh
                     + pid_m.to(tl.int64) * stride_plm + offs_s.to(tl.int64) * stride_pls,
                     mask=mask_s, other=float("-inf"))
