@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from speedlight.kernels.norm_scale import _pow2_scale
+from speedlight.kernels.row_tile import _load_tile, _row_block
 
 
 @triton.jit
@@ -42,12 +43,8 @@ def _layer_norm_fwd_kernel(
     if HAS_BIAS:
         b = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     for tile in range(pid, tl.cdiv(n_rows, BLOCK_M), n_programs):
-        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < n_rows
-        mask = mask_m[:, None] & mask_n[None, :]
-        rows = offs_m.to(tl.int64)
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
-                    mask=mask, other=0.0).to(tl.float32)
+        offs_m, mask_m, mask, rows = _row_block(tile * BLOCK_M, n_rows, mask_n, BLOCK_M)
+        x = _load_tile(x_ptr, rows, cols, stride_xm, stride_xn, mask)
         # [BM, BN] -> [BM]: the scale p, then the mean and variance of x / p
         p, inv_p = _pow2_scale(tl.max(tl.abs(x), axis=1), eps)
         xs = x * inv_p[:, None]
@@ -201,14 +198,9 @@ def _layer_norm_bwd_kernel(
     row_start = pid_m * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
     for m0 in range(row_start, row_end, BLOCK_M):
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < row_end
-        mask = mask_m[:, None] & mask_n[None, :]
-        rows = offs_m.to(tl.int64)
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :] * stride_dyn,
-                     mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
-                    mask=mask, other=0.0).to(tl.float32)
+        offs_m, mask_m, mask, rows = _row_block(m0, row_end, mask_n, BLOCK_M)
+        dy = _load_tile(dy_ptr, rows, cols, stride_dym, stride_dyn, mask)
+        x = _load_tile(x_ptr, rows, cols, stride_xm, stride_xn, mask)
         mean = tl.load(mean_ptr + offs_m, mask=mask_m, other=0.0)
         r = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
         xhat = tl.where(mask, (x - mean[:, None]) * r[:, None], 0.0)

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from speedlight.kernels.norm_scale import _pow2_scale
+from speedlight.kernels.row_tile import _load_tile, _row_block
 
 
 @triton.jit
@@ -46,15 +47,10 @@ def _rms_norm_fwd_kernel(
     if HAS_WEIGHT:
         w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32) + offset
     for tile in range(pid, tl.cdiv(n_rows, BLOCK_M), n_programs):
-        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < n_rows
-        mask = mask_m[:, None] & mask_n[None, :]
-        rows = offs_m.to(tl.int64)
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
-                    mask=mask, other=0.0).to(tl.float32)
+        offs_m, mask_m, mask, rows = _row_block(tile * BLOCK_M, n_rows, mask_n, BLOCK_M)
+        x = _load_tile(x_ptr, rows, cols, stride_xm, stride_xn, mask)
         if HAS_RESIDUAL:
-            res = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :] * stride_rn,
-                          mask=mask, other=0.0).to(tl.float32)
+            res = _load_tile(res_ptr, rows, cols, stride_rm, stride_rn, mask)
             # normalize the h that is stored, rounded as the residual stream holds it
             h = (x + res).to(h_ptr.dtype.element_ty)
             tl.store(h_ptr + rows[:, None] * stride_ym + cols[None, :], h, mask=mask)
@@ -168,14 +164,9 @@ def _rms_norm_bwd_tile(
     row_start = pid_m * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
     for m0 in range(row_start, row_end, BLOCK_M):
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < row_end
-        mask = mask_m[:, None] & mask_n[None, :]
-        rows = offs_m.to(tl.int64)
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :] * stride_dyn,
-                     mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn,
-                    mask=mask, other=0.0).to(tl.float32)
+        offs_m, mask_m, mask, rows = _row_block(m0, row_end, mask_n, BLOCK_M)
+        dy = _load_tile(dy_ptr, rows, cols, stride_dym, stride_dyn, mask)
+        x = _load_tile(x_ptr, rows, cols, stride_xm, stride_xn, mask)
         r = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
         xhat = x * r[:, None]
         if HAS_WEIGHT:
@@ -191,8 +182,7 @@ def _rms_norm_bwd_tile(
             c = tl.sum(dxhat * xhat, axis=1) / n_cols
         dx = (dxhat - xhat * c[:, None]) * r[:, None]
         if HAS_DH:
-            dx += tl.load(dh_ptr + rows[:, None] * stride_dhm + cols[None, :] * stride_dhn,
-                          mask=mask, other=0.0).to(tl.float32)
+            dx += _load_tile(dh_ptr, rows, cols, stride_dhm, stride_dhn, mask)
         tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
                  dx.to(dx_ptr.dtype.element_ty), mask=mask)
     if HAS_WEIGHT:
