@@ -23,6 +23,7 @@ from speedlight.ops.rms_norm import (
     rms_norm_bwd,
 )
 from speedlight.ops.rms_norm import _case_of as rms_norm_case_of
+from speedlight.ops.rms_norm import _cost as rms_norm_cost
 from speedlight.ops.rms_norm import make_inputs as rms_norm_inputs
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, rand_tensor
 
@@ -156,16 +157,12 @@ def _make_inputs(case: Case, device) -> dict:
 
 
 def _cost(case: Case, mode: str) -> Cost:
+    """RMSNorm's cost on h, plus the residual's: the forward also reads residual and
+    writes h (1 FLOP per elem, the add); the backward also reads dh (1 FLOP, adding it)."""
     m, n = case["rows"], case["hidden"]
-    e = case.dtype.itemsize
-    w = n * e if case.flag("weight", True) else 0
-    if mode == "fwd":
-        # read x, residual, w; write y, h, rstd (fp32).
-        # FLOP per elem: add 1, sum(h^2) 2, h * rstd * w' 2.
-        return Cost(flops=5 * m * n, bytes=4 * m * n * e + w + 4 * m)
-    # read dy, dh, h, w, rstd; write dx (= dresidual, one tensor), dw.
-    # FLOP per elem: rms_norm's 9, + 1 to add dh.
-    return Cost(flops=10 * m * n, bytes=4 * m * n * e + 2 * w + 4 * m)
+    tensors = 2 if mode == "fwd" else 1
+    return rms_norm_cost(case, mode) + Cost(flops=m * n,
+                                            bytes=tensors * m * n * case.dtype.itemsize)
 
 
 _TWO_PASS_BWD = ("a row longer than 16384 is read twice (dy and h: the row dot, then dx "

@@ -18,24 +18,22 @@ def seconds(s: float | None) -> str:
     return f"{s:.2f} s"
 
 
-def nbytes(n: float | None) -> str:
+def _scaled(n: float | None, units: tuple[tuple[str, float], ...], unit: str) -> str:
+    """n in the largest of `units` (largest first) it reaches, else whole `unit`s."""
     if n is None:
         return "-"
-    a = abs(n)
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if a >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
+    for name, scale in units:
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {name}"
+    return f"{int(n)} {unit}"
+
+
+def nbytes(n: float | None) -> str:
+    return _scaled(n, (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)), "B")
 
 
 def flops(n: float | None) -> str:
-    if n is None:
-        return "-"
-    a = abs(n)
-    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
-        if a >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} FLOP"
+    return _scaled(n, (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)), "FLOP")
 
 
 def share(x: float | None) -> str:
