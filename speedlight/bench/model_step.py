@@ -341,6 +341,7 @@ def chart(rows: Sequence[dict], path: str | Path) -> Path:
     else:
         ax_m.text(0.5, 0.5, "peak memory: n/a on a CPU", ha="center", va="center",
                   transform=ax_m.transAxes)
+        ax_m.set_axis_off()
     ax_m.set_title("peak memory")
     for r in ok:
         ax_l.plot(range(1, len(r["losses"]) + 1), r["losses"], marker="o", label=r["variant"])
