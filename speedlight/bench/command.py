@@ -96,7 +96,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                                                  "fp32 on a CPU)")
     m.add_argument("--variants", default=None,
                    help="comma-separated, from hf,speedlight,hf-compile,speedlight-compile,"
-                        "liger (default: all; on a CPU the compiled ones are skipped unless named)")
+                        "liger (default: all; on a CPU the compiled ones and liger are skipped, with "
+                        "the reason, unless named)")
     m.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3 on a "
                                                             "GPU, 1 on a CPU)")
     m.add_argument("--steps", type=int, default=None, help="timed steps (default 10 on a GPU, 3 "

@@ -7,7 +7,9 @@ same weights) and fed the same batches:
   hf                  Hugging Face as configured by default (its SDPA attention), eager
   hf-compile          the same model under torch.compile (the optimizer step stays eager)
   liger               Liger-Kernel's patch of the instance (apply_liger_kernel_to_<family>),
-                      when liger-kernel is installed and has that family
+                      when liger-kernel is installed and has that family (its kernels do
+                      not run under the Triton interpreter: skipped on a CPU, with that
+                      reason, unless named in --variants)
   speedlight          speedlight.patch(model)
   speedlight-compile  speedlight.patch(model), then torch.compile
 
@@ -44,6 +46,11 @@ COMPILED = ("hf-compile", "speedlight-compile")
 LOSS_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 FILE = "model-step.jsonl"
 CHART = "model-step.png"
+CPU_LIGER_REASON = ("Liger-Kernel on a CPU: its Triton kernels do not run under the Triton "
+                    "interpreter (an InterpreterError in its kernels); name the variant in "
+                    "--variants to try anyway")
+# variants whose failure fails the run: the reference and speedlight's own
+OURS = ("hf", "speedlight", "speedlight-compile")
 CPU_COMPILE_REASON = ("torch.compile on a CPU: inductor's C++ build of a whole training step "
                       "takes minutes and says nothing about a GPU; name the variant in "
                       "--variants to run it anyway")
@@ -238,7 +245,7 @@ def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Seq
         on_row: Callable[[dict], None] | None = None) -> list[dict]:
     """Every variant's row, appended to out_path (JSON lines) once all are done (the loss
     agreement needs the hf row). A variant that raises is an error row with the reason;
-    one skipped (compile on a CPU unless in `forced`, or past budget_s) says why."""
+    one skipped (compile or Liger on a CPU unless in `forced`, or past budget_s) says why."""
     from speedlight import results
     from speedlight.spec import dtype_name
 
@@ -252,6 +259,8 @@ def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Seq
     for v in order:
         if v in COMPILED and s.device.type != "cuda" and v not in forced:
             row = {"variant": v, "status": "skipped", "reason": CPU_COMPILE_REASON}
+        elif v == "liger" and s.device.type != "cuda" and v not in forced:
+            row = {"variant": v, "status": "skipped", "reason": CPU_LIGER_REASON}
         elif s.budget_s is not None and time.perf_counter() - start > s.budget_s:
             row = {"variant": v, "status": "skipped",
                    "reason": f"not started: the {s.budget_s:g} s budget was spent"}
@@ -259,8 +268,9 @@ def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Seq
             try:
                 row = run_variant(v, s)
             except Exception as e:  # recorded with the reason; the other variants still run
-                row = {"variant": v, "status": "unavailable" if isinstance(e, ValueError)
-                       and v == "liger" else "error", "reason": f"{type(e).__name__}: {e}"}
+                # a peer that cannot run here is unavailable, not speedlight's failure
+                row = {"variant": v, "status": "error" if v in OURS else "unavailable",
+                       "reason": f"{type(e).__name__}: {e}"}
                 _peak_reset(s.device)
         row = {**common, **row, "implementation": row["variant"]}
         rows.append(row)
@@ -272,7 +282,8 @@ def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Seq
 
 
 def failures(rows: Sequence[dict]) -> list[str]:
-    """What makes the run fail: a variant that errored, a loss curve off the hf one."""
+    """What makes the run fail: hf or a speedlight variant that errored (a peer that cannot
+    run is recorded as unavailable), a loss curve off the hf one."""
     out = [f"{r['variant']}: {r.get('reason')}" for r in rows if r["status"] == "error"]
     out += [f"{r['variant']}: loss differs from hf by up to {100 * r['loss_max_rel_diff']:.3g}% "
             f"(tolerance {100 * r['loss_tolerance']:g}%)"

@@ -66,13 +66,21 @@ def test_a_shorter_curve_does_not_agree():
     assert rows[1]["loss_agrees"] is False
 
 
-def test_compiled_variants_are_skipped_on_cpu_with_the_reason(tmp_path):
+def test_compiled_variants_and_liger_are_skipped_on_cpu_with_the_reason(tmp_path):
     s = model_step.StepSettings(model=None, layers=None, batch=1, seq=8, dtype=torch.float32,
                                 device=torch.device("cpu"), warmup=0, steps=1)
-    rows = model_step.run(s, ["hf-compile", "speedlight-compile"], tmp_path / "m.jsonl")
-    assert [r["status"] for r in rows] == ["skipped", "skipped"]
-    assert all("torch.compile on a CPU" in r["reason"] for r in rows)
-    assert len(results.read_jsonl(tmp_path / "m.jsonl")) == 2
+    rows = model_step.run(s, ["hf-compile", "speedlight-compile", "liger"], tmp_path / "m.jsonl")
+    assert [r["status"] for r in rows] == ["skipped"] * 3
+    assert all("torch.compile on a CPU" in r["reason"] for r in rows[:2])
+    assert "Triton interpreter" in rows[2]["reason"]
+    assert len(results.read_jsonl(tmp_path / "m.jsonl")) == 3
+    assert model_step.failures(rows) == []
+
+
+def test_a_peer_that_fails_is_unavailable_and_ours_is_an_error():
+    rows = [{"variant": "liger", "status": "unavailable", "reason": "x"},
+            {"variant": "speedlight", "status": "error", "reason": "RuntimeError: y"}]
+    assert model_step.failures(rows) == ["speedlight: RuntimeError: y"]
 
 
 @pytest.mark.parametrize("argv,says", [
