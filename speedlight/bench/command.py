@@ -386,8 +386,8 @@ def _model(args: argparse.Namespace) -> int:
     except ModelError as e:
         _fail(str(e))
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted: no rows written (the loss agreement needs every "
-                      "variant)[/]")
+        console.print(f"[yellow]interrupted: the rows of the variants finished are in "
+                      f"{out_path}[/]")
         return 130
     console.print(model_step.table(rows))
     console.print(f"results: {out_path}")

@@ -243,8 +243,9 @@ def agree(rows: list[dict], dtype: torch.dtype) -> None:
 
 def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Sequence[str] = (),
         on_row: Callable[[dict], None] | None = None) -> list[dict]:
-    """Every variant's row, appended to out_path (JSON lines) once all are done (the loss
-    agreement needs the hf row). A variant that raises is an error row with the reason;
+    """Every variant's row, each appended to out_path (JSON lines) as it finishes, hf first
+    (the others' loss agreement is judged against its row), so a run killed part way keeps
+    the rows it finished. A variant that raises is an error row with the reason;
     one skipped (compile or Liger on a CPU unless in `forced`, or past budget_s) says why."""
     from speedlight import results
     from speedlight.spec import dtype_name
@@ -274,10 +275,11 @@ def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Seq
                 _peak_reset(s.device)
         row = {**common, **row, "implementation": row["variant"]}
         rows.append(row)
+        ref = [r for r in rows[:-1] if r["variant"] == DEFAULT]
+        agree(ref + [row], s.dtype)
+        results.append_jsonl(out_path, [row])
         if on_row is not None:
             on_row(row)
-    agree(rows, s.dtype)
-    results.append_jsonl(out_path, rows)
     return rows
 
 
