@@ -52,8 +52,8 @@ CPU_LIGER_REASON = ("Liger-Kernel on a CPU: its Triton kernels do not run under 
 # variants whose failure fails the run: the reference and speedlight's own
 OURS = ("hf", "speedlight", "speedlight-compile")
 CPU_COMPILE_REASON = ("torch.compile on a CPU: inductor's C++ build of a whole training step "
-                      "takes minutes and says nothing about a GPU; name the variant in "
-                      "--variants to run it anyway")
+                      "takes a minute or more even for the small model and says nothing "
+                      "about a GPU; name the variant in --variants to run it anyway")
 
 
 @dataclass
