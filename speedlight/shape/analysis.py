@@ -206,18 +206,33 @@ def dtype_choices(tr: Trace, fwd: dict, roof) -> list[dict]:
                      else tr.input_bytes[s.name] for s in used)
         written = f["bytes"] - sum(tr.input_bytes[s.name] for s in used)
         new_bytes = int(in_new + written * size / widest)
-        new_s = max(f["compute_s"], new_bytes / roof.bandwidth)
+        compute_s = _compute_in(tr, "forward", name, roof)
+        new_s = max(compute_s, new_bytes / roof.bandwidth)
         err = ROUNDOFF[name]
         now = ROUNDOFF.get(_short(widest), 2.0 ** -24)
         items.append(_advice(
             "dtype", f"store in {name}",
             f"floating inputs and outputs are {_short(widest)} ({widest} B/element)",
             f"compulsory bytes {f['bytes']:,} -> {new_bytes:,} ({new_bytes / f['bytes']:.0%}); "
-            f"fused forward floor {f['floor_s'] * 1e6:.2f} -> {new_s * 1e6:.2f} µs; "
+            f"fused forward floor {f['floor_s'] * 1e6:.2f} -> {new_s * 1e6:.2f} µs"
+            + (f" (its matmuls at the {name} tensor-core peak)" if any(
+                o.tensor_core for o in tr.ops if o.phase == "forward") else "") + "; "
             f"each stored value's rounding error {now:.1e} -> {err:.1e} (unit roundoff)"
             + ("; fp8 needs a scale per tensor or block, and accumulation in fp32"
                if name == "fp8" else "; keep accumulations in fp32")))
     return items
+
+
+def _compute_in(tr: Trace, phase: str, dtype: str, roof) -> float:
+    """Arithmetic seconds of a phase with its tensor-core FLOPs at `dtype`'s peak."""
+    total = 0.0
+    for o in tr.ops:
+        if o.phase != phase:
+            continue
+        key = target_mod.peak_key(dtype if o.tensor_core else o.dtype, tensor_core=o.tensor_core)
+        peak = roof.flops.get(key) or roof.flops.get("fp32")
+        total += o.flops / peak if peak else 0.0
+    return total
 
 
 def _elements(s) -> int:

@@ -78,7 +78,7 @@ def print_summary(doc: dict, console, top: int = 30) -> None:
     for p in doc["phases"]:
         if p["eager"]["uncounted"]:
             console.print(f"[yellow]{p['phase']}: no formula for {', '.join(p['eager']['uncounted'])} "
-                          f"(not counted, not zero)[/]")
+                          f"(its bytes counted, its FLOPs not)[/]")
     console.print("[bold]advice[/]" if doc["advice"] else "[bold]advice[/]: none at these shapes")
     for a in doc["advice"]:
         console.print(f" • [bold]{a['title']}[/] ({a['kind']}): {a['evidence']}\n   → {a['number']}")

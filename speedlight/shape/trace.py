@@ -6,6 +6,7 @@ and, for training, backward. Nothing is computed and no memory is allocated.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 import sys
 from dataclasses import dataclass, field
@@ -99,7 +100,12 @@ def load_module(path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise ValueError(f"{str(path)!r} failed to load: {type(e).__name__}: "
+                         f"{e.msg if isinstance(e, SyntaxError) else e}") from None
     return module
 
 
@@ -153,15 +159,18 @@ class _Recorder(TorchDispatchMode):
         ins, outs = costs.tensors((args, kwargs)), costs.tensors(out)
         self.keep += outs
         c = costs.estimate(func, args, kwargs, out)
+        if c is None:  # no formula: its tensors read and written once, FLOPs unknown (not zero)
+            r, w = costs.io_bytes(func, args, kwargs, out)
+            c = costs.OpCost(0, r + w, "uncounted", f"no FLOP formula; read {r} B + write {w} B")
         first = next((t for t in ins + outs if t.is_floating_point()), None)
         bound = costs.bind(func, args, kwargs)
         self.ops.append(TracedOp(
             index=len(self.ops), phase=self.phase, op=str(func),
             inputs=[_meta(t) for t in ins], outputs=[_meta(t) for t in outs],
-            flops=c.flops if c else 0, bytes=c.bytes if c else 0,
-            family=c.formula if c else "uncounted", detail=c.detail if c else "no formula",
-            kernel=c.kernel if c else True, tensor_core=bool(c and c.tensor_core),
-            dtype=dtype_name(first.dtype) if first is not None else "fp32", counted=c is not None,
+            flops=c.flops, bytes=c.bytes, family=c.formula, detail=c.detail,
+            kernel=c.kernel, tensor_core=c.tensor_core,
+            dtype=dtype_name(first.dtype) if first is not None else "fp32",
+            counted=c.formula != "uncounted",
             dims=bound.get("dim", bound.get("dims")),
             out_ids=[id(t) for t in outs], in_ids=[id(t) for t in ins]))
         return out
@@ -201,8 +210,18 @@ def trace(fn: Callable, inputs: Sequence[InputSpec], *, train: bool = False) -> 
     with FakeTensorMode(allow_non_fake_inputs=False):
         ts = fake_inputs(inputs, train)
         in_ids = {id(t): s.name for t, s in zip(ts, inputs)}
-        with rec:
-            out = fn(*ts)
+        fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+        level = fake_log.level
+        fake_log.setLevel(logging.CRITICAL)  # its traceback of a failing meta kernel: we say it
+        try:
+            with rec:
+                out = fn(*ts)
+        except Exception as e:
+            given = ", ".join(f"{s.name}={list(s.shape)}:{dtype_name(s.dtype)}" for s in inputs)
+            raise ValueError(f"{getattr(fn, '__name__', fn)}({given}) failed on fake tensors: "
+                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        finally:
+            fake_log.setLevel(level)
         outs = costs.tensors(out)
         if not outs:
             raise ValueError(f"{getattr(fn, '__name__', fn)!r} returned no tensor")
