@@ -92,7 +92,7 @@ def shape(fn: Callable, *example_inputs, target=None, train: bool = False,
                 raise ValueError("shape: spec_path needs a function defined in a file")
             source = (Path(file).resolve(), fn.__name__)
         doc["spec_file"] = str(specfile.write(Path(spec_path), source[0], source[1], inputs,
-                                              train=train, summary=summary_lines(doc)))
+                                              train=train, summary=summary_lines(doc), fn=fn))
     return doc
 
 

@@ -46,23 +46,82 @@ def main_dtype(inputs: Sequence[InputSpec]) -> torch.dtype:
     return max(set(floats), key=floats.count) if floats else torch.float32
 
 
-def suites(inputs: Sequence[InputSpec]) -> dict[str, list[dict]]:
-    """Parameter values of each suite's cases."""
+def _traces(fn, inputs: Sequence[InputSpec], params: dict[str, int]) -> bool:
+    """Whether `fn` runs on fake tensors at these parameter values."""
+    from speedlight.shape.trace import trace
+
+    syms = dim_symbols(inputs)
+    try:
+        trace(fn, [InputSpec(s.name, tuple(params[syms[d]] for d in s.shape), s.dtype)
+                   for s in inputs])
+    except ValueError:
+        return False
+    return True
+
+
+STEPS = (1, 2, 4, 8, 16)  # a function may need a dim divisible by these (chunk, heads...)
+
+
+def suites(inputs: Sequence[InputSpec], fn=None) -> tuple[dict[str, list[dict]], list[str]]:
+    """Parameter values of each suite's cases, and notes on the cases left out.
+
+    quick: small stand-ins for the large dims (odd first), and their neighbours; model: the
+    shapes traced; full: those and their odd neighbours (each large dim +-1). When `fn` is
+    given, every case is traced on fake tensors first; where an odd size breaks the
+    function (a chunk in two, a reshape into heads) the smallest step that keeps the
+    function running (2, 4, 8, 16) is taken instead, and a case none fits is left out,
+    with a note."""
     syms = dim_symbols(inputs)
     given = {name: v for v, name in syms.items()}
+    ok = (lambda p: _traces(fn, inputs, p)) if fn is not None else (lambda p: True)
     ranked = sorted(v for v in syms if v > 3)
-    small = {name: (v if v <= 3 else min(v, SMALL[min(ranked.index(v), len(SMALL) - 1)]))
-             for v, name in syms.items()}
-    small_odd = {n: (v + 1 if v > 3 else v) for n, v in small.items()}
+    notes: list[str] = []
+
+    def steps_needed(make) -> dict[str, int] | None:
+        """Per-dimension steps (1: any size) under which make(steps) runs the function: all
+        odd first, then one dimension at a time on a coarser step, then all of them."""
+        names = sorted(given, key=lambda n: -given[n])
+        tries = [{n: 1 for n in given}]
+        for m in STEPS[1:]:
+            tries += [{n: (m if n == one and given[n] % m == 0 else 1) for n in given} for one in names]
+            tries.append({n: (m if given[n] % m == 0 else 1) for n in given})
+        for steps in tries:
+            if ok(make(steps)):
+                return steps
+        return None
+
+    def small_with(steps):
+        return {name: (v if v <= 3 else min(v, steps[name] * SMALL[min(ranked.index(v), len(SMALL) - 1)]))
+                for v, name in syms.items()}
+
+    def shifted(base, names, delta, steps):
+        return {n: (v + delta * steps[n] if n in names else v) for n, v in base.items()}
+
+    quick, full = [], [given]
+    steps = steps_needed(small_with)
+    if steps is None:
+        notes.append("no small stand-in of the shapes runs the function; quick uses the shapes traced")
+    else:
+        small = small_with(steps)
+        quick.append(small)
+        nb = shifted(small, [n for n, v in small.items() if v > 3], 1, steps)
+        if nb != small and ok(nb):
+            quick.append(nb)
     big = [n for n, v in given.items() if v > 16]
-    up = {n: (v + 1 if n in big else v) for n, v in given.items()}
-    down = {n: (v - 1 if n in big else v) for n, v in given.items()}
-    full = [given] + [c for c in (up, down) if c != given]
-    return {"quick": [small, small_odd], "model": [given], "full": full}
+    for delta, what in ((1, "larger"), (-1, "smaller")):
+        st = steps_needed(lambda st: shifted(given, big, delta, st)) if big else None
+        if st is None:
+            if big:
+                notes.append(f"no {what} neighbour of the shapes traced runs the function")
+            continue
+        c = shifted(given, big, delta, st)
+        if c not in full:
+            full.append(c)
+    return {"quick": quick or [given], "model": [given], "full": full}, notes
 
 
 def write(path: Path, fn_file: Path, fn_name: str, inputs: Sequence[InputSpec], *,
-          train: bool, summary: str) -> Path:
+          train: bool, summary: str, fn=None) -> Path:
     """Write the spec file at `path` and return it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,6 +136,8 @@ def write(path: Path, fn_file: Path, fn_name: str, inputs: Sequence[InputSpec], 
     dtypes = ["torch.float32", "torch.float16", "torch.bfloat16"]
     grads = tuple(s.name for s in inputs if s.dtype.is_floating_point and s.dtype.itemsize >= 2) if train else ()
     name = fn_name
+    values, notes = suites(inputs, fn)
+    noted = "".join(f"\n# left out: {n}" for n in notes)
     text = f'''"""{name}: the spec `speedlight shape` wrote for {fn_file.name}:{fn_name}.
 
     speedlight verify --spec {path.name} --only-spec
@@ -118,7 +179,7 @@ INPUTS = (
 {chr(10).join(entries)}
 )
 # the shapes traced and their odd neighbours (quick: small stand-ins for a CPU run)
-SUITES = {suites(inputs)!r}
+SUITES = {values!r}{noted}
 
 
 def _shapes(case):

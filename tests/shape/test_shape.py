@@ -146,3 +146,14 @@ def test_cli_writes_json_html_and_a_spec_that_verify_accepts(tmp_path, capsys):
     rows = [json.loads(line) for line in (tmp_path / "v" / "verify.jsonl").read_text().splitlines()]
     assert rows and all(r["status"] == "pass" for r in rows)
     assert {r["case"]["params"]["b"] for r in rows} == {5, 6}  # the quick suite: small, odd
+
+
+def test_spec_suites_keep_a_dimension_the_function_needs_even():
+    from speedlight.shape import specfile
+
+    inputs = parse_shapes("x=[4096,28672]:bf16")
+    values, notes = specfile.suites(inputs, _fn("mish_glu"))  # chunk(2) needs an even width
+    assert values["model"] == [{"a": 4096, "b": 28672}]
+    assert all(c["b"] % 2 == 0 for s in values.values() for c in s)
+    assert {c["a"] for c in values["full"]} == {4095, 4096, 4097}  # rows stay odd neighbours
+    assert values["quick"][0] == {"a": 3, "b": 10} and notes == []
