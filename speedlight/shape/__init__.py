@@ -109,12 +109,16 @@ def summary_lines(doc: dict) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _traced(fn: Callable, specs: tuple, train: bool):
-    from speedlight import target as target_mod
+def _fused(fn: Callable, specs: tuple, train: bool) -> tuple[tuple[int, int], ...]:
+    """(FLOPs, compulsory bytes) of each phase, forward first."""
     from speedlight.shape import analysis
 
     tr = trace(fn, [InputSpec(*s) for s in specs], train=train)
-    return analysis.floors(tr, target_mod.resolve().roof)
+    out = []
+    for phase in (("forward", "backward") if train else ("forward",)):
+        reads, writes, _ = analysis.fused_io(tr, phase)
+        out.append((sum(o.flops for o in tr.ops if o.phase == phase), reads + writes))
+    return tuple(out)
 
 
 def traced_cost(fn: Callable, shapes: Sequence[tuple], mode: str = "fwd"):
@@ -126,9 +130,8 @@ def traced_cost(fn: Callable, shapes: Sequence[tuple], mode: str = "fwd"):
     if mode not in ("fwd", "bwd"):
         raise ValueError(f"traced_cost: mode must be 'fwd' or 'bwd', got {mode!r}")
     specs = tuple((n, tuple(int(d) for d in s), d) for n, s, d in shapes)
-    phases = _traced(fn, specs, mode == "bwd")
-    fused = phases[0 if mode == "fwd" else 1]["fused"]
-    return Cost(int(fused["flops"]), int(fused["bytes"]))
+    flops, nbytes = _fused(fn, specs, mode == "bwd")[0 if mode == "fwd" else 1]
+    return Cost(int(flops), int(nbytes))
 
 
 class _CallableModule(types.ModuleType):

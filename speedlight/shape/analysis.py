@@ -30,10 +30,8 @@ def _op_seconds(op: TracedOp, roof) -> tuple[float, float]:
     return (op.flops / peak if peak else 0.0), op.bytes / roof.bandwidth
 
 
-def phase_floor(tr: Trace, phase: str, roof) -> dict:
-    """The fused and eager floors of one phase."""
-    ops = [o for o in tr.ops if o.phase == phase]
-    kernels = [o for o in ops if o.kernel]
+def fused_io(tr: Trace, phase: str) -> tuple[int, int, str]:
+    """(bytes read, bytes written, how) of one kernel doing the whole phase."""
     if phase == "forward":
         reads = sum(tr.input_bytes[n] for n in tr.used_inputs)
         writes = sum(o["bytes"] for o in tr.outputs)
@@ -42,6 +40,14 @@ def phase_floor(tr: Trace, phase: str, roof) -> dict:
         reads = sum(tr.input_bytes[n] for n in tr.used_inputs) + sum(o["bytes"] for o in tr.outputs)
         writes = sum(g["bytes"] for g in tr.grads)
         how = "read each input and each output's gradient once, write each input's gradient once"
+    return reads, writes, how
+
+
+def phase_floor(tr: Trace, phase: str, roof) -> dict:
+    """The fused and eager floors of one phase."""
+    ops = [o for o in tr.ops if o.phase == phase]
+    kernels = [o for o in ops if o.kernel]
+    reads, writes, how = fused_io(tr, phase)
     flops = sum(o.flops for o in ops)
     compute_s = sum(_op_seconds(o, roof)[0] for o in ops)
     fused_bytes = reads + writes

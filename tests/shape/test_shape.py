@@ -105,6 +105,8 @@ def test_traced_cost_is_the_fused_floor():
     assert c.flops == 4 * 75 + 2 * 15 + 5
     with pytest.raises(ValueError, match="mode"):
         traced_cost(fn, shapes, "sideways")
+    # backward of the gated activation: read x and dy, write dx
+    assert traced_cost(_fn("mish_glu"), [("x", (3, 10), torch.float32)], "bwd").bytes == 4 * (30 + 15 + 30)
 
 
 @pytest.mark.parametrize("text, match", [
