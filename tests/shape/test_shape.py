@@ -159,3 +159,16 @@ def test_spec_suites_keep_a_dimension_the_function_needs_even():
     assert all(c["b"] % 2 == 0 for s in values.values() for c in s)
     assert {c["a"] for c in values["full"]} == {4095, 4096, 4097}  # rows stay odd neighbours
     assert values["quick"][0] == {"a": 3, "b": 10} and notes == []
+
+
+def test_speedlight_shape_is_the_function_after_import_speedlight():
+    import subprocess
+    import sys
+
+    code = ("import torch, speedlight\n"
+            "d = speedlight.shape(lambda x: x.sum(-1), torch.empty(4, 8, device='meta'), compile=False)\n"
+            "print(d['phases'][0]['fused']['bytes'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == str(4 * 8 * 4 + 4 * 4)  # read x, write the row sums
