@@ -182,9 +182,10 @@ def intermediates(tr: Trace) -> list[dict]:
         if op.phase != "forward" or not op.kernel:
             continue
         for meta, oid in zip(op.outputs, op.out_ids):
-            if oid in tr.out_ids or meta["bytes"] <= in_bytes or meta["bytes"] in seen:
+            key = (tuple(meta["shape"]), meta["dtype"])
+            if oid in tr.out_ids or meta["bytes"] <= in_bytes or key in seen:
                 continue
-            seen.add(meta["bytes"])
+            seen.add(key)
             saved = (" and training saves it for the backward, where recomputing it from the "
                      "inputs costs no extra DRAM traffic" if tr.train else "")
             out.append(_advice(
