@@ -50,6 +50,10 @@ def _packed_lengths(position_ids: torch.Tensor | None, batch: int, seq: int) -> 
     if (position_ids is None or batch != 1 or position_ids.shape[-1] != seq or seq < 2
             or not _has_values(position_ids)):
         return None
+    from torch._subclasses.fake_tensor import is_fake
+
+    if is_fake(position_ids):  # a projected step (fake tensors): values unknown, plain rows
+        return None
     pos = position_ids.reshape(-1)
     starts = torch.nonzero(pos == 0).flatten()
     if len(starts) < 2 or int(starts[0]) != 0:

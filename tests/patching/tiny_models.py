@@ -36,7 +36,8 @@ def config(model_type: str):
     if model_type == "falcon_h1":  # hybrid: attention and a small Mamba-2 mixer per layer
         return tf.FalconH1Config(**COMMON, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4,
                                  mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
-                                 mamba_chunk_size=8, mlp_multipliers=[0.75, 2.5])
+                                 mamba_chunk_size=8, mlp_multipliers=[0.75, 2.5],
+                                 lm_head_multiplier=0.5)
     raise KeyError(model_type)
 
 
