@@ -207,6 +207,7 @@ def run_variant(variant: str, s: StepSettings) -> dict:
     summary = summarize(samples)
     tokens = s.batch * s.seq
     row = {"variant": variant, "status": "ok", "model": w.name, "config": w.config,
+           "layers": w.config.get("num_hidden_layers", w.config.get("n_layer", s.layers)),
            "samples_s": samples, "median_s": summary.median, "p20_s": summary.p20,
            "p80_s": summary.p80, "spread": summary.spread, "stop": f"{s.steps} steps",
            "method": clock.method, "warmup_steps": s.warmup, "warmup_s": round(warm_s, 3),

@@ -26,7 +26,7 @@ def test_default_model_on_cpu_hf_and_speedlight_agree_and_write_rows_and_chart(t
     assert (hf["variant"], ours["variant"]) == ("hf", "speedlight")
     for r in (hf, ours):
         assert r["status"] == "ok" and r["representative"] is False
-        assert r["model"] == "llama-tiny" and r["dtype"] == "fp32"
+        assert r["model"] == "llama-tiny" and r["dtype"] == "fp32" and r["layers"] == 2
         assert len(r["samples_s"]) == 2 and r["median_s"] > 0
         assert r["tokens_per_s"] == pytest.approx(r["batch"] * r["seq"] / r["median_s"])
         assert r["peak_bytes"] is None and r["peak_method"].startswith("n/a")
