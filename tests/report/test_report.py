@@ -17,6 +17,9 @@ from speedlight import cli
 from speedlight.report import render
 from speedlight.report.load import load
 
+# one report run (the module fixture) serves every test here: keep them on one xdist worker
+pytestmark = pytest.mark.xdist_group("report")
+
 USER_SPEC = Path(__file__).resolve().parents[2] / "examples" / "relu_squared.py"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
