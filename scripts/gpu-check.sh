@@ -8,7 +8,11 @@
 #   (their model suite alone would take the whole budget): verify --suite quick, then bf16
 #   bench at Llama-3-8B's projections at 4096 tokens, forward, against cuBLAS (torch-eager)
 #   and torch.compile max-autotune of the eager chain. Targets (not asserted): plain GEMM
-#   >= 0.95x cuBLAS, gated MLP >= 1.15x cuBLAS + eager SwiGLU.
+#   >= 0.95x cuBLAS, gated MLP >= 1.15x cuBLAS + eager SwiGLU. The model step: `speedlight
+#   bench model`, a training step (forward, backward, AdamW) of Llama-3-8B's widths at 4
+#   layers, bf16, batch 4 x 4096 tokens, for HF eager (SDPA), HF + torch.compile, Liger,
+#   speedlight.patch and patch + torch.compile, in model-step/. Targets (not asserted):
+#   speedlight >= 1.3x HF eager tokens/s at <= 0.6x its peak memory, >= 1.1x HF compiled.
 #
 # The machine needs python3 with torch and triton (no internet; nothing is pip-installed
 # from a registry): speedlight runs from this checkout (PYTHONPATH). Peer baselines and
@@ -42,6 +46,9 @@
 #                                         efficient and cuDNN backends, FlexAttention and
 #                                         flash-attn when installed, in attention/; skipped
 #                                         when --ops names other ops only
+#   --model-s N         MODEL_STEP_S      the model step's budget (default 120; variants not
+#                                         started in time are recorded as skipped; 0 skips
+#                                         the section, as does --ops)
 #   --verify-args "..." VERIFY_ARGS       extra verify arguments (default "--seeds 1")
 #   --bench-args "..."  BENCH_ARGS        extra bench arguments (default "--time-cap 0.3
 #                                         --max-gib 32": cases needing more are skipped,
@@ -65,6 +72,7 @@ GEMM_BENCH_S="${GEMM_BENCH_S:-60}"
 GEMM_OPS="matmul,gated_matmul"
 GEMM_CASES="${GEMM_CASES:-^(matmul-m4096-n(14336-k4096|4096-k14336)-bf16-linear-proj(up|down)|gated_matmul-m4096-n14336-k4096-bf16)\$}"
 ATTN_BUDGET_S="${ATTN_BUDGET_S:-60}"
+MODEL_STEP_S="${MODEL_STEP_S:-120}"
 VERIFY_ARGS="${VERIFY_ARGS:---seeds 1}"
 BENCH_ARGS="${BENCH_ARGS:---time-cap 0.3 --max-gib 32}"
 PYTHON="${PYTHON:-python3}"
@@ -82,6 +90,7 @@ while [ $# -gt 0 ]; do
     --bench-s) BENCH_BUDGET_S="$2"; shift 2 ;;
     --gemm-s) GEMM_BENCH_S="$2"; shift 2 ;;
     --attention-s) ATTN_BUDGET_S="$2"; shift 2 ;;
+    --model-s) MODEL_STEP_S="$2"; shift 2 ;;
     --verify-args) VERIFY_ARGS="$2"; shift 2 ;;
     --bench-args) BENCH_ARGS="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -97,6 +106,7 @@ OPS_ARG=()
 if [ -n "$OPS" ]; then
   OPS_ARG=(--ops "$OPS")
   GEMM_BENCH_S=0  # the ops asked for, through the general steps only
+  MODEL_STEP_S=0
 else
   # every registered op but the GEMMs, which the GEMM section covers
   GENERAL_OPS="$("$PYTHON" -c "
@@ -189,6 +199,16 @@ else
   echo "GEMM section skipped (--ops given or GEMM_BENCH_S=0)" > "$OUT/gemm.log"
   STEPS+=("gemm|none|0|gemm.log")
 fi
+# --- the model step --------------------------------------------------------------------------
+# Llama-3-8B widths, 4 layers, bf16, 4 x 4096 tokens (bench model's GPU defaults, spelled out)
+if [ "$MODEL_STEP_S" != 0 ]; then
+  step model-step model-step.log timeout "$((MODEL_STEP_S + 120))" "$PYTHON" -m speedlight bench \
+    model --device "$DEVICE" --model llama-3-8b --layers 4 --batch 4 --seq 4096 --dtype bf16 \
+    --out "$OUT/model-step" --budget-s "$MODEL_STEP_S"
+else
+  echo "model step skipped (--ops given or MODEL_STEP_S=0)" > "$OUT/model-step.log"
+  STEPS+=("model-step|none|0|model-step.log")
+fi
 if ! "$PYTHON" -c "import matplotlib" 2>/dev/null; then
   echo "matplotlib is not installed: no plots (carry its wheel in .whl/)" > "$OUT/plots.log"
   STEPS+=("plots|none|0|plots.log")
@@ -220,6 +240,23 @@ print(s.key if s else 'unknown-device')" 2>/dev/null || echo unknown-device)"
     echo
     echo "attention headline (bf16, head dim 128, 8K tokens):"
     "$PYTHON" -m speedlight bench table "$OUT/attention" --include-cpu 2>&1
+  fi
+  if [ -f "$OUT/model-step/model-step.jsonl" ]; then
+    echo
+    echo "model step (Llama-3-8B widths, 4 layers, bf16, 4 x 4096 tokens; targets: speedlight"
+    echo ">= 1.3x hf tokens/s at <= 0.6x its memory, >= 1.1x hf-compile):"
+    "$PYTHON" - "$OUT/model-step/model-step.jsonl" <<'EOF2'
+import sys
+from speedlight import results
+for r in results.read_jsonl(sys.argv[1]):
+    if r["status"] != "ok":
+        print(f"  {r['variant']:<19} {r['status']}: {r.get('reason')}")
+        continue
+    x = lambda v: "-" if v is None else f"{v:.2f}x"
+    print(f"  {r['variant']:<19} {r['tokens_per_s']:>10.0f} tokens/s  {x(r.get('speedup_vs_hf'))}"
+          f"  peak {(r.get('peak_bytes') or 0) / 2 ** 30:.1f} GiB {x(r.get('memory_vs_hf'))}"
+          f"  loss agrees: {r.get('loss_agrees')}")
+EOF2
   fi
   echo
   if [ "$SKU" != unknown-device ]; then

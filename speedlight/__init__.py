@@ -14,10 +14,11 @@ __version__ = "0.1.0"
 # public name -> module that defines it; loaded on first access (PEP 562). Every built-in
 # op's public function has the op's name, in speedlight.ops.<name>.
 _EXPORTS = {name: f"speedlight.ops.{name}" for name in BUILTIN_OPS}
+# speedlight.shape is a callable module (speedlight/shape/__init__.py): speedlight.shape(fn, x).
 # speedlight.patch(model) is a function: the package that holds it is speedlight.patching,
 # since a submodule named patch would replace the function on first import.
 _EXPORTS.update({"patch": "speedlight.patching", "unpatch": "speedlight.patching"})
-_SUBMODULES = ("nn", "spec", "shapes", "hardware", "reference", "registry", "results",
+_SUBMODULES = ("nn", "spec", "shapes", "shape", "hardware", "reference", "registry", "results",
                "launch", "runtime")
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

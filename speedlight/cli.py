@@ -22,6 +22,8 @@ COMMANDS = {
     "probe": ("speedlight.bench.probe_command", "measure this GPU's copy bandwidth and matmul rates"),
     "profile": ("speedlight.profile.command",
                 "where a model's time and memory go, what bounds each op, what to fuse"),
+    "shape": ("speedlight.shape.command", "shape a new op before writing its kernel: floors, "
+              "bound, layout advice, torch.compile's answer, a spec file"),
     "inspect": ("speedlight.inspect.command", "read the compiler's output for any GPU: "
                 "registers, spills, occupancy, SASS, bytes moved"),
 }

@@ -56,6 +56,13 @@ BAD = [
     pytest.param(["report", "--batch", "0", "--out", "{d}/report"], id="report-batch"),
     pytest.param(["report", "--dtype", "int8", "--out", "{d}/report"], id="report-dtype-int8"),
     pytest.param(["probe", "--copy-gib", "-1"], id="probe-copy-gib"),
+    pytest.param(["shape", "{d}/missing.py:fn", "--shapes", "x=[2]"], id="shape-file-missing"),
+    pytest.param(["shape", "{d}/bad_spec.py:fn", "--shapes", "x=[2]"], id="shape-file-syntax-error"),
+    pytest.param(["shape", "{d}/afile", "--shapes", "x=[2]"], id="shape-no-function"),
+    pytest.param(["shape", "{d}/ok.py:nope", "--shapes", "x=[2]"], id="shape-function-missing"),
+    pytest.param(["shape", "{d}/ok.py:f", "--shapes", "x=[2"], id="shape-shapes"),
+    pytest.param(["shape", "{d}/ok.py:f", "--shapes", "x=[2],y=[3]"], id="shape-fails-on-fake"),
+    pytest.param(["shape", "{d}/ok.py:f", "--shapes", "x=[2]", "--target", "nope"], id="shape-target"),
     pytest.param(["probe", "--dtypes", "int8"], id="probe-dtypes"),
 ]
 
@@ -66,6 +73,7 @@ def scratch(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text('{"a": 1}\n')
     (tmp_path / "empty").mkdir()
     (tmp_path / "bad_spec.py").write_text("def (\n")
+    (tmp_path / "ok.py").write_text("def f(x):\n    return x * 2\n")
     (tmp_path / "rows").mkdir()
     (tmp_path / "rows" / "bench.jsonl").write_text("\n".join(json.dumps(v) for v in ([1], "x", 2)))
     return tmp_path

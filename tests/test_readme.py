@@ -15,7 +15,7 @@ def _first_block() -> list[str]:
 def test_readme_opens_with_install_and_test_commands():
     install, test = _first_block()[:2]
     assert "pip install" in install and "speedlight " in install
-    assert test == "python -m pytest -q"
+    assert test.startswith("python -m pytest -q")
 
 
 def test_ci_runs_the_readme_test_command():

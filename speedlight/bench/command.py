@@ -5,6 +5,9 @@ Liger-Kernel; compare two runs; plot; render the README's performance table.
     speedlight bench compare OLD NEW [--threshold 0.05]      exit 1 on a significant regression
     speedlight bench plot RESULTS... [--out DIR]             GB/s or TFLOP/s against shape
     speedlight bench table [ROOT] [--readme README.md]       the README's table from ROOT
+    speedlight bench model [--model NAME] [--layers N] [--batch B --seq S]
+                                                             a model's training step against
+                                                             HF, torch.compile, Liger
 """
 
 from __future__ import annotations
@@ -20,14 +23,14 @@ from speedlight import arguments
 _BASELINES = ("torch-eager", "torch-compile", "liger", "torch-fused", "sdpa-flash",
               "sdpa-efficient", "sdpa-cudnn", "flex-attention", "flash-attn")
 
-ACTIONS = ("run", "compare", "plot", "table")
+ACTIONS = ("run", "compare", "plot", "table", "model")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.description = __doc__
     p.add_argument("action", nargs="?", default="run", choices=ACTIONS,
-                   help="run (default), compare, plot or table")
+                   help="run (default), compare, plot, table or model")
     p.add_argument("paths", nargs="*", metavar="PATH",
                    help="compare: OLD NEW; plot: results files or folders; table: results root")
     r = p.add_argument_group("run")
@@ -78,6 +81,28 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="significance level of the one-sided Mann-Whitney U test (default 0.01)")
     c.add_argument("--impls", default="speedlight",
                    help="implementations to compare (default speedlight; 'all' for every one)")
+    m = p.add_argument_group("model (a training step: forward, backward, AdamW)")
+    m.add_argument("--model", default=None, metavar="NAME|config.json",
+                   help="a name from speedlight.shapes.MODELS at its real widths (default "
+                        "llama-3-8b on a GPU; on a CPU the small default model, and a name is "
+                        "scaled down)")
+    m.add_argument("--layers", type=int, default=None,
+                   help="decoder layers (default 4 on a GPU, the model's 2 on a CPU)")
+    m.add_argument("--batch", type=int, default=None, help="sequences per step (default 4 on a "
+                                                           "GPU, 1 on a CPU)")
+    m.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 4096 on a "
+                                                         "GPU, 32 on a CPU)")
+    m.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default bf16 on a GPU, "
+                                                 "fp32 on a CPU)")
+    m.add_argument("--variants", default=None,
+                   help="comma-separated, from hf,speedlight,hf-compile,speedlight-compile,"
+                        "liger (default: all; on a CPU the compiled ones and liger are skipped, with "
+                        "the reason, unless named)")
+    m.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3 on a "
+                                                            "GPU, 1 on a CPU)")
+    m.add_argument("--steps", type=int, default=None, help="timed steps (default 10 on a GPU, 3 "
+                                                           "on a CPU)")
+    m.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4)")
     t = p.add_argument_group("table")
     t.add_argument("--readme", default=None, help="write the table between the README's markers")
     t.add_argument("--check", action="store_true", help="exit 1 if the README's table is stale")
@@ -86,7 +111,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"run": _run, "compare": _compare, "plot": _plot, "table": _table}[args.action](args)
+    return {"run": _run, "compare": _compare, "plot": _plot, "table": _table,
+            "model": _model}[args.action](args)
 
 
 def _fail(message: str):
@@ -291,3 +317,85 @@ def _table(args: argparse.Namespace) -> int:
     changed = table.update_readme(readme, body)
     print(f"{readme}: {'updated' if changed else 'already up to date'}")
     return 0
+
+
+# --- model ------------------------------------------------------------------------------------------
+
+def _model(args: argparse.Namespace) -> int:
+    import torch
+
+    from speedlight import results
+    from speedlight.bench import display, model_step
+    from speedlight.profile.models import ModelError
+    from speedlight.spec import parse_dtype
+
+    if args.paths:
+        _fail(f"model takes no paths (got {' '.join(args.paths)}); name it with --model")
+    device = torch.device(args.device)
+    d = model_step.defaults(device)
+    for flag, value in (("--layers", args.layers), ("--batch", args.batch), ("--seq", args.seq),
+                        ("--steps", args.steps)):
+        if value is not None and value < 1:
+            _fail(f"{flag} must be at least 1, got {value}")
+    if args.warmup is not None and args.warmup < 0:
+        _fail(f"--warmup must be at least 0, got {args.warmup}")
+    if args.lr <= 0:
+        _fail(f"--lr must be more than 0, got {args.lr:g}")
+    if args.budget_s is not None and args.budget_s <= 0:
+        _fail(f"--budget-s must be more than 0, got {args.budget_s:g}")
+    named = _list(args.variants) if args.variants else []
+    bad = [v for v in named if v not in model_step.VARIANTS]
+    if bad or (args.variants is not None and not named):
+        _fail(f"--variants takes {','.join(model_step.VARIANTS)}; got {args.variants!r}")
+    try:
+        dtype = parse_dtype(args.dtype) if args.dtype else d["dtype"]
+    except ValueError as e:
+        _fail(f"--dtype: {e}")
+    if dtype not in model_step.LOSS_TOLERANCE:
+        _fail(f"--dtype takes fp32, bf16 or fp16; got {args.dtype!r}")
+    named_model = args.model is not None
+    s = model_step.StepSettings(
+        model=args.model if named_model else d["model"],
+        layers=args.layers if args.layers is not None else (d["layers"] if not named_model or
+                                                            device.type == "cuda" else None),
+        batch=args.batch or d["batch"], seq=args.seq or d["seq"], dtype=dtype, device=device,
+        warmup=d["warmup"] if args.warmup is None else args.warmup,
+        steps=args.steps or d["steps"], seed=args.seed, lr=args.lr,
+        compile_backend=args.compile_backend, compile_mode=args.compile_mode,
+        budget_s=args.budget_s)
+    try:
+        model_step.check_model(s)
+    except ModelError as e:
+        _fail(str(e))
+    try:
+        out_dir = results.writable_folder(args.out or "speedlight-results")
+    except ValueError as e:
+        _fail(f"--out {e}")
+    console = display.make_console()
+    if device.type == "cpu":
+        console.print(f"[bold yellow]{display.NOT_REPRESENTATIVE}[/]")
+    out_path = out_dir / model_step.FILE
+
+    def on_row(row):
+        what = (f"{row['tokens_per_s']:.4g} tokens/s" if row["status"] == "ok"
+                else f"{row['status']}: {row.get('reason')}")
+        console.print(f"  {row['variant']}: {what}")
+    try:
+        rows = model_step.run(s, named or model_step.VARIANTS, out_path, forced=named,
+                              on_row=on_row)
+    except ModelError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted: the rows of the variants finished are in "
+                      f"{out_path}[/]")
+        return 130
+    console.print(model_step.table(rows))
+    console.print(f"results: {out_path}")
+    try:
+        console.print(f"chart: {model_step.chart(rows, out_dir / model_step.CHART)}")
+    except RuntimeError as e:
+        console.print(f"[yellow]no chart: {e}[/]")
+    problems = model_step.failures(rows)
+    for p in problems:
+        console.print(f"[red]{p}[/]")
+    return 1 if problems else 0

@@ -60,7 +60,7 @@ def results_table(rows: Sequence[dict], title: str) -> Table:
     baselines = [b for b in BASELINES if any(r["implementation"] == b for r in rows)]
     t = Table(title=title, title_justify="left", pad_edge=False)
     for col in ["op", "case", "dtype", "mode", "median", "p20-p80", "throughput", "% SOL",
-                "verified", *[_SHORT[b] for b in baselines]]:
+                "verified", *[_SHORT.get(b, f"x {b}") for b in baselines]]:
         t.add_column(col, justify="left" if col in ("op", "case", "dtype", "mode", "verified") else "right")
     for r in rows:
         if r["implementation"] != SPEEDLIGHT:

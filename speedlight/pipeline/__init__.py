@@ -14,7 +14,10 @@ index.html and summary.md:
   5 bench.jsonl          the same cases timed against PyTorch (and torch.compile, Liger)
   6 inspect.json         the kernels of those cases compiled for the target GPU
   7 profile-after.json   profile the patched model
-  8 profile-projected.json  without a GPU: the real-size configuration of the model's
+  8 model-step.jsonl     on a GPU only: the model's training step (forward, backward,
+                         AdamW) timed for HF, torch.compile, Liger, speedlight.patch and
+                         patch + compile (`speedlight bench model`), at --layers (default 4)
+  9 profile-projected.json  without a GPU: the real-size configuration of the model's
                          family (Llama-3-8B by default) at 4096 tokens, projected onto
                          several GPUs (and profile-projected.html, its page)
 """
@@ -37,7 +40,7 @@ MANIFEST = "manifest.json"
 FILES = {"profile_before": "profile-before.json", "patch": "patch.json",
          "model_check": "model-check.json", "verify": "verify.jsonl", "bench": "bench.jsonl",
          "inspect": "inspect.json", "profile_after": "profile-after.json",
-         "projection": "profile-projected.json"}
+         "model_step": "model-step.jsonl", "projection": "profile-projected.json"}
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -49,6 +52,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="seconds for the bench stage (default 240 on a GPU, 60 on a CPU)")
     p.add_argument("--no-bench", action="store_true", help="skip the bench stage")
     p.add_argument("--no-inspect", action="store_true", help="skip the inspect stage")
+    p.add_argument("--no-model-step", action="store_true",
+                   help="skip the training-step comparison (which runs on a GPU only)")
+    p.add_argument("--model-step-budget", type=float, default=300.0,
+                   help="seconds for the training-step comparison; variants not started in "
+                        "time are recorded as skipped (default 300)")
     p.add_argument("--projection", default=None, metavar="NAME",
                    help="without a GPU, the real-size model projected beside the small measured one "
                         "(default: the measured model's family, Llama-3-8B for the default model)")
@@ -319,6 +327,25 @@ def _run(args: argparse.Namespace, out: Path) -> int:
             results.write_json(out / FILES["profile_after"], after)
     else:
         stages.skip("profile_after", "profile the patched model", "patch failed")
+
+    step_title = "time the training step against HF, torch.compile and Liger"
+    callable_model = bool(args.model) and ":" in args.model and not args.model.endswith(".json")
+    if device.type != "cuda" or args.no_model_step or callable_model:
+        stages.skip("model_step", step_title, "--no-model-step" if args.no_model_step else
+                    "a module:callable model has no Hugging Face variants to compare"
+                    if callable_model else
+                    "runs on a GPU only (a CPU's step times say nothing; `speedlight bench "
+                    "model` runs it on a CPU as a smoke test)")
+    else:
+        def do_model_step():
+            from speedlight.bench import model_step
+            s = model_step.StepSettings(
+                model=args.model, layers=args.layers or 4, batch=args.batch, seq=args.seq,
+                dtype=dtype, device=device, warmup=3, steps=10, seed=args.seed,
+                budget_s=args.model_step_budget)
+            model_step.check_model(s)
+            return model_step.run(s, model_step.VARIANTS, out / FILES["model_step"])
+        stages.run("model_step", step_title, do_model_step)
 
     if device.type == "cuda" or args.no_projection:
         stages.skip("projection", "project the real-size model onto several GPUs",

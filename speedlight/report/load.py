@@ -143,6 +143,7 @@ def load(folder: str | Path) -> dict:
         "inspect": _json(get("inspect")), "inspect_kernels": _inspect_table(_json(get("inspect"))),
         "advice": (before or {}).get("advice", []),
         "projection": _projection(_json(get("projection"))),
+        "model_step": _jsonl(get("model_step")),
         "verify_counts": {s: sum(1 for v in verify if v["status"] == s)
                           for s in ("pass", "fail", "error", "skip")},
     }
@@ -156,5 +157,8 @@ def failures(data: dict) -> list[str]:
     mc = data.get("model_check")
     if mc is not None and not mc.get("passed"):
         out.append(f"patched model differs from the original: {', '.join(mc['failed'][:5])}")
+    out += [f"training step, {r['variant']}: loss off the hf variant's by up to "
+            f"{100 * r['loss_max_rel_diff']:.3g}%" for r in data.get("model_step", [])
+            if r.get("loss_agrees") is False]
     out += [f"verify {v['case']}: {v['status']}" for v in data["verify"] if v["status"] in ("fail", "error")]
     return out

@@ -92,3 +92,16 @@ def test_a_bad_case_pattern_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match=r"speedlight bench: --cases '\(' is not a regular "
                                          r"expression: missing \)"):
         cli.main(["bench", "--ops", "softmax", "--cases", "(", "--out", str(tmp_path)])
+
+
+def test_the_results_table_names_every_baseline_column():
+    """A run with the default baselines has rows for the attention-only ones too (as
+    'unavailable' for other ops): the table gives each its column instead of failing."""
+    from speedlight.bench import display
+
+    row = {"op": "relu_squared", "case_id": "c", "dtype": "fp32", "mode": "fwd",
+           "status": "skip", "reason": "too large"}
+    rows = [dict(row, implementation=impl) for impl in ("speedlight", "torch-eager", "sdpa-flash")]
+    table = display.results_table(rows, "t")
+    headers = [c.header for c in table.columns]
+    assert "x eager" in headers and "x sdpa-flash" in headers

@@ -22,6 +22,10 @@ def copy(rows, cols, **flags):
     return Case("copy", {"rows": rows, "cols": cols}, dtype=BF16, flags=flags)
 
 
+# one set of compiled reports (the module fixture) serves every test here: one xdist worker
+pytestmark = pytest.mark.xdist_group("findings")
+
+
 @pytest.fixture(scope="module")
 def reports(compiler):
     items = {

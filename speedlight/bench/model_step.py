@@ -1,0 +1,379 @@
+"""`speedlight bench model`: one model's training step, end to end, against every alternative.
+
+A training step is forward, backward and an AdamW step of a causal LM on a fixed batch of
+token ids. It is timed for each variant, every one built afresh from the same seed (the
+same weights) and fed the same batches:
+
+  hf                  Hugging Face as configured by default (its SDPA attention), eager
+  hf-compile          the same model under torch.compile (the optimizer step stays eager)
+  liger               Liger-Kernel's patch of the instance (apply_liger_kernel_to_<family>),
+                      when liger-kernel is installed and has that family (its kernels do
+                      not run under the Triton interpreter: skipped on a CPU, with that
+                      reason, unless named in --variants)
+  speedlight          speedlight.patch(model)
+  speedlight-compile  speedlight.patch(model), then torch.compile
+
+Per variant: `warmup` untimed steps (the first compiles), then `steps` timed ones, each
+between two clock marks (CUDA events on a GPU, perf_counter on a CPU). A step is long
+enough that no L2 flush or host-lead spin is needed. The row keeps the raw samples, their
+median and spread, tokens/s (batch x seq over the median), the peak memory
+(torch.cuda.max_memory_allocated after a reset, so weights, gradients, AdamW state and
+activations; on a CPU "n/a": torch keeps no allocator peak there), and the loss of every
+step, warm-up included: the loss curve. Each step's loss must be within 2% (bf16, fp16)
+or 0.1% (fp32) of the hf variant's at the same step; the row says whether it is.
+
+Importing patching/ and profile/models.py from bench/ is this module's exception to the
+layering (a whole-model step needs the model builder and the patch); both are imported
+inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+VARIANTS = ("hf", "speedlight", "hf-compile", "speedlight-compile", "liger")
+DEFAULT = "hf"
+COMPILED = ("hf-compile", "speedlight-compile")
+# relative difference a step's loss may have from the hf variant's at the same step
+LOSS_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+FILE = "model-step.jsonl"
+CHART = "model-step.png"
+CPU_LIGER_REASON = ("Liger-Kernel on a CPU: its Triton kernels do not run under the Triton "
+                    "interpreter (an InterpreterError in its kernels); name the variant in "
+                    "--variants to try anyway")
+# variants whose failure fails the run: the reference and speedlight's own
+OURS = ("hf", "speedlight", "speedlight-compile")
+CPU_COMPILE_REASON = ("torch.compile on a CPU: inductor's C++ build of a whole training step "
+                      "takes a minute or more even for the small model and says nothing "
+                      "about a GPU; name the variant in --variants to run it anyway")
+
+
+@dataclass
+class StepSettings:
+    model: str | None
+    layers: int | None
+    batch: int
+    seq: int
+    dtype: torch.dtype
+    device: torch.device
+    warmup: int
+    steps: int
+    seed: int = 0
+    lr: float = 1e-4
+    compile_backend: str = "inductor"
+    compile_mode: str | None = None
+    budget_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def defaults(device: torch.device) -> dict:
+    """What a bare `speedlight bench model` runs: Llama-3-8B's widths at 4 layers, bf16,
+    4 x 4096 tokens on a GPU; the tiny default model in fp32 on a CPU."""
+    if device.type == "cuda":
+        return dict(model="llama-3-8b", layers=4, batch=4, seq=4096, dtype=torch.bfloat16,
+                    warmup=3, steps=10)
+    return dict(model=None, layers=None, batch=1, seq=32, dtype=torch.float32, warmup=1, steps=3)
+
+
+def _build(s: StepSettings):
+    from speedlight.profile import models
+    size = "full" if s.device.type == "cuda" else "small"
+    return models.build(s.model, batch=s.batch, seq=s.seq, train=True, dtype=s.dtype,
+                        device=s.device, size=size, layers=s.layers, seed=s.seed)
+
+
+def check_model(s: StepSettings) -> None:
+    """models.ModelError (a ValueError) when --model names nothing that trains as a causal
+    LM with labels; builds nothing on the device."""
+    from speedlight import shapes
+    from speedlight.profile import models
+    if s.model not in (None, models.DEFAULT) and s.model not in shapes.MODELS \
+            and not str(s.model).endswith(".json"):
+        raise models.ModelError(f"--model {s.model!r}: bench model takes a name from "
+                                f"{', '.join(shapes.MODELS)}, a config.json, or nothing (the "
+                                f"default small model)")
+
+
+def _batches(s: StepSettings, vocab: int, n: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(s.seed + 1)
+    return [torch.randint(0, vocab, (s.batch, s.seq), generator=g).to(s.device) for _ in range(n)]
+
+
+@contextlib.contextmanager
+def _module_restored(module_name: str):
+    """Liger's patch also rebinds names in the family's modeling module (its RMSNorm and MLP
+    classes, apply_rotary_pos_emb); put them back so later models are built unpatched."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        module = None
+    saved = dict(vars(module)) if module is not None else {}
+    try:
+        yield
+    finally:
+        if module is not None:
+            for k, v in saved.items():
+                if vars(module).get(k) is not v:
+                    setattr(module, k, v)
+
+
+def _liger(model) -> Callable[[], None]:
+    """Apply Liger's patch to the instance; ValueError with the reason when it cannot."""
+    try:
+        import liger_kernel.transformers as lt
+    except ImportError:
+        raise ValueError("liger-kernel is not installed (pip install 'speedlight[liger]')") from None
+    family = model.config.model_type
+    fn = getattr(lt, f"apply_liger_kernel_to_{family}", None)
+    if fn is None:
+        raise ValueError(f"Liger-Kernel has no apply_liger_kernel_to_{family}")
+    fn(model=model)
+
+
+def _prepare(variant: str, model, s: StepSettings) -> tuple[torch.nn.Module, list[str]]:
+    notes: list[str] = []
+    if variant.startswith("speedlight"):
+        import warnings
+
+        from speedlight.patching import patch
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = patch(model)
+        if report.not_patched:
+            notes.append("not patched: " + "; ".join(f"{a} ({b})" for a, b in report.not_patched))
+    elif variant == "liger":
+        _liger(model)
+    if variant in COMPILED:
+        torch._dynamo.reset()
+        model = torch.compile(model, backend=s.compile_backend, mode=s.compile_mode)
+    return model, notes
+
+
+def _peak_reset(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def run_variant(variant: str, s: StepSettings) -> dict:
+    """One variant's row: its timed steps, peak memory and loss curve (no agreement yet)."""
+    from speedlight.bench.stats import summarize
+    from speedlight.bench.timer import clock_for
+
+    _peak_reset(s.device)
+    w = _build(s)
+    model = w.model
+    family = getattr(getattr(model, "config", None), "model_type", None)
+    restore = (_module_restored(f"transformers.models.{family}.modeling_{family}")
+               if variant == "liger" and family else contextlib.nullcontext())
+    with restore:
+        model.train()
+        model, notes = _prepare(variant, model, s)
+        opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
+        batches = _batches(s, w.model.config.vocab_size, s.warmup + s.steps)
+        clock = clock_for(s.device)
+        losses, marks = [], []
+
+        def step(ids):
+            out = model(input_ids=ids, labels=ids, use_cache=False)
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return out.loss.detach()
+
+        t0 = time.perf_counter()
+        for ids in batches[: s.warmup]:
+            losses.append(step(ids))
+        clock.sync()
+        warm_s = time.perf_counter() - t0
+        for ids in batches[s.warmup:]:
+            a = clock.record()
+            losses.append(step(ids))
+            marks.append((a, clock.record()))
+        clock.sync()
+        samples = [clock.elapsed(a, b) for a, b in marks]
+        curve = [float(x) for x in torch.stack(losses).float().cpu()]
+    peak = torch.cuda.max_memory_allocated(s.device) if s.device.type == "cuda" else None
+    summary = summarize(samples)
+    tokens = s.batch * s.seq
+    row = {"variant": variant, "status": "ok", "model": w.name, "config": w.config,
+           "layers": w.config.get("num_hidden_layers", w.config.get("n_layer", s.layers)),
+           "samples_s": samples, "median_s": summary.median, "p20_s": summary.p20,
+           "p80_s": summary.p80, "spread": summary.spread, "stop": f"{s.steps} steps",
+           "method": clock.method, "warmup_steps": s.warmup, "warmup_s": round(warm_s, 3),
+           "tokens_per_step": tokens, "tokens_per_s": tokens / summary.median,
+           "peak_bytes": peak,
+           "peak_method": ("torch.cuda.max_memory_allocated after reset_peak_memory_stats"
+                           if peak is not None else "n/a: torch keeps no allocator peak on a CPU"),
+           "losses": curve, "notes": notes + list(w.notes)}
+    del model, opt, w
+    _peak_reset(s.device)
+    return row
+
+
+def agree(rows: list[dict], dtype: torch.dtype) -> None:
+    """Set each row's loss agreement with the hf variant's, step by step, in place."""
+    tol = LOSS_TOLERANCE.get(dtype, LOSS_TOLERANCE[torch.bfloat16])
+    ref = next((r for r in rows if r["variant"] == DEFAULT and r["status"] == "ok"), None)
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        r["loss_tolerance"] = tol
+        if ref is None:
+            r.update(loss_agrees=None, loss_note=f"no {DEFAULT} row to compare with")
+            continue
+        diffs = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(r["losses"], ref["losses"])]
+        r["loss_rel_diff"] = diffs
+        r["loss_max_rel_diff"] = max(diffs) if diffs else None
+        r["loss_agrees"] = bool(diffs) and len(r["losses"]) == len(ref["losses"]) \
+            and all(d <= tol for d in diffs)
+        r["speedup_vs_hf"] = ref["median_s"] / r["median_s"]
+        if r.get("peak_bytes") and ref.get("peak_bytes"):
+            r["memory_vs_hf"] = r["peak_bytes"] / ref["peak_bytes"]
+
+
+def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Sequence[str] = (),
+        on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Every variant's row, each appended to out_path (JSON lines) as it finishes, hf first
+    (the others' loss agreement is judged against its row), so a run killed part way keeps
+    the rows it finished. A variant that raises is an error row with the reason;
+    one skipped (compile or Liger on a CPU unless in `forced`, or past budget_s) says why."""
+    from speedlight import results
+    from speedlight.spec import dtype_name
+
+    env = results.environment(s.device)
+    common = {"tool": "bench-model", "dtype": dtype_name(s.dtype), "batch": s.batch,
+              "seq": s.seq, "layers": s.layers, "requested_model": s.model or "default",
+              "representative": s.device.type == "cuda", **env}
+    order = sorted(variants, key=lambda v: v != DEFAULT)  # hf first: the others compare with it
+    start = time.perf_counter()
+    rows: list[dict] = []
+    for v in order:
+        if v in COMPILED and s.device.type != "cuda" and v not in forced:
+            row = {"variant": v, "status": "skipped", "reason": CPU_COMPILE_REASON}
+        elif v == "liger" and s.device.type != "cuda" and v not in forced:
+            row = {"variant": v, "status": "skipped", "reason": CPU_LIGER_REASON}
+        elif s.budget_s is not None and time.perf_counter() - start > s.budget_s:
+            row = {"variant": v, "status": "skipped",
+                   "reason": f"not started: the {s.budget_s:g} s budget was spent"}
+        else:
+            try:
+                row = run_variant(v, s)
+            except Exception as e:  # recorded with the reason; the other variants still run
+                # a peer that cannot run here is unavailable, not speedlight's failure
+                row = {"variant": v, "status": "error" if v in OURS else "unavailable",
+                       "reason": f"{type(e).__name__}: {e}"}
+                _peak_reset(s.device)
+        row = {**common, **row, "implementation": row["variant"]}
+        rows.append(row)
+        ref = [r for r in rows[:-1] if r["variant"] == DEFAULT]
+        agree(ref + [row], s.dtype)
+        results.append_jsonl(out_path, [row])
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+def failures(rows: Sequence[dict]) -> list[str]:
+    """What makes the run fail: hf or a speedlight variant that errored (a peer that cannot
+    run is recorded as unavailable), a loss curve off the hf one."""
+    out = [f"{r['variant']}: {r.get('reason')}" for r in rows if r["status"] == "error"]
+    out += [f"{r['variant']}: loss differs from hf by up to {100 * r['loss_max_rel_diff']:.3g}% "
+            f"(tolerance {100 * r['loss_tolerance']:g}%)"
+            for r in rows if r.get("loss_agrees") is False]
+    return out
+
+
+# --- display and chart ------------------------------------------------------------------------
+
+def table(rows: Sequence[dict]):
+    from rich.table import Table
+
+    from speedlight.bench.display import NOT_REPRESENTATIVE
+    first = next((r for r in rows if r.get("model")), rows[0] if rows else {})
+    title = (f"speedlight bench model: {first.get('model', '?')}, {first.get('dtype')}, "
+             f"batch {first.get('batch')} x {first.get('seq')} tokens, one training step "
+             f"(forward, backward, AdamW) on {first.get('device')}")
+    if rows and not rows[0].get("representative"):
+        title += f" ({NOT_REPRESENTATIVE})"
+    t = Table(title=title)
+    for c in ("variant", "step (median)", "spread", "tokens/s", "vs hf", "peak memory",
+              "vs hf mem", "loss (first -> last)", "max loss diff", "agrees"):
+        t.add_column(c, justify="left" if c in ("variant", "agrees") else "right")
+    for r in rows:
+        if r["status"] != "ok":
+            t.add_row(r["variant"], f"[yellow]{r['status']}[/]: {r.get('reason', '')}",
+                      *[""] * 8)
+            continue
+        diff = r.get("loss_max_rel_diff")
+        t.add_row(r["variant"], f"{r['median_s'] * 1e3:.4g} ms", f"{100 * r['spread']:.1f}%",
+                  f"{r['tokens_per_s']:.4g}", _x(r.get("speedup_vs_hf")),
+                  _mib(r.get("peak_bytes")), _x(r.get("memory_vs_hf")),
+                  f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}",
+                  "-" if diff is None else f"{100 * diff:.3g}%",
+                  {True: "[green]yes[/]", False: "[red]NO[/]", None: "-"}[r.get("loss_agrees")])
+    return t
+
+
+def _x(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _mib(n) -> str:
+    return "n/a" if n is None else f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
+
+
+def chart(rows: Sequence[dict], path: str | Path) -> Path:
+    """tokens/s, peak memory and the loss curves of the rows, side by side, in one PNG.
+    RuntimeError when matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise RuntimeError("the chart needs matplotlib: pip install 'speedlight[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ok = [r for r in rows if r["status"] == "ok"]
+    fig, (ax_t, ax_m, ax_l) = plt.subplots(1, 3, figsize=(15, 4.2))
+    names = [r["variant"] for r in ok]
+    ax_t.bar(names, [r["tokens_per_s"] for r in ok], color="tab:blue")
+    ax_t.set_ylabel("tokens/s")
+    ax_t.set_title("throughput (median step)")
+    peaks = [r.get("peak_bytes") for r in ok]
+    if any(p is not None for p in peaks):
+        ax_m.bar(names, [(p or 0) / 2 ** 30 for p in peaks], color="tab:orange")
+        ax_m.set_ylabel("GiB")
+    else:
+        ax_m.text(0.5, 0.5, "peak memory: n/a on a CPU", ha="center", va="center",
+                  transform=ax_m.transAxes)
+        ax_m.set_axis_off()
+    ax_m.set_title("peak memory")
+    for r in ok:
+        ax_l.plot(range(1, len(r["losses"]) + 1), r["losses"], marker="o", label=r["variant"])
+    ax_l.set_xlabel("step")
+    ax_l.set_ylabel("loss")
+    ax_l.set_title("loss curve")
+    ax_l.legend()
+    for ax in (ax_t, ax_m):
+        ax.tick_params(axis="x", rotation=20)
+    first = ok[0] if ok else (rows[0] if rows else {})
+    title = (f"{first.get('model', '?')} training step, {first.get('dtype')}, batch "
+             f"{first.get('batch')} x {first.get('seq')}, {first.get('device')}")
+    if rows and not rows[0].get("representative"):
+        title += ": CPU, NOT representative"
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

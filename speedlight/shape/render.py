@@ -1,0 +1,107 @@
+"""The shaping as a terminal summary (rich) and a page in the report's style (jinja2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TEMPLATE = "shape.html.j2"
+
+
+def seconds(s: float | None) -> str:
+    if s is None:
+        return ""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"
+
+
+def nbytes(n: float | None) -> str:
+    if n is None:
+        return ""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def flops(n: float | None) -> str:
+    if n is None:
+        return ""
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} FLOP"
+
+
+def _shape_text(metas: list[dict]) -> str:
+    return ", ".join(f"{m['shape']} {m['dtype']}" + ("" if _contiguous(m) else f" stride {m['stride']}")
+                     for m in metas)
+
+
+def _contiguous(m: dict) -> bool:
+    expect, acc = [], 1
+    for d in reversed(m["shape"]):
+        expect.append(acc)
+        acc *= d
+    return all(s == e or d == 1 for s, e, d in zip(m["stride"], reversed(expect), m["shape"]))
+
+
+def print_summary(doc: dict, console, top: int = 30) -> None:
+    from rich.table import Table
+
+    ins = ", ".join(f"{i['name']}={i['shape']}:{i['dtype']}" for i in doc["inputs"])
+    console.print(f"[bold]speedlight shape[/] {doc['function']}({ins}){' forward + backward' if doc['train'] else ''}")
+    console.print(f"[dim]{doc['target_note']}. Projected from fake tensors: no computation.[/]")
+    t = Table(title="aten ops (eager)", show_lines=False)
+    for col in ("#", "phase", "op", "inputs", "outputs", "FLOP", "bytes", "family"):
+        t.add_column(col, justify="right" if col in ("#", "FLOP", "bytes") else "left")
+    for o in doc["ops"][:top]:
+        t.add_row(str(o["index"]), o["phase"][:3], o["op"], _shape_text(o["inputs"]),
+                  _shape_text(o["outputs"]), f"{o['flops']:,}", f"{o['bytes']:,}",
+                  o["family"] + ("" if o["kernel"] else " (no launch)"))
+    console.print(t)
+    if len(doc["ops"]) > top:
+        console.print(f"[dim]... {len(doc['ops']) - top} more ops in the JSON[/]")
+    f = Table(title=f"floors on {doc['target']['name']}")
+    for col in ("phase", "", "FLOP", "bytes", "floor", "with launches", "launches", "bound"):
+        f.add_column(col, justify="left" if col in ("phase", "", "bound") else "right")
+    for p in doc["phases"]:
+        fu, e = p["fused"], p["eager"]
+        f.add_row(p["phase"], "fused (one kernel)", flops(fu["flops"]), nbytes(fu["bytes"]),
+                  seconds(fu["floor_s"]), seconds(max(fu["floor_s"], doc["launch_s"])), "1", fu["bound"])
+        f.add_row("", "eager (sum of ops)", flops(e["flops"]), nbytes(e["bytes"]), seconds(e["floor_s"]),
+                  seconds(e["with_launch_s"]), str(e["launches"]), e["bound"])
+        f.add_row("", "[bold]fusion could gain[/]", "", f"{p['bytes_ratio']:.2f}x fewer", "",
+                  f"[bold]{p['gain']:.2f}x[/]", "", "")
+    console.print(f)
+    for p in doc["phases"]:
+        if p["eager"]["uncounted"]:
+            console.print(f"[yellow]{p['phase']}: no formula for {', '.join(p['eager']['uncounted'])} "
+                          f"(its bytes counted, its FLOPs not)[/]")
+    console.print("[bold]advice[/]" if doc["advice"] else "[bold]advice[/]: none at these shapes")
+    for a in doc["advice"]:
+        console.print(f" • [bold]{a['title']}[/] ({a['kind']}): {a['evidence']}\n   → {a['number']}")
+    ind = doc["inductor"]
+    if ind["status"] == "ran":
+        console.print(f"[bold]torch.compile[/]: {ind['launches']} Triton kernels "
+                      f"({', '.join(f'{k} {n}' for k, n in ind['kinds'].items())}) against "
+                      f"{sum(p['eager']['launches'] for p in doc['phases'])} eager launches: "
+                      f"{', '.join(ind['kernels'][:6])}. {ind['next']}")
+    else:
+        console.print(f"[bold]torch.compile[/]: {ind['status']}: {ind['reason']}")
+    if doc["spec_file"]:
+        console.print(f"[bold]spec file[/]: {doc['spec_file']}  →  speedlight verify --spec "
+                      f"{doc['spec_file']} --only-spec")
+
+
+def render_html(doc: dict) -> str:
+    try:
+        import jinja2
+    except ImportError:
+        raise RuntimeError("the HTML page needs jinja2: pip install 'speedlight[report]'") from None
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]),
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(seconds=seconds, nbytes=nbytes, flops=flops, shapes=_shape_text)
+    return env.get_template(TEMPLATE).render(doc=doc)

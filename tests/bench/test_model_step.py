@@ -1,0 +1,126 @@
+"""`speedlight bench model`: a training step of the default model on the CPU for HF and
+speedlight.patch, its loss curves agreeing, rows and chart written; the agreement check
+catching a curve that is off; bad arguments refused in one line; the report's section."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from speedlight import cli, results
+from speedlight.bench import model_step
+
+
+def test_default_model_on_cpu_hf_and_speedlight_agree_and_write_rows_and_chart(tmp_path):
+    pytest.importorskip("matplotlib")
+    earlier = {"tool": "bench-model", "variant": "earlier-run", "status": "ok"}
+    results.append_jsonl(tmp_path / model_step.FILE, [earlier])
+    code = cli.main(["bench", "model", "--device", "cpu", "--variants", "hf,speedlight",
+                     "--warmup", "0", "--steps", "2", "--seq", "16", "--out", str(tmp_path)])
+    assert code == 0
+    rows = results.read_jsonl(tmp_path / model_step.FILE)
+    assert rows[0] == earlier  # appended, not overwritten
+    hf, ours = rows[1:]
+    assert (hf["variant"], ours["variant"]) == ("hf", "speedlight")
+    for r in (hf, ours):
+        assert r["status"] == "ok" and r["representative"] is False
+        assert r["model"] == "llama-tiny" and r["dtype"] == "fp32" and r["layers"] == 2
+        assert len(r["samples_s"]) == 2 and r["median_s"] > 0
+        assert r["tokens_per_s"] == pytest.approx(r["batch"] * r["seq"] / r["median_s"])
+        assert r["peak_bytes"] is None and r["peak_method"].startswith("n/a")
+        assert len(r["losses"]) == 2 and all(6 < x < 9 for x in r["losses"])  # ~ln(2048)
+        assert r["loss_tolerance"] == 1e-3 and r["loss_agrees"] is True
+    assert ours["loss_max_rel_diff"] <= 1e-3 and hf["loss_max_rel_diff"] == 0
+    assert (tmp_path / model_step.CHART).stat().st_size > 10_000
+
+
+def _row(variant, losses, median=1.0, peak=None):
+    return {"variant": variant, "status": "ok", "losses": losses, "median_s": median,
+            "peak_bytes": peak}
+
+
+@pytest.mark.parametrize("dtype,off,agrees", [
+    pytest.param(torch.bfloat16, 0.019, True, id="bf16-1.9pct"),
+    pytest.param(torch.bfloat16, 0.021, False, id="bf16-2.1pct"),
+    pytest.param(torch.float32, 0.0009, True, id="fp32-0.09pct"),
+    pytest.param(torch.float32, 0.0011, False, id="fp32-0.11pct"),
+])
+def test_loss_agreement_is_judged_step_by_step(dtype, off, agrees):
+    ref = [8.0, 7.5, 7.0]
+    bad = [8.0, 7.5 * (1 + off), 7.0]  # only the middle step is off
+    rows = [_row("hf", ref, 2.0, 400), _row("speedlight", bad, 1.0, 200),
+            {"variant": "liger", "status": "unavailable", "reason": "not installed"}]
+    model_step.agree(rows, dtype)
+    assert rows[1]["loss_agrees"] is agrees
+    assert rows[1]["loss_max_rel_diff"] == pytest.approx(off)
+    assert rows[1]["speedup_vs_hf"] == 2.0 and rows[1]["memory_vs_hf"] == 0.5
+    assert "loss_agrees" not in rows[2]
+    assert bool(model_step.failures(rows)) is not agrees
+
+
+def test_a_shorter_curve_does_not_agree():
+    rows = [_row("hf", [8.0, 7.5]), _row("speedlight", [8.0])]
+    model_step.agree(rows, torch.float32)
+    assert rows[1]["loss_agrees"] is False
+
+
+def test_compiled_variants_and_liger_are_skipped_on_cpu_with_the_reason(tmp_path):
+    s = model_step.StepSettings(model=None, layers=None, batch=1, seq=8, dtype=torch.float32,
+                                device=torch.device("cpu"), warmup=0, steps=1)
+    rows = model_step.run(s, ["hf-compile", "speedlight-compile", "liger"], tmp_path / "m.jsonl")
+    assert [r["status"] for r in rows] == ["skipped"] * 3
+    assert all("torch.compile on a CPU" in r["reason"] for r in rows[:2])
+    assert "Triton interpreter" in rows[2]["reason"]
+    assert len(results.read_jsonl(tmp_path / "m.jsonl")) == 3
+    assert model_step.failures(rows) == []
+
+
+def test_a_peer_that_fails_is_unavailable_and_ours_is_an_error():
+    rows = [{"variant": "liger", "status": "unavailable", "reason": "x"},
+            {"variant": "speedlight", "status": "error", "reason": "RuntimeError: y"}]
+    assert model_step.failures(rows) == ["speedlight: RuntimeError: y"]
+
+
+@pytest.mark.parametrize("argv,says", [
+    pytest.param(["--batch", "0"], "--batch must be at least 1", id="batch0"),
+    pytest.param(["--layers", "0"], "--layers must be at least 1", id="layers0"),
+    pytest.param(["--steps", "0"], "--steps must be at least 1", id="steps0"),
+    pytest.param(["--variants", "hf,fast"], "--variants takes", id="variant-unknown"),
+    pytest.param(["--variants", ","], "--variants takes", id="variants-empty"),
+    pytest.param(["--dtype", "fp64"], "--dtype takes fp32, bf16 or fp16", id="dtype-fp64"),
+    pytest.param(["--dtype", "int3"], "--dtype: unknown dtype", id="dtype-unknown"),
+    pytest.param(["--model", "no-such-model"], "--model 'no-such-model'", id="model-unknown"),
+    pytest.param(["--lr", "-1"], "--lr must be more than 0", id="lr-negative"),
+    pytest.param(["extra.jsonl"], "model takes no paths", id="path"),
+])
+def test_bad_arguments_are_one_line_errors_before_any_work(tmp_path, argv, says):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "model", *argv, "--device", "cpu", "--out", str(tmp_path / "o")])
+    message = str(e.value)
+    assert message.startswith("speedlight bench: ") and says in message
+    assert "\n" not in message
+    assert not (tmp_path / "o" / model_step.FILE).exists()
+
+
+def test_the_report_shows_the_training_step_table(tmp_path):
+    pytest.importorskip("jinja2")
+    from speedlight.pipeline import FILES, MANIFEST
+    from speedlight.report import render
+    rows = [_row("hf", [8.0, 7.9], 2.0, 4 * 2 ** 30), _row("speedlight", [8.0, 7.95], 1.0, 2 ** 31),
+            {"variant": "liger", "status": "unavailable", "reason": "liger-kernel is not installed"}]
+    model_step.agree(rows, torch.bfloat16)
+    common = {"model": "llama-3-8b", "dtype": "bf16", "batch": 4, "seq": 4096, "layers": 4,
+              "device": "NVIDIA H200", "method": "cuda-events", "stop": "10 steps",
+              "warmup_steps": 3, "peak_method": "torch.cuda.max_memory_allocated",
+              "tokens_per_s": 1.0}
+    results.append_jsonl(tmp_path / FILES["model_step"], [{**common, **r} for r in rows])
+    results.write_json(tmp_path / MANIFEST, {"stages": {}, "files": FILES, "run": {}})
+    render.render(tmp_path)
+    md = (tmp_path / "summary.md").read_text()
+    assert "## The training step, end to end" in md
+    assert "| speedlight | 1 s | 1 | 2.00x | 2 GiB | 0.50x | yes |" in md
+    assert "| liger | unavailable: liger-kernel is not installed |" in md
+    html = (tmp_path / "index.html").read_text()
+    assert 'id="model-step"' in html and "model-step.jsonl" in html
