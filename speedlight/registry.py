@@ -48,19 +48,30 @@ def builtin_spec(name: str) -> OpSpec:
     return importlib.import_module(f"speedlight.ops.{name}").SPEC
 
 
+def import_file(path: Path, name: str):
+    """Run the Python file `path` as module `name` (registered in sys.modules, so its own
+    imports and dataclasses resolve); on an error the module is unregistered and the
+    error raised as it is."""
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
 def load_spec_file(path: str | Path) -> list[OpSpec]:
     """The OpSpecs a user's file defines (SPEC or SPECS)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"spec file {str(path)!r} does not exist")
     name = f"speedlight_user_spec_{abs(hash(str(path.resolve())))}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
     try:
-        module_spec.loader.exec_module(module)
+        module = import_file(path, name)
     except Exception as e:
-        del sys.modules[name]
         detail = e.msg if isinstance(e, SyntaxError) else e
         raise ValueError(f"spec file {str(path)!r} failed to load: {_where(e, path)}"
                          f"{type(e).__name__}: {detail}") from None

@@ -18,22 +18,27 @@ def seconds(s: float | None) -> str:
     return f"{s:.2f} s"
 
 
-def _scaled(n: float | None, units: tuple[tuple[str, float], ...], unit: str) -> str:
-    """n in the largest of `units` (largest first) it reaches, else whole `unit`s."""
+FLOP_UNITS = (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3))
+
+
+def scaled(n: float | None, units: tuple[tuple[str, float], ...], unit: str, *,
+           spec: str = ".2f", none: str = "-") -> str:
+    """n in the largest of `units` (largest first) its size reaches, formatted with
+    `spec`, else in whole `unit`s; `none` for None."""
     if n is None:
-        return "-"
+        return none
     for name, scale in units:
         if abs(n) >= scale:
-            return f"{n / scale:.2f} {name}"
+            return f"{n / scale:{spec}} {name}"
     return f"{int(n)} {unit}"
 
 
 def nbytes(n: float | None) -> str:
-    return _scaled(n, (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)), "B")
+    return scaled(n, (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)), "B")
 
 
 def flops(n: float | None) -> str:
-    return _scaled(n, (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)), "FLOP")
+    return scaled(n, FLOP_UNITS, "FLOP")
 
 
 def share(x: float | None) -> str:

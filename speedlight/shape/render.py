@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from speedlight.profile.fmt import FLOP_UNITS, scaled
+
 TEMPLATE = "shape.html.j2"
 
 
@@ -17,21 +19,11 @@ def seconds(s: float | None) -> str:
 
 
 def nbytes(n: float | None) -> str:
-    if n is None:
-        return ""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{int(n)} B"
+    return scaled(n, (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)), "B", spec=".3g", none="")
 
 
 def flops(n: float | None) -> str:
-    if n is None:
-        return ""
-    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{int(n)} FLOP"
+    return scaled(n, FLOP_UNITS, "FLOP", spec=".3g", none="")
 
 
 def _shape_text(metas: list[dict]) -> str:

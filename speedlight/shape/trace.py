@@ -5,7 +5,6 @@ and, for training, backward. Nothing is computed and no memory is allocated.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import re
 import sys
@@ -17,6 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from speedlight.profile import costs
+from speedlight.registry import import_file
 from speedlight.spec import dtype_name, parse_dtype
 
 _SHAPE_ITEM = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*\[([^\]]*)\]\s*(?::\s*([\w.]+))?\s*")
@@ -97,16 +97,11 @@ def load_module(path: Path):
     name = f"speedlight_shape_{abs(hash(str(path.resolve())))}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        return import_file(path, name)
     except Exception as e:
-        del sys.modules[name]
         raise ValueError(f"{str(path)!r} failed to load: {type(e).__name__}: "
                          f"{e.msg if isinstance(e, SyntaxError) else e}") from None
-    return module
 
 
 @dataclass
