@@ -262,7 +262,8 @@ class OpSpec:
     # library -> function name, e.g. {"liger": "liger_rms_norm"}.
     peers: Mapping[str, str] = field(default_factory=dict)
     # What speedlight.patch swaps for this op in a Hugging Face model (its kinds:
-    # "rms_norm", "mlp", "rope", "cross_entropy"), or None when it patches none.
+    # "rms_norm", "mlp", "rope", "cross_entropy", "decoder_layer"), or None when it
+    # patches none.
     patches: str | None = None
 
     def __post_init__(self):

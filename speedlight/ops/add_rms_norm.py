@@ -182,6 +182,7 @@ SPEC = OpSpec(
     case_of=lambda call, args: rms_norm_case_of("add_rms_norm", call, args),
     fuses="residual add + RMSNorm, returning both the sum and the norm",
     peers={"liger": "liger_fused_add_rms_norm"},
+    patches="decoder_layer",
     make_inputs=_make_inputs,
     cost=_cost,
     suites=shapes.suites(lambda suite: norm_cases(

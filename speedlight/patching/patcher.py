@@ -21,6 +21,12 @@ are, so weights load unchanged and optimizers keep their references):
                  attention-function and mask registries, see hf_attention.py): every
                  attention layer calls speedlight.attention with its scaling, sliding
                  window and softcap; padding masks arrive 2-D and run as variable length
+  decoder_layer  every decoder layer's forward: its residual add and the norm after it
+                 (post_attention_layernorm; Gemma 2's pre_feedforward_layernorm) as one
+                 speedlight.add_rms_norm (decoder_layer.py: the installed class's forward
+                 with those statements rewritten, after checking it has the family's
+                 Family.layer_form; a layer that differs, or a family without a form, is
+                 kept and reported)
   linear_cross_entropy
                  the causal LM's forward, when it trains with labels: the lm_head and the
                  loss by speedlight.linear_cross_entropy, so the [tokens, vocab] logits are
@@ -306,9 +312,14 @@ def _activation_of(mlp) -> tuple[str, dict] | None:
 
 def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
           rope: bool = True, cross_entropy: bool = True, attention: bool = True,
-          norm_in_place: bool = True, linear_cross_entropy: bool = True) -> PatchReport:
+          norm_in_place: bool = True, linear_cross_entropy: bool = True,
+          decoder_layer: bool = True) -> PatchReport:
     """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3,
     Falcon-H1, Granite).
+
+    decoder_layer: within each decoder layer, the residual add and the norm after it run
+    as one speedlight.add_rms_norm (the family's Family.layer_form; Granite keeps its
+    layer, see its layer_note).
 
     linear_cross_entropy: the training loss of a causal LM with labels is computed without
     its logits, which the output then does not hold (see the module docstring).
@@ -336,7 +347,7 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     model_type = getattr(config, "model_type", None) or type(model).__name__
     family: Family | None = FAMILIES.get(model_type)
     wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy,
-              "attention": attention,
+              "attention": attention, "decoder_layer": decoder_layer,
               "linear_cross_entropy": linear_cross_entropy}
     report = PatchReport(model_type)
     record: dict = {"forwards": [], "rope_modules": [], "loss": None, "attention": None}
@@ -398,6 +409,8 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
             if wanted[kind] and kind not in report.patched and not any(
                     w.startswith(kind) for w, _ in report.not_patched):
                 report.not_patched.append((kind, f"no {kind} module of the {model_type} family found"))
+        if wanted["decoder_layer"]:
+            _patch_decoder_layers(model, family, report, record, norm_in_place)
         if wanted["cross_entropy"]:
             if not _available("cross_entropy"):
                 report.not_patched.append(("cross_entropy", "this install has no speedlight.cross_entropy"))
@@ -416,6 +429,51 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     if report.not_patched:
         warnings.warn(str(report), PatchWarning, stacklevel=2)
     return report
+
+
+def _patch_decoder_layers(model, family: Family, report: PatchReport, record: dict,
+                          norm_in_place: bool) -> None:
+    """Each decoder layer's residual add and the following norm as one add_rms_norm (see
+    decoder_layer.py); a layer whose forward differs from the family's form is kept, with
+    the reason."""
+    from speedlight.patching import decoder_layer as dl
+
+    kind = "decoder_layer"
+    if not _available("add_rms_norm"):
+        report.not_patched.append((kind, "this install has no speedlight.add_rms_norm"))
+        return
+    if family.layer_form is None:
+        report.not_patched.append((kind, f"{family.model_type}: {family.layer_note}"))
+        return
+    layers = dl.layer_modules(model, family)
+    if not layers:
+        report.not_patched.append((kind, f"no decoder layer of the {family.model_type} family "
+                                   "found"))
+        return
+    ours = {id(m) for m, _ in record["forwards"]}
+    for path, layer in layers:
+        if "forward" in layer.__dict__:
+            report.not_patched.append((f"{kind} {path}", "its forward is already wrapped (e.g. "
+                                       "by accelerate hooks); speedlight leaves it alone"))
+            continue
+        try:
+            forward, attr, add_norm = dl.fused_forward(layer, family, in_place=norm_in_place)
+        except dl.LayerFormError as e:
+            report.not_patched.append((f"{kind} {path}", f"{type(layer).__name__} of the "
+                                       f"installed transformers is not of the {family.layer_form} "
+                                       f"form: {e}; the layer is kept as it is"))
+            continue
+        norm = getattr(layer, attr)
+        if "forward" in norm.__dict__ and id(norm) not in ours:
+            report.not_patched.append((f"{kind} {path}", f"self.{attr}'s forward is already "
+                                       "wrapped (e.g. by accelerate hooks); fusing would skip it"))
+            continue
+        _set_forward(layer, forward, record)
+        report.patched.setdefault(kind, []).append(
+            f"{path} ({family.layer_form}: residual add + {attr})")
+        norm_path = f"{path}.{attr}"
+        if add_norm.in_place and norm_path not in report.in_place:
+            report.in_place.append(norm_path)
 
 
 def _patch_causal_lm_forward(model, report: PatchReport, record: dict) -> None:

@@ -261,15 +261,19 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     if before is not None:
         results.write_json(out / FILES["profile_before"], before)
 
+    coverage: dict = {}  # what the patch stage swapped, for the model check's record
+
     def do_patch():
         from speedlight.patching import patch
+        from speedlight.pipeline.model_check import patch_coverage
         model = copy.deepcopy(pristine)
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
             report = patch(model)
+        coverage.update(patch_coverage(report))
         doc = {"model_type": report.model_type, "patched": report.patched,
                "not_patched": [{"what": a, "why": b} for a, b in report.not_patched],
-               "text": str(report)}
+               "layer_fusion": coverage["layer_fusion"], "text": str(report)}
         results.write_json(out / FILES["patch"], doc)
         return model
     patched = stages.run("patch", "patch a copy with speedlight's ops", do_patch)
@@ -278,6 +282,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         def do_check():
             from speedlight.pipeline.model_check import check_models
             doc = check_models(pristine, patched, w.inputs, w.loss_fn, train=train)
+            doc["patch"] = coverage  # the check ran on this patch: its kinds, the fusion
             results.write_json(out / FILES["model_check"], doc)
             return doc
         stages.run("model_check", "check the patched model against the original", do_check)

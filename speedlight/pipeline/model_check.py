@@ -21,6 +21,21 @@ from speedlight.verify.compare import judge
 MAX_FP64_PARAMS = 200_000_000
 
 
+def patch_coverage(report) -> dict:
+    """What a PatchReport swapped, as the model check records it: each kind with its
+    count, and a sentence on the decoder-layer fusion (how many layers, or why none)."""
+    kinds = {kind: len(paths) for kind, paths in report.patched.items()}
+    layers = kinds.get("decoder_layer", 0)
+    if layers:
+        forms = sorted({p.rsplit("(", 1)[-1].split(":")[0] for p in report.patched["decoder_layer"]})
+        fusion = (f"applied: {layers} decoder layer{'s' if layers != 1 else ''} "
+                  f"({', '.join(forms)}) add the residual and normalize in one add_rms_norm")
+    else:
+        why = [b for a, b in report.not_patched if a.startswith("decoder_layer")]
+        fusion = "not applied: " + (why[0] if why else "not asked for")
+    return {"kinds": kinds, "layer_fusion": fusion}
+
+
 def _call(model, inputs):
     if isinstance(inputs, dict):
         return model(**inputs)

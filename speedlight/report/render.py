@@ -116,6 +116,9 @@ def print_summary(folder: str | Path, console) -> None:
         console.print(f"  patched model vs original: {'[green]matches[/]' if mc['passed'] else '[red]DIFFERS[/]'} "
                       f"({len(mc['checks'])} checks against the {mc['reference']}; worst ratio "
                       f"{fmt_num(mc['worst']['ratio'] if mc['worst'] else None)})")
+        if mc.get("patch"):
+            console.print(f"  decoder-layer fusion {mc['patch']['layer_fusion']} (the check ran "
+                          "on it)")
     c = d["verify_counts"]
     console.print(f"  ops at the model's shapes: {c['pass']} passed, {c['fail'] + c['error']} failed, "
                   f"{c['skip']} skipped")

@@ -47,6 +47,14 @@ def test_report_runs_end_to_end_and_writes_every_stage(report_dir):
     assert {"rms_norm", "rope", "cross_entropy"} <= set(patch["patched"])
     check = json.loads((out / "model-check.json").read_text())
     assert check["passed"] and check["train"] and len(check["checks"]) > 10
+    # the check ran on the whole patch, the decoder-layer fusion included, and says so
+    layers = check["patch"]["kinds"]["decoder_layer"]
+    assert layers == len(patch["patched"]["decoder_layer"]) > 0
+    assert patch["layer_fusion"] == check["patch"]["layer_fusion"]
+    assert check["patch"]["layer_fusion"].startswith(f"applied: {layers} decoder layer")
+    fusion = f"Decoder-layer fusion {check['patch']['layer_fusion']}; the check ran on it"
+    assert fusion in (out / "summary.md").read_text()
+    assert fusion.replace("'", "&#39;") in (out / "index.html").read_text()
 
 
 def test_a_teams_own_op_goes_through_every_stage(report_dir):

@@ -1,0 +1,188 @@
+"""The decoder-layer fusion: each layer's residual add and the norm after it as one
+speedlight.add_rms_norm (speedlight/patching/decoder_layer.py).
+
+Only the norms (and the fusion) are patched here, so the runs stay cheap under the
+interpreter; the default patch, fusion included, is checked per family in test_patch.py."""
+
+import copy
+import dataclasses
+import inspect
+import re
+import warnings
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+pytest.importorskip("transformers")
+
+from speedlight.patching import PatchWarning, families, patch, unpatch
+from speedlight.pipeline.model_check import check_models
+from tests.patching.tiny_models import FAMILIES, batch, build
+
+TOL = dict(rtol=2e-5, atol=2e-6)
+FUSED = [f for f in FAMILIES if families.FAMILIES[f].layer_form is not None]
+NORMS_ONLY = dict(mlp=False, rope=False, cross_entropy=False, attention=False,
+                  linear_cross_entropy=False)
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the speedlight custom ops dispatched, by name (add_rms_norm_inplace_fwd...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def count(self, op: str, stage: str = "fwd") -> int:
+        """Calls of op's `stage` (fwd, bwd, infer), in place or not."""
+        return self.calls.get(f"{op}_{stage}", 0) + self.calls.get(f"{op}_inplace_{stage}", 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "speedlight":
+            name = func._schema.name.split("::")[-1]
+            self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _run(model, ids, labels):
+    out = model(input_ids=ids, labels=labels)
+    grads = torch.autograd.grad(out.loss, list(model.parameters()), allow_unused=True)
+    return out.logits.detach(), out.loss.detach(), grads
+
+
+def test_every_family_has_a_form_or_a_reason():
+    for name, family in families.FAMILIES.items():
+        assert family.layer_form in (None, "pre_norm", "sandwich"), name
+        assert family.layer_form is not None or len(family.layer_note) > 40, name
+    assert families.FAMILIES["granite"].layer_form is None
+    assert "residual_multiplier" in families.FAMILIES["granite"].layer_note
+
+
+@pytest.mark.parametrize("family", FUSED)
+def test_fused_layers_match_the_module_patch_and_the_original_in_float64(family):
+    """Logits, loss and every gradient: the fused model equals the module-patched one, and
+    against a float64 copy of the original its error is at most k times the original's
+    (the model check's rule); add_rms_norm runs once per layer forward, in place of one
+    rms_norm each."""
+    base = build(family)
+    modules, fused = copy.deepcopy(base), copy.deepcopy(base)
+    patch(modules, **NORMS_ONLY, decoder_layer=False)
+    report = patch(fused, **NORMS_ONLY)
+    layers = base.config.num_hidden_layers
+    assert report.count("decoder_layer") == layers and not report.not_patched, str(report)
+    form = families.FAMILIES[family].layer_form
+    assert all(f"({form}: residual add + " in p for p in report.patched["decoder_layer"])
+    ids, labels = batch(base.config.vocab_size)
+
+    with OpCounter() as counted:
+        logits0, loss0, grads0 = _run(modules, ids, labels)
+    with OpCounter() as counter:
+        logits1, loss1, grads1 = _run(fused, ids, labels)
+    for stage in ("fwd", "bwd"):
+        assert counter.count("add_rms_norm", stage) == layers, counter.calls
+        assert counter.count("rms_norm", stage) + layers == counted.count("rms_norm", stage)
+    assert counted.count("add_rms_norm") == 0
+
+    torch.testing.assert_close(logits1, logits0, **TOL)
+    torch.testing.assert_close(loss1, loss0, **TOL)
+    for (name, _), g0, g1 in zip(base.named_parameters(), grads0, grads1):
+        assert (g0 is None) == (g1 is None), name
+        if g0 is not None:
+            torch.testing.assert_close(g1, g0, **TOL, msg=lambda m: f"{name}: {m}")
+
+    doc = check_models(base, fused, {"input_ids": ids, "labels": labels}, lambda o: o.loss,
+                       train=True)
+    assert doc["passed"], (doc["failed"], doc["worst"])
+    assert doc["reference"].startswith("float64")
+    assert sum(c["name"].startswith("grad:") for c in doc["checks"]) == len(grads1)
+
+
+def test_the_fused_forward_keeps_the_installed_signature_and_unpatches_exactly():
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    model = build("llama")
+    ids, labels = batch(model.config.vocab_size)
+    before = model(input_ids=ids, labels=labels)
+    patch(model, **NORMS_ONLY, rms_norm=False)
+    layer = model.model.layers[0]
+    assert inspect.signature(layer.forward) == inspect.signature(
+        LlamaDecoderLayer.forward.__get__(layer))
+    with OpCounter() as counter:
+        fused = model(input_ids=ids, labels=labels)
+    # the norms themselves are not patched here; post_attention_layernorm's output feeds
+    # the MLP alone, so the fused backward runs in place
+    assert counter.calls == {"add_rms_norm_inplace_fwd": 2}, counter.calls
+    torch.testing.assert_close(fused.logits, before.logits, **TOL)
+    unpatch(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    with OpCounter() as counter:
+        after = model(input_ids=ids, labels=labels)
+    assert counter.calls == {}
+    assert torch.equal(after.logits, before.logits) and torch.equal(after.loss, before.loss)
+
+
+def test_a_hook_on_the_fused_norm_still_sees_its_call():
+    model = build("qwen2")
+    patch(model, **NORMS_ONLY)
+    seen = []
+    norm = model.model.layers[1].post_attention_layernorm
+    handle = norm.register_forward_hook(lambda m, args, out: seen.append(tuple(out.shape)))
+    ids, _ = batch(model.config.vocab_size)
+    with OpCounter() as counter:
+        model(input_ids=ids)
+    handle.remove()
+    # layer 1 adds the residual in PyTorch and calls its norm (speedlight's rms_norm);
+    # layer 0 stays fused
+    assert seen == [(2, 11, 64)], seen
+    assert counter.count("add_rms_norm") == 1 and counter.count("rms_norm") == 2 + 1 + 1, \
+        counter.calls
+    unpatch(model)
+
+
+def _olmo2_like_forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None,
+                        use_cache=False, position_embeddings=None, **kwargs):
+    """Post-norm on the branch before the add and no norm after it (OLMo 2's form)."""
+    residual = hidden_states
+    hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                      position_ids=position_ids, cache=cache, use_cache=use_cache,
+                                      position_embeddings=position_embeddings, **kwargs)
+    hidden_states = self.post_attention_layernorm(hidden_states)
+    hidden_states = residual + hidden_states
+    residual = hidden_states
+    hidden_states = self.mlp(hidden_states)
+    return residual + self.input_layernorm(hidden_states)
+
+
+@pytest.mark.parametrize("case", ["granite-as-pre_norm", "llama-as-sandwich", "other-forward"])
+def test_a_layer_whose_forward_differs_is_kept_with_the_reason(case, monkeypatch):
+    family, expected = {
+        "granite-as-pre_norm": ("granite", r"adds `hidden_states \* self.residual_multiplier`"),
+        "llama-as-sandwich": ("llama", "does not follow a post-norm"),
+        "other-forward": ("llama", "has 0 residual adds followed by a LlamaRMSNorm"),
+    }[case]
+    form = "sandwich" if case == "llama-as-sandwich" else "pre_norm"
+    monkeypatch.setitem(families.FAMILIES, family, dataclasses.replace(
+        families.FAMILIES[family], layer_form=form))
+    model = build(family)
+    if case == "other-forward":
+        monkeypatch.setattr(type(model.model.layers[0]), "forward", _olmo2_like_forward)
+    with pytest.warns(PatchWarning, match="NOT patched decoder_layer model.layers.0"):
+        report = patch(model, **NORMS_ONLY)
+    assert "decoder_layer" not in report.patched
+    reasons = [why for what, why in report.not_patched if what.startswith("decoder_layer")]
+    assert len(reasons) == 2
+    assert all(f"not of the {form} form" in r and "kept as it is" in r for r in reasons)
+    assert any(re.search(expected, r) for r in reasons), reasons
+    assert all("forward" not in layer.__dict__ for layer in model.model.layers)
+    unpatch(model)
+
+
+def test_granite_keeps_its_layer_and_says_why():
+    model = build("granite")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PatchWarning)
+        report = patch(model, **NORMS_ONLY)
+    assert report.not_patched == [("decoder_layer", "granite: "
+                                   + families.FAMILIES["granite"].layer_note)]
+    assert "NOT patched decoder_layer: granite: its layer scales" in str(report)
+    unpatch(model)
