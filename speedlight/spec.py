@@ -204,6 +204,41 @@ class KernelDesign:
     min_stages: int = 1
 
 
+def _runs_anywhere(device: torch.device) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One implementation of an op, run side by side with the op's others by verify, bench,
+    inspect and report, each row naming it.
+
+    fn takes the OpSpec's inputs as keyword arguments (as OpSpec.impl does). language:
+    "triton" or "cuda" (CUDA C++). verified: False until a GPU run has verified it: it is
+    then never an op's default and every row and report labels it unverified.
+    unavailable(device): why it cannot run there (a CPU build of torch, no GPU, no
+    compiler), or None; verify and bench record it as skipped with that reason.
+    sources: the CUDA C++ files (.cu, torch-free) holding its kernels, which nvcc compiles
+    alone: `speedlight inspect` reads them on any machine.
+    """
+
+    fn: Callable[..., Any]
+    language: str = "triton"
+    verified: bool = True
+    unavailable: Callable[[torch.device], str | None] = _runs_anywhere
+    sources: tuple[str, ...] = ()
+
+
+def cuda_implementation(fn: Callable[..., Any], *, verified: bool = False,
+                        sources: Sequence[str] = ()) -> Implementation:
+    """A CUDA C++ implementation: unavailable where speedlight.csrc.loader says an
+    extension cannot run (a CPU build of torch, a CPU device, no GPU, no nvcc/ninja/c++)."""
+    def unavailable(device: torch.device) -> str | None:
+        from speedlight.csrc import loader  # torch only: no import cycle
+        return loader.unavailable(device)
+    return Implementation(fn, "cuda", verified, unavailable, tuple(str(s) for s in sources))
+
+
 Inputs = dict  # keyword arguments of impl / reference: tensors and plain values
 
 
@@ -264,10 +299,19 @@ class OpSpec:
     # What speedlight.patch swaps for this op in a Hugging Face model (its kinds:
     # "rms_norm", "mlp", "rope", "cross_entropy"), or None when it patches none.
     patches: str | None = None
+    # Every implementation the tools run side by side, by name ("triton", "cuda"); the
+    # first is the one rows label plain "speedlight". Empty: {"triton": impl}. impl may
+    # then be left out (the first implementation's fn).
+    implementations: Mapping[str, Implementation] = field(default_factory=dict)
 
     def __post_init__(self):
+        if self.impl is None and self.implementations:
+            self.impl = next(iter(self.implementations.values())).fn
         if self.impl is None:
             raise TypeError(f"OpSpec {self.name!r} needs impl, the function under test")
+        if not self.implementations:
+            self.implementations = {"triton": Implementation(self.impl)}
+        self.implementations = dict(self.implementations)
         self.name = self.name or self.impl.__name__
         if self.reference is None:
             from speedlight import reference  # no import cycle: reference needs only torch
@@ -276,6 +320,11 @@ class OpSpec:
             if self.reference is None:
                 raise TypeError(f"OpSpec {self.name!r} has no reference: pass reference=, "
                                 f"speedlight.reference has no {self.name!r}")
+
+    def label(self, impl: str) -> str:
+        """The `implementation` rows give implementation `impl`: "speedlight" for the
+        first, "speedlight-<impl>" for the others (speedlight-cuda)."""
+        return "speedlight" if impl == next(iter(self.implementations)) else f"speedlight-{impl}"
 
     def cases(self, suite: str) -> list[Case]:
         if suite not in self.suites:
