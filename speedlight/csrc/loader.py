@@ -3,8 +3,8 @@ team's (a spec file's kernel), with torch.utils.cpp_extension.
 
 Nothing is built at import. The first call that needs an extension builds it with ninja
 into a cache directory keyed by torch version, CUDA version and GPU architecture
-(`$SPEEDLIGHT_CACHE_DIR`, else `$XDG_CACHE_HOME/speedlight`, else `~/.cache/speedlight`,
-then `csrc/torch<ver>-cuda<ver>-sm_<cc>/<name>`), so a second process loads it in
+(speedlight's cache: `$SPEEDLIGHT_CACHE`, else `$XDG_CACHE_HOME/speedlight`, else
+`~/.cache/speedlight`; then `csrc/torch<ver>-cuda<ver>-sm_<cc>/<name>`), so a second process loads it in
 milliseconds. Each build's wall time is recorded in `BUILDS` (and returned by
 `build_seconds`), so gpu-check and a benchmark count it apart from the kernels' time.
 
@@ -97,14 +97,6 @@ def unavailable(device: torch.device | str | None = None) -> str | None:
 
 # --- where builds go ----------------------------------------------------------------------
 
-def cache_root() -> Path:
-    """$SPEEDLIGHT_CACHE_DIR, else $XDG_CACHE_HOME/speedlight, else ~/.cache/speedlight."""
-    if os.environ.get("SPEEDLIGHT_CACHE_DIR"):
-        return Path(os.environ["SPEEDLIGHT_CACHE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "speedlight"
-
-
 def build_key(arch: str | None = None) -> str:
     """torch<version>-cuda<version>-<arch>: what an extension binary depends on. arch: the
     current GPU's (sm_90...) unless given."""
@@ -117,7 +109,8 @@ def build_key(arch: str | None = None) -> str:
 
 def build_directory(name: str, arch: str | None = None) -> Path:
     """Where extension `name` is built for this torch, CUDA and arch."""
-    return cache_root() / "csrc" / build_key(arch) / name
+    from speedlight.hardware import cache_dir
+    return cache_dir() / "csrc" / build_key(arch) / name
 
 
 # --- building -----------------------------------------------------------------------------

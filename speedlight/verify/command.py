@@ -40,8 +40,9 @@ def default_max_bytes(device, max_gib: float | None = None) -> int:
 def verify_cases(specs, cases_of, device, out_path: Path, *, suite: str, target=None,
                  max_bytes: int | None = None, run_id: str | None = None,
                  on_case=None) -> list:
-    """Verify every op's cases (cases_of(spec) -> cases) against float64, appending each
-    case's row to out_path as it finishes: the CaseResults. `speedlight verify` and the
+    """Verify every op's cases (cases_of(spec) -> cases) against float64, each of the op's
+    implementations side by side, appending each row to out_path as it finishes: the
+    CaseResults. `speedlight verify` and the
     report's verify stage both run through this. on_case(spec, result) follows each case
     (progress)."""
     import torch
@@ -58,11 +59,12 @@ def verify_cases(specs, cases_of, device, out_path: Path, *, suite: str, target=
     done = []
     for spec in specs:
         for case in cases_of(spec):
-            r = harness.verify_case(spec, case, device, max_bytes=max_bytes)
-            results.append_jsonl(out_path, [dict(r.to_row(), suite=suite, run=run_id, **env)])
-            done.append(r)
-            if on_case is not None:
-                on_case(spec, r)
+            for r in harness.verify_implementations(spec, case, device, max_bytes=max_bytes):
+                results.append_jsonl(out_path, [dict(r.to_row(), suite=suite, run=run_id,
+                                                     **env)])
+                done.append(r)
+                if on_case is not None:
+                    on_case(spec, r)
     return done
 
 
@@ -102,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     env = results.environment(device)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    total = sum(len(harness.expand(s, args.suite, dtypes, seeds)) for s in specs)
+    total = sum(len(harness.expand(s, args.suite, dtypes, seeds)) * len(s.implementations)
+                for s in specs)
     finished = []
     try:
         with Progress(*columns, console=console, transient=True) as progress:
