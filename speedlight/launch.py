@@ -130,6 +130,52 @@ def as_rows(x: torch.Tensor, n_cols: int) -> torch.Tensor:
     return x.reshape(-1, n_cols)
 
 
+# --- CUDA C++ kernels over rows (speedlight/csrc) ------------------------------------------
+
+# What every SM speedlight targets (sm_80 to sm_100a) holds at once: 2048 resident threads
+# (64 warps), and 160 KB of shared memory for blocks (sm_80's 164 KB carve-out less the
+# driver's reserve; sm_90 and sm_100 allow more).
+CUDA_THREADS_PER_SM = 2048
+CUDA_SMEM_PER_SM = 160 * 1024
+# A 16-byte vector (csrc/rms_norm.cu's Vec<T>) moves this many elements of each itemsize.
+CUDA_VECTOR_BYTES = 16
+
+
+def cuda_row_launch(rows: int, hidden: int, dtype: torch.dtype, sm_count: int, *,
+                    dw: bool = False) -> tuple[int, int]:
+    """(grid, threads) of a persistent CUDA row kernel (csrc/rms_norm.cu's forward and
+    backward): each block walks rows p, p + grid, ... moving 16-byte vectors.
+
+    Threads: a power of two from 64 to 1024, about two vectors of the row per thread
+    (hidden 4096 in bf16: 512 vectors, 256 threads), so one pass over a row is one or two
+    fully coalesced sweeps. Grid: as many blocks as are resident at once
+    (CUDA_THREADS_PER_SM / threads per SM; with `dw`, also what the backward's hidden
+    fp32 dw sums in shared memory allow), and no more than rows. At least one block, so a
+    backward with a weight and no rows still writes its zero dw partials; rows == 0 without
+    `dw` launches nothing (the launcher returns before).
+    """
+    if not isinstance(sm_count, int) or isinstance(sm_count, bool) or sm_count < 1:
+        raise ValueError(f"sm_count must be a positive int, got {sm_count!r}")
+    if rows < 0 or hidden < 0:
+        raise ValueError(f"rows and hidden must be >= 0, got rows={rows}, hidden={hidden}")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    vectors = triton.cdiv(max(hidden, 1), CUDA_VECTOR_BYTES // itemsize)
+    threads = max(64, min(1024, triton.next_power_of_2(triton.cdiv(vectors, 2))))
+    per_sm = CUDA_THREADS_PER_SM // threads
+    if dw:
+        dw_bytes = triton.cdiv(hidden, 4) * 16 + 1024  # the sums plus the driver's reserve
+        per_sm = max(1, min(per_sm, CUDA_SMEM_PER_SM // dw_bytes))
+    return max(1, min(rows, sm_count * per_sm)), threads
+
+
+def cuda_column_launch(hidden: int, sm_count: int, threads: int = 256) -> tuple[int, int]:
+    """(grid, threads) of a CUDA kernel with one thread per column (csrc/rms_norm.cu's dw
+    reduce): enough blocks to cover the columns, at most four per SM (the columns loop)."""
+    if not isinstance(sm_count, int) or isinstance(sm_count, bool) or sm_count < 1:
+        raise ValueError(f"sm_count must be a positive int, got {sm_count!r}")
+    return max(1, min(triton.cdiv(max(hidden, 1), threads), 4 * sm_count)), threads
+
+
 # --- counting launches --------------------------------------------------------------------
 
 _WATCHERS: list[Callable[[str], None]] = []
