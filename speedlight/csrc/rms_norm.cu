@@ -11,6 +11,10 @@
 // aligned (an odd row stride, an offset view) takes the scalar path for the whole row.
 // Sums are fp32: a warp-shuffle reduction, then one value per warp in shared memory.
 // Offsets are 64-bit (row * row_stride can pass 2^31 elements).
+//
+// `// speedlight: scalar` marks a line, or the block it opens, whose global accesses are
+// narrower than 16 bytes by design (the scalar tail and misaligned rows, a row's rstd, what
+// a program does once): `speedlight inspect` holds every other access to 128 bits.
 #include "rms_norm.h"
 
 #include <cuda_bf16.h>
@@ -22,6 +26,11 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kMaxThreads = 1024;
 constexpr int kVectorBytes = 16;
+// The forward's register cap (speedlight.launch.CUDA_FWD_REGISTERS sizes its grid by it):
+// 40 keeps 48 of 64 warps resident and is what sm_100a needs not to spill (ptxas's own
+// choice under __launch_bounds__(1024) is 32 there, with spills). The backward compiles
+// under __launch_bounds__(1024): at most 64 (CUDA_BWD_REGISTERS).
+constexpr int kFwdRegisters = 40;
 // The backward sums dw in shared memory (hidden fp32 values per program) up to this size;
 // wider rows accumulate in the program's own row of dw_partial in global memory instead.
 constexpr int64_t kMaxSharedDwBytes = 96 * 1024;
@@ -89,13 +98,67 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 
 // --- forward -----------------------------------------------------------------------------
 
-// One row's h[j] (x + residual rounded to T, as the residual stream stores it, else x).
+// The scalar paths: a row's elements from `from` on (the tail after its vectors, or the
+// whole row when its pointers are not 16-byte aligned), thread t taking from + t,
+// from + t + blockDim.x, ... Functions of their own so that the SASS attributes their
+// accesses to these marked lines (inlined: a call would spill around it on sm_100a).
+
+// Forward pass 1: this thread's sum of h^2, h = x + residual rounded to T as the residual
+// stream stores it (written to h_row), else x.
 template <typename T>
-__device__ __forceinline__ float row_h(const T* x_row, const T* res_row, T* h_row, int64_t j) {
-  if (res_row == nullptr) return to_float(x_row[j]);
-  const T h = from_float<T>(to_float(x_row[j]) + to_float(res_row[j]));
-  h_row[j] = h;
-  return to_float(h);
+__device__ __forceinline__ float fwd_sum_sq_scalar(const T* x_row, const T* res_row, T* h_row,
+                                                int64_t from, int64_t hidden) {
+  float sum_sq = 0.0f;
+  for (int64_t j = from + threadIdx.x; j < hidden; j += blockDim.x) {  // speedlight: scalar
+    float h = to_float(x_row[j]);
+    if (res_row != nullptr) {
+      const T hj = from_float<T>(h + to_float(res_row[j]));
+      h_row[j] = hj;
+      h = to_float(hj);
+    }
+    sum_sq += h * h;
+  }
+  return sum_sq;
+}
+
+// Forward pass 2: y = h * r * (w + offset) (w null: y = h * r).
+template <typename T>
+__device__ __forceinline__ void fwd_write_scalar(const T* h_row, const T* w, T* y_row, float r,
+                                              float offset, int64_t from, int64_t hidden) {
+  for (int64_t j = from + threadIdx.x; j < hidden; j += blockDim.x) {  // speedlight: scalar
+    const float scale = w != nullptr ? to_float(w[j]) + offset : 1.0f;
+    y_row[j] = from_float<T>(to_float(h_row[j]) * r * scale);
+  }
+}
+
+// Backward pass 1: this thread's sum of w' * dy * h.
+template <typename T>
+__device__ __forceinline__ float bwd_dot_scalar(const T* dy_row, const T* x_row, const T* w,
+                                             float offset, int64_t from, int64_t hidden) {
+  float dot = 0.0f;
+  for (int64_t j = from + threadIdx.x; j < hidden; j += blockDim.x) {  // speedlight: scalar
+    const float wk = w != nullptr ? to_float(w[j]) + offset : 1.0f;
+    dot += wk * to_float(dy_row[j]) * to_float(x_row[j]);
+  }
+  return dot;
+}
+
+// Backward pass 2: dx = r * (w' * dy - h * c) (+ dh), and dw_acc[j] += dy * h * r when
+// dw_acc is not null (shared or global memory: a generic pointer).
+template <typename T>
+__device__ __forceinline__ void bwd_write_scalar(const T* dy_row, const T* x_row, const T* w,
+                                              const T* dh_row, T* dx_row, float* dw_acc,
+                                              float r, float c, float offset, int64_t from,
+                                              int64_t hidden) {
+  for (int64_t j = from + threadIdx.x; j < hidden; j += blockDim.x) {  // speedlight: scalar
+    const float g = to_float(dy_row[j]);
+    const float h = to_float(x_row[j]);
+    const float wk = w != nullptr ? to_float(w[j]) + offset : 1.0f;
+    float d = r * (wk * g - h * c);
+    if (dh_row != nullptr) d += to_float(dh_row[j]);
+    dx_row[j] = from_float<T>(d);
+    if (dw_acc != nullptr) dw_acc[j] += g * h * r;
+  }
 }
 
 // y = h * rstd * (w + offset), rstd = 1 / sqrt(mean(h^2) + eps), h = x (+ residual).
@@ -106,7 +169,7 @@ __device__ __forceinline__ float row_h(const T* x_row, const T* res_row, T* h_ro
 // Pass 1 reads x (and residual, writing h), pass 2 reads h back (x, or the h this thread
 // wrote itself at the same places) and writes y.
 template <typename T>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __maxnreg__(kFwdRegisters)
 rms_norm_fwd_kernel(const T* x, int64_t x_row_stride, const T* residual,
                     int64_t residual_row_stride, const T* w, T* y, int64_t y_row_stride,
                     T* h_out, int64_t h_row_stride, float* rstd, int64_t rows,
@@ -129,7 +192,7 @@ rms_norm_fwd_kernel(const T* x, int64_t x_row_stride, const T* residual,
 
     // pass 1: sum of h^2
     float sum_sq = 0.0f;
-    int64_t scalar_from = 0;
+    int64_t rest = 0;
     if (vec) {
       for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
         Vec<T> xv = load_vec(x_row, i);  // [kVec] of one row
@@ -147,15 +210,14 @@ rms_norm_fwd_kernel(const T* x, int64_t x_row_stride, const T* residual,
           sum_sq += h * h;
         }
       }
-      scalar_from = tail;
+      rest = tail;
     }
-    for (int64_t j = scalar_from + threadIdx.x; j < hidden; j += blockDim.x) {
-      const float h = row_h(x_row, res_row, h_row, j);
-      sum_sq += h * h;
+    if (rest < hidden) {  // speedlight: scalar
+      sum_sq += fwd_sum_sq_scalar(x_row, res_row, h_row, rest, hidden);
     }
     sum_sq = block_sum(sum_sq, scratch);
     const float r = rsqrtf(sum_sq / static_cast<float>(hidden) + eps);
-    if (rstd != nullptr && threadIdx.x == 0) rstd[row] = r;
+    if (rstd != nullptr && threadIdx.x == 0) rstd[row] = r;  // speedlight: scalar
 
     // pass 2: y = h * r * (w + offset); each thread reads back the h it wrote in pass 1
     if (vec) {
@@ -175,9 +237,8 @@ rms_norm_fwd_kernel(const T* x, int64_t x_row_stride, const T* residual,
         store_vec(y_row, i, yv);
       }
     }
-    for (int64_t j = scalar_from + threadIdx.x; j < hidden; j += blockDim.x) {
-      const float scale = w != nullptr ? to_float(w[j]) + offset : 1.0f;
-      y_row[j] = from_float<T>(to_float(src_row[j]) * r * scale);
+    if (rest < hidden) {  // speedlight: scalar
+      fwd_write_scalar(src_row, w, y_row, r, offset, rest, hidden);
     }
   }
 }
@@ -210,7 +271,9 @@ rms_norm_bwd_kernel(const T* dy, int64_t dy_row_stride, const T* x, int64_t x_ro
   if (has_w) {
     dw_acc = kSharedDw ? reinterpret_cast<float*>(shared_dw)
                        : dw_partial + static_cast<int64_t>(blockIdx.x) * hidden;
-    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) dw_acc[j] = 0.0f;
+    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {  // speedlight: scalar
+      dw_acc[j] = 0.0f;
+    }
     // the first row's block_sum barrier orders these zeros before any accumulation
   }
   // dw_acc is updated a float4 at a time on the vector path: its row must be aligned too
@@ -223,11 +286,11 @@ rms_norm_bwd_kernel(const T* dy, int64_t dy_row_stride, const T* x, int64_t x_ro
     T* dx_row = dx + row * dx_row_stride;
     const bool vec = w_vec && aligned16(dy_row) && aligned16(x_row) && aligned16(dx_row) &&
                      (!has_dh || aligned16(dh_row));
-    const float r = rstd[row];
+    const float r = rstd[row];  // speedlight: scalar
 
     // pass 1: sum of w' * dy * h
     float dot = 0.0f;
-    int64_t scalar_from = 0;
+    int64_t rest = 0;
     if (vec) {
       for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
         const Vec<T> dyv = load_vec(dy_row, i);
@@ -240,11 +303,10 @@ rms_norm_bwd_kernel(const T* dy, int64_t dy_row_stride, const T* x, int64_t x_ro
           dot += wk * to_float(dyv.v[k]) * to_float(xv.v[k]);
         }
       }
-      scalar_from = tail;
+      rest = tail;
     }
-    for (int64_t j = scalar_from + threadIdx.x; j < hidden; j += blockDim.x) {
-      const float wk = has_w ? to_float(w[j]) + offset : 1.0f;
-      dot += wk * to_float(dy_row[j]) * to_float(x_row[j]);
+    if (rest < hidden) {  // speedlight: scalar
+      dot += bwd_dot_scalar(dy_row, x_row, w, offset, rest, hidden);
     }
     dot = block_sum(dot, scratch);
     const float c = dot / static_cast<float>(hidden) * r * r;
@@ -284,14 +346,8 @@ rms_norm_bwd_kernel(const T* dy, int64_t dy_row_stride, const T* x, int64_t x_ro
         }
       }
     }
-    for (int64_t j = scalar_from + threadIdx.x; j < hidden; j += blockDim.x) {
-      const float g = to_float(dy_row[j]);
-      const float h = to_float(x_row[j]);
-      const float wk = has_w ? to_float(w[j]) + offset : 1.0f;
-      float d = r * (wk * g - h * c);
-      if (has_dh) d += to_float(dh_row[j]);
-      dx_row[j] = from_float<T>(d);
-      if (has_w) dw_acc[j] += g * h * r;
+    if (rest < hidden) {  // speedlight: scalar
+      bwd_write_scalar(dy_row, x_row, w, dh_row, dx_row, dw_acc, r, c, offset, rest, hidden);
     }
     // the next row's block_sum barrier orders these dw_acc updates before the next ones
     // (a row on the scalar path gives a column to another thread than a vector row does)
@@ -301,7 +357,9 @@ rms_norm_bwd_kernel(const T* dy, int64_t dy_row_stride, const T* x, int64_t x_ro
     __syncthreads();
     float* out = dw_partial + static_cast<int64_t>(blockIdx.x) * hidden;
     const float* acc = reinterpret_cast<const float*>(shared_dw);
-    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) out[j] = acc[j];
+    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {  // speedlight: scalar
+      out[j] = acc[j];
+    }
   }
 }
 
@@ -315,7 +373,7 @@ rms_norm_dw_reduce_kernel(const float* dw_partial, int64_t parts, int64_t hidden
        col < hidden; col += stride) {
     float sum = 0.0f;
     for (int64_t p = 0; p < parts; ++p) sum += dw_partial[p * hidden + col];
-    dw[col] = from_float<T>(sum);
+    dw[col] = from_float<T>(sum);  // speedlight: scalar
   }
 }
 
