@@ -227,11 +227,14 @@ class CudaKernels:
     of sm_count SMs (sized by the functions the launcher itself calls, e.g.
     speedlight.launch.cuda_row_launch); `include_dirs` where its quoted #includes are
     (besides the source's folder). The kernels' designs are OpSpec.kernels entries under
-    the kernel's name, as for Triton kernels."""
+    the kernel's name, as for Triton kernels. `of_impl`: OpSpec.impl itself launches these
+    kernels (a team's CUDA op: inspect has no Triton launches to capture), rather than
+    another implementation beside a Triton one (speedlight's rms_norm)."""
 
     source: str
     launches: Callable[[Case, int], Sequence[CudaLaunch]]
     include_dirs: tuple[str, ...] = ()
+    of_impl: bool = False
 
 
 Inputs = dict  # keyword arguments of impl / reference: tensors and plain values

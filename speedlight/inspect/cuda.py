@@ -413,6 +413,7 @@ class CudaCaseReport:
     source: str
     kernels: list[CudaKernelReport] = field(default_factory=list)
     error: str = ""
+    binary_folder: Path | None = None  # the cached cubin, SASS and ptxas log
 
 
 def _source_lines(path: str) -> list[str]:
@@ -486,14 +487,23 @@ def findings(k: CudaKernelReport, target_name: str) -> list[Finding]:
     """What findings.py says of a Triton kernel, for a CUDA one: narrow row accesses (by
     source line), spills, tensor-core family, occupancy, the last wave and idle SMs."""
     name, d, out = k.name, k.design, []
+    scalar = []
     for a in k.accesses:
-        if a.bits < d.vector_bits:
-            what = "scalar by design" if a.scalar else "row data"
-            out.append(Finding(
-                "narrow-access", INFO if a.scalar else WARN,
-                f"line {a.line} `{a.source[:60]}`: {a.kind}s are {a.bits}-bit "
-                f"({a.sass.describe()}); {what}, designed for {d.vector_bits}-bit",
-                name, {"line": a.line, "sass": dict(a.sass.widths), "scalar": a.scalar}))
+        if a.bits >= d.vector_bits:
+            continue
+        if a.scalar:
+            scalar.append(a)
+            continue
+        out.append(Finding(
+            "narrow-access", WARN, f"line {a.line} `{a.source[:60]}`: {a.kind}s of row data "
+            f"are {a.bits}-bit ({a.sass.describe()}), designed for {d.vector_bits}-bit",
+            name, {"line": a.line, "sass": dict(a.sass.widths), "scalar": False}))
+    if scalar:
+        lines = sorted({a.line for a in scalar})
+        out.append(Finding(
+            "narrow-access", INFO, f"{len(scalar)} narrower accesses on lines marked scalar by "
+            f"design ({', '.join(map(str, lines))}: `// {SCALAR_MARK}`)", name,
+            {"lines": lines, "scalar": True}))
     local = sum(k.mix.local.values())
     if k.spill_stores or k.spill_loads or local:
         out.append(Finding(
@@ -571,11 +581,24 @@ def inspect_case(op: str, kernels: CudaKernels, designs, case: Case, target: Tar
     except (CudaToolError, FileNotFoundError, ValueError) as e:
         report.error = str(e)
         return report
-    report.source = binary.source
+    report.source, report.binary_folder = binary.source, binary.folder
     for launch in launches:
         report.kernels.append(analyse(launch, designs.get(launch.kernel, KernelDesign()),
                                       binary, target, sm_count))
     return report
+
+
+def judge(spec, report: CudaCaseReport) -> tuple[list[Shortfall], list[Shortfall]]:
+    """(held, informational), as guard.judge for Triton kernels: a compile error always
+    counts; the designs cover aligned cases (guard.aligned: contiguous rows, 16-byte
+    aligned widths, finite inputs); elsewhere a shortfall is information."""
+    from speedlight.inspect import guard
+
+    found = [Shortfall(report.op, "compile", report.error)] if report.error else \
+        [s for k in report.kernels for s in check(k)]
+    covered = guard.aligned(spec, report.case)
+    held = [s for s in found if s.check == "compile" or covered]
+    return held, [s for s in found if s not in held]
 
 
 # --- output --------------------------------------------------------------------------------
@@ -592,13 +615,14 @@ def rows(report: CudaCaseReport, base: dict) -> list[dict]:
 
 
 def print_case(report: CudaCaseReport, console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     title = (f"{report.op} {report.case.id} (CUDA C++, "
              f"{os.path.basename(report.source)}) on {report.target.arch_name}, launches "
              f"sized for {report.sm_count} SMs")
     if report.error:
-        console.print(f"[red]{title}: {report.error}[/]", highlight=False)
+        console.print(f"[red]{escape(title)}: {escape(report.error)}[/]", highlight=False)
         return
     t = Table(title=title, title_justify="left")
     for col in ("dir", "kernel", "grid x threads", "regs", "spills", "smem", "occupancy",
@@ -607,11 +631,11 @@ def print_case(report: CudaCaseReport, console) -> None:
     for k in report.kernels:
         l = k.launch
         if k.error:
-            t.add_row(l.direction, k.name, f"{l.grid} x {l.threads}", "", "", "", "", "",
-                      f"[red]{k.error}[/]", "")
+            t.add_row(l.direction, escape(k.name), f"{l.grid} x {l.threads}", "", "", "", "",
+                      "", f"[red]{escape(k.error)}[/]", "")
             continue
         widths = lambda c: ", ".join(f"{b}b x{n}" for b, n in sorted(c.items(), reverse=True))
-        t.add_row(l.direction, k.name, f"{l.grid} x {l.threads}", str(k.registers),
+        t.add_row(l.direction, escape(k.name), f"{l.grid} x {l.threads}", str(k.registers),
                   str(k.spill_stores), str(k.smem), f"{k.occupancy.fraction:.0%}",
                   f"{k.waves.waves:.2f}", widths(k.mix.global_loads),
                   widths(k.mix.global_stores))
@@ -619,5 +643,5 @@ def print_case(report: CudaCaseReport, console) -> None:
     for k in report.kernels:
         for f in k.findings:
             style = {"error": "red", "warn": "yellow"}.get(f.severity, "dim")
-            console.print(f"[{style}]{f.severity}[/] {f.kernel}: {f.code}: {f.text}",
-                          highlight=False)
+            console.print(f"[{style}]{f.severity}[/] {escape(f.kernel)}: {f.code}: "
+                          f"{escape(f.text)}", highlight=False)
