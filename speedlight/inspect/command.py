@@ -42,8 +42,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", default="auto", choices=("auto", "triton", "cuda", "all"),
                    help="which implementation's kernels: triton (captured from a run), cuda "
                         "(an OpSpec's CUDA C++ kernels, compiled with nvcc: no GPU needed), all; "
-                        "auto (default): each op's own (Triton, and CUDA C++ where the op "
-                        "declares CUDA kernels)")
+                        "auto (default): the op's default implementation (Triton for the "
+                        "built-in ops; CUDA C++ for a spec whose impl runs CUDA kernels)")
     p.add_argument("--no-backward", action="store_true",
                    help="forward launches only (the forward of training: inputs that take "
                         "gradients require them)")
@@ -154,12 +154,15 @@ def _dump(report, folder: Path) -> int:
 
 def _wants_triton(spec, impl: str) -> bool:
     """Whether --impl asks for the op's Triton launches (a team's CUDA op has none)."""
-    own = spec.cuda is None or not spec.cuda.of_impl
-    return own and impl in ("triton", "all", "auto")
+    return (spec.cuda is None or not spec.cuda.of_impl) and impl in ("triton", "all", "auto")
 
 
 def _wants_cuda(spec, impl: str) -> bool:
-    return spec.cuda is not None and impl in ("cuda", "all", "auto")
+    """Whether --impl asks for the op's CUDA C++ kernels: auto only where the op's impl is
+    them (a team's CUDA op); speedlight's own CUDA kernels with --impl cuda or all."""
+    if spec.cuda is None:
+        return False
+    return impl in ("cuda", "all") or impl == "auto" and spec.cuda.of_impl
 
 
 def _inspect_cuda(work: list, target, backward: bool) -> list:
