@@ -192,7 +192,8 @@ def _norm(text: str) -> str:
 _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 
 
-def _local_headers(path: Path, include_dirs: tuple[Path, ...], seen: set | None = None) -> list[Path]:
+def _local_headers(path: Path, include_dirs: tuple[Path, ...],
+                   seen: set | None = None) -> list[Path]:
     """The quoted #include files `path` reaches (found next to it or in include_dirs)."""
     seen = set() if seen is None else seen
     out = []
@@ -553,8 +554,9 @@ def check(k: CudaKernelReport) -> list[Shortfall]:
                                  f"{a.sass.describe()}, designed for {d.vector_bits}-bit"))
     for kind, widths in (("load", k.mix.global_loads), ("store", k.mix.global_stores)):
         if widths and d.vector_bits > 32 and not any(b >= d.vector_bits for b in widths):
+            got = ", ".join(f"{b}-bit x{n}" for b, n in sorted(widths.items()))
             out.append(Shortfall(name, "vector", f"no {d.vector_bits}-bit global {kind} at "
-                                 f"all ({', '.join(f'{b}-bit x{n}' for b, n in sorted(widths.items()))})"))
+                                 f"all ({got})"))
     if not d.spills and (k.spill_stores or k.spill_loads or sum(k.mix.local.values())):
         out.append(Shortfall(name, "spill", f"{k.spill_stores} bytes spilled "
                              f"({k.registers} registers/thread)"))

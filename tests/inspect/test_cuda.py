@@ -11,7 +11,7 @@ import torch
 from speedlight import cli, registry, results
 from speedlight.inspect import cuda, guard
 from speedlight.ops import rms_norm
-from speedlight.spec import Case, CudaKernels, CudaLaunch, KernelDesign
+from speedlight.spec import Case, CudaKernels, CudaLaunch
 from speedlight.target import resolve
 
 pytestmark = [pytest.mark.xdist_group("cuda"),
@@ -215,3 +215,15 @@ def test_impl_cuda_on_an_op_without_cuda_kernels_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="softmax declare"):
         cli.main(["inspect", "softmax", "--impl", "cuda", "--out", str(tmp_path)])
 
+
+
+def test_a_spec_file_with_its_own_cuda_kernel_is_inspected_and_checked(tmp_path, capsys):
+    spec = str(Path(__file__).resolve().parent / "cuda_spec.py")
+    code = cli.main(["inspect", "--spec", spec, "--only-spec", "--target", "sm_80", "--check",
+                     "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = results.read_jsonl(tmp_path / "inspect.jsonl")
+    assert [(r["op"], r["kernel"]) for r in rows] == [("scale", "scale_rows<__nv_bfloat16>")]
+    assert rows[0]["sass"]["global_loads"] == {"128": rows[0]["sass"]["global_loads"]["128"]}
+    assert rows[0]["grid"] == 8 * 108 and rows[0]["target"] == "sm_80"
