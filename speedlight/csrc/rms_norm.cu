@@ -27,10 +27,11 @@ constexpr int kWarp = 32;
 constexpr int kMaxThreads = 1024;
 constexpr int kVectorBytes = 16;
 // The forward's register cap (speedlight.launch.CUDA_FWD_REGISTERS sizes its grid by it):
-// 40 keeps 48 of 64 warps resident and is what sm_100a needs not to spill (ptxas's own
-// choice under __launch_bounds__(1024) is 32 there, with spills). The backward compiles
-// under __launch_bounds__(1024): at most 64 (CUDA_BWD_REGISTERS).
-constexpr int kFwdRegisters = 40;
+// 48 holds kHeld vectors of a row per thread without spills on sm_80 to sm_100a (ptxas's
+// own choice under __launch_bounds__(1024) is 32 on sm_100a, with spills) and keeps 40 of
+// 64 warps resident. The backward compiles under __launch_bounds__(1024): at most 64
+// (CUDA_BWD_REGISTERS).
+constexpr int kFwdRegisters = 48;
 // The backward sums dw in shared memory (hidden fp32 values per program) up to this size;
 // wider rows accumulate in the program's own row of dw_partial in global memory instead.
 constexpr int64_t kMaxSharedDwBytes = 96 * 1024;
@@ -96,7 +97,7 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return total;
 }
 
-// --- forward -----------------------------------------------------------------------------
+// --- scalar paths ------------------------------------------------------------------------
 
 // The scalar paths: a row's elements from `from` on (the tail after its vectors, or the
 // whole row when its pointers are not 16-byte aligned), thread t taking from + t,
@@ -161,13 +162,64 @@ __device__ __forceinline__ void bwd_write_scalar(const T* dy_row, const T* x_row
   }
 }
 
+// --- forward -----------------------------------------------------------------------------
+
+// Vectors of a row each thread keeps in registers between the forward's two passes: with
+// launch.cuda_row_launch's ~2 vectors per thread, every row up to 2048 vectors (hidden
+// 16384 in bf16) is read once; longer rows re-read the rest (mostly from L2).
+constexpr int kHeld = 2;
+
+// Vector i of a row's h: x, or x + residual rounded to T (as the residual stream stores
+// it), also written to h_row.
+template <typename T>
+__device__ __forceinline__ Vec<T> load_h(const T* x_row, const T* res_row, T* h_row,
+                                         int64_t i) {
+  Vec<T> h = load_vec(x_row, i);  // [kVec] of one row
+  if (res_row != nullptr) {
+    const Vec<T> res = load_vec(res_row, i);
+#pragma unroll
+    for (int k = 0; k < Vec<T>::kSize; ++k) {
+      h.v[k] = from_float<T>(to_float(h.v[k]) + to_float(res.v[k]));
+    }
+    store_vec(h_row, i, h);
+  }
+  return h;
+}
+
+template <typename T>
+__device__ __forceinline__ float sum_squares(const Vec<T>& v) {
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < Vec<T>::kSize; ++k) s += to_float(v.v[k]) * to_float(v.v[k]);
+  return s;
+}
+
+// y_row's vector i = h * r * (w + offset) (w null: h * r).
+template <typename T>
+__device__ __forceinline__ void write_y(T* y_row, const T* w, int64_t i, const Vec<T>& h,
+                                        float r, float offset) {
+  Vec<T> y;
+  if (w != nullptr) {
+    const Vec<T> wv = load_vec(w, i);
+#pragma unroll
+    for (int k = 0; k < Vec<T>::kSize; ++k) {
+      y.v[k] = from_float<T>(to_float(h.v[k]) * r * (to_float(wv.v[k]) + offset));
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < Vec<T>::kSize; ++k) y.v[k] = from_float<T>(to_float(h.v[k]) * r);
+  }
+  store_vec(y_row, i, y);
+}
+
 // y = h * rstd * (w + offset), rstd = 1 / sqrt(mean(h^2) + eps), h = x (+ residual).
 //
 // x, residual, y, h_out: [rows, hidden], rows `*_row_stride` elements apart, unit column
 // stride; w [hidden] or null; residual null: no residual (h_out unused); rstd [rows] fp32
 // or null. Block: any multiple of 32 threads up to 1024; grid: any (programs loop over rows).
-// Pass 1 reads x (and residual, writing h), pass 2 reads h back (x, or the h this thread
-// wrote itself at the same places) and writes y.
+// Pass 1 reads x (and residual, writing h) and keeps each thread's first kHeld vectors of
+// h in registers; pass 2 writes y from them, reading back only what a row has beyond them
+// (x, or the h this thread wrote itself at the same places).
 template <typename T>
 __global__ void __maxnreg__(kFwdRegisters)
 rms_norm_fwd_kernel(const T* x, int64_t x_row_stride, const T* residual,
@@ -190,25 +242,22 @@ rms_norm_fwd_kernel(const T* x, int64_t x_row_stride, const T* residual,
                      (!has_res || (aligned16(res_row) && aligned16(h_row)));
     const T* src_row = has_res ? h_row : x_row;  // what pass 2 reads h from
 
-    // pass 1: sum of h^2
+    // pass 1: sum of h^2, keeping this thread's first kHeld vectors of h in registers
     float sum_sq = 0.0f;
     int64_t rest = 0;
+    Vec<T> held[kHeld];
     if (vec) {
-      for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
-        Vec<T> xv = load_vec(x_row, i);  // [kVec] of one row
-        if (has_res) {
-          const Vec<T> rv = load_vec(res_row, i);
 #pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            xv.v[k] = from_float<T>(to_float(xv.v[k]) + to_float(rv.v[k]));
-          }
-          store_vec(h_row, i, xv);
+      for (int c = 0; c < kHeld; ++c) {
+        const int64_t i = threadIdx.x + c * static_cast<int64_t>(blockDim.x);
+        if (i < n_vec) {
+          held[c] = load_h(x_row, res_row, h_row, i);
+          sum_sq += sum_squares(held[c]);
         }
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const float h = to_float(xv.v[k]);
-          sum_sq += h * h;
-        }
+      }
+      for (int64_t i = threadIdx.x + kHeld * static_cast<int64_t>(blockDim.x); i < n_vec;
+           i += blockDim.x) {
+        sum_sq += sum_squares(load_h(x_row, res_row, h_row, i));
       }
       rest = tail;
     }
@@ -219,22 +268,17 @@ rms_norm_fwd_kernel(const T* x, int64_t x_row_stride, const T* residual,
     const float r = rsqrtf(sum_sq / static_cast<float>(hidden) + eps);
     if (rstd != nullptr && threadIdx.x == 0) rstd[row] = r;  // speedlight: scalar
 
-    // pass 2: y = h * r * (w + offset); each thread reads back the h it wrote in pass 1
+    // pass 2: y = h * r * (w + offset), from the held vectors, then (rows longer than
+    // kHeld vectors per thread) from h read back: x, or the h this thread wrote in pass 1
     if (vec) {
-      for (int64_t i = threadIdx.x; i < n_vec; i += blockDim.x) {
-        const Vec<T> hv = load_vec(src_row, i);
-        Vec<T> yv;
-        if (w != nullptr) {
-          const Vec<T> wv = load_vec(w, i);
 #pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            yv.v[k] = from_float<T>(to_float(hv.v[k]) * r * (to_float(wv.v[k]) + offset));
-          }
-        } else {
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) yv.v[k] = from_float<T>(to_float(hv.v[k]) * r);
-        }
-        store_vec(y_row, i, yv);
+      for (int c = 0; c < kHeld; ++c) {
+        const int64_t i = threadIdx.x + c * static_cast<int64_t>(blockDim.x);
+        if (i < n_vec) write_y(y_row, w, i, held[c], r, offset);
+      }
+      for (int64_t i = threadIdx.x + kHeld * static_cast<int64_t>(blockDim.x); i < n_vec;
+           i += blockDim.x) {
+        write_y(y_row, w, i, load_vec(src_row, i), r, offset);
       }
     }
     if (rest < hidden) {  // speedlight: scalar
