@@ -328,11 +328,11 @@ _TWO_PASS_BWD = ("a row longer than 16384 is read twice (dy and x: the row dot, 
 CUDA_SOURCE = str(Path(__file__).resolve().parent.parent / "csrc" / "rms_norm.cu")
 
 
-def cuda_launches(case: Case, sm_count: int, *, residual: bool = False) -> list[CudaLaunch]:
+def cuda_launches(case: Case, sm_count: int) -> list[CudaLaunch]:
     """The launches of the CUDA C++ RMSNorm (csrc/rms_norm.cu) for a case on a GPU of
     `sm_count` SMs, sized as its launcher sizes them: the forward, then (the op takes
-    gradients) the backward and, with a weight, the dw reduce. `residual`: add_rms_norm's
-    (the same kernels, h = x + residual)."""
+    gradients) the backward and, with a weight, the dw reduce. add_rms_norm launches the
+    same kernels at the same geometry (with its residual and dh pointers set)."""
     rows, hidden = case["rows"], case["hidden"]
     t = CUDA_TYPES[case.dtype]
     weight = bool(case.flag("weight", True))
