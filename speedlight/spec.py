@@ -204,6 +204,39 @@ class KernelDesign:
     min_stages: int = 1
 
 
+@dataclass(frozen=True)
+class CudaLaunch:
+    """One launch of a CUDA C++ kernel, as its launcher would make it: the kernel's name in
+    the source (rms_norm_fwd_kernel), its template arguments as a demangler writes them
+    ("__nv_bfloat16, true"; "" for a kernel that is not a template), grid (blocks), threads
+    per block, dynamic shared memory in bytes, and the direction (fwd | bwd)."""
+
+    kernel: str
+    instance: str = ""
+    grid: int = 1
+    threads: int = 128
+    smem: int = 0
+    direction: str = "fwd"
+
+
+@dataclass(frozen=True)
+class CudaKernels:
+    """An op's CUDA C++ kernels as `speedlight inspect` reads them, with no GPU: `source`
+    a torch-free .cu file (a path) or its text inline, which nvcc compiles alone;
+    `launches(case, sm_count)` the CudaLaunch list its launcher makes for a case on a GPU
+    of sm_count SMs (sized by the functions the launcher itself calls, e.g.
+    speedlight.launch.cuda_row_launch); `include_dirs` where its quoted #includes are
+    (besides the source's folder). The kernels' designs are OpSpec.kernels entries under
+    the kernel's name, as for Triton kernels. `of_impl`: OpSpec.impl itself launches these
+    kernels (a team's CUDA op: inspect has no Triton launches to capture), rather than
+    another implementation beside a Triton one (speedlight's rms_norm)."""
+
+    source: str
+    launches: Callable[[Case, int], Sequence[CudaLaunch]]
+    include_dirs: tuple[str, ...] = ()
+    of_impl: bool = False
+
+
 def _runs_anywhere(device: torch.device) -> str | None:
     return None
 
@@ -217,26 +250,23 @@ class Implementation:
     "triton" or "cuda" (CUDA C++). verified: False until a GPU run has verified it: it is
     then never an op's default and every row and report labels it unverified.
     unavailable(device): why it cannot run there (a CPU build of torch, no GPU, no
-    compiler), or None; verify and bench record it as skipped with that reason.
-    sources: the CUDA C++ files (.cu, torch-free) holding its kernels, which nvcc compiles
-    alone: `speedlight inspect` reads them on any machine.
+    compiler), or None; verify and bench record it as skipped with that reason. (What
+    `speedlight inspect` reads of a CUDA implementation's kernels is OpSpec.cuda.)
     """
 
     fn: Callable[..., Any]
     language: str = "triton"
     verified: bool = True
     unavailable: Callable[[torch.device], str | None] = _runs_anywhere
-    sources: tuple[str, ...] = ()
 
 
-def cuda_implementation(fn: Callable[..., Any], *, verified: bool = False,
-                        sources: Sequence[str] = ()) -> Implementation:
+def cuda_implementation(fn: Callable[..., Any], *, verified: bool = True) -> Implementation:
     """A CUDA C++ implementation: unavailable where speedlight.csrc.loader says an
     extension cannot run (a CPU build of torch, a CPU device, no GPU, no nvcc/ninja/c++)."""
     def unavailable(device: torch.device) -> str | None:
         from speedlight.csrc import loader  # torch only: no import cycle
         return loader.unavailable(device)
-    return Implementation(fn, "cuda", verified, unavailable, tuple(str(s) for s in sources))
+    return Implementation(fn, "cuda", verified, unavailable)
 
 
 Inputs = dict  # keyword arguments of impl / reference: tensors and plain values
@@ -300,17 +330,24 @@ class OpSpec:
     # "rms_norm", "mlp", "rope", "cross_entropy"), or None when it patches none.
     patches: str | None = None
     # Every implementation the tools run side by side, by name ("triton", "cuda"); the
-    # first is the one rows label plain "speedlight". Empty: {"triton": impl}. impl may
-    # then be left out (the first implementation's fn).
+    # first is the one rows label plain "speedlight". Empty: impl alone, as {"triton":
+    # impl}, or {"cuda": impl} when cuda.of_impl. impl may be left out when given (the
+    # first implementation's fn).
     implementations: Mapping[str, Implementation] = field(default_factory=dict)
+
+    # Optional: the op's CUDA C++ kernels, which `speedlight inspect --impl cuda` compiles
+    # with nvcc and holds to the designs in `kernels` (a CudaKernels).
+    cuda: CudaKernels | None = None
 
     def __post_init__(self):
         if self.impl is None and self.implementations:
             self.impl = next(iter(self.implementations.values())).fn
         if self.impl is None:
             raise TypeError(f"OpSpec {self.name!r} needs impl, the function under test")
-        if not self.implementations:
-            self.implementations = {"triton": Implementation(self.impl)}
+        if not self.implementations:  # impl alone: Triton's, or CUDA C++ (cuda.of_impl)
+            self.implementations = (
+                {"cuda": cuda_implementation(self.impl)} if self.cuda and self.cuda.of_impl
+                else {"triton": Implementation(self.impl)})
         self.implementations = dict(self.implementations)
         self.name = self.name or self.impl.__name__
         if self.reference is None:

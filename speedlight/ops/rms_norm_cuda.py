@@ -1,9 +1,10 @@
 """The CUDA C++ implementation of RMSNorm and the fused residual add (impl="cuda").
 
 Host launchers with the Triton launchers' signatures (ops/rms_norm.py, ops/add_rms_norm.py
-register both under one op): allocate, size the launch with speedlight.launch's
-`cuda_row_launch` (the same sizing `speedlight inspect` reads the kernels at), and call
-the extension built from csrc/rms_norm.cu + csrc/rms_norm_binding.cpp on first use.
+register both under one op): allocate, size the launches with speedlight.launch's
+`cuda_row_launch` and `cuda_column_launch` (the sizing `speedlight inspect` reads the
+kernels at: rms_norm.cuda_launches), and call the extension built from csrc/rms_norm.cu +
+csrc/rms_norm_binding.cpp on first use.
 
 The kernels take one dtype for x, w, y and dw: a weight of another dtype than x is cast
 to x's before the launch and dw cast back (the Triton kernels load w in its own dtype).
@@ -15,15 +16,16 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
-from speedlight import launch
 from speedlight.csrc import loader
-from speedlight.launch import as_rows, extension_kernel, planned_sm_count
-from speedlight.spec import cuda_implementation
-
-SOURCES = ("speedlight/csrc/rms_norm.cu",)
-DW_REDUCE_THREADS = 256  # one column per thread: dw_reduce reads dw_partial down columns
+from speedlight.launch import (
+    as_rows,
+    cuda_column_launch,
+    cuda_row_launch,
+    extension_kernel,
+    planned_sm_count,
+)
+from speedlight.spec import Implementation, cuda_implementation
 
 
 class _Extension:
@@ -54,11 +56,6 @@ def _rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
     return t2 if t2.stride(1) == 1 or n_cols == 1 else t2.contiguous()
 
 
-def _geometry(n_rows: int, n_cols: int, x: torch.Tensor) -> tuple[int, int]:
-    """(grid, threads) of a row kernel: the launch sizing inspect reads the kernels at."""
-    return launch.cuda_row_launch(n_rows, n_cols, x.dtype, planned_sm_count(x.device))
-
-
 # --- launchers ----------------------------------------------------------------------------
 
 def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
@@ -79,7 +76,7 @@ def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
     w = weight.to(x.dtype).contiguous() if weight is not None else None
     r2 = _rows(residual, n_cols) if residual is not None else None
     h2 = h.view(-1, n_cols) if h is not None else None
-    grid, threads = _geometry(n_rows, n_cols, x)
+    grid, threads = cuda_row_launch(n_rows, n_cols, x.dtype, planned_sm_count(x.device))
     _extension().fwd(_rows(x, n_cols), r2, w, y.view(-1, n_cols), h2, rstd, eps, offset,
                      grid, threads)
     return y, h, rstd
@@ -97,8 +94,9 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     check_cuda(x)
     n_rows = x.numel() // n_cols
     ext = _extension()
-    grid, threads = _geometry(n_rows, n_cols, x)
     w = weight.to(x.dtype).contiguous() if weight is not None else None
+    grid, threads = cuda_row_launch(n_rows, n_cols, x.dtype, planned_sm_count(x.device),
+                                    backward=True, weight=w is not None)
     dw_partial = (torch.empty((grid, n_cols), dtype=torch.float32, device=x.device)
                   if w is not None else None)
     ext.bwd(_rows(dy, n_cols), _rows(x, n_cols), w, rstd,
@@ -107,7 +105,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     if w is None:
         return dx, None
     dw = torch.empty(n_cols, dtype=x.dtype, device=x.device)
-    ext.dw_reduce(dw_partial, dw, triton.cdiv(n_cols, DW_REDUCE_THREADS), DW_REDUCE_THREADS)
+    ext.dw_reduce(dw_partial, dw, *cuda_column_launch(n_cols))
     return dx, dw.to(weight.dtype)
 
 
@@ -173,7 +171,6 @@ def check_impl(op, impl: str | None, x: torch.Tensor) -> None:
 def implementations(public, op) -> dict:
     """An RMSNorm OpSpec's implementations: the Triton one, and this CUDA C++ one (labelled
     unverified while op lists it so)."""
-    from speedlight.spec import Implementation
     return {"triton": Implementation(public),
             "cuda": cuda_implementation(functools.partial(public, impl="cuda"),
-                                        verified="cuda" not in op.unverified, sources=SOURCES)}
+                                        verified="cuda" not in op.unverified)}
