@@ -63,7 +63,8 @@ __global__ void scaled_relu_kernel(const T* __restrict__ x, const T* __restrict_
     }
     done = n_vec * VEC;
   }
-  for (int64_t i = done + tid; i < n; i += stride) {
+  // the tail (and tensors not 16-byte aligned), element by element: narrow by design
+  for (int64_t i = done + tid; i < n; i += stride) {  // speedlight: scalar
     out[i] = scaled_relu_one<T, BACKWARD>(x[i], BACKWARD ? dy[i] : x[i], scale);
   }
 }
