@@ -50,6 +50,13 @@
 #                                         efficient and cuDNN backends, FlexAttention and
 #                                         flash-attn when installed, in attention/; skipped
 #                                         when --ops names other ops only
+#   --cuda-s N          CUDA_BENCH_S      the CUDA C++ section's bench budget (default 40; 0
+#                                         skips the section): the rms_norm extension built
+#                                         first (its build time is a step of its own, in
+#                                         cuda-build.json, never in a timing), then rms_norm
+#                                         and add_rms_norm at hidden 4096 and 8192 in bf16,
+#                                         Triton and CUDA C++ side by side, in cuda/;
+#                                         skipped when --ops names neither
 #   --model-s N         MODEL_STEP_S      the model step's budget (default 90; variants not
 #                                         started in time are recorded as skipped; 0 skips
 #                                         the section, as does --ops)
@@ -77,6 +84,7 @@ GEMM_OPS="matmul,gated_matmul"
 GEMM_CASES="${GEMM_CASES:-^(matmul-m4096-n(14336-k4096|4096-k14336)-bf16-linear-proj(up|down)|gated_matmul-m4096-n14336-k4096-bf16)\$}"
 ATTN_BUDGET_S="${ATTN_BUDGET_S:-60}"
 MODEL_STEP_S="${MODEL_STEP_S:-90}"
+CUDA_BENCH_S="${CUDA_BENCH_S:-40}"
 VERIFY_ARGS="${VERIFY_ARGS:---seeds 1}"
 BENCH_ARGS="${BENCH_ARGS:---time-cap 0.3 --max-gib 32}"
 PYTHON="${PYTHON:-python3}"
@@ -95,6 +103,7 @@ while [ $# -gt 0 ]; do
     --gemm-s) GEMM_BENCH_S="$2"; shift 2 ;;
     --attention-s) ATTN_BUDGET_S="$2"; shift 2 ;;
     --model-s) MODEL_STEP_S="$2"; shift 2 ;;
+    --cuda-s) CUDA_BENCH_S="$2"; shift 2 ;;
     --verify-args) VERIFY_ARGS="$2"; shift 2 ;;
     --bench-args) BENCH_ARGS="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -168,6 +177,30 @@ STEPS+=("versions|$?|0|versions.json")
 
 # --- probe, verify, bench, plots -------------------------------------------------------------------
 step probe probe.log "$PYTHON" -m speedlight probe --device "$DEVICE"
+# The CUDA C++ extensions, built before verify so that no verify or bench time includes a
+# build: the seconds are their own step's (cuda-build.json: build_s, or the reason it
+# cannot build here, e.g. no GPU or a CPU build of torch)
+CUDA_OPS_ASKED=0
+if [ -z "$OPS" ] || [[ ",$OPS," == *",rms_norm,"* ]] || [[ ",$OPS," == *",add_rms_norm,"* ]]; then
+  CUDA_OPS_ASKED=1
+fi
+if [ "$CUDA_BENCH_S" != 0 ] && [ "$CUDA_OPS_ASKED" = 1 ]; then
+  step cuda-build cuda-build.log timeout 400 "$PYTHON" - "$DEVICE" "$OUT/cuda-build.json" <<'EOF'
+import json, sys
+import torch
+from speedlight.csrc import loader
+device = sys.argv[1] if sys.argv[1] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+reason = loader.unavailable(device)
+if reason:
+    doc = {"status": "skip", "reason": reason}
+else:
+    loader.extension("rms_norm")
+    doc = {"status": "ok", "build_s": loader.build_seconds(),
+           "directory": str(loader.BUILDS["rms_norm"].directory)}
+print(json.dumps(doc))
+open(sys.argv[2], "w").write(json.dumps(doc, indent=1) + "\n")
+EOF
+fi
 # shellcheck disable=SC2086
 step verify verify.log timeout "$VERIFY_TIMEOUT_S" "$PYTHON" -m speedlight verify --device "$DEVICE" \
   --suite "$VERIFY_SUITE" "${OPS_ARG[@]}" --out "$OUT" $VERIFY_ARGS
@@ -186,6 +219,21 @@ if [ -z "$OPS" ] || [[ ",$OPS," == *",attention,"* ]]; then
     --device "$DEVICE" --ops attention --suite model --cases 'seq_q8192-seq_k8192-dim128-bf16' \
     --baselines sdpa-flash,sdpa-efficient,sdpa-cudnn,flex-attention,flash-attn \
     --out "$OUT/attention" --budget-s "$ATTN_BUDGET_S" $BENCH_ARGS
+fi
+# --- CUDA C++ beside Triton -------------------------------------------------------------------
+# rms_norm and add_rms_norm at Llama's widths (4096, 8192) in bf16: each implementation's
+# GB/s and % of the measured copy bandwidth, and CUDA's speedup over Triton (the
+# "x speedlight" column). Target (not asserted): CUDA forward >= 0.92x copy bandwidth and
+# no slower than Triton.
+if [ "$CUDA_BENCH_S" != 0 ] && [ "$CUDA_OPS_ASKED" = 1 ]; then
+  # shellcheck disable=SC2086
+  step cuda-bench cuda.log timeout "$((CUDA_BENCH_S + 120))" "$PYTHON" -m speedlight bench \
+    --device "$DEVICE" --ops rms_norm,add_rms_norm --suite model --cases 'hidden(4096|8192)-bf16$' \
+    --baselines torch-eager --out "$OUT/cuda" --budget-s "$CUDA_BENCH_S" $BENCH_ARGS
+else
+  echo "CUDA C++ section skipped (CUDA_BENCH_S=0, or --ops names neither rms_norm nor add_rms_norm)" \
+    > "$OUT/cuda.log"
+  STEPS+=("cuda|none|0|cuda.log")
 fi
 # --- the GEMM section ---------------------------------------------------------------------
 if [ "$GEMM_BENCH_S" != 0 ]; then
@@ -246,6 +294,16 @@ print(s.key if s else 'unknown-device')" 2>/dev/null || echo unknown-device)"
     echo
     echo "attention headline (bf16, head dim 128, 8K tokens):"
     "$PYTHON" -m speedlight bench table "$OUT/attention" --include-cpu 2>&1
+  fi
+  if [ -f "$OUT/cuda-build.json" ]; then
+    echo
+    echo "CUDA C++ extension build (apart from every timing): $(tr -d '\n' < "$OUT/cuda-build.json")"
+  fi
+  if [ -f "$OUT/cuda/bench.jsonl" ]; then
+    echo
+    echo "CUDA C++ beside Triton (rms_norm, add_rms_norm; bf16, hidden 4096 and 8192; target:"
+    echo "CUDA forward >= 0.92x copy bandwidth, no slower than Triton):"
+    "$PYTHON" -m speedlight bench table "$OUT/cuda" --include-cpu 2>&1
   fi
   if [ -f "$OUT/model-step/model-step.jsonl" ]; then
     echo

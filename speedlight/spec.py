@@ -349,6 +349,12 @@ class OpSpec:
                 {"cuda": cuda_implementation(self.impl)} if self.cuda and self.cuda.of_impl
                 else {"triton": Implementation(self.impl)})
         self.implementations = dict(self.implementations)
+        first = next(iter(self.implementations))
+        if self.implementations[first].fn is not self.impl:
+            # a copy with another impl (dataclasses.replace(spec, impl=...)): impl stands
+            # alone, as the first implementation
+            self.implementations = {first: dataclasses.replace(self.implementations[first],
+                                                               fn=self.impl)}
         self.name = self.name or self.impl.__name__
         if self.reference is None:
             from speedlight import reference  # no import cycle: reference needs only torch
