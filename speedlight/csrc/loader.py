@@ -145,6 +145,7 @@ def load(name: str, sources: Sequence[str | Path], *, extra_cuda_cflags: Sequenc
     torch/CUDA/arch on disk, per process in memory)."""
     from torch.utils import cpp_extension
 
+    _check_can_build()  # before build_directory, which asks the GPU its architecture
     directory = build_directory(name)
     paths = [str(Path(s).resolve()) for s in sources]
     return _timed(name, directory, lambda: cpp_extension.load(
@@ -161,6 +162,7 @@ def load_inline(name: str, cpp_sources: str | Sequence[str], cuda_sources: str |
     `load` does."""
     from torch.utils import cpp_extension
 
+    _check_can_build()
     directory = build_directory(name)
     return _timed(name, directory, lambda: cpp_extension.load_inline(
         name=f"speedlight_{name}", cpp_sources=cpp_sources, cuda_sources=cuda_sources,
