@@ -68,6 +68,15 @@ def nvcc() -> str:
                         "the CUDA toolkit to inspect CUDA C++ kernels")
 
 
+def missing_nvcc() -> str | None:
+    """Why CUDA C++ kernels cannot be compiled here (no nvcc), or None."""
+    try:
+        nvcc()
+    except CudaToolError as e:
+        return str(e)
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def _toolkit_bin() -> Path:
     """The bin folder of nvcc's own toolkit (also through a wrapper script such as

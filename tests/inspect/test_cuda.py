@@ -2,7 +2,6 @@
 (no GPU), its kernels hold to their designs on the ops' aligned cases, and kernels that
 load scalars or spill fail the guard."""
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,8 @@ from speedlight.spec import Case, CudaKernels, CudaLaunch
 from speedlight.target import resolve
 
 pytestmark = [pytest.mark.xdist_group("cuda"),
-              pytest.mark.skipif(shutil.which("nvcc") is None and
-                                 not Path("/usr/local/cuda/bin/nvcc").exists(),
-                                 reason="nvcc (the CUDA toolkit) is not installed")]
+              pytest.mark.skipif(cuda.missing_nvcc() is not None,
+                                 reason=f"{cuda.missing_nvcc()}")]
 
 CSRC = Path(rms_norm.__file__).resolve().parent.parent / "csrc"
 ARCHS = ("sm_80", "sm_90a")
