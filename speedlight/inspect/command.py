@@ -221,10 +221,6 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KeyError, FileNotFoundError) as e:
         raise SystemExit(f"speedlight inspect: {str(e).strip(chr(39))}")
     console.print(f"[dim]{target.describe()}[/]")
-    if device.type == "cpu":
-        console.print(f"[dim]No GPU in use: kernels are compiled for {target.arch_name} without "
-                      f"one; launches are captured under the Triton interpreter, sized for "
-                      f"{sku.name} ({sku.sm_count} SMs).[/]")
 
     if args.impl == "cuda":
         missing = [s.name for s in specs if s.cuda is None]
@@ -250,6 +246,14 @@ def run(args: argparse.Namespace) -> int:
 
     triton_work = [(s, c) for s, c in work if _wants_triton(s, args.impl)]
     cuda_work = [(s, c) for s, c in work if _wants_cuda(s, args.impl)]
+    if device.type == "cpu" and triton_work:
+        console.print(f"[dim]No GPU in use: kernels are compiled for {target.arch_name} without "
+                      f"one; launches are captured under the Triton interpreter, sized for "
+                      f"{sku.name} ({sku.sm_count} SMs).[/]")
+    if cuda_work:
+        console.print(f"[dim]CUDA C++ kernels: compiled with nvcc for {target.arch_name}; launch "
+                      f"geometry from each op's launch sizing for {sku.name} ({sku.sm_count} "
+                      f"SMs).[/]")
     reports = []
     if triton_work:
         from rich.progress import Progress
