@@ -138,7 +138,7 @@ def split_name(demangled: str) -> tuple[str, str]:
             depth += 1
         elif ch == ">":
             depth -= 1
-        elif ch == "(" and depth == 0 and not demangled[:i].endswith("::"):
+        elif ch == "(" and depth == 0 and not demangled.startswith("(anonymous", i):
             end = i
             break
     head = demangled[:end].strip()

@@ -169,6 +169,7 @@ def test_split_name_reads_kernel_and_template_arguments():
         ("scalar_copy", "")
     assert cuda.split_name("void ns::k<ns::Vec<float, 4>, 2>(float*)") == \
         ("k", "ns::Vec<float, 4>, 2")
+    assert cuda.split_name("(anonymous namespace)::k(float*)") == ("k", "")
 
 
 def test_scalar_lines_cover_a_marked_line_or_the_block_it_opens():
