@@ -279,8 +279,10 @@ def run(args: argparse.Namespace) -> int:
 
     from speedlight.inspect import cuda
 
-    for r in cuda_reports:
-        cuda.print_case(r, console)
+    if len(cuda_reports) == 1:
+        cuda.print_case(cuda_reports[0], console)
+    else:
+        cuda.print_summary(cuda_reports, console)
     env = results.environment(device)
     run_id = uuid.uuid4().hex[:12]
     out_path = Path(args.out) / "inspect.jsonl"

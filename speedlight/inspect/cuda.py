@@ -656,3 +656,43 @@ def print_case(report: CudaCaseReport, console) -> None:
             style = {"error": "red", "warn": "yellow"}.get(f.severity, "dim")
             console.print(f"[{style}]{f.severity}[/] {escape(f.kernel)}: {f.code}: "
                           f"{escape(f.text)}", highlight=False)
+
+
+def print_summary(reports: list[CudaCaseReport], console) -> None:
+    """One row per kernel of every case (`inspect --all --impl cuda`), then the warnings."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if not reports:
+        return
+    r0 = reports[0]
+    t = Table(title=f"CUDA C++ kernels on {r0.target.arch_name} (launches sized for "
+                    f"{r0.sm_count} SMs)", title_justify="left")
+    for col in ("op", "case", "dir", "kernel", "grid x threads", "regs", "spills",
+                "occupancy", "waves", "128-bit loads", "warnings"):
+        t.add_column(col)
+    for r in reports:
+        if r.error:
+            t.add_row(r.op, r.case.id, "", "", "", "", "", "", "", "",
+                      f"[red]{escape(r.error[:80])}[/]")
+            continue
+        for k in r.kernels:
+            l = k.launch
+            warns = sum(f.severity != INFO for f in k.findings)
+            if k.error:
+                t.add_row(r.op, r.case.id, l.direction, escape(k.name), "", "", "", "", "", "",
+                          f"[red]{escape(k.error[:80])}[/]")
+                continue
+            loads = sum(k.mix.global_loads.values())
+            wide = sum(n for b, n in k.mix.global_loads.items() if b >= 128)
+            t.add_row(r.op, r.case.id, l.direction, escape(k.name), f"{l.grid} x {l.threads}",
+                      str(k.registers), str(k.spill_stores), f"{k.occupancy.fraction:.0%}",
+                      f"{k.waves.waves:.2f}", f"{wide}/{loads}",
+                      f"[yellow]{warns}[/]" if warns else "0")
+    console.print(t)
+    for r in reports:
+        for k in r.kernels:
+            for f in k.findings:
+                if f.severity != INFO:
+                    console.print(f"[yellow]{f.severity}[/] ({r.case.id}) {escape(f.kernel)}: "
+                                  f"{f.code}: {escape(f.text)}", highlight=False)

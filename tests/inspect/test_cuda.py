@@ -226,3 +226,15 @@ def test_a_spec_file_with_its_own_cuda_kernel_is_inspected_and_checked(tmp_path,
     assert [(r["op"], r["kernel"]) for r in rows] == [("scale", "scale_rows<__nv_bfloat16>")]
     assert rows[0]["sass"]["global_loads"] == {"128": rows[0]["sass"]["global_loads"]["128"]}
     assert rows[0]["grid"] == 8 * 108 and rows[0]["target"] == "sm_80"
+
+
+def test_all_with_impl_cuda_summarises_every_case_of_the_ops_with_cuda_kernels(tmp_path,
+                                                                             capsys):
+    code = cli.main(["inspect", "--all", "--impl", "cuda", "--target", "sm_80", "--check",
+                     "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "CUDA C++ kernels on sm_80" in out
+    rows = results.read_jsonl(tmp_path / "inspect.jsonl")
+    assert {r["op"] for r in rows} == {"rms_norm", "add_rms_norm"}
+    assert len({r["case_id"] for r in rows}) > 6
