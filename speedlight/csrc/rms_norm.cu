@@ -407,17 +407,33 @@ rms_norm_bwd_kernel(const T* dy, int64_t dy_row_stride, const T* x, int64_t x_ro
   }
 }
 
-// dw[c] = sum over p < parts of dw_partial[p, c], rounded once to T. Threads walk columns
-// (consecutive threads, consecutive columns: coalesced), programs split the columns.
+// dw[c] = sum over p < parts of dw_partial[p, c], rounded once to T. A block takes 32
+// columns at a time, one per lane (each warp reads 128 contiguous bytes of a partial row),
+// and splits the parts among its warps; the warps' sums meet in shared memory. Blocks
+// walk column tiles b, b + grid, ... Block: any multiple of 32 threads up to 1024.
 template <typename T>
 __global__ void __launch_bounds__(kMaxThreads)
 rms_norm_dw_reduce_kernel(const float* dw_partial, int64_t parts, int64_t hidden, T* dw) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       col < hidden; col += stride) {
+  __shared__ float sums[kMaxThreads / kWarp][kWarp];  // [warp][lane]
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarp;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kWarp; first < hidden;
+       first += step) {
+    const int64_t col = first + lane;
     float sum = 0.0f;
-    for (int64_t p = 0; p < parts; ++p) sum += dw_partial[p * hidden + col];
-    dw[col] = from_float<T>(sum);  // speedlight: scalar
+    if (col < hidden) {
+#pragma unroll 4
+      for (int64_t p = warp; p < parts; p += warps) sum += dw_partial[p * hidden + col];
+    }
+    sums[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0) {
+      for (int k = 1; k < warps; ++k) sum += sums[k][lane];
+      if (col < hidden) dw[col] = from_float<T>(sum);  // speedlight: scalar
+    }
+    __syncthreads();  // sums is free again for the next tile
   }
 }
 
