@@ -169,8 +169,9 @@ def _inspect_cuda(work: list, target, backward: bool) -> list:
     """The CUDA C++ kernels of each (spec, case), compiled with nvcc for `target` (each
     source once) and judged; without `backward`, forward launches only."""
     from speedlight.inspect import cuda
+    from speedlight.inspect.cuda_compile import Compiler
 
-    compiler = cuda.Compiler()
+    compiler = Compiler()
     out = []
     for spec, case in work:
         kernels = spec.cuda

@@ -1,6 +1,6 @@
-"""inspect for CUDA C++: every speedlight/csrc/*.cu compiles with nvcc for sm_80 and sm_90a
-(no GPU), its kernels hold to their designs on the ops' aligned cases, and kernels that
-load scalars or spill fail the guard."""
+"""inspect for CUDA C++ (inspect/cuda.py, cuda_compile.py): every speedlight/csrc/*.cu
+compiles with nvcc for sm_80 and sm_90a (no GPU), its kernels hold to their designs on the
+ops' aligned cases, and kernels that load scalars or spill fail the guard."""
 
 from pathlib import Path
 
@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from speedlight import cli, registry, results
-from speedlight.inspect import cuda, guard
+from speedlight.inspect import cuda, cuda_compile, guard
 from speedlight.ops import rms_norm
 from speedlight.spec import Case, CudaKernels, CudaLaunch
 from speedlight.target import resolve
 
 pytestmark = [pytest.mark.xdist_group("cuda"),
-              pytest.mark.skipif(cuda.missing_nvcc() is not None,
-                                 reason=f"{cuda.missing_nvcc()}")]
+              pytest.mark.skipif(cuda_compile.missing_nvcc() is not None,
+                                 reason=f"{cuda_compile.missing_nvcc()}")]
 
 CSRC = Path(rms_norm.__file__).resolve().parent.parent / "csrc"
 ARCHS = ("sm_80", "sm_90a")
@@ -23,9 +23,9 @@ TARGETS = {a: resolve(a) for a in ARCHS}
 
 
 @pytest.fixture(scope="module")
-def compiler() -> cuda.Compiler:
+def compiler() -> cuda_compile.Compiler:
     """One compile per source per arch per session (and the on-disk cache across them)."""
-    return cuda.Compiler()
+    return cuda_compile.Compiler()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -162,14 +162,14 @@ def test_a_missing_kernel_and_a_compile_error_are_held():
 # --- pieces ---------------------------------------------------------------------------------
 
 def test_split_name_reads_kernel_and_template_arguments():
-    assert cuda.split_name("void speedlight::(anonymous namespace)::rms_norm_bwd_kernel"
+    assert cuda_compile.split_name("void speedlight::(anonymous namespace)::rms_norm_bwd_kernel"
                            "<__nv_bfloat16, true>(__nv_bfloat16 const*, long)") == \
         ("rms_norm_bwd_kernel", "__nv_bfloat16, true")
-    assert cuda.split_name("scalar_copy(__nv_bfloat16 const*, __nv_bfloat16*, long)") == \
+    assert cuda_compile.split_name("scalar_copy(__nv_bfloat16 const*, __nv_bfloat16*, long)") == \
         ("scalar_copy", "")
-    assert cuda.split_name("void ns::k<ns::Vec<float, 4>, 2>(float*)") == \
+    assert cuda_compile.split_name("void ns::k<ns::Vec<float, 4>, 2>(float*)") == \
         ("k", "ns::Vec<float, 4>, 2")
-    assert cuda.split_name("(anonymous namespace)::k(float*)") == ("k", "")
+    assert cuda_compile.split_name("(anonymous namespace)::k(float*)") == ("k", "")
 
 
 def test_scalar_lines_cover_a_marked_line_or_the_block_it_opens():
@@ -186,7 +186,7 @@ ptxas info    : Used 64 registers, used 1 barriers, 128 bytes smem, 384 bytes cm
 ptxas info    : Compiling entry function '_Z1gv' for 'sm_90a'
 ptxas info    : Used 8 registers, used 0 barriers
 """
-    got = cuda.parse_ptxas(log)
+    got = cuda_compile.parse_ptxas(log)
     assert got["_Z1fPf"] == {"registers": 64, "stack": 8, "spill_stores": 4, "spill_loads": 4,
                              "barriers": 1, "smem_static": 128}
     assert got["_Z1gv"]["registers"] == 8 and got["_Z1gv"]["spill_stores"] == 0
@@ -195,11 +195,11 @@ ptxas info    : Used 8 registers, used 0 barriers
 def test_binaries_are_cached_by_source_and_flags(tmp_path, monkeypatch):
     monkeypatch.setenv("SPEEDLIGHT_CACHE", str(tmp_path))
     src = "__global__ void k(float4* x) { x[threadIdx.x] = make_float4(1, 2, 3, 4); }\n"
-    first = cuda.compile_source(src, 80)
-    again = cuda.compile_source(src, 80)
+    first = cuda_compile.compile_source(src, 80)
+    again = cuda_compile.compile_source(src, 80)
     assert not first.cached and again.cached and again.folder == first.folder
     assert first.folder.parent == tmp_path / "inspect-cuda"
-    assert cuda.compile_source(src + "// changed\n", 80).folder != first.folder
+    assert cuda_compile.compile_source(src + "// changed\n", 80).folder != first.folder
     (fn,) = again.functions.values()
     assert fn.base == "k" and sass_widths(fn) == {128}
 
