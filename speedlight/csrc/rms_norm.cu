@@ -17,15 +17,12 @@
 // a program does once): `speedlight inspect` holds every other access to 128 bits.
 #include "rms_norm.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "device.h"
 
 namespace speedlight {
 namespace {
 
-constexpr int kWarp = 32;
 constexpr int kMaxThreads = 1024;
-constexpr int kVectorBytes = 16;
 // The forward's register cap (speedlight.launch.CUDA_FWD_REGISTERS sizes its grid by it):
 // 48 holds kHeld vectors of a row per thread without spills on sm_80 to sm_100a (ptxas's
 // own choice under __launch_bounds__(1024) is 32 on sm_100a, with spills) and keeps 40 of
@@ -35,67 +32,6 @@ constexpr int kFwdRegisters = 48;
 // The backward sums dw in shared memory (hidden fp32 values per program) up to this size;
 // wider rows accumulate in the program's own row of dw_partial in global memory instead.
 constexpr int64_t kMaxSharedDwBytes = 96 * 1024;
-
-// --- storage types ---------------------------------------------------------------------
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// 16 bytes of T: one LDG.E.128 / STG.E.128 when the address is 16-byte aligned.
-template <typename T>
-struct alignas(kVectorBytes) Vec {
-  static constexpr int kSize = kVectorBytes / sizeof(T);
-  T v[kSize];
-};
-
-template <typename T>
-__device__ __forceinline__ Vec<T> load_vec(const T* row, int64_t vec_index) {
-  return reinterpret_cast<const Vec<T>*>(row)[vec_index];
-}
-
-template <typename T>
-__device__ __forceinline__ void store_vec(T* row, int64_t vec_index, const Vec<T>& value) {
-  reinterpret_cast<Vec<T>*>(row)[vec_index] = value;
-}
-
-__device__ __forceinline__ bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & (kVectorBytes - 1)) == 0;
-}
-
-// --- reductions ------------------------------------------------------------------------
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int lane_mask = kWarp / 2; lane_mask > 0; lane_mask >>= 1) {
-    v += __shfl_xor_sync(0xffffffffu, v, lane_mask);
-  }
-  return v;
-}
-
-// The sum of v over the block, returned to every thread. `scratch` holds one float per warp;
-// the barriers also order every access of the row before them against those after.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-  const int lane = threadIdx.x % kWarp;
-  const int warp = threadIdx.x / kWarp;
-  const int warps = (blockDim.x + kWarp - 1) / kWarp;
-  v = warp_sum(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = lane < warps ? scratch[lane] : 0.0f;
-  total = warp_sum(total);  // every warp sums the per-warp partials itself: no broadcast
-  __syncthreads();          // scratch is free again for the next row
-  return total;
-}
 
 // --- scalar paths ------------------------------------------------------------------------
 
