@@ -247,6 +247,10 @@ def run(args: argparse.Namespace) -> int:
 
     triton_work = [(s, c) for s, c in work if _wants_triton(s, args.impl)]
     cuda_work = [(s, c) for s, c in work if _wants_cuda(s, args.impl)]
+    if work and not triton_work and not cuda_work:
+        names = ", ".join(sorted({s.name for s, _ in work}))
+        raise SystemExit(f"speedlight inspect: --impl {args.impl}: {names} run(s) CUDA C++ "
+                         f"kernels, not Triton ones (--impl cuda)")
     if device.type == "cpu" and triton_work:
         console.print(f"[dim]No GPU in use: kernels are compiled for {target.arch_name} without "
                       f"one; launches are captured under the Triton interpreter, sized for "

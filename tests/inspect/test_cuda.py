@@ -226,6 +226,9 @@ def test_a_spec_file_with_its_own_cuda_kernel_is_inspected_and_checked(tmp_path,
     assert [(r["op"], r["kernel"]) for r in rows] == [("scale", "scale_rows<__nv_bfloat16>")]
     assert rows[0]["sass"]["global_loads"] == {"128": rows[0]["sass"]["global_loads"]["128"]}
     assert rows[0]["grid"] == 8 * 108 and rows[0]["target"] == "sm_80"
+    with pytest.raises(SystemExit, match="scale run.s. CUDA C.. kernels, not Triton ones"):
+        cli.main(["inspect", "--spec", spec, "--only-spec", "--impl", "triton",
+                  "--out", str(tmp_path)])
 
 
 def test_all_with_impl_cuda_summarises_every_case_of_the_ops_with_cuda_kernels(tmp_path,
