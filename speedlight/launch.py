@@ -188,9 +188,9 @@ def cuda_shared_dw_bytes(hidden: int) -> int:
 
 
 def cuda_column_launch(hidden: int, threads: int = 256) -> tuple[int, int]:
-    """(grid, threads) of a CUDA kernel with one thread per column (csrc/rms_norm.cu's dw
-    reduce): one block per `threads` columns."""
-    return max(1, triton.cdiv(hidden, threads)), threads
+    """(grid, threads) of csrc/rms_norm.cu's dw reduce: a block per 32 columns (a lane
+    each), its `threads // 32` warps splitting the partial rows."""
+    return max(1, triton.cdiv(hidden, 32)), threads
 
 
 # --- counting launches --------------------------------------------------------------------

@@ -60,6 +60,6 @@ def test_cuda_row_launch_sizes_threads_by_vectors_and_grid_by_residency():
     assert launch.cuda_row_launch(4096, 16384, torch.bfloat16, 132, backward=True) == (132, 1024)
     assert launch.cuda_shared_dw_bytes(8192) == 32768
     assert launch.cuda_shared_dw_bytes(32768) == 0  # over 96 KB: summed in global memory
-    assert launch.cuda_column_launch(4096) == (16, 256)
+    assert launch.cuda_column_launch(4096) == (128, 256)
     with pytest.raises(ValueError, match="sm_count"):
         launch.cuda_row_launch(4, 4, torch.bfloat16, 0)

@@ -17,15 +17,12 @@
 // a program does once): `speedlight inspect` holds every other access to 128 bits.
 #include "rms_norm.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "device.h"
 
 namespace speedlight {
 namespace {
 
-constexpr int kWarp = 32;
 constexpr int kMaxThreads = 1024;
-constexpr int kVectorBytes = 16;
 // The forward's register cap (speedlight.launch.CUDA_FWD_REGISTERS sizes its grid by it):
 // 48 holds kHeld vectors of a row per thread without spills on sm_80 to sm_100a (ptxas's
 // own choice under __launch_bounds__(1024) is 32 on sm_100a, with spills) and keeps 40 of
@@ -35,67 +32,6 @@ constexpr int kFwdRegisters = 48;
 // The backward sums dw in shared memory (hidden fp32 values per program) up to this size;
 // wider rows accumulate in the program's own row of dw_partial in global memory instead.
 constexpr int64_t kMaxSharedDwBytes = 96 * 1024;
-
-// --- storage types ---------------------------------------------------------------------
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// 16 bytes of T: one LDG.E.128 / STG.E.128 when the address is 16-byte aligned.
-template <typename T>
-struct alignas(kVectorBytes) Vec {
-  static constexpr int kSize = kVectorBytes / sizeof(T);
-  T v[kSize];
-};
-
-template <typename T>
-__device__ __forceinline__ Vec<T> load_vec(const T* row, int64_t vec_index) {
-  return reinterpret_cast<const Vec<T>*>(row)[vec_index];
-}
-
-template <typename T>
-__device__ __forceinline__ void store_vec(T* row, int64_t vec_index, const Vec<T>& value) {
-  reinterpret_cast<Vec<T>*>(row)[vec_index] = value;
-}
-
-__device__ __forceinline__ bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & (kVectorBytes - 1)) == 0;
-}
-
-// --- reductions ------------------------------------------------------------------------
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int lane_mask = kWarp / 2; lane_mask > 0; lane_mask >>= 1) {
-    v += __shfl_xor_sync(0xffffffffu, v, lane_mask);
-  }
-  return v;
-}
-
-// The sum of v over the block, returned to every thread. `scratch` holds one float per warp;
-// the barriers also order every access of the row before them against those after.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-  const int lane = threadIdx.x % kWarp;
-  const int warp = threadIdx.x / kWarp;
-  const int warps = (blockDim.x + kWarp - 1) / kWarp;
-  v = warp_sum(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = lane < warps ? scratch[lane] : 0.0f;
-  total = warp_sum(total);  // every warp sums the per-warp partials itself: no broadcast
-  __syncthreads();          // scratch is free again for the next row
-  return total;
-}
 
 // --- scalar paths ------------------------------------------------------------------------
 
@@ -407,17 +343,33 @@ rms_norm_bwd_kernel(const T* dy, int64_t dy_row_stride, const T* x, int64_t x_ro
   }
 }
 
-// dw[c] = sum over p < parts of dw_partial[p, c], rounded once to T. Threads walk columns
-// (consecutive threads, consecutive columns: coalesced), programs split the columns.
+// dw[c] = sum over p < parts of dw_partial[p, c], rounded once to T. A block takes 32
+// columns at a time, one per lane (each warp reads 128 contiguous bytes of a partial row),
+// and splits the parts among its warps; the warps' sums meet in shared memory. Blocks
+// walk column tiles b, b + grid, ... Block: any multiple of 32 threads up to 1024.
 template <typename T>
 __global__ void __launch_bounds__(kMaxThreads)
 rms_norm_dw_reduce_kernel(const float* dw_partial, int64_t parts, int64_t hidden, T* dw) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       col < hidden; col += stride) {
+  __shared__ float sums[kMaxThreads / kWarp][kWarp];  // [warp][lane]
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarp;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kWarp; first < hidden;
+       first += step) {
+    const int64_t col = first + lane;
     float sum = 0.0f;
-    for (int64_t p = 0; p < parts; ++p) sum += dw_partial[p * hidden + col];
-    dw[col] = from_float<T>(sum);  // speedlight: scalar
+    if (col < hidden) {
+#pragma unroll 4
+      for (int64_t p = warp; p < parts; p += warps) sum += dw_partial[p * hidden + col];
+    }
+    sums[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0) {
+      for (int k = 1; k < warps; ++k) sum += sums[k][lane];
+      if (col < hidden) dw[col] = from_float<T>(sum);  // speedlight: scalar
+    }
+    __syncthreads();  // sums is free again for the next tile
   }
 }
 

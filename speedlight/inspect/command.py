@@ -169,8 +169,9 @@ def _inspect_cuda(work: list, target, backward: bool) -> list:
     """The CUDA C++ kernels of each (spec, case), compiled with nvcc for `target` (each
     source once) and judged; without `backward`, forward launches only."""
     from speedlight.inspect import cuda
+    from speedlight.inspect.cuda_compile import Compiler
 
-    compiler = cuda.Compiler()
+    compiler = Compiler()
     out = []
     for spec, case in work:
         kernels = spec.cuda
@@ -221,10 +222,6 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KeyError, FileNotFoundError) as e:
         raise SystemExit(f"speedlight inspect: {str(e).strip(chr(39))}")
     console.print(f"[dim]{target.describe()}[/]")
-    if device.type == "cpu":
-        console.print(f"[dim]No GPU in use: kernels are compiled for {target.arch_name} without "
-                      f"one; launches are captured under the Triton interpreter, sized for "
-                      f"{sku.name} ({sku.sm_count} SMs).[/]")
 
     if args.impl == "cuda":
         missing = [s.name for s in specs if s.cuda is None]
@@ -250,6 +247,18 @@ def run(args: argparse.Namespace) -> int:
 
     triton_work = [(s, c) for s, c in work if _wants_triton(s, args.impl)]
     cuda_work = [(s, c) for s, c in work if _wants_cuda(s, args.impl)]
+    if work and not triton_work and not cuda_work:
+        names = ", ".join(sorted({s.name for s, _ in work}))
+        raise SystemExit(f"speedlight inspect: --impl {args.impl}: {names} run(s) CUDA C++ "
+                         f"kernels, not Triton ones (--impl cuda)")
+    if device.type == "cpu" and triton_work:
+        console.print(f"[dim]No GPU in use: kernels are compiled for {target.arch_name} without "
+                      f"one; launches are captured under the Triton interpreter, sized for "
+                      f"{sku.name} ({sku.sm_count} SMs).[/]")
+    if cuda_work:
+        console.print(f"[dim]CUDA C++ kernels: compiled with nvcc for {target.arch_name}; launch "
+                      f"geometry from each op's launch sizing for {sku.name} ({sku.sm_count} "
+                      f"SMs).[/]")
     reports = []
     if triton_work:
         from rich.progress import Progress
@@ -275,8 +284,10 @@ def run(args: argparse.Namespace) -> int:
 
     from speedlight.inspect import cuda
 
-    for r in cuda_reports:
-        cuda.print_case(r, console)
+    if len(cuda_reports) == 1:
+        cuda.print_case(cuda_reports[0], console)
+    else:
+        cuda.print_summary(cuda_reports, console)
     env = results.environment(device)
     run_id = uuid.uuid4().hex[:12]
     out_path = Path(args.out) / "inspect.jsonl"

@@ -1,23 +1,21 @@
-"""inspect for CUDA C++: every speedlight/csrc/*.cu compiles with nvcc for sm_80 and sm_90a
-(no GPU), its kernels hold to their designs on the ops' aligned cases, and kernels that
-load scalars or spill fail the guard."""
+"""inspect for CUDA C++ (inspect/cuda.py, cuda_compile.py): every speedlight/csrc/*.cu
+compiles with nvcc for sm_80 and sm_90a (no GPU), its kernels hold to their designs on the
+ops' aligned cases, and kernels that load scalars or spill fail the guard."""
 
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from speedlight import cli, registry, results
-from speedlight.inspect import cuda, guard
+from speedlight.inspect import cuda, cuda_compile, guard
 from speedlight.ops import rms_norm
 from speedlight.spec import Case, CudaKernels, CudaLaunch
 from speedlight.target import resolve
 
 pytestmark = [pytest.mark.xdist_group("cuda"),
-              pytest.mark.skipif(shutil.which("nvcc") is None and
-                                 not Path("/usr/local/cuda/bin/nvcc").exists(),
-                                 reason="nvcc (the CUDA toolkit) is not installed")]
+              pytest.mark.skipif(cuda_compile.missing_nvcc() is not None,
+                                 reason=f"{cuda_compile.missing_nvcc()}")]
 
 CSRC = Path(rms_norm.__file__).resolve().parent.parent / "csrc"
 ARCHS = ("sm_80", "sm_90a")
@@ -25,9 +23,9 @@ TARGETS = {a: resolve(a) for a in ARCHS}
 
 
 @pytest.fixture(scope="module")
-def compiler() -> cuda.Compiler:
+def compiler() -> cuda_compile.Compiler:
     """One compile per source per arch per session (and the on-disk cache across them)."""
-    return cuda.Compiler()
+    return cuda_compile.Compiler()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -75,7 +73,7 @@ def test_rms_norm_launches_follow_the_launch_sizing():
     assert (fwd.kernel, fwd.instance, fwd.grid, fwd.threads) == \
         ("rms_norm_fwd_kernel", "__nv_bfloat16", 660, 256)
     assert (bwd.instance, bwd.smem, bwd.direction) == ("__nv_bfloat16, true", 16384, "bwd")
-    assert reduce.kernel == "rms_norm_dw_reduce_kernel" and reduce.grid == 16
+    assert reduce.kernel == "rms_norm_dw_reduce_kernel" and reduce.grid == 128
     wide = rms_norm.cuda_launches(case.with_(params=(("rows", 8), ("hidden", 32768)),
                                              dtype=torch.float32), 132)
     assert wide[1].instance == "float, false" and wide[1].smem == 0  # dw sums in global memory
@@ -164,13 +162,14 @@ def test_a_missing_kernel_and_a_compile_error_are_held():
 # --- pieces ---------------------------------------------------------------------------------
 
 def test_split_name_reads_kernel_and_template_arguments():
-    assert cuda.split_name("void speedlight::(anonymous namespace)::rms_norm_bwd_kernel"
+    assert cuda_compile.split_name("void speedlight::(anonymous namespace)::rms_norm_bwd_kernel"
                            "<__nv_bfloat16, true>(__nv_bfloat16 const*, long)") == \
         ("rms_norm_bwd_kernel", "__nv_bfloat16, true")
-    assert cuda.split_name("scalar_copy(__nv_bfloat16 const*, __nv_bfloat16*, long)") == \
+    assert cuda_compile.split_name("scalar_copy(__nv_bfloat16 const*, __nv_bfloat16*, long)") == \
         ("scalar_copy", "")
-    assert cuda.split_name("void ns::k<ns::Vec<float, 4>, 2>(float*)") == \
+    assert cuda_compile.split_name("void ns::k<ns::Vec<float, 4>, 2>(float*)") == \
         ("k", "ns::Vec<float, 4>, 2")
+    assert cuda_compile.split_name("(anonymous namespace)::k(float*)") == ("k", "")
 
 
 def test_scalar_lines_cover_a_marked_line_or_the_block_it_opens():
@@ -187,7 +186,7 @@ ptxas info    : Used 64 registers, used 1 barriers, 128 bytes smem, 384 bytes cm
 ptxas info    : Compiling entry function '_Z1gv' for 'sm_90a'
 ptxas info    : Used 8 registers, used 0 barriers
 """
-    got = cuda.parse_ptxas(log)
+    got = cuda_compile.parse_ptxas(log)
     assert got["_Z1fPf"] == {"registers": 64, "stack": 8, "spill_stores": 4, "spill_loads": 4,
                              "barriers": 1, "smem_static": 128}
     assert got["_Z1gv"]["registers"] == 8 and got["_Z1gv"]["spill_stores"] == 0
@@ -196,11 +195,11 @@ ptxas info    : Used 8 registers, used 0 barriers
 def test_binaries_are_cached_by_source_and_flags(tmp_path, monkeypatch):
     monkeypatch.setenv("SPEEDLIGHT_CACHE", str(tmp_path))
     src = "__global__ void k(float4* x) { x[threadIdx.x] = make_float4(1, 2, 3, 4); }\n"
-    first = cuda.compile_source(src, 80)
-    again = cuda.compile_source(src, 80)
+    first = cuda_compile.compile_source(src, 80)
+    again = cuda_compile.compile_source(src, 80)
     assert not first.cached and again.cached and again.folder == first.folder
     assert first.folder.parent == tmp_path / "inspect-cuda"
-    assert cuda.compile_source(src + "// changed\n", 80).folder != first.folder
+    assert cuda_compile.compile_source(src + "// changed\n", 80).folder != first.folder
     (fn,) = again.functions.values()
     assert fn.base == "k" and sass_widths(fn) == {128}
 
@@ -227,3 +226,18 @@ def test_a_spec_file_with_its_own_cuda_kernel_is_inspected_and_checked(tmp_path,
     assert [(r["op"], r["kernel"]) for r in rows] == [("scale", "scale_rows<__nv_bfloat16>")]
     assert rows[0]["sass"]["global_loads"] == {"128": rows[0]["sass"]["global_loads"]["128"]}
     assert rows[0]["grid"] == 8 * 108 and rows[0]["target"] == "sm_80"
+    with pytest.raises(SystemExit, match="scale run.s. CUDA C.. kernels, not Triton ones"):
+        cli.main(["inspect", "--spec", spec, "--only-spec", "--impl", "triton",
+                  "--out", str(tmp_path)])
+
+
+def test_all_with_impl_cuda_summarises_every_case_of_the_ops_with_cuda_kernels(tmp_path,
+                                                                             capsys):
+    code = cli.main(["inspect", "--all", "--impl", "cuda", "--target", "sm_80", "--check",
+                     "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "CUDA C++ kernels on sm_80" in out
+    rows = results.read_jsonl(tmp_path / "inspect.jsonl")
+    assert {r["op"] for r in rows} == {"rms_norm", "add_rms_norm"}
+    assert len({r["case_id"] for r in rows}) > 6
