@@ -151,7 +151,7 @@ def load(name: str, sources: Sequence[str | Path], *, extra_cuda_cflags: Sequenc
     return _timed(name, directory, lambda: cpp_extension.load(
         name=f"speedlight_{name}", sources=paths, build_directory=str(directory),
         extra_include_paths=[str(CSRC)], extra_cflags=["-O3", *extra_cflags],
-        extra_cuda_cflags=["-O3", "--use_fast_math", *extra_cuda_cflags], verbose=verbose))
+        extra_cuda_cflags=["-O3", *extra_cuda_cflags], verbose=verbose))
 
 
 def load_inline(name: str, cpp_sources: str | Sequence[str], cuda_sources: str | Sequence[str],
