@@ -229,7 +229,7 @@ if [ "$CUDA_BENCH_S" != 0 ] && [ "$CUDA_OPS_ASKED" = 1 ]; then
   # shellcheck disable=SC2086
   step cuda-bench cuda.log timeout "$((CUDA_BENCH_S + 120))" "$PYTHON" -m speedlight bench \
     --device "$DEVICE" --ops rms_norm,add_rms_norm --suite model --cases 'hidden(4096|8192)-bf16$' \
-    --baselines torch-eager --out "$OUT/cuda" --budget-s "$CUDA_BENCH_S" $BENCH_ARGS
+    --baselines torch-eager --out "$OUT/cuda" --budget-s "$CUDA_BENCH_S" $BENCH_ARGS --dtypes bf16
 else
   echo "CUDA C++ section skipped (CUDA_BENCH_S=0, or --ops names neither rms_norm nor add_rms_norm)" \
     > "$OUT/cuda.log"
