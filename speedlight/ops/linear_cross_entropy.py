@@ -34,6 +34,7 @@ import triton
 from speedlight import reference, shapes
 from speedlight.launch import planned_sm_count
 from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._dtensor import local_reduction_refused, local_rows
 from speedlight.ops.cross_entropy import (
     TARGET_DTYPES,
     _check_targets,
@@ -266,6 +267,7 @@ _lce_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 # --- end of the registration block --------------------------------------------------------
 
 
+@local_rows("hidden", "target", refuse=local_reduction_refused)
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: torch.Tensor | None = None, *, ignore_index: int = -100,
                          reduction: str = "mean", label_smoothing: float = 0.0,

@@ -28,6 +28,7 @@ from speedlight.launch import (
     warps_for_tile,
 )
 from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import Configs, like, register_op, row_stats
 from speedlight.runtime import check_runtime
@@ -197,6 +198,7 @@ RMS_NORM_INPLACE = register_op(
 
 # --- public function ---------------------------------------------------------------------
 
+@local_rows("x")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
              offset: float = 0.0, *, in_place: bool = False) -> torch.Tensor:
     """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * (offset + weight).

@@ -20,6 +20,7 @@ from speedlight.kernels.softmax import (
 )
 from speedlight.launch import planned_sm_count, row_tile
 from speedlight.ops._checks import check_tensor
+from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op
 from speedlight.runtime import check_runtime
@@ -156,6 +157,7 @@ SOFTMAX = register_op(
 )
 
 
+@local_rows("x", over=lambda a: (a["dim"],))
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """softmax(x) along dim (default the last), any length, fp32 arithmetic.
 
