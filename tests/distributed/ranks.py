@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 import traceback
 
 import torch
@@ -58,7 +59,9 @@ def _rank_main(rank: int, world: int, port: int, target: str, out: str, timeout_
 def check(results: dict, name: str, fn) -> None:
     """results[name] = fn()'s dict, or {"error": the traceback} when it raises: one failing
     check must not hide the others run in the same processes."""
+    start = time.perf_counter()
     try:
         results[name] = fn()
+        results[name]["seconds"] = round(time.perf_counter() - start, 2)
     except Exception:  # noqa: BLE001 -- reported to the test, which fails on it
         results[name] = {"error": traceback.format_exc()}

@@ -24,6 +24,8 @@ SETTINGS = {
     "fsdp2": ("fsdp2", None),
     "fsdp2-hf-checkpointing": ("fsdp2", "hf"),
     "fsdp2-checkpoint-wrapper": ("fsdp2", "torch"),
+    # the lm_head sharded on its own: its weight is whole only inside its own call
+    "fsdp2-sharded-lm-head": ("fsdp2-lm-head", None),
 }
 
 
@@ -45,6 +47,8 @@ def _wrap(model, wrapping: str, checkpointing: str | None):
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
+    if wrapping == "fsdp2-lm-head":
+        fully_shard(model.lm_head, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
 
