@@ -175,32 +175,42 @@ def _plan(op: str, arguments: dict, rows: Sequence[str], over, refuse,
             raise ValueError(f"{op}: {first_name} is {_describe(first)}: {reason}")
     if not sharded_rows:
         return None
-    return first.device_mesh, tuple(first.placements), tuple(first.shape)
+    shapes = [(tuple(v.to_local().shape), tuple(v.shape)) for _, v in row_values]
+    return first.device_mesh, tuple(first.placements), shapes
 
 
 def _wrap(out, plan, dtensor):
     if plan is None:
         return out
     if isinstance(out, tuple):
-        values = [_wrap_one(o, plan, dtensor) for o in out]
+        values = [_wrap_one(o, i, plan, dtensor) for i, o in enumerate(out)]
         return type(out)(*values) if hasattr(out, "_fields") else tuple(values)
-    return _wrap_one(out, plan, dtensor)
+    return _wrap_one(out, 0, plan, dtensor)
 
 
-def _wrap_one(t: Any, plan, dtensor):
+def _wrap_one(t: Any, index: int, plan, dtensor):
+    """Output `index` as a DTensor: its global size along each sharded dim is that of the
+    rows input it is computed from (q_rot from q, k_rot from k): the one at its position
+    when their local sizes agree, else the first that agrees, else the first."""
     if not isinstance(t, torch.Tensor):
         return t
     from torch.distributed.tensor import Partial, Replicate, Shard
-    mesh, placements, rows_shape = plan
+    mesh, placements, shapes = plan
     if t.dim() == 0:  # a sum over the rows: each rank holds its shard's part
         partial = tuple(Partial("sum") if isinstance(p, Shard) else Replicate()
                         for p in placements)
         return dtensor.from_local(t, mesh, partial, run_check=False, shape=t.shape,
                                   stride=t.stride())
+    dims = sorted({p.dim for p in placements if isinstance(p, Shard) and p.dim < t.dim()})
+
+    def agrees(local_shape):
+        return all(d < len(local_shape) and local_shape[d] == t.shape[d] for d in dims)
+
+    candidates = ([shapes[index]] if index < len(shapes) else []) + shapes
+    _, global_shape = next((c for c in candidates if agrees(c[0])), shapes[0])
     shape = list(t.shape)
-    for p in placements:
-        if isinstance(p, Shard) and p.dim % len(rows_shape) < t.dim():
-            shape[p.dim % len(rows_shape)] = rows_shape[p.dim % len(rows_shape)]
+    for d in dims:
+        shape[d] = global_shape[d]
     return dtensor.from_local(t, mesh, placements, run_check=False, shape=torch.Size(shape),
                               stride=_stride_like(t, shape))
 
