@@ -28,13 +28,23 @@ def free_port() -> int:
 def run_ranks(target: str, world: int = 2, timeout_s: float = 300.0):
     """target "module:function", called as function(rank, world) on `world` ranks of one
     gloo process group; returns what rank 0 returned."""
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # inherited by the spawned ranks
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
-        torch.multiprocessing.start_processes(
-            _rank_main, args=(world, free_port(), target, out, timeout_s), nprocs=world,
-            join=True, start_method="spawn")
+        # the ranks compute on CPU tensors, through the interpreter, on a GPU machine too;
+        # they inherit the environment at their start, after which this process's returns
+        before = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            ranks = torch.multiprocessing.start_processes(
+                _rank_main, args=(world, free_port(), target, out, timeout_s), nprocs=world,
+                join=False, start_method="spawn")
+        finally:
+            if before is None:
+                del os.environ["TRITON_INTERPRET"]
+            else:
+                os.environ["TRITON_INTERPRET"] = before
+        while not ranks.join():
+            pass
         with open(out) as f:
             return json.load(f)
 
