@@ -51,6 +51,10 @@ REFUSED = {  # case -> what the message must say
 }
 
 
+# one spawn of the ranks serves the whole module: keep its tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("distributed-dtensor")
+
+
 @pytest.fixture(scope="module")
 def results():
     return run_ranks("tests.distributed.dtensor_ranks:dtensor", world=2)

@@ -20,6 +20,10 @@ if not torch.distributed.is_available():
 KERNELS = ("_rms_norm_", "_rope_", "_glu_", "_attention_", "_cross_entropy_")
 
 
+# one spawn of the ranks serves the whole module: keep its tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("distributed-training")
+
+
 @pytest.fixture(scope="module")
 def results():
     return run_ranks("tests.distributed.training_ranks:training", world=2)
