@@ -110,11 +110,14 @@ def _dequantize(acc, offs_m, offs_n, M, N, scale_a_ptr, stride_sa, scale_b_ptr, 
 @triton.jit
 def _fold_amax(amax_ptr, y, offs_m, offs_n, M, N, out_dtype: tl.constexpr):
     """Fold max|y| over the tile's valid elements, as rounded to out_dtype (what is
-    stored), into the fp32 at amax_ptr (an int32 view: an atomic max on the bits)."""
+    stored), into the fp32 at amax_ptr (an int32 view: an atomic max on the bits).
+    Rounding is monotone and symmetric, so max|round(y)| = round(max|y|): the tile's max
+    is taken in fp32 and only that one value rounded (no second [BM, BN] tile)."""
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    stored = tl.abs(y.to(out_dtype).to(tl.float32))
-    bits = tl.where(mask, stored.to(tl.int32, bitcast=True), 0)
-    tl.atomic_max(amax_ptr, tl.max(tl.max(bits, axis=1), axis=0))  # [BM, BN] -> []
+    bits = tl.where(mask, tl.abs(y).to(tl.int32, bitcast=True), 0)
+    top = tl.max(tl.max(bits, axis=1), axis=0)  # [BM, BN] -> []: a NaN's bits win
+    top = top.to(tl.float32, bitcast=True).to(out_dtype).to(tl.float32)
+    tl.atomic_max(amax_ptr, top.to(tl.int32, bitcast=True))
 
 
 @triton.jit
