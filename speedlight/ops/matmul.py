@@ -70,6 +70,8 @@ def matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
             amax.copy_(c.float().abs().amax())
         return c, dact, amax
     check_runtime(a, _matmul_kernel)
+    if scale_a is not None:
+        check_fp8_base(a, b)
     cfg = launch_config(m, n, k, a.dtype, a.device, out_dtype=out_dtype,
                         residual=residual is not None, store_dact=store_dact)
     a_lay, b_lay = tma_layout(a), tma_layout(b)
@@ -366,19 +368,31 @@ def check_scales(a: torch.Tensor, scale_a, scale_b, rows: int, n: int) -> None:
 
 def check_fp8_layout(a2: torch.Tensor, b: torch.Tensor) -> None:
     """fp8 operands as TMA copies them and fp8 wgmma reads them: both K-major (a's K
-    stride 1, b's K stride 1, i.e. b = W.t() of a row-major W [N, K]), with 16-byte
-    aligned bases and rows (K, or the row stride, a multiple of 16 fp8 values)."""
+    stride 1, b's K stride 1, i.e. b = W.t() of a row-major W [N, K]) with rows 16 bytes
+    apart (the row stride, K when contiguous, a multiple of 16 fp8 values). Strides only,
+    so torch.compile traces it; the launcher checks the base addresses."""
     if a2.numel() == 0 or b.numel() == 0:
         return
-    if tma_layout(a2) != "row":
-        raise ValueError(f"a (float8_e4m3fn) must be K-major with 16-byte aligned rows: K "
-                         f"contiguous and its row stride (K) a multiple of 16, as TMA and "
-                         f"fp8 wgmma read it; got {describe(a2)} with strides {a2.stride()}")
-    if tma_layout(b) != "col":
-        raise ValueError(f"b (float8_e4m3fn) must be K-major with 16-byte aligned columns: "
-                         f"b = W.t() of a row-major W [N, K] whose row stride (K) is a "
-                         f"multiple of 16, as torch._scaled_mm takes it; got {describe(b)} "
-                         f"with strides {b.stride()}")
+    if a2.stride(1) != 1 or a2.stride(0) % 16:
+        raise ValueError(f"a (float8_e4m3fn) must be K-major with rows 16 bytes apart: K "
+                         f"contiguous and its row stride (K when contiguous) a multiple of "
+                         f"16, as TMA and fp8 wgmma read it; got {describe(a2)} with strides "
+                         f"{a2.stride()}")
+    if b.stride(0) != 1 or b.stride(1) % 16:
+        raise ValueError(f"b (float8_e4m3fn) must be K-major with columns 16 bytes apart: "
+                         f"b = W.t() of a row-major W [N, K] whose row stride (K when "
+                         f"contiguous) is a multiple of 16, as torch._scaled_mm takes it; got "
+                         f"{describe(b)} with strides {b.stride()}")
+
+
+def check_fp8_base(a: torch.Tensor, b: torch.Tensor) -> None:
+    """The launcher's half of check_fp8_layout: 16-byte aligned base addresses."""
+    for name, t in (("a", a), ("b", b)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} (float8_e4m3fn) must start at a 16-byte aligned address "
+                             f"(TMA copies from there); it is a view at offset "
+                             f"{t.storage_offset()} of its storage: copy it (.contiguous() of "
+                             f"the row-major tensor) first")
 
 
 # --- OpSpec ------------------------------------------------------------------------------
