@@ -42,7 +42,7 @@ def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
 
     On a GPU (or the one spec.sized_for names), for `operands` b tiles per k-step (2: the
     gated kernel's gate and up):
-      - K steps of 128 bytes per row (BLOCK_K 64 in 16-bit, 32 in fp32): one TMA box
+      - K steps of 128 bytes per row (BLOCK_K 128 in fp8, 64 in 16-bit, 32 in fp32): one TMA box
         row of a 128-byte swizzled tile;
       - M <= 64 (decode, short prompts): BLOCK_M 64, one warp group (4 warps), BLOCK_N 128;
       - otherwise 128 x 256 tiles on two warp groups (8 warps) for one b operand where N

@@ -10,6 +10,11 @@ by the forward's epilogue when a gradient is needed, so z itself never reaches m
 da = scale * dz @ b^T and db = scale * a^T @ dz, each operand a transposed view, never a
 copy; db is computed in b's own layout (for b = W^T, nn.Linear's weight, dW = dz^T @ a is
 written contiguous as W is).
+
+fp8 (float8_e4m3fn a and b, K-major, with float32 scales per tensor or per row/column):
+the forward runs _matmul_fp8_kernel, which dequantizes the fp32 accumulator before the
+epilogue; the backward runs the bf16 kernel on the dequantized operands (matmul_bwd).
+`return_amax` (any dtype) also returns max |c|, folded in the epilogue (delayed scaling).
 """
 
 from __future__ import annotations
@@ -589,7 +594,8 @@ SPEC = OpSpec(
     skip=skip,
     case_of=case_of,
     fuses="matmul + bias + activation + residual add",
-    notes="GEMM with bias / scale / activation / residual fused into the epilogue; "
+    notes="GEMM with bias / scale / activation / residual fused into the epilogue; fp8 "
+          "(e4m3, per-tensor or per-row scales, amax) on QGMMA with a bf16 backward; "
           "persistent, grouped tile order, TMA + wgmma on Hopper; backward by the same "
           "kernel through strides.",
     family="compute-bound",
