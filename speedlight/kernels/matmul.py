@@ -205,7 +205,12 @@ def _matmul_tiles(a_ptr, b_ptr, c_ptr, dact_ptr, bias_ptr, res_ptr, scale_a_ptr,
             b = _load_operand(b_desc, b_ptr, off_k, off_n, K, N, stride_bk, stride_bn,
                               BLOCK_K, BLOCK_N, TMA, not B_KMAJOR)
             # [BM, BK] @ [BK, BN] -> [BM, BN]
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            if DEQUANTIZE:
+                # fp8 wgmma accumulates with fewer than fp32's bits: promote the partial
+                # sums into the fp32 accumulator after every BLOCK_K products
+                acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+            else:
+                acc = tl.dot(a, b, acc, input_precision=PRECISION)
         offs_m = off_m + tl.arange(0, BLOCK_M)
         offs_n = off_n + tl.arange(0, BLOCK_N)
         if DEQUANTIZE:

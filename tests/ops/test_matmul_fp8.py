@@ -189,3 +189,17 @@ def test_cost_counts_fp8_bytes():
     assert fwd.flops == 2 * m * n * k + 2 * m * n  # and the dequantization's two multiplies
     bf16 = SPEC.cost(case(m, n, k, torch.bfloat16, linear=True), "fwd")
     assert bf16.bytes == 2 * (m * k + k * n) + 2 * m * n
+
+
+def test_launch_rule_gives_fp8_128_byte_k_steps_and_128_x_128_tiles():
+    """BLOCK_K 128 (a 128-byte TMA row); 128 x 128 at prefill, since the partial sums
+    promoted into a second fp32 accumulator spill at 128 x 256 (inspect: 96 bytes)."""
+    from speedlight.launch import sized_for
+    from speedlight.ops import _gemm as gemm
+
+    with sized_for(132):
+        prefill = gemm.launch_config(4096, 14336, 4096, FP8, torch.device("cpu"))
+        decode = gemm.launch_config(16, 4096, 4096, FP8, torch.device("cpu"))
+    assert (prefill.block_m, prefill.block_n, prefill.block_k, prefill.num_warps,
+            prefill.num_stages) == (128, 128, 128, 8, 4)
+    assert (decode.block_m, decode.block_n, decode.block_k, decode.num_warps) == (64, 128, 128, 4)
