@@ -44,7 +44,7 @@
 #   GEMM_CASES                            regex of the GEMM cases benched (default: Llama-3-8B's
 #                                         up and down projections and its gated MLP at 4096
 #                                         tokens)
-#   --fp8-s N           FP8_BENCH_S       the fp8 section's bench budget (default 40; 0 skips
+#   --fp8-s N           FP8_BENCH_S       the fp8 section's bench budget (default 30; 0 skips
 #                                         it, as does --ops): after the GEMM section, verify
 #                                         --suite quick of matmul in fp8, then fp8 matmul at
 #                                         Llama-3-8B's qkv, o, up and down projections at 4096
@@ -85,7 +85,7 @@ BENCH_BUDGET_S="${BENCH_BUDGET_S:-90}"
 GEMM_BENCH_S="${GEMM_BENCH_S:-60}"
 GEMM_OPS="matmul,gated_matmul"
 GEMM_CASES="${GEMM_CASES:-^(matmul-m4096-n(14336-k4096|4096-k14336)-bf16-linear-proj(up|down)|gated_matmul-m4096-n14336-k4096-bf16)\$}"
-FP8_BENCH_S="${FP8_BENCH_S:-40}"
+FP8_BENCH_S="${FP8_BENCH_S:-30}"
 FP8_CASES="${FP8_CASES:-^matmul-m4096-n(6144-k4096|4096-k4096|14336-k4096|4096-k14336)-fp8-linear-proj(qkv|o|up|down)\$}"
 ATTN_BUDGET_S="${ATTN_BUDGET_S:-60}"
 MODEL_STEP_S="${MODEL_STEP_S:-90}"
@@ -216,7 +216,7 @@ else
 fi
 # --- the fp8 section: fp8 matmul against _scaled_mm and bf16 cuBLAS (issue 19) ---------------
 if [ "$FP8_BENCH_S" != 0 ]; then
-  step fp8-verify fp8.log timeout 40 "$PYTHON" -m speedlight verify --device "$DEVICE" \
+  step fp8-verify fp8.log timeout 30 "$PYTHON" -m speedlight verify --device "$DEVICE" \
     --suite quick --ops matmul --dtypes fp8 --seeds 1 --out "$OUT/fp8"
   step fp8-bench fp8.log timeout "$((FP8_BENCH_S + 90))" "$PYTHON" -m speedlight bench \
     --device "$DEVICE" --suite model --ops matmul --dtypes fp8 --cases "$FP8_CASES" \
