@@ -19,7 +19,8 @@ FP8 = torch.float8_e4m3fn
 
 def _names(spec, case):
     inputs = spec.make_inputs(case, "cpu")
-    return {i.name: i for i in Baselines().for_case(spec, case, inputs, "cpu")}
+    names = ("torch-eager", *gemm_baselines.NAMES)
+    return {i.name: i for i in Baselines(names).for_case(spec, case, inputs, "cpu")}
 
 
 def test_fp8_matmul_gets_both_baselines_unavailable_on_a_cpu_with_the_reason():
@@ -51,3 +52,22 @@ def test_gpu_check_fp8_section_benches_llama3_8b_projections_at_4096_tokens():
     for case in matmul.SPEC.cases("model"):
         if pattern.search(case.with_(dtype=FP8).id):
             assert matmul.SPEC.skip(case.with_(dtype=FP8), torch.device("cuda")) is None
+
+
+def test_the_fp8_sections_bench_command_on_a_cpu_sized_case(tmp_path, capsys):
+    """The bench command the fp8 section runs (its baselines, --dtypes fp8, forward), on a
+    quick case a CPU can run: speedlight's row timed and verified, torch-eager timed, the
+    two cuBLAS baselines unavailable with the reason."""
+    from speedlight import cli, results
+
+    code = cli.main(["bench", "--device", "cpu", "--suite", "quick", "--ops", "matmul",
+                     "--dtypes", "fp8", "--cases", "m17-n48-k32", "--modes", "fwd",
+                     "--baselines", "torch-eager,torch-scaled-mm,cublas-bf16",
+                     "--time-cap", "0.01", "--max-samples", "3", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().out
+    rows = {r["implementation"]: r for r in results.read_jsonl(tmp_path / "bench.jsonl")}
+    assert rows["speedlight"]["status"] == "ok" and rows["speedlight"]["verified"]
+    assert rows["speedlight"]["case"]["dtype"] == "fp8"
+    assert rows["torch-eager"]["status"] == "ok"
+    for name in gemm_baselines.NAMES:
+        assert rows[name]["status"] == "unavailable" and "GPU only" in rows[name]["reason"]
