@@ -210,6 +210,39 @@ class KernelDesign:
     min_stages: int = 1
 
 
+@dataclass(frozen=True)
+class CudaLaunch:
+    """One launch of a CUDA C++ kernel, as its launcher would make it: the kernel's name in
+    the source (rms_norm_fwd_kernel), its template arguments as a demangler writes them
+    ("__nv_bfloat16, true"; "" for a kernel that is not a template), grid (blocks), threads
+    per block, dynamic shared memory in bytes, and the direction (fwd | bwd)."""
+
+    kernel: str
+    instance: str = ""
+    grid: int = 1
+    threads: int = 128
+    smem: int = 0
+    direction: str = "fwd"
+
+
+@dataclass(frozen=True)
+class CudaKernels:
+    """An op's CUDA C++ kernels as `speedlight inspect` reads them, with no GPU: `source`
+    a torch-free .cu file (a path) or its text inline, which nvcc compiles alone;
+    `launches(case, sm_count)` the CudaLaunch list its launcher makes for a case on a GPU
+    of sm_count SMs (sized by the functions the launcher itself calls, e.g.
+    speedlight.launch.cuda_row_launch); `include_dirs` where its quoted #includes are
+    (besides the source's folder). The kernels' designs are OpSpec.kernels entries under
+    the kernel's name, as for Triton kernels. `of_impl`: OpSpec.impl itself launches these
+    kernels (a team's CUDA op: inspect has no Triton launches to capture), rather than
+    another implementation beside a Triton one (speedlight's rms_norm)."""
+
+    source: str
+    launches: Callable[[Case, int], Sequence[CudaLaunch]]
+    include_dirs: tuple[str, ...] = ()
+    of_impl: bool = False
+
+
 Inputs = dict  # keyword arguments of impl / reference: tensors and plain values
 
 
@@ -270,6 +303,10 @@ class OpSpec:
     # What speedlight.patch swaps for this op in a Hugging Face model (its kinds:
     # "rms_norm", "mlp", "rope", "cross_entropy"), or None when it patches none.
     patches: str | None = None
+
+    # Optional: the op's CUDA C++ kernels, which `speedlight inspect --impl cuda` compiles
+    # with nvcc and holds to the designs in `kernels` (a CudaKernels).
+    cuda: CudaKernels | None = None
 
     def __post_init__(self):
         if self.impl is None:
