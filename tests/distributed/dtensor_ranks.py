@@ -5,6 +5,8 @@ and linear_cross_entropy's refusal of an lm_head weight that is not whole."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from tests.distributed.ranks import check
@@ -66,6 +68,32 @@ def _refused(fn, tensors: dict, placements: dict, **kwargs) -> dict:
     raise AssertionError(f"{fn.__name__} accepted {placements}")
 
 
+def _sequence_parallel_norm(x, w) -> dict:
+    """speedlight.nn.RMSNorm under torch's SequenceParallel (its weight a Replicate
+    DTensor parameter, its input sharded along the sequence): the output and the gradients
+    of x and the weight are the unsharded module's."""
+    import speedlight.nn
+    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+    whole = speedlight.nn.RMSNorm(48)
+    with torch.no_grad():
+        whole.weight.copy_(w)
+    parallel = parallelize_module(copy.deepcopy(whole), _mesh(),
+                                  SequenceParallel(use_local_output=False))
+    import torch.distributed as dist
+    x = x[:, :4]  # SequenceParallel takes each rank's input as an even share of the sequence
+    x0 = x.clone().requires_grad_()
+    x1 = x.chunk(dist.get_world_size(), 1)[dist.get_rank()].clone().requires_grad_()
+    y0, y1 = whole(x0), parallel(x1)
+    torch.testing.assert_close(y1.full_tensor(), y0, **TOL)
+    g = torch.randn(y0.shape, generator=torch.Generator().manual_seed(3))
+    (y0 * g).sum().backward()
+    (y1.full_tensor() * g).sum().backward()
+    mine = x0.grad.chunk(dist.get_world_size(), 1)[dist.get_rank()]
+    torch.testing.assert_close(x1.grad, mine, **TOL)
+    torch.testing.assert_close(_full(parallel.weight.grad), whole.weight.grad, **TOL)
+    return {"placements": [str(tuple(y1.placements))]}
+
+
 def _cases():
     import speedlight
     from speedlight.ops.linear_cross_entropy import linear_cross_entropy
@@ -115,6 +143,7 @@ def _cases():
             dict(hidden=hidden, weight=head, target=target),
             dict(hidden=S0, weight=R, target=S0), ("hidden", "weight")),
     }
+    compare["nn.RMSNorm-sequence-parallel"] = lambda: _sequence_parallel_norm(x, w)
     refused = {
         "rms_norm-shard-last-dim": lambda: _refused(
             speedlight.rms_norm, dict(x=x, weight=w), dict(x=[Shard(2)], weight=R)),

@@ -28,6 +28,7 @@ COMPUTED = {  # case -> the placements of its outputs
     "cross_entropy-none-shard0": [SHARD0],
     "cross_entropy-sum-shard0": [PARTIAL],  # each rank's sum over its tokens
     "linear_cross_entropy-sum-shard0": [PARTIAL],
+    "nn.RMSNorm-sequence-parallel": [SHARD1],  # torch's SequenceParallel on the module
 }
 
 REFUSED = {  # case -> what the message must say
