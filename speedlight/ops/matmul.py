@@ -24,7 +24,9 @@ from speedlight.kernels.matmul import _matmul_kernel
 from speedlight.ops._gemm import (
     CONFIG_SPACE,
     ensure_allocator,
-    launch_config,
+    gemm_bucket,
+    gemm_config,
+    gemm_rule,
     precision,
     programs,
     tma_layout,
@@ -59,8 +61,8 @@ def matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
         z = torch.zeros((m, n), dtype=torch.float32, device=a.device)
         return _epilogue_of_zeros(z, bias, residual, activation, out_dtype, dact)
     check_runtime(a, _matmul_kernel)
-    cfg = launch_config(m, n, k, a.dtype, a.device, out_dtype=out_dtype,
-                        residual=residual is not None, store_dact=store_dact)
+    cfg = gemm_config(MATMUL, m, n, k, a.dtype, a.device, out_dtype=out_dtype,
+                      residual=residual is not None, store_dact=store_dact)
     a_lay, b_lay = tma_layout(a), tma_layout(b)
     tma = (use_tma(a.device) and a_lay is not None and b_lay is not None
            and tma_layout(c) == "row")
@@ -189,7 +191,7 @@ MATMUL = register_op(
     backward_fake=lambda dc, a, b, bias, residual, dact, scale: (
         like(a), _like_layout(b), like(bias), like(residual)),
     grads=("a", "b", "bias", "residual"),
-    configs=Configs(CONFIG_SPACE),
+    configs=Configs(CONFIG_SPACE, default=gemm_rule, bucket=gemm_bucket),
 )
 
 
