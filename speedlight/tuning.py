@@ -129,10 +129,13 @@ def read(path: Path) -> dict[str, dict[str, dict]]:
         return {}
     try:
         return parse(json.loads(path.read_text()), str(path))
-    except (OSError, ValueError) as e:  # JSONDecodeError and TunedTableError are ValueErrors
-        warnings.warn(f"speedlight: tuned table ignored, the launch rules apply instead: {e}",
-                      TunedTableWarning, stacklevel=3)
-        return {}
+    except TunedTableError as e:
+        why = str(e)
+    except (OSError, ValueError) as e:  # unreadable, or not JSON
+        why = f"{path}: {e}"
+    warnings.warn(f"speedlight: tuned table ignored, the launch rules apply instead: {why}",
+                  TunedTableWarning, stacklevel=3)
+    return {}
 
 
 _LOADED: dict[str, dict[str, dict[str, dict]]] = {}

@@ -1,0 +1,74 @@
+"""The sweep on a CPU: matmul's configurations pruned by what inspect reads from the
+kernels compiled for sm_90a, each rejection with its reason; the CLI lists them and writes
+the rows. Compiles are what cost here (1-3 s each): every test caps them at two or three."""
+
+import pytest
+import torch
+
+from speedlight import cli, registry, results, target
+from speedlight.ops._gemm import CONFIG_SPACE
+from speedlight.tune import sweep
+
+# 64 x 256 tiles, k-steps of 128, 5 stages: 5 * (64 * 128 + 128 * 256) * 2 bytes of operand
+# buffers, far over the 227 KB one block may have on an H100
+TOO_BIG = {"BLOCK_M": (64,), "BLOCK_N": (256,), "BLOCK_K": (128,), "GROUP_M": (8,),
+           "num_warps": (4,), "num_stages": (5,)}
+
+
+def _task(**kw):
+    spec = registry.builtin_spec("matmul")
+    case = next(c for c in spec.cases("quick") if c.label == "m64-n64-k64-linear")
+    tgt = target.resolve("h100-sxm", None, torch.device("cpu"))
+    return sweep.tasks(spec, [case.with_(dtype=torch.bfloat16)], tgt, **kw)[0]
+
+
+def test_pruning_gives_each_rejection_its_reason():
+    task = _task(max_compiles=2)
+    task = sweep.Task(**{**task.__dict__, "space": tuple(TOO_BIG.items())})
+    rows = sweep.run_task(task, "cpu")
+    rule, big = rows
+    assert rule["rule"] and rule["status"] == "survivor" and rule["bucket"] == "m64-n64-k64-bf16"
+    assert rule["timing"] == "skipped: no GPU in use" and rule["spill_bytes"] == 0
+    assert set(rule["config"]) == set(CONFIG_SPACE)
+    assert big["status"] == "pruned" and big["smem"] > big["smem_limit"]
+    assert [r["kind"] for r in big["reasons"]] == ["smem-limit"]
+    assert "shared memory" in big["reasons"][0]["message"]
+
+
+def test_the_cap_bounds_the_compiles():
+    # one compile (the rule): everything past it is left over the cap and counted
+    rows = sweep.run_task(_task(max_compiles=1), "cpu")
+    assert [r["status"] for r in rows] == ["survivor", "not-compiled"]
+    assert rows[1]["count"] == len(sweep.ordered(CONFIG_SPACE, rows[0]["config"])) - 1
+
+
+def test_a_shape_without_a_launch_is_skipped_with_the_reason():
+    spec = registry.builtin_spec("matmul")
+    case = next(c for c in spec.cases("quick") if c.label.startswith("m0-"))
+    tgt = target.resolve("h100-sxm", None, torch.device("cpu"))
+    rows = sweep.run_task(sweep.tasks(spec, [case], tgt)[0], "cpu")
+    assert [r["status"] for r in rows] == ["skip"] and "no launch" in rows[0]["reason"]
+
+
+def test_an_op_without_a_space_is_refused():
+    spec = registry.builtin_spec("softmax")
+    tgt = target.resolve("h100-sxm", None, torch.device("cpu"))
+    with pytest.raises(ValueError, match="declares no configuration space"):
+        sweep.tasks(spec, spec.cases("quick")[:1], tgt)
+
+
+def test_cli_prunes_lists_and_writes_rows(tmp_path, capsys):
+    code = cli.main(["tune", "matmul", "--device", "cpu", "--cases", "m64-n64-k64",
+                     "--max-compiles", "2", "--target", "h100-sxm", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "timing is skipped" in out and "survivor (rule)" in out
+    rows = results.read_jsonl(tmp_path / "tune.jsonl")
+    assert {r["status"] for r in rows} >= {"survivor", "not-compiled"}
+    assert all(r["sku"] == "h100-sxm" and r["tool"] == "tune" for r in rows)
+    assert not (tmp_path / "tuned").exists()  # nothing timed on a CPU: no table
+
+
+def test_cli_refuses_an_op_without_a_space(tmp_path):
+    with pytest.raises(SystemExit, match="declares no configuration space"):
+        cli.main(["tune", "softmax", "--device", "cpu", "--out", str(tmp_path)])
