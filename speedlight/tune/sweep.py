@@ -258,9 +258,8 @@ def run_task(task: Task, device: torch.device | str = "cpu", *,
         rows.append(dict(base, status="not-compiled", count=over,
                          reason=f"{over} more configurations not examined: this shape's share "
                                 f"of --max-compiles ({task.max_compiles}) was spent"))
-    if task.time and device.type == "cuda":
-        _time_and_verify(spec, op, task.case, inputs, [r for _, r in staged], survivors,
-                         device)
+    if task.time:
+        _time_and_verify(spec, op, task.case, inputs, [r for _, r in staged], tgt, device)
     else:
         why = ("no GPU in use" if device.type != "cuda" else
                f"the GPU in use is not the target ({tgt.sku.name})")
@@ -271,9 +270,11 @@ def run_task(task: Task, device: torch.device | str = "cpu", *,
 
 # --- on the GPU ----------------------------------------------------------------------------
 
-def _stop_rule():
-    from speedlight.bench.timer import StopRule
+def _stop_rule(device: torch.device):
+    from speedlight.bench.timer import CPU_RULE, StopRule
 
+    if device.type != "cuda":
+        return CPU_RULE
     # a ranking, not a report: fewer samples than bench takes, still converged to 2%
     return StopRule(target_rse=0.02, min_samples=10, max_samples=100, time_cap_s=0.3)
 
@@ -287,41 +288,53 @@ def _time(spec: OpSpec, op: RegisteredOp, inputs: dict, config: dict, device: to
         return spec.impl(**inputs)
 
     with op.sweeping(config), torch.no_grad():
-        m = measure(run, clock=clock_for(device), rule=_stop_rule(), flush=flush)
+        m = measure(run, clock=clock_for(device), rule=_stop_rule(device), flush=flush)
     return m.summary.median * 1e6
 
 
-def _time_and_verify(spec, op, case, inputs, examined: list[dict], survivors, device) -> None:
-    """Time the survivors and the rule; verify the fastest, next fastest if it fails."""
+def _time_and_verify(spec: OpSpec, op: RegisteredOp, case: Case, inputs: dict,
+                     examined: list[dict], tgt: targets.Target, device: torch.device) -> None:
+    """Time the survivors and the rule; verify the fastest, the next fastest if it fails.
+    On a CPU (tests only: the CLI times on the target GPU alone) the launches run under
+    the interpreter sized for the target, and the rows say the times are not
+    representative."""
+    import contextlib
+
     from speedlight.bench.timer import flush_for
     from speedlight.verify.harness import verify_case
 
     flush = flush_for(device)
-    timed = []
-    for row in examined:
-        if row["status"] != "survivor" and not row.get("rule"):
-            continue
-        try:
-            row["median_us"] = round(_time(spec, op, inputs, row["config"], device, flush), 3)
-        except Exception as e:  # a launch that fails on the GPU: rejected with the reason
-            torch.cuda.synchronize(device)
-            row.update(status="pruned", reasons=[{"kind": "launch", "why": "fails on the GPU",
-                                                  "message": f"{type(e).__name__}: {e}"[:300]}])
-            continue
-        if row["status"] == "survivor":
-            timed.append(row)
-    rule_us = next((r.get("median_us") for r in examined if r.get("rule")), None)
-    for row in sorted(timed, key=lambda r: r["median_us"]):
-        with op.sweeping(row["config"]):
-            verdict = verify_case(spec, case, device)
-        row["verified"] = verdict.status
-        if verdict.status == "pass":
-            row.update(status="best", rule_us=rule_us)
-            if rule_us:
-                row["speedup"] = round(rule_us / row["median_us"], 4)
-            return
-        row.update(status="pruned", reasons=[{"kind": "verify", "why": "fails verification",
-                                              "message": verdict.reason or verdict.status}])
+    sizing = sized_for(tgt.sku.sm_count) if device.type != "cuda" else contextlib.nullcontext()
+    with sizing:
+        timed = []
+        for row in examined:
+            if row["status"] != "survivor" and not row.get("rule"):
+                continue
+            try:
+                row["median_us"] = round(_time(spec, op, inputs, row["config"], device, flush), 3)
+            except Exception as e:  # a launch that fails on the GPU: rejected with the reason
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                row.update(status="pruned", reasons=[{
+                    "kind": "launch", "why": "fails to run",
+                    "message": f"{type(e).__name__}: {e}"[:300]}])
+                continue
+            if device.type != "cuda":
+                row["timing"] = "interpreter: not representative"
+            if row["status"] == "survivor":
+                timed.append(row)
+        rule_us = next((r.get("median_us") for r in examined if r.get("rule")), None)
+        for row in sorted(timed, key=lambda r: r["median_us"]):
+            with op.sweeping(row["config"]):
+                verdict = verify_case(spec, case, device)
+            row["verified"] = verdict.status
+            if verdict.status == "pass":
+                row.update(status="best", rule_us=rule_us)
+                if rule_us:
+                    row["speedup"] = round(rule_us / row["median_us"], 4)
+                return
+            row.update(status="pruned", reasons=[{"kind": "verify", "why": "fails verification",
+                                                  "message": verdict.reason or verdict.status}])
 
 
 def run_tasks(tasks_: Sequence[Task], device: torch.device | str = "cpu", *,

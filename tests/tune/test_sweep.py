@@ -72,3 +72,17 @@ def test_cli_prunes_lists_and_writes_rows(tmp_path, capsys):
 def test_cli_refuses_an_op_without_a_space(tmp_path):
     with pytest.raises(SystemExit, match="declares no configuration space"):
         cli.main(["tune", "softmax", "--device", "cpu", "--out", str(tmp_path)])
+
+
+def test_timing_then_verification_picks_a_verified_best():
+    # timed under the interpreter here (the CLI times only on the target GPU): the path a
+    # GPU run takes, survivors timed, the fastest verified, its entry ready for the table
+    task = _task(max_compiles=2, time=True)
+    space = dict(TOO_BIG, BLOCK_N=(64,), BLOCK_K=(64,), num_stages=(3,))
+    rows = sweep.run_task(sweep.Task(**{**task.__dict__, "space": tuple(space.items())}), "cpu")
+    assert len(rows) == 2 and all("median_us" in r for r in rows)
+    best = [r for r in rows if r["status"] == "best"]
+    assert len(best) == 1 and best[0]["verified"] == "pass"
+    assert best[0]["rule_us"] == next(r["median_us"] for r in rows if r["rule"])
+    entry = sweep.winners(rows)["h100-sxm"]["matmul"]["m64-n64-k64-bf16"]
+    assert entry["config"] == best[0]["config"] and entry["verified"]
