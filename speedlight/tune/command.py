@@ -90,16 +90,17 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[dim]{why}: configurations are pruned by what the compiled kernels "
                       f"for {tgt.arch_name} show (launches sized for {tgt.sku.name}); timing "
                       f"is skipped.[/]")
-    console.print(f"[dim]{len(tasks)} shapes, up to {tasks[0].max_compiles if tasks else 0} "
-                  f"compiles each (--max-compiles {args.max_compiles})[/]")
+    console.print(f"[dim]{len(tasks)} shapes sharing {args.max_compiles} compiles "
+                  f"(--max-compiles){': the rule alone on some' if len(tasks) * 2 > args.max_compiles else ''}[/]")
 
     from rich.progress import Progress
 
     with Progress(console=console, transient=True) as progress:
-        bar = progress.add_task("tuning", total=len(tasks))
+        bar = progress.add_task("capturing, then compiling every shape's candidates",
+                                total=len(tasks))
 
         def advance(task, rows):
-            progress.update(bar, description=f"tuned {task.case.label}")
+            progress.update(bar, description=f"judged {task.case.label}")
             progress.advance(bar)
 
         rows = sweep.run_tasks(tasks, device, compiler=Compiler(jobs=args.jobs),

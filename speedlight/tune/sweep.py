@@ -29,6 +29,7 @@ cluster runner can hand each to a worker: `run_tasks` is the local loop over the
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import warnings
@@ -90,7 +91,8 @@ def tasks(spec: OpSpec, cases: Sequence[Case], tgt: targets.Target, *,
           spec_files: Sequence[str] = ()) -> list[Task]:
     """One task per distinct shape of `cases` (cases differing only in their seed or in
     injected non-finite values are one shape); `max_compiles` is the whole sweep's
-    budget, shared evenly (at least one compile per shape: the rule's)."""
+    budget, shared evenly (at least one compile per shape: the rule's). run_tasks pools
+    the shares, so what a shape without a launch leaves goes to the shapes after it."""
     configurable(spec)
     seen, shapes = set(), []
     for case in cases:
@@ -99,9 +101,9 @@ def tasks(spec: OpSpec, cases: Sequence[Case], tgt: targets.Target, *,
         if key not in seen:
             seen.add(key)
             shapes.append(case)
-    share = max(1, max_compiles // max(1, len(shapes)))
-    return [Task(spec.name, case, tgt.arch_name, tgt.sku.key, share, time, tuple(spec_files))
-            for case in shapes]
+    share, extra = divmod(max_compiles, max(1, len(shapes)))
+    return [Task(spec.name, case, tgt.arch_name, tgt.sku.key, max(1, share + (i < extra)),
+                 time, tuple(spec_files)) for i, case in enumerate(shapes)]
 
 
 def ordered(space: Mapping[str, Sequence[Any]], first: Mapping[str, Any]) -> list[dict]:
@@ -194,11 +196,29 @@ def _rejections(reports: list[case_report.KernelReport], arch_name: str) -> list
     return out
 
 
-def run_task(task: Task, device: torch.device | str = "cpu", *,
-             compiler: Compiler | None = None) -> list[dict]:
-    """The rows of one task (see the module docstring): one per configuration examined,
-    one counting those over the compile cap, or one saying why the shape was skipped."""
-    device = torch.device(device)
+@dataclass
+class _Staged:
+    """A task captured and ready to compile: what _finish needs."""
+
+    task: Task
+    spec: OpSpec
+    op: RegisteredOp
+    tgt: targets.Target
+    device: torch.device
+    inputs: dict
+    base: dict
+    rows: list  # rows decided before compiling (refused, duplicates), in order
+    staged: list  # (candidate, row) to compile and judge
+    over: int  # candidates left over the cap
+
+    @property
+    def launches(self) -> list[Launch]:
+        return [l for cand, _ in self.staged for l in cand.launches]
+
+
+def _prepare(task: Task, device: torch.device) -> _Staged | list[dict]:
+    """Capture the rule and the candidates (the compile cap applied, duplicates found);
+    the task's finished rows instead when the shape is skipped."""
     spec = _spec(task)
     op = configurable(spec)
     tgt = targets.resolve(task.target, task.sku, device)
@@ -216,56 +236,72 @@ def run_task(task: Task, device: torch.device | str = "cpu", *,
         why = ("no launch (an empty input, or a path without a kernel)" if not rule.launches
                else "its launcher asks for no configuration on this shape (a fixed rule there)")
         return [dict(base, status="skip", reason=why)]
-    bucket = op.configs.bucket(rule.key) if op.configs.bucket else None
-    base["bucket"] = bucket
+    base["bucket"] = op.configs.bucket(rule.key) if op.configs.bucket else None
     rule_config = rule.config
-    rows, staged, seen = [], [], {}
-    over = 0
+    st = _Staged(task, spec, op, tgt, device, inputs, base, [], [], 0)
+    seen: dict[tuple, dict] = {}
     for config in ordered(space, rule_config):
         is_rule = config == rule_config
-        if len(staged) >= task.max_compiles:
-            over += 1
+        if len(st.staged) >= task.max_compiles:
+            st.over += 1
             continue
         cand = rule if is_rule else _capture(spec, op, inputs, config, tgt)
         cand.config = config
         row = dict(base, config=config, rule=is_rule)
         if cand.error:
-            rows.append(dict(row, status="pruned", reasons=[{
+            st.rows.append(dict(row, status="pruned", reasons=[{
                 "kind": "launcher", "why": "refused by the launcher", "message": cand.error}]))
             continue
         sig = _signature(cand, tgt.arch_name)
         if sig in seen:
-            rows.append(dict(row, status="duplicate",
-                             reason=f"the same launches as {config_text(seen[sig])}"))
+            st.rows.append(dict(row, status="duplicate",
+                                reason=f"the same launches as {config_text(seen[sig])}"))
             continue
         seen[sig] = config
-        staged.append((cand, row))
-    compiler = compiler or Compiler()
-    compiled = compiler.compile([l for c, _ in staged for l in c.launches], tgt)
-    survivors = []
-    for cand, row in staged:
-        reports = [case_report.analyse_kernel(l, compiled[l.key(tgt.arch_name)], tgt, tgt.sku,
-                                              spec.design(l.kernel)) for l in cand.launches]
+        st.staged.append((cand, row))
+    return st
+
+
+def _finish(st: _Staged, compiled: dict) -> list[dict]:
+    """Judge each compiled candidate, then time and verify (or say why not)."""
+    arch_name = st.tgt.arch_name
+    rows, survivors = list(st.rows), []
+    for cand, row in st.staged:
+        reports = [case_report.analyse_kernel(l, compiled[l.key(arch_name)], st.tgt, st.tgt.sku,
+                                              st.spec.design(l.kernel)) for l in cand.launches]
         row.update(_kernel_fields(reports))
-        rejected = _rejections(reports, tgt.arch_name)
+        rejected = _rejections(reports, arch_name)
         if rejected:
             row.update(status="pruned", reasons=rejected)
         else:
             row.update(status="survivor")
-            survivors.append((cand, row))
+            survivors.append(row)
         rows.append(row)
-    if over:
-        rows.append(dict(base, status="not-compiled", count=over,
-                         reason=f"{over} more configurations not examined: this shape's share "
-                                f"of --max-compiles ({task.max_compiles}) was spent"))
-    if task.time:
-        _time_and_verify(spec, op, task.case, inputs, [r for _, r in staged], tgt, device)
+    if st.over:
+        rows.append(dict(st.base, status="not-compiled", count=st.over,
+                         reason=f"{st.over} more configurations not examined: this shape's "
+                                f"share of --max-compiles ({st.task.max_compiles}) was spent"))
+    if st.task.time:
+        _time_and_verify(st.spec, st.op, st.task.case, st.inputs, [r for _, r in st.staged],
+                         st.tgt, st.device)
     else:
-        why = ("no GPU in use" if device.type != "cuda" else
-               f"the GPU in use is not the target ({tgt.sku.name})")
-        for _, row in survivors:
+        why = ("no GPU in use" if st.device.type != "cuda" else
+               f"the GPU in use is not the target ({st.tgt.sku.name})")
+        for row in survivors:
             row["timing"] = f"skipped: {why}"
     return rows
+
+
+def run_task(task: Task, device: torch.device | str = "cpu", *,
+             compiler: Compiler | None = None) -> list[dict]:
+    """The rows of one task (see the module docstring): one per configuration examined,
+    one counting those over the compile cap, or one saying why the shape was skipped."""
+    device = torch.device(device)
+    st = _prepare(task, device)
+    if isinstance(st, list):
+        return st
+    compiler = compiler or Compiler()
+    return _finish(st, compiler.compile(st.launches, st.tgt))
 
 
 # --- on the GPU ----------------------------------------------------------------------------
@@ -340,12 +376,30 @@ def _time_and_verify(spec: OpSpec, op: RegisteredOp, case: Case, inputs: dict,
 def run_tasks(tasks_: Sequence[Task], device: torch.device | str = "cpu", *,
               compiler: Compiler | None = None,
               on_task: Callable[[Task, list[dict]], None] | None = None) -> list[dict]:
-    """Every task's rows, run here one after another (one compiler: kernels shared by
-    several shapes compile once)."""
+    """Every task's rows, as run_task gives them, run here: every task captured first,
+    then all their kernels compiled in one batch (the compiler's worker processes in
+    parallel; a kernel several shapes share compiles once), then each judged and timed."""
+    device = torch.device(device)
     compiler = compiler or Compiler()
+    # the tasks' shares, pooled: what a skipped shape (no launch) leaves goes to those after it
+    budget, prepared = sum(t.max_compiles for t in tasks_), []
+    for i, task in enumerate(tasks_):
+        share = max(1, budget // (len(tasks_) - i))
+        st = _prepare(dataclasses.replace(task, max_compiles=share), device)
+        budget -= 0 if isinstance(st, list) else len(st.staged)
+        prepared.append(st)
+    staged = [st for st in prepared if not isinstance(st, list)]
+    by_target: dict[str, list[_Staged]] = {}
+    for st in staged:
+        by_target.setdefault(st.tgt.arch_name, []).append(st)
+    compiled: dict = {}
+    for group in by_target.values():
+        compiled.update(compiler.compile([l for st in group for l in st.launches],
+                                         group[0].tgt))
     rows = []
-    for task in tasks_:
-        got = run_task(task, device, compiler=compiler)
+    for i, task in enumerate(tasks_):
+        st, prepared[i] = prepared[i], None  # a finished task's inputs are not kept
+        got = st if isinstance(st, list) else _finish(st, compiled)
         rows += got
         if on_task is not None:
             on_task(task, got)
