@@ -33,8 +33,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     arguments.add_dtypes(p, "bf16")
     arguments.add_target(p)
     p.add_argument("--max-compiles", type=int, default=DEFAULT_MAX_COMPILES, metavar="N",
-                   help=f"kernels compiled in the whole sweep, shared evenly by the shapes "
-                        f"(default {DEFAULT_MAX_COMPILES}; about 1-3 s each on a CPU)")
+                   help=f"candidates compiled and judged in the whole sweep, shared by the "
+                        f"shapes (default {DEFAULT_MAX_COMPILES}; about 1-3 s each on a CPU, "
+                        f"nothing for one whose kernel another already compiled)")
     p.add_argument("--no-install", action="store_true",
                    help="on a GPU, do not write the winners into the user's tuned table "
                         "(the cache the ops read); they still go to <out>/tuned/")

@@ -207,7 +207,7 @@ class _Staged:
     device: torch.device
     inputs: dict
     base: dict
-    rows: list  # rows decided before compiling (refused, duplicates), in order
+    rows: list  # a row per candidate examined, in order (staged ones filled in by _finish)
     staged: list  # (candidate, row) to compile and judge
     over: int  # candidates left over the cap
 
@@ -259,6 +259,7 @@ def _prepare(task: Task, device: torch.device) -> _Staged | list[dict]:
             continue
         seen[sig] = config
         st.staged.append((cand, row))
+        st.rows.append(row)
     return st
 
 
@@ -276,7 +277,6 @@ def _finish(st: _Staged, compiled: dict) -> list[dict]:
         else:
             row.update(status="survivor")
             survivors.append(row)
-        rows.append(row)
     if st.over:
         rows.append(dict(st.base, status="not-compiled", count=st.over,
                          reason=f"{st.over} more configurations not examined: this shape's "

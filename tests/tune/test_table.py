@@ -120,6 +120,16 @@ def test_rms_norm_reads_its_entry_per_hidden_size(tables):
     assert launched(rms_norm, x)[0]["BLOCK_M"] == 8192 // 256
 
 
+def test_softmax_reads_its_entry_per_row_length(tables):
+    from speedlight.ops.softmax import softmax
+
+    tables("shipped", {"softmax": {"cols512-bf16": {"config": {"tile": 1024}}}})
+    x = torch.randn(64, 512, dtype=torch.bfloat16)
+    assert launched(softmax, x)[0]["BLOCK_M"] == 1024 // 512  # the rule's 4096: 8 rows
+    x = torch.randn(64, 256, dtype=torch.bfloat16)
+    assert launched(softmax, x)[0]["BLOCK_M"] == 4096 // 256
+
+
 def test_winners_written_by_tune_are_read_back(tables, tmp_path):
     rows = [{"status": "best", "bucket": "m64-n64-k64-bf16", "sku": SKU, "op": "matmul",
              "config": TUNED, "median_us": 10.0, "rule_us": 12.0, "speedup": 1.2,
