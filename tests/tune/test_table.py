@@ -142,3 +142,16 @@ def test_winners_written_by_tune_are_read_back(tables, tmp_path):
     tuning.write(tuning.user_path(SKU), SKU, entries)
     tuning.reload()
     assert launched(*gemm(64, 64, 64)) == [TUNED]
+
+
+def test_no_table_is_read_at_import(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = ("import speedlight.registry, speedlight.tuning as t\n"
+            "speedlight.registry.builtin_specs()\n"
+            "assert t._LOADED == {}, 'a tuned table was read at import'\n")
+    env = dict(os.environ, SPEEDLIGHT_CACHE=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
