@@ -351,7 +351,7 @@ def _time_and_verify(spec: OpSpec, op: RegisteredOp, case: Case, inputs: dict,
             except Exception as e:  # a launch that fails on the GPU: rejected with the reason
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-                row.update(status="pruned", reasons=[{
+                row.update(status="pruned", reasons=row.get("reasons", []) + [{
                     "kind": "launch", "why": "fails to run",
                     "message": f"{type(e).__name__}: {e}"[:300]}])
                 continue
