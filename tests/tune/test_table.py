@@ -59,26 +59,26 @@ def rule(m, n, k):
         return launch_config(m, n, k, torch.bfloat16, torch.device("cpu")).as_config()
 
 
-def gemm(m, n, k):
-    a = torch.randn(m, k, dtype=torch.bfloat16)
-    b = torch.randn(k, n, dtype=torch.bfloat16)
+def gemm(m, n, k, device):
+    a = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    b = torch.randn(k, n, dtype=torch.bfloat16, device=device)
     return matmul, a, b
 
 
-def test_an_entry_is_used_at_launch_and_a_shape_without_one_takes_the_rule(tables):
+def test_an_entry_is_used_at_launch_and_a_shape_without_one_takes_the_rule(tables, device):
     # M 50 falls in the M 64 bucket; K 128 has no entry
     tables("shipped", {"matmul": {"m64-n64-k64-bf16": {"config": TUNED, "impl": None}}})
-    assert launched(*gemm(50, 64, 64)) == [TUNED]
-    assert launched(*gemm(64, 64, 128)) == [rule(64, 64, 128)]
+    assert launched(*gemm(50, 64, 64, device)) == [TUNED]
+    assert launched(*gemm(64, 64, 128, device)) == [rule(64, 64, 128)]
     assert rule(64, 64, 128) != TUNED
 
 
-def test_the_users_entry_wins_over_the_shipped_one(tables):
+def test_the_users_entry_wins_over_the_shipped_one(tables, device):
     tables("shipped", {"matmul": {"m64-n64-k64-bf16": {"config": TUNED},
                                   "m64-n64-k128-bf16": {"config": TUNED}}})
     tables("user", {"matmul": {"m64-n64-k64-bf16": {"config": USER}}})
-    assert launched(*gemm(64, 64, 64)) == [USER]
-    assert launched(*gemm(64, 64, 128)) == [TUNED]  # the shipped entry the user's lacks
+    assert launched(*gemm(64, 64, 64, device)) == [USER]
+    assert launched(*gemm(64, 64, 128, device)) == [TUNED]  # the shipped entry the user's lacks
 
 
 def test_no_table_is_read_under_the_interpreter_or_without_a_gpu(tables):
@@ -95,42 +95,42 @@ def test_no_table_is_read_under_the_interpreter_or_without_a_gpu(tables):
     pytest.param(json.dumps({"format": 1, "entries": {"matmul": {"m64-n64-k64-bf16": {}}}}),
                  "has no 'config'", id="no-config"),
 ])
-def test_a_corrupt_table_warns_naming_the_file_and_the_rule_applies(tables, text, says):
+def test_a_corrupt_table_warns_naming_the_file_and_the_rule_applies(tables, device, text, says):
     tables("shipped", {"matmul": {"m64-n64-k64-bf16": {"config": TUNED}}})
     tables("user", text)
     with pytest.warns(tuning.TunedTableWarning, match=says) as caught:
-        got = launched(*gemm(64, 64, 64))
+        got = launched(*gemm(64, 64, 64, device))
     assert str(tuning.user_path(SKU)) in str(caught[0].message)
     assert got == [TUNED]  # the user's file is ignored; the shipped one still applies
 
 
-def test_an_entry_outside_the_space_warns_and_the_rule_applies(tables):
+def test_an_entry_outside_the_space_warns_and_the_rule_applies(tables, device):
     tables("shipped", {"matmul": {"m64-n64-k64-bf16": {"config": dict(TUNED, BLOCK_M=96)}}})
     with pytest.warns(tuning.TunedTableWarning, match="not a point of its configuration space"):
-        assert launched(*gemm(64, 64, 64)) == [rule(64, 64, 64)]
+        assert launched(*gemm(64, 64, 64, device)) == [rule(64, 64, 64)]
 
 
-def test_rms_norm_reads_its_entry_per_hidden_size(tables):
+def test_rms_norm_reads_its_entry_per_hidden_size(tables, device):
     tables("shipped", {"rms_norm": {"hidden512-bf16": {
         "config": {"tile": 2048, "warps_per_sm": 16}}}})
-    x = torch.randn(64, 512, dtype=torch.bfloat16)
+    x = torch.randn(64, 512, dtype=torch.bfloat16, device=device)
     tuned = launched(rms_norm, x)[0]
     assert tuned["BLOCK_M"] == 2048 // 512  # the rule's 8192-element tile holds 16 rows
-    x = torch.randn(64, 256, dtype=torch.bfloat16)
+    x = torch.randn(64, 256, dtype=torch.bfloat16, device=device)
     assert launched(rms_norm, x)[0]["BLOCK_M"] == 8192 // 256
 
 
-def test_softmax_reads_its_entry_per_row_length(tables):
+def test_softmax_reads_its_entry_per_row_length(tables, device):
     from speedlight.ops.softmax import softmax
 
     tables("shipped", {"softmax": {"cols512-bf16": {"config": {"tile": 1024}}}})
-    x = torch.randn(64, 512, dtype=torch.bfloat16)
+    x = torch.randn(64, 512, dtype=torch.bfloat16, device=device)
     assert launched(softmax, x)[0]["BLOCK_M"] == 1024 // 512  # the rule's 4096: 8 rows
-    x = torch.randn(64, 256, dtype=torch.bfloat16)
+    x = torch.randn(64, 256, dtype=torch.bfloat16, device=device)
     assert launched(softmax, x)[0]["BLOCK_M"] == 4096 // 256
 
 
-def test_winners_written_by_tune_are_read_back(tables, tmp_path):
+def test_winners_written_by_tune_are_read_back(tables, device, tmp_path):
     rows = [{"status": "best", "bucket": "m64-n64-k64-bf16", "sku": SKU, "op": "matmul",
              "config": TUNED, "median_us": 10.0, "rule_us": 12.0, "speedup": 1.2,
              "verified": "pass", "case_id": "matmul-m64-n64-k64-bf16"},
@@ -141,17 +141,5 @@ def test_winners_written_by_tune_are_read_back(tables, tmp_path):
     assert entries["matmul"]["m64-n64-k64-bf16"]["impl"] is None  # reserved key
     tuning.write(tuning.user_path(SKU), SKU, entries)
     tuning.reload()
-    assert launched(*gemm(64, 64, 64)) == [TUNED]
+    assert launched(*gemm(64, 64, 64, device)) == [TUNED]
 
-
-def test_no_table_is_read_at_import(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    code = ("import speedlight.registry, speedlight.tuning as t\n"
-            "speedlight.registry.builtin_specs()\n"
-            "assert t._LOADED == {}, 'a tuned table was read at import'\n")
-    env = dict(os.environ, SPEEDLIGHT_CACHE=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr
