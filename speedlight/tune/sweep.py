@@ -24,7 +24,9 @@ it (`run_task`) gives one row per configuration examined:
    into tuned-table entries.
 
 Tasks are independent and picklable (op name, case, target names, spec files), so a
-cluster runner can hand each to a worker: `run_tasks` is the local loop over them.
+cluster runner can hand each to a worker that calls `run_task(task, device)` and returns
+its rows; `run_tasks` is the local runner (every task captured first, then all kernels
+compiled in one parallel batch, the compile budget pooled across the tasks).
 """
 
 from __future__ import annotations
