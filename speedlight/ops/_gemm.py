@@ -12,6 +12,7 @@ import torch
 import triton
 
 from speedlight.launch import planned_sm_count
+from speedlight.spec import dtype_name
 
 # The configuration space of the GEMM kernels, named as the launchers pass them to the
 # kernel (`speedlight tune` sweeps it): tile sizes (BLOCK_M x BLOCK_N of c, BLOCK_K of the
@@ -66,19 +67,14 @@ class GemmKey(NamedTuple):
     device: torch.device
 
 
-def _name(dtype: torch.dtype) -> str:
-    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(
-        dtype, str(dtype).removeprefix("torch."))
-
-
 def gemm_bucket(key: GemmKey) -> str:
     """The tuned tables' entry a GEMM falls in: M to the next power of two (at least 16:
     the token count varies, the weights' N and K do not), N and K exact, the dtypes, and
     whether the epilogue holds a second tile."""
     m = max(16, triton.next_power_of_2(max(key.m, 1)))
-    out = f"-out_{_name(key.out_dtype)}" if key.out_dtype != key.dtype else ""
+    out = f"-out_{dtype_name(key.out_dtype)}" if key.out_dtype != key.dtype else ""
     epi = "-epilogue_tile" if key.epilogue_tile else ""
-    return f"m{m}-n{key.n}-k{key.k}-{_name(key.dtype)}{out}{epi}"
+    return f"m{m}-n{key.n}-k{key.k}-{dtype_name(key.dtype)}{out}{epi}"
 
 
 def gemm_rule(key: GemmKey) -> dict[str, int]:
