@@ -20,6 +20,7 @@ DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
     "fp64": torch.float64,
+    "fp8": torch.float8_e4m3fn,  # fp8 GEMM operands (e4m3); their outputs are bf16
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
@@ -35,7 +36,8 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         return name
     key = name.strip().lower().replace("torch.", "")
     aliases = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
-               "bfloat16": "bf16", "float64": "fp64", "double": "fp64"}
+               "bfloat16": "bf16", "float64": "fp64", "double": "fp64",
+               "float8_e4m3fn": "fp8", "e4m3": "fp8"}
     key = aliases.get(key, key)
     if key not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}: expected one of {', '.join(DTYPES)}")
@@ -168,6 +170,10 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float32: Tolerance(k=4.0, floor=2.0 ** -24, ceiling=1e-4),
     torch.float16: Tolerance(k=4.0, floor=2.0 ** -11, ceiling=1e-2),
     torch.bfloat16: Tolerance(k=4.0, floor=2.0 ** -8, ceiling=4e-2),
+    # fp8 (e4m3) operands: exact in float64, so the error is the GEMM's own; the output is
+    # bf16 (bf16's floor), and the gradients of fp8 operands come back in fp8, one e4m3
+    # rounding (unit roundoff 2^-4) each, which the ceiling allows beside the k-rule
+    torch.float8_e4m3fn: Tolerance(k=4.0, floor=2.0 ** -8, ceiling=0.1),
 }
 
 

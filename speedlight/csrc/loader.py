@@ -4,8 +4,8 @@ team's (a spec file's kernel), with torch.utils.cpp_extension.
 Nothing is built at import. The first call that needs an extension builds it with ninja
 into a cache directory keyed by torch version, CUDA version and GPU architecture
 (speedlight's cache: `$SPEEDLIGHT_CACHE`, else `$XDG_CACHE_HOME/speedlight`, else
-`~/.cache/speedlight`; then `csrc/torch<ver>-cuda<ver>-sm_<cc>/<name>`), so a second process loads it in
-milliseconds. Each build's wall time is recorded in `BUILDS` (and returned by
+`~/.cache/speedlight`; then `csrc/torch<ver>-cuda<ver>-sm_<cc>/<name>`), so a second
+process loads it in milliseconds. Each build's wall time is recorded in `BUILDS` (and returned by
 `build_seconds`), so gpu-check and a benchmark count it apart from the kernels' time.
 
 `unavailable(device)` says why an extension cannot run here (a CPU build of torch, no GPU,

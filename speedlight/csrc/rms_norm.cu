@@ -29,6 +29,14 @@ constexpr int kMaxThreads = 1024;
 // 64 warps resident. The backward compiles under __launch_bounds__(1024): at most 64
 // (CUDA_BWD_REGISTERS).
 constexpr int kFwdRegisters = 48;
+// __maxnreg__ needs nvcc 12.4 or later; an older nvcc builds the forward under
+// __launch_bounds__(1024, 1) (at most 64 registers: the grid may then take a partial
+// second wave).
+#if __CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 4)
+#define SPEEDLIGHT_FWD_REGISTER_CAP __maxnreg__(kFwdRegisters)
+#else
+#define SPEEDLIGHT_FWD_REGISTER_CAP __launch_bounds__(kMaxThreads, 1)
+#endif
 // The backward sums dw in shared memory (hidden fp32 values per program) up to this size;
 // wider rows accumulate in the program's own row of dw_partial in global memory instead.
 constexpr int64_t kMaxSharedDwBytes = 96 * 1024;
@@ -157,7 +165,7 @@ __device__ __forceinline__ void write_y(T* y_row, const T* w, int64_t i, const V
 // h in registers; pass 2 writes y from them, reading back only what a row has beyond them
 // (x, or the h this thread wrote itself at the same places).
 template <typename T>
-__global__ void __maxnreg__(kFwdRegisters)
+__global__ void SPEEDLIGHT_FWD_REGISTER_CAP
 rms_norm_fwd_kernel(const T* x, int64_t x_row_stride, const T* residual,
                     int64_t residual_row_stride, const T* w, T* y, int64_t y_row_stride,
                     T* h_out, int64_t h_row_stride, float* rstd, int64_t rows,
