@@ -171,5 +171,7 @@ def test_example_cuda_spec_inspects_and_holds_to_its_design(tmp_path):
     assert code == 0
     rows = results.read_jsonl(tmp_path / "inspect.jsonl")
     kernels = {r.get("kernel") for r in rows if r["op"] == "scaled_relu"}
+    # named as verify and bench name it: the op's only (first) implementation
+    assert {(r["implementation"], r["impl"]) for r in rows} == {("speedlight", "cuda")}
     assert {"scaled_relu_kernel<__nv_bfloat16, false>",
             "scaled_relu_kernel<__nv_bfloat16, true>"} <= kernels
