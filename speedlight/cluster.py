@@ -133,12 +133,11 @@ def _local_triton_cache() -> str:
     return os.path.join(tempfile.gettempdir(), f"speedlight-triton-cache-{user}")
 
 
-def _maybe_fail(item) -> None:
-    """Fault injection for the tests: SPEEDLIGHT_CLUSTER_FAULT=TEXT kills the worker process
-    (os._exit) as it starts an item whose id contains TEXT, on every try; TEXT@MARKER does so
-    only while the file MARKER does not exist, creating it first (so only the first try
-    dies)."""
-    spec = os.environ.get(FAULT_ENV)
+def _maybe_fail(item, spec: str | None) -> None:
+    """Fault injection for the tests, from the driver's SPEEDLIGHT_CLUSTER_FAULT: TEXT kills
+    the worker process (os._exit) as it starts an item whose id contains TEXT, on every try;
+    TEXT@MARKER does so only while the file MARKER does not exist, creating it first (so
+    only the first try dies)."""
     if not spec:
         return
     text, _, marker = spec.partition("@")
@@ -152,16 +151,33 @@ def _maybe_fail(item) -> None:
     os._exit(3)
 
 
-def _task(worker: str, device: str, payload, items: Sequence):
+def _choose_runtime(device: str) -> None:
+    """On a worker, before any kernel module is imported: the Triton interpreter for 'cpu'
+    (as `speedlight --device cpu` does), compiled kernels for 'cuda'. A worker process that
+    already imported triton the other way cannot switch: that is an error, not a silent
+    wrong runtime."""
+    import sys
+
+    interpreting = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    if "triton" in sys.modules and interpreting != (device == "cpu"):
+        raise RuntimeError(f"this Ray worker imported triton with TRITON_INTERPRET="
+                           f"{os.environ.get('TRITON_INTERPRET')!r}, which a {device} sweep "
+                           f"cannot use; run the sweep from a new driver process")
+    if device == "cpu":
+        from speedlight.cli import select_device
+        select_device("cpu")  # the interpreter on, its numerics set, as the CLI does
+    elif interpreting:
+        os.environ["TRITON_INTERPRET"] = "0"  # a node whose environment asks for it
+
+
+def _task(worker: str, device: str, payload, items: Sequence, fault: str | None = None):
     """Runs on a Ray worker: the runtime first, then the tool's worker, item by item."""
     os.environ.setdefault("TRITON_CACHE_DIR", _local_triton_cache())
-    from speedlight.cli import select_device
-
-    select_device(device)  # 'cpu' switches the interpreter on before any kernel import
+    _choose_runtime(device)
     module, _, name = worker.partition(":")
     run_one = getattr(importlib.import_module(module), name)(payload, device)
     for item in items:
-        _maybe_fail(item)
+        _maybe_fail(item, fault)
         yield run_one(item)
 
 
@@ -182,13 +198,15 @@ def run(worker: str, groups: Sequence[Group], *, device: str, cpus: int = 1,
     yields, on_lost(group, item, reason) for every item that could not be run (its worker
     died twice). `env`: extra environment variables for the workers."""
     ray = _ray()
-    env_vars = {"TRITON_INTERPRET": "1" if device == "cpu" else "0", **(env or {})}
-    if os.environ.get(FAULT_ENV):
-        env_vars.setdefault(FAULT_ENV, os.environ[FAULT_ENV])
-    remote = ray.remote(_task).options(
-        num_gpus=1 if device == "cuda" else 0, num_cpus=cpus, max_retries=0,
-        num_returns="streaming", _generator_backpressure_num_objects=1,
-        runtime_env={"env_vars": env_vars}, name="speedlight-sweep")
+    # the runtime is chosen inside the task (_choose_runtime), so the workers Ray already
+    # started serve the sweep; a runtime_env only for extra variables (new workers)
+    options = dict(num_gpus=1 if device == "cuda" else 0, num_cpus=cpus, max_retries=0,
+                   num_returns="streaming", _generator_backpressure_num_objects=1,
+                   name="speedlight-sweep")
+    if env:
+        options["runtime_env"] = {"env_vars": dict(env)}
+    remote = ray.remote(_task).options(**options)
+    fault = os.environ.get(FAULT_ENV) or None
 
     charged: dict[tuple[int, int], int] = {}  # (group, item index) -> deaths charged to it
     running: dict = {}  # generator -> (group index, item indices not yet delivered)
@@ -196,7 +214,8 @@ def run(worker: str, groups: Sequence[Group], *, device: str, cpus: int = 1,
     def submit(g: int, todo: list[int]) -> None:
         if todo:
             group = groups[g]
-            gen = remote.remote(worker, device, group.payload, [group.items[i] for i in todo])
+            gen = remote.remote(worker, device, group.payload, [group.items[i] for i in todo],
+                                fault)
             running[gen] = (g, todo)
 
     for g, group in enumerate(groups):
