@@ -138,11 +138,3 @@ def test_without_ray_installed_the_flag_says_how_to_get_it(monkeypatch, tmp_path
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(SystemExit, match=r"pip install \"speedlight\[ray\]\""):
         _verify(tmp_path, "--ray")
-
-
-def test_bad_ray_flags_are_refused_before_any_work(tmp_path):
-    with pytest.raises(SystemExit, match="--ray-cpus must be at least 1"):
-        _verify(tmp_path, "--ray", "--ray-cpus", "0")
-    with pytest.raises(SystemExit, match="--budget-s"):
-        cli.main(["bench", "--ops", "softmax", "--out", str(tmp_path), "--ray",
-                  "--budget-s", "10"])
