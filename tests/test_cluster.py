@@ -127,7 +127,7 @@ def test_ctrl_c_cancels_the_sweep_and_keeps_the_rows_written(ray_cluster, tmp_pa
 
     groups = [cluster.Group(c.id, {"op": "softmax", "spec_files": [], "include_builtin": True,
                                    "max_gib": None, "target": None, "sku": None,
-                                   "suite": "quick", "run": "r"}, [c]) for c in cases]
+                                   "suite": "quick", "run": "r", "impl": None}, [c]) for c in cases]
     with pytest.raises(KeyboardInterrupt):
         cluster.run(verify_on_cluster.WORKER, groups, device="cpu", on_item=on_item,
                     on_lost=lambda *a: pytest.fail("nothing was lost"))

@@ -59,21 +59,12 @@ def verify_cases(specs, cases_of, device, out_path: Path, *, suite: str, target=
     done = []
     for spec in specs:
         for case in cases_of(spec):
-            row, r = verify_row(spec, case, device, max_bytes, env, suite=suite, run_id=run_id)
-            results.append_jsonl(out_path, [row])
+            r = harness.verify_case(spec, case, device, max_bytes=max_bytes)
+            results.append_jsonl(out_path, [dict(r.to_row(), suite=suite, run=run_id, **env)])
             done.append(r)
             if on_case is not None:
                 on_case(spec, r)
     return done
-
-
-def verify_row(spec, case, device, max_bytes: int, env: dict, *, suite: str, run_id: str):
-    """One case verified: (its results row, its CaseResult). A local run and a Ray worker
-    (speedlight.verify.on_cluster) both call this."""
-    from speedlight.verify import harness
-
-    r = harness.verify_case(spec, case, device, max_bytes=max_bytes)
-    return dict(r.to_row(), suite=suite, run=run_id, **env), r
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     if device.type == "cpu" and args.ray is None:
         console.print("[dim]No GPU in use: kernels run on CPU tensors through the Triton "
                       "interpreter (correctness only; bfloat16 tl.dot cases are skipped).[/]")
-    console.print(f"[dim]{tgt.describe()}[/]")
+    if args.ray is None:  # on Ray, each worker's own GPU (unless --target names one)
+        console.print(f"[dim]{tgt.describe()}[/]")
 
     out_path = out_dir / "verify.jsonl"
     env = results.environment(device)

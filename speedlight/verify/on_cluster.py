@@ -1,8 +1,8 @@
 """`speedlight verify --ray`: the same cases, spread over a Ray cluster (speedlight.cluster).
 
-One task per op and kernel specialisation (the case without its seed: shape, layout, flags
-and dtype), so a worker compiles each kernel once and runs every seed of it. A worker runs
-`command.verify_row`, as a local run does, on its own device: its rows carry that worker's
+One task per op, implementation and kernel specialisation (the case without its seed:
+shape, layout, flags and dtype), so a worker compiles each kernel once and runs every seed of it. A worker runs
+the harness's `verify_case`, as a local run does, on its own device: its rows carry that worker's
 host, GPU model and versions. The driver appends each row to the results file as it
 arrives; a case whose worker died on both tries gets an error row with the reason.
 """
@@ -20,11 +20,11 @@ WORKER = "speedlight.verify.on_cluster:worker"
 
 def worker(payload: dict, device: str):
     """On a Ray worker (runtime already chosen): set up once, then a function that verifies
-    one case into (row, CaseResult)."""
+    one case into (its row, its CaseResult), as command.verify_cases does locally."""
     import torch
 
     from speedlight import registry, results, target
-    from speedlight.verify import command
+    from speedlight.verify import command, harness
 
     dev = torch.device(device)
     spec = registry.select([payload["op"]], payload["spec_files"],
@@ -33,19 +33,33 @@ def worker(payload: dict, device: str):
     env = results.environment(dev)
     env["target"] = target.resolve(payload["target"], payload["sku"], dev,
                                    env.get("driver")).sku.key
-    return lambda case: command.verify_row(spec, case, dev, max_bytes, env,
-                                           suite=payload["suite"], run_id=payload["run"])
+    which = {"impl": payload["impl"]} if payload["impl"] is not None else {}
+
+    def one(case):
+        r = harness.verify_case(spec, case, dev, max_bytes=max_bytes, **which)
+        return dict(r.to_row(), suite=payload["suite"], run=payload["run"], **env), r
+    return one
+
+
+def _implementations(spec) -> list:
+    """The spec's implementations to verify one by one (OpSpec.implementations where specs
+    declare several), else [None]: the spec's one implementation."""
+    return list(getattr(spec, "implementations", None) or [None])
 
 
 def groups(specs, cases_of, payload: dict) -> list[cluster.Group]:
-    """One group per (op, kernel specialisation): the cases that differ only by seed."""
-    out: dict[tuple[str, str], cluster.Group] = {}
+    """One group per (op, implementation, kernel specialisation): the cases of one
+    implementation that differ only by seed."""
+    out: dict[tuple, cluster.Group] = {}
     for spec in specs:
+        impls = _implementations(spec)
         for case in cases_of(spec):
-            key = (spec.name, case.with_(seed=0).id)
-            if key not in out:
-                out[key] = cluster.Group(" ".join(key), dict(payload, op=spec.name))
-            out[key].items.append(case)
+            for impl in impls:
+                key = (spec.name, impl or "", case.with_(seed=0).id)
+                if key not in out:
+                    out[key] = cluster.Group(" ".join(k for k in key if k),
+                                             dict(payload, op=spec.name, impl=impl))
+                out[key].items.append(case)
     return list(out.values())
 
 
