@@ -84,7 +84,10 @@ def connect(address: str = "auto") -> str:
     if ray.is_initialized():
         return "Ray: using the cluster this process is connected to"
     quiet = dict(log_to_driver=False, logging_level="ERROR", configure_logging=True)
-    if address == "auto":
+    try:
+        if address != "auto":
+            ray.init(address=address, **quiet)
+            return f"Ray: joined the cluster at {address}"
         try:
             ray.init(address="auto", **quiet)
             return "Ray: joined the cluster running on this machine"
@@ -92,11 +95,8 @@ def connect(address: str = "auto") -> str:
             ray.init(include_dashboard=False, **quiet)
             return ("Ray: no cluster found (no `ray start --head` here, no RAY_ADDRESS): started "
                     "a local one on this machine")
-    try:
-        ray.init(address=address, **quiet)
     except (ConnectionError, ValueError, RuntimeError) as e:
         raise ClusterError(f"--ray {address}: cannot join a Ray cluster there: {e}") from None
-    return f"Ray: joined the cluster at {address}"
 
 
 def worker_device(requested: str) -> str:
@@ -184,6 +184,11 @@ def _task(worker: str, device: str, payload, items: Sequence, fault: str | None 
 # --- on the driver ---------------------------------------------------------------------------
 
 def _reason(error: BaseException) -> str:
+    """One line: the exception the task raised (not Ray's wrapper with its traceback), or
+    why Ray lost the worker."""
+    cause = getattr(error, "cause", None)  # a RayTaskError's original exception
+    if isinstance(cause, BaseException):
+        error = cause
     text = str(error).strip().splitlines()
     first = next((line for line in text if line.strip()), "")
     return f"{type(error).__name__}: {first}"[:500]

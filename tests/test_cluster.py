@@ -111,6 +111,27 @@ def test_a_ray_bench_sweep_times_every_case_with_the_rows_of_a_local_run(
         assert on_ray[key]["samples_us"] and on_ray[key]["host"]
 
 
+def _payload(**kw):
+    return dict({"op": "softmax", "spec_files": [], "include_builtin": True, "max_gib": None,
+                 "target": None, "sku": None, "suite": "quick", "run": "r", "impl": None}, **kw)
+
+
+def test_a_worker_whose_set_up_raises_gives_error_rows_with_its_reason(ray_cluster):
+    """A node without the op (e.g. a spec file missing there): each case tried twice, then
+    an error naming what the worker raised."""
+    import torch
+
+    cases = [c.with_(dtype=torch.float32) for c in
+                   registry.builtin_spec("softmax").cases("quick")[:2]]
+    lost = []
+    cluster.run(verify_on_cluster.WORKER, [cluster.Group("g", _payload(op="nope"), cases)],
+                device="cpu", on_item=lambda *a: pytest.fail("the set-up cannot succeed"),
+                on_lost=lambda group, case, reason: lost.append((case.id, reason)))
+    assert [case_id for case_id, _ in lost] == [c.id for c in cases]
+    for _, reason in lost:
+        assert reason.startswith("its worker failed on both tries (ValueError: unknown op(s) nope")
+
+
 def test_ctrl_c_cancels_the_sweep_and_keeps_the_rows_written(ray_cluster, tmp_path, monkeypatch):
     """KeyboardInterrupt in the driver (Ctrl-C) after the first row: it propagates, the row
     written stays, and the tasks still running are cancelled."""
@@ -125,9 +146,7 @@ def test_ctrl_c_cancels_the_sweep_and_keeps_the_rows_written(ray_cluster, tmp_pa
         got.append(value)
         raise KeyboardInterrupt
 
-    groups = [cluster.Group(c.id, {"op": "softmax", "spec_files": [], "include_builtin": True,
-                                   "max_gib": None, "target": None, "sku": None,
-                                   "suite": "quick", "run": "r", "impl": None}, [c]) for c in cases]
+    groups = [cluster.Group(c.id, _payload(), [c]) for c in cases]
     with pytest.raises(KeyboardInterrupt):
         cluster.run(verify_on_cluster.WORKER, groups, device="cpu", on_item=on_item,
                     on_lost=lambda *a: pytest.fail("nothing was lost"))
