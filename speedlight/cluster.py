@@ -49,6 +49,7 @@ class Group:
     key: str
     payload: Any
     items: list = field(default_factory=list)
+    gpu_model: str | None = None  # Ray's accelerator type (H100, A100...); None: any GPU
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,6 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-cpus", type=int, default=1, metavar="N",
                    help="with --ray: CPUs per task (default 1); on a cluster without GPUs the "
                         "tasks run the Triton interpreter on N CPUs each")
+    p.add_argument("--ray-gpu", default=None, metavar="MODEL[,MODEL...]|each",
+                   help="with --ray: run every case on a GPU of each model named (Ray's "
+                        "accelerator types: H100, A100...), or 'each' model the cluster has; "
+                        "default: once, on any free GPU")
 
 
 def check_arguments(args: argparse.Namespace, tool: str) -> None:
@@ -97,6 +102,36 @@ def connect(address: str = "auto") -> str:
                     "a local one on this machine")
     except (ConnectionError, ValueError, RuntimeError) as e:
         raise ClusterError(f"--ray {address}: cannot join a Ray cluster there: {e}") from None
+
+
+def gpu_models() -> list[str]:
+    """The GPU models (Ray accelerator types) the cluster's live nodes have."""
+    prefix = "accelerator_type:"
+    return sorted(k[len(prefix):] for k in _ray().cluster_resources() if k.startswith(prefix))
+
+
+def chosen_gpu_models(text: str | None, device: str) -> list[str | None]:
+    """--ray-gpu as the models to run every case on ([None]: once, on any GPU)."""
+    if text is None:
+        return [None]
+    if device != "cuda":
+        raise ClusterError("--ray-gpu picks GPU models, but the tasks run on CPU workers "
+                           "(a cluster without GPUs, or --device cpu)")
+    have = gpu_models()
+    wanted = have if text.strip() == "each" else [m.strip() for m in text.split(",") if m.strip()]
+    missing = [m for m in wanted if m not in have]
+    if missing or not wanted:
+        raise ClusterError(f"--ray-gpu {text}: the cluster has no GPU of model "
+                           f"{', '.join(missing) or '(none named)'}; it has "
+                           f"{', '.join(have) or 'no GPU model Ray knows'}")
+    return list(wanted)
+
+
+def on_each(groups: Sequence[Group], models: Sequence[str | None]) -> list[Group]:
+    """Every group once per GPU model (a group as it is for [None])."""
+    if list(models) == [None]:
+        return list(groups)
+    return [Group(f"{g.key} on {m}", g.payload, list(g.items), m) for g in groups for m in models]
 
 
 def worker_device(requested: str) -> str:
@@ -194,14 +229,28 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {first}"[:500]
 
 
+def _fits(resources: dict, device: str, cpus: int, gpu_model: str | None) -> str:
+    """'' when the cluster's live nodes have what a task needs, else what is missing."""
+    if device == "cuda" and resources.get("GPU", 0) < 1:
+        return "the cluster has no GPU left"
+    if gpu_model is not None and f"accelerator_type:{gpu_model}" not in resources:
+        return f"the cluster has no {gpu_model} GPU left"
+    if resources.get("CPU", 0) < cpus:
+        return f"the cluster has fewer than {cpus} CPU(s) left"
+    return ""
+
+
 def run(worker: str, groups: Sequence[Group], *, device: str, cpus: int = 1,
         on_item: Callable[[Group, Any, Any], Any],
         on_lost: Callable[[Group, Any, str], Any],
-        env: dict[str, str] | None = None) -> None:
-    """Run every group as a Ray task on `device` ('cuda': one whole GPU each; 'cpu': `cpus`
-    CPUs each, under the interpreter); on_item(group, item, value) for every value a worker
-    yields, on_lost(group, item, reason) for every item that could not be run (its worker
-    died twice). `env`: extra environment variables for the workers."""
+        env: dict[str, str] | None = None, check_every_s: float = 30.0) -> None:
+    """Run every group as a Ray task on `device` ('cuda': one whole GPU each, of the group's
+    gpu_model when it names one; 'cpu': `cpus` CPUs each, under the interpreter);
+    on_item(group, item, value) for every value a worker yields, on_lost(group, item, reason)
+    for every item that could not be run: its worker died twice, or no live node can run it
+    (checked at each submission and every `check_every_s` without news, so a sweep whose
+    last GPU node died ends instead of waiting). `env`: extra environment variables for the
+    workers."""
     ray = _ray()
     # the runtime is chosen inside the task (_choose_runtime), so the workers Ray already
     # started serve the sweep; a runtime_env only for extra variables (new workers)
@@ -210,24 +259,43 @@ def run(worker: str, groups: Sequence[Group], *, device: str, cpus: int = 1,
                    name="speedlight-sweep")
     if env:
         options["runtime_env"] = {"env_vars": dict(env)}
-    remote = ray.remote(_task).options(**options)
+    remote = ray.remote(_task)
     fault = os.environ.get(FAULT_ENV) or None
 
     charged: dict[tuple[int, int], int] = {}  # (group, item index) -> deaths charged to it
     running: dict = {}  # generator -> (group index, item indices not yet delivered)
 
-    def submit(g: int, todo: list[int]) -> None:
-        if todo:
-            group = groups[g]
-            gen = remote.remote(worker, device, group.payload, [group.items[i] for i in todo],
-                                fault)
+    def lose(g: int, todo: list[int], reason: str) -> None:
+        for i in todo:
+            on_lost(groups[g], groups[g].items[i], reason)
+
+    def submit(g: int, todo: list[int], resources: dict) -> None:
+        group = groups[g]
+        missing = _fits(resources, device, cpus, group.gpu_model)
+        if missing:
+            lose(g, todo, f"not run: {missing}")
+        elif todo:
+            model = {"accelerator_type": group.gpu_model} if group.gpu_model else {}
+            gen = remote.options(**options, **model).remote(
+                worker, device, group.payload, [group.items[i] for i in todo], fault)
             running[gen] = (g, todo)
 
+    resources = ray.cluster_resources()
     for g, group in enumerate(groups):
-        submit(g, list(range(len(group.items))))
+        submit(g, list(range(len(group.items))), resources)
     try:
         while running:
-            ready, _ = ray.wait(list(running), num_returns=1, fetch_local=False)
+            ready, _ = ray.wait(list(running), num_returns=1, fetch_local=False,
+                                timeout=check_every_s)
+            if not ready:  # nothing for a while: are the tasks still runnable anywhere?
+                resources = ray.cluster_resources()
+                for gen, (g, todo) in list(running.items()):
+                    missing = _fits(resources, device, cpus, groups[g].gpu_model)
+                    if missing:
+                        ray.cancel(gen, force=True)
+                        del running[gen]
+                        lose(g, todo, f"not run: {missing}")
+                continue
             gen = ready[0]
             g, todo = running.pop(gen)
             try:
@@ -240,9 +308,9 @@ def run(worker: str, groups: Sequence[Group], *, device: str, cpus: int = 1,
                 if charged[g, first] >= ATTEMPTS:
                     on_lost(groups[g], groups[g].items[first],
                             f"its worker failed on both tries ({_reason(e)})")
-                    submit(g, rest)
-                else:
-                    submit(g, todo)
+                    todo = rest
+                if todo:
+                    submit(g, todo, ray.cluster_resources())
                 continue
             running[gen] = (g, todo[1:])
             on_item(groups[g], groups[g].items[todo[0]], value)

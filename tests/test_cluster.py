@@ -18,11 +18,16 @@ SAME = ("tool", "op", "implementation", "case_id", "case", "status", "reason", "
         "checks", "suite", "device", "runtime", "target", "torch", "triton")
 
 
+MODEL = "TESTGPU"
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray", reason="the ray extra is not installed "
                                             "(pip install -e '.[ray]')")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    # a GPU model Ray would find on a GPU node (its accelerator type), here on a CPU node
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+             resources={f"accelerator_type:{MODEL}": 1})
     yield ray
     ray.shutdown()
 
@@ -130,6 +135,24 @@ def test_a_worker_whose_set_up_raises_gives_error_rows_with_its_reason(ray_clust
     assert [case_id for case_id, _ in lost] == [c.id for c in cases]
     for _, reason in lost:
         assert reason.startswith("its worker failed on both tries (ValueError: unknown op(s) nope")
+
+
+def test_each_gpu_model_runs_every_case_and_a_model_the_cluster_lacks_is_not_waited_for(
+        ray_cluster, tmp_path):
+    import torch
+
+    assert cluster.gpu_models() == [MODEL]
+    case = registry.builtin_spec("softmax").cases("quick")[0].with_(dtype=torch.float32)
+    groups = cluster.on_each([cluster.Group("g", _payload(), [case])], [MODEL, "NOPE"])
+    assert [g.gpu_model for g in groups] == [MODEL, "NOPE"]
+    ran, lost = [], []
+    cluster.run(verify_on_cluster.WORKER, groups, device="cpu",
+                on_item=lambda group, c, value: ran.append((group.gpu_model, value[1].status)),
+                on_lost=lambda group, c, reason: lost.append((group.gpu_model, reason)))
+    assert ran == [(MODEL, "pass")]
+    assert lost == [("NOPE", "not run: the cluster has no NOPE GPU left")]
+    with pytest.raises(SystemExit, match="--ray-gpu picks GPU models, but the tasks run on CPU"):
+        _verify(tmp_path, "--ray", "--ray-gpu", MODEL)
 
 
 def test_ctrl_c_cancels_the_sweep_and_keeps_the_rows_written(ray_cluster, tmp_path, monkeypatch):

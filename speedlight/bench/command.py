@@ -235,7 +235,8 @@ def _run(args: argparse.Namespace) -> int:
                 on_cluster.bench_cases(specs, cases, out_path, args, settings=settings,
                                        rule_overrides=overrides, baselines=baselines,
                                        suite=args.suite, run_id=bench.run_id, on_case=on_case,
-                                       say=console.print)
+                                       say=console.print,
+                                       on_total=lambda n: progress.update(task, total=n))
     except cluster.ClusterError as e:
         _fail(str(e))
     except KeyboardInterrupt:

@@ -50,7 +50,7 @@ def worker(payload: dict, device: str):
 
 def bench_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, settings,
                 rule_overrides: dict, baselines, suite: str, run_id: str | None = None,
-                on_case=None, say=print) -> list[dict]:
+                on_case=None, say=print, on_total=None) -> list[dict]:
     """bench's command.bench_cases over the Ray cluster --ray names: the rows, in the order
     the cases finished; each case's rows appended to out_path as they arrive."""
     import dataclasses
@@ -63,13 +63,15 @@ def bench_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, se
 
     say(cluster.connect(args.ray))
     device = cluster.worker_device(getattr(args, "requested_device", args.device))
+    models = cluster.chosen_gpu_models(getattr(args, "ray_gpu", None), device)
     say(cluster.describe(device, args.ray_cpus))
     payload = {"spec_files": [str(Path(f).resolve()) for f in args.spec],
                "include_builtin": not args.only_spec, "target": args.target, "sku": args.sku,
                "settings": dataclasses.replace(settings, rule=None), "rule": rule_overrides,
                "baselines": baselines, "suite": suite, "run": run_id or uuid.uuid4().hex[:12]}
-    groups = [cluster.Group(f"{spec.name} {case.id}", dict(payload, op=spec.name), [case])
-              for spec in specs for case in cases_of(spec)]
+    groups = cluster.on_each([cluster.Group(f"{spec.name} {case.id}", dict(payload, op=spec.name),
+                                            [case]) for spec in specs for case in cases_of(spec)],
+                             models)
     by_name = {s.name: s for s in specs}
     # the rows of a case no worker could run: a driver-side Bench only names them
     namer = Bench(torch.device("cpu"), dataclasses.replace(settings, rule=None), baselines,
@@ -92,6 +94,8 @@ def bench_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, se
                 row.update(verified=None, verify_status="not run", verify_note=reason)
         on_item(group, case, lost)
 
+    if on_total is not None:  # each case once per GPU model named
+        on_total(sum(len(g.items) for g in groups))
     cluster.run(WORKER, groups, device=device, cpus=args.ray_cpus, on_item=on_item,
                 on_lost=on_lost)
     return rows

@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
                 from speedlight.verify import on_cluster
                 all_results = on_cluster.verify_cases(
                     specs, lambda s: harness.expand(s, args.suite, dtypes, seeds), out_path,
-                    args, suite=args.suite, on_case=on_case, say=console.print)
+                    args, suite=args.suite, on_case=on_case, say=console.print,
+                    on_total=lambda n: progress.update(task, total=n))
     except cluster.ClusterError as e:
         raise SystemExit(f"speedlight verify: {e}")
     except KeyboardInterrupt:  # each finished case is already in out_path

@@ -64,7 +64,7 @@ def groups(specs, cases_of, payload: dict) -> list[cluster.Group]:
 
 
 def verify_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, suite: str,
-                 run_id: str | None = None, on_case=None, say=print) -> list:
+                 run_id: str | None = None, on_case=None, say=print, on_total=None) -> list:
     """verify's command.verify_cases over the Ray cluster --ray names: the CaseResults, in
     the order they finished; each row appended to out_path as it arrives."""
     import torch
@@ -74,6 +74,7 @@ def verify_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, s
 
     say(cluster.connect(args.ray))
     device = cluster.worker_device(getattr(args, "requested_device", args.device))
+    models = cluster.chosen_gpu_models(getattr(args, "ray_gpu", None), device)
     say(cluster.describe(device, args.ray_cpus))
     payload = {"spec_files": [str(Path(f).resolve()) for f in args.spec],
                "include_builtin": not args.only_spec, "max_gib": args.max_gib,
@@ -99,6 +100,9 @@ def verify_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, s
         if on_case is not None:
             on_case(by_name[r.op], r)
 
-    cluster.run(WORKER, groups(specs, cases_of, payload), device=device, cpus=args.ray_cpus,
-                on_item=on_item, on_lost=on_lost)
+    sweep = cluster.on_each(groups(specs, cases_of, payload), models)
+    if on_total is not None:  # each case once per GPU model named
+        on_total(sum(len(g.items) for g in sweep))
+    cluster.run(WORKER, sweep, device=device, cpus=args.ray_cpus, on_item=on_item,
+                on_lost=on_lost)
     return done
