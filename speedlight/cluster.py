@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="spread the cases over a Ray cluster, one whole GPU per task: 'auto' "
                         "(the default when the flag is given alone) joins the cluster started "
                         "on this machine with `ray start` (or RAY_ADDRESS), else starts a local "
-                        "one; ADDRESS (HEAD:6379 or ray://HEAD:10001) joins that cluster")
+                        "one; ADDRESS (HEAD:6379) joins that cluster")
     p.add_argument("--ray-cpus", type=int, default=1, metavar="N",
                    help="with --ray: CPUs per task (default 1); on a cluster without GPUs the "
                         "tasks run the Triton interpreter on N CPUs each")
@@ -69,7 +69,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(args: argparse.Namespace, tool: str) -> None:
-    if getattr(args, "ray", None) is not None and args.ray_cpus < 1:
+    """The --ray flags' values, before any work: SystemExit naming the flag."""
+    if args.ray is None:
+        given = [f for f, v in (("--ray-cpus", args.ray_cpus != 1), ("--ray-gpu", args.ray_gpu))
+                 if v]
+        if given:
+            raise SystemExit(f"speedlight {tool}: {' and '.join(given)} only apply with --ray")
+    elif args.ray_cpus < 1:
         raise SystemExit(f"speedlight {tool}: --ray-cpus must be at least 1, got {args.ray_cpus}")
 
 
