@@ -19,8 +19,8 @@ Faults: a task whose worker or node dies (or whose set-up raises) is charged to 
 item it had not delivered; its undelivered items go back to the cluster as a new task. An
 item charged twice is given to `on_lost` with the reason (the tool writes error rows for
 it), so a case that kills its worker is tried exactly twice and the sweep still ends.
-Ctrl-C cancels every task still running and re-raises KeyboardInterrupt; the items already
-delivered were written as they came.
+Ctrl-C (or any exception out of `on_item`) cancels every task still running and re-raises;
+the items already delivered were written as they came.
 """
 
 from __future__ import annotations
@@ -286,10 +286,10 @@ def run(worker: str, groups: Sequence[Group], *, device: str, cpus: int = 1,
                 worker, device, group.payload, [group.items[i] for i in todo], fault)
             running[gen] = (g, todo)
 
-    resources = ray.cluster_resources()
-    for g, group in enumerate(groups):
-        submit(g, list(range(len(group.items))), resources)
     try:
+        resources = ray.cluster_resources()
+        for g, group in enumerate(groups):
+            submit(g, list(range(len(group.items))), resources)
         while running:
             ready, _ = ray.wait(list(running), num_returns=1, fetch_local=False,
                                 timeout=check_every_s)
@@ -298,8 +298,8 @@ def run(worker: str, groups: Sequence[Group], *, device: str, cpus: int = 1,
                 for gen, (g, todo) in list(running.items()):
                     missing = _fits(resources, device, cpus, groups[g].gpu_model)
                     if missing:
-                        ray.cancel(gen, force=True)
                         del running[gen]
+                        ray.cancel(gen, force=True)
                         lose(g, todo, f"not run: {missing}")
                 continue
             gen = ready[0]
@@ -320,7 +320,7 @@ def run(worker: str, groups: Sequence[Group], *, device: str, cpus: int = 1,
                 continue
             running[gen] = (g, todo[1:])
             on_item(groups[g], groups[g].items[todo[0]], value)
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, or on_item could not write: stop the cluster's work too
         for gen in running:
             try:
                 ray.cancel(gen, force=True)
