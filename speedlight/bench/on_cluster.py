@@ -88,7 +88,7 @@ def bench_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, se
         spec = by_name[group.payload["op"]]
         lost = namer.skip_rows(spec, case, reason)
         for row in lost:
-            row.update(status="error", device="unknown (worker lost)", runtime=device,
+            row.update(status="error", device="unknown (no worker finished it)", runtime=device,
                        host=None, representative=False)
             if row["implementation"] == SPEEDLIGHT:
                 row.update(verified=None, verify_status="not run", verify_note=reason)

@@ -81,7 +81,7 @@ def verify_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, s
                "target": args.target, "sku": args.sku, "suite": suite,
                "run": run_id or uuid.uuid4().hex[:12]}
     by_name = {s.name: s for s in specs}
-    lost_env = dict(results.environment(torch.device("cpu")), device="unknown (worker lost)",
+    lost_env = dict(results.environment(torch.device("cpu")), device="unknown (no worker finished it)",
                     runtime=device, host=None)
     done = []
 
