@@ -81,8 +81,8 @@ def verify_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, s
                "target": args.target, "sku": args.sku, "suite": suite,
                "run": run_id or uuid.uuid4().hex[:12]}
     by_name = {s.name: s for s in specs}
-    lost_env = dict(results.environment(torch.device("cpu")), device="unknown (no worker finished it)",
-                    runtime=device, host=None)
+    lost_env = dict(results.environment(torch.device("cpu")), runtime=device, host=None,
+                    device="unknown (no worker finished it)")
     done = []
 
     def on_item(group, case, value):
