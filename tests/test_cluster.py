@@ -56,7 +56,8 @@ def test_a_ray_verify_sweep_writes_the_rows_of_a_local_run_though_a_worker_died(
     monkeypatch.delenv(cluster.FAULT_ENV)
     assert _verify(tmp_path / "local") == 0
 
-    local, on_ray = _rows(tmp_path / "local" / "verify.jsonl"), _rows(tmp_path / "ray" / "verify.jsonl")
+    local = _rows(tmp_path / "local" / "verify.jsonl")
+    on_ray = _rows(tmp_path / "ray" / "verify.jsonl")
     assert len(on_ray) == len(local) == len(registry.builtin_spec("softmax").cases("quick"))
     local, on_ray = _by_case(local), _by_case(on_ray)
     assert local.keys() == on_ray.keys()

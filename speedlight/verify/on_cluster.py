@@ -1,10 +1,11 @@
 """`speedlight verify --ray`: the same cases, spread over a Ray cluster (speedlight.cluster).
 
 One task per op, implementation and kernel specialisation (the case without its seed:
-shape, layout, flags and dtype), so a worker compiles each kernel once and runs every seed of it. A worker runs
-the harness's `verify_case`, as a local run does, on its own device: its rows carry that worker's
-host, GPU model and versions. The driver appends each row to the results file as it
-arrives; a case whose worker died on both tries gets an error row with the reason.
+shape, layout, flags and dtype), so a worker compiles each kernel once and runs every seed
+of it. A worker runs the harness's `verify_case`, as a local run does, on its own device:
+its rows carry that worker's host, GPU model and versions. The driver appends each row to
+the results file as it arrives; a case whose worker died on both tries gets an error row
+with the reason.
 """
 
 from __future__ import annotations
