@@ -16,9 +16,7 @@ pytestmark = pytest.mark.xdist_group("ray-cluster")
 # what a local row and a --ray row must agree on (timings, run id, time and host aside)
 SAME = ("tool", "op", "implementation", "case_id", "case", "status", "reason", "launches",
         "checks", "suite", "device", "runtime", "target", "torch", "triton")
-
-
-MODEL = "TESTGPU"
+MODEL = "TESTGPU"  # a GPU model (Ray accelerator type) the test cluster says it has
 
 
 @pytest.fixture(scope="module")
