@@ -24,7 +24,8 @@ def ray_cluster():
     ray = pytest.importorskip("ray", reason="the ray extra is not installed "
                                             "(pip install -e '.[ray]')")
     # a GPU model Ray would find on a GPU node (its accelerator type), here on a CPU node
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+    # address="local": a new instance, even where a `ray start` cluster is running here
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
              resources={f"accelerator_type:{MODEL}": 1})
     yield ray
     ray.shutdown()
