@@ -42,15 +42,17 @@ def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
 
     On a GPU (or the one spec.sized_for names), for `operands` b tiles per k-step (2: the
     gated kernel's gate and up):
-      - K steps of 128 bytes per row (BLOCK_K 64 in 16-bit, 32 in fp32): one TMA box
+      - K steps of 128 bytes per row (BLOCK_K 128 in fp8, 64 in 16-bit, 32 in fp32): one TMA box
         row of a 128-byte swizzled tile;
       - M <= 64 (decode, short prompts): BLOCK_M 64, one warp group (4 warps), BLOCK_N 128;
       - otherwise 128 x 256 tiles on two warp groups (8 warps) for one b operand where N
         allows (the largest tile whose 3 stages and 16-bit epilogue tile fit 227 KB);
         128 x 128 with 4 stages when N < 256, or when the output is fp32 (its epilogue
         tile would not fit beside 3 stages), or a residual is read or act' stored (a
-        second [BM, BN] tile beside a 128 x 256 accumulator spills); 128 x 128 with 3
-        stages for the gated kernel's two accumulators;
+        second [BM, BN] tile beside a 128 x 256 accumulator spills), or the operands are
+        fp8 (their partial sums are promoted into a second fp32 accumulator every
+        BLOCK_K, which spills at 128 x 256); 128 x 128 with 3 stages for the gated
+        kernel's two accumulators;
       - GROUP_M 8: eight row tiles share each b column tile while it is in L2.
     Under the interpreter (CPU): tiles as large as the problem (up to 128), since every
     loop iteration costs milliseconds there whatever its size.
@@ -63,7 +65,7 @@ def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
         return LaunchConfig(64, 128, block_k, 8, 4, 4 if operands == 1 else 3)
     out_size = (out_dtype or dtype).itemsize
     plain = out_size <= 2 and not residual and not store_dact
-    if operands == 1 and n >= 256 and dtype.itemsize <= 2 and plain:
+    if operands == 1 and n >= 256 and dtype.itemsize == 2 and plain:
         return LaunchConfig(128, 256, block_k, 8, 8, 3)
     return LaunchConfig(128, 128, block_k, 8, 8, 4 if operands == 1 else 3)
 

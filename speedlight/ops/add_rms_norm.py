@@ -16,8 +16,11 @@ from speedlight.ops._checks import check_same_device, check_same_dtype, check_te
 from speedlight.ops._suites import norm_cases, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.ops.rms_norm import (
+    CUDA_DESIGNS,
+    CUDA_SOURCE,
     check_in_place,
     check_norm_args,
+    cuda_launches,
     model_norm_flags,
     rms_norm_residual_fwd,
     rms_norm_bwd,
@@ -25,7 +28,7 @@ from speedlight.ops.rms_norm import (
 from speedlight.ops.rms_norm import _case_of as rms_norm_case_of
 from speedlight.ops.rms_norm import _cost as rms_norm_cost
 from speedlight.ops.rms_norm import make_inputs as rms_norm_inputs
-from speedlight.spec import Case, Cost, KernelDesign, OpSpec, rand_tensor
+from speedlight.spec import Case, Cost, CudaKernels, KernelDesign, OpSpec, rand_tensor
 
 
 # --- launchers (usable without autograd) --------------------------------------------------
@@ -204,5 +207,7 @@ SPEC = OpSpec(
             "1 + P(e + 4)/(4e rows) of compulsory: ~1.05x at 4096 rows, ~1.4x at 512")),
         "_rms_norm_bwd_row_dot_kernel": KernelDesign(bytes_ratio=1.8, why=_TWO_PASS_BWD),
         "_rms_norm_bwd_dx_kernel": KernelDesign(bytes_ratio=1.8, why=_TWO_PASS_BWD),
+        **CUDA_DESIGNS,  # csrc/rms_norm.cu with the residual fused
     },
+    cuda=CudaKernels(CUDA_SOURCE, cuda_launches),
 )

@@ -103,14 +103,14 @@ def gated_matmul_bwd(dout: torch.Tensor, h: torch.Tensor, x: torch.Tensor,
     dgu, _ = glu_bwd(dout, h, None, activation)  # [dg, du], [M, 2I]
     dg, du = dgu[:, :n], dgu[:, n:]
     if w_up is None:
-        dx, _ = matmul_fwd(dgu, w_gate)  # [M, 2I] @ [2I, H] -> [M, H]
-        dwg, _ = matmul_fwd(dgu.t(), x)  # [2I, M] @ [M, H] -> [2I, H]
+        dx = matmul_fwd(dgu, w_gate)[0]  # [M, 2I] @ [2I, H] -> [M, H]
+        dwg = matmul_fwd(dgu.t(), x)[0]  # [2I, M] @ [M, H] -> [2I, H]
         return dx, dwg, None
     # dg @ wg in fp32, added by the up GEMM's epilogue: one rounding
-    part, _ = matmul_fwd(dg, w_gate, out_dtype=torch.float32)
-    dx, _ = matmul_fwd(du, w_up, residual=part, out_dtype=x.dtype)
-    dwg, _ = matmul_fwd(dg.t(), x)  # [I, M] @ [M, H] -> [I, H]
-    dwu, _ = matmul_fwd(du.t(), x)
+    part = matmul_fwd(dg, w_gate, out_dtype=torch.float32)[0]
+    dx = matmul_fwd(du, w_up, residual=part, out_dtype=x.dtype)[0]
+    dwg = matmul_fwd(dg.t(), x)[0]  # [I, M] @ [M, H] -> [I, H]
+    dwu = matmul_fwd(du.t(), x)[0]
     return dx, dwg, dwu
 
 
