@@ -54,6 +54,12 @@
 #                                         in fp8/. Targets (not asserted): >= 1.3x cublas-bf16,
 #                                         >= 1.0x torch-scaled-mm
 #   FP8_CASES                             regex of the fp8 cases benched (default: those four)
+#   --tune-s N          TUNE_S            the tune section's time limit (default 120; 0 skips it,
+#                                         as does --ops): `speedlight tune` of matmul at
+#                                         Llama-3-8B's projections at 4096 tokens (TUNE_CASES)
+#                                         and of rms_norm at hidden 4096, a few compiles each;
+#                                         the table lands in $OUT/tune/tuned/<sku>.json, to
+#                                         commit as speedlight/tuned/<sku>.json
 #   --attention-s N     ATTN_BUDGET_S     the attention section's bench budget (default 60): its
 #                                         headline cases (bf16, head dim 128, 8K tokens, causal
 #                                         and not, forward and backward) against SDPA's flash,
@@ -88,6 +94,8 @@ GEMM_CASES="${GEMM_CASES:-^(matmul-m4096-n(14336-k4096|4096-k14336)-bf16-linear-
 FP8_BENCH_S="${FP8_BENCH_S:-30}"
 FP8_CASES="${FP8_CASES:-^matmul-m4096-n(6144-k4096|4096-k4096|14336-k4096|4096-k14336)-fp8-linear-proj(qkv|o|up|down)\$}"
 ATTN_BUDGET_S="${ATTN_BUDGET_S:-60}"
+TUNE_S="${TUNE_S:-120}"
+TUNE_CASES="${TUNE_CASES:-m4096-n6144-k4096,m4096-n14336-k4096,m4096-n4096-k14336}"
 MODEL_STEP_S="${MODEL_STEP_S:-90}"
 VERIFY_ARGS="${VERIFY_ARGS:---seeds 1}"
 BENCH_ARGS="${BENCH_ARGS:---time-cap 0.3 --max-gib 32}"
@@ -107,6 +115,7 @@ while [ $# -gt 0 ]; do
     --gemm-s) GEMM_BENCH_S="$2"; shift 2 ;;
     --fp8-s) FP8_BENCH_S="$2"; shift 2 ;;
     --attention-s) ATTN_BUDGET_S="$2"; shift 2 ;;
+    --tune-s) TUNE_S="$2"; shift 2 ;;
     --model-s) MODEL_STEP_S="$2"; shift 2 ;;
     --verify-args) VERIFY_ARGS="$2"; shift 2 ;;
     --bench-args) BENCH_ARGS="$2"; shift 2 ;;
@@ -125,6 +134,7 @@ if [ -n "$OPS" ]; then
   GEMM_BENCH_S=0  # the ops asked for, through the general steps only
   FP8_BENCH_S=0
   MODEL_STEP_S=0
+  TUNE_S=0
 else
   # every registered op but the GEMMs, which the GEMM section covers
   GENERAL_OPS="$("$PYTHON" -c "
@@ -226,6 +236,16 @@ else
   echo "fp8 section skipped (--ops given or FP8_BENCH_S=0)" > "$OUT/fp8.log"
   STEPS+=("fp8|none|0|fp8.log")
 fi
+# --- tune: a handful of shapes, their winners into a table to commit --------------------------
+if [ "$TUNE_S" != 0 ]; then
+  step tune-matmul tune.log timeout "$TUNE_S" "$PYTHON" -m speedlight tune matmul --device "$DEVICE" \
+    --suite model --cases "$TUNE_CASES" --max-compiles 18 --no-install --out "$OUT/tune"
+  step tune-rms_norm tune.log timeout 60 "$PYTHON" -m speedlight tune rms_norm --device "$DEVICE" \
+    --suite model --cases rows4096-hidden4096 --max-compiles 16 --no-install --out "$OUT/tune"
+else
+  echo "tune section skipped (--ops given or TUNE_S=0)" > "$OUT/tune.log"
+  STEPS+=("tune|none|0|tune.log")
+fi
 # --- the model step --------------------------------------------------------------------------
 # Llama-3-8B widths, 4 layers, bf16, 4 x 4096 tokens (bench model's GPU defaults, spelled out)
 if [ "$MODEL_STEP_S" != 0 ]; then
@@ -299,6 +319,9 @@ EOF2
   echo
   if [ "$SKU" != unknown-device ]; then
     echo "commit: mkdir -p benchmarks/results/$SKU && cp $OUT/bench.jsonl benchmarks/results/$SKU/"
+    if [ -f "$OUT/tune/tuned/$SKU.json" ]; then
+      echo "commit: cp $OUT/tune/tuned/$SKU.json speedlight/tuned/  (the shipped tuned table)"
+    fi
   fi
 } | tee "$OUT/summary.txt"
 

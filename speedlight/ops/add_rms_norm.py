@@ -13,6 +13,7 @@ import torch
 
 from speedlight import shapes
 from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import norm_cases, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.ops.rms_norm import (
@@ -103,6 +104,7 @@ ADD_RMS_NORM_INPLACE = register_op(
 
 # --- public function ---------------------------------------------------------------------
 
+@local_rows("x", "residual")
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
                  eps: float = 1e-6, offset: float = 0.0, *,
                  in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,7 +32,9 @@ from speedlight.ops.glu import glu_bwd
 from speedlight.ops._gemm import (
     CONFIG_SPACE,
     ensure_allocator,
-    launch_config,
+    gemm_bucket,
+    gemm_config,
+    gemm_rule,
     precision,
     programs,
     tma_layout,
@@ -72,7 +74,7 @@ def gated_matmul_fwd(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor |
             h.zero_()
         return out, h
     check_runtime(x, _gated_matmul_kernel)
-    cfg = launch_config(m, n, k, x.dtype, x.device, operands=2)
+    cfg = gemm_config(GATED_MATMUL, m, n, k, x.dtype, x.device, operands=2)
     h1 = h[:, :n] if h is not None else out
     h2 = h[:, n:] if h is not None else out
     x_lay, g_lay, u_lay = tma_layout(x), tma_layout(wg), tma_layout(wu)
@@ -140,7 +142,7 @@ GATED_MATMUL = register_op(
     inference=_infer_fwd,
     backward=gated_matmul_bwd,
     grads=("x", "w_gate", "w_up"),
-    configs=Configs(CONFIG_SPACE),
+    configs=Configs(CONFIG_SPACE, default=gemm_rule, bucket=gemm_bucket),
 )
 
 

@@ -30,7 +30,9 @@ from speedlight.kernels.matmul import _matmul_fp8_kernel, _matmul_kernel
 from speedlight.ops._gemm import (
     CONFIG_SPACE,
     ensure_allocator,
-    launch_config,
+    gemm_bucket,
+    gemm_config,
+    gemm_rule,
     precision,
     programs,
     tma_layout,
@@ -77,8 +79,8 @@ def matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
     check_runtime(a, _matmul_kernel)
     if scale_a is not None:
         check_fp8_base(a, b)
-    cfg = launch_config(m, n, k, a.dtype, a.device, out_dtype=out_dtype,
-                        residual=residual is not None, store_dact=store_dact)
+    cfg = gemm_config(MATMUL, m, n, k, a.dtype, a.device, out_dtype=out_dtype,
+                      residual=residual is not None, store_dact=store_dact)
     a_lay, b_lay = tma_layout(a), tma_layout(b)
     tma = (use_tma(a.device) and a_lay is not None and b_lay is not None
            and tma_layout(c) == "row")
@@ -259,7 +261,7 @@ MATMUL = register_op(
     backward_fake=lambda dc, a, b, bias, residual, dact, scale, scale_a, scale_b: (
         like(a), _like_layout(b), like(bias), like(residual)),
     grads=("a", "b", "bias", "residual"),
-    configs=Configs(CONFIG_SPACE),
+    configs=Configs(CONFIG_SPACE, default=gemm_rule, bucket=gemm_bucket),
 )
 
 

@@ -33,11 +33,12 @@ from speedlight.launch import (
     warps_for_tile,
 )
 from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import Configs, like, register_op, row_stats
 from speedlight.runtime import check_runtime
 from speedlight.spec import (Case, Cost, CudaKernels, CudaLaunch, KernelDesign, OpSpec,
-                             inject_nonfinite, rand_tensor)
+                             dtype_name, inject_nonfinite, rand_tensor)
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
 LOOP_BLOCK_N = 4096  # chunk of a longer row
@@ -91,7 +92,7 @@ def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
     if n_cols <= MAX_FUSED_N:
         # Persistent: a grid of as many programs as fit (FWD_WARPS_PER_SM warps per SM)
         # walks the row tiles, so w is read once per program, not once per tile.
-        config = RMS_NORM.config((n_cols, x.dtype, planned_sm_count(x.device)))
+        config = RMS_NORM.config((n_cols, x.dtype, planned_sm_count(x.device)), x.device)
         grid, block_m, block_n, num_warps = persistent_row_grid(
             n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, **config)
         _rms_norm_fwd_kernel[grid](
@@ -181,9 +182,11 @@ RMS_NORM = register_op(
     "rms_norm",
     **_RMS_NORM_OP,
     backward=rms_norm_bwd,
-    # the persistent forward's tile and grid, keyed by (hidden, dtype, SM count)
+    # the persistent forward's tile and grid, keyed by (hidden, dtype, SM count); a tuned
+    # table's entry per hidden size and dtype
     configs=Configs(space={"tile": (2048, 4096, 8192, 16384), "warps_per_sm": (16, 32, 48, 64)},
-                    default=lambda key: {"tile": FWD_TILE, "warps_per_sm": FWD_WARPS_PER_SM}),
+                    default=lambda key: {"tile": FWD_TILE, "warps_per_sm": FWD_WARPS_PER_SM},
+                    bucket=lambda key: f"hidden{key[0]}-{dtype_name(key[1])}"),
 )
 
 
@@ -203,6 +206,7 @@ RMS_NORM_INPLACE = register_op(
 
 # --- public function ---------------------------------------------------------------------
 
+@local_rows("x")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
              offset: float = 0.0, *, in_place: bool = False) -> torch.Tensor:
     """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * (offset + weight).
