@@ -180,3 +180,17 @@ def test_without_ray_installed_the_flag_says_how_to_get_it(monkeypatch, tmp_path
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(SystemExit, match=r"pip install \"speedlight\[ray\]\""):
         _verify(tmp_path, "--ray")
+
+
+def test_a_ray_tune_sweep_writes_the_rows_of_a_local_run(ray_cluster, tmp_path):
+    common = ["tune", "rms_norm", "--cases", "hidden4096", "--max-compiles", "2",
+              "--no-install", "--device", "cpu"]
+    assert cli.main(common + ["--out", str(tmp_path / "local")]) == 0
+    assert cli.main(common + ["--out", str(tmp_path / "ray"), "--ray"]) == 0
+    aside = {"run", "timestamp", "host"}
+
+    def rows(where):
+        return sorted((json.dumps({k: v for k, v in r.items() if k not in aside}, sort_keys=True)
+                       for r in _rows(tmp_path / where / "tune.jsonl")))
+    local = rows("local")
+    assert local and rows("ray") == local
