@@ -24,6 +24,7 @@ BAD = [
     pytest.param(["verify", "--spec", "{d}/bad_spec.py"], id="verify-spec-syntax-error"),
     pytest.param(["verify", "--ray", "--ray-cpus", "0"], id="verify-ray-cpus"),
     pytest.param(["verify", "--ray-gpu", "each"], id="verify-ray-gpu-without-ray"),
+    pytest.param(["tune", "rms_norm", "--ray-cpus", "2"], id="tune-ray-cpus-without-ray"),
     pytest.param(["bench", "--ops", "nope"], id="bench-ops"),
     pytest.param(["bench", "--ray", "--budget-s", "10"], id="bench-ray-with-budget"),
     pytest.param(["bench", "--dtypes", "int8"], id="bench-dtypes-int8"),

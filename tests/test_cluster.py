@@ -1,4 +1,4 @@
-"""`--ray`: verify and bench sweeps over a local Ray cluster of CPU workers running the
+"""`--ray`: verify, bench and tune sweeps over a local Ray cluster of CPU workers running the
 Triton interpreter write the rows a local run writes; a worker that dies loses nothing.
 
 One Ray instance for the module (a few seconds to start), on one xdist worker."""
