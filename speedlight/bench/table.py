@@ -2,7 +2,8 @@
 
 `speedlight bench table benchmarks/results` reads every bench*.jsonl under
 benchmarks/results/<sku>/, keeps the rows measured on a GPU (representative), and writes a
-Markdown summary between two markers in README.md: per device, op and mode, how many cases
+Markdown summary between two markers in README.md: per GPU model (the rows of a
+heterogeneous Ray cluster split by the GPU each was timed on), op and mode, how many cases
 were timed, speedlight's median % of speed-of-light, and the geometric mean of its speedup
 over each baseline across the verified cases. With no such files, the section says so.
 """
@@ -45,10 +46,11 @@ def render(rows: Sequence[dict], source: str = "benchmarks/results", *,
                 f"Run `scripts/gpu-check.sh` on a GPU, copy its `bench.jsonl` to "
                 f"`{source}/<sku>/`, and run `speedlight bench table {source}`.")
     parts = []
-    by_device: OrderedDict = OrderedDict()
-    for r in compare.latest(gpu).values():
+    by_device: OrderedDict = OrderedDict()  # one section per GPU model (a cluster's SKUs)
+    for r in gpu:
         by_device.setdefault(r.get("device", "?"), []).append(r)
     for device, rs in by_device.items():
+        rs = list(compare.latest(rs).values())  # the newest row of each case on this GPU
         dates = sorted(r.get("timestamp", "")[:10] for r in rs if r.get("timestamp"))
         revs = sorted({str(r.get("git"))[:12] for r in rs})
         roofs = sorted({r["sol_roof"] for r in rs if r.get("sol_roof")})
