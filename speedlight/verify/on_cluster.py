@@ -94,7 +94,13 @@ def verify_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, s
             on_case(by_name[r.op], r)
 
     def on_lost(group, case, reason):
-        r = CaseResult(group.payload["op"], case, "error", reason)
+        spec, impl = by_name[group.payload["op"]], group.payload["impl"]
+        named = {}
+        if impl is not None:  # the row names the implementation, as a worker's would
+            implementation = spec.implementations[impl]
+            named = dict(impl=impl, label=spec.label(impl), language=implementation.language,
+                         unverified=not implementation.verified)
+        r = CaseResult(spec.name, case, "error", reason, **named)
         results.append_jsonl(out_path, [dict(r.to_row(), suite=suite, run=payload["run"],
                                              **lost_env)])
         done.append(r)
