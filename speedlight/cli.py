@@ -26,6 +26,8 @@ COMMANDS = {
               "bound, layout advice, torch.compile's answer, a spec file"),
     "inspect": ("speedlight.inspect.command", "read the compiler's output for any GPU: "
                 "registers, spills, occupancy, SASS, bytes moved"),
+    "tune": ("speedlight.tune.command", "choose an op's launch configuration per GPU and "
+             "shape: prune by the compiled kernels, time on the GPU, write the tuned table"),
 }
 
 
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    args.requested_device = args.device  # as given: a --ray sweep picks its workers' own
     args.device = select_device(args.device)
     return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
 

@@ -20,6 +20,7 @@ DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
     "fp64": torch.float64,
+    "fp8": torch.float8_e4m3fn,  # fp8 GEMM operands (e4m3); their outputs are bf16
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
@@ -35,7 +36,8 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         return name
     key = name.strip().lower().replace("torch.", "")
     aliases = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
-               "bfloat16": "bf16", "float64": "fp64", "double": "fp64"}
+               "bfloat16": "bf16", "float64": "fp64", "double": "fp64",
+               "float8_e4m3fn": "fp8", "e4m3": "fp8"}
     key = aliases.get(key, key)
     if key not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}: expected one of {', '.join(DTYPES)}")
@@ -168,6 +170,10 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float32: Tolerance(k=4.0, floor=2.0 ** -24, ceiling=1e-4),
     torch.float16: Tolerance(k=4.0, floor=2.0 ** -11, ceiling=1e-2),
     torch.bfloat16: Tolerance(k=4.0, floor=2.0 ** -8, ceiling=4e-2),
+    # fp8 (e4m3) operands: exact in float64, so the error is the GEMM's own; the output is
+    # bf16 (bf16's floor), and the gradients of fp8 operands come back in fp8, one e4m3
+    # rounding (unit roundoff 2^-4) each, which the ceiling allows beside the k-rule
+    torch.float8_e4m3fn: Tolerance(k=4.0, floor=2.0 ** -8, ceiling=0.1),
 }
 
 
@@ -202,6 +208,71 @@ class KernelDesign:
     mma: str | None = None
     tma: bool = False
     min_stages: int = 1
+
+
+@dataclass(frozen=True)
+class CudaLaunch:
+    """One launch of a CUDA C++ kernel, as its launcher would make it: the kernel's name in
+    the source (rms_norm_fwd_kernel), its template arguments as a demangler writes them
+    ("__nv_bfloat16, true"; "" for a kernel that is not a template), grid (blocks), threads
+    per block, dynamic shared memory in bytes, and the direction (fwd | bwd)."""
+
+    kernel: str
+    instance: str = ""
+    grid: int = 1
+    threads: int = 128
+    smem: int = 0
+    direction: str = "fwd"
+
+
+@dataclass(frozen=True)
+class CudaKernels:
+    """An op's CUDA C++ kernels as `speedlight inspect` reads them, with no GPU: `source`
+    a torch-free .cu file (a path) or its text inline, which nvcc compiles alone;
+    `launches(case, sm_count)` the CudaLaunch list its launcher makes for a case on a GPU
+    of sm_count SMs (sized by the functions the launcher itself calls, e.g.
+    speedlight.launch.cuda_row_launch); `include_dirs` where its quoted #includes are
+    (besides the source's folder). The kernels' designs are OpSpec.kernels entries under
+    the kernel's name, as for Triton kernels. `of_impl`: OpSpec.impl itself launches these
+    kernels (a team's CUDA op: inspect has no Triton launches to capture), rather than
+    another implementation beside a Triton one (speedlight's rms_norm)."""
+
+    source: str
+    launches: Callable[[Case, int], Sequence[CudaLaunch]]
+    include_dirs: tuple[str, ...] = ()
+    of_impl: bool = False
+
+
+def _runs_anywhere(device: torch.device) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One implementation of an op, run side by side with the op's others by verify, bench,
+    inspect and report, each row naming it.
+
+    fn takes the OpSpec's inputs as keyword arguments (as OpSpec.impl does). language:
+    "triton" or "cuda" (CUDA C++). verified: False until a GPU run has verified it: it is
+    then never an op's default and every row and report labels it unverified.
+    unavailable(device): why it cannot run there (a CPU build of torch, no GPU, no
+    compiler), or None; verify and bench record it as skipped with that reason. (What
+    `speedlight inspect` reads of a CUDA implementation's kernels is OpSpec.cuda.)
+    """
+
+    fn: Callable[..., Any]
+    language: str = "triton"
+    verified: bool = True
+    unavailable: Callable[[torch.device], str | None] = _runs_anywhere
+
+
+def cuda_implementation(fn: Callable[..., Any], *, verified: bool = True) -> Implementation:
+    """A CUDA C++ implementation: unavailable where speedlight.csrc.loader says an
+    extension cannot run (a CPU build of torch, a CPU device, no GPU, no nvcc/ninja/c++)."""
+    def unavailable(device: torch.device) -> str | None:
+        from speedlight.csrc import loader  # torch only: no import cycle
+        return loader.unavailable(device)
+    return Implementation(fn, "cuda", verified, unavailable)
 
 
 Inputs = dict  # keyword arguments of impl / reference: tensors and plain values
@@ -265,10 +336,32 @@ class OpSpec:
     # "rms_norm", "mlp", "rope", "cross_entropy", "decoder_layer"), or None when it
     # patches none.
     patches: str | None = None
+    # Every implementation the tools run side by side, by name ("triton", "cuda"); the
+    # first is the one rows label plain "speedlight". Empty: impl alone, as {"triton":
+    # impl}, or {"cuda": impl} when cuda.of_impl. impl may be left out when given (the
+    # first implementation's fn).
+    implementations: Mapping[str, Implementation] = field(default_factory=dict)
+
+    # Optional: the op's CUDA C++ kernels, which `speedlight inspect --impl cuda` compiles
+    # with nvcc and holds to the designs in `kernels` (a CudaKernels).
+    cuda: CudaKernels | None = None
 
     def __post_init__(self):
+        if self.impl is None and self.implementations:
+            self.impl = next(iter(self.implementations.values())).fn
         if self.impl is None:
             raise TypeError(f"OpSpec {self.name!r} needs impl, the function under test")
+        if not self.implementations:  # impl alone: Triton's, or CUDA C++ (cuda.of_impl)
+            self.implementations = (
+                {"cuda": cuda_implementation(self.impl)} if self.cuda and self.cuda.of_impl
+                else {"triton": Implementation(self.impl)})
+        self.implementations = dict(self.implementations)
+        first = next(iter(self.implementations))
+        if self.implementations[first].fn is not self.impl:
+            # a copy with another impl (dataclasses.replace(spec, impl=...)): impl stands
+            # alone, as the first implementation
+            self.implementations = {first: dataclasses.replace(self.implementations[first],
+                                                               fn=self.impl)}
         self.name = self.name or self.impl.__name__
         if self.reference is None:
             from speedlight import reference  # no import cycle: reference needs only torch
@@ -277,6 +370,11 @@ class OpSpec:
             if self.reference is None:
                 raise TypeError(f"OpSpec {self.name!r} has no reference: pass reference=, "
                                 f"speedlight.reference has no {self.name!r}")
+
+    def label(self, impl: str) -> str:
+        """The `implementation` rows give implementation `impl`: "speedlight" for the
+        first, "speedlight-<impl>" for the others (speedlight-cuda)."""
+        return "speedlight" if impl == next(iter(self.implementations)) else f"speedlight-{impl}"
 
     def cases(self, suite: str) -> list[Case]:
         if suite not in self.suites:

@@ -15,6 +15,9 @@
   sdpa-flash, sdpa-efficient, sdpa-cudnn, flex-attention, flash-attn
                  attention only (bench/attention_baselines.py): SDPA's backends, FlexAttention
                  and flash-attn when installed; on a GPU only. Other ops get no row for them.
+  torch-scaled-mm, cublas-bf16
+                 fp8 matmul only (bench/gemm_baselines.py): torch._scaled_mm, and the same
+                 GEMM in bf16 on cuBLAS; on a GPU only. Other ops and dtypes get no row.
 
 A baseline that cannot run a case (not installed, no counterpart, unsupported dtype or
 layout, an error, or an output that differs from the reference) is kept as a row with
@@ -29,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from speedlight.bench import attention_baselines, liger
+from speedlight.bench import attention_baselines, gemm_baselines, liger
 from speedlight.spec import Case, OpSpec
 
 SPEEDLIGHT = "speedlight"
@@ -37,7 +40,14 @@ EAGER = "torch-eager"
 COMPILE = "torch-compile"
 LIGER = "liger"
 TORCH_FUSED = "torch-fused"
-BASELINES = (EAGER, COMPILE, LIGER, TORCH_FUSED, *attention_baselines.NAMES)
+BASELINES = (EAGER, COMPILE, LIGER, TORCH_FUSED, *attention_baselines.NAMES,
+             *gemm_baselines.NAMES)
+
+
+def is_speedlight(name: str) -> bool:
+    """Whether a row's implementation is one of speedlight's ("speedlight" for an op's first
+    implementation, "speedlight-cuda"... for the others), not a baseline."""
+    return name == SPEEDLIGHT or name.startswith(SPEEDLIGHT + "-")
 
 
 def _torch_linear_cross_entropy(inputs: dict):
@@ -78,6 +88,7 @@ class Implementation:
     reason: str = ""  # why it is unavailable, when fn is None
     mutates_inputs: bool = False  # writes into its inputs: restore them before every sample
     checked: bool = False  # its forward output must match the reference before timing
+    impl: str = ""  # speedlight's: which of the OpSpec's implementations ("triton", "cuda")
 
     @property
     def available(self) -> bool:
@@ -108,12 +119,25 @@ class Baselines:
 
     def for_case(self, spec: OpSpec, case: Case, inputs: dict,
                  device: torch.device | str = "cuda") -> list[Implementation]:
-        impls = [Implementation(SPEEDLIGHT, spec.impl)]
+        impls = self.speedlight(spec, torch.device(device))
         for name in self.names:
             if name in attention_baselines.NAMES and spec.name != "attention":
                 continue  # an attention library has nothing to say about other ops
+            if name in gemm_baselines.NAMES and not gemm_baselines.applies(spec, case):
+                continue  # fp8 GEMM baselines: fp8 matmul cases only
             impls.append(self._build(name, spec, case, inputs, torch.device(device)))
         return impls
+
+    @staticmethod
+    def speedlight(spec: OpSpec, device: torch.device) -> list[Implementation]:
+        """Each of the OpSpec's implementations, labelled as its rows are (OpSpec.label);
+        one that cannot run on `device` is kept, unavailable, with the reason."""
+        out = []
+        for name, implementation in spec.implementations.items():
+            reason = implementation.unavailable(device) or ""
+            out.append(Implementation(spec.label(name), None if reason else implementation.fn,
+                                      reason, impl=name))
+        return out
 
     def _build(self, name: str, spec: OpSpec, case: Case, inputs: dict,
                device: torch.device) -> Implementation:
@@ -138,6 +162,12 @@ class Baselines:
                                       checked=True)
             except liger.Unsupported as e:
                 return Implementation(name, None, str(e))
+        if name in gemm_baselines.NAMES:
+            try:
+                fn = gemm_baselines.adapt(name, spec, inputs, device)
+            except liger.Unsupported as e:
+                return Implementation(name, None, str(e))
+            return Implementation(name, fn, checked=name == gemm_baselines.SCALED_MM)
         if device.type != "cuda":
             return Implementation(LIGER, None, "Liger-Kernel runs on CUDA GPUs; it is not run "
                                                "on the CPU interpreter")
