@@ -33,8 +33,8 @@ def results():
 def test_patched_model_trains_as_unpatched_under_wrapping(results, setting):
     result = results[setting]
     assert "error" not in result, result.get("error")
-    assert result["patched"] == ["attention", "cross_entropy", "linear_cross_entropy", "mlp",
-                                 "rms_norm", "rope"]
+    assert result["patched"] == ["attention", "cross_entropy", "decoder_layer",
+                                 "linear_cross_entropy", "mlp", "rms_norm", "rope"]
     kernels = " ".join(result["kernels"])
     for name in KERNELS:  # speedlight's kernels ran in the ranks
         assert name in kernels, f"no {name} kernel ran under {setting}: {kernels}"
