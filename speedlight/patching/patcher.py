@@ -85,7 +85,9 @@ _ROPE_ORIGINALS: dict[str, object] = {}  # modeling module name -> original func
 _ROPE_USERS: dict[str, int] = {}  # modeling module name -> patched attention layers
 
 
-def _rope_dispatcher(original):
+def _rope_dispatcher(original, interleaved: bool = False):
+    """interleaved: GLM's form, pairs (2i, 2i + 1) rotated by the first half of cos/sin
+    (cat(freqs, freqs) over the rotary dims) repeat-interleaved, as its function does."""
     signature = inspect.signature(original)
 
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
@@ -94,17 +96,22 @@ def _rope_dispatcher(original):
         from speedlight.ops.rope import rope
         bound = signature.bind(q, k, cos, sin, *args, **kwargs)
         bound.apply_defaults()
-        return rope(q, k, cos, sin, unsqueeze_dim=bound.arguments.get("unsqueeze_dim", 1))
+        if interleaved:
+            half = cos.shape[-1] // 2
+            cos = cos[..., :half].repeat_interleave(2, dim=-1)
+            sin = sin[..., :half].repeat_interleave(2, dim=-1)
+        return rope(q, k, cos, sin, unsqueeze_dim=bound.arguments.get("unsqueeze_dim", 1),
+                    interleaved=interleaved)
 
     apply_rotary_pos_emb.__wrapped__ = original
     return apply_rotary_pos_emb
 
 
-def _acquire_rope(module_name: str) -> None:
+def _acquire_rope(module_name: str, interleaved: bool = False) -> None:
     mod = importlib.import_module(module_name)
     if module_name not in _ROPE_ORIGINALS:
         _ROPE_ORIGINALS[module_name] = mod.apply_rotary_pos_emb
-        mod.apply_rotary_pos_emb = _rope_dispatcher(mod.apply_rotary_pos_emb)
+        mod.apply_rotary_pos_emb = _rope_dispatcher(mod.apply_rotary_pos_emb, interleaved)
     _ROPE_USERS[module_name] = _ROPE_USERS.get(module_name, 0) + 1
 
 
@@ -161,6 +168,56 @@ def _fused_mlp_forward(op_name: str, op_kwargs: dict):
         op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
         return self.down_proj(op(self.gate_up_proj(x), None, **op_kwargs))
     return forward
+
+
+def _experts_forward(op_name: str, op_kwargs: dict):
+    """A mixture of experts' forward (transformers 5.x's <Prefix>Experts: gate_up_proj
+    [E, 2I, H], down_proj [E, H, I]) with every expert's gated unit in one speedlight launch.
+
+    The routing arrives as the module's arguments (top_k_index, top_k_weights [tokens, k])
+    and is used as it is: the (token, slot) pairs are sorted by expert, each expert's rows
+    are projected by its own gate_up_proj, the gated unit runs once over all of them
+    ([pairs, 2I] -> [pairs, I]), each expert's rows go through its down_proj, are weighted
+    and summed into their tokens. Indices >= num_experts (expert-parallel sentinels) are
+    skipped, as the module's own loop does."""
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
+        k = top_k_index.shape[-1]
+        with torch.no_grad():
+            flat = top_k_index.reshape(-1)
+            order = torch.argsort(flat, stable=True)
+            n_experts = self.gate_up_proj.shape[0]
+            order = order[flat[order] < n_experts]  # pairs, grouped by expert
+            counts = torch.bincount(flat[order], minlength=n_experts).tolist()
+            token = order // k
+        x = hidden_states[token]  # [pairs, H]
+        experts = [(e, n) for e, n in enumerate(counts) if n]
+        gate_up = torch.cat([torch.nn.functional.linear(rows, self.gate_up_proj[e])
+                             for (e, _), rows in zip(experts, x.split([n for _, n in experts]))]
+                            ) if experts else x.new_empty(0, self.gate_up_proj.shape[1])
+        h = op(gate_up, None, **op_kwargs)  # [pairs, 2I] -> [pairs, I]
+        out = torch.cat([torch.nn.functional.linear(rows, self.down_proj[e])
+                         for (e, _), rows in zip(experts, h.split([n for _, n in experts]))]
+                        ) if experts else x.new_empty(0, self.down_proj.shape[1])
+        out = out * top_k_weights.reshape(-1)[order, None]
+        return torch.zeros_like(hidden_states).index_add_(0, token, out.to(hidden_states.dtype))
+    return forward
+
+
+def _experts_layout_problem(experts) -> str | None:
+    """Why an experts module's weights are not in the layout _experts_forward reads, or None."""
+    if not all(isinstance(getattr(experts, n, None), torch.nn.Parameter) and
+               getattr(experts, n).dim() == 3 for n in ("gate_up_proj", "down_proj")):
+        return "its weights are not 3-D gate_up_proj/down_proj parameters"
+    for flag, wanted in (("has_bias", False), ("is_transposed", False),
+                         ("is_concatenated", True), ("has_gate", True),
+                         ("has_post_expert_norm", False)):
+        if getattr(experts, flag, wanted) != wanted:
+            return f"its {flag} is {getattr(experts, flag)}; speedlight reads {flag}={wanted}"
+    gate = getattr(type(experts), "_apply_gate", None)
+    if gate is not None and gate.__name__ != "_default_apply_gate":
+        return "it has its own gating function (_apply_gate)"
+    return None
 
 
 _GATED_ACTIVATION = {("swiglu", ""): "silu", ("geglu", "tanh"): "gelu_tanh",
@@ -268,15 +325,37 @@ def _causal_lm_forward(previous, signature: inspect.Signature):
             return previous(*args, **kwargs)
         loss_kwargs = {k: extra.pop(k) for k in ("num_items_in_batch", "shift_labels",
                                                  "ignore_index") if k in extra}
+        moe = hasattr(self, "router_aux_loss_coef")
+        if moe and arguments.get("output_router_logits") is None:
+            arguments["output_router_logits"] = bool(getattr(self.config, "output_router_logits",
+                                                             False))
         outputs = self.model(**arguments, **extra)
         config = self.config
         loss = fused_causal_lm_loss(
             outputs[0], self.lm_head, labels, **loss_kwargs, logits_scale=scale,
             softcap=getattr(config, "final_logit_softcapping", None))
-        from transformers.modeling_outputs import CausalLMOutputWithPast
         fields = {k: v for k, v in outputs.items() if k != "last_hidden_state"}
-        return CausalLMOutputWithPast(loss=loss, logits=None, **fields)
+        if moe and arguments["output_router_logits"]:
+            # the load-balancing loss of the family's own function, added as its forward does
+            balance = importlib.import_module(type(self).__module__).load_balancing_loss_func
+            aux = balance(outputs.router_logits, self.num_experts, self.num_experts_per_tok,
+                          arguments.get("attention_mask"))
+            loss = loss + self.router_aux_loss_coef * aux.to(loss.device)
+            fields["aux_loss"] = aux
+        return _causal_lm_output(self, outputs)(loss=loss, logits=None, **fields)
     return forward
+
+
+def _causal_lm_output(model, outputs):
+    """The output class the causal LM's own forward returns for its base model's `outputs`:
+    <X>CausalLMOutputWithPast for an <X>ModelOutputWithPast (Moe..., Qwen2VL...), from the
+    model's modeling module or transformers.modeling_outputs; CausalLMOutputWithPast else."""
+    from transformers import modeling_outputs
+    name = type(outputs).__name__.replace("ModelOutputWithPast", "CausalLMOutputWithPast")
+    for where in (importlib.import_module(type(model).__module__), modeling_outputs):
+        if name != "BaseCausalLMOutputWithPast" and hasattr(where, name):
+            return getattr(where, name)
+    return modeling_outputs.CausalLMOutputWithPast
 
 
 # --- patch / unpatch -------------------------------------------------------------------------
@@ -350,7 +429,8 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     else:
         for path, module in model.named_modules():
             cls = type(module).__name__
-            if cls in (family.norm_class, family.mlp_class) and "forward" in module.__dict__:
+            if cls in (family.norm_class, family.mlp_class, family.experts_class) and \
+                    "forward" in module.__dict__:
                 report.not_patched.append((path, "its forward is already wrapped (e.g. by "
                                            "accelerate hooks); speedlight leaves it alone"))
                 continue
@@ -387,10 +467,12 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
                 make = _fused_mlp_forward if family.mlp == "fused" else _split_mlp_forward
                 _set_forward(module, make(*act), record)
                 report.patched.setdefault("mlp", []).append(f"{path} ({act[0]})")
+            elif wanted["mlp"] and cls == family.experts_class:
+                _patch_experts(path, module, mlp, report, record)
             elif wanted["rope"] and cls == family.attention_class:
                 previous = module.__dict__.get("forward") or module.forward
                 _set_forward(module, _attention_forward(previous), record)
-                _acquire_rope(family.module)
+                _acquire_rope(family.module, family.rope_interleaved)
                 # released by unpatch, or when the model is garbage-collected unpatched
                 record["rope_modules"].append(weakref.finalize(model, _release_rope, family.module))
                 report.patched.setdefault("rope", []).append(path)
@@ -416,6 +498,30 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     if report.not_patched:
         warnings.warn(str(report), PatchWarning, stacklevel=2)
     return report
+
+
+def _patch_experts(path: str, module, mlp: bool | str, report: PatchReport, record: dict) -> None:
+    """A mixture of experts' <Prefix>Experts: every expert's gated unit through speedlight."""
+    act = _activation_of(module)
+    if act is None:
+        report.not_patched.append((f"mlp {path}", "activation "
+                                   f"{type(getattr(module, 'act_fn', None)).__name__} "
+                                   "has no speedlight kernel"))
+        return
+    if not _available(act[0]):
+        report.not_patched.append((f"mlp {path}", f"this install has no speedlight.{act[0]}"))
+        return
+    problem = _experts_layout_problem(module)
+    if problem is not None:
+        report.not_patched.append((f"mlp {path}", problem))
+        return
+    if mlp == "fused":
+        report.not_patched.append((f"mlp {path} (fused)", "gated_matmul reads one weight "
+                                   "pair, not 3-D expert weights; the gated unit alone is "
+                                   "patched"))
+    _set_forward(module, _experts_forward(*act), record)
+    report.patched.setdefault("mlp", []).append(
+        f"{path} ({act[0]}, {module.gate_up_proj.shape[0]} experts)")
 
 
 def _patch_causal_lm_forward(model, report: PatchReport, record: dict) -> None:

@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 import speedlight
 from speedlight.patching import PatchWarning, patch, unpatch
 from speedlight.verify.harness import LaunchCounter
-from tests.patching.tiny_models import FAMILIES, batch, build
+from tests.patching.tiny_models import FAMILIES, MOE, NEW_FAMILIES, batch, build, vocab
 
 TOL = dict(rtol=2e-4, atol=2e-5)
 
@@ -24,18 +24,27 @@ def _run(model, ids, labels):
     return logits, out.loss.detach(), grads
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+# RMSNorm modules of each tiny model: 2 per layer and the final norm, plus q_norm/k_norm
+# per layer (Qwen3, Qwen3-MoE, Gemma 3, OLMo 2), post-norms (Gemma 2/3, GLM-4: 2 per layer)
+NORMS = {"qwen3": 9, "gemma2": 9, "gemma3_text": 13, "olmo2": 9, "glm4": 9, "qwen3_moe": 9}
+# MLP and experts modules: Qwen2-MoE's layers have experts and a shared expert each
+MLPS = {"qwen2_moe": 4}
+
+
+@pytest.mark.parametrize("family", FAMILIES + NEW_FAMILIES)
 def test_patched_logits_loss_and_every_gradient_match(family):
     base = build(family)
     patched = copy.deepcopy(base)
     report = patch(patched)
-    assert report.count("rms_norm") == 2 * 2 + 1 + (4 if family == "qwen3" else 0) + \
-        (4 if family == "gemma2" else 0)
-    assert report.count("mlp") == 2 and report.count("rope") == 2
+    assert report.count("rms_norm") == NORMS.get(family, 2 * 2 + 1)
+    assert report.count("mlp") == MLPS.get(family, 2) and report.count("rope") == 2
+    if family in MOE:  # every layer's experts (Qwen3-MoE's second layer is dense)
+        experts = [m for m in report.patched["mlp"] if "experts)" in m]
+        assert len(experts) == (1 if family == "qwen3_moe" else 2), report.patched["mlp"]
     assert report.count("attention") == 2
     assert report.count("cross_entropy") == 1 and not report.not_patched
     assert report.count("linear_cross_entropy") == 1 and "logits are None" in str(report)
-    ids, labels = batch(base.config.vocab_size)
+    ids, labels = batch(vocab(base))
     logits0, loss0, grads0 = _run(base, ids, labels)
     counter = LaunchCounter()
     with counter.active():
@@ -44,7 +53,7 @@ def test_patched_logits_loss_and_every_gradient_match(family):
     for name in ("rms_norm", "rope", "cross_entropy", "glu", "attention"):
         assert f"_{name}_" in kernels, f"no {name} kernel ran in the patched {family} model"
     gated = "geglu" if family.startswith("gemma") else "swiglu"
-    assert all(f"({gated})" in m for m in report.patched["mlp"]), report.patched["mlp"]
+    assert all(f"({gated}" in m for m in report.patched["mlp"]), report.patched["mlp"]
     torch.testing.assert_close(logits1, logits0, **TOL)
     torch.testing.assert_close(loss1, loss0, **TOL)
     for (name, _), g0, g1 in zip(base.named_parameters(), grads0, grads1):
