@@ -36,6 +36,7 @@ implementation exactly as they were.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import importlib
 import inspect
 import types
@@ -342,18 +343,25 @@ def _causal_lm_forward(previous, signature: inspect.Signature):
                           arguments.get("attention_mask"))
             loss = loss + self.router_aux_loss_coef * aux.to(loss.device)
             fields["aux_loss"] = aux
-        return _causal_lm_output(self, outputs)(loss=loss, logits=None, **fields)
+        output = _causal_lm_output(self, outputs)
+        known = {f.name for f in dataclasses.fields(output)}
+        return output(loss=loss, logits=None, **{k: v for k, v in fields.items() if k in known})
     return forward
 
 
-def _causal_lm_output(model, outputs):
+def _causal_lm_output(model, outputs) -> type:
     """The output class the causal LM's own forward returns for its base model's `outputs`:
-    <X>CausalLMOutputWithPast for an <X>ModelOutputWithPast (Moe..., Qwen2VL...), from the
-    model's modeling module or transformers.modeling_outputs; CausalLMOutputWithPast else."""
+    <X>CausalLMOutputWithPast for <X>BaseModelOutputWithPast or <X>ModelOutputWithPast
+    (Moe..., Multimodal...), from the model's modeling module or
+    transformers.modeling_outputs; CausalLMOutputWithPast otherwise."""
     from transformers import modeling_outputs
-    name = type(outputs).__name__.replace("ModelOutputWithPast", "CausalLMOutputWithPast")
+    name = type(outputs).__name__
+    for suffix in ("BaseModelOutputWithPast", "ModelOutputWithPast"):
+        if name.endswith(suffix):
+            name = name[:-len(suffix)] + "CausalLMOutputWithPast"
+            break
     for where in (importlib.import_module(type(model).__module__), modeling_outputs):
-        if name != "BaseCausalLMOutputWithPast" and hasattr(where, name):
+        if isinstance(getattr(where, name, None), type):
             return getattr(where, name)
     return modeling_outputs.CausalLMOutputWithPast
 
@@ -559,8 +567,14 @@ def _patch_attention(model, family: Family, report: PatchReport, record: dict) -
                                    "family found"))
         return
     hf_attention.register()
-    record["attention"] = (config._attn_implementation_internal, [m for _, m in layers])
-    config._attn_implementation = hf_attention.NAME
+    # the configs the attention layers (and their model's mask builder) read: the model's
+    # own, or a sub-config (Qwen2-VL's text_config); set there alone, so that a vision
+    # tower's attention, which reads another sub-config, keeps its implementation
+    configs = {id(c): c for c in (getattr(m, "config", None) or config for _, m in layers)}
+    record["attention"] = ([(c, c._attn_implementation_internal) for c in configs.values()],
+                           [m for _, m in layers])
+    for c in configs.values():
+        c._attn_implementation_internal = hf_attention.NAME
     for path, m in layers:
         setattr(m, hf_attention.REPORT_ATTR, report)
     report.patched["attention"] = [path for path, _ in layers]
@@ -587,7 +601,8 @@ def unpatch(model: torch.nn.Module) -> None:
     if record.get("attention") is not None:
         from speedlight.patching import hf_attention
         previous, layers = record["attention"]
-        model.config._attn_implementation_internal = previous
+        for c, implementation in previous:
+            c._attn_implementation_internal = implementation
         for m in layers:
             m.__dict__.pop(hf_attention.REPORT_ATTR, None)
     if record["loss"] is not None:

@@ -86,15 +86,16 @@ def test_fused_mlp_runs_gated_matmul_and_matches(family):
         patch(copy.deepcopy(base), mlp="yes")
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "gemma2"] + NEW_FAMILIES)
 def test_unpatch_restores_the_original_exactly(family):
+    from speedlight.patching.families import FAMILIES as KNOWN
     model = build(family)
-    ids, labels = batch(model.config.vocab_size)
+    ids, labels = batch(vocab(model))
     before = model(input_ids=ids, labels=labels).logits
     import importlib
     import gc
     gc.collect()  # patched models of earlier tests release the family's function
-    mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    mod = importlib.import_module(KNOWN[family].module)
     original_rope = mod.apply_rotary_pos_emb
     assert not hasattr(original_rope, "__wrapped__")
     patch(model)
@@ -206,17 +207,20 @@ def test_twenty_training_steps_give_matching_loss_curves():
     assert max(abs(a - b) for a, b in zip(base, ours)) < 1e-3, (base, ours)
 
 
-@pytest.mark.parametrize("family", ["gemma2", "granite", "falcon_h1"])
+@pytest.mark.parametrize("family", ["gemma2", "granite", "falcon_h1", "granitemoe", "qwen2_vl"])
 def test_fused_loss_without_logits_and_the_normal_path(family):
     """Training with labels: the loss comes from linear_cross_entropy and no logits are
-    made (Gemma 2's softcap, Granite's logits_scaling and Falcon-H1's lm_head_multiplier
-    applied); eval, skip_logits=False
-    or no labels keep the logits; num_items_in_batch divides a sum, as Hugging Face does."""
+    made (Gemma 2's softcap, Granite's and GraniteMoE's logits_scaling and Falcon-H1's
+    lm_head_multiplier applied), in the output class of the family's own forward; eval,
+    skip_logits=False or no labels keep the logits; num_items_in_batch divides a sum, as
+    Hugging Face does."""
     base = build(family)
     model = copy.deepcopy(base)
     patch(model)
-    ids, labels = batch(model.config.vocab_size)
+    ids, labels = batch(vocab(model))
     fused = model(input_ids=ids, labels=labels)
+    # the output class the family's own forward returns (Qwen2-VL's carries rope_deltas)
+    assert type(fused) is type(base(input_ids=ids, labels=labels))
     assert fused.logits is None
     plain = model(input_ids=ids, labels=labels, skip_logits=False)
     assert plain.logits is not None
