@@ -171,6 +171,24 @@ def _fused_mlp_forward(op_name: str, op_kwargs: dict):
     return forward
 
 
+def _per_expert(rows: torch.Tensor, weight: torch.Tensor, counts: list[int] | None) -> torch.Tensor:
+    """rows [pairs, D] grouped by expert (counts[e] rows each) @ weight[e]^T ([E, out, D])
+    -> [pairs, out]. counts None (fake tensors, routing unknown): the pairs spread evenly
+    over the experts, as one batched product that costs what the per-expert ones would."""
+    n_experts = weight.shape[0]
+    if counts is None:
+        share = -(-rows.shape[0] // n_experts)
+        padded = torch.nn.functional.pad(rows, (0, 0, 0, share * n_experts - rows.shape[0]))
+        # [E, share, D] @ [E, D, out] -> [E, share, out]
+        out = torch.bmm(padded.view(n_experts, share, -1), weight.transpose(1, 2))
+        return out.reshape(-1, weight.shape[1])[:rows.shape[0]]
+    hit = [(e, n) for e, n in enumerate(counts) if n]
+    if not hit:
+        return rows.new_empty(0, weight.shape[1])
+    return torch.cat([torch.nn.functional.linear(part, weight[e])
+                      for (e, _), part in zip(hit, rows.split([n for _, n in hit]))])
+
+
 def _experts_forward(op_name: str, op_kwargs: dict):
     """A mixture of experts' forward (transformers 5.x's <Prefix>Experts: gate_up_proj
     [E, 2I, H], down_proj [E, H, I]) with every expert's gated unit in one speedlight launch.
@@ -180,27 +198,25 @@ def _experts_forward(op_name: str, op_kwargs: dict):
     are projected by its own gate_up_proj, the gated unit runs once over all of them
     ([pairs, 2I] -> [pairs, I]), each expert's rows go through its down_proj, are weighted
     and summed into their tokens. Indices >= num_experts (expert-parallel sentinels) are
-    skipped, as the module's own loop does."""
+    skipped, as the module's own loop does. On tensors without values (the profile's
+    projection, fake tensors) the routing is unknown: the pairs are costed as spread evenly
+    over the experts."""
     def forward(self, hidden_states, top_k_index, top_k_weights):
+        from speedlight.patching.hf_attention import _has_values
         op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
         k = top_k_index.shape[-1]
         with torch.no_grad():
             flat = top_k_index.reshape(-1)
             order = torch.argsort(flat, stable=True)
-            n_experts = self.gate_up_proj.shape[0]
-            order = order[flat[order] < n_experts]  # pairs, grouped by expert
-            counts = torch.bincount(flat[order], minlength=n_experts).tolist()
+            counts = None
+            if _has_values(flat):
+                n_experts = self.gate_up_proj.shape[0]
+                order = order[flat[order] < n_experts]  # pairs, grouped by expert
+                counts = torch.bincount(flat[order], minlength=n_experts).tolist()
             token = order // k
         x = hidden_states[token]  # [pairs, H]
-        experts = [(e, n) for e, n in enumerate(counts) if n]
-        gate_up = torch.cat([torch.nn.functional.linear(rows, self.gate_up_proj[e])
-                             for (e, _), rows in zip(experts, x.split([n for _, n in experts]))]
-                            ) if experts else x.new_empty(0, self.gate_up_proj.shape[1])
-        h = op(gate_up, None, **op_kwargs)  # [pairs, 2I] -> [pairs, I]
-        out = torch.cat([torch.nn.functional.linear(rows, self.down_proj[e])
-                         for (e, _), rows in zip(experts, h.split([n for _, n in experts]))]
-                        ) if experts else x.new_empty(0, self.down_proj.shape[1])
-        out = out * top_k_weights.reshape(-1)[order, None]
+        h = op(_per_expert(x, self.gate_up_proj, counts), None, **op_kwargs)  # [pairs, I]
+        out = _per_expert(h, self.down_proj, counts) * top_k_weights.reshape(-1)[order, None]
         return torch.zeros_like(hidden_states).index_add_(0, token, out.to(hidden_states.dtype))
     return forward
 

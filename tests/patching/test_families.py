@@ -128,3 +128,23 @@ def test_qwen2_vl_patches_its_text_decoder_alone():
     from speedlight.patching import unpatch
     unpatch(model)
     assert (text._attn_implementation, vision._attn_implementation) == before
+
+
+@pytest.mark.parametrize("name", ["granite-3.0-1b-a400m", "qwen2-vl-7b"])
+def test_the_projection_builds_and_runs_the_patched_family(name):
+    """The profile's projection (fake tensors, no routing values) of a patched mixture of
+    experts, with its real expert count and top-k, and of Qwen2-VL's text decoder."""
+    from speedlight import shapes
+    from speedlight.profile import project
+    mode = project.fake_mode()
+    w = project.build_workload(name, batch=1, seq=64, train=True, recipe=project.RECIPES["bf16"],
+                               dtype=None, layers=1, seed=0, overrides=None, mode=mode)
+    m = shapes.MODELS[name]
+    experts = [x for x in w.model.modules() if type(x).__name__.endswith("Experts")]
+    assert [x.gate_up_proj.shape[0] for x in experts] == ([m.experts] if m.experts else [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PatchWarning)
+        report = patch(w.model)
+    assert report.count("mlp") >= 1 and report.count("rms_norm") == 3
+    pj = project.project_step(w, train=True, recipe=project.RECIPES["bf16"], mode=mode)
+    assert any("glu" in r.name for r in pj.capture.ops), sorted({r.name for r in pj.capture.ops})
