@@ -8,7 +8,10 @@ are, so weights load unchanged and optimizers keep their references):
                  whose output joins the residual stream), so their backward allocates
                  nothing of the activations' size
   mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up)), with
-                 Falcon-H1's mlp multipliers folded into the gated unit;
+                 Falcon-H1's mlp multipliers folded into the gated unit; every
+                 <Family>Experts' forward (Mixtral, Qwen2/3-MoE, GraniteMoE) -> the given
+                 routing, each expert's own projections, and one gated-unit launch over
+                 all routed tokens (experts.py);
                  with mlp="fused" -> down_proj(gated_matmul(x, gate and up weights)): both
                  projections and the gated product in one GEMM kernel (off by default
                  until measured on a GPU)
@@ -27,8 +30,10 @@ are, so weights load unchanged and optimizers keep their references):
                  never made, and the output's logits are None (say skip_logits=False to get
                  them; eval mode, no labels or logits_to_keep keep the normal path, whose
                  loss is the cross_entropy patch's). Granite's logits_scaling and Falcon-H1's
-                 lm_head_multiplier scale the hidden states first; Gemma 2's
-                 final_logit_softcapping is the op's softcap.
+                 lm_head_multiplier scale the hidden states first; Gemma 2/3's
+                 final_logit_softcapping is the op's softcap; a mixture of experts' load-
+                 balancing loss is added when router logits are asked for; the output is
+                 the class the family's own forward returns.
 unpatch restores every instance's forward, the model's loss and its attention
 implementation exactly as they were.
 """
@@ -46,6 +51,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from speedlight.patching.experts import experts_forward, experts_layout_problem
 from speedlight.patching.families import ACTIVATIONS, FAMILIES, Family
 
 _RECORD = "_speedlight_patch"
@@ -169,72 +175,6 @@ def _fused_mlp_forward(op_name: str, op_kwargs: dict):
         op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
         return self.down_proj(op(self.gate_up_proj(x), None, **op_kwargs))
     return forward
-
-
-def _per_expert(rows: torch.Tensor, weight: torch.Tensor, counts: list[int] | None) -> torch.Tensor:
-    """rows [pairs, D] grouped by expert (counts[e] rows each) @ weight[e]^T ([E, out, D])
-    -> [pairs, out]. counts None (fake tensors, routing unknown): the pairs spread evenly
-    over the experts, as one batched product that costs what the per-expert ones would."""
-    n_experts = weight.shape[0]
-    if counts is None:
-        share = -(-rows.shape[0] // n_experts)
-        padded = torch.nn.functional.pad(rows, (0, 0, 0, share * n_experts - rows.shape[0]))
-        # [E, share, D] @ [E, D, out] -> [E, share, out]
-        out = torch.bmm(padded.view(n_experts, share, -1), weight.transpose(1, 2))
-        return out.reshape(-1, weight.shape[1])[:rows.shape[0]]
-    hit = [(e, n) for e, n in enumerate(counts) if n]
-    if not hit:
-        return rows.new_empty(0, weight.shape[1])
-    return torch.cat([torch.nn.functional.linear(part, weight[e])
-                      for (e, _), part in zip(hit, rows.split([n for _, n in hit]))])
-
-
-def _experts_forward(op_name: str, op_kwargs: dict):
-    """A mixture of experts' forward (transformers 5.x's <Prefix>Experts: gate_up_proj
-    [E, 2I, H], down_proj [E, H, I]) with every expert's gated unit in one speedlight launch.
-
-    The routing arrives as the module's arguments (top_k_index, top_k_weights [tokens, k])
-    and is used as it is: the (token, slot) pairs are sorted by expert, each expert's rows
-    are projected by its own gate_up_proj, the gated unit runs once over all of them
-    ([pairs, 2I] -> [pairs, I]), each expert's rows go through its down_proj, are weighted
-    and summed into their tokens. Indices >= num_experts (expert-parallel sentinels) are
-    skipped, as the module's own loop does. On tensors without values (the profile's
-    projection, fake tensors) the routing is unknown: the pairs are costed as spread evenly
-    over the experts."""
-    def forward(self, hidden_states, top_k_index, top_k_weights):
-        from speedlight.patching.hf_attention import _has_values
-        op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
-        k = top_k_index.shape[-1]
-        with torch.no_grad():
-            flat = top_k_index.reshape(-1)
-            order = torch.argsort(flat, stable=True)
-            counts = None
-            if _has_values(flat):
-                n_experts = self.gate_up_proj.shape[0]
-                order = order[flat[order] < n_experts]  # pairs, grouped by expert
-                counts = torch.bincount(flat[order], minlength=n_experts).tolist()
-            token = order // k
-        x = hidden_states[token]  # [pairs, H]
-        h = op(_per_expert(x, self.gate_up_proj, counts), None, **op_kwargs)  # [pairs, I]
-        out = _per_expert(h, self.down_proj, counts) * top_k_weights.reshape(-1)[order, None]
-        return torch.zeros_like(hidden_states).index_add_(0, token, out.to(hidden_states.dtype))
-    return forward
-
-
-def _experts_layout_problem(experts) -> str | None:
-    """Why an experts module's weights are not in the layout _experts_forward reads, or None."""
-    if not all(isinstance(getattr(experts, n, None), torch.nn.Parameter) and
-               getattr(experts, n).dim() == 3 for n in ("gate_up_proj", "down_proj")):
-        return "its weights are not 3-D gate_up_proj/down_proj parameters"
-    for flag, wanted in (("has_bias", False), ("is_transposed", False),
-                         ("is_concatenated", True), ("has_gate", True),
-                         ("has_post_expert_norm", False)):
-        if getattr(experts, flag, wanted) != wanted:
-            return f"its {flag} is {getattr(experts, flag)}; speedlight reads {flag}={wanted}"
-    gate = getattr(type(experts), "_apply_gate", None)
-    if gate is not None and gate.__name__ != "_default_apply_gate":
-        return "it has its own gating function (_apply_gate)"
-    return None
 
 
 _GATED_ACTIVATION = {("swiglu", ""): "silu", ("geglu", "tanh"): "gelu_tanh",
@@ -410,8 +350,10 @@ def _activation_of(mlp) -> tuple[str, dict] | None:
 def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
           rope: bool = True, cross_entropy: bool = True, attention: bool = True,
           norm_in_place: bool = True, linear_cross_entropy: bool = True) -> PatchReport:
-    """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3,
-    Falcon-H1, Granite).
+    """Swap speedlight ops into `model` (a family of speedlight.patching.families.FAMILIES:
+    Llama, Mistral, Ministral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, Falcon-H1,
+    Granite, OLMo 2, GLM-4, SmolLM3, Qwen2-VL's text decoder, Mixtral, Qwen2-MoE,
+    Qwen3-MoE, GraniteMoE).
 
     linear_cross_entropy: the training loss of a causal LM with labels is computed without
     its logits, which the output then does not hold (see the module docstring).
@@ -535,7 +477,7 @@ def _patch_experts(path: str, module, mlp: bool | str, report: PatchReport, reco
     if not _available(act[0]):
         report.not_patched.append((f"mlp {path}", f"this install has no speedlight.{act[0]}"))
         return
-    problem = _experts_layout_problem(module)
+    problem = experts_layout_problem(module)
     if problem is not None:
         report.not_patched.append((f"mlp {path}", problem))
         return
@@ -543,7 +485,7 @@ def _patch_experts(path: str, module, mlp: bool | str, report: PatchReport, reco
         report.not_patched.append((f"mlp {path} (fused)", "gated_matmul reads one weight "
                                    "pair, not 3-D expert weights; the gated unit alone is "
                                    "patched"))
-    _set_forward(module, _experts_forward(*act), record)
+    _set_forward(module, experts_forward(*act), record)
     report.patched.setdefault("mlp", []).append(
         f"{path} ({act[0]}, {module.gate_up_proj.shape[0]} experts)")
 

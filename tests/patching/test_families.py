@@ -16,7 +16,12 @@ from tests.patching.tiny_models import NEW_FAMILIES, batch, build, vocab
 TOL = dict(rtol=2e-4, atol=2e-5)
 
 
-@pytest.mark.parametrize("family", NEW_FAMILIES)
+# SmolLM3 and Ministral are Llama's layer with NoPE layers / a sliding window: their
+# training is Llama's (test_patch.py's twenty steps); the rest each bring a form of their own
+TRAINED = [f for f in NEW_FAMILIES if f not in ("smollm3", "ministral")]
+
+
+@pytest.mark.parametrize("family", TRAINED)
 def test_training_steps_give_matching_loss_curves(family):
     """Two AdamW steps of the original and of the patched model on one batch (attention
     left out: its interpreter cost is paid per family in test_patch.py) give the same
@@ -65,9 +70,9 @@ def test_experts_follow_the_given_routing_and_skip_sentinels():
     y0 = experts(x, index, weights)
     grads0 = torch.autograd.grad(y0.square().sum(), params)
     patched = copy.deepcopy(experts)
-    from speedlight.patching.patcher import _experts_forward
+    from speedlight.patching.experts import experts_forward
     import types
-    patched.forward = types.MethodType(_experts_forward("swiglu", {}), patched)
+    patched.forward = types.MethodType(experts_forward("swiglu", {}), patched)
     params[2:] = [patched.gate_up_proj, patched.down_proj]
     counter = LaunchCounter()
     with counter.active():
