@@ -57,7 +57,8 @@ def shape(fn: Callable, *example_inputs, target=None, train: bool = False,
 
     target: a --target name or a speedlight.target.Target (default: the GPU in use, else H200). train: trace the backward
     too. spec_path: also write a spec file there (needs `source`, the function's file and
-    name, or a function defined in a file). compile: ask torch.compile (on a GPU only)."""
+    name, or a function defined in a file). compile: ask torch.compile for its Triton kernels and read them with
+    inspect (compiled for the target; on a CPU they run through the interpreter)."""
     from speedlight import target as target_mod
     from speedlight.shape import analysis, compiled, specfile
 
@@ -81,8 +82,9 @@ def shape(fn: Callable, *example_inputs, target=None, train: bool = False,
         "grads": tr.grads,
         "phases": phases,
         "advice": analysis.advise(tr, phases, tgt.roof),
-        "inductor": (compiled.inductor(fn, inputs, train=train) if compile
-                     else {"status": "skipped", "reason": "not asked (--no-compile)"}),
+        "inductor": (compiled.inductor(fn, inputs, train=train, target=tgt,
+                                       fused_bytes={p["phase"]: p["fused"]["bytes"] for p in phases})
+                     if compile else {"status": "skipped", "reason": "not asked (--no-compile)"}),
         "spec_file": None,
     }
     if spec_path is not None:

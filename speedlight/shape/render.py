@@ -39,6 +39,48 @@ def _contiguous(m: dict) -> bool:
     return all(s == e or d == 1 for s, e, d in zip(m["stride"], reversed(expect), m["shape"]))
 
 
+def print_inductor(doc: dict, console) -> None:
+    """torch.compile's kernels as inspect read them, against the fused floor."""
+    from rich.table import Table
+
+    ind = doc["inductor"]
+    if ind["status"] != "ran":
+        console.print(f"[bold]torch.compile[/]: {ind['status']}: {ind['reason']}")
+        return
+    t = Table(title=f"torch.compile's Triton kernels ({ind['where']})")
+    for col in ("phase", "kernel", "grid", "config", "regs", "spills", "occupancy",
+                "narrowest row access", "reads", "writes"):
+        t.add_column(col, justify="right" if col in ("regs", "spills", "reads", "writes") else "left")
+    for k in ind["kernels"]:
+        if "error" in k:
+            t.add_row(k["phase"][:3], k["kernel"], "", "", "", "", "", f"[red]{k['error'][:60]}[/]", "", "")
+            continue
+        t.add_row(k["phase"][:3], k["kernel"], "x".join(map(str, k["grid"])),
+                  ", ".join(f"{n}={v}" for n, v in k["config"].items()) + f", {k['num_warps']} warps",
+                  str(k["registers"]), str(k["spill_bytes"]), f"{k['occupancy']['fraction']:.0%}",
+                  narrowest(k["accesses"]), nbytes(k["read_bytes"]), nbytes(k["written_bytes"]))
+    console.print(t)
+    for phase, p in ind["phases"].items():
+        over = (f" = [bold]{p['bytes_over_floor']:.2f}x[/] the fused floor's {nbytes(p['fused_floor_bytes'])}"
+                if p["bytes_over_floor"] else "")
+        console.print(f"  {phase}: {p['launches']} launches moving {nbytes(p['bytes'])}{over}")
+    if ind.get("extern_calls"):
+        console.print("  plus library kernels inductor calls, not generated (not read here): "
+                      + ", ".join(f"{n} x{c}" for n, c in ind["extern_calls"].items()))
+    for f in ind["findings"]:
+        console.print(f"  [yellow]•[/] {f['kernel']}: {f['text']}")
+    console.print(f"[dim]{ind['config_note']}[/]")
+
+
+def narrowest(accesses: list[dict]) -> str:
+    """The narrowest compiled access among those the addresses allowed 128 bits for."""
+    wide = [a for a in accesses if a["possible_bits"] >= 128 and a["bits"]]
+    if not wide:
+        return ""
+    a = min(wide, key=lambda a: a["bits"])
+    return f"{a['bits']}-bit {a['kind']} (128 possible), line {a['line']}"
+
+
 def print_summary(doc: dict, console, top: int = 30) -> None:
     from rich.table import Table
 
@@ -74,14 +116,7 @@ def print_summary(doc: dict, console, top: int = 30) -> None:
     console.print("[bold]advice[/]" if doc["advice"] else "[bold]advice[/]: none at these shapes")
     for a in doc["advice"]:
         console.print(f" • [bold]{a['title']}[/] ({a['kind']}): {a['evidence']}\n   → {a['number']}")
-    ind = doc["inductor"]
-    if ind["status"] == "ran":
-        console.print(f"[bold]torch.compile[/]: {ind['launches']} Triton kernels "
-                      f"({', '.join(f'{k} {n}' for k, n in ind['kinds'].items())}) against "
-                      f"{sum(p['eager']['launches'] for p in doc['phases'])} eager launches: "
-                      f"{', '.join(ind['kernels'][:6])}. {ind['next']}")
-    else:
-        console.print(f"[bold]torch.compile[/]: {ind['status']}: {ind['reason']}")
+    print_inductor(doc, console)
     if doc["spec_file"]:
         console.print(f"[bold]spec file[/]: {doc['spec_file']}  →  speedlight verify --spec "
                       f"{doc['spec_file']} --only-spec")
@@ -95,5 +130,5 @@ def render_html(doc: dict) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]),
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(seconds=seconds, nbytes=nbytes, flops=flops, shapes=_shape_text)
+    env.filters.update(seconds=seconds, nbytes=nbytes, flops=flops, shapes=_shape_text, narrowest=narrowest)
     return env.get_template(TEMPLATE).render(doc=doc)

@@ -24,8 +24,9 @@ def _fn(name: str):
     return load_function(f"{EXAMPLES / name}.py:{name}")[0]
 
 
-def _shape(name, shapes, **kw):
-    return speedlight.shape(_fn(name), *parse_shapes(shapes), target="h200", **kw)
+def _shape(name, shapes, compile=False, **kw):
+    """The floors and advice (torch.compile's kernels are read in a test of their own)."""
+    return speedlight.shape(_fn(name), *parse_shapes(shapes), target="h200", compile=compile, **kw)
 
 
 def test_norm_variant_against_hand_counts():
@@ -88,11 +89,12 @@ def test_reduction_over_a_non_contiguous_dim_and_misaligned_rows_are_advised():
         return torch.softmax(x.transpose(0, 1), dim=-1)
 
     doc = speedlight.shape(col_softmax, torch.empty(1001, 64, dtype=torch.bfloat16, device="meta"),
-                           target="h200")
+                           target="h200", compile=False)
     strided = [a for a in doc["advice"] if a["kind"] == "layout"]
     assert strided and "stride there is 64 elements" in strided[0]["evidence"]
     assert "16x" in strided[0]["number"]  # 32-byte sectors of 2-byte elements
-    doc = speedlight.shape(lambda x: x * 2, InputSpec("x", (4, 1001), torch.bfloat16), target="h200")
+    doc = speedlight.shape(lambda x: x * 2, InputSpec("x", (4, 1001), torch.bfloat16), target="h200",
+                           compile=False)
     (align,) = [a for a in doc["advice"] if a["kind"] == "alignment"]
     assert "2002 B" in align["evidence"] and "1008 elements" in align["number"]
 
@@ -131,14 +133,14 @@ def test_bad_example_inputs_and_failing_functions_are_errors():
 def test_cli_writes_json_html_and_a_spec_that_verify_accepts(tmp_path, capsys):
     out = tmp_path / "out"
     rc = cli.main(["shape", f"{EXAMPLES / 'offset_rms_norm.py'}:offset_rms_norm", "--shapes",
-                   "x=[8,4096,4096]:bf16,w=[4096]:bf16", "--target", "h200", "--out", str(out)])
+                   "x=[8,4096,4096]:bf16,w=[4096]:bf16", "--target", "h200", "--out", str(out),
+                   "--no-compile"])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "fused (one kernel)" in printed and "bandwidth" in printed
     doc = json.loads((out / "shape.json").read_text())
     assert doc["phases"][0]["fused"]["bytes"] == 4 * 8 * 4096 * 4096 + 2 * 4096
-    assert doc["inductor"]["status"] in ("skipped", "ran", "failed") and doc["inductor"].get(
-        "reason", doc["inductor"].get("kernels"))
+    assert doc["inductor"] == {"status": "skipped", "reason": "not asked (--no-compile)"}
     pytest.importorskip("jinja2", reason="the HTML page needs jinja2")
     assert "fused (one kernel)" in (out / "shape.html").read_text()
     spec = Path(doc["spec_file"])
@@ -172,3 +174,35 @@ def test_speedlight_shape_is_the_function_after_import_speedlight():
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == str(4 * 8 * 4 + 4 * 4)  # read x, write the row sums
+
+
+def test_inductor_kernels_read_by_inspect_against_hand_counts():
+    """torch.compile's Triton kernels for the norm variant, generated on this CPU, run
+    through the interpreter and compiled for sm_90a: what each moves, by hand."""
+    rows, h = 64, 256
+    doc = _shape("offset_rms_norm", f"x=[{rows},{h}]:bf16,w=[{h}]:bf16", compile=True, train=True)
+    ind = doc["inductor"]
+    assert ind["status"] == "ran", ind.get("reason")
+    fwd = [k for k in ind["kernels"] if k["phase"] == "forward"]
+    bwd = [k for k in ind["kernels"] if k["phase"] == "backward"]
+    assert len(fwd) == 1 and len(bwd) >= 1  # inductor fuses the whole forward
+    (k,) = fwd
+    # read x (bf16) and w once; write y (bf16) and the saved rstd (fp32 per row) once
+    assert (k["read_bytes"], k["written_bytes"]) == (2 * rows * h + 2 * h, 2 * rows * h + 4 * rows)
+    assert ind["phases"]["forward"]["fused_floor_bytes"] == 4 * rows * h + 2 * h
+    assert ind["phases"]["forward"]["bytes_over_floor"] == pytest.approx(
+        (4 * rows * h + 2 * h + 4 * rows) / (4 * rows * h + 2 * h))
+    for kernel in ind["kernels"]:  # every kernel compiled for sm_90a and read
+        assert "error" not in kernel, kernel
+        assert kernel["registers"] > 0 and kernel["spill_bytes"] == 0
+        assert kernel["loaded"] is not None  # small enough to run in full: bytes measured
+    x_loads = [a for a in k["accesses"] if a["kind"] == "load" and a["possible_bits"] == 128]
+    assert x_loads and all(a["bits"] in (16, 32, 64, 128) for a in x_loads)
+    assert ind["where"].endswith("sm_90a") and ind["extern_calls"] == {}
+
+
+def test_inductor_without_the_interpreter_is_skipped_with_the_reason(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    doc = _shape("offset_rms_norm", "x=[4,8]:fp32,w=[8]:fp32", compile=True)
+    assert doc["inductor"]["status"] == "skipped"
+    assert "TRITON_INTERPRET=1" in doc["inductor"]["reason"]
