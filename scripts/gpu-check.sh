@@ -44,6 +44,22 @@
 #   GEMM_CASES                            regex of the GEMM cases benched (default: Llama-3-8B's
 #                                         up and down projections and its gated MLP at 4096
 #                                         tokens)
+#   --fp8-s N           FP8_BENCH_S       the fp8 section's bench budget (default 30; 0 skips
+#                                         it, as does --ops): after the GEMM section, verify
+#                                         --suite quick of matmul in fp8, then fp8 matmul at
+#                                         Llama-3-8B's qkv, o, up and down projections at 4096
+#                                         tokens, forward, per-tensor scales, against
+#                                         torch._scaled_mm (torch-scaled-mm), the same GEMM in
+#                                         bf16 on cuBLAS (cublas-bf16) and the eager reference,
+#                                         in fp8/. Targets (not asserted): >= 1.3x cublas-bf16,
+#                                         >= 1.0x torch-scaled-mm
+#   FP8_CASES                             regex of the fp8 cases benched (default: those four)
+#   --tune-s N          TUNE_S            the tune section's time limit (default 120; 0 skips it,
+#                                         as does --ops): `speedlight tune` of matmul at
+#                                         Llama-3-8B's projections at 4096 tokens (TUNE_CASES)
+#                                         and of rms_norm at hidden 4096, a few compiles each;
+#                                         the table lands in $OUT/tune/tuned/<sku>.json, to
+#                                         commit as speedlight/tuned/<sku>.json
 #   --attention-s N     ATTN_BUDGET_S     the attention section's bench budget (default 60): its
 #                                         headline cases (bf16, head dim 128, 8K tokens, causal
 #                                         and not, forward and backward) against SDPA's flash,
@@ -75,7 +91,11 @@ BENCH_BUDGET_S="${BENCH_BUDGET_S:-90}"
 GEMM_BENCH_S="${GEMM_BENCH_S:-60}"
 GEMM_OPS="matmul,gated_matmul"
 GEMM_CASES="${GEMM_CASES:-^(matmul-m4096-n(14336-k4096|4096-k14336)-bf16-linear-proj(up|down)|gated_matmul-m4096-n14336-k4096-bf16)\$}"
+FP8_BENCH_S="${FP8_BENCH_S:-30}"
+FP8_CASES="${FP8_CASES:-^matmul-m4096-n(6144-k4096|4096-k4096|14336-k4096|4096-k14336)-fp8-linear-proj(qkv|o|up|down)\$}"
 ATTN_BUDGET_S="${ATTN_BUDGET_S:-60}"
+TUNE_S="${TUNE_S:-120}"
+TUNE_CASES="${TUNE_CASES:-m4096-n6144-k4096,m4096-n14336-k4096,m4096-n4096-k14336}"
 MODEL_STEP_S="${MODEL_STEP_S:-90}"
 VERIFY_ARGS="${VERIFY_ARGS:---seeds 1}"
 BENCH_ARGS="${BENCH_ARGS:---time-cap 0.3 --max-gib 32}"
@@ -93,7 +113,9 @@ while [ $# -gt 0 ]; do
     --verify-s) VERIFY_TIMEOUT_S="$2"; shift 2 ;;
     --bench-s) BENCH_BUDGET_S="$2"; shift 2 ;;
     --gemm-s) GEMM_BENCH_S="$2"; shift 2 ;;
+    --fp8-s) FP8_BENCH_S="$2"; shift 2 ;;
     --attention-s) ATTN_BUDGET_S="$2"; shift 2 ;;
+    --tune-s) TUNE_S="$2"; shift 2 ;;
     --model-s) MODEL_STEP_S="$2"; shift 2 ;;
     --verify-args) VERIFY_ARGS="$2"; shift 2 ;;
     --bench-args) BENCH_ARGS="$2"; shift 2 ;;
@@ -110,7 +132,9 @@ OPS_ARG=()
 if [ -n "$OPS" ]; then
   OPS_ARG=(--ops "$OPS")
   GEMM_BENCH_S=0  # the ops asked for, through the general steps only
+  FP8_BENCH_S=0
   MODEL_STEP_S=0
+  TUNE_S=0
 else
   # every registered op but the GEMMs, which the GEMM section covers
   GENERAL_OPS="$("$PYTHON" -c "
@@ -200,6 +224,28 @@ else
   echo "GEMM section skipped (--ops given or GEMM_BENCH_S=0)" > "$OUT/gemm.log"
   STEPS+=("gemm|none|0|gemm.log")
 fi
+# --- the fp8 section: fp8 matmul against _scaled_mm and bf16 cuBLAS (issue 19) ---------------
+if [ "$FP8_BENCH_S" != 0 ]; then
+  step fp8-verify fp8.log timeout 30 "$PYTHON" -m speedlight verify --device "$DEVICE" \
+    --suite quick --ops matmul --dtypes fp8 --seeds 1 --out "$OUT/fp8"
+  step fp8-bench fp8.log timeout "$((FP8_BENCH_S + 90))" "$PYTHON" -m speedlight bench \
+    --device "$DEVICE" --suite model --ops matmul --dtypes fp8 --cases "$FP8_CASES" \
+    --modes fwd --baselines torch-eager,torch-scaled-mm,cublas-bf16 --out "$OUT/fp8" \
+    --budget-s "$FP8_BENCH_S" --time-cap 0.3 --max-gib 32
+else
+  echo "fp8 section skipped (--ops given or FP8_BENCH_S=0)" > "$OUT/fp8.log"
+  STEPS+=("fp8|none|0|fp8.log")
+fi
+# --- tune: a handful of shapes, their winners into a table to commit --------------------------
+if [ "$TUNE_S" != 0 ]; then
+  step tune-matmul tune.log timeout "$TUNE_S" "$PYTHON" -m speedlight tune matmul --device "$DEVICE" \
+    --suite model --cases "$TUNE_CASES" --max-compiles 18 --no-install --out "$OUT/tune"
+  step tune-rms_norm tune.log timeout 60 "$PYTHON" -m speedlight tune rms_norm --device "$DEVICE" \
+    --suite model --cases rows4096-hidden4096 --max-compiles 16 --no-install --out "$OUT/tune"
+else
+  echo "tune section skipped (--ops given or TUNE_S=0)" > "$OUT/tune.log"
+  STEPS+=("tune|none|0|tune.log")
+fi
 # --- the model step --------------------------------------------------------------------------
 # Llama-3-8B widths, 4 layers, bf16, 4 x 4096 tokens (bench model's GPU defaults, spelled out)
 if [ "$MODEL_STEP_S" != 0 ]; then
@@ -247,6 +293,12 @@ print(s.key if s else 'unknown-device')" 2>/dev/null || echo unknown-device)"
     echo "attention headline (bf16, head dim 128, 8K tokens):"
     "$PYTHON" -m speedlight bench table "$OUT/attention" --include-cpu 2>&1
   fi
+  if [ -f "$OUT/fp8/bench.jsonl" ]; then
+    echo
+    echo "fp8 matmul (Llama-3-8B projections, 4096 tokens; targets: >= 1.3x cublas-bf16,"
+    echo ">= 1.0x torch-scaled-mm):"
+    "$PYTHON" -m speedlight bench table "$OUT/fp8" --include-cpu 2>&1
+  fi
   if [ -f "$OUT/model-step/model-step.jsonl" ]; then
     echo
     echo "model step (Llama-3-8B widths, 4 layers, bf16, 4 x 4096 tokens; targets: speedlight"
@@ -267,6 +319,9 @@ EOF2
   echo
   if [ "$SKU" != unknown-device ]; then
     echo "commit: mkdir -p benchmarks/results/$SKU && cp $OUT/bench.jsonl benchmarks/results/$SKU/"
+    if [ -f "$OUT/tune/tuned/$SKU.json" ]; then
+      echo "commit: cp $OUT/tune/tuned/$SKU.json speedlight/tuned/  (the shipped tuned table)"
+    fi
   fi
 } | tee "$OUT/summary.txt"
 

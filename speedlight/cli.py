@@ -26,6 +26,8 @@ COMMANDS = {
               "bound, layout advice, torch.compile's answer, a spec file"),
     "inspect": ("speedlight.inspect.command", "read the compiler's output for any GPU: "
                 "registers, spills, occupancy, SASS, bytes moved"),
+    "tune": ("speedlight.tune.command", "choose an op's launch configuration per GPU and "
+             "shape: prune by the compiled kernels, time on the GPU, write the tuned table"),
 }
 
 

@@ -192,14 +192,29 @@ def geglu(gate: torch.Tensor, up: torch.Tensor | None = None,
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
            activation: str | None = None, residual: torch.Tensor | None = None,
-           scale: float | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+           scale: float | None = None, out_dtype: torch.dtype | None = None,
+           scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
+           return_amax: bool = False):
     """act(scale * (a @ b) + bias) + residual, as a PyTorch user chains it: torch.matmul in
     a's dtype (fp32 accumulation, one rounding), then each epilogue step in that dtype.
     out_dtype float32 on half inputs multiplies the upcast operands (their products are
     exact in float32). On float64 inputs (the ground truth) everything stays float64.
-    activation: None, "silu", "gelu_tanh" or "gelu"."""
-    dtype = torch.float64 if a.dtype == torch.float64 else (out_dtype or a.dtype)
-    y = a.to(dtype) @ b.to(dtype) if dtype != a.dtype else a @ b
+    activation: None, "silu", "gelu_tanh" or "gelu".
+
+    With scales (fp8): the product is (scale_a * a) @ (scale_b * b). On fp8 operands it is
+    PyTorch's own fp8 GEMM, torch._scaled_mm (fp32 accumulation, one rounding to out_dtype,
+    bf16 by default), then the epilogue in out_dtype; where a gradient is asked for (which
+    _scaled_mm has none of) or _scaled_mm does not run, the same arithmetic by hand: the
+    operands dequantized in fp32, multiplied in fp32, rounded once. On float64 operands
+    (the harness's ground truth of an fp8 case) it is all float64.
+    return_amax: also max |result| as a 0-d float32 (no gradient), as delayed scaling
+    reads it from the output."""
+    if scale_a is not None:
+        y = _scaled_product(a, b, scale_a, scale_b, out_dtype)
+        dtype = y.dtype
+    else:
+        dtype = torch.float64 if a.dtype == torch.float64 else (out_dtype or a.dtype)
+        y = a.to(dtype) @ b.to(dtype) if dtype != a.dtype else a @ b
     if scale is not None:
         y = y * scale
     if bias is not None:
@@ -212,7 +227,28 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
         raise ValueError(f"unknown activation {activation!r}")
     if residual is not None:
         y = y + residual.to(dtype)
+    if return_amax:
+        return y, y.detach().abs().amax().float()
     return y
+
+
+def _scaled_product(a, b, scale_a, scale_b, out_dtype):
+    """(scale_a * a) @ (scale_b * b): float64 throughout on float64 operands; else
+    torch._scaled_mm where it runs and no gradient is needed, else dequantized fp32 operands
+    multiplied in fp32, rounded once to out_dtype (bf16 by default)."""
+    if a.dtype == torch.float64:
+        return (a * scale_a.to(a.dtype)) @ (b * scale_b.to(b.dtype))
+    out = out_dtype or torch.bfloat16
+    fp8 = a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    if fp8 and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        try:
+            sa = scale_a.reshape(()) if scale_a.numel() == 1 else scale_a
+            sb = scale_b.reshape(()) if scale_b.numel() == 1 else scale_b
+            return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out)
+        except (RuntimeError, ValueError, NotImplementedError, AttributeError):
+            pass  # this build or device has no _scaled_mm for these: the same by hand
+    y = (a.float() * scale_a.float()) @ (b.float() * scale_b.float())
+    return y.to(out)
 
 
 def gated_matmul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor | None = None,

@@ -20,6 +20,7 @@ DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
     "fp64": torch.float64,
+    "fp8": torch.float8_e4m3fn,  # fp8 GEMM operands (e4m3); their outputs are bf16
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
@@ -35,7 +36,8 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         return name
     key = name.strip().lower().replace("torch.", "")
     aliases = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
-               "bfloat16": "bf16", "float64": "fp64", "double": "fp64"}
+               "bfloat16": "bf16", "float64": "fp64", "double": "fp64",
+               "float8_e4m3fn": "fp8", "e4m3": "fp8"}
     key = aliases.get(key, key)
     if key not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}: expected one of {', '.join(DTYPES)}")
@@ -168,6 +170,10 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float32: Tolerance(k=4.0, floor=2.0 ** -24, ceiling=1e-4),
     torch.float16: Tolerance(k=4.0, floor=2.0 ** -11, ceiling=1e-2),
     torch.bfloat16: Tolerance(k=4.0, floor=2.0 ** -8, ceiling=4e-2),
+    # fp8 (e4m3) operands: exact in float64, so the error is the GEMM's own; the output is
+    # bf16 (bf16's floor), and the gradients of fp8 operands come back in fp8, one e4m3
+    # rounding (unit roundoff 2^-4) each, which the ceiling allows beside the k-rule
+    torch.float8_e4m3fn: Tolerance(k=4.0, floor=2.0 ** -8, ceiling=0.1),
 }
 
 
@@ -202,6 +208,39 @@ class KernelDesign:
     mma: str | None = None
     tma: bool = False
     min_stages: int = 1
+
+
+@dataclass(frozen=True)
+class CudaLaunch:
+    """One launch of a CUDA C++ kernel, as its launcher would make it: the kernel's name in
+    the source (rms_norm_fwd_kernel), its template arguments as a demangler writes them
+    ("__nv_bfloat16, true"; "" for a kernel that is not a template), grid (blocks), threads
+    per block, dynamic shared memory in bytes, and the direction (fwd | bwd)."""
+
+    kernel: str
+    instance: str = ""
+    grid: int = 1
+    threads: int = 128
+    smem: int = 0
+    direction: str = "fwd"
+
+
+@dataclass(frozen=True)
+class CudaKernels:
+    """An op's CUDA C++ kernels as `speedlight inspect` reads them, with no GPU: `source`
+    a torch-free .cu file (a path) or its text inline, which nvcc compiles alone;
+    `launches(case, sm_count)` the CudaLaunch list its launcher makes for a case on a GPU
+    of sm_count SMs (sized by the functions the launcher itself calls, e.g.
+    speedlight.launch.cuda_row_launch); `include_dirs` where its quoted #includes are
+    (besides the source's folder). The kernels' designs are OpSpec.kernels entries under
+    the kernel's name, as for Triton kernels. `of_impl`: OpSpec.impl itself launches these
+    kernels (a team's CUDA op: inspect has no Triton launches to capture), rather than
+    another implementation beside a Triton one (speedlight's rms_norm)."""
+
+    source: str
+    launches: Callable[[Case, int], Sequence[CudaLaunch]]
+    include_dirs: tuple[str, ...] = ()
+    of_impl: bool = False
 
 
 Inputs = dict  # keyword arguments of impl / reference: tensors and plain values
@@ -264,6 +303,10 @@ class OpSpec:
     # What speedlight.patch swaps for this op in a Hugging Face model (its kinds:
     # "rms_norm", "mlp", "rope", "cross_entropy"), or None when it patches none.
     patches: str | None = None
+
+    # Optional: the op's CUDA C++ kernels, which `speedlight inspect --impl cuda` compiles
+    # with nvcc and holds to the designs in `kernels` (a CudaKernels).
+    cuda: CudaKernels | None = None
 
     def __post_init__(self):
         if self.impl is None:

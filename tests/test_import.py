@@ -13,7 +13,9 @@ def test_import_compiles_nothing_touches_no_gpu_prints_nothing(tmp_path):
     code = ("import torch\n"
             "import speedlight, speedlight.nn, speedlight.registry\n"
             "speedlight.registry.builtin_specs()\n"
-            "assert not torch.cuda.is_initialized(), 'CUDA was initialised at import'\n")
+            "assert not torch.cuda.is_initialized(), 'CUDA was initialised at import'\n"
+            "import speedlight.tuning\n"
+            "assert speedlight.tuning._LOADED == {}, 'a tuned table was read at import'\n")
     out = _run(code, tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "" and out.stderr == ""

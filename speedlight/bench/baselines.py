@@ -15,6 +15,9 @@
   sdpa-flash, sdpa-efficient, sdpa-cudnn, flex-attention, flash-attn
                  attention only (bench/attention_baselines.py): SDPA's backends, FlexAttention
                  and flash-attn when installed; on a GPU only. Other ops get no row for them.
+  torch-scaled-mm, cublas-bf16
+                 fp8 matmul only (bench/gemm_baselines.py): torch._scaled_mm, and the same
+                 GEMM in bf16 on cuBLAS; on a GPU only. Other ops and dtypes get no row.
 
 A baseline that cannot run a case (not installed, no counterpart, unsupported dtype or
 layout, an error, or an output that differs from the reference) is kept as a row with
@@ -29,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from speedlight.bench import attention_baselines, liger
+from speedlight.bench import attention_baselines, gemm_baselines, liger
 from speedlight.spec import Case, OpSpec
 
 SPEEDLIGHT = "speedlight"
@@ -37,7 +40,8 @@ EAGER = "torch-eager"
 COMPILE = "torch-compile"
 LIGER = "liger"
 TORCH_FUSED = "torch-fused"
-BASELINES = (EAGER, COMPILE, LIGER, TORCH_FUSED, *attention_baselines.NAMES)
+BASELINES = (EAGER, COMPILE, LIGER, TORCH_FUSED, *attention_baselines.NAMES,
+             *gemm_baselines.NAMES)
 
 
 def _torch_linear_cross_entropy(inputs: dict):
@@ -112,6 +116,8 @@ class Baselines:
         for name in self.names:
             if name in attention_baselines.NAMES and spec.name != "attention":
                 continue  # an attention library has nothing to say about other ops
+            if name in gemm_baselines.NAMES and not gemm_baselines.applies(spec, case):
+                continue  # fp8 GEMM baselines: fp8 matmul cases only
             impls.append(self._build(name, spec, case, inputs, torch.device(device)))
         return impls
 
@@ -138,6 +144,12 @@ class Baselines:
                                       checked=True)
             except liger.Unsupported as e:
                 return Implementation(name, None, str(e))
+        if name in gemm_baselines.NAMES:
+            try:
+                fn = gemm_baselines.adapt(name, spec, inputs, device)
+            except liger.Unsupported as e:
+                return Implementation(name, None, str(e))
+            return Implementation(name, fn, checked=name == gemm_baselines.SCALED_MM)
         if device.type != "cuda":
             return Implementation(LIGER, None, "Liger-Kernel runs on CUDA GPUs; it is not run "
                                                "on the CPU interpreter")

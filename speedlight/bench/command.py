@@ -21,7 +21,8 @@ from speedlight import arguments
 
 # bench/baselines.py's BASELINES, spelled out so the command parser imports no torch
 _BASELINES = ("torch-eager", "torch-compile", "liger", "torch-fused", "sdpa-flash",
-              "sdpa-efficient", "sdpa-cudnn", "flex-attention", "flash-attn")
+              "sdpa-efficient", "sdpa-cudnn", "flex-attention", "flash-attn",
+              "torch-scaled-mm", "cublas-bf16")
 
 ACTIONS = ("run", "compare", "plot", "table", "model")
 
@@ -40,8 +41,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     r.add_argument("--modes", default="fwd,bwd,fwd+bwd", help="comma-separated: fwd,bwd,fwd+bwd")
     r.add_argument("--baselines", default=",".join(_BASELINES),
                    help=f"comma-separated, from {','.join(_BASELINES)} (torch-fused: torch's "
-                        "own fused function where it has one; the last five apply to "
-                        "attention only); 'none' for none")
+                        "own fused function where it has one; sdpa-* to flash-attn apply "
+                        "to attention only, torch-scaled-mm and cublas-bf16 to fp8 matmul "
+                        "only); 'none' for none")
     arguments.add_spec(r)
     arguments.add_target(r)
     r.add_argument("--cases", default=None, metavar="REGEX", help="only cases whose id matches")

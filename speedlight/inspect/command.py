@@ -5,11 +5,14 @@ without one.
     speedlight inspect rms_norm --case rows4096-hidden4095 --dump kernels/
     speedlight inspect softmax --target sm_100a     # B200, sm_100a's flagship
     speedlight inspect --all --target sm_90a --sku h100-sxm   # every op on its quick suite
+    speedlight inspect rms_norm --impl cuda --target sm_90a --check   # the CUDA C++ kernels
+    speedlight inspect --spec my_op.py --only-spec     # a team's op, Triton or CUDA C++
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import uuid
 from pathlib import Path
@@ -36,6 +39,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="how launches run while captured: run (every program; bytes counted "
                         "under the interpreter), sample (a few programs: layout only), dry (none); "
                         "auto runs cases the interpreter can afford and samples the rest")
+    p.add_argument("--impl", default="auto", choices=("auto", "triton", "cuda", "all"),
+                   help="which implementation's kernels: triton (captured from a run), cuda "
+                        "(an OpSpec's CUDA C++ kernels, compiled with nvcc: no GPU needed), all; "
+                        "auto (default): the op's default implementation (Triton for the "
+                        "built-in ops; CUDA C++ for a spec whose impl runs CUDA kernels)")
     p.add_argument("--no-backward", action="store_true",
                    help="forward launches only (the forward of training: inputs that take "
                         "gradients require them)")
@@ -144,6 +152,50 @@ def _dump(report, folder: Path) -> int:
     return n
 
 
+def _wants_triton(spec, impl: str) -> bool:
+    """Whether --impl asks for the op's Triton launches (a team's CUDA op has none)."""
+    return (spec.cuda is None or not spec.cuda.of_impl) and impl in ("triton", "all", "auto")
+
+
+def _wants_cuda(spec, impl: str) -> bool:
+    """Whether --impl asks for the op's CUDA C++ kernels: auto only where the op's impl is
+    them (a team's CUDA op); speedlight's own CUDA kernels with --impl cuda or all."""
+    if spec.cuda is None:
+        return False
+    return impl in ("cuda", "all") or impl == "auto" and spec.cuda.of_impl
+
+
+def _inspect_cuda(work: list, target, backward: bool) -> list:
+    """The CUDA C++ kernels of each (spec, case), compiled with nvcc for `target` (each
+    source once) and judged; without `backward`, forward launches only."""
+    from speedlight.inspect import cuda
+    from speedlight.inspect.cuda_compile import Compiler
+
+    compiler = Compiler()
+    out = []
+    for spec, case in work:
+        kernels = spec.cuda
+        if not backward:
+            kernels = dataclasses.replace(kernels, launches=lambda c, n, f=kernels.launches: [
+                l for l in f(c, n) if l.direction == "fwd"])
+        out.append(cuda.inspect_case(spec.name, kernels, spec.kernels, case, target,
+                                     target.sm_count, compiler))
+    return out
+
+
+def _dump_cuda(report, folder: Path) -> int:
+    """The cubin and SASS a CUDA report read, under folder/op/case."""
+    import shutil
+
+    if report.error or not report.kernels or report.binary_folder is None:
+        return 0
+    dest = folder / report.op / f"{report.case.id}-cuda"
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("kernel.cubin", "kernel.sass", "ptxas.log"):
+        shutil.copyfile(report.binary_folder / name, dest / name)
+    return len(report.kernels)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -170,10 +222,13 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KeyError, FileNotFoundError) as e:
         raise SystemExit(f"speedlight inspect: {str(e).strip(chr(39))}")
     console.print(f"[dim]{target.describe()}[/]")
-    if device.type == "cpu":
-        console.print(f"[dim]No GPU in use: kernels are compiled for {target.arch_name} without "
-                      f"one; launches are captured under the Triton interpreter, sized for "
-                      f"{sku.name} ({sku.sm_count} SMs).[/]")
+
+    if args.impl == "cuda":
+        missing = [s.name for s in specs if s.cuda is None]
+        if missing and (names or len(missing) == len(specs)):
+            raise SystemExit(f"speedlight inspect: --impl cuda: {', '.join(missing)} "
+                             f"declare(s) no CUDA C++ kernels (OpSpec.cuda)")
+        specs = [s for s in specs if s.cuda is not None]
 
     work = []
     for spec in specs:
@@ -190,34 +245,65 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise SystemExit(f"speedlight inspect: {e}")
 
-    from rich.progress import Progress
+    triton_work = [(s, c) for s, c in work if _wants_triton(s, args.impl)]
+    cuda_work = [(s, c) for s, c in work if _wants_cuda(s, args.impl)]
+    if work and not triton_work and not cuda_work:
+        names = ", ".join(sorted({s.name for s, _ in work}))
+        raise SystemExit(f"speedlight inspect: --impl {args.impl}: {names} run(s) CUDA C++ "
+                         f"kernels, not Triton ones (--impl cuda)")
+    if device.type == "cpu" and triton_work:
+        console.print(f"[dim]No GPU in use: kernels are compiled for {target.arch_name} without "
+                      f"one; launches are captured under the Triton interpreter, sized for "
+                      f"{sku.name} ({sku.sm_count} SMs).[/]")
+    if cuda_work:
+        console.print(f"[dim]CUDA C++ kernels: compiled with nvcc for {target.arch_name}; launch "
+                      f"geometry from each op's launch sizing for {sku.name} ({sku.sm_count} "
+                      f"SMs).[/]")
+    reports = []
+    if triton_work:
+        from rich.progress import Progress
 
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("capturing launches", total=len(work))
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("capturing launches", total=len(triton_work))
 
-        def advance(spec, case):
-            progress.update(task, description=f"captured {spec.name} {case.label}")
-            progress.advance(task)
+            def advance(spec, case):
+                progress.update(task, description=f"captured {spec.name} {case.label}")
+                progress.advance(task)
 
-        reports = inspect_cases(work, target, device=device, compiler=Compiler(jobs=args.jobs), mode=args.mode,
-                                backward=not args.no_backward, on_case=advance)
+            reports = inspect_cases(triton_work, target, device=device,
+                                    compiler=Compiler(jobs=args.jobs), mode=args.mode,
+                                    backward=not args.no_backward, on_case=advance)
+    cuda_reports = _inspect_cuda(cuda_work, target, not args.no_backward)
 
     if len(reports) == 1:
         display.print_case(reports[0], console)
-    else:
+    elif reports:
         display.print_summary(reports, console, title=f"speedlight inspect for {target.arch_name} "
                               f"(launches sized for {sku.name}, {sku.sm_count} SMs)")
+    from rich.markup import escape
+
+    from speedlight.inspect import cuda
+
+    if len(cuda_reports) == 1:
+        cuda.print_case(cuda_reports[0], console)
+    else:
+        cuda.print_summary(cuda_reports, console)
     env = results.environment(device)
     run_id = uuid.uuid4().hex[:12]
     out_path = Path(args.out) / "inspect.jsonl"
-    results.append_jsonl(out_path, [row for r in reports for row in _rows(r, env, run_id)])
+    base = {"tool": "inspect", "sku": sku.key, "run": run_id, **env}
+    results.append_jsonl(out_path, [row for r in reports for row in _rows(r, env, run_id)] +
+                         [row for r in cuda_reports for row in cuda.rows(r, base)])
     console.print(f"[dim]rows written to {out_path}[/]")
     if args.dump:
         n = sum(_dump(r, Path(args.dump)) for r in reports)
-        console.print(f"[dim]{n} kernels' TTIR, TTGIR, LLIR, PTX, cubin and SASS written under "
-                      f"{args.dump}[/]")
+        n += sum(_dump_cuda(r, Path(args.dump)) for r in cuda_reports)
+        console.print(f"[dim]{n} kernels' TTIR, TTGIR, LLIR, PTX, cubin and SASS (CUDA C++: "
+                      f"cubin and SASS) written under {args.dump}[/]")
     failed = [r for r in reports if r.error] + [k for r in reports for k in r.kernels
                                                  if k.compiled.error]
+    failed += [r for r in cuda_reports if r.error] + [k for r in cuda_reports
+                                                      for k in r.kernels if k.error]
     if args.check:
         by_name = {s.name: s for s in specs}
         held, info = [], []
@@ -225,11 +311,16 @@ def run(args: argparse.Namespace) -> int:
             h, i = guard.judge(by_name[r.op], r, sku.sm_count)
             held += [(r, s) for s in h]
             info += [(r, s) for s in i]
+        for r in cuda_reports:
+            h, i = cuda.judge(by_name[r.op], r)
+            held += [(r, s) for s in h]
+            info += [(r, s) for s in i]
         for r, s in info:
-            console.print(f"[dim]below design where it does not apply ({r.case.label})[/] {s}",
-                          highlight=False)
+            console.print(f"[dim]below design where it does not apply ({r.case.label})[/] "
+                          f"{escape(str(s))}", highlight=False)
         for r, s in held:
-            console.print(f"[red]short of design[/] ({r.case.label}) {s}", highlight=False)
+            console.print(f"[red]short of design[/] ({r.case.label}) {escape(str(s))}",
+                          highlight=False)
         console.print(f"--check: {len(held)} shortfall(s) where a design applies (aligned rows); "
                       f"{len(info)} on shapes it does not cover, for information")
         if held:

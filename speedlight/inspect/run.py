@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from speedlight import tuning
 from speedlight.hardware import DeviceSpec
 from speedlight.inspect import case_report, findings
 from speedlight.inspect.launches import Capture, capture_case, interpreter_work
@@ -33,7 +34,8 @@ def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, sku
             if interpreter_work(sample) > RUN_WORK_LIMIT:
                 return sample, "sample"
             mode = "run"
-    with sized_for(sku.sm_count):
+    # the launches a user of that SKU gets: sized for it, with its tuned tables
+    with sized_for(sku.sm_count), tuning.for_sku(sku.key):
         return capture_case(spec, case, device, arch=target.arch, mode=mode,
                             backward=backward), mode
 

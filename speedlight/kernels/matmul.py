@@ -15,6 +15,13 @@ one of two ways, chosen by the launcher (constexpr TMA):
 The epilogue (bias, output scale, activation, residual) runs on the fp32 accumulator in
 registers, so the pre-activation never reaches memory unless the backward needs act'.
 
+fp8 (float8_e4m3fn operands, both K-major: TMA copies 128-byte rows of 128 values and
+wgmma runs as QGMMA): the accumulator is dequantized first in the epilogue, by a scale per
+tensor or per row of a (SCALE_A_ROWS) times one per tensor or per column of b
+(SCALE_B_COLS); with STORE_AMAX each tile also folds max|c| of what it stores into one
+fp32 by an atomic max on its bits (|c| >= 0, so the int32 order is the float order and a
+NaN, whose bits are above +Inf's, wins as torch.amax's NaN does).
+
 Under the Triton interpreter tl.dot is wrong in bfloat16: there (INTERPRETED, read from
 TRITON_INTERPRET when this module is imported, as Triton itself reads it) loaded bf16
 tiles are converted to fp32 before the dot; bf16 products are exact in fp32, so this is
@@ -83,6 +90,37 @@ def _load_operand(desc, ptr, off_row, off_col, rows, cols, stride_row, stride_co
 
 
 @triton.jit
+def _dequantize(acc, offs_m, offs_n, M, N, scale_a_ptr, stride_sa, scale_b_ptr, stride_sb,
+                SCALE_A_ROWS: tl.constexpr, SCALE_B_COLS: tl.constexpr):
+    """acc * scale_a * scale_b in fp32: scale_a one value or [M] (stride_sa apart), scale_b
+    one value or [N] (stride_sb apart)."""
+    if SCALE_A_ROWS:
+        sa = tl.load(scale_a_ptr + offs_m.to(tl.int64) * stride_sa, mask=offs_m < M, other=0.0)
+        acc = acc * sa[:, None]
+    else:
+        acc = acc * tl.load(scale_a_ptr)
+    if SCALE_B_COLS:
+        sb = tl.load(scale_b_ptr + offs_n.to(tl.int64) * stride_sb, mask=offs_n < N, other=0.0)
+        acc = acc * sb[None, :]
+    else:
+        acc = acc * tl.load(scale_b_ptr)
+    return acc
+
+
+@triton.jit
+def _fold_amax(amax_ptr, y, offs_m, offs_n, M, N, out_dtype: tl.constexpr):
+    """Fold max|y| over the tile's valid elements, as rounded to out_dtype (what is
+    stored), into the fp32 at amax_ptr (an int32 view: an atomic max on the bits).
+    Rounding is monotone and symmetric, so max|round(y)| = round(max|y|): the tile's max
+    is taken in fp32 and only that one value rounded (no second [BM, BN] tile)."""
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    bits = tl.where(mask, tl.abs(y).to(tl.int32, bitcast=True), 0)
+    top = tl.max(tl.max(bits, axis=1), axis=0)  # [BM, BN] -> []: a NaN's bits win
+    top = top.to(tl.float32, bitcast=True).to(out_dtype).to(tl.float32)
+    tl.atomic_max(amax_ptr, top.to(tl.int32, bitcast=True))
+
+
+@triton.jit
 def _epilogue(acc, offs_m, offs_n, M, N, scale, bias_ptr, stride_bias, res_ptr, stride_rm,
               stride_rn, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
               ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
@@ -124,25 +162,18 @@ def _store_tile(desc, ptr, value, off_m, off_n, M, N, stride_m, stride_n,
 
 
 @triton.jit
-def _matmul_kernel(a_ptr, b_ptr, c_ptr, dact_ptr, bias_ptr, res_ptr, M, N, K,
-                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                   stride_bias, stride_rm, stride_rn, scale,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, TMA: tl.constexpr, A_KMAJOR: tl.constexpr,
-                   B_KMAJOR: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                   STORE_DACT: tl.constexpr, PRECISION: tl.constexpr):
-    """c = act(scale * (a @ b) + bias) + residual, and dact = act'(scale * (a @ b) + bias).
-
-    a_ptr [M, K], b_ptr [K, N] (any strides; with TMA, A_KMAJOR says a's K stride is 1,
-    else its M stride is; B_KMAJOR says b's K stride is 1, else its N stride is);
-    c_ptr [M, N] (contiguous with TMA); dact_ptr [M, N] like c (STORE_DACT, for the
-    backward: written in c's dtype); bias_ptr [N]; res_ptr [M, N] (own strides); scale a
-    float (HAS_SCALE). Accumulates in fp32.
-    Constexprs: the tile BLOCK_M x BLOCK_N x BLOCK_K and GROUP_M (grouped order); TMA the
-    operand path; HAS_* / ACTIVATION / STORE_DACT the epilogue pieces compiled in;
-    PRECISION tl.dot's input_precision for fp32 operands ("tf32" or "ieee").
-    """
+def _matmul_tiles(a_ptr, b_ptr, c_ptr, dact_ptr, bias_ptr, res_ptr, scale_a_ptr, scale_b_ptr,
+                  amax_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                  stride_cn, stride_bias, stride_rm, stride_rn, stride_sa, stride_sb, scale,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_M: tl.constexpr, TMA: tl.constexpr, A_KMAJOR: tl.constexpr,
+                  B_KMAJOR: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                  STORE_DACT: tl.constexpr, PRECISION: tl.constexpr,
+                  DEQUANTIZE: tl.constexpr, SCALE_A_ROWS: tl.constexpr,
+                  SCALE_B_COLS: tl.constexpr, STORE_AMAX: tl.constexpr):
+    """The body of _matmul_kernel and _matmul_fp8_kernel (their docstrings say what it
+    computes); DEQUANTIZE: the fp8 scales, read by _matmul_fp8_kernel alone."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
@@ -174,17 +205,87 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, dact_ptr, bias_ptr, res_ptr, M, N, K,
             b = _load_operand(b_desc, b_ptr, off_k, off_n, K, N, stride_bk, stride_bn,
                               BLOCK_K, BLOCK_N, TMA, not B_KMAJOR)
             # [BM, BK] @ [BK, BN] -> [BM, BN]
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            if DEQUANTIZE:
+                # fp8 wgmma accumulates with fewer than fp32's bits: promote the partial
+                # sums into the fp32 accumulator after every BLOCK_K products
+                acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+            else:
+                acc = tl.dot(a, b, acc, input_precision=PRECISION)
         offs_m = off_m + tl.arange(0, BLOCK_M)
         offs_n = off_n + tl.arange(0, BLOCK_N)
+        if DEQUANTIZE:
+            acc = _dequantize(acc, offs_m, offs_n, M, N, scale_a_ptr, stride_sa, scale_b_ptr,
+                              stride_sb, SCALE_A_ROWS, SCALE_B_COLS)
         y, dact = _epilogue(acc, offs_m, offs_n, M, N, scale, bias_ptr, stride_bias, res_ptr,
                             stride_rm, stride_rn, HAS_SCALE, HAS_BIAS, ACTIVATION,
                             HAS_RESIDUAL)
+        if STORE_AMAX:
+            _fold_amax(amax_ptr, y, offs_m, offs_n, M, N, c_ptr.dtype.element_ty)
         _store_tile(c_desc, c_ptr, y, off_m, off_n, M, N, stride_cm, stride_cn, BLOCK_M,
                     BLOCK_N, TMA)
         if STORE_DACT:
             _store_tile(d_desc, dact_ptr, dact, off_m, off_n, M, N, stride_cm, stride_cn,
                         BLOCK_M, BLOCK_N, TMA)
+
+
+@triton.jit
+def _matmul_kernel(a_ptr, b_ptr, c_ptr, dact_ptr, bias_ptr, res_ptr, amax_ptr, M, N, K,
+                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                   stride_bias, stride_rm, stride_rn, scale,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr, TMA: tl.constexpr, A_KMAJOR: tl.constexpr,
+                   B_KMAJOR: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                   STORE_DACT: tl.constexpr, PRECISION: tl.constexpr,
+                   STORE_AMAX: tl.constexpr):
+    """c = act(scale * (a @ b) + bias) + residual, dact = act'(scale * (a @ b) + bias),
+    and amax = max |c|: the GEMM of fp32, fp16 and bf16 operands.
+
+    a_ptr [M, K], b_ptr [K, N] (any strides; with TMA, A_KMAJOR says a's K stride is 1,
+    else its M stride is; B_KMAJOR says b's K stride is 1, else its N stride is);
+    c_ptr [M, N] (contiguous with TMA); dact_ptr [M, N] like c (STORE_DACT, for the
+    backward: written in c's dtype); bias_ptr [N]; res_ptr [M, N] (own strides); scale a
+    float (HAS_SCALE); amax_ptr one int32, the bits of an fp32 max |c| (zero before the
+    launch; STORE_AMAX). Accumulates in fp32.
+    Constexprs: the tile BLOCK_M x BLOCK_N x BLOCK_K and GROUP_M (grouped order); TMA the
+    operand path; HAS_* / ACTIVATION / STORE_DACT / STORE_AMAX the epilogue pieces
+    compiled in; PRECISION tl.dot's input_precision for fp32 operands ("tf32" or "ieee").
+    """
+    _matmul_tiles(a_ptr, b_ptr, c_ptr, dact_ptr, bias_ptr, res_ptr, c_ptr, c_ptr, amax_ptr,
+                  M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  stride_bias, stride_rm, stride_rn, 0, 0, scale, BLOCK_M, BLOCK_N, BLOCK_K,
+                  GROUP_M, TMA, A_KMAJOR, B_KMAJOR, HAS_SCALE, HAS_BIAS, ACTIVATION,
+                  HAS_RESIDUAL, STORE_DACT, PRECISION, False, False, False, STORE_AMAX)
+
+
+@triton.jit
+def _matmul_fp8_kernel(a_ptr, b_ptr, c_ptr, dact_ptr, bias_ptr, res_ptr, scale_a_ptr,
+                       scale_b_ptr, amax_ptr, M, N, K,
+                       stride_am, stride_bn, stride_cm, stride_cn,
+                       stride_bias, stride_rm, stride_rn, stride_sa, stride_sb, scale,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       GROUP_M: tl.constexpr, TMA: tl.constexpr, HAS_SCALE: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                       HAS_RESIDUAL: tl.constexpr, STORE_DACT: tl.constexpr,
+                       SCALE_A_ROWS: tl.constexpr, SCALE_B_COLS: tl.constexpr,
+                       STORE_AMAX: tl.constexpr):
+    """c = act(scale * (sa * sb * (a @ b)) + bias) + residual, dact = act'(that z), and
+    amax = max |c|: the GEMM of float8_e4m3fn operands, dequantized in the epilogue.
+
+    a_ptr [M, K] K-major (row stride stride_am), b_ptr [K, N] K-major (b = W^T of a
+    row-major W [N, K], column stride stride_bn): both as TMA and fp8 wgmma take them (the
+    launcher checks the 16-byte alignment); c_ptr, dact_ptr, bias_ptr, res_ptr, scale and
+    amax_ptr as _matmul_kernel's; scale_a_ptr fp32, one value or [M] stride_sa apart
+    (SCALE_A_ROWS); scale_b_ptr fp32, one value or [N] stride_sb apart (SCALE_B_COLS).
+    Accumulates in fp32 (BLOCK_K 128: 128-byte rows).
+    Constexprs: as _matmul_kernel's, with SCALE_A_ROWS / SCALE_B_COLS the scales' kind.
+    """
+    _matmul_tiles(a_ptr, b_ptr, c_ptr, dact_ptr, bias_ptr, res_ptr, scale_a_ptr, scale_b_ptr,
+                  amax_ptr, M, N, K, stride_am, 1, 1, stride_bn, stride_cm, stride_cn,
+                  stride_bias, stride_rm, stride_rn, stride_sa, stride_sb, scale, BLOCK_M,
+                  BLOCK_N, BLOCK_K, GROUP_M, TMA, True, True, HAS_SCALE, HAS_BIAS,
+                  ACTIVATION, HAS_RESIDUAL, STORE_DACT, "ieee", True, SCALE_A_ROWS,
+                  SCALE_B_COLS, STORE_AMAX)
 
 
 @triton.jit

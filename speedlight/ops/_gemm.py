@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple
 
 import torch
 import triton
 
 from speedlight.launch import planned_sm_count
+from speedlight.spec import dtype_name
 
-# The configuration space of the GEMM kernels (the tuning issue sweeps it): tile sizes,
-# warps, pipeline stages and the grouped order's group size. `launch_config` is the rule
-# that picks one point per shape until a tuned table does.
+# The configuration space of the GEMM kernels, named as the launchers pass them to the
+# kernel (`speedlight tune` sweeps it): tile sizes (BLOCK_M x BLOCK_N of c, BLOCK_K of the
+# k-step), the grouped order's group size, warps (4: one warp group, 8: two) and pipeline
+# stages. `launch_config` is the rule that picks one point per shape where no tuned table
+# entry does (`gemm_config`).
 CONFIG_SPACE = {
     "BLOCK_M": (64, 128, 256),
     "BLOCK_N": (64, 128, 256),
@@ -34,6 +38,63 @@ class LaunchConfig:
     num_warps: int
     num_stages: int
 
+    def as_config(self) -> dict[str, int]:
+        """This configuration as CONFIG_SPACE names it (a tuned table's "config")."""
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k,
+                "GROUP_M": self.group_m, "num_warps": self.num_warps,
+                "num_stages": self.num_stages}
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> "LaunchConfig":
+        """The LaunchConfig of a configuration named as CONFIG_SPACE names it."""
+        missing = [k for k in CONFIG_SPACE if k not in config]
+        if missing:
+            raise ValueError(f"a GEMM configuration needs {', '.join(CONFIG_SPACE)}; "
+                             f"{dict(config)} lacks {', '.join(missing)}")
+        return cls(*(int(config[k]) for k in CONFIG_SPACE))
+
+
+class GemmKey(NamedTuple):
+    """What a GEMM launcher asks its op's configuration for (RegisteredOp.config)."""
+
+    m: int
+    n: int
+    k: int
+    dtype: torch.dtype
+    out_dtype: torch.dtype
+    epilogue_tile: bool  # a second [BM, BN] tile in the epilogue (residual read, act' stored)
+    operands: int  # b tiles per k-step (2: the gated kernel's gate and up)
+    device: torch.device
+
+
+def gemm_bucket(key: GemmKey) -> str:
+    """The tuned tables' entry a GEMM falls in: M to the next power of two (at least 16:
+    the token count varies, the weights' N and K do not), N and K exact, the dtypes, and
+    whether the epilogue holds a second tile."""
+    m = max(16, triton.next_power_of_2(max(key.m, 1)))
+    out = f"-out_{dtype_name(key.out_dtype)}" if key.out_dtype != key.dtype else ""
+    epi = "-epilogue_tile" if key.epilogue_tile else ""
+    return f"m{m}-n{key.n}-k{key.k}-{dtype_name(key.dtype)}{out}{epi}"
+
+
+def gemm_rule(key: GemmKey) -> dict[str, int]:
+    """launch_config's choice for `key`, as a configuration (the ops' Configs default)."""
+    return launch_config(key.m, key.n, key.k, key.dtype, key.device, operands=key.operands,
+                         out_dtype=key.out_dtype, residual=key.epilogue_tile).as_config()
+
+
+def gemm_config(op, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, *,
+                operands: int = 1, out_dtype: torch.dtype | None = None,
+                residual: bool = False, store_dact: bool = False) -> LaunchConfig:
+    """The configuration a GEMM launch of registered op `op` uses: its tuned table's entry
+    for the shape on this GPU, else launch_config's rule (RegisteredOp.config). Under the
+    interpreter (no GPU planned) the rule alone: tables are per GPU."""
+    if planned_sm_count(device) is None:
+        return launch_config(m, n, k, dtype, device, operands=operands, out_dtype=out_dtype,
+                             residual=residual, store_dact=store_dact)
+    key = GemmKey(m, n, k, dtype, out_dtype or dtype, residual or store_dact, operands, device)
+    return LaunchConfig.of(op.config(key, device))
+
 
 def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, *,
                   operands: int = 1, out_dtype: torch.dtype | None = None,
@@ -42,15 +103,17 @@ def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
 
     On a GPU (or the one spec.sized_for names), for `operands` b tiles per k-step (2: the
     gated kernel's gate and up):
-      - K steps of 128 bytes per row (BLOCK_K 64 in 16-bit, 32 in fp32): one TMA box
+      - K steps of 128 bytes per row (BLOCK_K 128 in fp8, 64 in 16-bit, 32 in fp32): one TMA box
         row of a 128-byte swizzled tile;
       - M <= 64 (decode, short prompts): BLOCK_M 64, one warp group (4 warps), BLOCK_N 128;
       - otherwise 128 x 256 tiles on two warp groups (8 warps) for one b operand where N
         allows (the largest tile whose 3 stages and 16-bit epilogue tile fit 227 KB);
         128 x 128 with 4 stages when N < 256, or when the output is fp32 (its epilogue
         tile would not fit beside 3 stages), or a residual is read or act' stored (a
-        second [BM, BN] tile beside a 128 x 256 accumulator spills); 128 x 128 with 3
-        stages for the gated kernel's two accumulators;
+        second [BM, BN] tile beside a 128 x 256 accumulator spills), or the operands are
+        fp8 (their partial sums are promoted into a second fp32 accumulator every
+        BLOCK_K, which spills at 128 x 256); 128 x 128 with 3 stages for the gated
+        kernel's two accumulators;
       - GROUP_M 8: eight row tiles share each b column tile while it is in L2.
     Under the interpreter (CPU): tiles as large as the problem (up to 128), since every
     loop iteration costs milliseconds there whatever its size.
@@ -63,7 +126,7 @@ def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
         return LaunchConfig(64, 128, block_k, 8, 4, 4 if operands == 1 else 3)
     out_size = (out_dtype or dtype).itemsize
     plain = out_size <= 2 and not residual and not store_dact
-    if operands == 1 and n >= 256 and dtype.itemsize <= 2 and plain:
+    if operands == 1 and n >= 256 and dtype.itemsize == 2 and plain:
         return LaunchConfig(128, 256, block_k, 8, 8, 3)
     return LaunchConfig(128, 128, block_k, 8, 8, 4 if operands == 1 else 3)
 

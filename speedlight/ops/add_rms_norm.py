@@ -13,11 +13,15 @@ import torch
 
 from speedlight import shapes
 from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import norm_cases, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.ops.rms_norm import (
+    CUDA_DESIGNS,
+    CUDA_SOURCE,
     check_in_place,
     check_norm_args,
+    cuda_launches,
     model_norm_flags,
     rms_norm_residual_fwd,
     rms_norm_bwd,
@@ -25,7 +29,7 @@ from speedlight.ops.rms_norm import (
 from speedlight.ops.rms_norm import _case_of as rms_norm_case_of
 from speedlight.ops.rms_norm import _cost as rms_norm_cost
 from speedlight.ops.rms_norm import make_inputs as rms_norm_inputs
-from speedlight.spec import Case, Cost, KernelDesign, OpSpec, rand_tensor
+from speedlight.spec import Case, Cost, CudaKernels, KernelDesign, OpSpec, rand_tensor
 
 
 # --- launchers (usable without autograd) --------------------------------------------------
@@ -100,6 +104,7 @@ ADD_RMS_NORM_INPLACE = register_op(
 
 # --- public function ---------------------------------------------------------------------
 
+@local_rows("x", "residual")
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
                  eps: float = 1e-6, offset: float = 0.0, *,
                  in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,5 +209,7 @@ SPEC = OpSpec(
             "1 + P(e + 4)/(4e rows) of compulsory: ~1.05x at 4096 rows, ~1.4x at 512")),
         "_rms_norm_bwd_row_dot_kernel": KernelDesign(bytes_ratio=1.8, why=_TWO_PASS_BWD),
         "_rms_norm_bwd_dx_kernel": KernelDesign(bytes_ratio=1.8, why=_TWO_PASS_BWD),
+        **CUDA_DESIGNS,  # csrc/rms_norm.cu with the residual fused
     },
+    cuda=CudaKernels(CUDA_SOURCE, cuda_launches),
 )

@@ -22,6 +22,7 @@ from speedlight.kernels.cross_entropy import (
 )
 from speedlight.launch import planned_sm_count, row_tile, warps_for_tile
 from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._dtensor import local_reduction_refused, local_rows
 from speedlight.ops._suites import is_call_of, rows_case
 from speedlight.ops.registration import like, register_op
 from speedlight.runtime import check_runtime, describe
@@ -411,6 +412,7 @@ def check_options(ignore_index, reduction, label_smoothing, z_loss, softcap) -> 
         raise ValueError(f"softcap must be None or a finite number > 0, got {softcap!r}")
 
 
+@local_rows("logits", "target", refuse=local_reduction_refused)
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
                   softcap: float | None = None, *, weight: torch.Tensor | None = None,

@@ -32,7 +32,9 @@ from speedlight.ops.glu import glu_bwd
 from speedlight.ops._gemm import (
     CONFIG_SPACE,
     ensure_allocator,
-    launch_config,
+    gemm_bucket,
+    gemm_config,
+    gemm_rule,
     precision,
     programs,
     tma_layout,
@@ -72,7 +74,7 @@ def gated_matmul_fwd(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor |
             h.zero_()
         return out, h
     check_runtime(x, _gated_matmul_kernel)
-    cfg = launch_config(m, n, k, x.dtype, x.device, operands=2)
+    cfg = gemm_config(GATED_MATMUL, m, n, k, x.dtype, x.device, operands=2)
     h1 = h[:, :n] if h is not None else out
     h2 = h[:, n:] if h is not None else out
     x_lay, g_lay, u_lay = tma_layout(x), tma_layout(wg), tma_layout(wu)
@@ -103,14 +105,14 @@ def gated_matmul_bwd(dout: torch.Tensor, h: torch.Tensor, x: torch.Tensor,
     dgu, _ = glu_bwd(dout, h, None, activation)  # [dg, du], [M, 2I]
     dg, du = dgu[:, :n], dgu[:, n:]
     if w_up is None:
-        dx, _ = matmul_fwd(dgu, w_gate)  # [M, 2I] @ [2I, H] -> [M, H]
-        dwg, _ = matmul_fwd(dgu.t(), x)  # [2I, M] @ [M, H] -> [2I, H]
+        dx = matmul_fwd(dgu, w_gate)[0]  # [M, 2I] @ [2I, H] -> [M, H]
+        dwg = matmul_fwd(dgu.t(), x)[0]  # [2I, M] @ [M, H] -> [2I, H]
         return dx, dwg, None
     # dg @ wg in fp32, added by the up GEMM's epilogue: one rounding
-    part, _ = matmul_fwd(dg, w_gate, out_dtype=torch.float32)
-    dx, _ = matmul_fwd(du, w_up, residual=part, out_dtype=x.dtype)
-    dwg, _ = matmul_fwd(dg.t(), x)  # [I, M] @ [M, H] -> [I, H]
-    dwu, _ = matmul_fwd(du.t(), x)
+    part = matmul_fwd(dg, w_gate, out_dtype=torch.float32)[0]
+    dx = matmul_fwd(du, w_up, residual=part, out_dtype=x.dtype)[0]
+    dwg = matmul_fwd(dg.t(), x)[0]  # [I, M] @ [M, H] -> [I, H]
+    dwu = matmul_fwd(du.t(), x)[0]
     return dx, dwg, dwu
 
 
@@ -140,7 +142,7 @@ GATED_MATMUL = register_op(
     inference=_infer_fwd,
     backward=gated_matmul_bwd,
     grads=("x", "w_gate", "w_up"),
-    configs=Configs(CONFIG_SPACE),
+    configs=Configs(CONFIG_SPACE, default=gemm_rule, bucket=gemm_bucket),
 )
 
 

@@ -27,6 +27,7 @@ from speedlight import shapes
 from speedlight.kernels.glu import _glu_bwd_kernel, _glu_fwd_kernel
 from speedlight.launch import as_rows, planned_sm_count, warps_for_tile
 from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op
 from speedlight.runtime import check_runtime
@@ -130,6 +131,7 @@ GLU = register_op(
 
 # --- the checked entry point of swiglu and geglu ------------------------------------------
 
+@local_rows("gate", "up")
 def glu(gate: torch.Tensor, up: torch.Tensor | None, activation: str,
         gate_multiplier: float = 1.0, down_multiplier: float = 1.0) -> torch.Tensor:
     """act(gate_multiplier * gate) * up * down_multiplier after the input checks;

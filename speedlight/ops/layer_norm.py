@@ -28,6 +28,7 @@ from speedlight.launch import (
     warps_for_tile,
 )
 from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.ops.rms_norm import BWD_WARPS_PER_SM, FWD_WARPS_PER_SM, check_eps
@@ -167,6 +168,7 @@ LAYER_NORM = register_op(
 
 # --- public function ---------------------------------------------------------------------
 
+@local_rows("x", over=lambda a: range(-len(_normalized_dims(a["normalized_shape"])), 0))
 def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int],
                weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                eps: float = 1e-5) -> torch.Tensor:

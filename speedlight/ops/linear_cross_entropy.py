@@ -34,6 +34,7 @@ import triton
 from speedlight import reference, shapes
 from speedlight.launch import planned_sm_count
 from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._dtensor import local_reduction_refused, local_rows
 from speedlight.ops.cross_entropy import (
     TARGET_DTYPES,
     _check_targets,
@@ -266,6 +267,26 @@ _lce_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 # --- end of the registration block --------------------------------------------------------
 
 
+def check_gathered_weight(weight: torch.Tensor, hidden: torch.Tensor) -> None:
+    """weight must be the whole [V, H] lm_head on this rank. A parameter ZeRO-3 or FSDP
+    has released (empty) or that holds one rank's flat shard, or a slice along hidden,
+    would give a wrong loss or none: each raises, saying how to gather it. (A row shard
+    [V / ranks, H] is [V', H] as far as shapes tell; its targets past V' fail the target
+    check.) A DTensor weight sharded in any way is refused by local_rows."""
+    if weight.numel() == 0 and weight.dim() != 2:
+        raise ValueError(
+            f"weight is empty ({describe(weight)}): a parameter ZeRO-3 or FSDP has released "
+            f"outside its module's forward; call linear_cross_entropy inside the forward of "
+            f"the module that owns it (speedlight.patch runs it inside the lm_head's call), or "
+            f"gather it first (deepspeed.zero.GatheredParameters, FSDP's summon_full_params)")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"weight must have shape (vocab, {hidden.shape[-1]}) (hidden's last dim), got "
+            f"{describe(weight)}; a shard of a sharded lm_head (FSDP, ZeRO-3, a "
+            f"tensor-parallel split) must be gathered first")
+
+
+@local_rows("hidden", "target", refuse=local_reduction_refused)
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: torch.Tensor | None = None, *, ignore_index: int = -100,
                          reduction: str = "mean", label_smoothing: float = 0.0,
@@ -292,10 +313,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     one host sync; pass False inside CUDA-graph capture, as for cross_entropy).
     """
     check_tensor("hidden", hidden, min_dim=1)
-    check_tensor("weight", weight, min_dim=2)
-    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(f"weight must have shape (vocab, {hidden.shape[-1]}) (hidden's last "
-                         f"dim), got {describe(weight)}")
+    check_tensor("weight", weight)
+    check_gathered_weight(weight, hidden)
     if weight.dtype != hidden.dtype:
         raise TypeError(f"weight must have hidden's dtype {hidden.dtype}, got {describe(weight)}")
     if bias is not None:

@@ -10,21 +10,29 @@ by the forward's epilogue when a gradient is needed, so z itself never reaches m
 da = scale * dz @ b^T and db = scale * a^T @ dz, each operand a transposed view, never a
 copy; db is computed in b's own layout (for b = W^T, nn.Linear's weight, dW = dz^T @ a is
 written contiguous as W is).
+
+fp8 (float8_e4m3fn a and b, K-major, with float32 scales per tensor or per row/column):
+the forward runs _matmul_fp8_kernel, which dequantizes the fp32 accumulator before the
+epilogue; the backward runs the bf16 kernel on the dequantized operands (matmul_bwd).
+`return_amax` (any dtype) also returns max |c|, folded in the epilogue (delayed scaling).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 import triton
 
 from speedlight import shapes
-from speedlight.kernels.matmul import _matmul_kernel
+from speedlight.kernels.matmul import _matmul_fp8_kernel, _matmul_kernel
 from speedlight.ops._gemm import (
     CONFIG_SPACE,
     ensure_allocator,
-    launch_config,
+    gemm_bucket,
+    gemm_config,
+    gemm_rule,
     precision,
     programs,
     tma_layout,
@@ -38,29 +46,41 @@ from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, dtype_name, injec
                              rand_tensor)
 
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+# The fp8 format the kernel takes: e4m3 (the forward's format; e5m2 is a gradient format)
+FP8_DTYPES = (torch.float8_e4m3fn,)
 
 # --- launcher (usable without autograd) ----------------------------------------------------
 
 def matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, activation: str | None = None,
                scale: float | None = None, out_dtype: torch.dtype | None = None,
-               store_dact: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(c, dact) for 2-D a [M, K], b [K, N], any strides: c = act(scale * a @ b + bias) +
-    residual [M, N] contiguous in out_dtype (a's dtype by default), and dact = act'(z) in
-    c's dtype when store_dact (else None)."""
+               store_dact: bool = False, scale_a: torch.Tensor | None = None,
+               scale_b: torch.Tensor | None = None, return_amax: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(c, dact, amax) for 2-D a [M, K], b [K, N], any strides (fp8: both K-major):
+    c = act(scale * (sa * sb * a @ b) + bias) + residual [M, N] contiguous in out_dtype
+    (a's dtype by default, bf16 for fp8), dact = act'(z) in c's dtype when store_dact,
+    amax = max |c| as a 0-d fp32 when return_amax (else None each). scale_a: fp32 [1] or
+    [M, 1]; scale_b: fp32 [1] or [1, N] (fp8 only: both or neither)."""
     m, k = a.shape
     n = b.shape[1]
-    out_dtype = out_dtype or a.dtype
+    out_dtype = out_dtype or default_out_dtype(a.dtype)
     c = torch.empty((m, n), dtype=out_dtype, device=a.device)
     dact = torch.empty((m, n), dtype=out_dtype, device=a.device) if store_dact else None
+    amax = torch.zeros((), dtype=torch.float32, device=a.device) if return_amax else None
     if c.numel() == 0:
-        return c, dact
+        return c, dact, amax
     if k == 0:  # an empty sum: the epilogue of zeros, without a launch
         z = torch.zeros((m, n), dtype=torch.float32, device=a.device)
-        return _epilogue_of_zeros(z, bias, residual, activation, out_dtype, dact)
+        c, dact = _epilogue_of_zeros(z, bias, residual, activation, out_dtype, dact)
+        if amax is not None:
+            amax.copy_(c.float().abs().amax())
+        return c, dact, amax
     check_runtime(a, _matmul_kernel)
-    cfg = launch_config(m, n, k, a.dtype, a.device, out_dtype=out_dtype,
-                        residual=residual is not None, store_dact=store_dact)
+    if scale_a is not None:
+        check_fp8_base(a, b)
+    cfg = gemm_config(MATMUL, m, n, k, a.dtype, a.device, out_dtype=out_dtype,
+                      residual=residual is not None, store_dact=store_dact)
     a_lay, b_lay = tma_layout(a), tma_layout(b)
     tma = (use_tma(a.device) and a_lay is not None and b_lay is not None
            and tma_layout(c) == "row")
@@ -71,16 +91,45 @@ def matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
     d = dact if dact is not None else c
     bias_arg = bias if bias is not None else c
     res = residual if residual is not None else c
-    _matmul_kernel[(programs(num_tiles, a.device),)](
-        a, b, c, d, bias_arg, res, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        c.stride(0), c.stride(1), bias.stride(0) if bias is not None else 0,
-        res.stride(0), res.stride(1), float(scale if scale is not None else 1.0),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        TMA=tma, A_KMAJOR=a_lay == "row", B_KMAJOR=b_lay == "col",
-        HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, ACTIVATION=act,
-        HAS_RESIDUAL=residual is not None, STORE_DACT=store_dact, PRECISION=precision(a.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return c, dact
+    amax_bits = amax.view(torch.int32) if amax is not None else c
+    grid = (programs(num_tiles, a.device),)
+    tiles = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                 GROUP_M=cfg.group_m, TMA=tma, HAS_SCALE=scale is not None,
+                 HAS_BIAS=bias is not None, ACTIVATION=act, HAS_RESIDUAL=residual is not None,
+                 STORE_DACT=store_dact, STORE_AMAX=amax is not None,
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    bias_stride = bias.stride(0) if bias is not None else 0
+    scale_f = float(scale if scale is not None else 1.0)
+    if scale_a is None:
+        _matmul_kernel[grid](
+            a, b, c, d, bias_arg, res, amax_bits, m, n, k, a.stride(0), a.stride(1),
+            b.stride(0), b.stride(1), c.stride(0), c.stride(1), bias_stride, res.stride(0),
+            res.stride(1), scale_f, A_KMAJOR=a_lay == "row", B_KMAJOR=b_lay == "col",
+            PRECISION=precision(a.dtype), **tiles)
+        return c, dact, amax
+    # fp8: K-major operands (the public function checked it); one value is a scale per
+    # tensor, more a scale per row of a / per column of b
+    a_rows, b_cols = scale_a.numel() > 1, scale_b.numel() > 1
+    _matmul_fp8_kernel[grid](
+        a, b, c, d, bias_arg, res, scale_a, scale_b, amax_bits, m, n, k, a.stride(0),
+        b.stride(1), c.stride(0), c.stride(1), bias_stride, res.stride(0), res.stride(1),
+        scale_a.stride(0) if a_rows else 0, scale_b.stride(-1) if b_cols else 0, scale_f,
+        SCALE_A_ROWS=a_rows, SCALE_B_COLS=b_cols, **tiles)
+    return c, dact, amax
+
+
+def default_out_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The output dtype when none is asked for: the operands' own, bf16 for fp8 (a dtype
+    without the range of a GEMM's sums)."""
+    return torch.bfloat16 if dtype in FP8_DTYPES else dtype
+
+
+def dequantized(t: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """t * scale in `dtype` (rounded once from fp32), in t's own layout; t itself when it
+    has no scale (not fp8)."""
+    if scale is None:
+        return t
+    return (t.float() * scale.float()).to(dtype)
 
 
 def _epilogue_of_zeros(z, bias, residual, activation, out_dtype, dact):
@@ -130,24 +179,39 @@ def _like_layout(t: torch.Tensor) -> torch.Tensor:
 
 def matmul_bwd(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                bias: torch.Tensor | None, residual: torch.Tensor | None,
-               dact: torch.Tensor | None, scale: float | None
+               dact: torch.Tensor | None, scale: float | None,
+               scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
                           torch.Tensor | None]:
     """(da, db, dbias, dresidual) of c = act(scale * a @ b + bias) + residual, from dact =
     act'(z) the forward wrote (None without an activation): dz = dc * act'(z), then
     da = scale * dz @ b^T and db = scale * a^T @ dz by the same kernel through strides; db
     in b's own layout (for b = W^T, dW = dz^T @ a is written as W lies). The registered
-    op hands an empty placeholder for a dact the forward did not write."""
+    op hands an empty placeholder for a dact the forward did not write.
+
+    After an fp8 forward (scale_a, scale_b given) the backward runs in bf16: a and b are
+    dequantized (sa * a, sb * b, rounded once to bf16), the bf16 backward gives the
+    gradients of those, and the chain rule's sa, sb turn them into da, db, which are
+    returned in a's and b's dtype (autograd would round them to fp8 anyway: a gradient
+    has its tensor's dtype)."""
     if dact is not None and dact.shape != dc.shape:
         dact = None
+    fp8 = scale_a is not None
+    a_in, b_in = a, b
+    if fp8:
+        a = dequantized(a, scale_a, torch.bfloat16)
+        b = dequantized(b, scale_b, torch.bfloat16)
     dz = dc if dact is None else dc * dact
     dz = dz.to(a.dtype)
-    da, _ = matmul_fwd(dz, b.t(), scale=scale)  # [M, N] @ [N, K] -> [M, K]: b^T a view
+    da = matmul_fwd(dz, b.t(), scale=scale)[0]  # [M, N] @ [N, K] -> [M, K]: b^T a view
     if b.stride(0) == 1 and b.stride(1) != 1:
-        dbt, _ = matmul_fwd(dz.t(), a, scale=scale)  # [N, M] @ [M, K] -> [N, K]
+        dbt = matmul_fwd(dz.t(), a, scale=scale)[0]  # [N, M] @ [M, K] -> [N, K]
         db = dbt.t()
     else:
-        db, _ = matmul_fwd(a.t(), dz, scale=scale)  # [K, M] @ [M, N] -> [K, N]
+        db = matmul_fwd(a.t(), dz, scale=scale)[0]  # [K, M] @ [M, N] -> [K, N]
+    if fp8:  # d(sa * a) = sa da: [M, K] * [M, 1] or one value; [K, N] * [1, N] likewise
+        da = (da.float() * scale_a.float()).to(a_in.dtype)
+        db = (db.float() * scale_b.float()).to(b_in.dtype)
     dbias = dres = None
     if bias is not None:
         # bias is added after the scale: its gradient is dz summed over rows, unscaled
@@ -160,36 +224,44 @@ def matmul_bwd(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
 
 def _train_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
                residual: torch.Tensor | None, activation: str | None, scale: float | None,
-               out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The forward a backward follows: c and, with an activation, act'(z)."""
+               out_dtype: torch.dtype | None, scale_a: torch.Tensor | None = None,
+               scale_b: torch.Tensor | None = None, return_amax: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The forward a backward follows: c, with an activation act'(z), amax when asked."""
     return matmul_fwd(a, b, bias, residual, activation, scale, out_dtype,
-                      store_dact=activation is not None)
+                      activation is not None, scale_a, scale_b, return_amax)
 
 
 def _infer_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
                residual: torch.Tensor | None, activation: str | None, scale: float | None,
-               out_dtype: torch.dtype | None) -> torch.Tensor:
-    """The forward when no gradient is needed: c alone, act' not written."""
-    return matmul_fwd(a, b, bias, residual, activation, scale, out_dtype)[0]
+               out_dtype: torch.dtype | None, scale_a: torch.Tensor | None = None,
+               scale_b: torch.Tensor | None = None, return_amax: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward when no gradient is needed: c (and amax), act' not written."""
+    c, _, amax = matmul_fwd(a, b, bias, residual, activation, scale, out_dtype, False,
+                            scale_a, scale_b, return_amax)
+    return c, amax
 
 
-def _fake(a, b, bias, residual, activation, scale, out_dtype):
-    c = a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
-    return c, (torch.empty_like(c) if activation is not None else None)
+def _fake(a, b, bias, residual, activation, scale, out_dtype, scale_a=None, scale_b=None,
+          return_amax=False):
+    c = a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or default_out_dtype(a.dtype))
+    return (c, torch.empty_like(c) if activation is not None else None,
+            c.new_empty((), dtype=torch.float32) if return_amax else None)
 
 
 MATMUL = register_op(
     "matmul",
     forward=_train_fwd,
-    outputs=("c", "dact"),
+    outputs=("c", "dact", "amax"),
     stats=("dact",),
     fake=_fake,
     inference=_infer_fwd,
     backward=matmul_bwd,
-    backward_fake=lambda dc, a, b, bias, residual, dact, scale: (
+    backward_fake=lambda dc, a, b, bias, residual, dact, scale, scale_a, scale_b: (
         like(a), _like_layout(b), like(bias), like(residual)),
     grads=("a", "b", "bias", "residual"),
-    configs=Configs(CONFIG_SPACE),
+    configs=Configs(CONFIG_SPACE, default=gemm_rule, bucket=gemm_bucket),
 )
 
 
@@ -203,7 +275,9 @@ def check_activation(activation: str | None) -> None:
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
            activation: str | None = None, residual: torch.Tensor | None = None,
-           scale: float | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+           scale: float | None = None, out_dtype: torch.dtype | None = None,
+           scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
+           return_amax: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """act(scale * (a @ b) + bias) + residual in one kernel; fp32 accumulation, one rounding.
 
     a: [..., K] (leading dims flattened into M); b: [K, N]; both any strides (a transposed
@@ -214,14 +288,26 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     output; scale: a float multiplying a @ b before the bias; out_dtype: the output dtype
     (a's by default; float32 keeps the accumulator's digits). Differentiable in a, b, bias
     and residual; works under torch.compile(fullgraph=True).
+
+    fp8: a and b both torch.float8_e4m3fn, K-major as TMA and fp8 wgmma read them (a's K
+    contiguous, b = W.t() of a row-major W [N, K], K a multiple of 16), each with its
+    dequantization scale in float32: scale_a one value or [..., 1] (per row of a),
+    scale_b one value or [1, N] (per column of b); the product is (scale_a * a) @
+    (scale_b * b), applied to the fp32 accumulator before the scale, bias, activation and
+    residual; the output is bf16 unless out_dtype says otherwise. Its backward runs in
+    bf16 on the dequantized operands (the gradients of a and b come back in fp8, their
+    dtype, as autograd requires).
+    return_amax: also return max |output| (0-d float32, of the values as stored), folded
+    in the epilogue, for delayed scaling; it carries no gradient.
     """
-    check_tensor("a", a, min_dim=1)
-    check_tensor("b", b)
+    fp8 = isinstance(a, torch.Tensor) and a.dtype in FP8_DTYPES
+    check_tensor("a", a, min_dim=1, dtypes=FLOAT_DTYPES + FP8_DTYPES, expected=_OPERAND_DTYPES)
+    check_tensor("b", b, dtypes=FLOAT_DTYPES + FP8_DTYPES, expected=_OPERAND_DTYPES)
     if b.dim() != 2:
         raise ValueError(f"b must be 2-D [K, N], got {describe(b)}")
     if a.dtype != b.dtype:
-        raise TypeError(f"a and b must have one dtype (no mixed-precision GEMM): a has "
-                        f"{a.dtype}, b has {b.dtype}")
+        raise TypeError(f"a and b must have one dtype (no mixed-precision GEMM; fp8 takes "
+                        f"both float8_e4m3fn): a has {a.dtype}, b has {b.dtype}")
     if a.shape[-1] != b.shape[0]:
         raise ValueError(f"inner dimensions do not match: a is {tuple(a.shape)} (K = "
                          f"{a.shape[-1]}) but b is {tuple(b.shape)} (K = {b.shape[0]})")
@@ -230,8 +316,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     check_activation(activation)
     if scale is not None and not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if not isinstance(return_amax, bool):
+        raise TypeError(f"return_amax must be a bool, got {type(return_amax).__name__}")
     lead, (k, n) = a.shape[:-1], b.shape
     out_shape = (*lead, n)
+    rows = math.prod(lead)
     if bias is not None:
         check_tensor("bias", bias)
         if tuple(bias.shape) != (n,):
@@ -241,13 +330,76 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
         if tuple(residual.shape) != out_shape:
             raise ValueError(f"residual must have the output's shape {out_shape}, got "
                              f"{describe(residual)}")
-    check_same_device(a=a, b=b, bias=bias, residual=residual)
-    rows = math.prod(lead)
+    check_scales(a, scale_a, scale_b, rows, n)
+    check_same_device(a=a, b=b, bias=bias, residual=residual, scale_a=scale_a,
+                      scale_b=scale_b)
     a2 = a.reshape(rows, k)
+    if fp8:
+        check_fp8_layout(a2, b)
+        if scale_a.numel() > 1:
+            scale_a = scale_a.reshape(rows, 1)
     res2 = residual.reshape(rows, n) if residual is not None else None
-    c = MATMUL(a2, b, bias, res2, activation, float(scale) if scale is not None else None,
-               out_dtype)
-    return c.view(out_shape)
+    c, amax = MATMUL(a2, b, bias, res2, activation,
+                     float(scale) if scale is not None else None, out_dtype, scale_a, scale_b,
+                     return_amax)
+    return (c.view(out_shape), amax) if return_amax else c.view(out_shape)
+
+
+_OPERAND_DTYPES = "float32, float16, bfloat16 or float8_e4m3fn"
+
+
+def check_scales(a: torch.Tensor, scale_a, scale_b, rows: int, n: int) -> None:
+    """fp8 operands need both dequantization scales, float32, one value each or scale_a
+    [..., 1] per row of a and scale_b [1, N] per column of b; other dtypes take none."""
+    if a.dtype not in FP8_DTYPES:
+        for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+            if s is not None:
+                raise ValueError(f"{name} is the dequantization scale of float8_e4m3fn "
+                                 f"operands, but a and b are {a.dtype} (use scale= to scale "
+                                 f"their product)")
+        return
+    lead = tuple(a.shape[:-1])
+    for name, s, per, shapes_ok in (
+            ("scale_a", scale_a, f"[..., 1] = {(*lead, 1)} (per row of a)",
+             ((*lead, 1), (rows, 1))),
+            ("scale_b", scale_b, f"[1, N] = (1, {n}) (per column of b)", ((1, n),))):
+        if s is None:
+            raise ValueError(f"{name} is required with float8_e4m3fn operands: a float32 "
+                             f"tensor of one value or {per}, by which the fp8 values are "
+                             f"multiplied (got None)")
+        check_tensor(name, s, dtypes=(torch.float32,))
+        if s.numel() != 1 and tuple(s.shape) not in shapes_ok:
+            raise ValueError(f"{name} must hold one value (a scale per tensor) or have shape "
+                             f"{per}, got {describe(s)}")
+
+
+def check_fp8_layout(a2: torch.Tensor, b: torch.Tensor) -> None:
+    """fp8 operands as TMA copies them and fp8 wgmma reads them: both K-major (a's K
+    stride 1, b's K stride 1, i.e. b = W.t() of a row-major W [N, K]) with rows 16 bytes
+    apart (the row stride, K when contiguous, a multiple of 16 fp8 values). Strides only,
+    so torch.compile traces it; the launcher checks the base addresses."""
+    if a2.numel() == 0 or b.numel() == 0:
+        return
+    if a2.stride(1) != 1 or a2.stride(0) % 16:
+        raise ValueError(f"a (float8_e4m3fn) must be K-major with rows 16 bytes apart: K "
+                         f"contiguous and its row stride (K when contiguous) a multiple of "
+                         f"16, as TMA and fp8 wgmma read it; got {describe(a2)} with strides "
+                         f"{a2.stride()}")
+    if b.stride(0) != 1 or b.stride(1) % 16:
+        raise ValueError(f"b (float8_e4m3fn) must be K-major with columns 16 bytes apart: "
+                         f"b = W.t() of a row-major W [N, K] whose row stride (K when "
+                         f"contiguous) is a multiple of 16, as torch._scaled_mm takes it; got "
+                         f"{describe(b)} with strides {b.stride()}")
+
+
+def check_fp8_base(a: torch.Tensor, b: torch.Tensor) -> None:
+    """The launcher's half of check_fp8_layout: 16-byte aligned base addresses."""
+    for name, t in (("a", a), ("b", b)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} (float8_e4m3fn) must start at a 16-byte aligned address "
+                             f"(TMA copies from there); it is a view at offset "
+                             f"{t.storage_offset()} of its storage: copy it (.contiguous() of "
+                             f"the row-major tensor) first")
 
 
 # --- OpSpec ------------------------------------------------------------------------------
@@ -302,6 +454,12 @@ def cases(suite: str) -> list[Case]:
             _case(0, 16, 16), _case(4, 0, 8), _case(4, 8, 0, bias=True, act="silu"),
             _case(13, 24, 40, nonfinite=True),
             _case(9, 140, 130, linear=True, bias=True),  # two column tiles, a k loop
+            # K-major, K a multiple of 16: fp8 runs these too (per-tensor scales, and per
+            # row / column with `rowscale`, which only fp8 takes); amax of the output
+            _case(17, 48, 32, linear=True, bias=True, act="silu", amax=True),
+            _case(19, 33, 48, linear=True, rowscale=True, act="gelu_tanh", residual=True,
+                  amax=True),
+            _case(9, 40, 16, linear=True, rowscale=True, scale=0.5, out="fp32"),
         ]
     out = [_case(m, n, k, model=model, linear=True, proj=proj)
            for m, n, k, model, proj in _model_points()]
@@ -320,8 +478,13 @@ def cases(suite: str) -> list[Case]:
 def make_inputs(case: Case, device) -> dict:
     """a [M, K] and b [K, N] as the case lays them out: contiguous (row-major), transposed
     (both column-major), strided (rows padded, NaN in the padding), linear (b = W^T of a
-    row-major W [N, K], as nn.Linear multiplies); the epilogue's inputs its flags name."""
+    row-major W [N, K], as nn.Linear multiplies); the epilogue's inputs its flags name.
+    fp8: a, b of N(0, 1) values rounded to e4m3, with their dequantization scales in
+    [0.25, 1.25) (not powers of two: the fp32 multiply rounds), one per tensor (a 0-d
+    scale_a, a [1] scale_b) or, with `rowscale`, [M, 1] and [1, N]; bias and residual in
+    bf16, the output's dtype."""
     m, n, k = case["m"], case["n"], case["k"]
+    fp8 = case.dtype in FP8_DTYPES
     a = rand_tensor((m, k), case, device)
     if case.flag("linear"):
         b = rand_tensor((n, k), case, device, salt=1, layout="contiguous").t()
@@ -329,30 +492,63 @@ def make_inputs(case: Case, device) -> dict:
         b = rand_tensor((k, n), case, device, salt=1)
     if case.flag("nonfinite"):
         inject_nonfinite(a, case)
+    scales = {}
+    if fp8:
+        per_row = case.flag("rowscale")
+        draw = lambda shape, salt: rand_tensor(  # noqa: E731
+            shape, case, device, dtype=torch.float32, layout="contiguous", salt=salt,
+            dist="uniform", shift=0.25)
+        scales = {"scale_a": draw((m, 1) if per_row else (), 4),
+                  "scale_b": draw((1, n) if per_row else (1,), 5)}
     # bias and residual of the order of a @ b (whose elements are ~sqrt(K))
     mag = max(1.0, k ** 0.5)
-    bias = rand_tensor((n,), case, device, salt=2, scale=mag, layout="contiguous") \
-        if case.flag("bias") else None
-    residual = rand_tensor((m, n), case, device, salt=3, scale=mag) \
+    side = torch.bfloat16 if fp8 else None
+    bias = rand_tensor((n,), case, device, dtype=side, salt=2, scale=mag,
+                       layout="contiguous") if case.flag("bias") else None
+    residual = rand_tensor((m, n), case, device, dtype=side, salt=3, scale=mag) \
         if case.flag("residual") else None
     out = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}.get(
         case.flag("out"))
+    extra = {"return_amax": True} if case.flag("amax") else {}
     return {"a": a, "b": b, "bias": bias, "activation": case.flag("act"), "residual": residual,
-            "scale": case.flag("scale"), "out_dtype": out}
+            "scale": case.flag("scale"), "out_dtype": out, **scales, **extra}
+
+
+def skip(case: Case, device) -> str | None:
+    """Why a case cannot run here: fp8 takes K-major operands with K a multiple of 16 and
+    has no Inf; per-row scales are fp8's; the 64-bit case needs a GPU."""
+    if case.dtype in FP8_DTYPES:
+        if case.layout != "contiguous" or not case.flag("linear"):
+            return ("fp8 operands are K-major (a row-major, b = W^T of a row-major W [N, K]), "
+                    "as TMA and fp8 wgmma read them; this case lays them out otherwise")
+        if case["k"] % 16:
+            return (f"fp8 rows are 16-byte TMA rows: K must be a multiple of 16, this case "
+                    f"has K = {case['k']}")
+        if case.flag("nonfinite"):
+            return "float8_e4m3fn has no Inf to inject (it saturates at 448)"
+    elif case.flag("rowscale"):
+        return "per-row scales dequantize fp8 operands; this case runs in fp8 only"
+    return skip_huge_on_cpu(case, device)
 
 
 def cost(case: Case, mode: str) -> Cost:
+    """fp8: a and b are 1 byte an element, everything else (bias, residual, the output
+    and the backward's dy, act') 2 (bf16) unless `out` says otherwise; the scales' 4-byte
+    values and the dequantization's multiply count too."""
     m, n, k, e = case["m"], case["n"], case["k"], case.dtype.itemsize
-    out = {"fp32": 4, "fp16": 2, "bf16": 2}.get(case.flag("out"), e)
+    fp8 = case.dtype in FP8_DTYPES
+    side = 2 if fp8 else e  # bias, residual: bf16 beside fp8 operands
+    out = {"fp32": 4, "fp16": 2, "bf16": 2}.get(case.flag("out"), side)
     act, dact = _ACT_FLOPS[case.flag("act")]
     epi = (act + bool(case.flag("bias")) + bool(case.flag("residual"))
-           + bool(case.flag("scale"))) * m * n
-    bias_b = n * e if case.flag("bias") else 0
-    res_b = m * n * e if case.flag("residual") else 0
+           + bool(case.flag("scale")) + 2 * fp8 + bool(case.flag("amax"))) * m * n
+    bias_b = n * side if case.flag("bias") else 0
+    res_b = m * n * side if case.flag("residual") else 0
+    scale_b = ((m + n) * 4 if case.flag("rowscale") else 8) if fp8 else 0
     if mode == "fwd":
-        # read a, b, bias, residual; write c
-        return Cost(flops=2 * m * n * k + epi, bytes=(m * k + k * n) * e + bias_b + res_b
-                    + m * n * out)
+        # read a, b, their scales, bias, residual; write c (and amax)
+        return Cost(flops=2 * m * n * k + epi, bytes=(m * k + k * n) * e + scale_b + bias_b
+                    + res_b + m * n * out + 4 * bool(case.flag("amax")))
     # read dy (and act' when there is an activation), a, b; write da, db, dbias, dresidual
     d_bytes = m * n * out if case.flag("act") else 0
     return Cost(flops=4 * m * n * k + (dact + 1) * m * n,
@@ -365,9 +561,13 @@ def case_of(call: str, args) -> Case | None:
         return None
     a, b = args["a"], args["b"]
     out = args.get("out_dtype")
+    scale_a = args.get("scale_a")
     flags = {"bias": args.get("bias") is not None or None, "act": args.get("activation"),
              "residual": args.get("residual") is not None or None, "scale": args.get("scale"),
-             "out": dtype_name(out) if out is not None and out != a.dtype else None}
+             "out": dtype_name(out) if out is not None and out != default_out_dtype(a.dtype)
+             else None,
+             "rowscale": scale_a is not None and scale_a.numel() > 1 or None,
+             "amax": bool(args.get("return_amax")) or None}
     return Case("matmul", (("m", a.shape[0]), ("n", b.shape[1]), ("k", a.shape[1])),
                 dtype=a.dtype, flags={k: v for k, v in flags.items() if v is not None})
 
@@ -383,21 +583,26 @@ DESIGN = KernelDesign(min_occupancy=0.0, vector_bits=0, spills=False, mma="HGMMA
                       why="a GEMM reads a once per column of tiles and b once per row of "
                           "tiles; grouped order serves those re-reads from L2")
 
+# sm_90a design of the fp8 kernel: the same pipeline on fp8 wgmma (QGMMA)
+FP8_DESIGN = dataclasses.replace(DESIGN, mma="QGMMA")
+
 SPEC = OpSpec(
     impl=matmul,
     make_inputs=make_inputs,
     cost=cost,
     suites=shapes.suites(cases),
     grad_inputs=("a", "b", "bias", "residual"),
-    skip=skip_huge_on_cpu,
+    dtypes=(torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn),
+    skip=skip,
     case_of=case_of,
     fuses="matmul + bias + activation + residual add",
-    notes="GEMM with bias / scale / activation / residual fused into the epilogue; "
+    notes="GEMM with bias / scale / activation / residual fused into the epilogue; fp8 "
+          "(e4m3, per-tensor or per-row scales, amax) on QGMMA with a bf16 backward; "
           "persistent, grouped tile order, TMA + wgmma on Hopper; backward by the same "
           "kernel through strides.",
     family="compute-bound",
     for_model=for_model,
-    kernels={"_matmul_kernel": DESIGN},
+    kernels={"_matmul_kernel": DESIGN, "_matmul_fp8_kernel": FP8_DESIGN},
     count_rows=lambda case: case["m"],
     aligned=lambda case: case.layout != "strided" and all(
         case[p] % 16 == 0 for p in ("m", "n", "k")),

@@ -50,8 +50,12 @@ and returns the rest (none when it writes them all): `backward_mutates=("dy",)` 
 made contiguous first (a copy only when autograd hands over a strided or broadcast one).
 
 `configs`: the op's configuration space (block sizes, warps, stages) for tuning, and the
-hook a launcher asks for a tuned configuration: `op.config(key)` is the configuration
-`set_tuned` stored for that key, else `configs.default(key)` (the launcher's heuristic).
+hook a launcher asks for a tuned configuration: `op.config(key, device)` is, in order, the
+configuration `set_tuned` stored for that key, the entry of the tuned tables for
+`configs.bucket(key)` on the device's GPU (speedlight/tuning.py: read lazily on the first
+launch that asks, never at import), else `configs.default(key)` (the launcher's rule; None
+without one, and the launcher applies its rule itself). `speedlight tune` sweeps the space
+through `op.sweeping(config)`: inside, every launch of the op is given `config`.
 
 Why torch.library.custom_op and not triton_op: triton_op lets torch.compile trace into
 Triton kernels, but only kernels launched through wrap_triton and only Triton ones; a
@@ -62,12 +66,16 @@ docs/DESIGN-NOTES.md.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
+
+from speedlight import tuning
 
 NAMESPACE = "speedlight"
 
@@ -89,11 +97,14 @@ def row_stats(x: torch.Tensor) -> torch.Tensor:
 class Configs:
     """The configuration space of an op's kernels, for tuning: `space` maps each
     launch parameter (BLOCK_M, num_warps, num_stages...) to its candidate values;
-    `default(key)` is the launcher's own choice for a key (the shape, dtype and GPU a
-    tuned table is keyed by)."""
+    `default(key)` is the launcher's own choice for a key (the key: what the launcher
+    knows of the launch, its shape, dtype and GPU); `bucket(key)` names the tuned tables'
+    entry a key falls in (a string such as "m4096-n4096-k4096-bf16": shapes that share one
+    configuration; without it the tables are not read)."""
 
     space: Mapping[str, Sequence[Any]]
     default: Callable[[Any], Mapping[str, Any]] | None = None
+    bucket: Callable[[Any], str] | None = None
 
 
 @dataclass
@@ -113,6 +124,8 @@ class RegisteredOp:
     _n_params: int = 0  # the forward launcher's parameters (impl not counted)
     _defaults: tuple = ()  # of the forward's trailing parameters that have one
     _tuned: dict = field(default_factory=dict)
+    _sweep: list = field(default_factory=list)  # active sweeping() contexts, innermost last
+    _warned: set = field(default_factory=set)  # tuned-table buckets already warned about
 
     @property
     def public(self) -> tuple[str, ...]:
@@ -146,10 +159,41 @@ class RegisteredOp:
         return any(isinstance(args[i], torch.Tensor) and args[i].requires_grad
                    for i in self._grad_positions if i < len(args))
 
-    def config(self, key) -> Mapping[str, Any] | None:
-        """The tuned configuration for `key`, else the declared default (None without one)."""
+    def config(self, key, device: torch.device | str | None = None
+               ) -> Mapping[str, Any] | None:
+        """The configuration a launch with `key` on `device` uses: the one sweeping()
+        forces, else set_tuned's for key, else the tuned tables' entry for
+        configs.bucket(key) on the device's GPU, else configs.default(key) (None without
+        one: the launcher applies its rule)."""
+        if self._sweep:
+            sweep = self._sweep[-1]
+            chosen = sweep.config if sweep.config is not None else self._default(key)
+            sweep.asked.append((key, chosen))
+            return chosen
         if key in self._tuned:
             return self._tuned[key]
+        if self.configs is not None and self.configs.bucket is not None:
+            bucket = self.configs.bucket(key)
+            found = tuning.lookup(self.name, bucket, device)
+            if found is not None and self._usable(bucket, found):
+                return found
+        return self._default(key)
+
+    def _usable(self, bucket: str, config: Mapping[str, Any]) -> bool:
+        """Whether a tuned table's config is a point of the op's space (warned once if not:
+        the launch rule applies instead)."""
+        space = self.configs.space
+        if set(config) == set(space) and all(config[k] in space[k] for k in space):
+            return True
+        if bucket not in self._warned:
+            self._warned.add(bucket)
+            warnings.warn(f"speedlight: the tuned table's entry {bucket!r} of {self.name} is "
+                          f"not a point of its configuration space ({dict(config)}; expected "
+                          f"one value of each of {dict(space)}): ignored, the launch rule "
+                          f"applies", tuning.TunedTableWarning, stacklevel=4)
+        return False
+
+    def _default(self, key) -> Mapping[str, Any] | None:
         if self.configs is not None and self.configs.default is not None:
             return self.configs.default(key)
         return None
@@ -157,6 +201,33 @@ class RegisteredOp:
     def set_tuned(self, table: Mapping[Any, Mapping[str, Any]]) -> None:
         """Install tuned configurations (key -> launch parameters), e.g. from a tune run."""
         self._tuned = dict(table)
+
+    @contextlib.contextmanager
+    def sweeping(self, config: Mapping[str, Any] | None = None):
+        """Inside, every launch of the op is given `config` (None: the launcher's default,
+        the rule, with no tuned table or set_tuned entry consulted); yields the list of
+        (key, configuration) the launches asked for, in order."""
+        sweep = _Sweep(config)
+        self._sweep.append(sweep)
+        try:
+            yield sweep.asked
+        finally:
+            self._sweep.remove(sweep)
+
+
+@dataclass
+class _Sweep:
+    config: Mapping[str, Any] | None
+    asked: list = field(default_factory=list)
+
+
+_REGISTERED: dict[str, RegisteredOp] = {}
+
+
+def registered(name: str) -> RegisteredOp | None:
+    """The RegisteredOp that register_op built under `name` (the last one, for a name
+    registered in several namespaces), or None."""
+    return _REGISTERED.get(name)
 
 
 def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
@@ -194,6 +265,7 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
                         len(outputs), mutates)
     op = RegisteredOp(name, outputs, stats, tuple(forward), fwd_op, configs=configs,
                       _apply=fwd_op, _n_params=len(params), _defaults=defaults)
+    _REGISTERED[name] = op
 
     if inference is not None:
         public_at = [i for i, o in enumerate(outputs) if o not in stats]

@@ -7,6 +7,7 @@ input dtype; y has x's dtype, dw has w's dtype.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 import triton
@@ -20,7 +21,11 @@ from speedlight.kernels.rms_norm import (
     _rms_norm_fwd_looped_kernel,
 )
 from speedlight.launch import (
+    CUDA_TYPES,
     as_rows,
+    cuda_column_launch,
+    cuda_row_launch,
+    cuda_shared_dw_bytes,
     planned_sm_count,
     partial_sum_programs,
     persistent_row_grid,
@@ -28,10 +33,12 @@ from speedlight.launch import (
     warps_for_tile,
 )
 from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import Configs, like, register_op, row_stats
 from speedlight.runtime import check_runtime
-from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
+from speedlight.spec import (Case, Cost, CudaKernels, CudaLaunch, KernelDesign, OpSpec,
+                             dtype_name, inject_nonfinite, rand_tensor)
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
 LOOP_BLOCK_N = 4096  # chunk of a longer row
@@ -85,7 +92,7 @@ def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
     if n_cols <= MAX_FUSED_N:
         # Persistent: a grid of as many programs as fit (FWD_WARPS_PER_SM warps per SM)
         # walks the row tiles, so w is read once per program, not once per tile.
-        config = RMS_NORM.config((n_cols, x.dtype, planned_sm_count(x.device)))
+        config = RMS_NORM.config((n_cols, x.dtype, planned_sm_count(x.device)), x.device)
         grid, block_m, block_n, num_warps = persistent_row_grid(
             n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, **config)
         _rms_norm_fwd_kernel[grid](
@@ -175,9 +182,11 @@ RMS_NORM = register_op(
     "rms_norm",
     **_RMS_NORM_OP,
     backward=rms_norm_bwd,
-    # the persistent forward's tile and grid, keyed by (hidden, dtype, SM count)
+    # the persistent forward's tile and grid, keyed by (hidden, dtype, SM count); a tuned
+    # table's entry per hidden size and dtype
     configs=Configs(space={"tile": (2048, 4096, 8192, 16384), "warps_per_sm": (16, 32, 48, 64)},
-                    default=lambda key: {"tile": FWD_TILE, "warps_per_sm": FWD_WARPS_PER_SM}),
+                    default=lambda key: {"tile": FWD_TILE, "warps_per_sm": FWD_WARPS_PER_SM},
+                    bucket=lambda key: f"hidden{key[0]}-{dtype_name(key[1])}"),
 )
 
 
@@ -197,6 +206,7 @@ RMS_NORM_INPLACE = register_op(
 
 # --- public function ---------------------------------------------------------------------
 
+@local_rows("x")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
              offset: float = 0.0, *, in_place: bool = False) -> torch.Tensor:
     """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * (offset + weight).
@@ -306,10 +316,46 @@ def _case_of(op: str, call: str, args) -> Case | None:
                      offset=1 if args.get("offset") else None, in_place=in_place or None)
 
 
+CUDA_DESIGNS = {
+    "rms_norm_fwd_kernel": KernelDesign(min_occupancy=0.5),
+    # 64 registers/thread (launch bounds of 1024 threads) and the dw sums in shared memory
+    "rms_norm_bwd_kernel": KernelDesign(min_occupancy=0.5),
+    # one fp32 partial per column per program, summed down a column: 32-bit by design
+    "rms_norm_dw_reduce_kernel": KernelDesign(vector_bits=32),
+}
+
 _TWO_PASS = ("a row longer than 16384 does not fit registers: it is read twice, for the "
              "sum of squares and for the write (the second read mostly from L2)")
 _TWO_PASS_BWD = ("a row longer than 16384 is read twice (dy and x: the row dot, then dx) "
                  "plus dw partial rows")
+
+CUDA_SOURCE = str(Path(__file__).resolve().parent.parent / "csrc" / "rms_norm.cu")
+
+
+def cuda_launches(case: Case, sm_count: int) -> list[CudaLaunch]:
+    """The launches of the CUDA C++ RMSNorm (csrc/rms_norm.cu) for a case on a GPU of
+    `sm_count` SMs, sized as its launcher sizes them: the forward, then (the op takes
+    gradients) the backward and, with a weight, the dw reduce. add_rms_norm launches the
+    same kernels at the same geometry (with its residual and dh pointers set)."""
+    rows, hidden = case["rows"], case["hidden"]
+    t = CUDA_TYPES[case.dtype]
+    weight = bool(case.flag("weight", True))
+    out = []
+    if rows and hidden:
+        grid, threads = cuda_row_launch(rows, hidden, case.dtype, sm_count)
+        out.append(CudaLaunch("rms_norm_fwd_kernel", t, grid, threads))
+    if not hidden or not (rows or weight):
+        return out
+    smem = cuda_shared_dw_bytes(hidden) if weight else 0
+    grid, threads = cuda_row_launch(rows, hidden, case.dtype, sm_count, backward=True,
+                                    weight=weight)
+    out.append(CudaLaunch("rms_norm_bwd_kernel", f"{t}, {'true' if smem else 'false'}", grid,
+                          threads, smem, "bwd"))
+    if weight:
+        grid, threads = cuda_column_launch(hidden)
+        out.append(CudaLaunch("rms_norm_dw_reduce_kernel", t, grid, threads, 0, "bwd"))
+    return out
+
 
 SPEC = OpSpec(
     impl=rms_norm,
@@ -338,5 +384,9 @@ SPEC = OpSpec(
             "1 + P(2e + 4)/(3e rows) of compulsory: ~1.06x at 4096 rows, ~1.5x at 512")),
         "_rms_norm_bwd_row_dot_kernel": KernelDesign(bytes_ratio=2.0, why=_TWO_PASS_BWD),
         "_rms_norm_bwd_dx_kernel": KernelDesign(bytes_ratio=2.0, why=_TWO_PASS_BWD),
+        # CUDA C++ (csrc/rms_norm.cu): 16-byte vectors over rows, grids of the blocks
+        # resident at once (launch.cuda_row_launch), no spills
+        **CUDA_DESIGNS,
     },
+    cuda=CudaKernels(CUDA_SOURCE, cuda_launches),
 )

@@ -18,6 +18,7 @@ from speedlight import shapes
 from speedlight.kernels.rope import _rope_kernel
 from speedlight.launch import planned_sm_count
 from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of
 from speedlight.ops.registration import register_op
 from speedlight.runtime import check_runtime, describe
@@ -153,6 +154,7 @@ ROPE = register_op(
 _LAYOUTS = {1: "[batch, heads, seq, head_dim]", 2: "[batch, seq, heads, head_dim]"}
 
 
+@local_rows("q", "k")
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
          position_ids: torch.Tensor | None = None, unsqueeze_dim: int = 1,
          interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

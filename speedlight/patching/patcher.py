@@ -251,6 +251,23 @@ def fused_causal_lm_loss(hidden, lm_head, labels, *, shift_labels=None,
     return loss / num_items_in_batch
 
 
+_LOSS_KWARG = "speedlight_fused_loss"
+
+
+def _lm_head_forward(previous):
+    """The lm_head's own forward, which computes fused_causal_lm_loss instead when the
+    patched causal-LM forward passes the loss's arguments: the loss then runs inside the
+    lm_head's call, after the hooks that gather its weight (FSDP2 unshards a fully_shard
+    lm_head, ZeRO-3 gathers its parameters, in the module's pre-forward hooks), and its
+    backward passes the module's post-backward hooks (gradient reduce-scatter)."""
+    def forward(self, hidden, *args, **kwargs):
+        loss_args = kwargs.pop(_LOSS_KWARG, None)
+        if loss_args is None:
+            return previous(hidden, *args, **kwargs)
+        return fused_causal_lm_loss(hidden, self, **loss_args)
+    return forward
+
+
 def _logits_scale(model) -> float:
     """What a family multiplies its lm_head's output by before the loss: Granite divides by
     config.logits_scaling, Falcon-H1 multiplies by model.lm_head_multiplier; 1 elsewhere."""
@@ -288,9 +305,11 @@ def _causal_lm_forward(previous, signature: inspect.Signature):
                                                              False))
         outputs = self.model(**arguments, **extra)
         config = self.config
-        loss = fused_causal_lm_loss(
-            outputs[0], self.lm_head, labels, **loss_kwargs, logits_scale=scale,
-            softcap=getattr(config, "final_logit_softcapping", None))
+        # through the lm_head's call, so that hooks gathering a sharded weight run first
+        # (FSDP2's fully_shard of the lm_head, DeepSpeed ZeRO-3): see _lm_head_forward
+        loss = self.lm_head(outputs[0], **{_LOSS_KWARG: dict(
+            labels=labels, **loss_kwargs, logits_scale=scale,
+            softcap=getattr(config, "final_logit_softcapping", None))})
         fields = {k: v for k, v in outputs.items() if k != "last_hidden_state"}
         if moe and arguments["output_router_logits"]:
             # the load-balancing loss of the family's own function, added as its forward does
@@ -503,6 +522,8 @@ def _patch_causal_lm_forward(model, report: PatchReport, record: dict) -> None:
         return
     previous = model.__dict__.get("forward") or model.forward
     _set_forward(model, _causal_lm_forward(previous, inspect.signature(previous)), record)
+    _set_forward(lm_head, _lm_head_forward(lm_head.__dict__.get("forward") or lm_head.forward),
+                 record)
     report.patched[kind] = ["forward (training with labels: the loss without logits; "
                             "the output's logits are None)"]
 def _patch_attention(model, family: Family, report: PatchReport, record: dict) -> None:

@@ -8,6 +8,10 @@ The cases reach each tile configuration of the launch rule (ops/matmul.launch_co
 decode (64 x 128, one warp group) and prefill (128 x 256 / gated 128 x 128, two warp
 groups), with the epilogues that change the kernel's registers (bias + activation + its
 derivative stored; residual).
+
+The fp8 kernel (float8_e4m3fn operands, BLOCK_K 128) is held to the same pipeline on fp8
+wgmma: TMA, QGMMA, at least 3 stages, no spills; with per-row scales and the amax fold,
+at prefill and decode. Its backward runs the bf16 kernel (HGMMA).
 """
 
 import pytest
@@ -20,10 +24,12 @@ from speedlight.spec import Case
 from tests.inspect.conftest import GUARD_TABLE, SKU, TARGET
 
 BF16 = torch.bfloat16
+FP8 = torch.float8_e4m3fn
 
 
-def mm(m, n, k, **flags):
-    return Case("matmul", {"m": m, "n": n, "k": k}, dtype=BF16, flags=dict(linear=True, **flags))
+def mm(m, n, k, dtype=BF16, **flags):
+    return Case("matmul", {"m": m, "n": n, "k": k}, dtype=dtype,
+                flags=dict(linear=True, **flags))
 
 
 def gated(m, n, k, **flags):
@@ -41,17 +47,44 @@ ITEMS = [
 ]
 
 
+FP8_ITEMS = [
+    pytest.param(mm(512, 768, 768, FP8, rowscale=True, bias=True, act="silu", amax=True), True,
+                 id="fp8-prefill-rowscale-bias-silu-amax-fwd-bwd"),
+    pytest.param(mm(16, 768, 768, FP8), False, id="fp8-decode-fwd"),
+    pytest.param(mm(512, 768, 768, FP8, residual=True), False, id="fp8-residual-fwd"),
+]
+
+
 @pytest.mark.parametrize("spec,case,backward", ITEMS)
 def test_bf16_gemm_kernels_meet_their_sm90a_design(spec, case, backward, compiler):
+    _check_gemm_kernels(spec, case, backward, compiler, {"_matmul_kernel": "HGMMA",
+                                                         "_gated_matmul_kernel": "HGMMA"})
+
+
+@pytest.mark.parametrize("case,backward", FP8_ITEMS)
+def test_fp8_gemm_kernel_meets_its_sm90a_design(case, backward, compiler):
+    """The fp8 forward on QGMMA; the backward (bf16 on the dequantized operands) on
+    HGMMA."""
+    kernels = _check_gemm_kernels(matmul.SPEC, case, backward, compiler,
+                                  {"_matmul_fp8_kernel": "QGMMA", "_matmul_kernel": "HGMMA"})
+    assert "_matmul_fp8_kernel" in kernels
+    assert ("_matmul_kernel" in kernels) == backward
+
+
+def _check_gemm_kernels(spec, case, backward, compiler, mma: dict) -> set:
+    """Inspect the case's GEMM launches and hold each to its design; `mma` the tensor-core
+    family each kernel's design must name. The names of the kernels seen."""
     (report,) = inspect_cases([(spec, case)], TARGET, compiler=compiler, mode="dry",
                               backward=backward)
     assert not report.error, report.error
     short = []
-    gemms = [k for k in report.kernels if k.launch.kernel.endswith("matmul_kernel")]
+    gemms = [k for k in report.kernels if k.launch.kernel.endswith("matmul_kernel")
+             or k.launch.kernel.endswith("matmul_fp8_kernel")]
     assert gemms, "no GEMM kernel launched"
     for k in gemms:
         d = k.design
-        assert (d.mma, d.tma, d.min_stages) == ("HGMMA", True, 3)
+        assert (d.mma, d.tma, d.min_stages) == (mma[k.launch.kernel], True, 3)
+        assert k.mix.tensor_core.get(d.mma), f"{k.launch.kernel}: no {d.mma} in its SASS"
         declared = {a.name: a.value for a in k.launch.args if a.name in k.launch.declared}
         GUARD_TABLE.append(
             f"{spec.name:12s} {k.launch.direction} {k.launch.kernel:22s} "
@@ -62,3 +95,4 @@ def test_bf16_gemm_kernels_meet_their_sm90a_design(spec, case, backward, compile
             f"UTMALDG x{k.mix.tma.get('UTMALDG', 0)}  [{case.label}]")
         short += [str(s) for s in guard.check_kernel(k)]
     assert not short, "\n".join(short)
+    return {k.launch.kernel for k in gemms}

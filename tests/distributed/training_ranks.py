@@ -1,0 +1,110 @@
+"""What each rank runs for test_training.py: a tiny Hugging Face model, patched by
+speedlight or not, wrapped in DDP or FSDP2, with or without activation checkpointing,
+trained two steps on the rank's half of a batch. Rank 0 returns, per setting, whether the
+patched model's losses and gradients equal the unpatched model's under the same wrapping."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from speedlight.verify.harness import LaunchCounter
+from tests.distributed.ranks import check
+from tests.patching.tiny_models import batch, build
+
+TOL = dict(rtol=2e-4, atol=2e-5)  # fp32, as tests/patching: kernels sum in another order
+
+# name -> (wrapping, checkpointing)
+SETTINGS = {
+    "ddp": ("ddp", None),
+    "ddp-hf-checkpointing-reentrant": ("ddp", "hf-reentrant"),
+    "fsdp2": ("fsdp2", None),
+    "fsdp2-hf-checkpointing": ("fsdp2", "hf"),
+    "fsdp2-checkpoint-wrapper": ("fsdp2", "torch"),
+    # the lm_head sharded on its own: its weight is whole only inside its own call
+    "fsdp2-sharded-lm-head": ("fsdp2-lm-head", None),
+}
+
+
+def _wrap(model, wrapping: str, checkpointing: str | None):
+    if checkpointing == "hf":
+        model.activation_checkpointing_enable()  # torch's non-reentrant checkpoint
+    elif checkpointing == "hf-reentrant":
+        model.activation_checkpointing_enable({"use_reentrant": True})
+    elif checkpointing == "torch":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            apply_activation_checkpointing)
+        layer = type(model.model.layers[0])
+        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, layer))
+    if wrapping == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(model)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    if wrapping == "fsdp2-lm-head":
+        fully_shard(model.lm_head, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _full(t):
+    """A gradient as one full tensor (FSDP2 holds each rank's shard, a DTensor)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _train(model, rank: int, steps: int = 2):
+    """Losses and the first step's gradients of `steps` SGD steps on this rank's sample,
+    and whether no step made logits (the linear cross-entropy patch's fused loss)."""
+    ids, labels = batch(model.config.vocab_size if hasattr(model, "config")
+                        else model.module.config.vocab_size, batch=2, seq=9)
+    ids, labels = ids[rank:rank + 1], labels[rank:rank + 1]
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses, grads, no_logits = [], None, True
+    model.train()
+    for _ in range(steps):
+        opt.zero_grad()
+        out = model(input_ids=ids, labels=labels, use_cache=False)
+        loss, no_logits = out.loss, no_logits and out.logits is None
+        loss.backward()
+        losses.append(loss.detach())
+        if grads is None:
+            grads = {n: _full(p.grad).clone() for n, p in model.named_parameters()
+                     if p.grad is not None}
+        opt.step()
+    return torch.stack(losses), grads, no_logits
+
+
+def _compare(rank: int, wrapping: str, checkpointing: str | None) -> dict:
+    import speedlight
+    base = build("llama")
+    patched = copy.deepcopy(base)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # everything asked for is patched
+        report = speedlight.patch(patched)
+    kinds = sorted(report.patched)
+    loss0, grads0, _ = _train(_wrap(base, wrapping, checkpointing), rank)
+    counter = LaunchCounter()
+    with counter.active():
+        loss1, grads1, fused_loss = _train(_wrap(patched, wrapping, checkpointing), rank)
+    losses = torch.stack([loss0, loss1])
+    dist.all_reduce(losses)  # the ranks' losses summed: both ranks' must match
+    torch.testing.assert_close(losses[1], losses[0], **TOL)
+    assert sorted(grads0) == sorted(grads1), (sorted(grads0), sorted(grads1))
+    assert len(grads0) == sum(1 for _ in base.parameters()), "a parameter got no gradient"
+    for name, g0 in grads0.items():
+        torch.testing.assert_close(grads1[name], g0, **TOL, msg=lambda m: f"{name}: {m}")
+    return {"patched": kinds, "kernels": sorted(set(counter.kernels)), "fused_loss": fused_loss,
+            "losses": losses[1].tolist(), "n_grads": len(grads0)}
+
+
+def training(rank: int, world: int) -> dict:
+    results: dict = {}
+    for name, (wrapping, checkpointing) in SETTINGS.items():
+        check(results, name, lambda: _compare(rank, wrapping, checkpointing))
+    return results
