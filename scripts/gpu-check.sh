@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Order: what proves the kernels launch comes first (probe, verify of every op), then the
-# benchmarks of what costs most (linear cross-entropy, attention, the GEMMs, the model step),
-# then every op's bench suite; each step has its own time budget, and one out of time is
-# recorded in the summary, so a short machine still returns the most important numbers.
+# Order: what proves the kernels launch comes first (probe, the CUDA C++ build, verify of
+# every op), then the benchmarks of what costs most (linear cross-entropy, attention, the
+# GEMMs, the model step), then the rest (CUDA C++ beside Triton, fp8, tune, every op's bench
+# suite); each step has its own time budget inside the run's (--total-s), and one out of
+# time is recorded in the summary, so a short machine still returns the most important numbers.
 # speedlight on a GPU machine, in one go and under 8 minutes on an H100/H200:
 #   the machine (nvidia-smi, versions), `speedlight probe` (ceilings), `verify --suite full`,
 #   `bench --suite model` for every op against PyTorch eager, torch.compile and Liger-Kernel,
@@ -35,16 +36,16 @@
 #   --ops a,b           SPEEDLIGHT_OPS    ops to check (default: all)
 #   --verify-suite S    VERIFY_SUITE      default full
 #   --bench-suite S     BENCH_SUITE       default model
-#   --verify-s N        VERIFY_TIMEOUT_S  verify is stopped after N s (default 100; rows of
+#   --verify-s N        VERIFY_TIMEOUT_S  verify is stopped after N s (default 90; rows of
 #                                         finished ops are kept)
-#   --bench-s N         BENCH_BUDGET_S    bench's time budget (default 90; cases not started
+#   --bench-s N         BENCH_BUDGET_S    bench's time budget (default 60; cases not started
 #                                         in time are recorded as skipped)
-#   --gemm-s N          GEMM_BENCH_S      the GEMM section's bench budget (default 60; 0 skips
+#   --gemm-s N          GEMM_BENCH_S      the GEMM section's bench budget (default 45; 0 skips
 #                                         the section, as does --ops)
 #   GEMM_CASES                            regex of the GEMM cases benched (default: Llama-3-8B's
 #                                         up and down projections and its gated MLP at 4096
 #                                         tokens)
-#   --fp8-s N           FP8_BENCH_S       the fp8 section's bench budget (default 30; 0 skips
+#   --fp8-s N           FP8_BENCH_S       the fp8 section's bench budget (default 25; 0 skips
 #                                         it, as does --ops): after the GEMM section, verify
 #                                         --suite quick of matmul in fp8, then fp8 matmul at
 #                                         Llama-3-8B's qkv, o, up and down projections at 4096
@@ -54,21 +55,31 @@
 #                                         in fp8/. Targets (not asserted): >= 1.3x cublas-bf16,
 #                                         >= 1.0x torch-scaled-mm
 #   FP8_CASES                             regex of the fp8 cases benched (default: those four)
-#   --tune-s N          TUNE_S            the tune section's time limit (default 120; 0 skips it,
+#   --tune-s N          TUNE_S            the tune section's time limit (default 60; 0 skips it,
 #                                         as does --ops): `speedlight tune` of matmul at
 #                                         Llama-3-8B's projections at 4096 tokens (TUNE_CASES)
 #                                         and of rms_norm at hidden 4096, a few compiles each;
 #                                         the table lands in $OUT/tune/tuned/<sku>.json, to
 #                                         commit as speedlight/tuned/<sku>.json
-#   --attention-s N     ATTN_BUDGET_S     the attention section's bench budget (default 60): its
+#   --attention-s N     ATTN_BUDGET_S     the attention section's bench budget (default 45): its
 #                                         headline cases (bf16, head dim 128, 8K tokens, causal
 #                                         and not, forward and backward) against SDPA's flash,
 #                                         efficient and cuDNN backends, FlexAttention and
 #                                         flash-attn when installed, in attention/; skipped
 #                                         when --ops names other ops only
-#   --model-s N         MODEL_STEP_S      the model step's budget (default 90; variants not
+#   --cuda-s N          CUDA_BENCH_S      the CUDA C++ section's bench budget (default 30; 0
+#                                         skips the section): the rms_norm extension built
+#                                         first (its build time is a step of its own, in
+#                                         cuda-build.json, never in a timing), then rms_norm
+#                                         and add_rms_norm at hidden 4096 and 8192 in bf16,
+#                                         Triton and CUDA C++ side by side, in cuda/;
+#                                         skipped when --ops names neither
+#   --model-s N         MODEL_STEP_S      the model step's budget (default 75; variants not
 #                                         started in time are recorded as skipped; 0 skips
 #                                         the section, as does --ops)
+#   --total-s N         TOTAL_S           the whole run's seconds (default 450): a step that
+#                                         would start with under 15 s left is recorded as
+#                                         skipped (no time), a running one is stopped
 #   --verify-args "..." VERIFY_ARGS       extra verify arguments (default "--seeds 1")
 #   --bench-args "..."  BENCH_ARGS        extra bench arguments (default "--time-cap 0.3
 #                                         --max-gib 32": cases needing more are skipped,
@@ -86,17 +97,19 @@ DEVICE="${SPEEDLIGHT_DEVICE:-auto}"
 OPS="${SPEEDLIGHT_OPS:-}"
 VERIFY_SUITE="${VERIFY_SUITE:-full}"
 BENCH_SUITE="${BENCH_SUITE:-model}"
-VERIFY_TIMEOUT_S="${VERIFY_TIMEOUT_S:-100}"
-BENCH_BUDGET_S="${BENCH_BUDGET_S:-90}"
-GEMM_BENCH_S="${GEMM_BENCH_S:-60}"
+VERIFY_TIMEOUT_S="${VERIFY_TIMEOUT_S:-90}"
+BENCH_BUDGET_S="${BENCH_BUDGET_S:-60}"
+GEMM_BENCH_S="${GEMM_BENCH_S:-45}"
 GEMM_OPS="matmul,gated_matmul"
 GEMM_CASES="${GEMM_CASES:-^(matmul-m4096-n(14336-k4096|4096-k14336)-bf16-linear-proj(up|down)|gated_matmul-m4096-n14336-k4096-bf16)\$}"
-FP8_BENCH_S="${FP8_BENCH_S:-30}"
+FP8_BENCH_S="${FP8_BENCH_S:-25}"
 FP8_CASES="${FP8_CASES:-^matmul-m4096-n(6144-k4096|4096-k4096|14336-k4096|4096-k14336)-fp8-linear-proj(qkv|o|up|down)\$}"
-ATTN_BUDGET_S="${ATTN_BUDGET_S:-60}"
-TUNE_S="${TUNE_S:-120}"
+ATTN_BUDGET_S="${ATTN_BUDGET_S:-45}"
+TUNE_S="${TUNE_S:-60}"
 TUNE_CASES="${TUNE_CASES:-m4096-n6144-k4096,m4096-n14336-k4096,m4096-n4096-k14336}"
-MODEL_STEP_S="${MODEL_STEP_S:-90}"
+MODEL_STEP_S="${MODEL_STEP_S:-75}"
+CUDA_BENCH_S="${CUDA_BENCH_S:-30}"
+TOTAL_S="${TOTAL_S:-450}"
 VERIFY_ARGS="${VERIFY_ARGS:---seeds 1}"
 BENCH_ARGS="${BENCH_ARGS:---time-cap 0.3 --max-gib 32}"
 PYTHON="${PYTHON:-python3}"
@@ -117,6 +130,8 @@ while [ $# -gt 0 ]; do
     --attention-s) ATTN_BUDGET_S="$2"; shift 2 ;;
     --tune-s) TUNE_S="$2"; shift 2 ;;
     --model-s) MODEL_STEP_S="$2"; shift 2 ;;
+    --cuda-s) CUDA_BENCH_S="$2"; shift 2 ;;
+    --total-s) TOTAL_S="$2"; shift 2 ;;
     --verify-args) VERIFY_ARGS="$2"; shift 2 ;;
     --bench-args) BENCH_ARGS="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -146,11 +161,18 @@ STEPS=()
 START=$SECONDS
 
 # step NAME LOG COMMAND...: run, log to $OUT/LOG, remember the exit status and seconds
+# within the whole run's TOTAL_S: a step that would start with less than 15 s left is
+# recorded as skipped (out of time), and a running one is stopped when the run's time is up
 step() {
   local name="$1" log="$2"; shift 2
-  local t0=$SECONDS rc
+  local t0=$SECONDS rc left=$((TOTAL_S - (SECONDS - START)))
+  if [ "$left" -lt 15 ]; then
+    echo "== gpu-check: $name: skipped, the run's $TOTAL_S s are spent" | tee -a "$OUT/$log"
+    STEPS+=("$name|out-of-time|0|$log")
+    return 0
+  fi
   echo "== gpu-check: $name: $*" | tee -a "$OUT/$log"
-  "$@" 2>&1 | tee -a "$OUT/$log"
+  timeout "$left" "$@" 2>&1 | tee -a "$OUT/$log"
   rc=${PIPESTATUS[0]}
   STEPS+=("$name|$rc|$((SECONDS - t0))|$log")
   return 0
@@ -192,6 +214,30 @@ STEPS+=("versions|$?|0|versions.json")
 
 # --- probe, verify, bench, plots -------------------------------------------------------------------
 step probe probe.log "$PYTHON" -m speedlight probe --device "$DEVICE"
+# The CUDA C++ extensions, built before verify so that no verify or bench time includes a
+# build: the seconds are their own step's (cuda-build.json: build_s, or the reason it
+# cannot build here, e.g. no GPU or a CPU build of torch)
+CUDA_OPS_ASKED=0
+if [ -z "$OPS" ] || [[ ",$OPS," == *",rms_norm,"* ]] || [[ ",$OPS," == *",add_rms_norm,"* ]]; then
+  CUDA_OPS_ASKED=1
+fi
+if [ "$CUDA_BENCH_S" != 0 ] && [ "$CUDA_OPS_ASKED" = 1 ]; then
+  step cuda-build cuda-build.log timeout 180 "$PYTHON" - "$DEVICE" "$OUT/cuda-build.json" <<'EOF'
+import json, sys
+import torch
+from speedlight.csrc import loader
+device = sys.argv[1] if sys.argv[1] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+reason = loader.unavailable(device)
+if reason:
+    doc = {"status": "skip", "reason": reason}
+else:
+    loader.extension("rms_norm")
+    doc = {"status": "ok", "build_s": loader.build_seconds(),
+           "directory": str(loader.BUILDS["rms_norm"].directory)}
+print(json.dumps(doc))
+open(sys.argv[2], "w").write(json.dumps(doc, indent=1) + "\n")
+EOF
+fi
 # shellcheck disable=SC2086
 step verify verify.log timeout "$VERIFY_TIMEOUT_S" "$PYTHON" -m speedlight verify --device "$DEVICE" \
   --suite "$VERIFY_SUITE" "${OPS_ARG[@]}" --out "$OUT" $VERIFY_ARGS
@@ -224,6 +270,31 @@ else
   echo "GEMM section skipped (--ops given or GEMM_BENCH_S=0)" > "$OUT/gemm.log"
   STEPS+=("gemm|none|0|gemm.log")
 fi
+# --- the model step --------------------------------------------------------------------------
+# Llama-3-8B widths, 4 layers, bf16, 4 x 4096 tokens (bench model's GPU defaults, spelled out)
+if [ "$MODEL_STEP_S" != 0 ]; then
+  step model-step model-step.log timeout "$((MODEL_STEP_S + 120))" "$PYTHON" -m speedlight bench \
+    model --device "$DEVICE" --model llama-3-8b --layers 4 --batch 4 --seq 4096 --dtype bf16 \
+    --out "$OUT/model-step" --budget-s "$MODEL_STEP_S"
+else
+  echo "model step skipped (--ops given or MODEL_STEP_S=0)" > "$OUT/model-step.log"
+  STEPS+=("model-step|none|0|model-step.log")
+fi
+# --- CUDA C++ beside Triton -------------------------------------------------------------------
+# rms_norm and add_rms_norm at Llama's widths (4096, 8192) in bf16: each implementation's
+# GB/s and % of the measured copy bandwidth, and CUDA's speedup over Triton (the
+# "x speedlight" column). Target (not asserted): CUDA forward >= 0.92x copy bandwidth and
+# no slower than Triton.
+if [ "$CUDA_BENCH_S" != 0 ] && [ "$CUDA_OPS_ASKED" = 1 ]; then
+  # shellcheck disable=SC2086
+  step cuda-bench cuda.log timeout "$((CUDA_BENCH_S + 120))" "$PYTHON" -m speedlight bench \
+    --device "$DEVICE" --ops rms_norm,add_rms_norm --suite model --cases 'hidden(4096|8192)-bf16$' \
+    --baselines torch-eager --out "$OUT/cuda" --budget-s "$CUDA_BENCH_S" $BENCH_ARGS --dtypes bf16
+else
+  echo "CUDA C++ section skipped (CUDA_BENCH_S=0, or --ops names neither rms_norm nor add_rms_norm)" \
+    > "$OUT/cuda.log"
+  STEPS+=("cuda|none|0|cuda.log")
+fi
 # --- the fp8 section: fp8 matmul against _scaled_mm and bf16 cuBLAS (issue 19) ---------------
 if [ "$FP8_BENCH_S" != 0 ]; then
   step fp8-verify fp8.log timeout 30 "$PYTHON" -m speedlight verify --device "$DEVICE" \
@@ -245,16 +316,6 @@ if [ "$TUNE_S" != 0 ]; then
 else
   echo "tune section skipped (--ops given or TUNE_S=0)" > "$OUT/tune.log"
   STEPS+=("tune|none|0|tune.log")
-fi
-# --- the model step --------------------------------------------------------------------------
-# Llama-3-8B widths, 4 layers, bf16, 4 x 4096 tokens (bench model's GPU defaults, spelled out)
-if [ "$MODEL_STEP_S" != 0 ]; then
-  step model-step model-step.log timeout "$((MODEL_STEP_S + 120))" "$PYTHON" -m speedlight bench \
-    model --device "$DEVICE" --model llama-3-8b --layers 4 --batch 4 --seq 4096 --dtype bf16 \
-    --out "$OUT/model-step" --budget-s "$MODEL_STEP_S"
-else
-  echo "model step skipped (--ops given or MODEL_STEP_S=0)" > "$OUT/model-step.log"
-  STEPS+=("model-step|none|0|model-step.log")
 fi
 # --- the rest: every op's suite, after what costs most (attention, linear cross-entropy,
 # GEMM, the model step) had its turn ---------------------------------------------------------
@@ -280,7 +341,7 @@ print(s.key if s else 'unknown-device')" 2>/dev/null || echo unknown-device)"
   for s in "${STEPS[@]}"; do
     IFS='|' read -r name rc secs log <<< "$s"
     case "$rc" in
-      0) status=ok ;; none) status=skipped ;; 124) status=timeout ;;
+      0) status=ok ;; none) status=skipped ;; out-of-time) status="no time" ;; 124) status=timeout ;;
       2) [ "$name" = probe ] && status="no GPU" || status="exit 2" ;;
       *) status="exit $rc" ;;
     esac
@@ -292,6 +353,16 @@ print(s.key if s else 'unknown-device')" 2>/dev/null || echo unknown-device)"
     echo
     echo "attention headline (bf16, head dim 128, 8K tokens):"
     "$PYTHON" -m speedlight bench table "$OUT/attention" --include-cpu 2>&1
+  fi
+  if [ -f "$OUT/cuda-build.json" ]; then
+    echo
+    echo "CUDA C++ extension build (apart from every timing): $(tr -d '\n' < "$OUT/cuda-build.json")"
+  fi
+  if [ -f "$OUT/cuda/bench.jsonl" ]; then
+    echo
+    echo "CUDA C++ beside Triton (rms_norm, add_rms_norm; bf16, hidden 4096 and 8192; target:"
+    echo "CUDA forward >= 0.92x copy bandwidth, no slower than Triton):"
+    "$PYTHON" -m speedlight bench table "$OUT/cuda" --include-cpu 2>&1
   fi
   if [ -f "$OUT/fp8/bench.jsonl" ]; then
     echo

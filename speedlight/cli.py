@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    args.requested_device = args.device  # as given: a --ray sweep picks its workers' own
     args.device = select_device(args.device)
     return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
 

@@ -243,6 +243,38 @@ class CudaKernels:
     of_impl: bool = False
 
 
+def _runs_anywhere(device: torch.device) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One implementation of an op, run side by side with the op's others by verify, bench,
+    inspect and report, each row naming it.
+
+    fn takes the OpSpec's inputs as keyword arguments (as OpSpec.impl does). language:
+    "triton" or "cuda" (CUDA C++). verified: False until a GPU run has verified it: it is
+    then never an op's default and every row and report labels it unverified.
+    unavailable(device): why it cannot run there (a CPU build of torch, no GPU, no
+    compiler), or None; verify and bench record it as skipped with that reason. (What
+    `speedlight inspect` reads of a CUDA implementation's kernels is OpSpec.cuda.)
+    """
+
+    fn: Callable[..., Any]
+    language: str = "triton"
+    verified: bool = True
+    unavailable: Callable[[torch.device], str | None] = _runs_anywhere
+
+
+def cuda_implementation(fn: Callable[..., Any], *, verified: bool = True) -> Implementation:
+    """A CUDA C++ implementation: unavailable where speedlight.csrc.loader says an
+    extension cannot run (a CPU build of torch, a CPU device, no GPU, no nvcc/ninja/c++)."""
+    def unavailable(device: torch.device) -> str | None:
+        from speedlight.csrc import loader  # torch only: no import cycle
+        return loader.unavailable(device)
+    return Implementation(fn, "cuda", verified, unavailable)
+
+
 Inputs = dict  # keyword arguments of impl / reference: tensors and plain values
 
 
@@ -303,14 +335,32 @@ class OpSpec:
     # What speedlight.patch swaps for this op in a Hugging Face model (its kinds:
     # "rms_norm", "mlp", "rope", "cross_entropy"), or None when it patches none.
     patches: str | None = None
+    # Every implementation the tools run side by side, by name ("triton", "cuda"); the
+    # first is the one rows label plain "speedlight". Empty: impl alone, as {"triton":
+    # impl}, or {"cuda": impl} when cuda.of_impl. impl may be left out when given (the
+    # first implementation's fn).
+    implementations: Mapping[str, Implementation] = field(default_factory=dict)
 
     # Optional: the op's CUDA C++ kernels, which `speedlight inspect --impl cuda` compiles
     # with nvcc and holds to the designs in `kernels` (a CudaKernels).
     cuda: CudaKernels | None = None
 
     def __post_init__(self):
+        if self.impl is None and self.implementations:
+            self.impl = next(iter(self.implementations.values())).fn
         if self.impl is None:
             raise TypeError(f"OpSpec {self.name!r} needs impl, the function under test")
+        if not self.implementations:  # impl alone: Triton's, or CUDA C++ (cuda.of_impl)
+            self.implementations = (
+                {"cuda": cuda_implementation(self.impl)} if self.cuda and self.cuda.of_impl
+                else {"triton": Implementation(self.impl)})
+        self.implementations = dict(self.implementations)
+        first = next(iter(self.implementations))
+        if self.implementations[first].fn is not self.impl:
+            # a copy with another impl (dataclasses.replace(spec, impl=...)): impl stands
+            # alone, as the first implementation
+            self.implementations = {first: dataclasses.replace(self.implementations[first],
+                                                               fn=self.impl)}
         self.name = self.name or self.impl.__name__
         if self.reference is None:
             from speedlight import reference  # no import cycle: reference needs only torch
@@ -319,6 +369,11 @@ class OpSpec:
             if self.reference is None:
                 raise TypeError(f"OpSpec {self.name!r} has no reference: pass reference=, "
                                 f"speedlight.reference has no {self.name!r}")
+
+    def label(self, impl: str) -> str:
+        """The `implementation` rows give implementation `impl`: "speedlight" for the
+        first, "speedlight-<impl>" for the others (speedlight-cuda)."""
+        return "speedlight" if impl == next(iter(self.implementations)) else f"speedlight-{impl}"
 
     def cases(self, suite: str) -> list[Case]:
         if suite not in self.suites:

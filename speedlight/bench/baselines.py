@@ -44,6 +44,12 @@ BASELINES = (EAGER, COMPILE, LIGER, TORCH_FUSED, *attention_baselines.NAMES,
              *gemm_baselines.NAMES)
 
 
+def is_speedlight(name: str) -> bool:
+    """Whether a row's implementation is one of speedlight's ("speedlight" for an op's first
+    implementation, "speedlight-cuda"... for the others), not a baseline."""
+    return name == SPEEDLIGHT or name.startswith(SPEEDLIGHT + "-")
+
+
 def _torch_linear_cross_entropy(inputs: dict):
     """F.linear_cross_entropy (chunked) over linear_cross_entropy's inputs, or the reason
     it cannot compute this case."""
@@ -82,6 +88,7 @@ class Implementation:
     reason: str = ""  # why it is unavailable, when fn is None
     mutates_inputs: bool = False  # writes into its inputs: restore them before every sample
     checked: bool = False  # its forward output must match the reference before timing
+    impl: str = ""  # speedlight's: which of the OpSpec's implementations ("triton", "cuda")
 
     @property
     def available(self) -> bool:
@@ -112,7 +119,7 @@ class Baselines:
 
     def for_case(self, spec: OpSpec, case: Case, inputs: dict,
                  device: torch.device | str = "cuda") -> list[Implementation]:
-        impls = [Implementation(SPEEDLIGHT, spec.impl)]
+        impls = self.speedlight(spec, torch.device(device))
         for name in self.names:
             if name in attention_baselines.NAMES and spec.name != "attention":
                 continue  # an attention library has nothing to say about other ops
@@ -120,6 +127,17 @@ class Baselines:
                 continue  # fp8 GEMM baselines: fp8 matmul cases only
             impls.append(self._build(name, spec, case, inputs, torch.device(device)))
         return impls
+
+    @staticmethod
+    def speedlight(spec: OpSpec, device: torch.device) -> list[Implementation]:
+        """Each of the OpSpec's implementations, labelled as its rows are (OpSpec.label);
+        one that cannot run on `device` is kept, unavailable, with the reason."""
+        out = []
+        for name, implementation in spec.implementations.items():
+            reason = implementation.unavailable(device) or ""
+            out.append(Implementation(spec.label(name), None if reason else implementation.fn,
+                                      reason, impl=name))
+        return out
 
     def _build(self, name: str, spec: OpSpec, case: Case, inputs: dict,
                device: torch.device) -> Implementation:

@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from speedlight import arguments
+from speedlight import arguments, cluster
 
 # bench/baselines.py's BASELINES, spelled out so the command parser imports no torch
 _BASELINES = ("torch-eager", "torch-compile", "liger", "torch-fused", "sdpa-flash",
@@ -73,6 +73,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="torch.compile baseline: static (a kernel per shape, the default) or "
                         "auto (torch's automatic dynamic shapes)")
     r.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. max-autotune")
+    cluster.add_arguments(r)
     p.add_argument("--out", default=None,
                    help="run: folder for bench.jsonl (default speedlight-results); "
                         "plot: folder for the PNGs (default: plots/ beside the results)")
@@ -186,6 +187,10 @@ def _run(args: argparse.Namespace) -> int:
             _fail(f"{flag} must be more than {least:g}, got {value:g}")
     if args.graph_max_mib < 0:
         _fail(f"--graph-max-mib must be at least 0, got {args.graph_max_mib:g}")
+    cluster.check_arguments(args, "bench")
+    if args.ray is not None and args.budget_s is not None:
+        _fail("--budget-s shares one machine's time among the ops; with --ray, leave it out "
+              "(or bound the sweep with --limit and --cases)")
     try:  # before any work, not at the first write after a case was timed
         out_dir = results.writable_folder(args.out or "speedlight-results")
     except ValueError as e:
@@ -209,9 +214,10 @@ def _run(args: argparse.Namespace) -> int:
         out = [c for c in out if pattern is None or pattern.search(c.id)]
         return out[: args.limit] if args.limit is not None else out
 
-    if device.type == "cpu":
-        console.print(f"[bold yellow]{display.NOT_REPRESENTATIVE}[/]")
-    console.print(f"[dim]{tgt.describe()}; % of speed-of-light: {bench.roof_note}[/]")
+    if args.ray is None:
+        if device.type == "cpu":
+            console.print(f"[bold yellow]{display.NOT_REPRESENTATIVE}[/]")
+        console.print(f"[dim]{tgt.describe()}; % of speed-of-light: {bench.roof_note}[/]")
     out_path = out_dir / "bench.jsonl"
     total = sum(len(cases(s)) for s in specs)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -224,7 +230,17 @@ def _run(args: argparse.Namespace) -> int:
                 rows.extend(case_rows)
                 progress.update(task, description=f"{spec.name} {case.id}")
                 progress.advance(task)
-            bench_cases(bench, specs, cases, out_path, budget_s=args.budget_s, on_case=on_case)
+            if args.ray is None:
+                bench_cases(bench, specs, cases, out_path, budget_s=args.budget_s, on_case=on_case)
+            else:
+                from speedlight.bench import on_cluster
+                on_cluster.bench_cases(specs, cases, out_path, args, settings=settings,
+                                       rule_overrides=overrides, baselines=baselines,
+                                       suite=args.suite, run_id=bench.run_id, on_case=on_case,
+                                       say=console.print,
+                                       on_total=lambda n: progress.update(task, total=n))
+    except cluster.ClusterError as e:
+        _fail(str(e))
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted: the {len(rows)} rows of the cases finished are in "
                       f"{out_path}[/]")

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from speedlight import results
-from speedlight.bench.baselines import BASELINES, SPEEDLIGHT
+from speedlight.bench.baselines import BASELINES, SPEEDLIGHT, is_speedlight
 
 NOT_REPRESENTATIVE = ("CPU, Triton interpreter: timings NOT representative of any GPU "
                       "(they check the harness, not the kernels' speed)")
@@ -54,20 +54,32 @@ def _sol(row: dict) -> str:
     return "-" if row.get("sol_pct") is None else f"{row['sol_pct']:.1f}%"
 
 
+def op_label(row: dict) -> str:
+    """The op, with the implementation when it is not the op's first: rms_norm (cuda,
+    unverified)."""
+    if row["implementation"] == SPEEDLIGHT:
+        return row["op"]
+    return f"{row['op']} ({row.get('impl')}{', unverified' if row.get('unverified') else ''})"
+
+
 def results_table(rows: Sequence[dict], title: str) -> Table:
     """One line per (op, case, mode): speedlight's latency, throughput and % of SOL, and its
     speedup over each baseline (n/a where withheld; the notes below the table say why)."""
-    baselines = [b for b in BASELINES if any(r["implementation"] == b for r in rows)]
+    # speedlight's other implementations (speedlight-cuda) are timed against its first too
+    over = (SPEEDLIGHT,) if any(is_speedlight(r["implementation"])
+                                and r["implementation"] != SPEEDLIGHT for r in rows) else ()
+    baselines = [b for b in (*over, *BASELINES) if any(r["implementation"] == b for r in rows)]
     t = Table(title=title, title_justify="left", pad_edge=False)
     for col in ["op", "case", "dtype", "mode", "median", "p20-p80", "throughput", "% SOL",
                 "verified", *[_SHORT.get(b, f"x {b}") for b in baselines]]:
         t.add_column(col, justify="left" if col in ("op", "case", "dtype", "mode", "verified") else "right")
     for r in rows:
-        if r["implementation"] != SPEEDLIGHT:
+        if not is_speedlight(r["implementation"]):
             continue
         label = r.get("case_label") or r["case_id"]
+        op = op_label(r)
         if r.get("status") != "ok":
-            t.add_row(r["op"], label, r["dtype"], r["mode"], f"[yellow]{r['status']}[/]", "", "", "",
+            t.add_row(op, label, r["dtype"], r["mode"], f"[yellow]{r['status']}[/]", "", "", "",
                       "", *["" for _ in baselines])
             continue
         ver = {True: "[green]yes[/]", False: "[red]no[/]", None: "[dim]not run[/]"}[r.get("verified")]
@@ -75,7 +87,7 @@ def results_table(rows: Sequence[dict], title: str) -> Table:
         for b in baselines:
             v = (r.get("speedup") or {}).get(b)
             ups.append(f"{v:.2f}x" if v is not None else "[dim]n/a[/]")
-        t.add_row(r["op"], label, r["dtype"], r["mode"], fmt_us(r["median_us"]),
+        t.add_row(op, label, r["dtype"], r["mode"], fmt_us(r["median_us"]),
                   f"{fmt_us(r['p20_us'])} - {fmt_us(r['p80_us'])}", _throughput(r), _sol(r), ver, *ups)
     return t
 

@@ -10,6 +10,7 @@ the timing is wrong, and the row says so instead of reporting it.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
@@ -86,6 +87,15 @@ _CLOCK_FIELDS = ("clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
 _clock_cache: dict = {}
 
 
+def smi_id(index: int) -> str:
+    """nvidia-smi's name for torch's cuda:`index`. nvidia-smi ignores CUDA_VISIBLE_DEVICES,
+    which a Ray worker (or a user) sets to give a process some of a node's GPUs, so
+    torch's index is turned into the entry it stands for there (an index, or a GPU UUID)."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+               if v.strip()]
+    return visible[index] if index < len(visible) else str(index)
+
+
 def read_clocks(device: torch.device, max_age_s: float = 10.0) -> dict:
     """SM and memory clocks (MHz), temperature and power as nvidia-smi reads them now, at
     most every max_age_s; {"note": why} when they cannot be read."""
@@ -96,7 +106,7 @@ def read_clocks(device: torch.device, max_age_s: float = 10.0) -> dict:
     if cached and time.monotonic() - cached[0] < max_age_s:
         return cached[1]
     try:
-        out = subprocess.run(["nvidia-smi", f"--id={index}", "--format=csv,noheader,nounits",
+        out = subprocess.run(["nvidia-smi", f"--id={smi_id(index)}", "--format=csv,noheader,nounits",
                               "--query-gpu=" + ",".join(_CLOCK_FIELDS)],
                              capture_output=True, text=True, timeout=10)
         values = [v.strip() for v in out.stdout.strip().split(",")]

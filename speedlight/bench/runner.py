@@ -28,7 +28,7 @@ import torch
 
 from speedlight import results
 from speedlight.bench import liger, metrics
-from speedlight.bench.baselines import LIGER, SPEEDLIGHT, Baselines, compile_limits
+from speedlight.bench.baselines import LIGER, SPEEDLIGHT, Baselines, compile_limits, is_speedlight
 from speedlight.bench.sampler import ImplTimer
 from speedlight.bench.sizing import CaseSizing, mode_cost
 from speedlight.bench.timer import Clock, StopRule, clock_for, default_rule
@@ -94,20 +94,34 @@ class Bench:
     # --- one case ---------------------------------------------------------------------------
 
     def skip_rows(self, spec: OpSpec, case: Case, reason: str) -> list[dict]:
-        names = [SPEEDLIGHT, *self.baselines.names]
-        return [dict(self.base_row(spec, case, n, m), status="skip", reason=reason)
+        names = [spec.label(i) for i in spec.implementations] + list(self.baselines.names)
+        return [dict(self.base_row(spec, case, n, m), status="skip", reason=reason,
+                     **self.impl_fields(spec, n))
                 for n in names for m in self.settings.modes]
+
+    @staticmethod
+    def impl_fields(spec: OpSpec, label: str) -> dict:
+        """What a speedlight row says of its implementation: which ("triton", "cuda"), its
+        language, and whether no GPU run has verified it yet; {} for a baseline's row."""
+        for name, implementation in spec.implementations.items():
+            if spec.label(name) == label:
+                return {"impl": name, "language": implementation.language,
+                        "unverified": not implementation.verified}
+        return {}
 
     def case_rows(self, spec: OpSpec, case: Case) -> list[dict]:
         """Every implementation in every mode on one case (skip rows when it cannot run)."""
         reason = self.sizing.skip_reason(spec, case)
         if reason:
             return self.skip_rows(spec, case, reason)
-        verified, verify_status, verify_note = None, "not run", "--no-verify"
-        if self.settings.verify:
-            v = verify_case(spec, case, self.device, max_bytes=self.sizing.max_bytes())
-            verified, verify_status = v.status == "pass", v.status
-            verify_note = v.reason or ("passed" if v.status == "pass" else v.status)
+        verdicts = {}  # implementation label -> (verified, status, note)
+        for name, implementation in spec.implementations.items():
+            verdicts[spec.label(name)] = (None, "not run", "--no-verify")
+            if self.settings.verify and implementation.unavailable(self.device) is None:
+                v = verify_case(spec, case, self.device, max_bytes=self.sizing.max_bytes(),
+                                impl=name)
+                verdicts[spec.label(name)] = (v.status == "pass", v.status, v.reason or (
+                    "passed" if v.status == "pass" else v.status))
 
         n_copies = self.sizing.copies_for(spec, case)
         copies = [spec.make_inputs(case, self.device) for _ in range(n_copies)]
@@ -129,12 +143,15 @@ class Bench:
             cost = mode_cost(spec, case, mode)
             for impl in impls:
                 row = self.base_row(spec, case, impl.name, mode)
-                if impl.name == SPEEDLIGHT:
+                row.update(self.impl_fields(spec, impl.name))
+                if impl.name in verdicts:
+                    verified, verify_status, verify_note = verdicts[impl.name]
                     row.update(verified=verified, verify_status=verify_status, verify_note=verify_note)
                 if cost is None:
                     row.update(status="skip", reason=f"{spec.name} has no backward")
-                elif not impl.available:
-                    row.update(status="unavailable", reason=impl.reason)
+                elif not impl.available:  # one of ours that cannot run here is a skip
+                    row.update(status="skip" if is_speedlight(impl.name) else "unavailable",
+                               reason=impl.reason)
                 else:
                     row.update(self.timer.time(impl, spec, case, mode, copies, pristine, upstream,
                                            reference, use_graph and mode == "fwd"))
@@ -144,9 +161,15 @@ class Bench:
                             cost, row["median_us"] * 1e-6, self.roof,
                             self.peak_for(spec, case.dtype), self.roof_note))
                 by_impl[impl.name] = row
-            ours = by_impl[SPEEDLIGHT]
-            ours["speedup"], ours["speedup_note"] = metrics.speedups(
-                ours, {n: r for n, r in by_impl.items() if n != SPEEDLIGHT})
+            # each speedlight implementation over the baselines, and the others over the first
+            first = by_impl[SPEEDLIGHT] if SPEEDLIGHT in by_impl else None
+            for label, ours in by_impl.items():
+                if not is_speedlight(label):
+                    continue
+                others = {n: r for n, r in by_impl.items() if not is_speedlight(n)}
+                if first is not None and label != SPEEDLIGHT:
+                    others[SPEEDLIGHT] = first
+                ours["speedup"], ours["speedup_note"] = metrics.speedups(ours, others)
             rows += by_impl.values()
         clocks = metrics.read_clocks(self.device)  # right after the work, still under load
         for row in rows:

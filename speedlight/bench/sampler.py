@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from speedlight.bench.baselines import SPEEDLIGHT, Implementation
+from speedlight.bench.baselines import Implementation, is_speedlight
 from speedlight.bench.timer import (Clock, GpuLead, L2Flush, Measurement, StopRule, capture_graph,
                                     flush_for, measure)
 from speedlight.bench.workload import restorer, work
@@ -82,7 +82,7 @@ class ImplTimer:
     def time(self, impl: Implementation, spec: OpSpec, case: Case, mode: str, copies: list[dict],
              pristine: dict | None, upstream: list[torch.Tensor], reference: Any,
              use_graph: bool) -> dict:
-        failed = "error" if impl.name == SPEEDLIGHT else "unavailable"
+        failed = "error" if is_speedlight(impl.name) else "unavailable"
         restore = restorer(copies, pristine) if impl.mutates_inputs else None
         try:
             if impl.checked:

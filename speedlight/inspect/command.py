@@ -292,8 +292,11 @@ def run(args: argparse.Namespace) -> int:
     run_id = uuid.uuid4().hex[:12]
     out_path = Path(args.out) / "inspect.jsonl"
     base = {"tool": "inspect", "sku": sku.key, "run": run_id, **env}
+    # the CUDA implementation named as verify and bench name it (OpSpec.label)
+    labels = {s.name: s.label("cuda") for s, _ in cuda_work if "cuda" in s.implementations}
     results.append_jsonl(out_path, [row for r in reports for row in _rows(r, env, run_id)] +
-                         [row for r in cuda_reports for row in cuda.rows(r, base)])
+                         [row for r in cuda_reports
+                          for row in cuda.rows(r, base, labels.get(r.op, "speedlight-cuda"))])
     console.print(f"[dim]rows written to {out_path}[/]")
     if args.dump:
         n = sum(_dump(r, Path(args.dump)) for r in reports)

@@ -296,9 +296,13 @@ def judge(spec, report: CudaCaseReport) -> tuple[list[Shortfall], list[Shortfall
 
 # --- output --------------------------------------------------------------------------------
 
-def rows(report: CudaCaseReport, base: dict) -> list[dict]:
-    """inspect.jsonl rows of a report (`base`: the fields every row of the run carries)."""
-    base = dict(base, op=report.op, implementation="speedlight-cuda", case_id=report.case.id,
+def rows(report: CudaCaseReport, base: dict,
+         implementation: str = "speedlight-cuda") -> list[dict]:
+    """inspect.jsonl rows of a report (`base`: the fields every row of the run carries;
+    `implementation`: what verify and bench rows call the op's CUDA implementation,
+    OpSpec.label)."""
+    base = dict(base, op=report.op, implementation=implementation, impl="cuda",
+                language="cuda", case_id=report.case.id,
                 case=report.case.to_json(), target=report.target.arch_name,
                 sm_count=report.sm_count, source=report.source)
     if report.error or not report.kernels:

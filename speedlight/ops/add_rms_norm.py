@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from speedlight import shapes
+from speedlight.ops import rms_norm_cuda as cuda
 from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import norm_cases, skip_huge_on_cpu
@@ -63,12 +64,14 @@ def add_rms_norm_bwd(dy: torch.Tensor | None, dh: torch.Tensor | None, h: torch.
 # --- registration: custom ops, fakes and autograd -----------------------------------------
 
 # What the plain and the in-place op share: they differ only in the backward.
+# Two implementations: RMSNorm's Triton kernels and its CUDA C++ ones (ops/rms_norm_cuda.py).
 _ADD_RMS_NORM_OP = dict(
-    forward=add_rms_norm_fwd,
+    forward={"triton": add_rms_norm_fwd, "cuda": cuda.add_rms_norm_fwd},
     outputs=("y", "h", "rstd"),
     stats=("rstd",),
     fake=lambda x, residual, weight, eps, offset: (like(x), like(x), row_stats(x)),
-    inference=add_rms_norm_infer,
+    inference={"triton": add_rms_norm_infer, "cuda": cuda.add_rms_norm_infer},
+    unverified=cuda.UNVERIFIED,
     # x and residual enter h with coefficient 1: both receive dh_total (autograd copies
     # it before accumulating, so the two .grad tensors never alias)
     grads=(("x", "residual"), "weight"),
@@ -77,7 +80,7 @@ _ADD_RMS_NORM_OP = dict(
 ADD_RMS_NORM = register_op(
     "add_rms_norm",
     **_ADD_RMS_NORM_OP,
-    backward=add_rms_norm_bwd,
+    backward={"triton": add_rms_norm_bwd, "cuda": cuda.add_rms_norm_bwd},
     backward_fake=lambda dy, dh, h, weight, rstd, offset: (like(h), like(weight)),
     optional_grads=True,  # h alone, or y alone, may be used
 )
@@ -98,7 +101,8 @@ def add_rms_norm_inplace_bwd(dy: torch.Tensor, dh: torch.Tensor, h: torch.Tensor
 # Gradients are materialized (zeros for an output left unused), so dy is always a tensor
 # of this op's own to write over.
 ADD_RMS_NORM_INPLACE = register_op(
-    "add_rms_norm_inplace", **_ADD_RMS_NORM_OP, backward=add_rms_norm_inplace_bwd,
+    "add_rms_norm_inplace", **_ADD_RMS_NORM_OP,
+    backward={"triton": add_rms_norm_inplace_bwd, "cuda": cuda.add_rms_norm_inplace_bwd},
     backward_mutates=("dy",))
 
 
@@ -106,8 +110,8 @@ ADD_RMS_NORM_INPLACE = register_op(
 
 @local_rows("x", "residual")
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
-                 eps: float = 1e-6, offset: float = 0.0, *,
-                 in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float = 1e-6, offset: float = 0.0, *, in_place: bool = False,
+                 impl: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, h): h = x + residual and y = RMSNorm(h) over the last dim, in one pass.
 
     x, residual: [..., hidden] of one dtype (float32/float16/bfloat16), any strides, of one
@@ -123,6 +127,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     it receives (never over h's, the residual stream's), so it allocates nothing of x's
     size; only where y's gradient goes nowhere else, as for rms_norm's in_place (y feeding
     linear layers, as a pre-norm block's does).
+
+    impl: "triton" or "cuda" forces one; None runs the op's default (as rms_norm's).
     """
     check_tensor("x", x, min_dim=1)
     check_tensor("residual", residual)
@@ -132,7 +138,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     check_norm_args(x, weight, eps, offset)
     check_in_place(in_place)
     op = ADD_RMS_NORM_INPLACE if in_place else ADD_RMS_NORM
-    return op(x, residual, weight, float(eps), float(offset))
+    cuda.check_impl(op, impl, x)
+    return op(x, residual, weight, float(eps), float(offset), impl=impl)
 
 
 def broadcast_residual(x: torch.Tensor, residual: torch.Tensor
@@ -183,6 +190,7 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
 
 SPEC = OpSpec(
     impl=add_rms_norm,
+    implementations=cuda.implementations(add_rms_norm, ADD_RMS_NORM),
     for_model=_for_model,
     case_of=lambda call, args: rms_norm_case_of("add_rms_norm", call, args),
     fuses="residual add + RMSNorm, returning both the sum and the norm",

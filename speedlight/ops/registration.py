@@ -36,7 +36,11 @@ one tensor, or a tuple. Launchers may return None for an optional output; the cu
 op carries an empty placeholder instead, since its outputs are tensors.
 
 More than one implementation: `forward={"triton": f, "cuda": g}` (and `backward` the
-same keys); the first is the default, `op(..., impl="cuda")` picks another. A launcher
+same keys); `op(..., impl="cuda")` forces one, `op(...)` runs `op.default`: the first
+verified one, until `set_default` installs another (a tuned table's or a measured per-GPU
+choice).
+`unverified=("cuda",)` names implementations no GPU run has verified yet: set_default
+refuses them, so they run only when forced. A launcher
 that calls a CUDA C++ extension registers exactly like a Triton one; it wraps each
 extension function with `speedlight.launch.extension_kernel(fn, name)` so that launch
 counting (verify's empty-input check) sees its launches as it sees Triton's.
@@ -126,6 +130,20 @@ class RegisteredOp:
     _tuned: dict = field(default_factory=dict)
     _sweep: list = field(default_factory=list)  # active sweeping() contexts, innermost last
     _warned: set = field(default_factory=set)  # tuned-table buckets already warned about
+    unverified: frozenset = frozenset()  # implementations no GPU run has verified yet
+    default: str = ""  # the implementation op(...) runs; "": the first
+
+    def __post_init__(self):
+        self.default = self.default or next(i for i in self.impls if i not in self.unverified)
+
+    def set_default(self, impl: str) -> None:
+        """Make `impl` the one op(...) runs (a tuned table's or a measured per-GPU choice);
+        an unverified implementation cannot be the default."""
+        self._impl(impl)
+        if impl in self.unverified:
+            raise ValueError(f"{self.name}: implementation {impl!r} is not verified on a GPU "
+                             f"yet, so it cannot be the default (force it with impl={impl!r})")
+        self.default = impl
 
     @property
     def public(self) -> tuple[str, ...]:
@@ -147,7 +165,7 @@ class RegisteredOp:
 
     def _impl(self, impl: str | None) -> str:
         if impl is None:
-            return self.impls[0]
+            return self.default
         if impl not in self.impls:
             raise ValueError(f"{self.name} has no implementation {impl!r}: expected one of "
                              f"{', '.join(self.impls)}")
@@ -239,11 +257,12 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
                 inference: Launcher | Mapping[str, Launcher] | None = None,
                 mutates: Sequence[str] = (), backward_mutates: Sequence[str] = (),
                 optional_grads: bool = False, configs: Configs | None = None,
-                namespace: str = NAMESPACE) -> RegisteredOp:
+                unverified: Sequence[str] = (), namespace: str = NAMESPACE) -> RegisteredOp:
     """Register op `name` (see the module docstring) and return its RegisteredOp.
 
     optional_grads: the backward takes None for an output that received no gradient
-    (instead of zeros), e.g. one of two outputs left unused. namespace: the torch library
+    (instead of zeros), e.g. one of two outputs left unused. unverified: implementations
+    not yet verified on a GPU (never the default). namespace: the torch library
     the ops go in (`torch.ops.<namespace>`); a team's own ops take their own.
     """
     forward, backward, inference = (_by_impl(f) for f in (forward, backward, inference))
@@ -263,8 +282,13 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
 
     fwd_op = _custom_op(f"{namespace}::{name}_fwd", forward, fake, params, hints,
                         len(outputs), mutates)
+    unknown = [u for u in unverified if u not in forward]
+    if unknown or (forward and set(forward) <= set(unverified)):
+        raise ValueError(f"{name}: unverified {list(unverified)} must name some, not all, of "
+                         f"the implementations {sorted(forward)}")
     op = RegisteredOp(name, outputs, stats, tuple(forward), fwd_op, configs=configs,
-                      _apply=fwd_op, _n_params=len(params), _defaults=defaults)
+                      _apply=fwd_op, _n_params=len(params), _defaults=defaults,
+                      unverified=frozenset(unverified))
     _REGISTERED[name] = op
 
     if inference is not None:

@@ -32,6 +32,7 @@ from speedlight.launch import (
     row_tile,
     warps_for_tile,
 )
+from speedlight.ops import rms_norm_cuda as cuda
 from speedlight.ops._checks import check_same_device, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
@@ -169,19 +170,21 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
 # --- registration: custom ops, fakes and autograd -----------------------------------------
 
 # What the plain and the in-place op share: they differ only in the backward.
+# Two implementations: the Triton kernels above and the CUDA C++ ones (ops/rms_norm_cuda.py).
 _RMS_NORM_OP = dict(
-    forward=rms_norm_fwd,
+    forward={"triton": rms_norm_fwd, "cuda": cuda.rms_norm_fwd},
     outputs=("y", "rstd"),
     stats=("rstd",),
     fake=lambda x, weight, eps, offset: (like(x), row_stats(x)),
-    inference=rms_norm_infer,
+    inference={"triton": rms_norm_infer, "cuda": cuda.rms_norm_infer},
     grads=("x", "weight"),
+    unverified=cuda.UNVERIFIED,
 )
 
 RMS_NORM = register_op(
     "rms_norm",
     **_RMS_NORM_OP,
-    backward=rms_norm_bwd,
+    backward={"triton": rms_norm_bwd, "cuda": cuda.rms_norm_bwd},
     # the persistent forward's tile and grid, keyed by (hidden, dtype, SM count); a tuned
     # table's entry per hidden size and dtype
     configs=Configs(space={"tile": (2048, 4096, 8192, 16384), "warps_per_sm": (16, 32, 48, 64)},
@@ -201,14 +204,17 @@ def rms_norm_inplace_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
 # torch), so the backward allocates nothing of x's size. Safe only where dy reaches no
 # other consumer: see rms_norm's `in_place`.
 RMS_NORM_INPLACE = register_op(
-    "rms_norm_inplace", **_RMS_NORM_OP, backward=rms_norm_inplace_bwd, backward_mutates=("dy",))
+    "rms_norm_inplace", **_RMS_NORM_OP,
+    backward={"triton": rms_norm_inplace_bwd, "cuda": cuda.rms_norm_inplace_bwd},
+    backward_mutates=("dy",))
 
 
 # --- public function ---------------------------------------------------------------------
 
 @local_rows("x")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
-             offset: float = 0.0, *, in_place: bool = False) -> torch.Tensor:
+             offset: float = 0.0, *, in_place: bool = False,
+             impl: str | None = None) -> torch.Tensor:
     """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * (offset + weight).
 
     x: [..., hidden] float32/float16/bfloat16, any strides. weight: [hidden] or None
@@ -221,12 +227,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     stream: the add hands one gradient to both operands), is the root of backward (the
     caller's upstream gradient is overwritten), or has a hook that keeps its gradient.
     speedlight.patch turns it on only for norms whose output feeds linear layers alone.
+
+    impl: "triton" or "cuda" (CUDA C++, built on first use; a CUDA build of torch and
+    nvcc/ninja needed) forces one; None runs the op's default (Triton until a GPU run has
+    verified the CUDA one, see RMS_NORM.default).
     """
     check_tensor("x", x, min_dim=1)
     check_norm_args(x, weight, eps, offset)
     check_in_place(in_place)
     op = RMS_NORM_INPLACE if in_place else RMS_NORM
-    return op(x, weight, float(eps), float(offset))
+    cuda.check_impl(op, impl, x)
+    return op(x, weight, float(eps), float(offset), impl=impl)
 
 
 def check_in_place(in_place) -> None:
@@ -359,6 +370,7 @@ def cuda_launches(case: Case, sm_count: int) -> list[CudaLaunch]:
 
 SPEC = OpSpec(
     impl=rms_norm,
+    implementations=cuda.implementations(rms_norm, RMS_NORM),
     make_inputs=make_inputs,
     cost=_cost,
     suites=shapes.suites(lambda suite: norm_cases(

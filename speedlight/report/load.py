@@ -46,15 +46,28 @@ def _profile_summary(doc: dict | None) -> dict | None:
             "uncounted": s.get("uncounted", {})}
 
 
+def _op_label(r: dict) -> str:
+    """The op of a verify or bench row, with its implementation when it is not the op's
+    first ("speedlight"): rms_norm (cuda, unverified)."""
+    if r.get("implementation", "speedlight") == "speedlight":
+        return r["op"]
+    return f"{r['op']} ({r.get('impl')}{', unverified' if r.get('unverified') else ''})"
+
+
+def _is_speedlight(r: dict) -> bool:
+    name = r.get("implementation", "")
+    return name == "speedlight" or name.startswith("speedlight-")
+
+
 def _verify_table(rows: list[dict]) -> list[dict]:
-    """One line per (op, case): the worst seed."""
+    """One line per (op and implementation, case): the worst seed."""
     by: dict[tuple, dict] = {}
     rank = {"error": 3, "fail": 2, "skip": 1, "pass": 0}
     for r in rows:
-        key = (r["op"], r["case"]["id"])
+        key = (_op_label(r), r["case"]["id"])
         worst = max((c for c in r.get("checks", []) if c.get("ours")), key=lambda c: c["ratio"],
                     default=None)
-        line = {"op": r["op"], "case": r["case"]["id"], "status": r["status"],
+        line = {"op": key[0], "case": r["case"]["id"], "status": r["status"],
                 "reason": r.get("reason", ""), "seeds": 1,
                 "worst_check": worst["name"] if worst else None,
                 "ratio": worst["ratio"] if worst else None,
@@ -69,28 +82,33 @@ def _verify_table(rows: list[dict]) -> list[dict]:
 
 
 def _bench_table(rows: list[dict]) -> list[dict]:
-    """speedlight's rows with the baselines' medians beside them."""
+    """speedlight's rows (each implementation's) with the others' medians beside them."""
     base = {}
     for r in rows:
-        if r.get("implementation") != "speedlight" and r.get("median_us") is not None:
+        if r.get("median_us") is not None:
             base[(r["case_id"], r["mode"], r["implementation"])] = r["median_us"]
     out = []
     for r in rows:
-        if r.get("implementation") != "speedlight":
+        if not _is_speedlight(r):
             continue
-        out.append({"op": r["op"], "case": r["case_id"], "mode": r["mode"],
+        out.append({"op": _op_label(r), "implementation": r["implementation"],
+                    "unverified": bool(r.get("unverified")),
+                    "case": r["case_id"], "mode": r["mode"],
                     "status": r.get("status"), "reason": r.get("reason", ""),
                     "median_us": r.get("median_us"), "p20_us": r.get("p20_us"),
                     "p80_us": r.get("p80_us"), "gbps": r.get("gbps"), "sol_pct": r.get("sol_pct"),
                     "sol_note": r.get("sol_note"), "verified": r.get("verified"),
                     "speedup": r.get("speedup") or {}, "speedup_note": r.get("speedup_note") or {},
                     "baselines_us": {impl: us for (cid, mode, impl), us in base.items()
-                                     if cid == r["case_id"] and mode == r["mode"]},
+                                     if cid == r["case_id"] and mode == r["mode"]
+                                     and impl != r["implementation"]},
                     "representative": r.get("representative")})
     return out
 
 
 def _speedup_means(bench: list[dict]) -> dict:
+    """The geometric mean of each speedup of speedlight's default implementation's rows."""
+    bench = [b for b in bench if b.get("implementation", "speedlight") == "speedlight"]
     means: dict[str, dict[str, float | None]] = {}
     names = sorted({k for b in bench for k in b["speedup"]})
     for name in names:

@@ -17,7 +17,7 @@ import argparse
 import uuid
 from pathlib import Path
 
-from speedlight import arguments
+from speedlight import arguments, cluster
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -42,6 +42,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     arguments.add_spec(p)
     p.add_argument("--jobs", type=int, default=None, help="compile worker processes")
     arguments.add_out(p, "speedlight-results", "folder for tune.jsonl and tuned/<sku>.json")
+    cluster.add_arguments(p)
 
 
 def _select_cases(spec, suite: str, dtypes, filters):
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{args.max_compiles}")
     if args.jobs is not None and args.jobs < 1:
         raise SystemExit(f"speedlight tune: --jobs must be at least 1, got {args.jobs}")
+    cluster.check_arguments(args, "tune")
     device = torch.device(args.device)
     tgt = arguments.resolve_target(args, "tune")
     try:
@@ -84,13 +86,14 @@ def run(args: argparse.Namespace) -> int:
     timing = device.type == "cuda" and tgt.in_use
     tasks = sweep.tasks(spec, cases, tgt, max_compiles=args.max_compiles, time=timing,
                         spec_files=args.spec)
-    console.print(f"[dim]{tgt.describe()}[/]")
-    if not timing:
-        why = ("no GPU in use" if device.type != "cuda" else
-               f"the GPU in use is not the target {tgt.sku.name}")
-        console.print(f"[dim]{why}: configurations are pruned by what the compiled kernels "
-                      f"for {tgt.arch_name} show (launches sized for {tgt.sku.name}); timing "
-                      f"is skipped.[/]")
+    if args.ray is None:  # on Ray, on_cluster says which GPUs the workers tune for
+        console.print(f"[dim]{tgt.describe()}[/]")
+        if not timing:
+            why = ("no GPU in use" if device.type != "cuda" else
+                   f"the GPU in use is not the target {tgt.sku.name}")
+            console.print(f"[dim]{why}: configurations are pruned by what the compiled kernels "
+                          f"for {tgt.arch_name} show (launches sized for {tgt.sku.name}); "
+                          f"timing is skipped.[/]")
     console.print(f"[dim]{len(tasks)} shapes sharing {args.max_compiles} compiles "
                   f"(--max-compiles){': the rule alone on some' if len(tasks) * 2 > args.max_compiles else ''}[/]")
 
@@ -104,14 +107,23 @@ def run(args: argparse.Namespace) -> int:
             progress.update(bar, description=f"judged {task.case.label}")
             progress.advance(bar)
 
-        rows = sweep.run_tasks(tasks, device, compiler=Compiler(jobs=args.jobs),
-                               on_task=advance)
+        if args.ray is None:
+            rows = sweep.run_tasks(tasks, device, compiler=Compiler(jobs=args.jobs),
+                                   on_task=advance)
+        else:
+            from speedlight.tune import on_cluster
+            try:
+                rows, timing = on_cluster.run_tasks(
+                    tasks, args, on_task=advance, say=console.print,
+                    on_total=lambda n: progress.update(bar, total=n))
+            except cluster.ClusterError as e:
+                raise SystemExit(f"speedlight tune: {e}")
 
     display.print_sweep(rows, console, timed=timing)
     env = results.environment(device)
     run_id = uuid.uuid4().hex[:12]
     path = results.append_jsonl(Path(out) / "tune.jsonl",
-                                [dict(r, run=run_id, **env) for r in rows])
+                                [dict(env, **r, run=run_id) for r in rows])
     console.print(f"[dim]rows written to {path}[/]")
     for sku, entries in sweep.winners(rows).items():
         written = tuning.write(Path(out) / "tuned" / f"{sku}.json", sku, entries)

@@ -2,7 +2,8 @@
 error in the same dtype."""
 
 from speedlight.verify.compare import Check, Metrics, judge
-from speedlight.verify.harness import CaseResult, expand, poisoned_allocations, run, verify_case
+from speedlight.verify.harness import (CaseResult, expand, poisoned_allocations, run, verify_case,
+                                       verify_implementations)
 
 __all__ = ["Check", "Metrics", "judge", "CaseResult", "expand", "poisoned_allocations", "run",
-           "verify_case"]
+           "verify_case", "verify_implementations"]

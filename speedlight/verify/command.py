@@ -6,7 +6,7 @@ import argparse
 import uuid
 from pathlib import Path
 
-from speedlight import arguments
+from speedlight import arguments, cluster
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -22,6 +22,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="skip cases needing more memory than this (default: 8 on CPU, "
                         "half the free GPU memory on CUDA)")
     p.add_argument("--all-rows", action="store_true", help="show passing cases too")
+    cluster.add_arguments(p)
 
 
 def default_max_bytes(device, max_gib: float | None = None) -> int:
@@ -40,8 +41,9 @@ def default_max_bytes(device, max_gib: float | None = None) -> int:
 def verify_cases(specs, cases_of, device, out_path: Path, *, suite: str, target=None,
                  max_bytes: int | None = None, run_id: str | None = None,
                  on_case=None) -> list:
-    """Verify every op's cases (cases_of(spec) -> cases) against float64, appending each
-    case's row to out_path as it finishes: the CaseResults. `speedlight verify` and the
+    """Verify every op's cases (cases_of(spec) -> cases) against float64, each of the op's
+    implementations side by side, appending each row to out_path as it finishes: the
+    CaseResults. `speedlight verify` and the
     report's verify stage both run through this. on_case(spec, result) follows each case
     (progress)."""
     import torch
@@ -58,11 +60,12 @@ def verify_cases(specs, cases_of, device, out_path: Path, *, suite: str, target=
     done = []
     for spec in specs:
         for case in cases_of(spec):
-            r = harness.verify_case(spec, case, device, max_bytes=max_bytes)
-            results.append_jsonl(out_path, [dict(r.to_row(), suite=suite, run=run_id, **env)])
-            done.append(r)
-            if on_case is not None:
-                on_case(spec, r)
+            for r in harness.verify_implementations(spec, case, device, max_bytes=max_bytes):
+                results.append_jsonl(out_path, [dict(r.to_row(), suite=suite, run=run_id,
+                                                     **env)])
+                done.append(r)
+                if on_case is not None:
+                    on_case(spec, r)
     return done
 
 
@@ -79,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("speedlight verify: --seeds must be at least 1")
     if args.max_gib is not None and args.max_gib <= 0:
         raise SystemExit(f"speedlight verify: --max-gib must be more than 0, got {args.max_gib:g}")
+    cluster.check_arguments(args, "verify")
     names = [n.strip() for n in args.ops.split(",")] if args.ops else None
     try:
         dtypes = [parse_dtype(d) for d in args.dtypes.split(",") if d.strip()]
@@ -93,16 +97,18 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     max_bytes = default_max_bytes(device, args.max_gib)
     seeds = list(range(args.seed, args.seed + args.seeds))
-    if device.type == "cpu":
+    if device.type == "cpu" and args.ray is None:
         console.print("[dim]No GPU in use: kernels run on CPU tensors through the Triton "
                       "interpreter (correctness only; bfloat16 tl.dot cases are skipped).[/]")
-    console.print(f"[dim]{tgt.describe()}[/]")
+    if args.ray is None:  # on Ray, each worker's own GPU (unless --target names one)
+        console.print(f"[dim]{tgt.describe()}[/]")
 
     out_path = out_dir / "verify.jsonl"
     env = results.environment(device)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    total = sum(len(harness.expand(s, args.suite, dtypes, seeds)) for s in specs)
+    total = sum(len(harness.expand(s, args.suite, dtypes, seeds)) * len(s.implementations)
+                for s in specs)
     finished = []
     try:
         with Progress(*columns, console=console, transient=True) as progress:
@@ -112,15 +118,25 @@ def run(args: argparse.Namespace) -> int:
                 finished.append(result)
                 progress.update(task, description=f"{spec.name} {result.case.id}")
                 progress.advance(task)
-            all_results = verify_cases(
-                specs, lambda s: harness.expand(s, args.suite, dtypes, seeds), device,
-                out_path, suite=args.suite, target=tgt, max_bytes=max_bytes, on_case=on_case)
+            if args.ray is None:
+                all_results = verify_cases(
+                    specs, lambda s: harness.expand(s, args.suite, dtypes, seeds), device,
+                    out_path, suite=args.suite, target=tgt, max_bytes=max_bytes, on_case=on_case)
+            else:
+                from speedlight.verify import on_cluster
+                all_results = on_cluster.verify_cases(
+                    specs, lambda s: harness.expand(s, args.suite, dtypes, seeds), out_path,
+                    args, suite=args.suite, on_case=on_case, say=console.print,
+                    on_total=lambda n: progress.update(task, total=n))
+    except cluster.ClusterError as e:
+        raise SystemExit(f"speedlight verify: {e}")
     except KeyboardInterrupt:  # each finished case is already in out_path
         console.print(f"[yellow]interrupted: the {len(finished)} finished cases are in "
                       f"{out_path}[/]")
         return 130
 
-    display.print_results(all_results, console, device=f"{env['device']}, {env['runtime']}",
+    where = f"{env['device']}, {env['runtime']}" if args.ray is None else "on Ray"
+    display.print_results(all_results, console, device=where,
                           only_problems=not args.all_rows)
     console.print(f"results: {out_path}")
     bad = [r for r in all_results if r.status in ("fail", "error")]

@@ -16,10 +16,18 @@ _STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "skip": "yel
 _RANK = {"error": 3, "fail": 2, "skip": 1, "pass": 0}
 
 
+def op_label(r: CaseResult) -> str:
+    """The op, with the implementation when it is not the op's first: rms_norm (cuda,
+    unverified)."""
+    if r.label == "speedlight":
+        return r.op
+    return f"{r.op} ({r.impl}{', unverified' if r.unverified else ''})"
+
+
 def group(results: Sequence[CaseResult]) -> "OrderedDict[tuple, list[CaseResult]]":
     groups: OrderedDict[tuple, list[CaseResult]] = OrderedDict()
     for r in results:
-        groups.setdefault((r.op, r.case.with_(seed=0).id), []).append(r)
+        groups.setdefault((op_label(r), r.case.with_(seed=0).id), []).append(r)
     return groups
 
 
@@ -65,7 +73,7 @@ def op_table(results: Sequence[CaseResult], *, title: str) -> Table:
                                                       "worst ratio") else "left")
     by: OrderedDict[tuple, list[CaseResult]] = OrderedDict()
     for r in results:
-        by.setdefault((r.op, dtype_name(r.case.dtype)), []).append(r)
+        by.setdefault((op_label(r), dtype_name(r.case.dtype)), []).append(r)
     for (op, dt), rs in by.items():
         c = summary(rs)
         scored = [r for r in rs if r.worst is not None and r.worst.ours is not None]

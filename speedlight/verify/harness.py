@@ -72,6 +72,10 @@ class CaseResult:
     checks: list[Check] = field(default_factory=list)
     launches: int = 0
     seconds: float = 0.0
+    impl: str = "triton"  # which of the OpSpec's implementations ran
+    label: str = "speedlight"  # the row's `implementation`: OpSpec.label(impl)
+    language: str = "triton"
+    unverified: bool = False  # an implementation no GPU run has verified yet
 
     @property
     def worst(self) -> Check | None:
@@ -82,7 +86,8 @@ class CaseResult:
         return max(scored, key=lambda c: c.ratio) if scored else None
 
     def to_row(self) -> dict:
-        return {"tool": "verify", "op": self.op, "implementation": "speedlight",
+        return {"tool": "verify", "op": self.op, "implementation": self.label,
+                "impl": self.impl, "language": self.language, "unverified": self.unverified,
                 "case_id": self.case.id, "case": self.case.to_json(), "status": self.status,
                 "reason": self.reason, "launches": self.launches,
                 "seconds": round(self.seconds, 4), "checks": [c.to_json() for c in self.checks]}
@@ -144,28 +149,52 @@ def estimate_bytes(spec: OpSpec, case: Case) -> int:
 
 
 def verify_case(spec: OpSpec, case: Case, device: torch.device | str, *,
-                max_bytes: int = 8 * GiB) -> CaseResult:
+                max_bytes: int = 8 * GiB, impl: str | None = None) -> CaseResult:
+    """One case of one implementation (`impl`, default the spec's first): pass, fail,
+    error, or skip with the reason (a dtype the op lacks, a case the runtime cannot run,
+    over the memory budget, an implementation that cannot run here)."""
     device = torch.device(device)
     start = time.perf_counter()
+    impl = impl or next(iter(spec.implementations))
+    if impl not in spec.implementations:
+        raise ValueError(f"{spec.name} has no implementation {impl!r}: expected one of "
+                         f"{', '.join(spec.implementations)}")
+    implementation = spec.implementations[impl]
+
+    def result(status: str, reason: str = "", **kw) -> CaseResult:
+        return CaseResult(spec.name, case, status, reason, impl=impl, label=spec.label(impl),
+                          language=implementation.language,
+                          unverified=not implementation.verified, **kw)
+
     if case.dtype not in spec.dtypes:
-        return CaseResult(spec.name, case, "skip",
-                          f"{spec.name} does not support {dtype_name(case.dtype)}")
-    reason = spec.skip(case, device)
+        return result("skip", f"{spec.name} does not support {dtype_name(case.dtype)}")
+    reason = spec.skip(case, device) or implementation.unavailable(device)
     if reason:
-        return CaseResult(spec.name, case, "skip", reason)
+        return result("skip", reason)
     need = estimate_bytes(spec, case)
     if need > max_bytes:
-        return CaseResult(spec.name, case, "skip",
-                          f"needs ~{need / GiB:.1f} GiB with its float64 references, over the "
-                          f"{max_bytes / GiB:.1f} GiB budget (--max-gib)")
+        return result("skip", f"needs ~{need / GiB:.1f} GiB with its float64 references, over "
+                              f"the {max_bytes / GiB:.1f} GiB budget (--max-gib)")
     try:
-        result = _run_case(spec, case, device)
+        checks, launches = _run_case(spec, implementation.fn, case, device)
+        failed = [c for c in checks if not c.passed]
+        out = result("fail" if failed else "pass",
+                     "; ".join(f"{c.name}: {c.reason}" for c in failed),
+                     checks=checks, launches=launches)
     except Exception as e:  # an op that raises on a valid case fails it, with the reason
         tb = traceback.extract_tb(e.__traceback__)
         where = f" at {tb[-1].filename.split('/')[-1]}:{tb[-1].lineno}" if tb else ""
-        result = CaseResult(spec.name, case, "error", f"{type(e).__name__}: {e}{where}")
-    result.seconds = time.perf_counter() - start
-    return result
+        out = result("error", f"{type(e).__name__}: {e}{where}")
+    out.seconds = time.perf_counter() - start
+    return out
+
+
+def verify_implementations(spec: OpSpec, case: Case, device: torch.device | str, *,
+                           max_bytes: int = 8 * GiB) -> list[CaseResult]:
+    """The case verified for each of the spec's implementations, side by side (one that
+    cannot run here is a skip with the reason, never left out)."""
+    return [verify_case(spec, case, device, max_bytes=max_bytes, impl=name)
+            for name in spec.implementations]
 
 
 def references(spec: OpSpec, inputs: dict) -> tuple[tuple, tuple, tuple]:
@@ -193,7 +222,9 @@ def judge_outputs(ours: Sequence, refs: tuple[tuple, tuple, tuple], tol: Toleran
     return checks
 
 
-def _run_case(spec: OpSpec, case: Case, device: torch.device) -> CaseResult:
+def _run_case(spec: OpSpec, fn: Callable, case: Case, device: torch.device
+              ) -> tuple[list[Check], int]:
+    """The checks of implementation `fn` on a case, and how many kernels it launched."""
     tol = spec.tolerance(case.dtype)
     inputs = spec.make_inputs(case, device)
     empty = any(isinstance(v, torch.Tensor) and v.numel() == 0 for v in inputs.values())
@@ -202,7 +233,7 @@ def _run_case(spec: OpSpec, case: Case, device: torch.device) -> CaseResult:
     low = case.dtype != torch.float32
     refs = references(spec, inputs)
     with torch.no_grad(), poisoned_allocations(), counter.active(), _quiet_numpy(device):
-        ours = _as_tuple(spec.impl(**inputs))
+        ours = _as_tuple(fn(**inputs))
     checks = judge_outputs(ours, refs, tol)
     ref64 = refs[0]
 
@@ -222,7 +253,7 @@ def _run_case(spec: OpSpec, case: Case, device: torch.device) -> CaseResult:
         else:
             g32 = g_lp
         with poisoned_allocations(), counter.active(), _quiet_numpy(device):
-            g_ours = _grads(spec.impl, leaves, names, upstream)
+            g_ours = _grads(fn, leaves, names, upstream)
         for n, go, gr, gt, gt32 in zip(names, g_ours, g64, g_lp, g32):
             if gr is None:
                 continue
@@ -234,10 +265,7 @@ def _run_case(spec: OpSpec, case: Case, device: torch.device) -> CaseResult:
         checks.append(Check("no_launch", ok, "" if ok else
                             f"{counter.count} kernel launch(es) on empty input: "
                             f"{', '.join(counter.kernels)}", None, None, 0.0))
-    failed = [c for c in checks if not c.passed]
-    status = "fail" if failed else "pass"
-    reason = "; ".join(f"{c.name}: {c.reason}" for c in failed)
-    return CaseResult(spec.name, case, status, reason, checks, counter.count)
+    return checks, counter.count
 
 
 def expand(spec: OpSpec, suite: str, dtypes: Iterable[torch.dtype], seeds: Iterable[int]) -> list[Case]:
@@ -253,11 +281,13 @@ def expand(spec: OpSpec, suite: str, dtypes: Iterable[torch.dtype], seeds: Itera
 def run(specs: Sequence[OpSpec], suite: str, dtypes: Sequence[torch.dtype], seeds: Sequence[int],
         device: torch.device | str, *, max_bytes: int = 8 * GiB,
         on_result: Callable[[CaseResult, int, int], Any] | None = None) -> list[CaseResult]:
-    """Verify every (spec, case, dtype, seed); on_result(result, done, total) after each."""
-    work = [(spec, c) for spec in specs for c in expand(spec, suite, dtypes, seeds)]
+    """Verify every (spec, case, dtype, seed, implementation); on_result(result, done,
+    total) after each."""
+    work = [(spec, c, impl) for spec in specs for c in expand(spec, suite, dtypes, seeds)
+            for impl in spec.implementations]
     results = []
-    for i, (spec, case) in enumerate(work, 1):
-        r = verify_case(spec, case, device, max_bytes=max_bytes)
+    for i, (spec, case, impl) in enumerate(work, 1):
+        r = verify_case(spec, case, device, max_bytes=max_bytes, impl=impl)
         results.append(r)
         if on_result is not None:
             on_result(r, i, len(work))

@@ -70,3 +70,16 @@ def test_speedup_withheld_when_the_baseline_did_not_run():
     ups, why = metrics.speedups(_ours(), {"liger": {"status": "unavailable",
                                                     "reason": "Liger-Kernel has no counterpart"}})
     assert ups == {"liger": None} and "no counterpart" in why["liger"]
+
+
+def test_nvidia_smi_is_asked_about_the_gpu_torch_sees(monkeypatch):
+    """A Ray worker given a node's GPU 5 sees it as cuda:0; nvidia-smi, which ignores
+    CUDA_VISIBLE_DEVICES, must be asked about 5 (or the UUID given there)."""
+    from speedlight.bench.metrics import smi_id
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert smi_id(0) == "0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    assert (smi_id(0), smi_id(1)) == ("5", "7")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1b2c")
+    assert smi_id(0) == "GPU-1b2c"

@@ -42,6 +42,19 @@ def test_geometric_means_and_median_sol_from_the_rows():
     assert "| rms_norm | fwd | bf16 | 2 of 3 | 80% | 4.00x (2) | 2.00x (2) | - |" in h200
 
 
+def test_a_heterogeneous_cluster_gives_one_section_per_gpu_model():
+    """A --ray sweep over two GPU models on three hosts: the same case timed on each model
+    is in each model's section; hosts of one model share a section."""
+    rows = [_row("a", 2.0, device="NVIDIA H200", host="node1"),
+            _row("b", 4.0, device="NVIDIA H200", host="node2"),
+            _row("a", 3.0, device="NVIDIA H100 80GB HBM3", host="node3")]
+    text = table.render(rows)
+    h200, h100 = text.split("**NVIDIA H100 80GB HBM3**")
+    assert "**NVIDIA H200**" in h200
+    assert "| rms_norm | fwd | bf16 | 2 of 2 | 80% | 2.83x (2) |" in h200
+    assert "| rms_norm | fwd | bf16 | 1 of 1 | 80% | 3.00x (1) |" in h100
+
+
 def test_cli_writes_and_checks_the_readme(tmp_path):
     results_dir = tmp_path / "results" / "h200"
     results.append_jsonl(results_dir / "bench.jsonl", [_row("a", 2.0)])

@@ -105,8 +105,8 @@ def test_schema_comes_from_the_launcher_with_impl_and_mutation():
                    "str impl=\"triton\") -> (Tensor, Tensor)")
     inplace = str(torch.ops.speedlight.cross_entropy_inplace_fwd.default._schema)
     assert inplace.startswith("speedlight::cross_entropy_inplace_fwd(Tensor(a0!) logits")
-    with pytest.raises(ValueError, match="rms_norm has no implementation 'cuda'"):
-        rms_norm.RMS_NORM(torch.ones(2, 4), None, 1e-6, 0.0, impl="cuda")
+    with pytest.raises(ValueError, match="rms_norm has no implementation 'cutlass'"):
+        rms_norm.RMS_NORM(torch.ones(2, 4), None, 1e-6, 0.0, impl="cutlass")
 
 
 def test_config_hook_prefers_a_tuned_entry():

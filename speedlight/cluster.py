@@ -1,0 +1,329 @@
+"""Sweeps over a Ray cluster: groups of cases run as Ray tasks, one whole GPU each.
+
+Vocabulary-level, like results.py: verify, bench and tune import it to spread their cases
+over a cluster; it imports no tool and no kernel module. Ray is an optional dependency
+(`pip install "speedlight[ray]"`), imported only when a sweep asks for it.
+
+A sweep is a list of `Group`s (one per kernel specialisation: op, implementation, dtype and
+shape, so a worker compiles each kernel once) and a worker function named "module:function".
+Each group becomes one Ray task. On its node the task picks the runtime before any kernel
+module is imported (the Triton interpreter on CPU workers, as `speedlight --device cpu`
+does), points Triton's cache at the node's local disk, calls `worker(payload, device)` once
+to get a per-item function (the set-up: specs, timers, target), then yields that function's
+value for each item in order. The driver receives every value as it comes (a streaming
+generator with a backpressure of one, so a value yielded is a value delivered) and hands it
+to `on_item`, which writes the rows: what a worker finished is on disk before it starts the
+next item.
+
+Faults: a task whose worker or node dies (or whose set-up raises) is charged to the first
+item it had not delivered; its undelivered items go back to the cluster as a new task. An
+item charged twice is given to `on_lost` with the reason (the tool writes error rows for
+it), so a case that kills its worker is tried exactly twice and the sweep still ends.
+Ctrl-C (or any exception out of `on_item`) cancels every task still running and re-raises;
+the items already delivered were written as they came.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import importlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+ATTEMPTS = 2  # tries per item: the first, and one retry elsewhere
+FAULT_ENV = "SPEEDLIGHT_CLUSTER_FAULT"  # tests only: see _maybe_fail
+
+
+class ClusterError(RuntimeError):
+    """Ray missing, no cluster at the address given, or no worker that can run the sweep."""
+
+
+@dataclass
+class Group:
+    """Items that run as one task on one worker: `payload` is what the worker's set-up
+    needs (shared by the items), `items` what it runs one after another (e.g. Cases).
+    Both travel to the worker, so both must pickle."""
+    key: str
+    payload: Any
+    items: list = field(default_factory=list)
+    gpu_model: str | None = None  # Ray's accelerator type (H100, A100...); None: any GPU
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """--ray [auto|ADDRESS] and --ray-cpus, for every sub-command that sweeps cases."""
+    p.add_argument("--ray", nargs="?", const="auto", default=None, metavar="auto|ADDRESS",
+                   help="spread the cases over a Ray cluster, one whole GPU per task: 'auto' "
+                        "(the default when the flag is given alone) joins the cluster started "
+                        "on this machine with `ray start` (or RAY_ADDRESS), else starts a local "
+                        "one; ADDRESS (HEAD:6379) joins that cluster")
+    p.add_argument("--ray-cpus", type=int, default=1, metavar="N",
+                   help="with --ray: CPUs per task (default 1); on a cluster without GPUs the "
+                        "tasks run the Triton interpreter on N CPUs each")
+    p.add_argument("--ray-gpu", default=None, metavar="MODEL[,MODEL...]|each",
+                   help="with --ray: run every case on a GPU of each model named (Ray's "
+                        "accelerator types: H100, A100...), or 'each' model the cluster has; "
+                        "default: once, on any free GPU")
+
+
+def check_arguments(args: argparse.Namespace, tool: str) -> None:
+    """The --ray flags' values, before any work: SystemExit naming the flag."""
+    if args.ray is None:
+        given = [f for f, v in (("--ray-cpus", args.ray_cpus != 1), ("--ray-gpu", args.ray_gpu))
+                 if v]
+        if given:
+            raise SystemExit(f"speedlight {tool}: {' and '.join(given)} only apply with --ray")
+    elif args.ray_cpus < 1:
+        raise SystemExit(f"speedlight {tool}: --ray-cpus must be at least 1, got {args.ray_cpus}")
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ClusterError("--ray needs Ray, which is not installed: "
+                           "pip install \"speedlight[ray]\"") from None
+    return ray
+
+
+def connect(address: str = "auto") -> str:
+    """Join the Ray cluster at `address` ('auto': the one started on this machine, else a
+    new local one) unless this process already has; a line saying which."""
+    ray = _ray()
+    if ray.is_initialized():
+        return "Ray: using the cluster this process is connected to"
+    quiet = dict(log_to_driver=False, logging_level="ERROR", configure_logging=True)
+    try:
+        if address != "auto":
+            ray.init(address=address, **quiet)
+            return f"Ray: joined the cluster at {address}"
+        try:
+            ray.init(address="auto", **quiet)
+            return "Ray: joined the cluster running on this machine"
+        except ConnectionError:
+            ray.init(include_dashboard=False, **quiet)
+            return ("Ray: no cluster found (no `ray start --head` here, no RAY_ADDRESS): started "
+                    "a local one on this machine")
+    except (ConnectionError, ValueError, RuntimeError) as e:
+        raise ClusterError(f"--ray {address}: cannot join a Ray cluster there: {e}") from None
+
+
+def gpu_models() -> list[str]:
+    """The GPU models (Ray accelerator types) the cluster's live nodes have."""
+    prefix = "accelerator_type:"
+    return sorted(k[len(prefix):] for k in _ray().cluster_resources() if k.startswith(prefix))
+
+
+def chosen_gpu_models(text: str | None, device: str) -> list[str | None]:
+    """--ray-gpu as the models to run every case on ([None]: once, on any GPU)."""
+    if text is None:
+        return [None]
+    if device != "cuda":
+        raise ClusterError("--ray-gpu picks GPU models, but the tasks run on CPU workers "
+                           "(a cluster without GPUs, or --device cpu)")
+    have = gpu_models()
+    wanted = have if text.strip() == "each" else [m.strip() for m in text.split(",") if m.strip()]
+    missing = [m for m in wanted if m not in have]
+    if missing or not wanted:
+        raise ClusterError(f"--ray-gpu {text}: the cluster has no GPU of model "
+                           f"{', '.join(missing) or '(none named)'}; it has "
+                           f"{', '.join(have) or 'no GPU model Ray knows'}")
+    return list(wanted)
+
+
+def on_each(groups: Sequence[Group], models: Sequence[str | None]) -> list[Group]:
+    """Every group once per GPU model (a group as it is for [None])."""
+    if list(models) == [None]:
+        return list(groups)
+    return [Group(f"{g.key} on {m}", g.payload, list(g.items), m) for g in groups for m in models]
+
+
+def worker_device(requested: str) -> str:
+    """'cuda' or 'cpu' for the tasks, from --device as given and the cluster's resources:
+    a GPU per task where the cluster has GPUs (unless --device cpu), else CPU workers."""
+    gpus = int(_ray().cluster_resources().get("GPU", 0))
+    if requested == "cpu":
+        return "cpu"
+    if requested.startswith("cuda"):
+        if not gpus:
+            raise ClusterError("--device cuda with --ray: the Ray cluster has no GPU")
+        return "cuda"
+    return "cuda" if gpus else "cpu"
+
+
+def describe(device: str, cpus: int) -> str:
+    res = _ray().cluster_resources()
+    nodes = sum(1 for n in _ray().nodes() if n.get("Alive"))
+    if device == "cuda":
+        return (f"Ray: {nodes} node(s), {int(res.get('GPU', 0))} GPU(s); one whole GPU per "
+                f"task, up to {int(res.get('GPU', 0))} at once")
+    return (f"Ray: {nodes} node(s), {int(res.get('CPU', 0))} CPU(s), no GPU used: every task "
+            f"runs the Triton interpreter on {cpus} CPU(s) (correctness only)")
+
+
+# --- on the worker ---------------------------------------------------------------------------
+
+def _local_triton_cache() -> str:
+    """A folder on this node's own disk for Triton's cache (not a shared home directory)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    return os.path.join(tempfile.gettempdir(), f"speedlight-triton-cache-{user}")
+
+
+def _maybe_fail(item, spec: str | None) -> None:
+    """Fault injection for the tests, from the driver's SPEEDLIGHT_CLUSTER_FAULT: TEXT kills
+    the worker process (os._exit) as it starts an item whose id contains TEXT, on every try;
+    TEXT@MARKER does so only while the file MARKER does not exist, creating it first (so
+    only the first try dies)."""
+    if not spec:
+        return
+    text, _, marker = spec.partition("@")
+    if text not in str(getattr(item, "id", item)):
+        return
+    if marker:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+    os._exit(3)
+
+
+def _choose_runtime(device: str) -> None:
+    """On a worker, before any kernel module is imported: the Triton interpreter for 'cpu'
+    (as `speedlight --device cpu` does), compiled kernels for 'cuda'. A worker process that
+    already imported triton the other way cannot switch: that is an error, not a silent
+    wrong runtime."""
+    import sys
+
+    interpreting = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    if "triton" in sys.modules and interpreting != (device == "cpu"):
+        raise RuntimeError(f"this Ray worker imported triton with TRITON_INTERPRET="
+                           f"{os.environ.get('TRITON_INTERPRET')!r}, which a {device} sweep "
+                           f"cannot use; run the sweep from a new driver process")
+    if device == "cpu":
+        from speedlight.cli import select_device
+        select_device("cpu")  # the interpreter on, its numerics set, as the CLI does
+    elif interpreting:
+        os.environ["TRITON_INTERPRET"] = "0"  # a node whose environment asks for it
+
+
+def _task(worker: str, device: str, payload, items: Sequence, fault: str | None = None):
+    """Runs on a Ray worker: the runtime first, then the tool's worker, item by item."""
+    os.environ.setdefault("TRITON_CACHE_DIR", _local_triton_cache())
+    _choose_runtime(device)
+    module, _, name = worker.partition(":")
+    run_one = getattr(importlib.import_module(module), name)(payload, device)
+    for item in items:
+        _maybe_fail(item, fault)
+        yield run_one(item)
+
+
+# --- on the driver ---------------------------------------------------------------------------
+
+def _reason(error: BaseException) -> str:
+    """One line: the exception the task raised (not Ray's wrapper with its traceback), or
+    why Ray lost the worker."""
+    cause = getattr(error, "cause", None)  # a RayTaskError's original exception
+    if isinstance(cause, BaseException):
+        error = cause
+    text = str(error).strip().splitlines()
+    first = next((line for line in text if line.strip()), "")
+    return f"{type(error).__name__}: {first}"[:500]
+
+
+def _fits(resources: dict, device: str, cpus: int, gpu_model: str | None) -> str:
+    """'' when the cluster's live nodes have what a task needs, else what is missing."""
+    if device == "cuda" and resources.get("GPU", 0) < 1:
+        return "the cluster has no GPU left"
+    if gpu_model is not None and f"accelerator_type:{gpu_model}" not in resources:
+        return f"the cluster has no {gpu_model} GPU left"
+    if resources.get("CPU", 0) < cpus:
+        return f"the cluster has fewer than {cpus} CPU(s) left"
+    return ""
+
+
+def run(worker: str, groups: Sequence[Group], *, device: str, cpus: int = 1,
+        on_item: Callable[[Group, Any, Any], Any],
+        on_lost: Callable[[Group, Any, str], Any],
+        env: dict[str, str] | None = None, check_every_s: float = 30.0) -> None:
+    """Run every group as a Ray task on `device` ('cuda': one whole GPU each, of the group's
+    gpu_model when it names one; 'cpu': `cpus` CPUs each, under the interpreter);
+    on_item(group, item, value) for every value a worker yields, on_lost(group, item, reason)
+    for every item that could not be run: its worker died twice, or no live node can run it
+    (checked at each submission and every `check_every_s` without news, so a sweep whose
+    last GPU node died ends instead of waiting). `env`: extra environment variables for the
+    workers."""
+    ray = _ray()
+    # the runtime is chosen inside the task (_choose_runtime), so the workers Ray already
+    # started serve the sweep; a runtime_env only for extra variables (new workers)
+    options = dict(num_gpus=1 if device == "cuda" else 0, num_cpus=cpus, max_retries=0,
+                   num_returns="streaming", _generator_backpressure_num_objects=1,
+                   name="speedlight-sweep")
+    if env:
+        options["runtime_env"] = {"env_vars": dict(env)}
+    remote = ray.remote(_task)
+    fault = os.environ.get(FAULT_ENV) or None
+
+    charged: dict[tuple[int, int], int] = {}  # (group, item index) -> deaths charged to it
+    running: dict = {}  # generator -> (group index, item indices not yet delivered)
+
+    def lose(g: int, todo: list[int], reason: str) -> None:
+        for i in todo:
+            on_lost(groups[g], groups[g].items[i], reason)
+
+    def submit(g: int, todo: list[int], resources: dict) -> None:
+        group = groups[g]
+        missing = _fits(resources, device, cpus, group.gpu_model)
+        if missing:
+            lose(g, todo, f"not run: {missing}")
+        elif todo:
+            model = {"accelerator_type": group.gpu_model} if group.gpu_model else {}
+            gen = remote.options(**options, **model).remote(
+                worker, device, group.payload, [group.items[i] for i in todo], fault)
+            running[gen] = (g, todo)
+
+    try:
+        resources = ray.cluster_resources()
+        for g, group in enumerate(groups):
+            submit(g, list(range(len(group.items))), resources)
+        while running:
+            ready, _ = ray.wait(list(running), num_returns=1, fetch_local=False,
+                                timeout=check_every_s)
+            if not ready:  # nothing for a while: are the tasks still runnable anywhere?
+                resources = ray.cluster_resources()
+                for gen, (g, todo) in list(running.items()):
+                    missing = _fits(resources, device, cpus, groups[g].gpu_model)
+                    if missing:
+                        del running[gen]
+                        ray.cancel(gen, force=True)
+                        lose(g, todo, f"not run: {missing}")
+                continue
+            gen = ready[0]
+            g, todo = running.pop(gen)
+            try:
+                value = ray.get(next(gen))
+            except StopIteration:
+                continue
+            except (ray.exceptions.RayError, OSError) as e:
+                first, rest = todo[0], todo[1:]
+                charged[g, first] = charged.get((g, first), 0) + 1
+                if charged[g, first] >= ATTEMPTS:
+                    on_lost(groups[g], groups[g].items[first],
+                            f"its worker failed on both tries ({_reason(e)})")
+                    todo = rest
+                if todo:
+                    submit(g, todo, ray.cluster_resources())
+                continue
+            running[gen] = (g, todo[1:])
+            on_item(groups[g], groups[g].items[todo[0]], value)
+    except BaseException:  # Ctrl-C, or on_item could not write: stop the cluster's work too
+        for gen in running:
+            try:
+                ray.cancel(gen, force=True)
+            except Exception:  # noqa: BLE001 - a task that just ended cannot be cancelled
+                pass
+        raise

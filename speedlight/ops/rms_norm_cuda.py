@@ -1,0 +1,176 @@
+"""The CUDA C++ implementation of RMSNorm and the fused residual add (impl="cuda").
+
+Host launchers with the Triton launchers' signatures (ops/rms_norm.py, ops/add_rms_norm.py
+register both under one op): allocate, size the launches with speedlight.launch's
+`cuda_row_launch` and `cuda_column_launch` (the sizing `speedlight inspect` reads the
+kernels at: rms_norm.cuda_launches), and call the extension built from csrc/rms_norm.cu +
+csrc/rms_norm_binding.cpp on first use.
+
+The kernels take one dtype for x, w, y and dw: a weight of another dtype than x is cast
+to x's before the launch and dw cast back (the Triton kernels load w in its own dtype).
+Rows need stride 1 along the hidden dim; a tensor whose last dim is strided is copied.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from speedlight.csrc import loader
+from speedlight.launch import (
+    as_rows,
+    cuda_column_launch,
+    cuda_row_launch,
+    extension_kernel,
+    planned_sm_count,
+)
+from speedlight.spec import Implementation, cuda_implementation
+
+
+class _Extension:
+    """The built extension's functions, each counted as a launch (watch_launches)."""
+
+    def __init__(self, module):
+        self.fwd = extension_kernel(module.fwd, "rms_norm_fwd_cuda")
+        self.bwd = extension_kernel(module.bwd, "rms_norm_bwd_cuda")
+        self.dw_reduce = extension_kernel(module.dw_reduce, "rms_norm_dw_reduce_cuda")
+
+
+@functools.lru_cache(maxsize=None)
+def _extension() -> _Extension:
+    return _Extension(loader.extension("rms_norm"))
+
+
+def check_cuda(x: torch.Tensor) -> None:
+    """Raise CudaBuildError when the CUDA implementation cannot run on x here (a CPU build
+    of torch, a CPU tensor, no compiler): before any allocation or launch."""
+    reason = loader.unavailable(x.device)
+    if reason:
+        raise loader.CudaBuildError(f"impl='cuda': {reason} (x: {x.device})")
+
+
+def _rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """t as [rows, n_cols] with stride 1 along a row (the kernels' one layout rule)."""
+    t2 = as_rows(t, n_cols)
+    return t2 if t2.stride(1) == 1 or n_cols == 1 else t2.contiguous()
+
+
+# --- launchers ----------------------------------------------------------------------------
+
+def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
+                          weight: torch.Tensor | None, eps: float, offset: float,
+                          store_rstd: bool = True
+                          ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """y, h (None without residual) and rstd (None unless store_rstd), as the Triton
+    launcher of the same name returns them."""
+    n_cols = x.shape[-1]
+    n_rows = x.numel() // n_cols if n_cols else 0
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
+    rstd = (torch.empty(n_rows, dtype=torch.float32, device=x.device) if store_rstd
+            else None)
+    if x.numel() == 0:
+        return y, h, rstd
+    check_cuda(x)
+    w = weight.to(x.dtype).contiguous() if weight is not None else None
+    r2 = _rows(residual, n_cols) if residual is not None else None
+    h2 = h.view(-1, n_cols) if h is not None else None
+    grid, threads = cuda_row_launch(n_rows, n_cols, x.dtype, planned_sm_count(x.device))
+    _extension().fwd(_rows(x, n_cols), r2, w, y.view(-1, n_cols), h2, rstd, eps, offset,
+                     grid, threads)
+    return y, h, rstd
+
+
+def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                 rstd: torch.Tensor, offset: float, dh: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """dx and dw as the Triton launcher of the same name (out: where dx is written; it may
+    be dy)."""
+    n_cols = x.shape[-1]
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
+    if x.numel() == 0:
+        return dx, (torch.zeros_like(weight) if weight is not None else None)
+    check_cuda(x)
+    n_rows = x.numel() // n_cols
+    ext = _extension()
+    w = weight.to(x.dtype).contiguous() if weight is not None else None
+    grid, threads = cuda_row_launch(n_rows, n_cols, x.dtype, planned_sm_count(x.device),
+                                    backward=True, weight=w is not None)
+    dw_partial = (torch.empty((grid, n_cols), dtype=torch.float32, device=x.device)
+                  if w is not None else None)
+    ext.bwd(_rows(dy, n_cols), _rows(x, n_cols), w, rstd,
+            _rows(dh, n_cols) if dh is not None else None, dx.view(-1, n_cols), dw_partial,
+            offset, grid, threads)
+    if w is None:
+        return dx, None
+    dw = torch.empty(n_cols, dtype=x.dtype, device=x.device)
+    ext.dw_reduce(dw_partial, dw, *cuda_column_launch(n_cols))
+    return dx, dw.to(weight.dtype)
+
+
+# --- the launchers registered beside the Triton ones (same signatures) ---------------------
+
+def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                 offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    y, _, rstd = rms_norm_residual_fwd(x, None, weight, eps, offset)
+    return y, rstd
+
+
+def rms_norm_infer(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                   offset: float) -> torch.Tensor:
+    return rms_norm_residual_fwd(x, None, weight, eps, offset, store_rstd=False)[0]
+
+
+def rms_norm_inplace_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                         rstd: torch.Tensor, offset: float) -> torch.Tensor | None:
+    return rms_norm_bwd(dy, x, weight, rstd, offset, out=dy)[1]
+
+
+def add_rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                     eps: float, offset: float
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return rms_norm_residual_fwd(x, residual, weight, eps, offset)
+
+
+def add_rms_norm_infer(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                       eps: float, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    y, h, _ = rms_norm_residual_fwd(x, residual, weight, eps, offset, store_rstd=False)
+    return y, h
+
+
+def add_rms_norm_bwd(dy: torch.Tensor | None, dh: torch.Tensor | None, h: torch.Tensor,
+                     weight: torch.Tensor | None, rstd: torch.Tensor, offset: float
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if dy is None:  # only h was used: the norm passes nothing back
+        dy = torch.zeros_like(h)
+    return rms_norm_bwd(dy, h, weight, rstd, offset, dh=dh)
+
+
+def add_rms_norm_inplace_bwd(dy: torch.Tensor, dh: torch.Tensor, h: torch.Tensor,
+                             weight: torch.Tensor | None, rstd: torch.Tensor,
+                             offset: float) -> torch.Tensor | None:
+    return rms_norm_bwd(dy, h, weight, rstd, offset, dh=dh, out=dy)[1]
+
+
+# --- the OpSpec side -------------------------------------------------------------------------
+
+# Implementations no GPU run has verified yet: never the default, labelled in every row.
+UNVERIFIED = ("cuda",)
+
+
+def check_impl(op, impl: str | None, x: torch.Tensor) -> None:
+    """impl must name one of op's implementations (or be None: op.default); "cuda" must be
+    able to run on x here. Raises before any allocation or launch."""
+    if impl is not None and not isinstance(impl, str):
+        raise TypeError(f"impl must be None or one of {', '.join(op.impls)}, got {impl!r}")
+    if op._impl(impl) == "cuda":
+        check_cuda(x)
+
+
+def implementations(public, op) -> dict:
+    """An RMSNorm OpSpec's implementations: the Triton one, and this CUDA C++ one (labelled
+    unverified while op lists it so)."""
+    return {"triton": Implementation(public),
+            "cuda": cuda_implementation(functools.partial(public, impl="cuda"),
+                                        verified="cuda" not in op.unverified)}
