@@ -36,6 +36,11 @@ class ModelConfig:
     logit_softcap: float | None = None
     attn_softcap: float | None = None  # attn_logit_softcapping (Gemma 2)
     sliding_window: int | None = None  # keys a query sees on its sliding-window layers
+    # a mixture of experts: routed experts per layer, experts each token picks, and the
+    # width of a shared expert (Qwen2-MoE) if any; intermediate is one expert's width
+    experts: int = 0
+    experts_per_token: int = 0
+    shared_intermediate: int = 0
 
 
 def _hf(repo: str) -> str:
@@ -61,6 +66,33 @@ MODELS: dict[str, ModelConfig] = {m.name: m for m in [
                 sliding_window=512),
     ModelConfig("phi-3-mini", "phi3", 3072, 8192, 32, 32, 96, 32064, "rms", 1e-5, "swiglu",
                 96, _hf("microsoft/Phi-3-mini-4k-instruct")),
+    ModelConfig("granite-3.1-8b", "granite", 4096, 12800, 32, 8, 128, 49155, "rms", 1e-5,
+                "swiglu", 128, _hf("ibm-granite/granite-3.1-8b-base")),
+    ModelConfig("olmo-2-7b", "olmo2", 4096, 11008, 32, 32, 128, 100352, "rms", 1e-6, "swiglu",
+                128, _hf("allenai/OLMo-2-1124-7B")),
+    # GLM-4 rotates half of each head, in interleaved pairs
+    ModelConfig("glm-4-9b", "glm4", 4096, 13696, 32, 2, 128, 151552, "rms", 1e-5, "swiglu",
+                64, _hf("THUDM/GLM-4-9B-0414"), rope_interleaved=True),
+    ModelConfig("smollm3-3b", "smollm3", 2048, 11008, 16, 4, 128, 128256, "rms", 1e-6, "swiglu",
+                128, _hf("HuggingFaceTB/SmolLM3-3B")),
+    ModelConfig("ministral-8b", "ministral", 4096, 12288, 32, 8, 128, 131072, "rms", 1e-5,
+                "swiglu", 128, _hf("mistralai/Ministral-8B-Instruct-2410"),
+                sliding_window=32768),
+    # the text decoder of the image-text model (its text_config)
+    ModelConfig("qwen2-vl-7b", "qwen2_vl", 3584, 18944, 28, 4, 128, 152064, "rms", 1e-6,
+                "swiglu", 128, _hf("Qwen/Qwen2-VL-7B-Instruct")),
+    # mixtures of experts: intermediate is one expert's width (moe_intermediate_size where
+    # the config has one), the width each routed token's gated unit runs at
+    ModelConfig("mixtral-8x7b", "mixtral", 4096, 14336, 32, 8, 128, 32000, "rms", 1e-5, "swiglu",
+                128, _hf("mistralai/Mixtral-8x7B-v0.1"), experts=8, experts_per_token=2),
+    ModelConfig("qwen1.5-moe-a2.7b", "qwen2_moe", 2048, 1408, 16, 16, 128, 151936, "rms", 1e-6,
+                "swiglu", 128, _hf("Qwen/Qwen1.5-MoE-A2.7B"), experts=60, experts_per_token=4,
+                shared_intermediate=5632),
+    ModelConfig("qwen3-30b-a3b", "qwen3_moe", 2048, 768, 32, 4, 128, 151936, "rms", 1e-6,
+                "swiglu", 128, _hf("Qwen/Qwen3-30B-A3B"), experts=128, experts_per_token=8),
+    ModelConfig("granite-3.0-1b-a400m", "granitemoe", 1024, 512, 16, 8, 64, 49155, "rms", 1e-6,
+                "swiglu", 64, _hf("ibm-granite/granite-3.0-1b-a400m-base"), experts=32,
+                experts_per_token=8),
     ModelConfig("gpt-j-6b", "gptj", 4096, 16384, 16, 16, 256, 50400, "layer", 1e-5, "gelu",
                 64, _hf("EleutherAI/gpt-j-6b"), rope_interleaved=True),
     ModelConfig("gpt-2", "gpt2", 768, 3072, 12, 12, 64, 50257, "layer", 1e-5, "gelu",
@@ -71,6 +103,9 @@ MODELS: dict[str, ModelConfig] = {m.name: m for m in [
 NUM_LAYERS: dict[str, int] = {
     "llama-3-8b": 32, "llama-3-70b": 80, "mistral-7b": 32, "qwen2.5-7b": 28, "qwen3-8b": 36,
     "gemma-2-9b": 42, "gemma-3-1b": 26, "phi-3-mini": 32, "gpt-j-6b": 28, "gpt-2": 12,
+    "granite-3.1-8b": 40, "olmo-2-7b": 32, "glm-4-9b": 40, "smollm3-3b": 36,
+    "ministral-8b": 36, "qwen2-vl-7b": 28, "mixtral-8x7b": 32, "qwen1.5-moe-a2.7b": 24,
+    "qwen3-30b-a3b": 48, "granite-3.0-1b-a400m": 24,
 }
 
 MODEL_TOKENS = (1, 512, 4096, 16384)
@@ -152,9 +187,11 @@ _GEGLU_ACTS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu", "gelu_pytho
 def from_hf_config(config, name: str | None = None) -> ModelConfig:
     """The ModelConfig of a Hugging Face causal-LM config (LlamaConfig, Gemma2Config, ...),
     so the suites and a model's own shapes speak the same vocabulary."""
+    model_type = getattr(config, "model_type", None) or "unknown"
+    if hasattr(config, "get_text_config"):  # Qwen2-VL: the text decoder's own config
+        config = config.get_text_config()
     get = lambda *keys, default=None: next(  # noqa: E731
         (getattr(config, k) for k in keys if getattr(config, k, None) is not None), default)
-    model_type = get("model_type", default="unknown")
     hidden = get("hidden_size", "n_embd")
     heads = get("num_attention_heads", "n_head")
     head_dim = get("head_dim", default=hidden // heads)
@@ -163,15 +200,23 @@ def from_hf_config(config, name: str | None = None) -> ModelConfig:
     mlp = ("geglu" if act in _GEGLU_ACTS else "swiglu") if gated else "gelu"
     rotary = get("rotary_dim")
     if rotary is None and model_type != "gpt2":
-        rotary = int(head_dim * float(get("partial_rotary_factor", default=1.0)))
+        rope = getattr(config, "rope_parameters", None)  # 5.x keeps the factor there (GLM-4)
+        factor = get("partial_rotary_factor") or (
+            rope.get("partial_rotary_factor") if isinstance(rope, dict) else None) or 1.0
+        rotary = int(head_dim * float(factor))
     return ModelConfig(
         name=name or model_type, hf_model_type=model_type, hidden=hidden,
-        intermediate=get("intermediate_size", "n_inner", default=4 * hidden),
+        intermediate=get("moe_intermediate_size", "intermediate_size", "n_inner",
+                         default=4 * hidden),
         heads=heads, kv_heads=get("num_key_value_heads", default=heads), head_dim=head_dim,
         vocab=get("vocab_size"), norm="layer" if not gated else "rms",
         norm_eps=float(get("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", default=1e-6)),
         mlp=mlp, rotary_dim=rotary or 0, source="Hugging Face config",
         norm_offset=1.0 if model_type.startswith("gemma") else 0.0,
-        rope_interleaved=model_type == "gptj",
+        rope_interleaved=model_type in ("gptj", "glm4"),
         logit_softcap=get("final_logit_softcapping"),
-        attn_softcap=get("attn_logit_softcapping"), sliding_window=get("sliding_window"))
+        attn_softcap=get("attn_logit_softcapping"), sliding_window=get("sliding_window"),
+        experts=get("num_local_experts", "num_experts", default=0),
+        experts_per_token=get("num_experts_per_tok", default=0) if get(
+            "num_local_experts", "num_experts") else 0,
+        shared_intermediate=get("shared_expert_intermediate_size", default=0))

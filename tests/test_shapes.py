@@ -59,3 +59,34 @@ def test_rows_width_variant_keeps_a_shared_width_once_per_variant():
     assert {(t, w) for t, w, _, _ in points} == plain
     quick = shapes.rows_width_variant("quick", "hidden", lambda m: m.norm_offset)
     assert [(r, w) for r, w, _, _ in quick] == list(shapes.QUICK_ROWS_WIDTHS)
+
+
+MOE = {"mixtral-8x7b": (8, 2), "qwen1.5-moe-a2.7b": (60, 4), "qwen3-30b-a3b": (128, 8),
+       "granite-3.0-1b-a400m": (32, 8)}
+
+
+@pytest.mark.parametrize("name", ["granite-3.1-8b", "olmo-2-7b", "glm-4-9b", "smollm3-3b",
+                                  "ministral-8b", "qwen2-vl-7b", *MOE])
+def test_patched_families_have_real_configurations(name):
+    from speedlight.patching.families import FAMILIES
+    m = shapes.MODELS[name]
+    assert m.source.startswith("https://huggingface.co/") and m.source.endswith("config.json")
+    assert m.hf_model_type in FAMILIES and shapes.NUM_LAYERS[name] > 0
+    assert m.heads % m.kv_heads == 0 and m.head_dim in (64, 128)
+    assert (m.experts, m.experts_per_token) == MOE.get(name, (0, 0))
+    if not m.experts:  # an expert is narrower than the hidden size; a dense MLP wider
+        assert m.intermediate > m.hidden
+
+
+def test_from_hf_config_reads_experts_text_configs_and_partial_rotary():
+    tf = pytest.importorskip("transformers")
+    moe = shapes.from_hf_config(tf.Qwen3MoeConfig(num_experts=16, num_experts_per_tok=4,
+                                                  moe_intermediate_size=96))
+    assert (moe.experts, moe.experts_per_token, moe.intermediate) == (16, 4, 96)
+    vl = shapes.from_hf_config(tf.Qwen2VLConfig(text_config=dict(hidden_size=256,
+                                                                 num_attention_heads=4)))
+    assert vl.hf_model_type == "qwen2_vl" and vl.hidden == 256 and vl.head_dim == 64
+    glm = shapes.from_hf_config(tf.Glm4Config(head_dim=128, partial_rotary_factor=0.5))
+    assert glm.rotary_dim == 64 and glm.rope_interleaved
+    dense = shapes.from_hf_config(tf.LlamaConfig())
+    assert (dense.experts, dense.experts_per_token) == (0, 0)

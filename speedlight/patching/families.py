@@ -2,7 +2,9 @@
 
 A family is found by `model.config.model_type`; each entry names the classes whose
 instances speedlight swaps, and the modeling module whose `apply_rotary_pos_emb` the
-attention layers call. The names are those of transformers >= 4.52 and 5.x.
+attention layers call. The names are those of transformers >= 4.52 and 5.x; the
+mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE) need 5.x, whose
+`<Prefix>Experts` module holds every expert's weights as two 3-D parameters.
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ class Family:
     # then pre_feedforward_layernorm), or None: kept as it is, for the reason in layer_note
     layer_form: str | None = None
     layer_note: str = ""
+    # the MLP's class when it does not follow the prefix (Qwen2-VL's text MLP is Qwen2MLP)
+    mlp_name: str | None = None
+    # a mixture of experts: <Prefix>Experts holds every expert's gate_up_proj [E, 2I, H] and
+    # down_proj [E, H, I] (transformers 5.x); its gated unit runs through speedlight
+    experts: bool = False
+    # GLM: apply_rotary_pos_emb rotates pairs (2i, 2i + 1), taking cos/sin's first half
+    # repeat-interleaved; False: Llama's halves
+    rope_interleaved: bool = False
 
     @property
     def norm_class(self) -> str:
@@ -35,12 +45,19 @@ class Family:
 
     @property
     def mlp_class(self) -> str:
-        return f"{self.prefix}MLP"
+        return self.mlp_name or f"{self.prefix}MLP"
+
+    @property
+    def experts_class(self) -> str | None:
+        return f"{self.prefix}Experts" if self.experts else None
 
     @property
     def attention_class(self) -> str:
         return f"{self.prefix}Attention"
 
+
+_RESIDUAL_SCALED = ("its decoder layer scales each branch by residual_multiplier before the "
+                    "add (h = x + m * branch), which add_rms_norm does not")
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     Family("llama", "Llama", "transformers.models.llama.modeling_llama", layer_form="pre_norm"),
@@ -63,6 +80,44 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
                       "add (residual + branch * m); add_rms_norm adds the branch unscaled, so "
                       "the multiply would stay a separate pass over the activations; the "
                       "layer is kept as it is"),
+    # sandwich norms as Gemma 2 (post-norms join the residual stream), q_norm/k_norm per head
+    Family("gemma3_text", "Gemma3", "transformers.models.gemma3.modeling_gemma3",
+           norm_offset=1.0, norm_out="input",
+           in_place_norms=("input_layernorm", "pre_feedforward_layernorm", "norm"),
+           layer_form="sandwich"),
+    # the text decoder of Qwen2-VL (ForConditionalGeneration: "qwen2_vl"; the bare text model:
+    # "qwen2_vl_text"); its vision tower has other classes and stays as it is. The
+    # multimodal RoPE sections are merged into ordinary cos/sin before apply_rotary_pos_emb.
+    *[Family(t, "Qwen2VL", "transformers.models.qwen2_vl.modeling_qwen2_vl",
+             mlp_name="Qwen2MLP", layer_form="pre_norm") for t in ("qwen2_vl", "qwen2_vl_text")],
+    # some layers skip RoPE (no_rope_layers): their attention calls no rope
+    Family("smollm3", "SmolLM3", "transformers.models.smollm3.modeling_smollm3",
+           layer_form="pre_norm"),
+    Family("ministral", "Ministral", "transformers.models.ministral.modeling_ministral",
+           layer_form="pre_norm"),
+    # each branch's output is normalised (post_attention_layernorm, post_feedforward_layernorm)
+    # and then added: no pre-norm, so only the final norm runs in place; q_norm and k_norm
+    # normalise whole projections (heads * head_dim)
+    Family("olmo2", "Olmo2", "transformers.models.olmo2.modeling_olmo2", norm_out="input",
+           in_place_norms=("norm",),
+           layer_note="its decoder layer normalises each branch's output before the add "
+                      "(h = x + norm(attn(x))): the norm follows the branch, not the sum"),
+    # GLM-4: gate_up_proj MLP, interleaved partial RoPE, four norms per layer
+    # (post_self_attn_layernorm and post_mlp_layernorm are post-norms on the branch outputs).
+    # Its layer is of the sandwich form under other names: post_self_attn_layernorm, the
+    # add, then post_attention_layernorm (the MLP's pre-norm), which is fused
+    Family("glm4", "Glm4", "transformers.models.glm4.modeling_glm4", mlp="fused",
+           rope_interleaved=True, layer_form="sandwich"),
+    # mixtures of experts: every expert's gated unit through speedlight, routing unchanged;
+    # Qwen2-MoE's shared expert is a <Prefix>MLP; Qwen3-MoE has per-head q_norm/k_norm
+    Family("mixtral", "Mixtral", "transformers.models.mixtral.modeling_mixtral", experts=True,
+           layer_form="pre_norm"),
+    Family("qwen2_moe", "Qwen2Moe", "transformers.models.qwen2_moe.modeling_qwen2_moe",
+           experts=True, layer_form="pre_norm"),
+    Family("qwen3_moe", "Qwen3Moe", "transformers.models.qwen3_moe.modeling_qwen3_moe",
+           experts=True, layer_form="pre_norm"),
+    Family("granitemoe", "GraniteMoe", "transformers.models.granitemoe.modeling_granitemoe",
+           experts=True, layer_note=_RESIDUAL_SCALED),
     # hybrid attention + Mamba-2 layers; its MLP (feed_forward) has mlp_multipliers. The
     # input norm feeds both mixers and stays out of place; the Mamba mixer's own gated norm
     # is another class, left as it is. Its layer is pre-norm: the two mixers' scaled outputs

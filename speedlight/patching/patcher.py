@@ -8,7 +8,10 @@ are, so weights load unchanged and optimizers keep their references):
                  whose output joins the residual stream), so their backward allocates
                  nothing of the activations' size
   mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up)), with
-                 Falcon-H1's mlp multipliers folded into the gated unit;
+                 Falcon-H1's mlp multipliers folded into the gated unit; every
+                 <Family>Experts' forward (Mixtral, Qwen2/3-MoE, GraniteMoE) -> the given
+                 routing, each expert's own projections, and one gated-unit launch over
+                 all routed tokens (experts.py);
                  with mlp="fused" -> down_proj(gated_matmul(x, gate and up weights)): both
                  projections and the gated product in one GEMM kernel (off by default
                  until measured on a GPU)
@@ -33,8 +36,10 @@ are, so weights load unchanged and optimizers keep their references):
                  never made, and the output's logits are None (say skip_logits=False to get
                  them; eval mode, no labels or logits_to_keep keep the normal path, whose
                  loss is the cross_entropy patch's). Granite's logits_scaling and Falcon-H1's
-                 lm_head_multiplier scale the hidden states first; Gemma 2's
-                 final_logit_softcapping is the op's softcap.
+                 lm_head_multiplier scale the hidden states first; Gemma 2/3's
+                 final_logit_softcapping is the op's softcap; a mixture of experts' load-
+                 balancing loss is added when router logits are asked for; the output is
+                 the class the family's own forward returns.
 unpatch restores every instance's forward, the model's loss and its attention
 implementation exactly as they were.
 """
@@ -42,6 +47,7 @@ implementation exactly as they were.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import importlib
 import inspect
 import types
@@ -51,6 +57,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from speedlight.patching.experts import experts_forward, experts_layout_problem
 from speedlight.patching.families import ACTIVATIONS, FAMILIES, Family
 
 _RECORD = "_speedlight_patch"
@@ -91,7 +98,9 @@ _ROPE_ORIGINALS: dict[str, object] = {}  # modeling module name -> original func
 _ROPE_USERS: dict[str, int] = {}  # modeling module name -> patched attention layers
 
 
-def _rope_dispatcher(original):
+def _rope_dispatcher(original, interleaved: bool = False):
+    """interleaved: GLM's form, pairs (2i, 2i + 1) rotated by the first half of cos/sin
+    (cat(freqs, freqs) over the rotary dims) repeat-interleaved, as its function does."""
     signature = inspect.signature(original)
 
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
@@ -100,17 +109,22 @@ def _rope_dispatcher(original):
         from speedlight.ops.rope import rope
         bound = signature.bind(q, k, cos, sin, *args, **kwargs)
         bound.apply_defaults()
-        return rope(q, k, cos, sin, unsqueeze_dim=bound.arguments.get("unsqueeze_dim", 1))
+        if interleaved:
+            half = cos.shape[-1] // 2
+            cos = cos[..., :half].repeat_interleave(2, dim=-1)
+            sin = sin[..., :half].repeat_interleave(2, dim=-1)
+        return rope(q, k, cos, sin, unsqueeze_dim=bound.arguments.get("unsqueeze_dim", 1),
+                    interleaved=interleaved)
 
     apply_rotary_pos_emb.__wrapped__ = original
     return apply_rotary_pos_emb
 
 
-def _acquire_rope(module_name: str) -> None:
+def _acquire_rope(module_name: str, interleaved: bool = False) -> None:
     mod = importlib.import_module(module_name)
     if module_name not in _ROPE_ORIGINALS:
         _ROPE_ORIGINALS[module_name] = mod.apply_rotary_pos_emb
-        mod.apply_rotary_pos_emb = _rope_dispatcher(mod.apply_rotary_pos_emb)
+        mod.apply_rotary_pos_emb = _rope_dispatcher(mod.apply_rotary_pos_emb, interleaved)
     _ROPE_USERS[module_name] = _ROPE_USERS.get(module_name, 0) + 1
 
 
@@ -291,6 +305,10 @@ def _causal_lm_forward(previous, signature: inspect.Signature):
             return previous(*args, **kwargs)
         loss_kwargs = {k: extra.pop(k) for k in ("num_items_in_batch", "shift_labels",
                                                  "ignore_index") if k in extra}
+        moe = hasattr(self, "router_aux_loss_coef")
+        if moe and arguments.get("output_router_logits") is None:
+            arguments["output_router_logits"] = bool(getattr(self.config, "output_router_logits",
+                                                             False))
         outputs = self.model(**arguments, **extra)
         config = self.config
         # through the lm_head's call, so that hooks gathering a sharded weight run first
@@ -298,10 +316,35 @@ def _causal_lm_forward(previous, signature: inspect.Signature):
         loss = self.lm_head(outputs[0], **{_LOSS_KWARG: dict(
             labels=labels, **loss_kwargs, logits_scale=scale,
             softcap=getattr(config, "final_logit_softcapping", None))})
-        from transformers.modeling_outputs import CausalLMOutputWithPast
         fields = {k: v for k, v in outputs.items() if k != "last_hidden_state"}
-        return CausalLMOutputWithPast(loss=loss, logits=None, **fields)
+        if moe and arguments["output_router_logits"]:
+            # the load-balancing loss of the family's own function, added as its forward does
+            balance = importlib.import_module(type(self).__module__).load_balancing_loss_func
+            aux = balance(outputs.router_logits, self.num_experts, self.num_experts_per_tok,
+                          arguments.get("attention_mask"))
+            loss = loss + self.router_aux_loss_coef * aux.to(loss.device)
+            fields["aux_loss"] = aux
+        output = _causal_lm_output(self, outputs)
+        known = {f.name for f in dataclasses.fields(output)}
+        return output(loss=loss, logits=None, **{k: v for k, v in fields.items() if k in known})
     return forward
+
+
+def _causal_lm_output(model, outputs) -> type:
+    """The output class the causal LM's own forward returns for its base model's `outputs`:
+    <X>CausalLMOutputWithPast for <X>BaseModelOutputWithPast or <X>ModelOutputWithPast
+    (Moe..., Multimodal...), from the model's modeling module or
+    transformers.modeling_outputs; CausalLMOutputWithPast otherwise."""
+    from transformers import modeling_outputs
+    name = type(outputs).__name__
+    for suffix in ("BaseModelOutputWithPast", "ModelOutputWithPast"):
+        if name.endswith(suffix):
+            name = name[:-len(suffix)] + "CausalLMOutputWithPast"
+            break
+    for where in (importlib.import_module(type(model).__module__), modeling_outputs):
+        if isinstance(getattr(where, name, None), type):
+            return getattr(where, name)
+    return modeling_outputs.CausalLMOutputWithPast
 
 
 # --- patch / unpatch -------------------------------------------------------------------------
@@ -333,12 +376,14 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
           rope: bool = True, cross_entropy: bool = True, attention: bool = True,
           norm_in_place: bool = True, linear_cross_entropy: bool = True,
           decoder_layer: bool = True) -> PatchReport:
-    """Swap speedlight ops into `model` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Phi-3,
-    Falcon-H1, Granite).
+    """Swap speedlight ops into `model` (a family of speedlight.patching.families.FAMILIES:
+    Llama, Mistral, Ministral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, Falcon-H1,
+    Granite, OLMo 2, GLM-4, SmolLM3, Qwen2-VL's text decoder, Mixtral, Qwen2-MoE,
+    Qwen3-MoE, GraniteMoE).
 
     decoder_layer: within each decoder layer, the residual add and the norm after it run
-    as one speedlight.add_rms_norm (the family's Family.layer_form; Granite keeps its
-    layer, see its layer_note).
+    as one speedlight.add_rms_norm (the family's Family.layer_form; Granite, GraniteMoE and
+    OLMo 2 keep their layers, see their layer_note).
 
     linear_cross_entropy: the training loss of a causal LM with labels is computed without
     its logits, which the output then does not hold (see the module docstring).
@@ -380,7 +425,8 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     else:
         for path, module in model.named_modules():
             cls = type(module).__name__
-            if cls in (family.norm_class, family.mlp_class) and "forward" in module.__dict__:
+            if cls in (family.norm_class, family.mlp_class, family.experts_class) and \
+                    "forward" in module.__dict__:
                 report.not_patched.append((path, "its forward is already wrapped (e.g. by "
                                            "accelerate hooks); speedlight leaves it alone"))
                 continue
@@ -417,10 +463,12 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
                 make = _fused_mlp_forward if family.mlp == "fused" else _split_mlp_forward
                 _set_forward(module, make(*act), record)
                 report.patched.setdefault("mlp", []).append(f"{path} ({act[0]})")
+            elif wanted["mlp"] and cls == family.experts_class:
+                _patch_experts(path, module, mlp, report, record)
             elif wanted["rope"] and cls == family.attention_class:
                 previous = module.__dict__.get("forward") or module.forward
                 _set_forward(module, _attention_forward(previous), record)
-                _acquire_rope(family.module)
+                _acquire_rope(family.module, family.rope_interleaved)
                 # released by unpatch, or when the model is garbage-collected unpatched
                 record["rope_modules"].append(weakref.finalize(model, _release_rope, family.module))
                 report.patched.setdefault("rope", []).append(path)
@@ -495,6 +543,30 @@ def _patch_decoder_layers(model, family: Family, report: PatchReport, record: di
             report.in_place.append(norm_path)
 
 
+def _patch_experts(path: str, module, mlp: bool | str, report: PatchReport, record: dict) -> None:
+    """A mixture of experts' <Prefix>Experts: every expert's gated unit through speedlight."""
+    act = _activation_of(module)
+    if act is None:
+        report.not_patched.append((f"mlp {path}", "activation "
+                                   f"{type(getattr(module, 'act_fn', None)).__name__} "
+                                   "has no speedlight kernel"))
+        return
+    if not _available(act[0]):
+        report.not_patched.append((f"mlp {path}", f"this install has no speedlight.{act[0]}"))
+        return
+    problem = experts_layout_problem(module)
+    if problem is not None:
+        report.not_patched.append((f"mlp {path}", problem))
+        return
+    if mlp == "fused":
+        report.not_patched.append((f"mlp {path} (fused)", "gated_matmul reads one weight "
+                                   "pair, not 3-D expert weights; the gated unit alone is "
+                                   "patched"))
+    _set_forward(module, experts_forward(*act), record)
+    report.patched.setdefault("mlp", []).append(
+        f"{path} ({act[0]}, {module.gate_up_proj.shape[0]} experts)")
+
+
 def _patch_causal_lm_forward(model, report: PatchReport, record: dict) -> None:
     kind = "linear_cross_entropy"
     lm_head = getattr(model, "lm_head", None)
@@ -532,8 +604,14 @@ def _patch_attention(model, family: Family, report: PatchReport, record: dict) -
                                    "family found"))
         return
     hf_attention.register()
-    record["attention"] = (config._attn_implementation_internal, [m for _, m in layers])
-    config._attn_implementation = hf_attention.NAME
+    # the configs the attention layers (and their model's mask builder) read: the model's
+    # own, or a sub-config (Qwen2-VL's text_config); set there alone, so that a vision
+    # tower's attention, which reads another sub-config, keeps its implementation
+    configs = {id(c): c for c in (getattr(m, "config", None) or config for _, m in layers)}
+    record["attention"] = ([(c, c._attn_implementation_internal) for c in configs.values()],
+                           [m for _, m in layers])
+    for c in configs.values():
+        c._attn_implementation_internal = hf_attention.NAME
     for path, m in layers:
         setattr(m, hf_attention.REPORT_ATTR, report)
     report.patched["attention"] = [path for path, _ in layers]
@@ -560,7 +638,8 @@ def unpatch(model: torch.nn.Module) -> None:
     if record.get("attention") is not None:
         from speedlight.patching import hf_attention
         previous, layers = record["attention"]
-        model.config._attn_implementation_internal = previous
+        for c, implementation in previous:
+            c._attn_implementation_internal = implementation
         for m in layers:
             m.__dict__.pop(hf_attention.REPORT_ATTR, None)
     if record["loss"] is not None:

@@ -79,6 +79,10 @@ def _transformers():
     return transformers
 
 
+# the config field holding a mixture of experts' routed expert count, where not num_experts
+_EXPERT_COUNT = {"mixtral": "num_local_experts", "granitemoe": "num_local_experts"}
+
+
 def hf_kwargs(m: shapes.ModelConfig, layers: int, size: str, seq: int) -> dict:
     """transformers config arguments of a shapes.MODELS family, full or scaled down."""
     hidden, inter, heads, kv, head_dim, vocab = (m.hidden, m.intermediate, m.heads,
@@ -105,10 +109,28 @@ def hf_kwargs(m: shapes.ModelConfig, layers: int, size: str, seq: int) -> dict:
               num_key_value_heads=kv, head_dim=head_dim, vocab_size=vocab,
               rms_norm_eps=m.norm_eps, num_hidden_layers=layers,
               max_position_embeddings=positions)
+    if m.experts:  # the family's names for the expert count, top-k and expert widths
+        kw[_EXPERT_COUNT.get(m.hf_model_type, "num_experts")] = m.experts
+        kw["num_experts_per_tok"] = m.experts_per_token
+        if m.hf_model_type in ("qwen2_moe", "qwen3_moe"):
+            kw["moe_intermediate_size"] = inter
+        if m.shared_intermediate:
+            kw["shared_expert_intermediate_size"] = m.shared_intermediate if size != "small" \
+                else int(round(hidden * m.shared_intermediate / m.hidden / 16)) * 16
     if m.hf_model_type.startswith("gemma"):
         kw.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=head_dim,
                   sliding_window=positions, final_logit_softcapping=m.logit_softcap)
     return dict(kw, **tokens)
+
+
+def _auto_class(transformers, config):
+    """AutoModelForCausalLM, or the image-text class for a family whose language model is
+    the decoder of an image-text model (Qwen2-VL), run on text alone."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and \
+            hasattr(transformers, "AutoModelForImageTextToText"):
+        return transformers.AutoModelForImageTextToText
+    return transformers.AutoModelForCausalLM
 
 
 def _build_hf(config, dtype: torch.dtype, device: torch.device, seed: int):
@@ -117,7 +139,7 @@ def _build_hf(config, dtype: torch.dtype, device: torch.device, seed: int):
     transformers = _transformers()
     torch.manual_seed(seed)
     with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = _auto_class(transformers, config).from_config(config, dtype=dtype)
     if all(p.device == device and p.dtype == dtype for p in model.parameters()):
         return model  # made where it belongs (and fake tensors cannot be moved in place)
     return model.to(device=device, dtype=dtype)
@@ -147,7 +169,9 @@ def _config_summary(cfg) -> dict:
     keys = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
             "n_embd", "n_layer", "n_head", "n_inner")
-    return {k: getattr(cfg, k) for k in keys if getattr(cfg, k, None) is not None}
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg  # Qwen2-VL
+    summary = {k: getattr(text, k) for k in keys if getattr(text, k, None) is not None}
+    return dict(summary, model_type=cfg.model_type) if hasattr(cfg, "model_type") else summary
 
 
 def build(spec: str | None, *, batch: int, seq: int, train: bool, dtype: torch.dtype,
@@ -178,7 +202,8 @@ def build(spec: str | None, *, batch: int, seq: int, train: bool, dtype: torch.d
             f"{spec} scaled down (--size small): its architecture at {depth} layers and small "
             f"widths; --size full builds the real widths (a GPU's job)"]
         model = _build_hf(cfg, dtype, device, seed)
-        return _lm_workload(spec + ("" if size == "full" else "-scaled"), model, cfg.vocab_size,
+        return _lm_workload(spec + ("" if size == "full" else "-scaled"), model,
+                            cfg.get_text_config().vocab_size,
                             batch, seq, train, device, seed,
                             dict(_config_summary(cfg), source=m.source, size=size), notes)
     path = Path(spec)
@@ -198,8 +223,8 @@ def build(spec: str | None, *, batch: int, seq: int, train: bool, dtype: torch.d
                              f"model_type ({type(e).__name__}: {e})") from None
         model = _build_hf(cfg, dtype, device, seed)
         return _lm_workload(path.stem if path.stem != "config" else path.parent.name or "config",
-                            model, cfg.vocab_size, batch, seq, train, device, seed,
-                            dict(_config_summary(cfg), source=str(path)))
+                            model, cfg.get_text_config().vocab_size, batch, seq, train, device,
+                            seed, dict(_config_summary(cfg), source=str(path)))
     if ":" in spec:
         return _from_callable(spec, train, dtype, device, seed)
     raise ModelError(f"--model {spec!r}: not a model name ({', '.join(shapes.MODELS)}), a "

@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 import speedlight
 from speedlight.patching import PatchWarning, patch, unpatch
 from speedlight.verify.harness import LaunchCounter
-from tests.patching.tiny_models import FAMILIES, batch, build
+from tests.patching.tiny_models import FAMILIES, MOE, NEW_FAMILIES, batch, build, vocab
 
 TOL = dict(rtol=2e-4, atol=2e-5)
 
@@ -18,6 +18,10 @@ TOL = dict(rtol=2e-4, atol=2e-5)
 def report_note(family: str) -> str:
     from speedlight.patching.families import FAMILIES as KNOWN
     return KNOWN[family].layer_note
+
+
+# the families whose decoder layer is kept as it is (Family.layer_form None)
+KEPT = ("granite", "granitemoe", "olmo2")
 
 
 def _run(model, ids, labels):
@@ -29,24 +33,33 @@ def _run(model, ids, labels):
     return logits, out.loss.detach(), grads
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+# RMSNorm modules of each tiny model: 2 per layer and the final norm, plus q_norm/k_norm
+# per layer (Qwen3, Qwen3-MoE, Gemma 3, OLMo 2), post-norms (Gemma 2/3, GLM-4: 2 per layer)
+NORMS = {"qwen3": 9, "gemma2": 9, "gemma3_text": 13, "olmo2": 9, "glm4": 9, "qwen3_moe": 9}
+# MLP and experts modules: Qwen2-MoE's layers have experts and a shared expert each
+MLPS = {"qwen2_moe": 4}
+
+
+@pytest.mark.parametrize("family", FAMILIES + NEW_FAMILIES)
 def test_patched_logits_loss_and_every_gradient_match(family):
     base = build(family)
     patched = copy.deepcopy(base)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore" if family == "granite" else "error", PatchWarning)
+    with warnings.catch_warnings():  # a family without a layer form warns of its layer
+        warnings.simplefilter("ignore" if family in KEPT else "error", PatchWarning)
         report = patch(patched)
-    assert report.count("rms_norm") == 2 * 2 + 1 + (4 if family == "qwen3" else 0) + \
-        (4 if family == "gemma2" else 0)
-    assert report.count("mlp") == 2 and report.count("rope") == 2
+    assert report.count("rms_norm") == NORMS.get(family, 2 * 2 + 1)
+    assert report.count("mlp") == MLPS.get(family, 2) and report.count("rope") == 2
+    if family in MOE:  # every layer's experts (Qwen3-MoE's second layer is dense)
+        experts = [m for m in report.patched["mlp"] if "experts)" in m]
+        assert len(experts) == (1 if family == "qwen3_moe" else 2), report.patched["mlp"]
     assert report.count("attention") == 2
     assert report.count("cross_entropy") == 1
-    if family == "granite":  # it scales the branch before the residual add (its layer_note)
-        assert report.not_patched == [("decoder_layer", f"granite: {report_note(family)}")]
+    if family in KEPT:  # its layer is not of a form add_rms_norm fuses (its layer_note)
+        assert report.not_patched == [("decoder_layer", f"{family}: {report_note(family)}")]
     else:
         assert report.count("decoder_layer") == 2 and not report.not_patched
     assert report.count("linear_cross_entropy") == 1 and "logits are None" in str(report)
-    ids, labels = batch(base.config.vocab_size)
+    ids, labels = batch(vocab(base))
     logits0, loss0, grads0 = _run(base, ids, labels)
     counter = LaunchCounter()
     with counter.active():
@@ -55,7 +68,7 @@ def test_patched_logits_loss_and_every_gradient_match(family):
     for name in ("rms_norm", "rope", "cross_entropy", "glu", "attention"):
         assert f"_{name}_" in kernels, f"no {name} kernel ran in the patched {family} model"
     gated = "geglu" if family.startswith("gemma") else "swiglu"
-    assert all(f"({gated})" in m for m in report.patched["mlp"]), report.patched["mlp"]
+    assert all(f"({gated}" in m for m in report.patched["mlp"]), report.patched["mlp"]
     torch.testing.assert_close(logits1, logits0, **TOL)
     torch.testing.assert_close(loss1, loss0, **TOL)
     for (name, _), g0, g1 in zip(base.named_parameters(), grads0, grads1):
@@ -88,15 +101,16 @@ def test_fused_mlp_runs_gated_matmul_and_matches(family):
         patch(copy.deepcopy(base), mlp="yes")
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "gemma2"] + NEW_FAMILIES)
 def test_unpatch_restores_the_original_exactly(family):
+    from speedlight.patching.families import FAMILIES as KNOWN
     model = build(family)
-    ids, labels = batch(model.config.vocab_size)
+    ids, labels = batch(vocab(model))
     before = model(input_ids=ids, labels=labels).logits
     import importlib
     import gc
     gc.collect()  # patched models of earlier tests release the family's function
-    mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    mod = importlib.import_module(KNOWN[family].module)
     original_rope = mod.apply_rotary_pos_emb
     assert not hasattr(original_rope, "__wrapped__")
     patch(model)
@@ -208,19 +222,22 @@ def test_twenty_training_steps_give_matching_loss_curves():
     assert max(abs(a - b) for a, b in zip(base, ours)) < 1e-3, (base, ours)
 
 
-@pytest.mark.parametrize("family", ["gemma2", "granite", "falcon_h1"])
+@pytest.mark.parametrize("family", ["gemma2", "granite", "falcon_h1", "granitemoe", "qwen2_vl"])
 def test_fused_loss_without_logits_and_the_normal_path(family):
     """Training with labels: the loss comes from linear_cross_entropy and no logits are
-    made (Gemma 2's softcap, Granite's logits_scaling and Falcon-H1's lm_head_multiplier
-    applied); eval, skip_logits=False
-    or no labels keep the logits; num_items_in_batch divides a sum, as Hugging Face does."""
+    made (Gemma 2's softcap, Granite's and GraniteMoE's logits_scaling and Falcon-H1's
+    lm_head_multiplier applied), in the output class of the family's own forward; eval,
+    skip_logits=False or no labels keep the logits; num_items_in_batch divides a sum, as
+    Hugging Face does."""
     base = build(family)
     model = copy.deepcopy(base)
     with warnings.catch_warnings():  # Granite keeps its decoder layer (its layer_note)
         warnings.simplefilter("ignore", PatchWarning)
         patch(model)
-    ids, labels = batch(model.config.vocab_size)
+    ids, labels = batch(vocab(model))
     fused = model(input_ids=ids, labels=labels)
+    # the output class the family's own forward returns (Qwen2-VL's carries rope_deltas)
+    assert type(fused) is type(base(input_ids=ids, labels=labels))
     assert fused.logits is None
     plain = model(input_ids=ids, labels=labels, skip_logits=False)
     assert plain.logits is not None

@@ -8,6 +8,8 @@ import torch
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
               tie_word_embeddings=False)
+# the newer families' defaults name special tokens past the tiny vocabulary
+NO_TOKENS = dict(pad_token_id=None, bos_token_id=None, eos_token_id=None)
 
 
 def config(model_type: str):
@@ -38,10 +40,50 @@ def config(model_type: str):
                                  mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
                                  mamba_chunk_size=8, mlp_multipliers=[0.75, 2.5],
                                  lm_head_multiplier=0.5)
+    new = dict(COMMON, **NO_TOKENS)
+    if model_type == "gemma3_text":  # one sliding-window layer, one global
+        return tf.Gemma3TextConfig(**new, head_dim=16, hidden_activation="gelu_pytorch_tanh",
+                                   query_pre_attn_scalar=16, sliding_window=8,
+                                   layer_types=["sliding_attention", "full_attention"],
+                                   final_logit_softcapping=30.0)
+    if model_type == "olmo2":
+        return tf.Olmo2Config(**new)
+    if model_type == "glm4":  # interleaved RoPE over half of each head
+        return tf.Glm4Config(**new, head_dim=16, partial_rotary_factor=0.5)
+    if model_type == "smollm3":  # the second layer skips RoPE
+        return tf.SmolLM3Config(**new, no_rope_layers=[1, 0])
+    if model_type == "ministral":
+        return tf.MinistralConfig(**new, head_dim=16, sliding_window=8,
+                                  layer_types=["sliding_attention", "full_attention"])
+    if model_type == "qwen2_vl":  # text decoder with multimodal RoPE, one tiny vision block
+        text = dict(new, model_type="qwen2_vl_text",
+                    rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                         mrope_section=[2, 3, 3]))
+        return tf.Qwen2VLConfig(text_config=text, vision_config=dict(
+            depth=1, embed_dim=32, num_heads=2, hidden_size=64, patch_size=2,
+            spatial_merge_size=1, temporal_patch_size=1))
+    moe = dict(new, intermediate_size=48)
+    if model_type == "mixtral":
+        return tf.MixtralConfig(**moe, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                sliding_window=None)
+    if model_type == "qwen2_moe":  # with its sigmoid-gated shared expert
+        return tf.Qwen2MoeConfig(**moe, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=48, shared_expert_intermediate_size=64)
+    if model_type == "qwen3_moe":  # the second layer dense (mlp_only_layers)
+        return tf.Qwen3MoeConfig(**moe, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=48, mlp_only_layers=[1])
+    if model_type == "granitemoe":
+        return tf.GraniteMoeConfig(**moe, num_local_experts=4, num_experts_per_tok=2,
+                                   logits_scaling=4.0, residual_multiplier=0.5,
+                                   embedding_multiplier=2.0, attention_multiplier=0.2)
     raise KeyError(model_type)
 
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "falcon_h1", "granite"]
+# added with the mixture-of-experts support; each adds ~1-2 s of CPU interpreter time
+NEW_FAMILIES = ["gemma3_text", "olmo2", "glm4", "smollm3", "ministral", "qwen2_vl", "mixtral",
+                "qwen2_moe", "qwen3_moe", "granitemoe"]
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "granitemoe")
 
 
 def build(model_type: str, seed: int = 0, dtype=torch.float32):
@@ -49,13 +91,21 @@ def build(model_type: str, seed: int = 0, dtype=torch.float32):
     torch.manual_seed(seed)
     cfg = config(model_type)
     cfg._attn_implementation = "eager"
-    model = tf.AutoModelForCausalLM.from_config(cfg).to(dtype)
+    if model_type == "qwen2_vl":  # no causal-LM auto class: the image-text model, run on text
+        model = tf.Qwen2VLForConditionalGeneration(cfg).to(dtype)
+    else:
+        model = tf.AutoModelForCausalLM.from_config(cfg).to(dtype)
     # Gemma norms start at w = 0 (scale 1); move them off it so the offset form is tested
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
     return model
+
+
+def vocab(model) -> int:
+    """The vocabulary of a causal LM (Qwen2-VL's sits in its text config)."""
+    return model.config.get_text_config().vocab_size
 
 
 def batch(vocab: int, batch: int = 2, seq: int = 11, seed: int = 1):

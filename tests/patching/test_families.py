@@ -1,0 +1,155 @@
+"""The families added with mixture-of-experts support: their training curves, the experts
+module on its own, and the load-balancing loss on the fused-loss path. (Logits, loss,
+every gradient and unpatch of each family: test_patch.py, parametrized over them.)"""
+import copy
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from speedlight.patching import PatchWarning, patch
+from speedlight.verify.harness import LaunchCounter
+from tests.patching.tiny_models import NEW_FAMILIES, batch, build, vocab
+
+TOL = dict(rtol=2e-4, atol=2e-5)
+
+
+# SmolLM3 and Ministral are Llama's layer with NoPE layers / a sliding window: their
+# training is Llama's (test_patch.py's twenty steps); the rest each bring a form of their own
+TRAINED = [f for f in NEW_FAMILIES if f not in ("smollm3", "ministral")]
+
+
+@pytest.mark.parametrize("family", TRAINED)
+def test_training_steps_give_matching_loss_curves(family):
+    """Two AdamW steps of the original and of the patched model on one batch (attention
+    left out: its interpreter cost is paid per family in test_patch.py) give the same
+    loss curve."""
+    curves = []
+    for do_patch in (False, True):
+        model = build(family, seed=11)
+        if do_patch:
+            patch(model, attention=False)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses = []
+        ids, labels = batch(vocab(model), batch=1, seq=8, seed=100)
+        for _ in range(2):
+            loss = model(input_ids=ids, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        with torch.no_grad():
+            losses.append(model(input_ids=ids, labels=labels).loss.item())
+        curves.append(losses)
+    base, ours = curves
+    assert base[-1] < base[0], f"{family} did not train: {base}"
+    assert max(abs(a - b) for a, b in zip(base, ours)) < 1e-3, (base, ours)
+
+
+def _experts(family: str):
+    model = build(family)
+    return next(m for m in model.modules() if type(m).__name__.endswith("Experts"))
+
+
+def test_experts_follow_the_given_routing_and_skip_sentinels():
+    """The patched experts module against its own forward on one routing, with a token
+    routed to the expert-parallel sentinel (index == num_experts) and an expert no token
+    picks: output and the gradients of input, routing weights and both 3-D weights."""
+    experts = _experts("mixtral")
+    # the reference: the module's own loop (the default grouped_mm reads past the last
+    # expert's weights for a sentinel unless expert parallelism is set up)
+    experts.config._experts_implementation = "eager"
+    n = experts.gate_up_proj.shape[0]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, experts.gate_up_proj.shape[2], generator=g, requires_grad=True)
+    index = torch.tensor([[0, 2], [2, 0], [1, n], [0, 1], [2, 1], [1, 0], [0, 2]])
+    weights = torch.rand(7, 2, generator=g).requires_grad_()
+    params = [x, weights, experts.gate_up_proj, experts.down_proj]
+    y0 = experts(x, index, weights)
+    grads0 = torch.autograd.grad(y0.square().sum(), params)
+    patched = copy.deepcopy(experts)
+    from speedlight.patching.experts import experts_forward
+    import types
+    patched.forward = types.MethodType(experts_forward("swiglu", {}), patched)
+    params[2:] = [patched.gate_up_proj, patched.down_proj]
+    counter = LaunchCounter()
+    with counter.active():
+        y1 = patched(x, index, weights)
+    assert counter.kernels.count("_glu_fwd_kernel") == 1, counter.kernels  # one launch
+    grads1 = torch.autograd.grad(y1.square().sum(), params)
+    torch.testing.assert_close(y1, y0, **TOL)
+    for name, g0, g1 in zip(("x", "weights", "gate_up_proj", "down_proj"), grads0, grads1):
+        torch.testing.assert_close(g1, g0, **TOL, msg=lambda m: f"{name}: {m}")
+    assert grads1[3][n - 1].abs().sum() == 0  # expert 3: no token, no gradient
+
+
+def test_experts_in_another_layout_are_reported_not_patched():
+    model = build("qwen2_moe")
+    for m in model.modules():
+        if type(m).__name__.endswith("Experts"):
+            m.is_transposed = True
+    with pytest.warns(PatchWarning, match="is_transposed is True"):
+        report = patch(model)
+    assert [m for m in report.patched["mlp"] if "experts" in m] == []
+    assert report.count("mlp") == 2  # the shared experts still are
+
+
+def test_load_balancing_loss_is_added_on_the_fused_path():
+    """output_router_logits: the family's auxiliary loss (router_aux_loss_coef times it) is
+    added to the loss without logits, and returned with the router logits, as the
+    original forward does."""
+    base = build("qwen3_moe")
+    model = copy.deepcopy(base)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)
+        patch(model)
+    ids, labels = batch(vocab(model))
+    ours = model(input_ids=ids, labels=labels, output_router_logits=True)
+    theirs = base(input_ids=ids, labels=labels, output_router_logits=True)
+    assert ours.logits is None and type(ours) is type(theirs)
+    assert theirs.aux_loss is not None and base.router_aux_loss_coef > 0
+    torch.testing.assert_close(ours.aux_loss, theirs.aux_loss, **TOL)
+    torch.testing.assert_close(ours.loss, theirs.loss, **TOL)
+    assert len(ours.router_logits) == len(theirs.router_logits)
+    plain = model(input_ids=ids, labels=labels)  # the config's default: no auxiliary loss
+    assert plain.aux_loss is None
+    torch.testing.assert_close(plain.loss, base(input_ids=ids, labels=labels).loss, **TOL)
+
+
+def test_qwen2_vl_patches_its_text_decoder_alone():
+    """Qwen2-VL: the text decoder's attention reads text_config, which alone is switched to
+    speedlight; the vision tower's blocks (other classes, their own sub-config) stay as
+    they are, and unpatch restores both configs."""
+    model = build("qwen2_vl")
+    text, vision = model.config.text_config, model.config.vision_config
+    before = (text._attn_implementation, vision._attn_implementation)
+    report = patch(model)
+    assert text._attn_implementation == "speedlight"
+    assert vision._attn_implementation == before[1]
+    assert not any(p.startswith("model.visual") for paths in report.patched.values()
+                   for p in paths)
+    from speedlight.patching import unpatch
+    unpatch(model)
+    assert (text._attn_implementation, vision._attn_implementation) == before
+
+
+@pytest.mark.parametrize("name", ["granite-3.0-1b-a400m", "qwen2-vl-7b"])
+def test_the_projection_builds_and_runs_the_patched_family(name):
+    """The profile's projection (fake tensors, no routing values) of a patched mixture of
+    experts, with its real expert count and top-k, and of Qwen2-VL's text decoder."""
+    from speedlight import shapes
+    from speedlight.profile import project
+    mode = project.fake_mode()
+    w = project.build_workload(name, batch=1, seq=64, train=True, recipe=project.RECIPES["bf16"],
+                               dtype=None, layers=1, seed=0, overrides=None, mode=mode)
+    m = shapes.MODELS[name]
+    experts = [x for x in w.model.modules() if type(x).__name__.endswith("Experts")]
+    assert [x.gate_up_proj.shape[0] for x in experts] == ([m.experts] if m.experts else [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PatchWarning)
+        report = patch(w.model)
+    assert report.count("mlp") >= 1 and report.count("rms_norm") == 3
+    pj = project.project_step(w, train=True, recipe=project.RECIPES["bf16"], mode=mode)
+    assert any("glu" in r.name for r in pj.capture.ops), sorted({r.name for r in pj.capture.ops})
