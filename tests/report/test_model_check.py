@@ -43,3 +43,22 @@ def test_a_model_patched_with_the_fused_loss_is_checked_on_both_paths():
     names = {c["name"] for c in doc["checks"]}
     assert "logits" in names and "loss" in names  # logits from the normal (eval) path
     assert patched.training
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_a_patched_moe_model_is_checked_against_its_float64_copy(family):
+    """The experts' grouped_mm takes no float64: the reference copy loops over experts."""
+    import warnings
+
+    from speedlight.patching import patch
+
+    model = build(family)
+    patched = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every layer of these families is patched, fused too
+        report = patch(patched)
+    assert report.count("decoder_layer") == 2
+    doc = check_models(model, patched, _inputs(model), lambda o: o.loss, train=True)
+    assert doc["reference"].startswith("float64")
+    assert doc["passed"], doc["failed"]
+    assert any(c["name"].startswith("grad:") and "experts" in c["name"] for c in doc["checks"])
