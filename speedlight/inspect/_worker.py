@@ -86,7 +86,7 @@ def load_function(file: str, module: str, qualname: str):
     return obj
 
 
-_PTXAS_PATTERNS = {
+PTXAS_PATTERNS = {
     "registers": r"Used (\d+) registers",
     "stack": r"(\d+) bytes stack frame",
     "spill_stores": r"(\d+) bytes spill stores",
@@ -106,7 +106,7 @@ def ptxas_report(ptx_path: Path, arch: int, fmad: bool) -> dict:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     log = out.stderr + out.stdout
     report = {"log": log.strip()}
-    for key, pattern in _PTXAS_PATTERNS.items():
+    for key, pattern in PTXAS_PATTERNS.items():
         m = re.search(pattern, log)
         report[key] = int(m.group(1)) if m else 0
     return report

@@ -27,7 +27,7 @@ from pathlib import Path
 from speedlight.inspect import sass
 from speedlight.inspect.cuda_compile import Binary, Compiler, CudaToolError, Function
 from speedlight.inspect.findings import ERROR, INFO, WARN, Finding
-from speedlight.inspect.guard import Shortfall
+from speedlight.inspect.guard import Shortfall, check_resources
 from speedlight.inspect.occupancy import Occupancy, Waves, occupancy
 from speedlight.spec import Case, CudaKernels, CudaLaunch, KernelDesign
 from speedlight.target import Target
@@ -248,18 +248,7 @@ def check(k: CudaKernelReport) -> list[Shortfall]:
             got = ", ".join(f"{b}-bit x{n}" for b, n in sorted(widths.items()))
             out.append(Shortfall(name, "vector", f"no {d.vector_bits}-bit global {kind} at "
                                  f"all ({got})"))
-    if not d.spills and (k.spill_stores or k.spill_loads or sum(k.mix.local.values())):
-        out.append(Shortfall(name, "spill", f"{k.spill_stores} bytes spilled "
-                             f"({k.registers} registers/thread)"))
-    if k.occupancy.fraction + 1e-9 < d.min_occupancy:
-        out.append(Shortfall(name, "occupancy", f"{k.occupancy.fraction:.0%} theoretical "
-                             f"(limited by {k.occupancy.limiter}), designed for at least "
-                             f"{d.min_occupancy:.0%}"))
-    if d.mma and not k.mix.tensor_core.get(d.mma):
-        out.append(Shortfall(name, "mma", f"designed for {d.mma}, SASS has none"))
-    if d.tma and not k.mix.tma.get("UTMALDG"):
-        out.append(Shortfall(name, "tma", "designed for TMA loads, SASS has no UTMALDG"))
-    return out
+    return out + check_resources(name, k, d)
 
 
 def inspect_case(op: str, kernels: CudaKernels, designs, case: Case, target: Target,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from speedlight import hardware
 from speedlight.inspect import sass
+from speedlight.inspect._worker import PTXAS_PATTERNS
 from speedlight.target import arch_name
 
 NVCC_FLAGS = ("-std=c++17", "-O3", "-lineinfo", "-Xptxas", "-v")
@@ -220,14 +221,6 @@ def _source_file(source: str | Path, cache: Path) -> Path:
     return path
 
 
-_PTXAS_FIELDS = {
-    "registers": r"Used (\d+) registers",
-    "stack": r"(\d+) bytes stack frame",
-    "spill_stores": r"(\d+) bytes spill stores",
-    "spill_loads": r"(\d+) bytes spill loads",
-    "barriers": r"used (\d+) barriers",
-    "smem_static": r"(\d+) bytes smem",
-}
 
 
 def parse_ptxas(log: str) -> dict[str, dict]:
@@ -237,11 +230,11 @@ def parse_ptxas(log: str) -> dict[str, dict]:
     for line in log.splitlines():
         m = re.search(r"(?:Compiling entry function|Function properties for) '?([\w$.]+)'?", line)
         if m:
-            current = out.setdefault(m.group(1), {k: 0 for k in _PTXAS_FIELDS})
+            current = out.setdefault(m.group(1), {k: 0 for k in PTXAS_PATTERNS})
             continue
         if current is None:
             continue
-        for key, pattern in _PTXAS_FIELDS.items():
+        for key, pattern in PTXAS_PATTERNS.items():
             f = re.search(pattern, line)
             if f:
                 current[key] = int(f.group(1))

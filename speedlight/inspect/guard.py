@@ -25,7 +25,7 @@ import torch
 from speedlight.inspect.case_report import CaseReport, DirectionBytes, KernelReport
 from speedlight.inspect.launches import Capture, capture_case, interpreter_work
 from speedlight.launch import sized_for
-from speedlight.spec import Case, OpSpec
+from speedlight.spec import Case, KernelDesign, OpSpec
 from speedlight.target import Target
 
 
@@ -49,6 +49,14 @@ def check_kernel(k: KernelReport) -> list[Shortfall]:
             out.append(Shortfall(name, "vector", f"line {a.line} {a.kind} of {a.arg}: "
                                  f"{a.sass.describe() if a.sass else 'no global access'}, "
                                  f"designed for {d.vector_bits}-bit"))
+    return out + check_resources(name, k, d) + check_matrix(k)
+
+
+def check_resources(name: str, k, d: KernelDesign) -> list[Shortfall]:
+    """What any compiled kernel (Triton's or CUDA C++'s KernelReport) is held to: no spills
+    unless designed with them, the design's occupancy, and the tensor-core family and TMA
+    loads a design names."""
+    out = []
     if not d.spills and (k.spill_stores or k.spill_loads or sum(k.mix.local.values())):
         out.append(Shortfall(name, "spill", f"{k.spill_stores} bytes spilled "
                              f"({k.registers} registers/thread)"))
@@ -56,13 +64,6 @@ def check_kernel(k: KernelReport) -> list[Shortfall]:
         out.append(Shortfall(name, "occupancy", f"{k.occupancy.fraction:.0%} theoretical "
                              f"(limited by {k.occupancy.limiter}), designed for at least "
                              f"{d.min_occupancy:.0%}"))
-    return out + check_matrix(k)
-
-
-def check_matrix(k: KernelReport) -> list[Shortfall]:
-    """What a matrix kernel's design names (KernelDesign.mma, tma, min_stages), and shared
-    memory within the target's limit (any kernel)."""
-    name, d, out = k.launch.kernel, k.design, []
     tc = k.mix.tensor_core
     if d.mma and not tc.get(d.mma):
         got = ", ".join(f"{op} x{n}" for op, n in sorted(tc.items())) or "no tensor-core op"
@@ -71,6 +72,13 @@ def check_matrix(k: KernelReport) -> list[Shortfall]:
         out.append(Shortfall(name, "tma", f"designed for TMA loads, SASS has no UTMALDG "
                              f"({sum(k.mix.async_copies.values())} LDGSTS, "
                              f"{sum(k.mix.global_loads.values())} LDG)"))
+    return out
+
+
+def check_matrix(k: KernelReport) -> list[Shortfall]:
+    """What a matrix kernel's design names beyond check_resources (min_stages), and shared
+    memory within the target's limit (any kernel)."""
+    name, d, out = k.launch.kernel, k.design, []
     if k.stages < d.min_stages:
         out.append(Shortfall(name, "stages", f"{k.stages} pipeline stage(s) in shared memory "
                              f"(num_stages={k.launch.num_stages}), designed for at least "

@@ -188,7 +188,7 @@ ptxas info    : Used 8 registers, used 0 barriers
 """
     got = cuda_compile.parse_ptxas(log)
     assert got["_Z1fPf"] == {"registers": 64, "stack": 8, "spill_stores": 4, "spill_loads": 4,
-                             "barriers": 1, "smem_static": 128}
+                             "barriers": 1, "smem_static": 128, "cmem0": 384}
     assert got["_Z1gv"]["registers"] == 8 and got["_Z1gv"]["spill_stores"] == 0
 
 
