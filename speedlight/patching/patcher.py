@@ -372,6 +372,21 @@ def _activation_of(mlp) -> tuple[str, dict] | None:
     return ACTIVATIONS.get(name)
 
 
+def _gated_unit(path: str, mlp, report: PatchReport) -> tuple[str, dict] | None:
+    """The speedlight op (and its arguments) for an MLP's or experts' activation, or None
+    with the reason in the report: no kernel for the activation, or none in this install."""
+    act = _activation_of(mlp)
+    if act is None:
+        report.not_patched.append((f"mlp {path}", "activation "
+                                   f"{type(getattr(mlp, 'act_fn', None)).__name__} "
+                                   "has no speedlight kernel"))
+        return None
+    if not _available(act[0]):
+        report.not_patched.append((f"mlp {path}", f"this install has no speedlight.{act[0]}"))
+        return None
+    return act
+
+
 def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
           rope: bool = True, cross_entropy: bool = True, attention: bool = True,
           norm_in_place: bool = True, linear_cross_entropy: bool = True,
@@ -439,14 +454,8 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
                 if in_place:
                     report.in_place.append(path)
             elif wanted["mlp"] and cls == family.mlp_class:
-                act = _activation_of(module)
+                act = _gated_unit(path, module, report)
                 if act is None:
-                    report.not_patched.append((f"mlp {path}", "activation "
-                                               f"{type(getattr(module, 'act_fn', None)).__name__} "
-                                               "has no speedlight kernel"))
-                    continue
-                if not _available(act[0]):
-                    report.not_patched.append((f"mlp {path}", f"this install has no speedlight.{act[0]}"))
                     continue
                 if mlp == "fused" and _has_bias(module):
                     report.not_patched.append((f"mlp {path} (fused)", "its projections have "
@@ -545,14 +554,8 @@ def _patch_decoder_layers(model, family: Family, report: PatchReport, record: di
 
 def _patch_experts(path: str, module, mlp: bool | str, report: PatchReport, record: dict) -> None:
     """A mixture of experts' <Prefix>Experts: every expert's gated unit through speedlight."""
-    act = _activation_of(module)
+    act = _gated_unit(path, module, report)
     if act is None:
-        report.not_patched.append((f"mlp {path}", "activation "
-                                   f"{type(getattr(module, 'act_fn', None)).__name__} "
-                                   "has no speedlight kernel"))
-        return
-    if not _available(act[0]):
-        report.not_patched.append((f"mlp {path}", f"this install has no speedlight.{act[0]}"))
         return
     problem = experts_layout_problem(module)
     if problem is not None:
