@@ -4,7 +4,6 @@ and the operand paths (TMA tensor descriptors or pointers) with what selects the
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
@@ -163,14 +162,16 @@ def use_tma(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-@functools.lru_cache(maxsize=None)
+def _scratch(size: int, alignment: int, stream):
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
 def ensure_allocator() -> None:
     """Device-side tensor descriptors live in a global scratch buffer Triton asks the
-    caller to allocate; set once, on the first CUDA launch that uses them."""
-    def alloc(size: int, alignment: int, stream):
-        return torch.empty(size, device="cuda", dtype=torch.int8)
-
-    triton.set_allocator(alloc)
+    caller to allocate. Triton keeps its allocator in a ContextVar, which a new thread
+    (autograd runs a GPU backward on its own) or a copied context does not inherit, so it
+    is set before every launch that uses descriptors (one ContextVar.set), never once."""
+    triton.set_allocator(_scratch)
 
 
 def precision(dtype: torch.dtype) -> str:

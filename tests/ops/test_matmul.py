@@ -153,3 +153,29 @@ def test_linear_module_keeps_torch_state_dict(device):
     assert ours.state_dict().keys() == ref.state_dict().keys()
     x = seeded((3, 5, 40), device=device)
     torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+def test_tma_allocator_is_set_in_every_thread():
+    """Triton keeps its scratch allocator in a ContextVar: a thread that never set it (the
+    autograd engine's GPU backward thread) has the null allocator. ensure_allocator runs
+    before each descriptor launch, so the thread that launches has one (a once-only
+    setting left matmul's TMA path failing on an H200: 'no allocator was set')."""
+    import threading
+
+    from triton.runtime import _allocation
+
+    from speedlight.ops._gemm import ensure_allocator
+
+    seen = {}
+
+    def launch_side():
+        seen["before"] = _allocation._allocator.get()
+        ensure_allocator()
+        seen["after"] = _allocation._allocator.get()
+
+    ensure_allocator()  # the calling thread's setting does not reach a new thread
+    t = threading.Thread(target=launch_side)
+    t.start()
+    t.join()
+    assert isinstance(seen["before"], _allocation.NullAllocator)
+    assert not isinstance(seen["after"], _allocation.NullAllocator)
