@@ -224,8 +224,11 @@ def _check_cos_sin_positions(cos, sin, position_ids, batch: int, seq: int,
     if rot_dim % 2 or rot_dim == 0 or rot_dim > head_dim:
         raise ValueError(f"rot_dim = cos.shape[-1] must be even, positive and at most "
                          f"head_dim={head_dim}, got cos of shape {tuple(cos.shape)}")
+    # `a == 1 or a == b`, not `a in (1, b)`: dynamo (torch 2.13) decides `in` over symbolic
+    # sizes wrongly when a recompile has made them dynamic
     if position_ids is None:
-        if cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[1] not in (1, seq):
+        if (cos.dim() != 3 or not (cos.shape[0] == 1 or cos.shape[0] == batch)
+                or not (cos.shape[1] == 1 or cos.shape[1] == seq)):
             raise ValueError(f"cos and sin must have shape [{batch} or 1, {seq} or 1, rot_dim] "
                              f"(batch {batch}, seq {seq}) when position_ids is None, got "
                              f"{tuple(cos.shape)}; pass position_ids to index a cache "
@@ -234,8 +237,9 @@ def _check_cos_sin_positions(cos, sin, position_ids, batch: int, seq: int,
         if cos.dim() != 2:
             raise ValueError(f"with position_ids, cos and sin must be a cache [max_pos, "
                              f"rot_dim], got shape {tuple(cos.shape)}")
-        if position_ids.dim() != 2 or position_ids.shape[0] not in (1, batch) \
-                or position_ids.shape[1] != seq:
+        if (position_ids.dim() != 2 or not (position_ids.shape[0] == 1
+                                             or position_ids.shape[0] == batch)
+                or position_ids.shape[1] != seq):
             raise ValueError(f"position_ids must have shape [{batch} or 1, {seq}] (batch, seq "
                              f"of q), got {tuple(position_ids.shape)}")
         if (position_ids.device.type == "cpu" and position_ids.numel()

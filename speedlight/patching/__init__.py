@@ -1,6 +1,7 @@
 """Swap speedlight ops into Hugging Face models, and back: speedlight.patch(model),
 speedlight.unpatch(model)."""
 
-from speedlight.patching.patcher import PatchReport, PatchWarning, causal_lm_loss, patch, unpatch
+from speedlight.patching.causal_lm import causal_lm_loss
+from speedlight.patching.patcher import PatchReport, PatchWarning, patch, unpatch
 
 __all__ = ["PatchReport", "PatchWarning", "causal_lm_loss", "patch", "unpatch"]

@@ -24,12 +24,12 @@ whose output is the layer's contract.
 
 from __future__ import annotations
 
-import __future__
 import ast
 import inspect
-import textwrap
 
 import torch
+
+from speedlight.patching.recompile import SourceError, recompile
 
 FORMS = ("pre_norm", "sandwich")
 
@@ -133,41 +133,29 @@ _FUSED: dict[tuple, tuple] = {}  # (forward function, form, norm class) -> (make
 
 def _maker(cls: type, form: str, layer: torch.nn.Module, norm_class: str):
     """A function make(add_norm) -> the class's forward with its fusion site rewritten to
-    call add_norm, decorated as the original; and the fused norm's attribute name."""
+    call add_norm, decorated as the original (recompile.py); and the fused norm's
+    attribute name."""
     forward = inspect.unwrap(cls.forward)
     key = (forward, form, norm_class)
     if key in _FUSED:
         return _FUSED[key]
-    if forward.__code__.co_freevars:
-        raise LayerFormError(f"{cls.__name__}.forward is a closure (free variables "
-                             f"{forward.__code__.co_freevars}); its source cannot be recompiled")
-    if _HELPER in forward.__code__.co_names or _HELPER in forward.__code__.co_varnames:
+    if _HELPER in forward.__code__.co_names:
         raise LayerFormError(f"{cls.__name__}.forward already uses the name {_HELPER}")
+
+    def fuse(fdef: ast.FunctionDef) -> str:
+        """Rewrite the site into `hidden, residual = helper(self.<norm>, branch, residual)`."""
+        i, residual, branch, attr = find_site(fdef, form, layer, norm_class)
+        hidden = fdef.args.args[1].arg
+        fused = ast.parse(f"{hidden}, {residual} = {_HELPER}(self.{attr}, BRANCH, "
+                          f"{residual})").body[0]
+        fused.value.args[1] = branch
+        fdef.body[i:i + 3] = [ast.copy_location(fused, fdef.body[i])]
+        return attr
+
     try:
-        source = textwrap.dedent(inspect.getsource(forward))
-        filename = inspect.getsourcefile(forward) or "<decoder layer>"
-    except (OSError, TypeError) as e:
-        raise LayerFormError(f"the source of {cls.__name__}.forward is not available ({e})") from None
-    tree = ast.parse(source)
-    fdef = tree.body[0]
-    if not isinstance(fdef, ast.FunctionDef):
-        raise LayerFormError(f"{cls.__name__}.forward is not a plain function")
-    i, residual, branch, attr = find_site(fdef, form, layer, norm_class)
-    hidden = fdef.args.args[1].arg
-    # hidden, residual = _speedlight_add_norm(self.<norm>, branch, residual)
-    fused = ast.parse(f"{hidden}, {residual} = {_HELPER}(self.{attr}, BRANCH, {residual})").body[0]
-    fused.value.args[1] = branch
-    fdef.body[i:i + 3] = [ast.copy_location(fused, fdef.body[i])]
-    outer = ast.parse(f"def _speedlight_make({_HELPER}):\n    return None").body[0]
-    outer.body = [fdef, ast.Return(ast.Name(fdef.name, ast.Load()))]
-    module = ast.Module(body=[outer], type_ignores=[])
-    ast.fix_missing_locations(module)
-    ast.increment_lineno(module, forward.__code__.co_firstlineno - 1)  # tracebacks: the file's lines
-    flags = forward.__code__.co_flags & __future__.annotations.compiler_flag
-    code = compile(module, filename, "exec", flags=flags, dont_inherit=True)
-    namespace: dict = {}
-    exec(code, forward.__globals__, namespace)  # defines _speedlight_make only
-    maker = namespace["_speedlight_make"]
+        maker, attr = recompile(cls.forward, (_HELPER,), fuse)
+    except SourceError as e:
+        raise LayerFormError(str(e)) from None
     _FUSED[key] = (maker, attr)
     return maker, attr
 
@@ -181,16 +169,17 @@ class AddNorm:
     that output feeds linear layers alone). Returns (norm output, sum)."""
 
     def __init__(self, offset: float, out: str, eps_attr: str, in_place: bool):
+        from speedlight.ops.add_rms_norm import add_rms_norm
         self.offset, self.out, self.eps_attr, self.in_place = offset, out, eps_attr, in_place
+        self.add_rms_norm = add_rms_norm  # looked up now, not inside a traced forward
 
     def __call__(self, norm: torch.nn.Module, branch: torch.Tensor, residual: torch.Tensor):
         if norm._forward_hooks or norm._forward_pre_hooks:  # hooks see the norm's own call
             h = residual + branch
             return norm(h), h
-        from speedlight.ops.add_rms_norm import add_rms_norm
         dtype = torch.promote_types(branch.dtype, residual.dtype)  # as `residual + branch`
         weight = norm.weight if norm.weight.dtype == dtype else norm.weight.to(dtype)
-        y, h = add_rms_norm(branch.to(dtype), residual.to(dtype), weight,
+        y, h = self.add_rms_norm(branch.to(dtype), residual.to(dtype), weight,
                             float(getattr(norm, self.eps_attr)), self.offset,
                             in_place=self.in_place)
         if self.out == "promote":

@@ -103,18 +103,21 @@ def test_fused_mlp_runs_gated_matmul_and_matches(family):
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"] + NEW_FAMILIES)
 def test_unpatch_restores_the_original_exactly(family):
+    """unpatch restores every forward, the loss and the attention implementation; the
+    family's module-level apply_rotary_pos_emb is never replaced (the patched attention
+    forwards call speedlight's RoPE by a name of their own)."""
+    import importlib
+
     from speedlight.patching.families import FAMILIES as KNOWN
     model = build(family)
     ids, labels = batch(vocab(model))
     before = model(input_ids=ids, labels=labels).logits
-    import importlib
-    import gc
-    gc.collect()  # patched models of earlier tests release the family's function
     mod = importlib.import_module(KNOWN[family].module)
     original_rope = mod.apply_rotary_pos_emb
-    assert not hasattr(original_rope, "__wrapped__")
-    patch(model)
-    assert mod.apply_rotary_pos_emb.__wrapped__ is original_rope
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PatchWarning)
+        patch(model)
+    assert mod.apply_rotary_pos_emb is original_rope
     unpatch(model)
     assert mod.apply_rotary_pos_emb is original_rope
     assert not any("forward" in m.__dict__ for m in model.modules())
@@ -126,20 +129,6 @@ def test_unpatch_restores_the_original_exactly(family):
     assert counter.count == 0 and torch.equal(before, after)
     with pytest.raises(ValueError, match="not patched"):
         unpatch(model)
-
-
-def test_a_model_collected_while_patched_releases_the_family_function():
-    import gc
-    import importlib
-    gc.collect()
-    mod = importlib.import_module("transformers.models.qwen2.modeling_qwen2")
-    original = mod.apply_rotary_pos_emb
-    model = build("qwen2")
-    patch(model)
-    assert mod.apply_rotary_pos_emb is not original
-    del model
-    gc.collect()
-    assert mod.apply_rotary_pos_emb is original
 
 
 def test_state_dicts_load_unchanged():
