@@ -47,10 +47,10 @@ from speedlight.spec import Case, Cost, OpSpec, dtype_name, inject_nonfinite, ra
 # --- launchers (usable without autograd) --------------------------------------------------
 
 
-def check_offsets(group_offsets: torch.Tensor, m: int) -> None:
+def check_offset_values(group_offsets: torch.Tensor, m: int) -> None:
     """ValueError unless the cumulative ends start at >= 0, never decrease and end at <= m
     (x's rows). One reduction, and on CUDA one host sync to read it (the public function's
-    `check=False` skips this)."""
+    `check_offsets=False` skips this)."""
     offs = group_offsets
     if offs.numel() == 0:
         return
@@ -68,8 +68,8 @@ def check_offsets(group_offsets: torch.Tensor, m: int) -> None:
     else:
         what = f"its last end is {int(offs[-1])}, past x's {m} rows"
     raise ValueError(f"group_offsets must hold non-decreasing cumulative row ends in [0, {m}] "
-                     f"(x's rows), but {what}: {shown}. (check=False skips this check, "
-                     f"which costs a host sync on CUDA)")
+                     f"(x's rows), but {what}: {shown}. (check_offsets=False skips this "
+                     f"check, which costs a host sync on CUDA)")
 
 
 def _row_groups(group_offsets: torch.Tensor, m: int) -> torch.Tensor:
@@ -104,12 +104,13 @@ def _w_tma(w: torch.Tensor) -> str | None:
 def grouped_matmul_fwd(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor,
                        bias: torch.Tensor | None = None, activation: str | None = None,
                        out_dtype: torch.dtype | None = None, store_dact: bool = False,
-                       check: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       check_offsets: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(out, dact) for x [M, K], w [G, N, K] (any strides), group_offsets [G] int32
     cumulative row ends: out [M, N] contiguous in out_dtype (x's by default), act(x_g @
     w[g]^T + bias[g]) on group g's rows and zeros past the last group; dact = act'(z) in
-    out's dtype when store_dact (else None). check: the offsets' values are checked first
-    (a host sync on CUDA)."""
+    out's dtype when store_dact (else None). check_offsets: the offsets' values are
+    checked first (a host sync on CUDA)."""
     m, k = x.shape
     n_groups, n = w.shape[0], w.shape[1]
     out_dtype = out_dtype or x.dtype
@@ -117,8 +118,8 @@ def grouped_matmul_fwd(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Te
     dact = torch.empty_like(out) if store_dact else None
     if out.numel() == 0:
         return out, dact
-    if check:
-        check_offsets(group_offsets, m)
+    if check_offsets:
+        check_offset_values(group_offsets, m)
     if k == 0 or n_groups == 0:
         return _without_launch(x, w, group_offsets, bias, activation, out_dtype, dact)
     check_runtime(x, _grouped_matmul_kernel)
@@ -215,29 +216,29 @@ def grouped_matmul_bwd(dout: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
         dact = None
     dz = dout if dact is None else dout * dact
     dz = dz.to(x.dtype)
-    dx = grouped_matmul_fwd(dz, w.transpose(1, 2), group_offsets, check=False)[0]
+    dx = grouped_matmul_fwd(dz, w.transpose(1, 2), group_offsets, check_offsets=False)[0]
     dw, dbias = grouped_weight_grad(dz, x, group_offsets, w, bias)
     return dx, dw, dbias
 
 
 def _train_fwd(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor,
                bias: torch.Tensor | None, activation: str | None,
-               out_dtype: torch.dtype | None, check: bool
+               out_dtype: torch.dtype | None, check_offsets: bool
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The forward a backward follows: out, and act'(z) with an activation."""
     return grouped_matmul_fwd(x, w, group_offsets, bias, activation, out_dtype,
-                              activation is not None, check)
+                              activation is not None, check_offsets)
 
 
 def _infer_fwd(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor,
                bias: torch.Tensor | None, activation: str | None,
-               out_dtype: torch.dtype | None, check: bool) -> torch.Tensor:
+               out_dtype: torch.dtype | None, check_offsets: bool) -> torch.Tensor:
     """The forward when no gradient is needed: out alone."""
     return grouped_matmul_fwd(x, w, group_offsets, bias, activation, out_dtype, False,
-                              check)[0]
+                              check_offsets)[0]
 
 
-def _fake(x, w, group_offsets, bias, activation, out_dtype, check):
+def _fake(x, w, group_offsets, bias, activation, out_dtype, check_offsets):
     out = x.new_empty((x.shape[0], w.shape[1]), dtype=out_dtype or x.dtype)
     return out, torch.empty_like(out) if activation is not None else None
 
@@ -306,7 +307,8 @@ def check_activation(activation) -> None:
 
 def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor, *,
                    bias: torch.Tensor | None = None, activation: str | None = None,
-                   out_dtype: torch.dtype | None = None, check: bool = True) -> torch.Tensor:
+                   out_dtype: torch.dtype | None = None,
+                   check_offsets: bool = True) -> torch.Tensor:
     """act(x[rows of g] @ w[g]^T + bias[g]) for every group g, in one persistent launch.
 
     x: [M, K], rows grouped (any strides); w: [G, N, K], one [N, K] weight per group (the
@@ -321,9 +323,9 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor
     fp32 sums; an empty group's dw is zeros); works under torch.compile(fullgraph=True)
     and needs no host sync, except:
 
-    check: the offsets' values (non-decreasing, within [0, M]) are checked before the
-    launch, which on CUDA reads them back (a host sync). Pass check=False inside CUDA
-    graphs or where the offsets are known good (a router's own); unchecked offsets never
+    check_offsets: the offsets' values (non-decreasing, within [0, M]) are checked before
+    the launch, which on CUDA reads them back (a host sync). Pass check_offsets=False inside
+    CUDA graphs or where the offsets are known good (a router's own); unchecked offsets never
     make the kernel read or write outside x, w or out (they are clamped as read), but
     wrong ones give wrong rows. Shapes, dtypes and devices are always checked.
     """
@@ -332,10 +334,10 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor
     if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
         raise ValueError(f"out_dtype must be None or one of float32, float16, bfloat16, got "
                          f"{out_dtype!r}")
-    if not isinstance(check, bool):
-        raise TypeError(f"check must be a bool (True or False), got {check!r} "
-                        f"({type(check).__name__})")
-    return GROUPED_MATMUL(x, w, group_offsets, bias, activation, out_dtype, check)
+    if not isinstance(check_offsets, bool):
+        raise TypeError(f"check_offsets must be a bool (True or False), got "
+                        f"{check_offsets!r} ({type(check_offsets).__name__})")
+    return GROUPED_MATMUL(x, w, group_offsets, bias, activation, out_dtype, check_offsets)
 
 
 # --- OpSpec ------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def test_other_arguments_are_named():
          r"bias must be \[groups, N\]"),
         (lambda: speedlight.grouped_matmul(x, w, offs, activation="relu"), ValueError,
          "activation"),
-        (lambda: speedlight.grouped_matmul(x, w, offs, check="no"), TypeError, "check"),
+        (lambda: speedlight.grouped_matmul(x, w, offs, check_offsets="no"), TypeError, "check_offsets"),
         (lambda: speedlight.grouped_matmul(x, w.half(), offs), TypeError, "w has dtype"),
     ]:
         assert_rejected(call, error, match)
@@ -86,14 +86,14 @@ def test_too_many_groups_are_refused():
 @pytest.mark.parametrize("ends", [[4, 2, 12], [9, 3, 30], [-5, 40, 2]],
                          ids=["decreasing", "past-rows", "negative-and-past"])
 def test_unchecked_bad_offsets_stay_in_bounds_and_write_every_row(ends, device):
-    """check=False trusts the values: the kernel clamps them as read, so every row of out
+    """check_offsets=False trusts the values: the kernel clamps them as read, so every row of out
     and dx is written (poisoned memory would show as NaN) and nothing outside the tensors
     is touched; the rows are then whatever the clamped groups give."""
     x, w = _inputs(device=device)
     x.requires_grad_(True)
     offs = torch.tensor(ends, dtype=torch.int32, device=device)
     with poisoned_allocations():
-        out = speedlight.grouped_matmul(x, w, offs, check=False)
+        out = speedlight.grouped_matmul(x, w, offs, check_offsets=False)
         (dx,) = torch.autograd.grad(out.sum(), x)
     assert out.shape == (12, 8) and torch.isfinite(out).all()
     assert torch.isfinite(dx).all()
@@ -149,7 +149,7 @@ def test_operand_paths(layout, tma):
 
 
 def test_no_host_sync_when_unchecked(device, monkeypatch):
-    """With check=False neither the forward nor the backward reads a value back (what a
+    """With check_offsets=False neither the forward nor the backward reads a value back (what a
     CUDA graph needs): item, tolist, bool and nonzero raise if called."""
     x, w = _inputs(device=device)
     x.requires_grad_(True)
@@ -161,7 +161,7 @@ def test_no_host_sync_when_unchecked(device, monkeypatch):
 
     for name in ("item", "tolist", "__bool__", "nonzero"):
         monkeypatch.setattr(torch.Tensor, name, sync)
-    out = speedlight.grouped_matmul(x, w, offs, activation="gelu", check=False)
+    out = speedlight.grouped_matmul(x, w, offs, activation="gelu", check_offsets=False)
     torch.autograd.grad(out.sum(), (x, w))
     monkeypatch.undo()
     with pytest.raises(AssertionError, match="a host sync"):
