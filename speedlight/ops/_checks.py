@@ -3,7 +3,7 @@ argument, its shape, dtype and device, and what was expected."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 
@@ -45,3 +45,20 @@ def check_same_dtype(**tensors: torch.Tensor | None) -> None:
         if t.dtype != first.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but {first_name} has {first.dtype}: "
                             f"they must match")
+
+
+def check_bool(name: str, value) -> None:
+    """TypeError unless value is a bool: a flag given as "False" (truthy) or None (falsy)
+    would silently pick a branch the caller did not ask for."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {value!r} "
+                        f"({type(value).__name__})")
+
+
+def check_choice(name: str, value, choices: Iterable[Any]) -> None:
+    """ValueError unless value is one of `choices` (an enum option; None only when listed).
+    A bool never matches an int choice, nor an int a bool one."""
+    choices = tuple(choices)
+    if not any(value is c or (type(value) is type(c) and value == c) for c in choices):
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, "
+                         f"got {value!r}")
