@@ -3,7 +3,7 @@ argument, its shape, dtype and device, and what was expected."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 
@@ -48,17 +48,23 @@ def check_same_dtype(**tensors: torch.Tensor | None) -> None:
 
 
 def check_bool(name: str, value) -> None:
-    """TypeError unless value is a bool: a flag given as "False" (truthy) or None (falsy)
-    would silently pick a branch the caller did not ask for."""
+    """TypeError unless value is a bool: a flag given as "False", None, 1 or a tensor is
+    refused, as torch's scaled_dot_product_attention refuses is_causal="False" (a
+    non-empty string is truthy, so it would silently mean True)."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool (True or False), got {value!r} "
                         f"({type(value).__name__})")
 
 
-def check_choice(name: str, value, choices: Iterable[Any]) -> None:
-    """ValueError unless value is one of `choices` (an enum option; None only when listed).
-    A bool never matches an int choice, nor an int a bool one."""
+def check_choice(name: str, value, choices: Iterable[str], *, optional: bool = False) -> None:
+    """An enum option: TypeError unless value is a str (or None where `optional`),
+    ValueError unless it is one of `choices`. The message lists the choices."""
     choices = tuple(choices)
-    if not any(value is c or (type(value) is type(c) and value == c) for c in choices):
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, "
-                         f"got {value!r}")
+    listed = ", ".join(map(repr, choices))
+    want = f"{'None or ' if optional else ''}one of {listed}"
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be {want}, got {value!r} ({type(value).__name__})")
+    if value not in choices:
+        raise ValueError(f"{name} must be {want}, got {value!r}")
