@@ -400,6 +400,8 @@ class Attention(torch.nn.Module):
                  window: tuple[int, int] | None = None, softcap: float | None = None,
                  return_lse: bool = False):
         super().__init__()
+        check_bool("causal", causal)
+        check_bool("return_lse", return_lse)
         self.causal, self.scale, self.window = causal, scale, window
         self.softcap, self.return_lse = softcap, return_lse
 
