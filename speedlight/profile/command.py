@@ -88,6 +88,10 @@ def profile(args: argparse.Namespace, tgt) -> dict:
         from speedlight.profile.project_command import projected_profile
         _default_size(args, batch=1, seq=4096)
         return projected_profile(args, tgt)
+    for flag, value in (("--shard", getattr(args, "shard", None)),
+                        ("--recipe", getattr(args, "recipe", None))):
+        if value is not None:
+            raise ValueError(f"{flag} applies to a projected step: add --project")
     _default_size(args, batch=2, seq=128)
     device = torch.device(args.device)
     train = bool(args.train)
