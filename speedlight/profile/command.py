@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import re
 import uuid
-from pathlib import Path
 
 from speedlight import arguments
 
@@ -159,6 +158,10 @@ def run(args: argparse.Namespace) -> int:
     from speedlight.profile import display, models
 
     tgt = arguments.resolve_target(args, "profile")
+    try:
+        out = results.writable_folder(args.out)
+    except ValueError as e:
+        raise SystemExit(f"speedlight profile: --out: {e}")
     console = results.make_console(width=180)
     try:
         import transformers
@@ -170,7 +173,6 @@ def run(args: argparse.Namespace) -> int:
     except (models.ModelError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"speedlight profile: {e}")
     display.print_profile(doc, console, top=args.top)
-    out = Path(args.out)
     stem = f"profile-{_slug(doc['run']['model'])}-{doc['run']['mode']}"
     if doc["measured"]["time"] == "projected":
         stem += "-projected"
