@@ -38,7 +38,8 @@ def _is_real(v) -> bool:
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    """An int (a SymInt too: a shape under torch.compile's dynamic shapes), not a bool."""
+    return isinstance(v, (numbers.Integral, torch.SymInt)) and not isinstance(v, bool)
 
 
 def window_sides(causal: bool, window) -> tuple[int, int]:
