@@ -216,16 +216,20 @@ class _Problem:
     starts as zeros (lse -inf: a row in no sequence sees no key), since rows past
     cu_seqlens[-1] or past max_seqlen are in no program's sequence."""
 
-    def __init__(self, q, k, cu_q, cu_k, max_seqlen_q, max_seqlen_k, check: bool):
+    def __init__(self, q, k, cu_q, cu_k, max_seqlen_q, max_seqlen_k, checked: bool,
+                 read: bool | None = None):
+        """checked: the cu_seqlens are (or were, by the forward) checked; read: read them
+        now (packed_lengths' check), by default when checked."""
         self.varlen = cu_q is not None
         self.exact = True
         if self.varlen:
             self.batch = cu_q.shape[0] - 1
             self.heads_q, self.heads_kv, self.head_dim = q.shape[1], k.shape[1], q.shape[2]
             self.total_q, self.total_k = q.shape[0], k.shape[0]
-            self.seq_q, self.seq_k = packed_lengths(cu_q, cu_k, self.total_q, self.total_k,
-                                                    max_seqlen_q, max_seqlen_k, check)
-            self.exact = check
+            self.seq_q, self.seq_k = packed_lengths(
+                cu_q, cu_k, self.total_q, self.total_k, max_seqlen_q, max_seqlen_k,
+                checked if read is None else read)
+            self.exact = checked
             self.lse_shape = (self.heads_q, self.total_q)
         else:
             self.batch, self.heads_q, self.seq_q, self.head_dim = q.shape
@@ -359,8 +363,8 @@ def launch_bwd(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, scale, sof
     they are read again only when a max_seqlen is None and the check is on."""
     q, k, v, o, do = (_last_dim_contiguous(t) for t in (q, k, v, o, do))
     read = check_seqlens and (max_seqlen_q is None or max_seqlen_k is None)
-    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, read)
-    pb.exact = pb.exact if not pb.varlen else bool(check_seqlens)
+    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_seqlens,
+                  read)
     scale = pb.head_dim ** -0.5 if scale is None else float(scale)
     dq, dk, dv = pb.new_like(q), pb.new_like(k), pb.new_like(v)
     if q.numel() == 0 or k.numel() == 0:
