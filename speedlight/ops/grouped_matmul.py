@@ -26,7 +26,8 @@ import triton
 
 from speedlight import shapes
 from speedlight.kernels.grouped_matmul import _grouped_matmul_dw_kernel, _grouped_matmul_kernel
-from speedlight.ops._checks import FLOAT_DTYPES, check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._checks import (FLOAT_DTYPES, check_bool, check_choice, check_same_device,
+                                   check_same_dtype, check_tensor)
 from speedlight.ops._gemm import (
     CONFIG_SPACE,
     ensure_allocator,
@@ -299,12 +300,6 @@ def check_grouped_inputs(x, w, group_offsets, bias=None) -> None:
     check_same_device(x=x, w=w, group_offsets=group_offsets, bias=bias)
 
 
-def check_activation(activation) -> None:
-    if activation is not None and activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be None or one of {', '.join(ACTIVATIONS)}, "
-                         f"got {activation!r}")
-
-
 def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor, *,
                    bias: torch.Tensor | None = None, activation: str | None = None,
                    out_dtype: torch.dtype | None = None,
@@ -330,13 +325,11 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor
     wrong ones give wrong rows. Shapes, dtypes and devices are always checked.
     """
     check_grouped_inputs(x, w, group_offsets, bias)
-    check_activation(activation)
+    check_choice("activation", activation, ACTIVATIONS, optional=True)
     if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
         raise ValueError(f"out_dtype must be None or one of float32, float16, bfloat16, got "
                          f"{out_dtype!r}")
-    if not isinstance(check_offsets, bool):
-        raise TypeError(f"check_offsets must be a bool (True or False), got "
-                        f"{check_offsets!r} ({type(check_offsets).__name__})")
+    check_bool("check_offsets", check_offsets)
     return GROUPED_MATMUL(x, w, group_offsets, bias, activation, out_dtype, check_offsets)
 
 
@@ -411,9 +404,10 @@ def cases(suite: str) -> list[Case]:
     """quick: odd group sizes, empty groups (leading, trailing, all), one group with every
     row, one row, 64 groups (256 in tests/ops/test_grouped_matmul.py), K and N off the
     tile, strided and transposed operands (w as a [G, K, N] tensor transposed), each
-    epilogue, rows past the last group, empty inputs; model: Mixtral-8x7B's and Qwen3-30B-A3B's expert projections at 4096, 16384
-    and 32768 routed tokens (times top-k rows), uniform and skewed routing; full: model
-    plus larger odd shapes and the 64-bit case."""
+    epilogue, rows past the last group, empty inputs; model: Mixtral-8x7B's and
+    Qwen3-30B-A3B's expert projections at 4096, 16384 and 32768 routed tokens (times top-k
+    rows), uniform and skewed routing; full: model plus larger odd shapes and the 64-bit
+    case."""
     shapes.check_suite(suite)
     if suite == "quick":
         return [

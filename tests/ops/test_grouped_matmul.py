@@ -70,7 +70,8 @@ def test_other_arguments_are_named():
          r"bias must be \[groups, N\]"),
         (lambda: speedlight.grouped_matmul(x, w, offs, activation="relu"), ValueError,
          "activation"),
-        (lambda: speedlight.grouped_matmul(x, w, offs, check_offsets="no"), TypeError, "check_offsets"),
+        (lambda: speedlight.grouped_matmul(x, w, offs, check_offsets="no"), TypeError,
+         "check_offsets"),
         (lambda: speedlight.grouped_matmul(x, w.half(), offs), TypeError, "w has dtype"),
     ]:
         assert_rejected(call, error, match)
