@@ -518,6 +518,8 @@ def check_class_weight(weight, logits: torch.Tensor) -> None:
     device."""
     if weight is None:
         return
+    if isinstance(weight, torch.Tensor):
+        check_dense("weight", weight)
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
         raise TypeError(f"weight must be None or a floating-point tensor of class weights, "
                         f"got {describe(weight) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
