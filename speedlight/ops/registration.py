@@ -195,11 +195,11 @@ class RegisteredOp:
         if self.configs is not None and self.configs.bucket is not None:
             bucket = self.configs.bucket(key)
             found = tuning.lookup(self.name, bucket, device)
-            if found is not None and self._usable(bucket, found):
+            if found is not None and self._usable(bucket, found, device):
                 return found
         return self._default(key)
 
-    def _usable(self, bucket: str, config: Mapping[str, Any]) -> bool:
+    def _usable(self, bucket: str, config: Mapping[str, Any], device) -> bool:
         """Whether a tuned table's config is a point of the op's space (warned once if not:
         the launch rule applies instead)."""
         space = self.configs.space
@@ -207,7 +207,8 @@ class RegisteredOp:
             return True
         if bucket not in self._warned:
             self._warned.add(bucket)
-            warnings.warn(f"speedlight: the tuned table's entry {bucket!r} of {self.name} is "
+            where = tuning.source(self.name, bucket, device) or "the tuned table"
+            warnings.warn(f"speedlight: {where}: the entry {bucket!r} of {self.name} is "
                           f"not a point of its configuration space ({dict(config)}; expected "
                           f"one value of each of {dict(space)}): ignored, the launch rule "
                           f"applies", tuning.TunedTableWarning, stacklevel=4)
