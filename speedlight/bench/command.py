@@ -357,8 +357,8 @@ def _model(args: argparse.Namespace) -> int:
             _fail(f"{flag} must be at least 1, got {value}")
     if args.warmup is not None and args.warmup < 0:
         _fail(f"--warmup must be at least 0, got {args.warmup}")
-    if args.lr <= 0:
-        _fail(f"--lr must be more than 0, got {args.lr:g}")
+    if not 0 < args.lr < float("inf"):  # NaN too
+        _fail(f"--lr must be a finite number more than 0, got {args.lr:g}")
     if args.budget_s is not None and args.budget_s <= 0:
         _fail(f"--budget-s must be more than 0, got {args.budget_s:g}")
     named = _list(args.variants) if args.variants else []
