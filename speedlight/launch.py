@@ -1,11 +1,11 @@
-"""Launch sizing and launch counting, public so a team's own launcher does what
-speedlight's do.
+"""The launch context, launch sizing and launch counting, public so a team's own launcher
+does what speedlight's do.
 
 The launch context: one ContextVar holding the Target launches are sized for (whole) and any
-forced or tuned configurations. Whoever sizes launches enters it once (`with
-for_target(target):` in inspect, tune, verify, bench and the report); launchers ask
-`planned_sm_count(device)` for the SM count and `config(space, key, device)` for their
-configuration, nothing else. A registered op saves the context with its forward and
+forced or tuned configurations. Whoever sizes launches for a GPU enters it once (`with
+for_target(target):` in inspect, and so the report's inspect stage, and tune); launchers
+ask `planned_sm_count(device)` for the SM count and `config(configs, key, device)` for
+their configuration, nothing else. A registered op saves the context with its forward and
 re-enters it in its backward, which autograd may run on a thread of its own.
 
 Sizing: the grids and tiles of kernels over rows, for the GPU `planned_sm_count` names (the
@@ -36,9 +36,10 @@ from speedlight import hardware
 
 @dataclass(frozen=True)
 class LaunchContext:
-    """What launches are sized for: entered once by whoever sizes them (`for_target`: inspect,
-    tune, verify, bench, the report), read by launchers alone (`planned_sm_count`,
-    `launch_sku`, `config`), and kept with each forward for its backward.
+    """What launches are sized for: entered once by whoever sizes them for a GPU
+    (`for_target`: inspect, the report's inspect stage, tune), read by launchers alone
+    (`planned_sm_count`, `launch_sku`, `config`), and kept with each forward for its
+    backward. verify and bench enter none: they run the launches of the device they run on.
 
     target: the speedlight.target.Target whose SM count sizes the launches and whose SKU's
     tuned tables they read, whatever device their tensors are on; None: the device's own
@@ -94,7 +95,7 @@ def for_target(target) -> contextlib.AbstractContextManager[LaunchContext]:
 
 @contextlib.contextmanager
 def forcing(op: str, config: Mapping[str, Any] | None = None) -> Iterator[list]:
-    """Inside, every launch of op `op` that asks `config()` is given `config` (None: its
+    """Inside, every launch of op `op` that asks `launch.config` is given `config` (None: its
     rule, no tuned entry consulted); yields the list of (key, configuration) those launches
     asked for, in order (`speedlight tune` forces its candidates so)."""
     asked: list = []
@@ -152,25 +153,26 @@ def _cuda_sku(index: int) -> str | None:
         return None
 
 
-def config(space, key, device: torch.device | str | None = None) -> Mapping[str, Any] | None:
-    """The configuration a launch asks for: `space` is its op's configuration space (a
+def config(configs, key, device: torch.device | str | None = None
+           ) -> Mapping[str, Any] | None:
+    """The configuration a launch asks for: `configs` is its op's configuration space (a
     speedlight.tuning.Configs), `key` what the launcher knows of the launch (its shape,
     dtype...). In order: the configuration the context forces on the op (`forcing`), the
     context's tuned entry for key (`with_tuned`), the tuned tables' entry on the SKU a
     launch on `device` reads (`launch_sku`), else the space's rule (None without one: the
     launcher applies its own)."""
     context = _CONTEXT.get()
-    forced = context.forced.get(space.op)
+    forced = context.forced.get(configs.op)
     if forced is not None:
-        chosen = forced[0] if forced[0] is not None else space.rule(key)
+        chosen = forced[0] if forced[0] is not None else configs.rule(key)
         forced[1].append((key, chosen))
         return chosen
-    tuned = context.tuned.get(space.op, {})
+    tuned = context.tuned.get(configs.op, {})
     if key in tuned:
         return tuned[key]
     sku = launch_sku(device)
-    found = space.tuned(sku, key) if sku is not None else None
-    return found if found is not None else space.rule(key)
+    found = configs.tuned(sku, key) if sku is not None else None
+    return found if found is not None else configs.rule(key)
 
 
 # --- grids and tiles over rows ------------------------------------------------------------

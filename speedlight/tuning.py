@@ -19,7 +19,8 @@ Only "config" is read at launch; the rest records how the entry was chosen.
 When they are read: lazily, on the first launch that asks (`speedlight.launch.config`,
 through `Configs.tuned` and `lookup`), once per SKU per process; never at import. A file
 that does not parse or does not have this shape is ignored with a TunedTableWarning naming
-it and what is wrong, and the ops fall back to their launch rules. `reload()` forgets what was read (after a tune run, or in tests).
+it and what is wrong, and the ops fall back to their launch rules. `reload()` forgets what
+was read (after a tune run, or in tests).
 
 Which SKU a launch reads: the launch context's target's (`speedlight.launch.for_target`:
 tune and inspect size a CPU capture for a GPU with it), else the CUDA device's own
