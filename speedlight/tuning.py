@@ -132,9 +132,8 @@ def lookup(op: str, bucket: str, sku: str | None) -> Mapping[str, Any] | None:
     return entry["config"] if entry is not None else None
 
 
-def source(op: str, bucket: str, device: torch.device | str | None) -> str | None:
-    """The file `op`'s tuned entry for `bucket` on `device`'s SKU was read from, or None."""
-    sku = launch_sku(device)
+def source(op: str, bucket: str, sku: str | None) -> str | None:
+    """The file `op`'s tuned entry for `bucket` in `sku`'s tables was read from, or None."""
     return _SOURCES.get(sku, {}).get((op, bucket)) if sku is not None else None
 
 
@@ -177,17 +176,18 @@ class Configs:
             return None
         bucket = self.bucket(key)
         found = lookup(self.op, bucket, sku)
-        if found is None or self._usable(bucket, found):
+        if found is None or self._usable(bucket, found, sku):
             return found
         return None
 
-    def _usable(self, bucket: str, config: Mapping[str, Any]) -> bool:
+    def _usable(self, bucket: str, config: Mapping[str, Any], sku: str) -> bool:
         space = self.space
         if set(config) == set(space) and all(config[k] in space[k] for k in space):
             return True
         if bucket not in self._warned:
             self._warned.add(bucket)
-            warnings.warn(f"speedlight: the tuned table's entry {bucket!r} of {self.op} is "
+            where = source(self.op, bucket, sku) or "the tuned table"
+            warnings.warn(f"speedlight: {where}: the entry {bucket!r} of {self.op} is "
                           f"not a point of its configuration space ({dict(config)}; expected "
                           f"one value of each of {dict(space)}): ignored, the launch rule "
                           f"applies", TunedTableWarning, stacklevel=4)
