@@ -26,7 +26,7 @@ import triton
 from speedlight import shapes
 from speedlight.kernels.glu import _glu_bwd_kernel, _glu_fwd_kernel
 from speedlight.launch import as_rows, planned_sm_count, warps_for_tile
-from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._checks import check_choice, check_same_device, check_same_dtype, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op
@@ -46,7 +46,7 @@ def _halves(gate: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tensor, 
 
 def _tile(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of an elementwise tile: ~4K elements per program on a
-    GPU (or the one `launch.sized_for` names); large tiles under the interpreter, where each
+    GPU (or the launch context's target); large tiles under the interpreter, where each
     program costs milliseconds."""
     gpu = planned_sm_count(device) is not None
     max_tile, max_n = (4096, 1024) if gpu else (65536, 65536)
@@ -148,8 +148,7 @@ def glu(gate: torch.Tensor, up: torch.Tensor | None, activation: str,
                              f"{tuple(up.shape)}")
         check_same_dtype(gate=gate, up=up)
         check_same_device(gate=gate, up=up)
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+    check_choice("activation", activation, ACTIVATIONS)
     for name, value in (("gate_multiplier", gate_multiplier),
                         ("down_multiplier", down_multiplier)):
         if not isinstance(value, numbers.Real) or isinstance(value, bool):

@@ -28,19 +28,19 @@ import triton
 from speedlight import shapes
 from speedlight.kernels.matmul import _matmul_fp8_kernel, _matmul_kernel
 from speedlight.ops._gemm import (
-    CONFIG_SPACE,
     ensure_allocator,
-    gemm_bucket,
     gemm_config,
-    gemm_rule,
+    gemm_configs,
     precision,
     programs,
     tma_layout,
     use_tma,
 )
-from speedlight.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
+from speedlight.ops._checks import (FLOAT_DTYPES, check_bool, check_choice, check_same_device,
+                                    check_tensor)
+from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
-from speedlight.ops.registration import Configs, like, register_op
+from speedlight.ops.registration import like, register_op
 from speedlight.runtime import check_runtime, describe
 from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, dtype_name, inject_nonfinite,
                              rand_tensor)
@@ -79,7 +79,7 @@ def matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
     check_runtime(a, _matmul_kernel)
     if scale_a is not None:
         check_fp8_base(a, b)
-    cfg = gemm_config(MATMUL, m, n, k, a.dtype, a.device, out_dtype=out_dtype,
+    cfg = gemm_config(MATMUL_CONFIGS, m, n, k, a.dtype, a.device, out_dtype=out_dtype,
                       residual=residual is not None, store_dact=store_dact)
     a_lay, b_lay = tma_layout(a), tma_layout(b)
     tma = (use_tma(a.device) and a_lay is not None and b_lay is not None
@@ -250,6 +250,9 @@ def _fake(a, b, bias, residual, activation, scale, out_dtype, scale_a=None, scal
             c.new_empty((), dtype=torch.float32) if return_amax else None)
 
 
+# the GEMM space and rule, with tuned tables of its own (speedlight tune sweeps it)
+MATMUL_CONFIGS = gemm_configs("matmul")
+
 MATMUL = register_op(
     "matmul",
     forward=_train_fwd,
@@ -261,18 +264,20 @@ MATMUL = register_op(
     backward_fake=lambda dc, a, b, bias, residual, dact, scale, scale_a, scale_b: (
         like(a), _like_layout(b), like(bias), like(residual)),
     grads=("a", "b", "bias", "residual"),
-    configs=Configs(CONFIG_SPACE, default=gemm_rule, bucket=gemm_bucket),
 )
 
 
 # --- the public function -------------------------------------------------------------------
 
-def check_activation(activation: str | None) -> None:
-    if activation is not None and activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be None or one of {', '.join(ACTIVATIONS)}, "
-                         f"got {activation!r}")
+def _sharded_amax_refused(arguments: dict) -> str | None:
+    """Why sharded rows of a cannot return the amax: each rank holds its own rows' max."""
+    if arguments.get("return_amax"):
+        return ("return_amax=True: each rank would hold the max over its own rows only; "
+                "all-reduce the output's max yourself (return_amax=False)")
+    return None
 
 
+@local_rows("a", "residual", refuse=_sharded_amax_refused)
 def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
            activation: str | None = None, residual: torch.Tensor | None = None,
            scale: float | None = None, out_dtype: torch.dtype | None = None,
@@ -299,6 +304,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     dtype, as autograd requires).
     return_amax: also return max |output| (0-d float32, of the values as stored), folded
     in the epilogue, for delayed scaling; it carries no gradient.
+    DTensor: a (and residual, with a's placement) sharded along a leading dim (its rows:
+    data or sequence parallel) with b, bias and the scales whole on every rank (plain or
+    Replicate) gives the output with a's placement. Other placements (b split for tensor
+    parallelism, a split along K) raise a ValueError naming the argument and placement:
+    speedlight runs no collective, so shard the weights with torch's own parallel linears.
     """
     fp8 = isinstance(a, torch.Tensor) and a.dtype in FP8_DTYPES
     check_tensor("a", a, min_dim=1, dtypes=FLOAT_DTYPES + FP8_DTYPES, expected=_OPERAND_DTYPES)
@@ -313,11 +323,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
                          f"{a.shape[-1]}) but b is {tuple(b.shape)} (K = {b.shape[0]})")
     if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
         raise TypeError(f"out_dtype must be torch.float32, float16 or bfloat16, got {out_dtype}")
-    check_activation(activation)
+    check_choice("activation", activation, ACTIVATIONS, optional=True)
     if scale is not None and not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if not isinstance(return_amax, bool):
-        raise TypeError(f"return_amax must be a bool, got {type(return_amax).__name__}")
+    check_bool("return_amax", return_amax)
     lead, (k, n) = a.shape[:-1], b.shape
     out_shape = (*lead, n)
     rows = math.prod(lead)
@@ -606,4 +615,5 @@ SPEC = OpSpec(
     count_rows=lambda case: case["m"],
     aligned=lambda case: case.layout != "strided" and all(
         case[p] % 16 == 0 for p in ("m", "n", "k")),
+    configs=MATMUL_CONFIGS,
 )

@@ -17,7 +17,7 @@ import triton
 from speedlight import shapes
 from speedlight.kernels.rope import _rope_kernel
 from speedlight.launch import planned_sm_count
-from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._checks import check_bool, check_same_device, check_same_dtype, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of
 from speedlight.ops.registration import register_op
@@ -43,7 +43,7 @@ def _tiles(n_tokens: int, q_heads: int, k_heads: int, half: int, n_pass: int, it
     """Block sizes: a [BLOCK_T tokens, BLOCK_H heads, BLOCK_R pairs] tile per step, q's heads
     then k's.
 
-    On a GPU (or the GPU launch.sized_for names), 128-bit accesses whatever the head counts:
+    On a GPU (or the launch context's target), 128-bit accesses whatever the head counts:
     every tile that fills a warp's vectors (q and k, a token tile's cos/sin rows, the
     pass-through dims) gives each thread one or two 16-byte vectors per load (pass-through
     dims, copied without conversion, may give more). Tokens per program are not cut to make
@@ -189,8 +189,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     if isinstance(unsqueeze_dim, bool) or unsqueeze_dim not in (1, 2, -3, -2):
         raise ValueError(f"unsqueeze_dim must be 1 (q, k as {_LAYOUTS[1]}) or 2 (as "
                          f"{_LAYOUTS[2]}), got {unsqueeze_dim!r}")
-    if not isinstance(interleaved, bool):
-        raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+    check_bool("interleaved", interleaved)
     heads_dim = unsqueeze_dim % 4
     seq_dim = 3 - heads_dim
     layout = _LAYOUTS[heads_dim]
