@@ -22,7 +22,8 @@ read on the host); the attention function
 - refuses dropout > 0 in training, naming the config field.
 Nothing here reads a tensor's values on the host on those paths (but position_ids packing
 outside torch.compile), so a training step can be captured whole by torch.compile and CUDA
-graphs.
+graphs: the variable-length calls pass check_seqlens=False (the cu_seqlens are built here,
+or a collator's, and the kernels stay within the packed rows whatever their values).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def _packed(query, key, value, cu_q, cu_k, max_q, max_k, options):
     """One row [1, heads, seq, dim] of packed sequences -> [1, seq, heads, dim]."""
     o = attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
                   cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
-                  **options)
+                  check_seqlens=False, **options)
     return o.unsqueeze(0)
 
 
@@ -165,7 +166,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         k_tokens = key.transpose(1, 2).reshape(b * sk, *key.shape[1::2])
         v_tokens = value.transpose(1, 2).reshape(b * sk, *value.shape[1::2])
         o = attention(q_tokens, k_tokens, v_tokens, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                      max_seqlen_q=sq, max_seqlen_k=sk, **options).view(b, sq, hq, d)
+                      max_seqlen_q=sq, max_seqlen_k=sk, check_seqlens=False,
+                      **options).view(b, sq, hq, d)
         return o.masked_fill(~keep[:, -sq:, None, None], 0), None
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None and cu_k is not None and b == 1:
