@@ -1,7 +1,10 @@
-"""Inspect one case end to end: capture its launches (sized for the target's SKU), compile
-each for the target's arch, analyse, and collect the findings."""
+"""Inspect cases end to end, for each of the two compilers inspect reads: Triton (capture
+the launches, sized for the target's SKU; compile each for the target's arch) and nvcc
+(an OpSpec's CUDA C++ launches). Both give case_report.CaseReports with their findings."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -9,7 +12,8 @@ from speedlight import tuning
 from speedlight.hardware import DeviceSpec
 from speedlight.inspect import case_report, findings
 from speedlight.inspect.launches import Capture, capture_case, interpreter_work
-from speedlight.inspect.compile import Compiler
+from speedlight.inspect.compile import TritonCompiler
+from speedlight.inspect.cuda_compile import NvccCompiler
 from speedlight.launch import sized_for
 from speedlight.spec import Case, OpSpec
 from speedlight.target import Target
@@ -41,7 +45,7 @@ def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, sku
 
 
 def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
-                  device: torch.device | str = "cpu", compiler: Compiler | None = None,
+                  device: torch.device | str = "cpu", compiler: TritonCompiler | None = None,
                   mode: str = "auto", backward: bool = True,
                   on_case=None) -> list[case_report.CaseReport]:
     """Everything inspect says about each (op, case) on `target` (a speedlight.target
@@ -51,7 +55,7 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
     through this."""
     device = torch.device(device)
     sku = target.sku
-    compiler = compiler or Compiler()
+    compiler = compiler or TritonCompiler()
     staged = []
     for spec, case in items:
         report = case_report.CaseReport(spec.name, case, target, sku)
@@ -89,3 +93,23 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
         report.directions = case_report.direction_bytes(spec, capture)
         findings.case_findings(report)
     return [r for _, r, _ in staged]
+
+
+def inspect_cuda_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
+                       backward: bool = True,
+                       compiler: NvccCompiler | None = None) -> list[case_report.CaseReport]:
+    """The CUDA C++ kernels (OpSpec.cuda) of each (op, case), compiled with nvcc for `target`
+    (each source once) with launches sized for its SKU; without `backward`, forward
+    launches only."""
+    from speedlight.inspect import cuda
+
+    compiler = compiler or NvccCompiler()
+    out = []
+    for spec, case in items:
+        kernels = spec.cuda
+        if not backward:
+            kernels = dataclasses.replace(kernels, launches=lambda c, n, f=kernels.launches: [
+                l for l in f(c, n) if l.direction == "fwd"])
+        out.append(cuda.inspect_case(spec.name, kernels, spec.kernels, case, target,
+                                     target.sm_count, compiler))
+    return out

@@ -329,7 +329,7 @@ def inductor(fn: Callable, inputs: Sequence[InputSpec], *, train: bool, target=N
 def _resources(kr) -> dict:
     """What inspect read of one compiled kernel, in shape's JSON."""
     if not kr.ok:
-        return {"error": kr.compiled.error}
+        return {"error": kr.error}
     return {"registers": kr.registers, "spill_bytes": kr.spill_stores + kr.spill_loads,
             "smem": kr.smem, "occupancy": kr.occupancy.to_json(),
             "accesses": [{"kind": a.kind, "line": a.line, "source": a.source,
