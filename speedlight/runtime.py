@@ -8,12 +8,28 @@ the first launch on CPU tensors (a script or test that set TRITON_INTERPRET itse
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import warnings
 
 import torch
 
 _INTERPRETER_READY = False
+# Set while a launch capture records launches on meta tensors (shapes, no data) and runs
+# none: inspect's dry capture, which needs a launch's arguments, not its run.
+_RECORDING_ONLY = contextvars.ContextVar("speedlight_recording_only", default=False)
+
+
+@contextlib.contextmanager
+def recording_only():
+    """Inside, launchers accept meta tensors: every launch is recorded by a capture and
+    none runs (inspect's dry capture of a case at any size)."""
+    token = _RECORDING_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _RECORDING_ONLY.reset(token)
 
 
 def describe(t: torch.Tensor) -> str:
@@ -45,7 +61,10 @@ def use_interpreter() -> None:
 
 def check_runtime(t: torch.Tensor, kernel) -> None:
     """CUDA tensors run compiled kernels; CPU tensors need the Triton interpreter (whose
-    numerics use_interpreter sets on the first CPU launch)."""
+    numerics use_interpreter sets on the first CPU launch); meta tensors only inside
+    recording_only (a capture records the launch, nothing runs)."""
+    if t.device.type == "meta" and _RECORDING_ONLY.get():
+        return
     if t.device.type == "cuda":
         if is_interpreted(kernel):
             raise RuntimeError(

@@ -178,16 +178,24 @@ class DirectionBytes:
     by_arg: dict  # tensor (its address range) -> {"arg", "kernels", "loaded", "stored", "size"}
     allowed: float  # most bytes per compulsory byte the kernels' designs allow
     why: str
+    # Measured on a smaller case with the same kernels (its label), the case itself being
+    # too large to run under the interpreter; then `size_compulsory` is the compulsory
+    # bytes of the case reported, at its own size.
+    measured_on: str = ""
+    size_compulsory: int = 0
 
     @property
     def ratio(self) -> float:
         return self.measured / self.compulsory if self.compulsory else float("nan")
 
     def to_json(self) -> dict:
-        return {"direction": self.direction, "measured_bytes": self.measured,
-                "compulsory_bytes": self.compulsory, "ratio": round(self.ratio, 4),
-                "allowed_ratio": self.allowed, "kernels": self.kernels,
-                "by_tensor": list(self.by_arg.values())}
+        out = {"direction": self.direction, "measured_bytes": self.measured,
+               "compulsory_bytes": self.compulsory, "ratio": round(self.ratio, 4),
+               "allowed_ratio": self.allowed, "kernels": self.kernels,
+               "by_tensor": list(self.by_arg.values())}
+        if self.measured_on:
+            out.update(measured_on=self.measured_on, size_compulsory_bytes=self.size_compulsory)
+        return out
 
 
 @dataclass

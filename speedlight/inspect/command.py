@@ -36,8 +36,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="write TTIR, TTGIR, LLIR, PTX, cubin and SASS of every kernel here")
     p.add_argument("--mode", default="auto", choices=("auto", "run", "sample", "dry"),
                    help="how launches run while captured: run (every program; bytes counted "
-                        "under the interpreter), sample (a few programs: layout only), dry (none); "
-                        "auto runs cases the interpreter can afford and samples the rest")
+                        "under the interpreter), sample (a few programs: layout only), dry "
+                        "(none: recorded on meta tensors at any size, bytes from a smaller "
+                        "case); auto runs cases the interpreter can afford, samples those "
+                        "whose inputs it can make, and records the rest dry")
     p.add_argument("--impl", default="auto", choices=("auto", "triton", "cuda", "all"),
                    help="which implementation's kernels: triton (captured from a run), cuda "
                         "(an OpSpec's CUDA C++ kernels, compiled with nvcc: no GPU needed), all; "
@@ -100,24 +102,23 @@ def _dt(case) -> str:
     return dtype_name(case.dtype)
 
 
-REPRESENTATIVE_BYTES = 256 * 2**20  # the inputs of a default case must fit a laptop
+REPRESENTATIVE_TOKENS = 4096
 
 
 def representative(spec, dtype):
     """The op's model-suite case of the first model in shapes.MODELS it covers (Llama 3 8B
-    for most ops) at 4096 tokens, or at 512 or 1 when that would move more than
-    REPRESENTATIVE_BYTES (a 128K-word vocabulary); else its first quick case."""
+    for most ops) at REPRESENTATIVE_TOKENS tokens (OpSpec.rows), whatever its size: a
+    launch is captured without running it where running is unaffordable, so any size
+    compiles on a CPU. An op whose model suite has no such case: its model case nearest
+    that many tokens, else its first quick case."""
     from speedlight import shapes
 
     order = {name: i for i, name in enumerate(shapes.MODELS)}
-    model = sorted(spec.cases("model") if "model" in spec.suites else [],
-                   key=lambda c: order.get(c.model, len(order)))
-    for tokens in (4096, 512, 1):
-        for c in model:
-            c = c.with_(dtype=dtype)
-            if c.params and spec.rows(c) == tokens and \
-                    spec.cost(c, "fwd").bytes <= REPRESENTATIVE_BYTES:
-                return c
+    model = [c for c in (spec.cases("model") if "model" in spec.suites else []) if c.params]
+    if model:
+        best = min(model, key=lambda c: (abs(spec.rows(c) - REPRESENTATIVE_TOKENS),
+                                         order.get(c.model, len(order))))
+        return best.with_(dtype=dtype)
     quick = spec.cases("quick") if "quick" in spec.suites else []
     if not quick:
         raise ValueError(f"op {spec.name} has no cases")
@@ -242,8 +243,9 @@ def run(args: argparse.Namespace) -> int:
                          f"kernels, not Triton ones (--impl cuda)")
     if device.type == "cpu" and triton_work:
         console.print(f"[dim]No GPU in use: kernels are compiled for {target.arch_name} without "
-                      f"one; launches are captured under the Triton interpreter, sized for "
-                      f"{sku.name} ({sku.sm_count} SMs).[/]")
+                      f"one; launches are captured under the Triton interpreter (recorded "
+                      f"on meta tensors, none run, where a case is too large for it), sized "
+                      f"for {sku.name} ({sku.sm_count} SMs).[/]")
     if cuda_work:
         console.print(f"[dim]CUDA C++ kernels: compiled with nvcc for {target.arch_name}; launch "
                       f"geometry from each op's launch sizing for {sku.name} ({sku.sm_count} "
@@ -261,7 +263,8 @@ def run(args: argparse.Namespace) -> int:
 
             reports = inspect_cases(triton_work, target, device=device,
                                     compiler=TritonCompiler(jobs=args.jobs), mode=args.mode,
-                                    backward=not args.no_backward, on_case=advance)
+                                    backward=not args.no_backward, on_case=advance,
+                                    smaller_case_bytes=args.mode in ("auto", "dry"))
     reports += inspect_cuda_cases(cuda_work, target, backward=not args.no_backward)
 
     display.print_reports(reports, console, title=f"speedlight inspect for {target.arch_name} "

@@ -95,8 +95,10 @@ def bytes_table(reports: Sequence[CaseReport], *, with_case: bool) -> Table | No
         return None
     t = Table(title="bytes moved (interpreter: loads + stores, masked lanes excluded) vs the "
                     "OpSpec's compulsory bytes", title_justify="left", pad_edge=False)
+    elsewhere = any(d.measured_on for _, d in rows)
     cols = (["case"] if with_case else []) + ["dir", "kernels", "moved", "compulsory",
-                                              "ratio", "design allows"]
+                                              "ratio", "design allows"] + \
+        (["compulsory at this size", "ratio measured on"] if elsewhere else [])
     for c in cols:
         t.add_column(c, justify="right" if c in ("moved", "compulsory", "ratio",
                                                   "design allows") else "left",
@@ -106,8 +108,9 @@ def bytes_table(reports: Sequence[CaseReport], *, with_case: bool) -> Table | No
         over = d.ratio > d.allowed + 1e-9
         ratio = f"[yellow]{d.ratio:.3f}[/]" if over else f"{d.ratio:.3f}"
         names = [short_name(k) for k in d.kernels] if with_case else d.kernels
+        extra = [_bytes(d.size_compulsory) if d.measured_on else "", d.measured_on or "this case"]
         t.add_row(*head, d.direction, ", ".join(names), _bytes(d.measured),
-                  _bytes(d.compulsory), ratio, f"{d.allowed:.2f}")
+                  _bytes(d.compulsory), ratio, f"{d.allowed:.2f}", *(extra if elsewhere else []))
     return t
 
 

@@ -144,10 +144,13 @@ def applies(spec: OpSpec, case: Case, shortfall: Shortfall, sm_count: int) -> bo
 
 
 def judge(spec: OpSpec, report: CaseReport, sm_count: int) -> tuple[list[Shortfall], list[Shortfall]]:
-    """(held, informational): the report's shortfalls where its designs apply, and the rest."""
+    """(held, informational): the report's shortfalls where its designs apply, and the rest
+    (bytes measured on a smaller case than the one reported are information)."""
     held, info = [], []
+    elsewhere = any(d.measured_on for d in report.directions)
     for s in check(report):
-        (held if applies(spec, report.case, s, sm_count) else info).append(s)
+        holds = applies(spec, report.case, s, sm_count) and not (elsewhere and s.check == "bytes")
+        (held if holds else info).append(s)
     return held, info
 
 

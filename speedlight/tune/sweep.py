@@ -271,7 +271,7 @@ def _finish(st: _Staged, compiled: dict) -> list[dict]:
     rows, survivors = list(st.rows), []
     for cand, row in st.staged:
         reports = [case_report.analyse_kernel(l, compiled[l.key(arch_name)], st.tgt, st.tgt.sku,
-                                              st.spec.design(l.kernel)) for l in cand.launches]
+                                              st.spec.design(l.kernel, st.tgt.arch)) for l in cand.launches]
         row.update(_kernel_fields(reports))
         rejected = _rejections(reports, arch_name)
         if rejected:
