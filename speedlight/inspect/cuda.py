@@ -107,7 +107,7 @@ def inspect_case(op: str, kernels: CudaKernels, designs, case: Case, target: Tar
         return report
     report.source, report.binary_folder = binary.source, binary.folder
     for launch in launches:
-        report.kernels.append(analyse(launch, designs.get(launch.kernel, KernelDesign()).for_arch(target.arch),
-                                      binary, target, sm_count))
+        design = designs.get(launch.kernel, KernelDesign()).for_arch(target.arch)
+        report.kernels.append(analyse(launch, design, binary, target, sm_count))
     case_findings(report)
     return report

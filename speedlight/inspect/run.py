@@ -115,17 +115,15 @@ def bytes_on_a_smaller_case(spec: OpSpec, case: Case, capture: Capture, target: 
 def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
                   device: torch.device | str = "cpu", compiler: TritonCompiler | None = None,
                   mode: str = "auto", backward: bool = True, on_case=None,
-                  smaller_case_bytes: bool | None = None) -> list[case_report.CaseReport]:
+                  smaller_case_bytes: bool = False) -> list[case_report.CaseReport]:
     """Everything inspect says about each (op, case) on `target` (a speedlight.target
     Target: its arch compiles, its SKU's SM count sizes the launches): every case is
     captured first, then all their distinct kernels are compiled in one batch (worker
     processes in parallel). `speedlight inspect` and the report's inspect stage both run
-    through this. A case not run in full gets its bytes from a smaller case
-    (bytes_on_a_smaller_case) when `smaller_case_bytes` says (default: in mode 'auto')."""
+    through this. With `smaller_case_bytes` (the CLI's auto and dry modes), a case not run
+    in full gets its bytes from a smaller case (bytes_on_a_smaller_case)."""
     device = torch.device(device)
     sku = target.sku
-    if smaller_case_bytes is None:
-        smaller_case_bytes = mode == "auto"
     compiler = compiler or TritonCompiler()
     staged = []
     for spec, case in items:
@@ -158,6 +156,7 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
         if on_case is not None:
             on_case(spec, case)
     launches = [l for _, _, c in staged if c is not None for l in c.launches]
+    smaller: dict[tuple, list] = {}
     compiled = compiler.compile(launches, target) if launches else {}
     for spec, report, capture in staged:
         if capture is None or not capture.launches:
@@ -168,9 +167,14 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
                                                           spec.design(launch.kernel, target.arch)))
         report.directions = case_report.direction_bytes(spec, capture)
         if not capture.measured and device.type != "cuda" and smaller_case_bytes:
+            c = report.case
+            key = (spec.name, repr(_plan(capture)), c.dtype, c.layout, repr(c.flags))
             try:
-                report.directions = bytes_on_a_smaller_case(spec, report.case, capture,
-                                                            target, sku, backward)
+                if key not in smaller:  # one smaller case per plan, however many cases
+                    smaller[key] = bytes_on_a_smaller_case(spec, c, capture, target, sku,
+                                                           backward)
+                report.directions = [dataclasses.replace(
+                    d, size_compulsory=spec.cost(c, d.direction).bytes) for d in smaller[key]]
             except Exception as e:  # the bytes are extra: the kernels are still reported
                 report.note += f" (bytes on a smaller case failed: {type(e).__name__}: {e})"
         findings.case_findings(report)

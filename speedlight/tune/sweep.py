@@ -270,8 +270,9 @@ def _finish(st: _Staged, compiled: dict) -> list[dict]:
     arch_name = st.tgt.arch_name
     rows, survivors = list(st.rows), []
     for cand, row in st.staged:
-        reports = [case_report.analyse_kernel(l, compiled[l.key(arch_name)], st.tgt, st.tgt.sku,
-                                              st.spec.design(l.kernel, st.tgt.arch)) for l in cand.launches]
+        reports = [case_report.analyse_kernel(l, compiled[l.key(arch_name)], st.tgt,
+                                              st.tgt.sku, st.spec.design(l.kernel, st.tgt.arch))
+                   for l in cand.launches]
         row.update(_kernel_fields(reports))
         rejected = _rejections(reports, arch_name)
         if rejected:

@@ -76,7 +76,8 @@ def test_kernels_compile_to_their_design(spec, target, compiler):
             if key not in seen:
                 seen.add(key)
                 GUARD_TABLE.append(
-                    f"{target.arch_name} {spec.name:9s} {k.launch.kernel:34s} {_config(k.launch):46s} "
+                    f"{target.arch_name} {spec.name:9s} {k.launch.kernel:34s} "
+                    f"{_config(k.launch):46s} "
                     f"regs {k.registers:3d} spill {k.spill_stores:3d} "
                     f"occ {k.occupancy.fraction:4.0%} (min {k.design.min_occupancy:.0%}) "
                     f"LDG {_widths(k.mix.global_loads)} | STG {_widths(k.mix.global_stores)}"
