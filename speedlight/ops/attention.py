@@ -166,6 +166,9 @@ _BWD_SM100 = ("a shortfall on sm_100a: Triton 3.6 lowers the dk/dv pass's dots t
               "[BLOCK_N, D] tiles between tensor memory and registers for the softmax "
               "gradient runs at the 255-register cap and spills (about 200 bytes at head dim "
               "128); the sm_90a tiles are kept until a B200 can time smaller ones")
+_DELTA_SM100 = ("a shortfall on sm_100a: ptxas (Triton 3.6's, for sm_100a) gives the 4-warp "
+                "delta kernel 48 registers a thread and spills about 20 bytes, where sm_90a "
+                "takes 34 and none")
 _FLASH = ("flash tiles: one 8-warp program per SM; k and v re-read per query block (and q, "
           "do per key block backward), as the cost model counts; no access width is held: "
           "the operand tiles of the loop are copied to shared memory asynchronously "
@@ -197,6 +200,8 @@ SPEC = OpSpec(
             # tensor memory
             per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", min_stages=2,
                                          vector_bits=0, why=_FLASH)),)),
+        "_attention_bwd_delta_kernel": KernelDesign(per_arch=((100, KernelDesign(
+            spills=True, why=_DELTA_SM100)),)),
         "_attention_bwd_dkdv_kernel": KernelDesign(
             min_occupancy=0.125, mma="HGMMA", vector_bits=0, why=_FLASH,
             per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", vector_bits=0,
