@@ -31,6 +31,7 @@ BUILTIN_OPS = (
     "geglu",
     "matmul",
     "gated_matmul",
+    "grouped_matmul",
     "attention",
     "linear_cross_entropy",
 )

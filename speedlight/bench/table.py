@@ -24,7 +24,7 @@ _NAMES = {SPEEDLIGHT: "speedlight (first impl.)", "torch-eager": "PyTorch eager"
           "torch-fused": "torch fused",
           "sdpa-flash": "SDPA flash", "sdpa-efficient": "SDPA efficient",
           "sdpa-cudnn": "SDPA cuDNN", "flex-attention": "FlexAttention",
-          "flash-attn": "flash-attn"}
+          "flash-attn": "flash-attn", "torch-grouped-mm": "torch._grouped_mm"}
 _GENERAL = ("torch-eager", "torch-compile", "liger")  # always a column; the others when timed
 
 
