@@ -94,12 +94,17 @@ def test_an_op_that_raises_is_reported_and_fails_the_run(tmp_path, capsys):
 def test_the_default_case_is_a_model_at_4096_tokens():
     """Every op's default case is the first model it serves at 4096 tokens (attention: Llama
     3 8B's 32 query and 8 key-value heads of 128, causal), whatever its size."""
-    from speedlight import registry
+    from speedlight import registry, shapes
     from speedlight.inspect.command import REPRESENTATIVE_TOKENS, representative
 
+    order = list(shapes.MODELS)
     for spec in registry.builtin_specs():
         case = representative(spec, torch.bfloat16)
-        assert spec.rows(case) == REPRESENTATIVE_TOKENS and case.model == "llama-3-8b", case.id
+        first = min((c.model for c in spec.cases("model") if c.model in order),
+                    key=order.index)
+        assert case.model == first, case.id
+        # tokens: the case's rows, or its routed rows' tokens (an MoE's grouped GEMM)
+        assert REPRESENTATIVE_TOKENS in (spec.rows(case), case.flag("tokens")), case.id
     attention = next(s for s in registry.builtin_specs() if s.name == "attention")
     case = representative(attention, torch.bfloat16)
     assert (case["heads"], case["kv_heads"], case["dim"], case["seq_q"]) == (32, 8, 128, 4096)
