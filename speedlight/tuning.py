@@ -139,6 +139,7 @@ def read(path: Path) -> dict[str, dict[str, dict]]:
 
 
 _LOADED: dict[str, dict[str, dict[str, dict]]] = {}
+_SOURCES: dict[str, dict[tuple[str, str], str]] = {}  # sku -> (op, bucket) -> its file
 _LOCK = threading.Lock()
 
 
@@ -150,9 +151,12 @@ def tables(sku: str) -> dict[str, dict[str, dict]]:
     with _LOCK:
         if sku not in _LOADED:
             merged: dict[str, dict[str, dict]] = {}
+            sources: dict[tuple[str, str], str] = {}
             for path in (shipped_path(sku), user_path(sku)):
                 for op, buckets in read(path).items():
                     merged.setdefault(op, {}).update(buckets)
+                    sources.update({(op, bucket): str(path) for bucket in buckets})
+            _SOURCES[sku] = sources
             _LOADED[sku] = merged
         return _LOADED[sku]
 
@@ -166,10 +170,17 @@ def lookup(op: str, bucket: str, device: torch.device | str | None) -> Mapping[s
     return entry["config"] if entry is not None else None
 
 
+def source(op: str, bucket: str, device: torch.device | str | None) -> str | None:
+    """The file `op`'s tuned entry for `bucket` on `device`'s SKU was read from, or None."""
+    sku = launch_sku(device)
+    return _SOURCES.get(sku, {}).get((op, bucket)) if sku is not None else None
+
+
 def reload() -> None:
     """Forget the tables read so far: the next launch reads the files again."""
     with _LOCK:
         _LOADED.clear()
+        _SOURCES.clear()
 
 
 # --- writing ------------------------------------------------------------------------------

@@ -63,8 +63,10 @@ def _key(r: dict) -> tuple:
 
 
 def latest(rows: Sequence[dict]) -> dict[tuple, dict]:
+    """The newest row of each (op, implementation, case, mode), by timestamp (files of
+    several runs are read in path order, which says nothing of when they ran)."""
     out: dict[tuple, dict] = {}
-    for r in rows:
+    for r in sorted(rows, key=lambda r: r.get("timestamp") or ""):
         out[_key(r)] = r
     return out
 

@@ -13,7 +13,9 @@ NO_GPU = ("speedlight probe: no CUDA GPU in use (torch sees none, or --device cp
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--copy-gib", type=float, default=None,
                    help="copy buffer size (default: 16x the L2, at least 1 GiB)")
-    p.add_argument("--matmul-n", type=int, default=8192, help="matmul size n (n x n x n)")
+    p.add_argument("--matmul-n", type=int, default=None,
+                   help="measure one n x n x n matmul (default: the best of 8192 cubed and "
+                        "Llama-3-8B's MLP projections at 4096 tokens)")
     p.add_argument("--dtypes", default="tf32,fp16,bf16,fp8", help="matmul dtypes to measure")
     p.add_argument("--no-save", action="store_true", help="measure and print, do not cache")
 

@@ -23,6 +23,14 @@ def mode_cost(spec: OpSpec, case: Case, mode: str) -> Cost | None:
     return bwd if mode == "bwd" else spec.cost(case, "fwd") + bwd
 
 
+def input_bytes(spec: OpSpec, case: Case) -> int:
+    """The bytes of the tensors spec.make_inputs(case) builds (on the meta device: nothing
+    is allocated)."""
+    made = spec.make_inputs(case, torch.device("meta"))
+    values = made.values() if isinstance(made, dict) else made
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
 class CaseSizing:
     """Memory budgets of a bench run on one device (bench Settings: max_bytes,
     cpu_max_bytes, max_copies)."""
@@ -61,11 +69,14 @@ class CaseSizing:
         return None
 
     def _bytes_needed(self, spec: OpSpec, case: Case, copies: int) -> int:
-        """Inputs (copies + one pristine set), outputs, gradients and a baseline's
-        temporaries: a generous multiple of the compulsory traffic."""
-        fwd = spec.cost(case, "fwd").bytes
-        bwd = mode_cost(spec, case, "bwd")
-        return int(fwd * (copies + 3) + (bwd.bytes if bwd else 0) * 2)
+        """Inputs (copies + one pristine set), then outputs, gradients and a baseline's
+        temporaries, taken as twice the inputs. The inputs are the tensors make_inputs
+        builds, counted on the meta device, not the Cost's bytes: a Cost may count traffic
+        (attention's K/V re-reads per query block) far beyond what is allocated, and
+        bench once skipped attention at 8K tokens as needing 68 GiB on an H200. A case
+        whose baseline needs more than this estimate is caught as out of memory."""
+        inputs = input_bytes(spec, case)
+        return inputs * (copies + 1) + 2 * inputs
 
     def copies_for(self, spec: OpSpec, case: Case) -> int:
         """Input sets to rotate among: enough to cover twice the L2 when one set fits in it."""

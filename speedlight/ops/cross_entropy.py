@@ -21,7 +21,7 @@ from speedlight.kernels.cross_entropy import (
     _cross_entropy_split_stats_kernel,
 )
 from speedlight.launch import planned_sm_count, row_tile, warps_for_tile
-from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._checks import check_bool, check_dense, check_choice, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_reduction_refused, local_rows
 from speedlight.ops._suites import is_call_of, rows_case
 from speedlight.ops.registration import like, register_op
@@ -424,9 +424,7 @@ def check_options(ignore_index, reduction, label_smoothing, z_loss, softcap) -> 
         raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
     if not -2**63 <= ignore_index < 2**63:
         raise ValueError(f"ignore_index must fit int64 (the targets' dtype), got {ignore_index}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, "
-                         f"got {reduction!r}")
+    check_choice("reduction", reduction, REDUCTIONS)
     if not _is_number(label_smoothing) or not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
     if not _is_number(z_loss) or not 0.0 <= z_loss < float("inf"):
@@ -497,8 +495,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     loss is NaN (so is a mean or sum over it) and so is its gradient row.
     """
     check_tensor("logits", logits, min_dim=1)
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    check_dense("target", target)
     if target.dtype not in TARGET_DTYPES:
         raise TypeError(f"target must be an integer tensor of class indices (int64, int32, "
                         f"int16, int8 or uint8), got {describe(target)}; probability "
@@ -509,6 +506,11 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
                          f"of shape {tuple(logits.shape)}")
     check_same_device(logits=logits, target=target)
     check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
+    for name, flag in (("inplace_backward", inplace_backward), ("check_target", check_target),
+                       ("return_z_loss", return_z_loss),
+                       ("return_token_accuracy", return_token_accuracy),
+                       ("return_predicted_tokens", return_predicted_tokens)):
+        check_bool(name, flag)
     if logits.shape[-1] == 0 and target.numel():
         raise ValueError(f"logits must have at least one class in its last dim, got "
                          f"{describe(logits)}")
@@ -540,6 +542,8 @@ def check_class_weight(weight, n_classes: int, device: torch.device,
     [n_classes] on `device`."""
     if weight is None:
         return
+    if isinstance(weight, torch.Tensor):
+        check_dense(name, weight)
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
         got = describe(weight) if isinstance(weight, torch.Tensor) else type(weight).__name__
         raise TypeError(f"{name} must be None or a floating-point tensor of class weights, "

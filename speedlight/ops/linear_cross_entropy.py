@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from speedlight import reference, shapes
-from speedlight.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
+from speedlight.ops._checks import check_bool, check_dense, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_reduction_refused, local_rows
 from speedlight.ops.cross_entropy import (
     TARGET_DTYPES,
@@ -250,8 +250,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         check_tensor("bias", bias, min_dim=1)
         if tuple(bias.shape) != (weight.shape[0],):
             raise ValueError(f"bias must have shape ({weight.shape[0]},), got {describe(bias)}")
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    check_dense("target", target)
     if target.dtype not in TARGET_DTYPES:
         raise TypeError(f"target must be an integer tensor of class indices, got "
                         f"{describe(target)}")
@@ -263,6 +262,10 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     _check_dtypes(hidden, weight, bias, amp_dtype is not None)
     check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
     check_class_weight(class_weight, weight.shape[0], hidden.device, name="class_weight")
+    for name, flag in (("check_target", check_target), ("return_z_loss", return_z_loss),
+                       ("return_token_accuracy", return_token_accuracy),
+                       ("return_predicted_tokens", return_predicted_tokens)):
+        check_bool(name, flag)
     if chunk_size is not None and (not isinstance(chunk_size, numbers.Integral)
                                    or isinstance(chunk_size, bool) or chunk_size < 1):
         raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")

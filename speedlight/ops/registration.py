@@ -89,8 +89,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 import typing
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -217,11 +219,11 @@ class RegisteredOp:
         if self.configs is not None and self.configs.bucket is not None:
             bucket = self.configs.bucket(key)
             found = tuning.lookup(self.name, bucket, device)
-            if found is not None and self._usable(bucket, found):
+            if found is not None and self._usable(bucket, found, device):
                 return found
         return self._default(key)
 
-    def _usable(self, bucket: str, config: Mapping[str, Any]) -> bool:
+    def _usable(self, bucket: str, config: Mapping[str, Any], device) -> bool:
         """Whether a tuned table's config is a point of the op's space (warned once if not:
         the launch rule applies instead)."""
         space = self.configs.space
@@ -229,7 +231,8 @@ class RegisteredOp:
             return True
         if bucket not in self._warned:
             self._warned.add(bucket)
-            warnings.warn(f"speedlight: the tuned table's entry {bucket!r} of {self.name} is "
+            where = tuning.source(self.name, bucket, device) or "the tuned table"
+            warnings.warn(f"speedlight: {where}: the entry {bucket!r} of {self.name} is "
                           f"not a point of its configuration space ({dict(config)}; expected "
                           f"one value of each of {dict(space)}): ignored, the launch rule "
                           f"applies", tuning.TunedTableWarning, stacklevel=4)
@@ -505,6 +508,9 @@ class _AutogradRule:
             ctx.mark_non_differentiable(*stat_tensors)
         if self.optional_grads:
             ctx.set_materialize_grads(False)
+        if self.bmutates:  # whether a gradient may be written over is decided at backward
+            ctx.output_refs = {o: weakref.ref(t) for o, t in zip(self.outputs, output)
+                               if isinstance(t, torch.Tensor)}
 
     def backward(self, ctx, *grad_outputs):
         grads = dict(zip(self.outputs, grad_outputs))
@@ -529,7 +535,11 @@ class _AutogradRule:
         if self.bmutates:
             for i, n in enumerate(self.bnames):
                 if n in self.bmutates and self.plan[n][0] == "grad" and args[i] is not None:
-                    args[i] = args[i].contiguous()  # written over: dense, in its own layout
+                    output = ctx.output_refs.get(self.plan[n][1], lambda: None)()
+                    if _writable_gradient(args[i], output):
+                        args[i] = args[i].contiguous()  # written over: dense, in its own layout
+                    else:  # someone else may read it: written into a copy instead
+                        args[i] = args[i].clone(memory_format=torch.contiguous_format)
             written = tuple(args[self.bnames.index(n)] for n in self.bmutates)
         out = self.bwd_op(*args, ctx.impl)
         out = out if isinstance(out, tuple) else () if out is None else (out,)
@@ -541,6 +551,29 @@ class _AutogradRule:
                 if needs[i] and not ctx.input_is_none[n]:
                     result[i] = g
         return tuple(result)
+
+
+def _writable_gradient(grad: torch.Tensor, output: torch.Tensor | None) -> bool:
+    """Whether a backward may write over `grad`, the gradient of `output` autograd handed
+    it: only when nothing else can read it. Not when another C++ owner holds it (the caller's
+    own tensor when output is the root of backward, `y.backward(g)`; an add's gradient that
+    its other operand has yet to take), when another tensor views its memory (a hook on a
+    view of output that kept its gradient), or when output has hooks of its own (which may
+    keep the very tensor). retain_grad() keeps a copy, so it needs none. Under
+    torch.compile the compiler owns the buffers: written over as declared."""
+    if torch.compiler.is_compiling() or not isinstance(grad, torch.Tensor):
+        return True
+    if grad._use_count() > 1:
+        return False
+    # the storage's holders: grad, the Python storage object made to ask and, for a view
+    # (a linear layer's 2-D gradient seen as [batch, seq, hidden]), its base; the base
+    # held by nothing but grad (its view) and the wrapper made here, Python included
+    base = grad._base
+    if torch._C._storage_Use_Count(grad.untyped_storage()._cdata) > (2 if base is None else 3):
+        return False
+    if base is not None and (base._use_count() > 2 or sys.getrefcount(base) > 2):
+        return False
+    return output is None or not output._backward_hooks
 
 
 def _function(name: str, fwd_op, rule: _AutogradRule):

@@ -33,7 +33,7 @@ from speedlight.launch import (
     warps_for_tile,
 )
 from speedlight.ops import rms_norm_cuda as cuda
-from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._checks import check_bool, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import Configs, like, register_op, row_stats
@@ -222,11 +222,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     dtype. Differentiable in x and weight; works under torch.compile(fullgraph=True).
 
     in_place: the backward writes dx over the gradient of y it receives, so it allocates
-    nothing of x's size. Only where that gradient goes nowhere else: not when y (or a
-    view of it) is added to another tensor (a post-norm's output joining the residual
-    stream: the add hands one gradient to both operands), is the root of backward (the
-    caller's upstream gradient is overwritten), or has a hook that keeps its gradient.
-    speedlight.patch turns it on only for norms whose output feeds linear layers alone.
+    nothing of x's size, when nothing else can read that gradient; otherwise it writes
+    into a copy (the result is the same). Copied: the caller's own tensor when y is the
+    root of backward (`y.backward(g)` leaves g alone), a gradient another consumer of y
+    has yet to take (an add's, handed to both operands), one a hook on y or on a view of
+    y may keep; y.retain_grad() keeps a copy of its own. What it cannot see: a gradient
+    a hook on y's view stored as another view of the same tensor after the check, or one
+    kept by Python code outside autograd's hooks. Under torch.compile the compiler owns
+    the buffers. speedlight.patch turns it on for norms whose output feeds linear layers
+    alone, where the gradient is the linear layers' fresh one.
 
     impl: "triton" or "cuda" (CUDA C++, built on first use; a CUDA build of torch and
     nvcc/ninja needed) forces one; None runs the op's default (Triton until a GPU run has
@@ -234,16 +238,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     """
     check_tensor("x", x, min_dim=1)
     check_norm_args(x, weight, eps, offset)
-    check_in_place(in_place)
+    check_bool("in_place", in_place)
     op = RMS_NORM_INPLACE if in_place else RMS_NORM
     cuda.check_impl(op, impl, x)
     return op(x, weight, float(eps), float(offset), impl=impl)
-
-
-def check_in_place(in_place) -> None:
-    """in_place must be a bool (a norm's backward-in-place switch)."""
-    if not isinstance(in_place, bool):
-        raise TypeError(f"in_place must be a bool, got {in_place!r}")
 
 
 def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -> None:

@@ -105,3 +105,20 @@ def test_the_results_table_names_every_baseline_column():
     table = display.results_table(rows, "t")
     headers = [c.header for c in table.columns]
     assert "x eager" in headers and "x sdpa-flash" in headers
+
+
+def test_probe_matmul_ceiling_is_the_best_of_its_shapes(monkeypatch):
+    """The ceiling every % of SOL divides by is the best rate over the probe's shapes (a
+    single cube, measured alone, came out below what bench then measured for cuBLAS on
+    Llama's projections on an H200)."""
+    from speedlight.bench import probe
+
+    rates = {(8192, 8192, 8192): 6.6e14, (4096, 14336, 4096): 7.6e14, (4096, 4096, 14336): 7.9e14}
+    monkeypatch.setattr(probe, "_matmul_rate",
+                        lambda device, dtype, m, n, k, rule: probe.Reading(
+                            dtype, rates[(m, n, k)], size=f"{m}x{n}x{k}"))
+    best = probe.matmul_rate(None, "bf16")
+    assert (best.value, best.size) == (7.9e14, "4096x4096x14336")
+    assert "best of 3 shapes" in best.note
+    one = probe.matmul_rate(None, "bf16", shapes=((8192, 8192, 8192),))
+    assert one.value == 6.6e14

@@ -113,3 +113,12 @@ def test_cli_rows_that_are_not_objects_are_a_clear_error(tmp_path):
     (tmp_path / "old.jsonl").write_text(json.dumps(_row(_draw(0))) + "\n[1, 2]\n")
     with pytest.raises(SystemExit, match=r"old\.jsonl:2: not a JSON object \(got a list\)"):
         cli.main(["bench", "compare", str(tmp_path / "old.jsonl"), new])
+
+
+def test_latest_is_the_newest_by_timestamp_not_by_file_order():
+    from speedlight.bench import compare
+
+    row = dict(op="rms_norm", implementation="speedlight", case_id="c", mode="fwd")
+    new = dict(row, timestamp="2026-12-04T16:00:00+00:00", median_us=1.0)
+    old = dict(row, timestamp="2026-12-04T15:00:00+00:00", median_us=2.0)
+    assert list(compare.latest([new, old]).values()) == [new]

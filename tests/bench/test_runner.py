@@ -165,3 +165,25 @@ def test_interrupted_run_keeps_the_cases_already_written(tmp_path, monkeypatch):
     rows = results.read_jsonl(tmp_path / "bench.jsonl")
     assert rows and {r["case_id"] for r in rows} == {TOY.cases("quick")[0].with_(dtype=torch.float32).id}
     assert not list(tmp_path.glob(".*.tmp")), "no temporary file left behind"
+
+
+def test_memory_estimate_counts_allocated_inputs_not_traffic():
+    """Attention's Cost counts K/V re-reads per query block; sizing counts the tensors
+    allocated, so the 8K-token bf16 headline case fits a 32 GiB budget (on an H200 it was
+    skipped as needing 68 GiB)."""
+    import dataclasses
+    import types
+
+    import torch
+
+    from speedlight import registry
+    from speedlight.bench.sizing import CaseSizing, input_bytes
+
+    spec = next(s for s in registry.builtin_specs() if s.name == "attention")
+    case = next(c for c in spec.suites["model"]()
+                if "seq_q8192-seq_k8192-dim128" in c.id and c.flag("causal"))
+    case = dataclasses.replace(case, dtype=torch.bfloat16)
+    b, h, hkv, s, d = (case[k] for k in ("batch", "heads", "kv_heads", "seq_q", "dim"))
+    assert input_bytes(spec, case) == 2 * b * s * d * (h + 2 * hkv)  # q, k, v in bf16
+    sizing = CaseSizing(torch.device("cpu"), types.SimpleNamespace(max_bytes=32 * 2 ** 30))
+    assert sizing._bytes_needed(spec, case, 1) < 32 * 2 ** 30 < spec.cost(case, "fwd").bytes * 4

@@ -104,10 +104,13 @@ def test_a_corrupt_table_warns_naming_the_file_and_the_rule_applies(tables, devi
     assert got == [TUNED]  # the user's file is ignored; the shipped one still applies
 
 
-def test_an_entry_outside_the_space_warns_and_the_rule_applies(tables, device):
-    tables("shipped", {"matmul": {"m64-n64-k64-bf16": {"config": dict(TUNED, BLOCK_M=96)}}})
-    with pytest.warns(tuning.TunedTableWarning, match="not a point of its configuration space"):
+def test_an_entry_outside_the_space_warns_naming_the_file_and_the_rule_applies(tables, device):
+    tables("shipped", {"matmul": {"m64-n64-k64-bf16": {"config": TUNED}}})
+    tables("user", {"matmul": {"m64-n64-k64-bf16": {"config": dict(TUNED, BLOCK_M=96)}}})
+    with pytest.warns(tuning.TunedTableWarning,
+                      match="not a point of its configuration space") as caught:
         assert launched(*gemm(64, 64, 64, device)) == [rule(64, 64, 64)]
+    assert str(tuning.user_path(SKU)) in str(caught[0].message)
 
 
 def test_rms_norm_reads_its_entry_per_hidden_size(tables, device):
