@@ -188,7 +188,9 @@ def _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss, w_t, w
     if HAS_WEIGHT:
         # w_t (1 - eps) (lse - c_t) + eps / V (W lse - sum_j w_j c_j), grouped around m
         a = w_t * (1.0 - label_smoothing)
-        coef = a + label_smoothing * w_sum / n_cols
+        coef = a
+        if label_smoothing > 0:  # eps = 0 must not turn an inf weight elsewhere into NaN
+            coef += label_smoothing * w_sum / n_cols
         loss = a * (m - x_t) + coef * log_d
         if label_smoothing > 0:  # eps = 0 must not turn a -inf logit elsewhere into NaN
             loss += label_smoothing / n_cols * (w_sum * m - sc)
