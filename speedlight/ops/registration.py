@@ -70,13 +70,11 @@ A backward that writes over what the forward saved (an output or an input) can r
 per forward: a second backward through the same graph (retain_graph=True) is refused
 with an error naming the op.
 
-`configs`: the op's configuration space (block sizes, warps, stages) for tuning, and the
-hook a launcher asks for a tuned configuration: `op.config(key, device)` is, in order, the
-configuration `set_tuned` stored for that key, the entry of the tuned tables for
-`configs.bucket(key)` on the device's GPU (speedlight/tuning.py: read lazily on the first
-launch that asks, never at import), else `configs.default(key)` (the launcher's rule; None
-without one, and the launcher applies its rule itself). `speedlight tune` sweeps the space
-through `op.sweeping(config)`: inside, every launch of the op is given `config`.
+The launch context (speedlight/launch.py: the GPU launches are sized for, forced or tuned
+configurations) is saved with each forward and re-entered around its backward: autograd
+runs a GPU backward on a thread of its own, which does not see the caller's ContextVar.
+Launchers read it themselves (`launch.planned_sm_count`, `launch.config`); configuration
+spaces and tuned tables are speedlight/tuning.py's, not the registration's.
 
 Why torch.library.custom_op and not triton_op: triton_op lets torch.compile trace into
 Triton kernels, but only kernels launched through wrap_triton and only Triton ones; a
@@ -87,18 +85,16 @@ docs/DESIGN-NOTES.md.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import sys
 import typing
-import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from speedlight import tuning
+from speedlight import launch
 
 NAMESPACE = "speedlight"
 NEEDS_GRAD = "needs_grad"  # the launcher parameter given which gradients a call needs
@@ -117,20 +113,6 @@ def row_stats(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.numel() // n_cols if n_cols else 0,), dtype=torch.float32)
 
 
-@dataclass(frozen=True)
-class Configs:
-    """The configuration space of an op's kernels, for tuning: `space` maps each
-    launch parameter (BLOCK_M, num_warps, num_stages...) to its candidate values;
-    `default(key)` is the launcher's own choice for a key (the key: what the launcher
-    knows of the launch, its shape, dtype and GPU); `bucket(key)` names the tuned tables'
-    entry a key falls in (a string such as "m4096-n4096-k4096-bf16": shapes that share one
-    configuration; without it the tables are not read)."""
-
-    space: Mapping[str, Sequence[Any]]
-    default: Callable[[Any], Mapping[str, Any]] | None = None
-    bucket: Callable[[Any], str] | None = None
-
-
 @dataclass
 class RegisteredOp:
     """What register_op built: call it like the forward launcher (plus `impl=`)."""
@@ -142,15 +124,11 @@ class RegisteredOp:
     forward_op: Any
     backward_op: Any | None = None
     inference_op: Any | None = None
-    configs: Configs | None = None
     _apply: Callable[..., Any] | None = None
     _grad_groups: tuple[tuple[int, ...], ...] = ()  # positions of each entry of grads
     _n_params: int = 0  # the caller's parameters (impl and needs_grad not counted)
     _defaults: tuple = ()  # of the caller's trailing parameters that have one
     _flags_at: int | None = None  # where the forward launcher takes needs_grad
-    _tuned: dict = field(default_factory=dict)
-    _sweep: list = field(default_factory=list)  # active sweeping() contexts, innermost last
-    _warned: set = field(default_factory=set)  # tuned-table buckets already warned about
     unverified: frozenset = frozenset()  # implementations no GPU run has verified yet
     default: str = ""  # the implementation op(...) runs; "": the first
 
@@ -203,69 +181,6 @@ class RegisteredOp:
                              and args[i].requires_grad for i in group)
                 for group in self._grad_groups]
 
-    def config(self, key, device: torch.device | str | None = None
-               ) -> Mapping[str, Any] | None:
-        """The configuration a launch with `key` on `device` uses: the one sweeping()
-        forces, else set_tuned's for key, else the tuned tables' entry for
-        configs.bucket(key) on the device's GPU, else configs.default(key) (None without
-        one: the launcher applies its rule)."""
-        if self._sweep:
-            sweep = self._sweep[-1]
-            chosen = sweep.config if sweep.config is not None else self._default(key)
-            sweep.asked.append((key, chosen))
-            return chosen
-        if key in self._tuned:
-            return self._tuned[key]
-        if self.configs is not None and self.configs.bucket is not None:
-            bucket = self.configs.bucket(key)
-            found = tuning.lookup(self.name, bucket, device)
-            if found is not None and self._usable(bucket, found, device):
-                return found
-        return self._default(key)
-
-    def _usable(self, bucket: str, config: Mapping[str, Any], device) -> bool:
-        """Whether a tuned table's config is a point of the op's space (warned once if not:
-        the launch rule applies instead)."""
-        space = self.configs.space
-        if set(config) == set(space) and all(config[k] in space[k] for k in space):
-            return True
-        if bucket not in self._warned:
-            self._warned.add(bucket)
-            where = tuning.source(self.name, bucket, device) or "the tuned table"
-            warnings.warn(f"speedlight: {where}: the entry {bucket!r} of {self.name} is "
-                          f"not a point of its configuration space ({dict(config)}; expected "
-                          f"one value of each of {dict(space)}): ignored, the launch rule "
-                          f"applies", tuning.TunedTableWarning, stacklevel=4)
-        return False
-
-    def _default(self, key) -> Mapping[str, Any] | None:
-        if self.configs is not None and self.configs.default is not None:
-            return self.configs.default(key)
-        return None
-
-    def set_tuned(self, table: Mapping[Any, Mapping[str, Any]]) -> None:
-        """Install tuned configurations (key -> launch parameters), e.g. from a tune run."""
-        self._tuned = dict(table)
-
-    @contextlib.contextmanager
-    def sweeping(self, config: Mapping[str, Any] | None = None):
-        """Inside, every launch of the op is given `config` (None: the launcher's default,
-        the rule, with no tuned table or set_tuned entry consulted); yields the list of
-        (key, configuration) the launches asked for, in order."""
-        sweep = _Sweep(config)
-        self._sweep.append(sweep)
-        try:
-            yield sweep.asked
-        finally:
-            self._sweep.remove(sweep)
-
-
-@dataclass
-class _Sweep:
-    config: Mapping[str, Any] | None
-    asked: list = field(default_factory=list)
-
-
 _REGISTERED: dict[str, RegisteredOp] = {}
 
 
@@ -283,7 +198,7 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
                 backward_fake: Callable[..., Any] | None = None,
                 inference: Launcher | Mapping[str, Launcher] | None = None,
                 mutates: Sequence[str] = (), backward_mutates: Sequence[str] = (),
-                optional_grads: bool = False, configs: Configs | None = None,
+                optional_grads: bool = False,
                 unverified: Sequence[str] = (), namespace: str = NAMESPACE) -> RegisteredOp:
     """Register op `name` (see the module docstring) and return its RegisteredOp.
 
@@ -317,7 +232,7 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
     if unknown or (forward and set(forward) <= set(unverified)):
         raise ValueError(f"{name}: unverified {list(unverified)} must name some, not all, of "
                          f"the implementations {sorted(forward)}")
-    op = RegisteredOp(name, outputs, stats, tuple(forward), fwd_op, configs=configs,
+    op = RegisteredOp(name, outputs, stats, tuple(forward), fwd_op,
                       _apply=fwd_op, _n_params=len(call_params), _defaults=defaults,
                       _flags_at=in_names.index(NEEDS_GRAD) if NEEDS_GRAD in in_names else None,
                       unverified=frozenset(unverified))
@@ -498,6 +413,9 @@ class _AutogradRule:
         values = dict(zip(self.in_names, inputs))
         values.update(zip(self.outputs, output))
         ctx.impl = inputs[-1]
+        # the launch context, for the backward (ContextVar.get breaks a compiled graph: under
+        # torch.compile launches are sized for the GPU they run on)
+        ctx.launch_context = None if torch.compiler.is_compiling() else launch.current()
         tensors = [n for n in self.saved if isinstance(values[n], torch.Tensor)]
         plain = {n: values[n] for n in self.saved if n not in tensors}
         ctx.tensor_names, ctx.plain = tensors, plain
@@ -541,7 +459,11 @@ class _AutogradRule:
                     else:  # someone else may read it: written into a copy instead
                         args[i] = args[i].clone(memory_format=torch.contiguous_format)
             written = tuple(args[self.bnames.index(n)] for n in self.bmutates)
-        out = self.bwd_op(*args, ctx.impl)
+        if ctx.launch_context is None:
+            out = self.bwd_op(*args, ctx.impl)
+        else:
+            with launch.entered(ctx.launch_context):
+                out = self.bwd_op(*args, ctx.impl)
         out = out if isinstance(out, tuple) else () if out is None else (out,)
         out = written + out
         result = [None] * n_in
