@@ -344,7 +344,7 @@ def _model(args: argparse.Namespace) -> int:
 
     from speedlight import results
     from speedlight.bench import display, model_step
-    from speedlight.profile.models import ModelError
+    from speedlight.workloads.models import ModelError
     from speedlight.spec import parse_dtype
 
     if args.paths:

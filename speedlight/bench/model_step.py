@@ -84,7 +84,7 @@ def defaults(device: torch.device) -> dict:
 
 
 def _build(s: StepSettings):
-    from speedlight.profile import models
+    from speedlight.workloads import models
     size = "full" if s.device.type == "cuda" else "small"
     return models.build(s.model, batch=s.batch, seq=s.seq, train=True, dtype=s.dtype,
                         device=s.device, size=size, layers=s.layers, seed=s.seed)
@@ -94,7 +94,7 @@ def check_model(s: StepSettings) -> None:
     """models.ModelError (a ValueError) when --model names nothing that trains as a causal
     LM with labels; builds nothing on the device."""
     from speedlight import shapes
-    from speedlight.profile import models
+    from speedlight.workloads import models
     if s.model not in (None, models.DEFAULT) and s.model not in shapes.MODELS \
             and not str(s.model).endswith(".json"):
         raise models.ModelError(f"--model {s.model!r}: bench model takes a name from "

@@ -215,7 +215,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
 
     from speedlight import registry, results, shapes
     from speedlight.bench.command import bench_cases
-    from speedlight.profile import models
+    from speedlight.workloads import models
     from speedlight.profile.command import check_steps, profile_workload
     from speedlight.spec import parse_dtype
     from speedlight.verify.command import verify_cases

@@ -29,7 +29,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from speedlight.profile import costs
+from speedlight.workloads import costs
 from speedlight.profile.memory import LiveMemory
 from speedlight.spec import dtype_name
 

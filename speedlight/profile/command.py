@@ -81,7 +81,7 @@ def profile(args: argparse.Namespace, tgt) -> dict:
     import torch
 
     from speedlight import registry
-    from speedlight.profile import models
+    from speedlight.workloads import models
     from speedlight.spec import parse_dtype
 
     if projecting(args):
@@ -152,7 +152,8 @@ def profile_workload(w, *, device, train: bool, target, warmup: int = arguments.
 
 def run(args: argparse.Namespace) -> int:
     from speedlight import results
-    from speedlight.profile import display, models
+    from speedlight.profile import display
+    from speedlight.workloads import models
 
     tgt = arguments.resolve_target(args, "profile")
     console = results.make_console(width=180)

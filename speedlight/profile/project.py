@@ -380,7 +380,7 @@ def build_workload(spec: str | None, *, batch: int, seq: int, train: bool, recip
                    dtype: torch.dtype | None, layers: int | None, seed: int,
                    overrides: dict | None, mode):
     """The model --model names, at its real size, on fake tensors made under `mode`."""
-    from speedlight.profile import models
+    from speedlight.workloads import models
 
     dtype = recipe.params if train else (dtype or torch.bfloat16)
     with mode:

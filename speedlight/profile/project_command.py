@@ -64,7 +64,7 @@ def projected_profile(args: argparse.Namespace, tgt=None) -> dict:
 
 
 def _small(args, train, recipe, dtype, mode):
-    from speedlight.profile import models
+    from speedlight.workloads import models
 
     with mode:
         return models.build(args.model, batch=args.batch, seq=args.seq, train=train,

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils import flop_counter
 
-from speedlight.profile import costs, models
+from speedlight.workloads import costs, models
 from speedlight.profile.capture import Recorder
 
 aten = torch.ops.aten

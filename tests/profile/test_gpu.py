@@ -9,7 +9,7 @@ import torch
 from torch.utils import flop_counter
 
 from speedlight import cli, hardware
-from speedlight.profile import models
+from speedlight.workloads import models
 from speedlight.profile.capture import Recorder
 from tests.conftest import needs_gpu
 from tests.profile.conftest import QUICK
