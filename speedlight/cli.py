@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 COMMANDS = {
@@ -29,26 +28,6 @@ COMMANDS = {
     "tune": ("speedlight.tune.command", "choose an op's launch configuration per GPU and "
              "shape: prune by the compiled kernels, time on the GPU, write the tuned table"),
 }
-
-
-def select_device(requested: str = "auto") -> str:
-    """'cuda' or 'cpu'. On the CPU the Triton interpreter is switched on, which must happen
-    before the first kernel module is imported."""
-    import torch
-
-    if requested == "auto":
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    if requested != "cpu" and not requested.startswith("cuda"):
-        raise SystemExit(f"speedlight: --device takes auto, cuda, cuda:N or cpu; got {requested!r}")
-    if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("speedlight: --device cuda asked for, but torch sees no CUDA device")
-    if requested == "cpu":
-        if os.environ.get("TRITON_INTERPRET") in ("0", ""):
-            raise SystemExit("speedlight: --device cpu needs the Triton interpreter, but "
-                             "TRITON_INTERPRET is set to 0")
-        from speedlight.runtime import use_interpreter
-        use_interpreter()
-    return requested
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     # The runtime is chosen before the sub-commands are imported to build the parser: a
     # module they import may import triton, whose language functions (tl.cdiv...) are
     # compiled or interpreted as TRITON_INTERPRET says when triton is first imported.
+    from speedlight.runtime import select_device
+
     try:
         select_device(_requested_device(sys.argv[1:] if argv is None else argv))
     except SystemExit:
