@@ -30,6 +30,14 @@ COMMANDS = {
 }
 
 
+def _patch(model):
+    """speedlight.patch, handed to the commands that compare a model with speedlight's ops
+    swapped in (`profile --project`, `bench model`): no tool imports another, the CLI (a
+    composer) wires them."""
+    from speedlight.patching import patch
+    return patch(model)
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto",
                         help="auto (the GPU if there is one, else CPU), cuda, or cpu "
@@ -57,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_common(p)
+        p.set_defaults(patch=_patch)
         importlib.import_module(module).configure(p)
     return parser
 

@@ -400,7 +400,7 @@ def _model(args: argparse.Namespace) -> int:
         console.print(f"  {row['variant']}: {what}")
     try:
         rows = model_step.run(s, named or model_step.VARIANTS, out_path, forced=named,
-                              on_row=on_row)
+                              on_row=on_row, patch=args.patch)
     except ModelError as e:
         _fail(str(e))
     except KeyboardInterrupt:

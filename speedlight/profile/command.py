@@ -87,7 +87,7 @@ def profile(args: argparse.Namespace, tgt) -> dict:
     if projecting(args):
         from speedlight.profile.project_command import projected_profile
         _default_size(args, batch=1, seq=4096)
-        return projected_profile(args, tgt)
+        return projected_profile(args, tgt, patch=getattr(args, "patch", None))
     _default_size(args, batch=2, seq=128)
     device = torch.device(args.device)
     train = bool(args.train)

@@ -25,12 +25,12 @@ def worker(payload: dict, device: str):
     import torch
 
     from speedlight import registry, results, target
-    from speedlight.verify import command, harness
+    from speedlight.verify import harness
 
     dev = torch.device(device)
     spec = registry.select([payload["op"]], payload["spec_files"],
                            include_builtin=payload["include_builtin"])[0]
-    max_bytes = command.default_max_bytes(dev, payload["max_gib"])
+    max_bytes = harness.default_max_bytes(dev, payload["max_gib"])
     env = results.environment(dev)
     env["target"] = target.resolve(payload["target"], payload["sku"], dev,
                                    env.get("driver")).sku.key
