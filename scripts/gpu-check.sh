@@ -5,7 +5,7 @@
 # suite); each step has its own time budget inside the run's (--total-s), and one out of
 # time is recorded in the summary, so a short machine still returns the most important numbers.
 # speedlight on a GPU machine, in one go and under 8 minutes on an H100/H200:
-#   the machine (nvidia-smi, versions), `speedlight probe` (ceilings), `verify --suite full`,
+#   the machine (nvidia-smi, versions), `speedlight probe` (ceilings), `verify --suite quick` of every op (one process each),
 #   `bench --suite model` for every op against PyTorch eager, torch.compile and Liger-Kernel,
 #   plots, linear_cross_entropy's time and memory at Llama 3's size against eager and its
 #   peers (scripts/lce_check.py), and a summary table printed last. Everything lands in one
@@ -34,10 +34,11 @@
 #   --out DIR           OUT               results folder
 #   --device D          SPEEDLIGHT_DEVICE auto (default) | cuda | cpu
 #   --ops a,b           SPEEDLIGHT_OPS    ops to check (default: all)
-#   --verify-suite S    VERIFY_SUITE      default full
+#   --verify-suite S    VERIFY_SUITE      default quick
 #   --bench-suite S     BENCH_SUITE       default model
-#   --verify-s N        VERIFY_TIMEOUT_S  verify is stopped after N s (default 90; rows of
-#                                         finished ops are kept)
+#   --verify-s N        VERIFY_TIMEOUT_S  verify is stopped after N s (default 120; rows of
+#                                         finished cases are kept)
+#   VERIFY_JOBS                           ops verified at once, one process each (default 8)
 #   --bench-s N         BENCH_BUDGET_S    bench's time budget (default 60; cases not started
 #                                         in time are recorded as skipped)
 #   --gemm-s N          GEMM_BENCH_S      the GEMM section's bench budget (default 45; 0 skips
@@ -95,9 +96,10 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-}"
 DEVICE="${SPEEDLIGHT_DEVICE:-auto}"
 OPS="${SPEEDLIGHT_OPS:-}"
-VERIFY_SUITE="${VERIFY_SUITE:-full}"
+VERIFY_SUITE="${VERIFY_SUITE:-quick}"
 BENCH_SUITE="${BENCH_SUITE:-model}"
-VERIFY_TIMEOUT_S="${VERIFY_TIMEOUT_S:-90}"
+VERIFY_TIMEOUT_S="${VERIFY_TIMEOUT_S:-120}"
+VERIFY_JOBS="${VERIFY_JOBS:-8}"
 BENCH_BUDGET_S="${BENCH_BUDGET_S:-60}"
 GEMM_BENCH_S="${GEMM_BENCH_S:-45}"
 GEMM_OPS="matmul,gated_matmul"
@@ -150,7 +152,11 @@ if [ -n "$OPS" ]; then
   FP8_BENCH_S=0
   MODEL_STEP_S=0
   TUNE_S=0
+  VERIFY_OPS="$OPS"
 else
+  VERIFY_OPS="$("$PYTHON" -c "
+from speedlight import registry
+print(','.join(s.name for s in registry.builtin_specs()))" 2>/dev/null)"
   # every registered op but the GEMMs, which the GEMM section covers
   GENERAL_OPS="$("$PYTHON" -c "
 from speedlight import registry
@@ -238,9 +244,28 @@ print(json.dumps(doc))
 open(sys.argv[2], "w").write(json.dumps(doc, indent=1) + "\n")
 EOF
 fi
-# shellcheck disable=SC2086
-step verify verify.log timeout "$VERIFY_TIMEOUT_S" "$PYTHON" -m speedlight verify --device "$DEVICE" \
-  --suite "$VERIFY_SUITE" "${OPS_ARG[@]}" --out "$OUT" $VERIFY_ARGS
+# verify: one process per op, VERIFY_JOBS at a time. On a GPU the cases check faster than
+# one process compiles their kernels (the first H200 run, op after op, reached 4 of 10 ops
+# in 120 s); the compiles are CPU work, and rows of concurrent processes append safely to
+# one verify.jsonl. Each op's output is in verify-<op>.log.
+verify_each_op() {
+  local op rc=0 pids=() names=()
+  for op in ${VERIFY_OPS//,/ }; do
+    while [ "$(jobs -rp | wc -l)" -ge "$VERIFY_JOBS" ]; do wait -n || true; done
+    # shellcheck disable=SC2086
+    "$PYTHON" -m speedlight verify --device "$DEVICE" --suite "$VERIFY_SUITE" --ops "$op" \
+      --out "$OUT" $VERIFY_ARGS > "$OUT/verify-$op.log" 2>&1 &
+    pids+=($!); names+=("$op")
+  done
+  for i in "${!pids[@]}"; do
+    if wait "${pids[$i]}"; then echo "verify ${names[$i]}: ok"
+    else echo "verify ${names[$i]}: exit $?"; rc=1; fi
+  done
+  return $rc
+}
+export -f verify_each_op
+export PYTHON DEVICE VERIFY_SUITE VERIFY_OPS VERIFY_JOBS OUT VERIFY_ARGS
+step verify verify.log timeout "$VERIFY_TIMEOUT_S" bash -c verify_each_op
 # linear_cross_entropy at Llama 3's size (16K tokens, hidden 4096, vocab 128256, bf16):
 # fwd+bwd time and peak memory beyond inputs and gradients, against every baseline present
 case ",$OPS," in
@@ -259,9 +284,7 @@ if [ -z "$OPS" ] || [[ ",$OPS," == *",attention,"* ]]; then
 fi
 # --- the GEMM section ---------------------------------------------------------------------
 if [ "$GEMM_BENCH_S" != 0 ]; then
-  # shellcheck disable=SC2086
-  step gemm-verify gemm.log timeout 45 "$PYTHON" -m speedlight verify --device "$DEVICE" \
-    --suite quick --ops "$GEMM_OPS" --out "$OUT" $VERIFY_ARGS
+  # (the GEMMs were verified with every op above)
   step gemm-bench gemm.log timeout "$((GEMM_BENCH_S + 90))" "$PYTHON" -m speedlight bench \
     --device "$DEVICE" --suite model --ops "$GEMM_OPS" --cases "$GEMM_CASES" --modes fwd \
     --baselines torch-eager,torch-compile --out "$OUT" --budget-s "$GEMM_BENCH_S" \
@@ -328,6 +351,9 @@ if ! "$PYTHON" -c "import matplotlib" 2>/dev/null; then
 elif [ -f "$OUT/bench.jsonl" ]; then
   step plots plots.log "$PYTHON" -m speedlight bench plot "$OUT/bench.jsonl" --out "$OUT/plots"
 fi
+if command -v nvidia-smi >/dev/null 2>&1; then  # clocks and throttle reasons after the work
+  nvidia-smi -q -d PERFORMANCE,CLOCK,POWER,TEMPERATURE > "$OUT/nvidia-smi-after.txt" 2>&1
+fi
 SKU="$("$PYTHON" -c "
 from speedlight import hardware
 s = hardware.current_device_spec()
@@ -347,6 +373,20 @@ print(s.key if s else 'unknown-device')" 2>/dev/null || echo unknown-device)"
     esac
     printf '%-11s %-8s %8s  %s\n' "$name" "$status" "$secs" "$log"
   done
+  if [ -f "$OUT/verify.jsonl" ]; then
+    echo
+    echo "verify (every op's suite, float64 reference; runs by status):"
+    "$PYTHON" - "$OUT/verify.jsonl" <<'EOF2'
+import collections, sys
+from speedlight import results
+counts = collections.defaultdict(collections.Counter)
+for r in results.read_jsonl(sys.argv[1]):
+    impl = r.get("impl")
+    counts[r["op"] + (f" ({impl})" if impl not in (None, "triton") else "")][r["status"]] += 1
+for name, c in sorted(counts.items()):
+    print(f"  {name:<28} " + ", ".join(f"{n} {s}" for s, n in sorted(c.items())))
+EOF2
+  fi
   echo
   "$PYTHON" -m speedlight bench table "$OUT" --include-cpu 2>&1
   if [ -f "$OUT/attention/bench.jsonl" ]; then

@@ -29,11 +29,14 @@ import argparse
 import getpass
 import importlib
 import os
+import socket
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 ATTEMPTS = 2  # tries per item: the first, and one retry elsewhere
+CONNECT_TIMEOUT_S = 30.0  # --ray-timeout's default: how long joining a cluster may take
 FAULT_ENV = "SPEEDLIGHT_CLUSTER_FAULT"  # tests only: see _maybe_fail
 
 
@@ -66,17 +69,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --ray: run every case on a GPU of each model named (Ray's "
                         "accelerator types: H100, A100...), or 'each' model the cluster has; "
                         "default: once, on any free GPU")
+    p.add_argument("--ray-timeout", type=float, default=CONNECT_TIMEOUT_S, metavar="SECONDS",
+                   help=f"with --ray: give up (exit 1) when no Ray cluster answers at the "
+                        f"address within SECONDS (default {CONNECT_TIMEOUT_S:g})")
 
 
 def check_arguments(args: argparse.Namespace, tool: str) -> None:
     """The --ray flags' values, before any work: SystemExit naming the flag."""
+    timeout = getattr(args, "ray_timeout", CONNECT_TIMEOUT_S)
     if args.ray is None:
-        given = [f for f, v in (("--ray-cpus", args.ray_cpus != 1), ("--ray-gpu", args.ray_gpu))
-                 if v]
+        given = [f for f, v in (("--ray-cpus", args.ray_cpus != 1), ("--ray-gpu", args.ray_gpu),
+                                ("--ray-timeout", timeout != CONNECT_TIMEOUT_S)) if v]
         if given:
             raise SystemExit(f"speedlight {tool}: {' and '.join(given)} only apply with --ray")
     elif args.ray_cpus < 1:
         raise SystemExit(f"speedlight {tool}: --ray-cpus must be at least 1, got {args.ray_cpus}")
+    elif not 0 < timeout < float("inf"):
+        raise SystemExit(f"speedlight {tool}: --ray-timeout must be a number of seconds > 0, "
+                         f"got {timeout:g}")
 
 
 def _ray():
@@ -88,26 +98,73 @@ def _ray():
     return ray
 
 
-def connect(address: str = "auto") -> str:
+def connect(address: str = "auto", timeout: float = CONNECT_TIMEOUT_S) -> str:
     """Join the Ray cluster at `address` ('auto': the one started on this machine, else a
-    new local one) unless this process already has; a line saying which."""
+    new local one) unless this process already has; a line saying which. ClusterError when
+    nothing listens at the address, or no cluster answers there within `timeout` seconds
+    (Ray itself keeps retrying an unreachable address for minutes)."""
     ray = _ray()
     if ray.is_initialized():
         return "Ray: using the cluster this process is connected to"
     quiet = dict(log_to_driver=False, logging_level="ERROR", configure_logging=True)
+    named = address if address != "auto" else os.environ.get("RAY_ADDRESS")
+    if named and named not in ("auto", "local"):
+        _check_listening(address, named, timeout)
     try:
         if address != "auto":
-            ray.init(address=address, **quiet)
+            _within(timeout, address, lambda: ray.init(address=address, **quiet))
             return f"Ray: joined the cluster at {address}"
         try:
-            ray.init(address="auto", **quiet)
+            _within(timeout, address, lambda: ray.init(address="auto", **quiet))
             return "Ray: joined the cluster running on this machine"
         except ConnectionError:
-            ray.init(include_dashboard=False, **quiet)
+            _within(timeout, address, lambda: ray.init(include_dashboard=False, **quiet))
             return ("Ray: no cluster found (no `ray start --head` here, no RAY_ADDRESS): started "
                     "a local one on this machine")
     except (ConnectionError, ValueError, RuntimeError) as e:
+        if isinstance(e, ClusterError):
+            raise
         raise ClusterError(f"--ray {address}: cannot join a Ray cluster there: {e}") from None
+
+
+def _check_listening(flag: str, address: str, timeout: float) -> None:
+    """ClusterError unless something accepts a TCP connection at address (HOST:PORT, or
+    ray://HOST:PORT), within timeout seconds; an address without a port is left to Ray."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return
+    host = host.strip("[]")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        label = flag if flag == address else f"{flag} (RAY_ADDRESS={address})"
+        raise ClusterError(
+            f"--ray {label}: nothing answers at {host}:{port} ({why}), so no Ray cluster runs "
+            f"there; start one (`ray start --head --port {port}`) or give the head node's "
+            f"address") from None
+
+
+def _within(timeout: float, address: str, join: Callable[[], Any]) -> None:
+    """join() (a ray.init), ClusterError if it has not returned after timeout seconds. It
+    runs in a daemon thread, left behind on a timeout (the process is about to exit)."""
+    done: list = []
+
+    def attempt() -> None:
+        try:
+            join()
+            done.append(None)
+        except BaseException as e:  # handed to the caller's thread
+            done.append(e)
+
+    thread = threading.Thread(target=attempt, name="ray-connect", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not done:
+        raise ClusterError(f"--ray {address}: no Ray cluster answered within {timeout:g} s "
+                           f"(--ray-timeout); is a head node running there?")
+    if done[0] is not None:
+        raise done[0]
 
 
 def gpu_models() -> list[str]:

@@ -7,11 +7,11 @@ import math
 
 import torch
 
-from speedlight.ops._checks import check_tensor
+from speedlight.ops._checks import check_bool, check_choice, check_tensor
 from speedlight.ops.add_rms_norm import add_rms_norm, broadcast_residual
 from speedlight.ops.attention import attention
 from speedlight.ops.cross_entropy import check_options, cross_entropy
-from speedlight.ops.geglu import geglu
+from speedlight.ops.geglu import APPROXIMATIONS, geglu
 from speedlight.ops.glu import ACTIVATIONS, glu
 from speedlight.ops.gated_matmul import gated_matmul
 from speedlight.ops.layer_norm import layer_norm
@@ -36,6 +36,8 @@ class RMSNorm(torch.nn.RMSNorm):
     def __init__(self, normalized_shape, eps: float | None = None,
                  elementwise_affine: bool = True, device=None, dtype=None, *,
                  in_place: bool = False):
+        check_bool("elementwise_affine", elementwise_affine)
+        check_bool("in_place", in_place)
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
         self.in_place = in_place
 
@@ -79,6 +81,7 @@ class ApplyRotary(torch.nn.Module):
     """
 
     def __init__(self, interleaved: bool = False):
+        check_bool("interleaved", interleaved)
         super().__init__()
         self.interleaved = interleaved
 
@@ -110,6 +113,7 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
                  inplace_backward: bool = False):
         super().__init__(weight, size_average, ignore_index, reduce, reduction, label_smoothing)
         check_options(ignore_index, self.reduction, label_smoothing, z_loss, softcap)
+        check_bool("inplace_backward", inplace_backward)
         self.z_loss = z_loss
         self.softcap = softcap
         self.inplace_backward = inplace_backward
@@ -189,6 +193,8 @@ class AddRMSNorm(torch.nn.RMSNorm):
     def __init__(self, normalized_shape, eps: float | None = None,
                  elementwise_affine: bool = True, device=None, dtype=None, *,
                  offset: float = 0.0, in_place: bool = False):
+        check_bool("elementwise_affine", elementwise_affine)
+        check_bool("in_place", in_place)
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
         self.offset = float(offset)
         self.in_place = in_place
@@ -237,8 +243,7 @@ class GeGLU(torch.nn.Module):
 
     def __init__(self, approximate: str = "tanh"):
         super().__init__()
-        if approximate not in ("tanh", "none"):
-            raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+        check_choice("approximate", approximate, APPROXIMATIONS)
         self.approximate = approximate
 
     def forward(self, gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
@@ -273,9 +278,8 @@ class GatedMLP(torch.nn.Module):
                  bias: bool = False, device=None, dtype=None, *, gate_multiplier: float = 1.0,
                  down_multiplier: float = 1.0):
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, "
-                             f"got {activation!r}")
+        check_choice("activation", activation, ACTIVATIONS)
+        check_bool("bias", bias)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.activation = activation
         self.gate_multiplier, self.down_multiplier = float(gate_multiplier), float(down_multiplier)
@@ -364,6 +368,7 @@ class FusedGatedMLP(GatedMLP):
     def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu",
                  bias: bool = False, device=None, dtype=None, *, gate_multiplier: float = 1.0,
                  down_multiplier: float = 1.0):
+        check_bool("bias", bias)
         if bias:
             raise ValueError("FusedGatedMLP has no bias epilogue in its gated kernel; use "
                              "GatedMLP for an MLP with biases (mlp_bias=True)")

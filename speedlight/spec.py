@@ -347,6 +347,7 @@ class OpSpec:
     cuda: CudaKernels | None = None
 
     def __post_init__(self):
+        _check_fields(self)
         if self.impl is None and self.implementations:
             self.impl = next(iter(self.implementations.values())).fn
         if self.impl is None:
@@ -405,6 +406,57 @@ class OpSpec:
         widths = [v for _, v in case.params[1:]]
         return case.layout == "contiguous" and all(isinstance(v, int) and v % 16 == 0
                                                    for v in widths)
+
+
+def _mapping_of(key: type, value: type | Callable) -> Callable[[Any], bool]:
+    def check(v) -> bool:
+        ok = value if not isinstance(value, type) else (lambda x: isinstance(x, value))
+        return isinstance(v, Mapping) and all(isinstance(k, key) and ok(x) for k, x in v.items())
+    return check
+
+
+def _sequence_of(kind: type) -> Callable[[Any], bool]:
+    return lambda v: (isinstance(v, (tuple, list)) and all(isinstance(x, kind) for x in v))
+
+
+# OpSpec's fields, each with its check and what it must be (None allowed where it says so)
+_FIELDS = {
+    "name": (lambda v: isinstance(v, str), "a str"),
+    "impl": (lambda v: v is None or callable(v), "a function (the op under test)"),
+    "reference": (lambda v: v is None or callable(v), "None or a function"),
+    "make_inputs": (callable, "a function (case, device) -> dict of arguments"),
+    "cost": (callable, "a function (case, mode) -> Cost"),
+    "suites": (_mapping_of(str, callable), "a dict of suite name -> function returning Cases"),
+    "grad_inputs": (_sequence_of(str), "a tuple of argument names"),
+    "dtypes": (lambda v: _sequence_of(torch.dtype)(v) and len(v) > 0,
+               "a non-empty tuple of torch dtypes"),
+    "tolerances": (_mapping_of(torch.dtype, Tolerance), "a dict of torch dtype -> Tolerance"),
+    "skip": (callable, "a function (case, device) -> reason or None"),
+    "notes": (lambda v: isinstance(v, str), "a str"),
+    "family": (lambda v: isinstance(v, str), "a str"),
+    "for_model": (lambda v: v is None or callable(v), "None or a function"),
+    "kernels": (_mapping_of(str, KernelDesign), "a dict of kernel name -> KernelDesign"),
+    "aligned": (lambda v: v is None or callable(v), "None or a function"),
+    "count_rows": (lambda v: v is None or callable(v), "None or a function"),
+    "case_of": (lambda v: v is None or callable(v), "None or a function"),
+    "fuses": (lambda v: isinstance(v, str), "a str"),
+    "peers": (_mapping_of(str, str), "a dict of library -> function name"),
+    "patches": (lambda v: v is None or isinstance(v, str), "None or a str"),
+    "implementations": (_mapping_of(str, Implementation), "a dict of name -> Implementation"),
+    "cuda": (lambda v: v is None or isinstance(v, CudaKernels), "None or a CudaKernels"),
+}
+
+
+def _check_fields(spec: OpSpec) -> None:
+    """TypeError naming the first field of `spec` that has the wrong type, when it is built
+    (not a traceback deep in a tool that reads it later)."""
+    for name, (ok, want) in _FIELDS.items():
+        value = getattr(spec, name)
+        if not ok(value):
+            label = spec.name if isinstance(spec.name, str) and spec.name else \
+                getattr(spec.impl, "__name__", "?")
+            raise TypeError(f"OpSpec {label!r}: {name} must be {want}, got {value!r}"[:400])
+    spec.grad_inputs, spec.dtypes = tuple(spec.grad_inputs), tuple(spec.dtypes)
 
 
 # ---------------------------------------------------------------------------------------

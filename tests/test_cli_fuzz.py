@@ -25,6 +25,9 @@ BAD = [
     pytest.param(["verify", "--ray", "--ray-cpus", "0"], id="verify-ray-cpus"),
     pytest.param(["verify", "--ray-gpu", "each"], id="verify-ray-gpu-without-ray"),
     pytest.param(["tune", "rms_norm", "--ray-cpus", "2"], id="tune-ray-cpus-without-ray"),
+    pytest.param(["tune", "rms_norm", "--ray-timeout", "5"], id="tune-ray-timeout-without-ray"),
+    pytest.param(["verify", "--ray", "--ray-timeout", "0"], id="verify-ray-timeout-zero"),
+    pytest.param(["bench", "--ray", "--ray-timeout", "nan"], id="bench-ray-timeout-nan"),
     pytest.param(["bench", "--ops", "nope"], id="bench-ops"),
     pytest.param(["bench", "--ray", "--budget-s", "10"], id="bench-ray-with-budget"),
     pytest.param(["bench", "--dtypes", "int8"], id="bench-dtypes-int8"),
@@ -55,6 +58,10 @@ BAD = [
     pytest.param(["profile", "--seq", "-1"], id="profile-seq"),
     pytest.param(["profile", "--size", "huge"], id="profile-size"),
     pytest.param(["profile", "--layers", "0"], id="profile-layers"),
+    pytest.param(["profile", "--project", "--targets", ",,"], id="profile-targets-empty"),
+    pytest.param(["profile", "--project", "--shard", "8"], id="profile-shard-without-targets"),
+    pytest.param(["profile", "--device", "cpu", "--shard", "8"], id="profile-shard-measured"),
+    pytest.param(["profile", "--device", "cpu", "--recipe", "fp32"], id="profile-recipe-measured"),
     pytest.param(["report", "--model", "nope", "--out", "{d}/report"], id="report-model"),
     pytest.param(["report", "--target", "nope", "--out", "{d}/report"], id="report-target"),
     pytest.param(["report", "--batch", "0", "--out", "{d}/report"], id="report-batch"),
@@ -78,13 +85,56 @@ def scratch(tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     (tmp_path / "bad_spec.py").write_text("def (\n")
     (tmp_path / "ok.py").write_text("def f(x):\n    return x * 2\n")
+    (tmp_path / "layers_two.json").write_text(json.dumps(
+        {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": "two",
+         "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 128}))
+    (tmp_path / "typed_spec.py").write_text(  # an OpSpec whose suites is a list
+        "import speedlight\nfrom speedlight.spec import OpSpec\n"
+        "SPEC = OpSpec(impl=speedlight.softmax, make_inputs=lambda c, d: {}, "
+        "cost=lambda c, m: None, suites=['quick'])\n")
     (tmp_path / "rows").mkdir()
     (tmp_path / "rows" / "bench.jsonl").write_text("\n".join(json.dumps(v) for v in ([1], "x", 2)))
     return tmp_path
 
 
+# bad arguments whose message must also name what is wrong (the flag, field or value)
+NAMED = [
+    pytest.param(["bench", "--spec", "{d}/typed_spec.py", "--only-spec"], "suites must be",
+                 id="bench-spec-field-type"),
+    pytest.param(["shape", "{d}/ok.py:f", "--shapes", "x=[99999999999999999999]"],
+                 "beyond what a tensor can hold", id="shape-dim-beyond-int64"),
+    pytest.param(["shape", "{d}/ok.py:f", "--shapes", "x=[4294967296,4294967296]"],
+                 "beyond what a tensor can hold", id="shape-numel-beyond-int64"),
+    pytest.param(["shape", "{d}/ok.py:f", "--shapes", "x=[2]", "--spec-out", "{d}/afile/s.py"],
+                 "--spec-out", id="shape-spec-out-unwritable"),
+    pytest.param(["shape", "{d}/ok.py:f", "--shapes", "x=[2]", "--spec-out", "{d}/empty"],
+                 "--spec-out", id="shape-spec-out-a-folder"),
+    pytest.param(["profile", "--device", "cpu", "--out", "{d}/afile/x"], "--out",
+                 id="profile-out-unwritable"),
+    pytest.param(["profile", "--device", "cpu", "--model", "{d}/layers_two.json"],
+                 "'num_hidden_layers' expected int", id="profile-config-field-type"),
+    pytest.param(["profile", "--project", "--seq", "16", "--no-patch", "--vary",
+                  "num_key_value_heads=3"], "num_key_value_heads=3 does not divide "
+                 "num_attention_heads=4", id="profile-vary-heads-not-dividing"),
+    pytest.param(["profile", "--project", "--seq", "16", "--no-patch", "--vary",
+                  "num_key_value_heads=two"], "num_key_value_heads='two' is refused",
+                 id="profile-vary-field-type"),
+]
+
+
 @pytest.mark.parametrize("args", BAD)
 def test_bad_argument_exits_1_or_2_with_a_message(args, scratch, capsys):
+    _refused(args, scratch, capsys)
+
+
+@pytest.mark.parametrize("args,named", NAMED)
+def test_bad_argument_is_named(args, named, scratch, capsys):
+    text = _refused(args, scratch, capsys)
+    assert named in text, f"{named!r} not in: {text[-1000:]}"
+
+
+def _refused(args, scratch, capsys) -> str:
+    """Run the command; assert it exited 1 or 2 with a message and no traceback; the text."""
     args = [a.replace("{d}", str(scratch)) for a in args]
     try:
         code = cli.main(args)
@@ -98,3 +148,4 @@ def test_bad_argument_exits_1_or_2_with_a_message(args, scratch, capsys):
     assert code in (1, 2), f"exit code {code}: {text[-500:]}"
     assert "Traceback" not in text, text[-2000:]
     assert text.strip(), "no message"
+    return text

@@ -1,5 +1,7 @@
 import math
 
+import re
+
 import pytest
 import torch
 
@@ -72,9 +74,29 @@ def test_inject_nonfinite_places_nan_and_infs():
     assert torch.isnan(x).sum() >= 1 and torch.isinf(x).sum() >= 1
 
 
+def _unused(*args):
+    raise AssertionError("not called by these tests")
+
+
+@pytest.mark.parametrize("field,value,want", [
+    ("suites", ["quick"], "suites must be a dict of suite name -> function"),
+    ("grad_inputs", "x", "grad_inputs must be a tuple of argument names, got 'x'"),
+    ("dtypes", ["fp32"], "dtypes must be a non-empty tuple of torch dtypes"),
+    ("cost", 3, "cost must be a function"),
+    ("family", None, "family must be a str"),
+    ("kernels", {"_k": "fast"}, "kernels must be a dict of kernel name -> KernelDesign"),
+    ("peers", ["liger"], "peers must be a dict"),
+])
+def test_opspec_refuses_a_wrongly_typed_field_naming_it(field, value, want):
+    kwargs = dict(impl=lambda: None, reference=lambda: None, make_inputs=_unused,
+                  cost=_unused, suites={"quick": lambda: []})
+    with pytest.raises(TypeError, match=rf"OpSpec 'op': {re.escape(want)}"):
+        OpSpec("op", **{**kwargs, field: value})
+
+
 def test_opspec_rejects_unknown_suite():
-    spec = OpSpec("op", impl=lambda: None, reference=lambda: None, make_inputs=None,
-                  cost=None, suites={"quick": lambda: []})
+    spec = OpSpec("op", impl=lambda: None, reference=lambda: None, make_inputs=_unused,
+                  cost=_unused, suites={"quick": lambda: []})
     with pytest.raises(ValueError, match="no suite 'full'"):
         spec.cases("full")
 
@@ -82,25 +104,25 @@ def test_opspec_rejects_unknown_suite():
 def test_opspec_name_and_reference_default_to_the_public_function_and_its_reference():
     from speedlight import reference
 
-    spec = OpSpec("softmax", impl=lambda: None, make_inputs=None, cost=None, suites={})
+    spec = OpSpec("softmax", impl=lambda: None, make_inputs=_unused, cost=_unused, suites={})
     assert spec.reference is reference.softmax
 
     def softmax():
         pass
 
-    named = OpSpec(impl=softmax, make_inputs=None, cost=None, suites={})
+    named = OpSpec(impl=softmax, make_inputs=_unused, cost=_unused, suites={})
     assert named.name == "softmax" and named.reference is reference.softmax
     with pytest.raises(TypeError, match="needs impl"):
-        OpSpec("softmax", make_inputs=None, cost=None, suites={})
+        OpSpec("softmax", make_inputs=_unused, cost=_unused, suites={})
     with pytest.raises(TypeError, match="OpSpec 'my_op' has no reference"):
-        OpSpec("my_op", impl=lambda: None, make_inputs=None, cost=None, suites={})
+        OpSpec("my_op", impl=lambda: None, make_inputs=_unused, cost=_unused, suites={})
 
 
 def test_kernel_designs_default_to_the_generic_design():
     from speedlight.spec import KernelDesign
 
-    spec = OpSpec("op", impl=lambda: None, reference=lambda: None, make_inputs=None,
-                  cost=None, suites={"quick": lambda: []},
+    spec = OpSpec("op", impl=lambda: None, reference=lambda: None, make_inputs=_unused,
+                  cost=_unused, suites={"quick": lambda: []},
                   kernels={"_k": KernelDesign(min_occupancy=0.5, bytes_ratio=1.5, why="two passes")})
     assert spec.design("_k").min_occupancy == 0.5 and spec.design("_k").why == "two passes"
     generic = spec.design("_other")
@@ -109,8 +131,8 @@ def test_kernel_designs_default_to_the_generic_design():
 
 def test_aligned_rows_and_rows_default_to_the_first_parameter_and_widths():
     def spec(**hooks):
-        return OpSpec("op", impl=lambda: None, reference=lambda: None, make_inputs=None,
-                      cost=None, suites={"quick": lambda: []}, **hooks)
+        return OpSpec("op", impl=lambda: None, reference=lambda: None, make_inputs=_unused,
+                      cost=_unused, suites={"quick": lambda: []}, **hooks)
 
     aligned, odd = Case("op", {"rows": 37, "hidden": 4096}), Case("op", {"rows": 8, "hidden": 1000})
     plain = spec()

@@ -61,7 +61,7 @@ def bench_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, se
     from speedlight.bench.baselines import SPEEDLIGHT
     from speedlight.bench.runner import Bench
 
-    say(cluster.connect(args.ray))
+    say(cluster.connect(args.ray, getattr(args, "ray_timeout", cluster.CONNECT_TIMEOUT_S)))
     device = cluster.worker_device(getattr(args, "requested_device", args.device))
     models = cluster.chosen_gpu_models(getattr(args, "ray_gpu", None), device)
     say(cluster.describe(device, args.ray_cpus))

@@ -45,3 +45,26 @@ def check_same_dtype(**tensors: torch.Tensor | None) -> None:
         if t.dtype != first.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but {first_name} has {first.dtype}: "
                             f"they must match")
+
+
+def check_bool(name: str, value) -> None:
+    """TypeError unless value is a bool: a flag given as "False", None, 1 or a tensor is
+    refused, as torch's scaled_dot_product_attention refuses is_causal="False" (a
+    non-empty string is truthy, so it would silently mean True)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {value!r} "
+                        f"({type(value).__name__})")
+
+
+def check_choice(name: str, value, choices: Iterable[str], *, optional: bool = False) -> None:
+    """An enum option: TypeError unless value is a str (or None where `optional`),
+    ValueError unless it is one of `choices`. The message lists the choices."""
+    choices = tuple(choices)
+    listed = ", ".join(map(repr, choices))
+    want = f"{'None or ' if optional else ''}one of {listed}"
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be {want}, got {value!r} ({type(value).__name__})")
+    if value not in choices:
+        raise ValueError(f"{name} must be {want}, got {value!r}")

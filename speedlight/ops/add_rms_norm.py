@@ -13,14 +13,13 @@ import torch
 
 from speedlight import shapes
 from speedlight.ops import rms_norm_cuda as cuda
-from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._checks import check_bool, check_same_device, check_same_dtype, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import norm_cases, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.ops.rms_norm import (
     CUDA_DESIGNS,
     CUDA_SOURCE,
-    check_in_place,
     check_norm_args,
     cuda_launches,
     model_norm_flags,
@@ -136,7 +135,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     check_same_device(x=x, residual=residual)
     x, residual = broadcast_residual(x, residual)
     check_norm_args(x, weight, eps, offset)
-    check_in_place(in_place)
+    check_bool("in_place", in_place)
     op = ADD_RMS_NORM_INPLACE if in_place else ADD_RMS_NORM
     cuda.check_impl(op, impl, x)
     return op(x, residual, weight, float(eps), float(offset), impl=impl)

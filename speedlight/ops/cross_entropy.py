@@ -21,7 +21,7 @@ from speedlight.kernels.cross_entropy import (
     _cross_entropy_split_stats_kernel,
 )
 from speedlight.launch import planned_sm_count, row_tile, warps_for_tile
-from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._checks import check_bool, check_choice, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_reduction_refused, local_rows
 from speedlight.ops._suites import is_call_of, rows_case
 from speedlight.ops.registration import like, register_op
@@ -401,9 +401,7 @@ def check_options(ignore_index, reduction, label_smoothing, z_loss, softcap) -> 
         raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
     if not -2**63 <= ignore_index < 2**63:
         raise ValueError(f"ignore_index must fit int64 (the targets' dtype), got {ignore_index}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, "
-                         f"got {reduction!r}")
+    check_choice("reduction", reduction, REDUCTIONS)
     if not _is_number(label_smoothing) or not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
     if not _is_number(z_loss) or not 0.0 <= z_loss < float("inf"):
@@ -486,6 +484,11 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
                          f"of shape {tuple(logits.shape)}")
     check_same_device(logits=logits, target=target)
     check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
+    for name, flag in (("inplace_backward", inplace_backward), ("check_target", check_target),
+                       ("return_z_loss", return_z_loss),
+                       ("return_token_accuracy", return_token_accuracy),
+                       ("return_predicted_tokens", return_predicted_tokens)):
+        check_bool(name, flag)
     if logits.shape[-1] == 0 and target.numel():
         raise ValueError(f"logits must have at least one class in its last dim, got "
                          f"{describe(logits)}")

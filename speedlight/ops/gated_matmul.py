@@ -26,7 +26,7 @@ import triton
 
 from speedlight import shapes
 from speedlight.kernels.matmul import _gated_matmul_kernel
-from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._checks import check_choice, check_same_device, check_tensor
 from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
 from speedlight.ops.glu import glu_bwd
 from speedlight.ops._gemm import (
@@ -180,9 +180,7 @@ def gated_matmul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor | Non
         raise ValueError(f"inner dimensions do not match: x is {tuple(x.shape)} (H = "
                          f"{x.shape[-1]}) but w_gate is {tuple(w_gate.shape)} (H = "
                          f"{w_gate.shape[1]})")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got "
-                         f"{activation!r}")
+    check_choice("activation", activation, ACTIVATIONS)
     check_same_device(x=x, w_gate=w_gate, w_up=w_up)
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(math.prod(lead), k)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from speedlight import reference
+from speedlight.ops._checks import check_choice
 from speedlight.ops.glu import glu, glu_spec
 
 APPROXIMATIONS = {"tanh": "gelu_tanh", "none": "gelu"}  # torch's `approximate` -> kernel's
@@ -27,8 +28,7 @@ def geglu(gate: torch.Tensor, up: torch.Tensor | None = None,
     gate_multiplier, down_multiplier: gelu(gate_multiplier * gate) * up * down_multiplier,
     as swiglu's.
     """
-    if approximate not in APPROXIMATIONS:
-        raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+    check_choice("approximate", approximate, APPROXIMATIONS)
     return glu(gate, up, APPROXIMATIONS[approximate], gate_multiplier, down_multiplier)
 
 

@@ -26,7 +26,7 @@ import triton
 from speedlight import shapes
 from speedlight.kernels.glu import _glu_bwd_kernel, _glu_fwd_kernel
 from speedlight.launch import as_rows, planned_sm_count, warps_for_tile
-from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._checks import check_choice, check_same_device, check_same_dtype, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op
@@ -148,8 +148,7 @@ def glu(gate: torch.Tensor, up: torch.Tensor | None, activation: str,
                              f"{tuple(up.shape)}")
         check_same_dtype(gate=gate, up=up)
         check_same_device(gate=gate, up=up)
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+    check_choice("activation", activation, ACTIVATIONS)
     for name, value in (("gate_multiplier", gate_multiplier),
                         ("down_multiplier", down_multiplier)):
         if not isinstance(value, numbers.Real) or isinstance(value, bool):

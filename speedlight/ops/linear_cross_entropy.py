@@ -33,7 +33,7 @@ import triton
 
 from speedlight import reference, shapes
 from speedlight.launch import planned_sm_count
-from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._checks import check_bool, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_reduction_refused, local_rows
 from speedlight.ops.cross_entropy import (
     TARGET_DTYPES,
@@ -332,6 +332,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                          f"without its last dim), got {describe(target)}")
     check_same_device(hidden=hidden, weight=weight, target=target, bias=bias)
     check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
+    check_bool("check_target", check_target)
     if chunk_size is not None and (not isinstance(chunk_size, numbers.Integral)
                                    or isinstance(chunk_size, bool) or chunk_size < 1):
         raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")

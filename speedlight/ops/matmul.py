@@ -38,7 +38,8 @@ from speedlight.ops._gemm import (
     tma_layout,
     use_tma,
 )
-from speedlight.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
+from speedlight.ops._checks import (FLOAT_DTYPES, check_bool, check_choice, check_same_device,
+                                    check_tensor)
 from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
 from speedlight.ops.registration import Configs, like, register_op
 from speedlight.runtime import check_runtime, describe
@@ -267,12 +268,6 @@ MATMUL = register_op(
 
 # --- the public function -------------------------------------------------------------------
 
-def check_activation(activation: str | None) -> None:
-    if activation is not None and activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be None or one of {', '.join(ACTIVATIONS)}, "
-                         f"got {activation!r}")
-
-
 def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
            activation: str | None = None, residual: torch.Tensor | None = None,
            scale: float | None = None, out_dtype: torch.dtype | None = None,
@@ -313,11 +308,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
                          f"{a.shape[-1]}) but b is {tuple(b.shape)} (K = {b.shape[0]})")
     if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
         raise TypeError(f"out_dtype must be torch.float32, float16 or bfloat16, got {out_dtype}")
-    check_activation(activation)
+    check_choice("activation", activation, ACTIVATIONS, optional=True)
     if scale is not None and not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if not isinstance(return_amax, bool):
-        raise TypeError(f"return_amax must be a bool, got {type(return_amax).__name__}")
+    check_bool("return_amax", return_amax)
     lead, (k, n) = a.shape[:-1], b.shape
     out_shape = (*lead, n)
     rows = math.prod(lead)

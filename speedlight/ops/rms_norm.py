@@ -33,7 +33,7 @@ from speedlight.launch import (
     warps_for_tile,
 )
 from speedlight.ops import rms_norm_cuda as cuda
-from speedlight.ops._checks import check_same_device, check_tensor
+from speedlight.ops._checks import check_bool, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import Configs, like, register_op, row_stats
@@ -234,16 +234,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     """
     check_tensor("x", x, min_dim=1)
     check_norm_args(x, weight, eps, offset)
-    check_in_place(in_place)
+    check_bool("in_place", in_place)
     op = RMS_NORM_INPLACE if in_place else RMS_NORM
     cuda.check_impl(op, impl, x)
     return op(x, weight, float(eps), float(offset), impl=impl)
-
-
-def check_in_place(in_place) -> None:
-    """in_place must be a bool (a norm's backward-in-place switch)."""
-    if not isinstance(in_place, bool):
-        raise TypeError(f"in_place must be a bool, got {in_place!r}")
 
 
 def check_norm_args(x: torch.Tensor, weight: torch.Tensor | None, eps, offset) -> None:

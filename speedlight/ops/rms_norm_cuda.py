@@ -18,6 +18,7 @@ import functools
 import torch
 
 from speedlight.csrc import loader
+from speedlight.ops._checks import check_choice
 from speedlight.launch import (
     as_rows,
     cuda_column_launch,
@@ -171,8 +172,7 @@ UNVERIFIED = ("cuda",)
 def check_impl(op, impl: str | None, x: torch.Tensor) -> None:
     """impl must name one of op's implementations (or be None: op.default); "cuda" must be
     able to run on x here. Raises before any allocation or launch."""
-    if impl is not None and not isinstance(impl, str):
-        raise TypeError(f"impl must be None or one of {', '.join(op.impls)}, got {impl!r}")
+    check_choice("impl", impl, op.impls, optional=True)
     if op._impl(impl) == "cuda":
         check_cuda(x)
 

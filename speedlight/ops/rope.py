@@ -17,7 +17,7 @@ import triton
 from speedlight import shapes
 from speedlight.kernels.rope import _rope_kernel
 from speedlight.launch import planned_sm_count
-from speedlight.ops._checks import check_same_device, check_same_dtype, check_tensor
+from speedlight.ops._checks import check_bool, check_same_device, check_same_dtype, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of
 from speedlight.ops.registration import register_op
@@ -189,8 +189,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     if isinstance(unsqueeze_dim, bool) or unsqueeze_dim not in (1, 2, -3, -2):
         raise ValueError(f"unsqueeze_dim must be 1 (q, k as {_LAYOUTS[1]}) or 2 (as "
                          f"{_LAYOUTS[2]}), got {unsqueeze_dim!r}")
-    if not isinstance(interleaved, bool):
-        raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+    check_bool("interleaved", interleaved)
     heads_dim = unsqueeze_dim % 4
     seq_dim = 3 - heads_dim
     layout = _LAYOUTS[heads_dim]

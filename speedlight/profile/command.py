@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import re
 import uuid
-from pathlib import Path
 
 from speedlight import arguments
 
@@ -88,6 +87,10 @@ def profile(args: argparse.Namespace, tgt) -> dict:
         from speedlight.profile.project_command import projected_profile
         _default_size(args, batch=1, seq=4096)
         return projected_profile(args, tgt, patch=getattr(args, "patch", None))
+    for flag, value in (("--shard", getattr(args, "shard", None)),
+                        ("--recipe", getattr(args, "recipe", None))):
+        if value is not None:
+            raise ValueError(f"{flag} applies to a projected step: add --project")
     _default_size(args, batch=2, seq=128)
     device = torch.device(args.device)
     train = bool(args.train)
@@ -156,6 +159,10 @@ def run(args: argparse.Namespace) -> int:
     from speedlight.workloads import models
 
     tgt = arguments.resolve_target(args, "profile")
+    try:
+        out = results.writable_folder(args.out)
+    except ValueError as e:
+        raise SystemExit(f"speedlight profile: --out: {e}")
     console = results.make_console(width=180)
     try:
         import transformers
@@ -167,7 +174,6 @@ def run(args: argparse.Namespace) -> int:
     except (models.ModelError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"speedlight profile: {e}")
     display.print_profile(doc, console, top=args.top)
-    out = Path(args.out)
     stem = f"profile-{_slug(doc['run']['model'])}-{doc['run']['mode']}"
     if doc["measured"]["time"] == "projected":
         stem += "-projected"

@@ -24,7 +24,14 @@ def projected_profile(args: argparse.Namespace, tgt=None, *, patch=None) -> dict
     if getattr(args, "shard", None) is not None and args.shard < 1:
         raise ValueError(f"--shard must be at least 1, got {args.shard}")
     sweeps = compare.parse_vary(getattr(args, "vary", None))
-    keys = [k.strip() for k in (getattr(args, "targets", None) or "").split(",") if k.strip()]
+    targets = getattr(args, "targets", None)
+    keys = [k.strip() for k in (targets or "").split(",") if k.strip()]
+    if targets is not None and not keys:
+        raise ValueError(f"--targets {targets!r} names no GPU: give SKUs separated by commas "
+                         f"(e.g. --targets h100-sxm,h200)")
+    if getattr(args, "shard", None) is not None and not keys:
+        raise ValueError("--shard N gives the memory per GPU in the comparison across --targets: "
+                         "name the GPUs too (e.g. --targets h200 --shard 8)")
     for k in keys:
         target_mod.resolve(k)  # an unknown GPU fails before any work
     if tgt is None or (args.target is None and getattr(args, "sku", None) is None and keys):

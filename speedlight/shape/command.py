@@ -32,11 +32,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         inputs = parse_shapes(args.shapes)
         fn, file, name = load_function(args.function)
-        out = results.writable_folder(args.out)
+        out = _writable("--out", args.out)
+        spec_path = Path(args.spec_out) if args.spec_out else out / f"{name}_spec.py"
+        if args.spec_out:
+            if spec_path.is_dir():
+                raise ValueError(f"--spec-out {args.spec_out!r} is a folder; name the file")
+            _writable("--spec-out", spec_path.parent)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"speedlight shape: {e}")
     tgt = arguments.resolve_target(args, "shape")
-    spec_path = Path(args.spec_out) if args.spec_out else out / f"{name}_spec.py"
     try:
         doc = shape(fn, *inputs, target=tgt, train=args.train, spec_path=spec_path,
                     compile=not args.no_compile, source=(file, name))
@@ -53,3 +57,12 @@ def run(args: argparse.Namespace) -> int:
         except RuntimeError as e:
             console.print(f"[yellow]{e}[/]")
     return 0
+
+
+def _writable(flag: str, folder) -> Path:
+    from speedlight import results
+
+    try:
+        return results.writable_folder(folder)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None

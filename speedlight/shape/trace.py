@@ -6,6 +6,7 @@ and, for training, backward. Nothing is computed and no memory is allocated.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -51,6 +52,9 @@ def parse_shapes(text: str) -> list[InputSpec]:
             raise ValueError(f"--shapes: {name}=[{dims}] has a dimension that is not an integer") from None
         if any(d < 0 for d in shape):
             raise ValueError(f"--shapes: {name}=[{dims}] has a negative dimension")
+        if math.prod(shape) >= 2 ** 63:
+            raise ValueError(f"--shapes: {name}=[{dims}] has {math.prod(shape)} elements, "
+                             f"beyond what a tensor can hold (2^63 - 1, int64)")
         specs.append(InputSpec(name, shape, _dtype(dtype or "fp32", name)))
         pos = m.end()
         if pos < len(text):

@@ -39,7 +39,7 @@ def run_tasks(tasks, args: argparse.Namespace, *, on_task=None, say=print,
               on_total=None) -> tuple[list[dict], bool]:
     """sweep.run_tasks over the Ray cluster --ray names: (the rows, in the order the tasks
     finished; whether they were timed)."""
-    say(cluster.connect(args.ray))
+    say(cluster.connect(args.ray, getattr(args, "ray_timeout", cluster.CONNECT_TIMEOUT_S)))
     device = cluster.worker_device(getattr(args, "requested_device", args.device))
     models = cluster.chosen_gpu_models(getattr(args, "ray_gpu", None), device)
     say(cluster.describe(device, args.ray_cpus))

@@ -73,7 +73,7 @@ def verify_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, s
     from speedlight import results
     from speedlight.verify.harness import CaseResult
 
-    say(cluster.connect(args.ray))
+    say(cluster.connect(args.ray, getattr(args, "ray_timeout", cluster.CONNECT_TIMEOUT_S)))
     device = cluster.worker_device(getattr(args, "requested_device", args.device))
     models = cluster.chosen_gpu_models(getattr(args, "ray_gpu", None), device)
     say(cluster.describe(device, args.ray_cpus))

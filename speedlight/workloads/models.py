@@ -150,8 +150,35 @@ def apply_overrides(cfg, overrides: dict | None, where: str):
     for key, value in (overrides or {}).items():
         if not hasattr(cfg, key):
             raise ModelError(f"{where}: the {type(cfg).__name__} has no field {key!r}")
-        setattr(cfg, key, value)
+        try:
+            setattr(cfg, key, value)
+        except Exception as e:  # transformers' configs validate their fields' types
+            raise ModelError(f"{where}: {key}={value!r} is refused by the "
+                             f"{type(cfg).__name__}: {_first_line(e)}") from None
+    check_heads(cfg, where)
     return cfg
+
+
+def check_heads(cfg, where: str) -> None:
+    """ModelError unless the attention heads split evenly: num_key_value_heads must divide
+    num_attention_heads (each key/value head serves a whole group of query heads); a
+    model built otherwise fails deep in transformers (a RecursionError, a shape error)."""
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    heads = getattr(text, "num_attention_heads", None)
+    kv = getattr(text, "num_key_value_heads", None)
+    for name, value in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):
+            raise ModelError(f"{where}: {name} must be a positive int, got {value!r}")
+    if heads and kv and heads % kv:
+        raise ModelError(f"{where}: num_key_value_heads={kv} does not divide "
+                         f"num_attention_heads={heads}: each key/value head serves a whole "
+                         f"group of query heads")
+
+
+def _first_line(e: Exception) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return " ".join(lines[:2]) or type(e).__name__
 
 
 def _lm_workload(name: str, model, vocab: int, batch: int, seq: int, train: bool,
@@ -218,9 +245,14 @@ def build(spec: str | None, *, batch: int, seq: int, train: bool, dtype: torch.d
                 raw["num_hidden_layers"] = layers
             cfg = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
             cfg = apply_overrides(cfg, overrides, f"--model {spec}")
+        except ModelError:
+            raise
         except (KeyError, ValueError, json.JSONDecodeError) as e:
             raise ModelError(f"--model {spec!r}: not a Hugging Face config.json with a "
                              f"model_type ({type(e).__name__}: {e})") from None
+        except Exception as e:  # transformers' configs validate their fields' types
+            raise ModelError(f"--model {spec!r}: the config is refused: "
+                             f"{_first_line(e)}") from None
         model = _build_hf(cfg, dtype, device, seed)
         return _lm_workload(path.stem if path.stem != "config" else path.parent.name or "config",
                             model, cfg.get_text_config().vocab_size, batch, seq, train, device,

@@ -55,7 +55,7 @@ def test_activation_module(device):
 
 @pytest.mark.parametrize("call,error,match", [
     (lambda d: speedlight.geglu(torch.ones(4, 8, device=d), approximate="erf"), ValueError,
-     "approximate must be 'tanh' or 'none', got 'erf'"),
+     "approximate must be one of 'tanh', 'none', got 'erf'"),
     (lambda d: snn.GeGLU(approximate="fast"), ValueError, "approximate must be"),
     (lambda d: speedlight.geglu(torch.ones(4, 9, device=d)), ValueError, "must be even"),
     (lambda d: speedlight.geglu(torch.ones(4, 8, dtype=torch.float64, device=d)), TypeError,

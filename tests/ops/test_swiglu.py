@@ -127,7 +127,7 @@ def test_activation_module(device):
     (lambda d: speedlight.swiglu(torch.ones((), device=d)), ValueError,
      "gate must have at least 1 dim"),
     (lambda d: snn.GatedMLP(8, 16, activation="relu"), ValueError,
-     "activation must be one of silu, gelu_tanh, gelu, got 'relu'"),
+     "activation must be one of 'silu', 'gelu_tanh', 'gelu', got 'relu'"),
     (lambda d: snn.GatedMLP.from_config(_tiny_llama_config(hidden_act="relu")), ValueError,
      "config's activation 'relu' has no gated kernel"),
 ])
