@@ -393,15 +393,19 @@ class Attention(torch.nn.Module):
     the options are fixed at construction, the tensors come per call. GQA/MQA: k and v may
     have fewer heads than q (a divisor). forward(q, k, v, cu_seqlens_q=None,
     cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> o in q's shape (and the
-    fp32 log-sum-exp too with return_lse=True).
+    fp32 log-sum-exp too with return_lse=True). check_seqlens=False skips the host read
+    of packed cu_seqlens (CUDA graphs; see speedlight.attention).
     """
 
     def __init__(self, causal: bool = False, scale: float | None = None,
                  window: tuple[int, int] | None = None, softcap: float | None = None,
-                 return_lse: bool = False):
+                 return_lse: bool = False, check_seqlens: bool = True):
         super().__init__()
+        check_bool("causal", causal)
+        check_bool("return_lse", return_lse)
+        check_bool("check_seqlens", check_seqlens)
         self.causal, self.scale, self.window = causal, scale, window
-        self.softcap, self.return_lse = softcap, return_lse
+        self.softcap, self.return_lse, self.check_seqlens = softcap, return_lse, check_seqlens
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 cu_seqlens_q: torch.Tensor | None = None,
@@ -410,7 +414,8 @@ class Attention(torch.nn.Module):
         return attention(q, k, v, causal=self.causal, scale=self.scale, window=self.window,
                          softcap=self.softcap, cu_seqlens_q=cu_seqlens_q,
                          cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                         max_seqlen_k=max_seqlen_k, return_lse=self.return_lse)
+                         max_seqlen_k=max_seqlen_k, return_lse=self.return_lse,
+                         check_seqlens=self.check_seqlens)
 
     def extra_repr(self) -> str:
         return (f"causal={self.causal}, scale={self.scale}, window={self.window}, "

@@ -313,10 +313,14 @@ def _attention_dense(q, k, v, causal, scale, window, softcap, budget):
         x = s.to(_opmath(s))
         vis = attention_visible(sq, sk, rows, causal, window)
         m = x.masked_fill(~vis, float("-inf")).amax(-1, keepdim=True).detach()
+        # a row whose visible scores hold a NaN has a NaN softmax over every key, masked
+        # ones included, as the math backend's softmax of that row (so its gradient
+        # reaches every key); any other masked pair contributes nothing
+        vis = vis | torch.isnan(m)
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         e = torch.where(vis, torch.exp(torch.where(vis, x, m) - m), torch.zeros_like(x))
         den = e.sum(-1, keepdim=True)
-        p = e / torch.where(den > 0, den, torch.ones_like(den))
+        p = e / torch.where(den != 0, den, torch.ones_like(den))
         outs.append(torch.matmul(p.to(q.dtype), vg))
         lses.append((torch.log(den) + m).squeeze(-1))
     o = torch.cat(outs, dim=3) if outs else q.new_zeros(b, hkv, g, 0, d)
@@ -330,7 +334,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
               softcap: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
               cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
               max_seqlen_k: int | None = None, return_lse: bool = False,
-              num_splits: int | None = None, budget: int = ATTENTION_SCORE_BUDGET):
+              num_splits: int | None = None, check_seqlens: bool = True,
+              budget: int = ATTENTION_SCORE_BUDGET):
     """softmax(cap(q k^T * scale) + mask) v, as Hugging Face's eager attention computes it:
     scores and the softcap in the inputs' dtype, the softmax in float32 (float64 for
     float64 inputs) rounded back to the dtype, then p @ v. A query that sees no key gets
@@ -340,8 +345,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     [total, heads, dim] with cu_seqlens_q/k [batch + 1]; the log-sum-exp (returned when
     return_lse) is fp32 [batch, heads_q, seq_q] ([heads_q, total] packed), float64 for
     float64 inputs. GQA without repeating k and v; queries are taken in chunks so no more
-    than `budget` scores exist at once. max_seqlen_* and num_splits only tell a kernel how
-    to divide the work and do not change the result.
+    than `budget` scores exist at once. max_seqlen_*, num_splits and check_seqlens only
+    tell a kernel how to divide the work and do not change the result.
+    NaN: a row whose visible scores hold a NaN gets o and lse NaN, and its probabilities
+    are NaN at every key (their gradients reach every key of its kv head); a +inf score
+    gives o NaN and lse +inf; a NaN at a pair the row cannot see does not reach it.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if cu_seqlens_q is None:

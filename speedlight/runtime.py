@@ -77,10 +77,27 @@ def check_runtime(t: torch.Tensor, kernel) -> None:
                 "runs its kernels on CPU tensors only under the interpreter. Set "
                 "TRITON_INTERPRET=1 in the environment before importing speedlight (or triton), "
                 "e.g. `TRITON_INTERPRET=1 python ...`, or move the tensors to a CUDA device")
+        if not _language_interpreted():
+            raise RuntimeError(
+                f"got a CPU tensor ({describe(t)}) and speedlight's kernels run under the "
+                "Triton interpreter, but triton itself was imported before TRITON_INTERPRET=1 "
+                "was set (transformers, torch.compile or another library imports it), so "
+                "triton.language's own functions are compiled ones the interpreter cannot "
+                "call. Set TRITON_INTERPRET=1 before anything imports triton: in the "
+                "environment (`TRITON_INTERPRET=1 python ...`, `%env TRITON_INTERPRET=1` as a "
+                "notebook's first cell), or at the top of the script before other imports")
         use_interpreter()
         return
     raise RuntimeError(f"speedlight runs on CUDA devices (or on CPU through the Triton "
                        f"interpreter); got a tensor on {t.device}")
+
+
+def _language_interpreted() -> bool:
+    """Whether triton.language's own jitted functions (tl.cdiv, tl.sigmoid...) are the
+    interpreter's: they are made when triton is first imported, so with TRITON_INTERPRET
+    set after that, speedlight's kernels are interpreted but cannot call them."""
+    import triton.language as tl
+    return is_interpreted(tl.cdiv)
 
 
 def _round_bf16_like_the_gpu() -> None:

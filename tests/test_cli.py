@@ -118,3 +118,24 @@ def test_verify_unknown_dtype_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="speedlight verify: unknown dtype 'int8'"):
         cli.main(["verify", "--ops", "softmax", "--dtypes", "int8", "--out", str(tmp_path)])
     assert not any(tmp_path.iterdir())
+
+
+def test_every_default_output_folder_is_git_ignored():
+    """What a sub-command writes by default in the working directory (--out's default)
+    is in .gitignore, so running speedlight in a clone leaves `git status` clean."""
+    import argparse
+    from pathlib import Path
+
+    from speedlight import cli
+
+    ignored = (Path(__file__).resolve().parents[1] / ".gitignore").read_text().split()
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    defaults = set()
+    for p in sub.choices.values():
+        for a in p._actions:
+            if "--out" in a.option_strings and isinstance(a.default, str):
+                defaults.add(a.default.strip("/").split("/")[0])
+    assert "speedlight-shape" in defaults
+    missing = sorted(d for d in defaults if f"/{d}/" not in ignored)
+    assert not missing, f"not in .gitignore: {missing}"

@@ -27,3 +27,18 @@ def test_top_level_import_loads_no_ops(tmp_path):
     out = _run("import sys, speedlight\n"
                "print(sorted(m for m in sys.modules if m.startswith('speedlight.ops')))", tmp_path)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_interpreter_set_after_triton_was_imported_is_speedlight_s_message(tmp_path):
+    """The notebook order: something imports triton (transformers does), then the user sets
+    TRITON_INTERPRET=1 and calls an op on CPU tensors. triton.language's functions are then
+    compiled ones the interpreter cannot call: the error says what to do, not Triton's
+    "Cannot call @triton.jit'd outside of the scope of a kernel"."""
+    code = ("import os, triton, torch\n"
+            "os.environ['TRITON_INTERPRET'] = '1'\n"
+            "import speedlight\n"
+            "speedlight.rms_norm(torch.randn(4, 8), torch.ones(8))\n")
+    out = _run(code, tmp_path)
+    assert out.returncode != 0
+    assert "triton itself was imported before TRITON_INTERPRET=1" in out.stderr, out.stderr[-2000:]
+    assert "outside of the scope of a kernel" not in out.stderr

@@ -40,6 +40,7 @@ from speedlight.ops._gemm import (
 )
 from speedlight.ops._checks import (FLOAT_DTYPES, check_bool, check_choice, check_same_device,
                                     check_tensor)
+from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
 from speedlight.ops.registration import Configs, like, register_op
 from speedlight.runtime import check_runtime, describe
@@ -268,6 +269,15 @@ MATMUL = register_op(
 
 # --- the public function -------------------------------------------------------------------
 
+def _sharded_amax_refused(arguments: dict) -> str | None:
+    """Why sharded rows of a cannot return the amax: each rank holds its own rows' max."""
+    if arguments.get("return_amax"):
+        return ("return_amax=True: each rank would hold the max over its own rows only; "
+                "all-reduce the output's max yourself (return_amax=False)")
+    return None
+
+
+@local_rows("a", "residual", refuse=_sharded_amax_refused)
 def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
            activation: str | None = None, residual: torch.Tensor | None = None,
            scale: float | None = None, out_dtype: torch.dtype | None = None,
@@ -294,6 +304,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     dtype, as autograd requires).
     return_amax: also return max |output| (0-d float32, of the values as stored), folded
     in the epilogue, for delayed scaling; it carries no gradient.
+    DTensor: a (and residual, with a's placement) sharded along a leading dim (its rows:
+    data or sequence parallel) with b, bias and the scales whole on every rank (plain or
+    Replicate) gives the output with a's placement. Other placements (b split for tensor
+    parallelism, a split along K) raise a ValueError naming the argument and placement:
+    speedlight runs no collective, so shard the weights with torch's own parallel linears.
     """
     fp8 = isinstance(a, torch.Tensor) and a.dtype in FP8_DTYPES
     check_tensor("a", a, min_dim=1, dtypes=FLOAT_DTYPES + FP8_DTYPES, expected=_OPERAND_DTYPES)

@@ -65,7 +65,9 @@ def _env():
     except ImportError:
         raise RuntimeError("the HTML report needs jinja2: pip install 'speedlight[report]'") from None
     env = jinja2.Environment(loader=jinja2.PackageLoader("speedlight.report", "templates"),
-                             autoescape=jinja2.select_autoescape(["html", "j2"]),
+                             # HTML pages escaped; summary.md.j2 is Markdown, where an
+                             # escaped reason ("run&#39;s") would be printed as such
+                             autoescape=jinja2.select_autoescape(["html", "html.j2"]),
                              trim_blocks=True, lstrip_blocks=True)
     env.filters.update(FILTERS)
     env.globals["change"] = change
@@ -106,8 +108,10 @@ def print_summary(folder: str | Path, console) -> None:
              else "CPU through the Triton interpreter: times are not representative")
     console.print(f"[bold]speedlight report[/]: {d['run'].get('model')} ({d['run'].get('mode')}), {where}")
     if b and a:
+        ratio = (change(b['step_time_s'], a['step_time_s']) if d["representative"]
+                 else "not a speed: kernels interpreted")
         console.print(f"  step time  {fmt_time(b['step_time_s'])} -> {fmt_time(a['step_time_s'])}"
-                      f" ({change(b['step_time_s'], a['step_time_s'])});  peak memory "
+                      f" ({ratio});  peak memory "
                       f"{fmt_bytes(b['peak_bytes'])} -> {fmt_bytes(a['peak_bytes'])}")
         console.print(f"  sum of floors on {d['target'].get('name')}: {fmt_time(b['floor_s'])} -> "
                       f"{fmt_time(a['floor_s'])} ({d['measured'].get('floors')})")

@@ -144,6 +144,26 @@ def _cases():
             dict(hidden=S0, weight=R, target=S0), ("hidden", "weight")),
     }
     compare["nn.RMSNorm-sequence-parallel"] = lambda: _sequence_parallel_norm(x, w)
+    qa, ka, va = r(2, 4, 6, 16), r(2, 2, 6, 16), r(2, 2, 6, 16)
+    packed = dict(q=r(12, 4, 16), k=r(12, 2, 16), v=r(12, 2, 16))
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    attention_qkv = dict(q=qa, k=ka, v=va)
+    compare.update({
+        "attention-batch-shard0": lambda: _compare(
+            lambda q, k, v: speedlight.attention(q, k, v, causal=True, return_lse=True),
+            attention_qkv, dict(q=S0, k=S0, v=S0), ("q", "k", "v")),
+        "attention-heads-shard1": lambda: _compare(
+            lambda q, k, v: speedlight.attention(q, k, v, causal=True, return_lse=True),
+            attention_qkv, dict(q=S1, k=S1, v=S1), ("q", "k", "v")),
+        "attention-packed-heads-shard1": lambda: _compare(
+            lambda q, k, v: speedlight.attention(q, k, v, causal=True, cu_seqlens_q=cu,
+                                                 cu_seqlens_k=cu),
+            packed, dict(q=S1, k=S1, v=S1), ("q", "k", "v")),
+        "matmul-rows-shard0": lambda: _compare(
+            lambda a, b, residual: speedlight.matmul(a, b, residual=residual),
+            dict(a=x, b=r(48, 8), residual=r(3, 5, 8)), dict(a=S0, b=R, residual=S0),
+            ("a", "b", "residual")),
+    })
     refused = {
         "rms_norm-shard-last-dim": lambda: _refused(
             speedlight.rms_norm, dict(x=x, weight=w), dict(x=[Shard(2)], weight=R)),
@@ -168,6 +188,18 @@ def _cases():
             {}),
         "linear_cross_entropy-weight-shard-along-hidden": lambda: _refused(
             linear_cross_entropy, dict(hidden=hidden, weight=head[:, :8], target=target), {}),
+        "attention-shard-sequence": lambda: _refused(
+            speedlight.attention, attention_qkv, dict(q=[Shard(2)], k=[Shard(2)], v=[Shard(2)])),
+        "attention-heads-split-groups": lambda: _refused(
+            speedlight.attention, dict(q=qa, k=ka[:, :1], v=va[:, :1]),
+            dict(q=S1, k=S1, v=S1)),
+        "attention-packed-tokens": lambda: _refused(
+            speedlight.attention, packed, dict(q=S0, k=S0, v=S0), cu_seqlens_q=cu,
+            cu_seqlens_k=cu),
+        "matmul-sharded-b": lambda: _refused(
+            speedlight.matmul, dict(a=x, b=r(48, 8)), dict(b=S1)),
+        "matmul-a-split-along-k": lambda: _refused(
+            speedlight.matmul, dict(a=x, b=r(48, 8)), dict(a=[Shard(2)])),
     }
     return compare, refused
 

@@ -29,6 +29,10 @@ COMPUTED = {  # case -> the placements of its outputs
     "cross_entropy-sum-shard0": [PARTIAL],  # each rank's sum over its tokens
     "linear_cross_entropy-sum-shard0": [PARTIAL],
     "nn.RMSNorm-sequence-parallel": [SHARD1],  # torch's SequenceParallel on the module
+    "attention-batch-shard0": [SHARD0, SHARD0],  # o and the lse
+    "attention-heads-shard1": [SHARD1, SHARD1],
+    "attention-packed-heads-shard1": [SHARD1],
+    "matmul-rows-shard0": [SHARD0],
 }
 
 REFUSED = {  # case -> what the message must say
@@ -49,6 +53,14 @@ REFUSED = {  # case -> what the message must say
                                          r"released",
     "linear_cross_entropy-weight-shard-along-hidden": r"weight must have shape \(vocab, 16\).*"
                                                       r"got shape \(33, 8\).*gathered first",
+    "attention-shard-sequence": r"q is a DTensor .*Shard\(dim=2\).*sharded along dim 2, "
+                                r"which attention reduces over",
+    "attention-heads-split-groups": r"q's 4 heads and k's 1 kv heads must both divide "
+                                    r"evenly",
+    "attention-packed-tokens": r"sharded along dim 0, which attention reduces over",
+    "matmul-sharded-b": r"b is a DTensor .*Shard\(dim=1\).*needs b whole on every rank",
+    "matmul-a-split-along-k": r"a is a DTensor .*sharded along dim 2, which matmul reduces "
+                              r"over",
 }
 
 

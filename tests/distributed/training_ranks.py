@@ -29,11 +29,19 @@ SETTINGS = {
 }
 
 
+def _hf_checkpointing(model, kwargs=None):
+    """transformers' own switch: activation_checkpointing_enable from 5.2x, before it
+    gradient_checkpointing_enable (the GPU machines' 5.17), now its deprecated alias."""
+    enable = getattr(model, "activation_checkpointing_enable", None) \
+        or model.gradient_checkpointing_enable
+    enable(kwargs)
+
+
 def _wrap(model, wrapping: str, checkpointing: str | None):
     if checkpointing == "hf":
-        model.activation_checkpointing_enable()  # torch's non-reentrant checkpoint
+        _hf_checkpointing(model)  # torch's non-reentrant checkpoint
     elif checkpointing == "hf-reentrant":
-        model.activation_checkpointing_enable({"use_reentrant": True})
+        _hf_checkpointing(model, {"use_reentrant": True})
     elif checkpointing == "torch":
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             apply_activation_checkpointing)

@@ -83,7 +83,7 @@ def test_numbers_come_from_the_stage_files(report_dir):
     before = json.loads((out / "profile-before.json").read_text())
     after = json.loads((out / "profile-after.json").read_text())
     md = (out / "summary.md").read_text()
-    step = re.search(r"\| step time \(measured\) \| (.+?) \| (.+?) \|", md)
+    step = re.search(r"\| step time \(measured[^)]*\) \| (.+?) \| (.+?) \|", md)
     assert step.group(1) == render.fmt_time(before["summary"]["step_time_s"])
     assert step.group(2) == render.fmt_time(after["summary"]["step_time_s"])
     floors = re.search(r"\| sum of floors on .+? \| (.+?) \| (.+?) \|", md)
@@ -103,6 +103,25 @@ def test_cpu_report_says_its_timings_are_not_representative(report_dir):
     html = (out / "index.html").read_text()
     assert 'id="not-representative"' in html and "Triton interpreter" in html
     assert "not representative" in (out / "summary.md").read_text()
+
+
+def test_cpu_report_gives_no_step_speedup_and_each_fact_its_own_line(report_dir):
+    """On a CPU the step time's after/before is interpreter time, not a speed: it is not
+    the page's first ratio; "0 failed" is not shown as a failure; summary.md keeps each
+    bullet on its own line and gives a bench row that did not run its reason."""
+    out, _ = report_dir
+    md = (out / "summary.md").read_text()
+    html = (out / "index.html").read_text()
+    step = next(line for line in md.splitlines() if line.startswith("| step time"))
+    assert "not a speed" in step and not re.search(r"\d\.\d+x", step), step
+    assert "not a speed" in html
+    assert not re.search(r'class="fail">0 failed', html)
+    assert not re.search(r"[^\n]- Ops at the model's shapes", md)
+    bench_rows = [json.loads(l) for l in (out / "bench.jsonl").read_text().splitlines()]
+    skipped = [r for r in bench_rows if r["implementation"] == "speedlight"
+               and r["status"] != "ok"]
+    for r in skipped:
+        assert f"{r['status']}: {r['reason']}" in md
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium package is not installed "

@@ -11,7 +11,11 @@ upstream gradients do (and dlse when the log-sum-exp was an output too):
 
 (d lse_i / d s_ij = p_ij, so an upstream dlse only shifts delta.) Each kernel recomputes p
 from q, k and the saved fp32 lse; masked pairs and rows that saw no key (lse = -inf) get
-p = 0. dk and dv of a kv head sum over its group of q heads inside one program, and dq is
+p = 0. A row whose softmax is NaN (lse = NaN) has p = NaN at every key, masked ones
+included, as float64's softmax of that row: dq of the row and dk, dv of every key of its
+(batch, kv head) are NaN. The delta kernel writes one flag per block of rows (0, or NaN
+when a row's lse is NaN) and the dk/dv kernel adds its group's flags to every key, so the
+NaN reaches keys the row's window never visits. dk and dv of a kv head sum over its group of q heads inside one program, and dq is
 its own pass over keys: no atomics, the same bits on every run.
 """
 
@@ -25,20 +29,24 @@ from speedlight.kernels.attention.common import (LOG2E, _block, _dscores, _key_r
 
 @triton.jit
 def _attention_bwd_delta_kernel(
-    o_ptr, do_ptr, dlse_ptr, delta_ptr, cu_q_ptr, m_blocks, seq_q, heads_q, head_dim,
+    o_ptr, do_ptr, lse_ptr, dlse_ptr, delta_ptr, nan_ptr, cu_q_ptr, m_blocks, seq_q, total_q,
+    heads_q, head_dim,
     stride_ob, stride_oh, stride_om,
     stride_db, stride_dh, stride_dm,
     stride_lb, stride_lh, stride_lm,
     VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """delta = rowsum(do * o) - dlse, fp32, for BLOCK_M query rows of one (batch, head).
+    """delta = rowsum(do * o) - dlse, fp32, for BLOCK_M query rows of one (batch, head),
+    and the block's NaN flag: 0, or NaN when the lse of one of its rows is NaN.
 
     grid (m_blocks * batch * heads_q,), m_blocks = cdiv(max seq_q, BLOCK_M). o, do [batch,
-    heads_q, seq_q, head_dim] by their strides (packed [total, heads, head_dim] with VARLEN); dlse and
-    delta fp32 [batch, heads_q, seq_q] at the lse strides. HAS_DLSE reads dlse.
+    heads_q, seq_q, head_dim] by their strides (packed [total, heads, head_dim] with VARLEN); lse,
+    dlse and delta fp32 [batch, heads_q, seq_q] at the lse strides; nan fp32 [batch, heads_q,
+    m_blocks] contiguous, every entry written. HAS_DLSE reads dlse.
     """
     pid_m, pid_b, pid_h = _program(tl.program_id(0), m_blocks, heads_q)
-    q_start, _, seq_q, _ = _sequence(cu_q_ptr, cu_q_ptr, pid_b, seq_q, seq_q, VARLEN)
+    q_start, _, seq_q, _ = _sequence(cu_q_ptr, cu_q_ptr, pid_b, seq_q, seq_q, total_q, total_q,
+                                     VARLEN)
     offs_m, mask_m = _block(pid_m * BLOCK_M, seq_q, BLOCK_M)
     offs_d, mask_d = _block(0, head_dim, BLOCK_D)
     mask = mask_m[:, None] & mask_d[None, :]
@@ -52,12 +60,16 @@ def _attention_bwd_delta_kernel(
     if HAS_DLSE:
         delta -= tl.load(dlse_ptr + lse_offs, mask=mask_m, other=0.0)
     tl.store(delta_ptr + lse_offs, delta, mask=mask_m)
+    lse = tl.load(lse_ptr + lse_offs, mask=mask_m, other=0.0)
+    flag = tl.sum(tl.where(lse != lse, float("nan"), 0.0), 0)  # [BM] -> one: a sum keeps NaN
+    tl.store(nan_ptr + (pid_b.to(tl.int64) * heads_q + pid_h) * m_blocks + pid_m, flag)
 
 
 @triton.jit
 def _attention_bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr,
-    n_blocks, seq_q, seq_k, heads_kv, group, head_dim, sm_scale, softcap, left, right,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, nan_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr,
+    n_blocks, nan_blocks, seq_q, seq_k, total_q, total_k, heads_kv, group, head_dim, sm_scale,
+    softcap, left, right,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -68,9 +80,12 @@ def _attention_bwd_dkdv_kernel(
     VARLEN: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_F: tl.constexpr,
 ):
     """dk and dv of BLOCK_N keys of one (batch, kv head), summed over the group's q heads
-    and every query block that sees them; tiles computed transposed ([BN, BM]).
+    and every query block that sees them; tiles computed transposed ([BN, BM]). The NaN
+    flags of the group's heads (nan fp32 [batch, heads_q, nan_blocks], read BLOCK_F at a
+    time) are added to every key: a row whose softmax is NaN makes all of dk and dv NaN.
 
     grid (n_blocks * batch * heads_kv,), n_blocks = cdiv(max seq_k, BLOCK_N). q, do [batch, heads_kv * group,
     seq_q, head_dim], k, v, dk, dv [batch, heads_kv, seq_k, head_dim] by their strides
@@ -78,7 +93,8 @@ def _attention_bwd_dkdv_kernel(
     Constexprs as in _attention_fwd_kernel.
     """
     pid_n, pid_b, pid_kv = _program(tl.program_id(0), n_blocks, heads_kv)
-    q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN)
+    q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, total_q,
+                                               total_k, VARLEN)
     n_lo = pid_n * BLOCK_N
     if n_lo >= seq_k:
         return
@@ -94,8 +110,13 @@ def _attention_bwd_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     lo, hi = _query_range(n_lo, tl.minimum(n_lo + BLOCK_N, seq_k), seq_q, seq_k, left, right,
                           BLOCK_M)
+    nan = 0.0
     for g in range(0, group):
         pid_h = (pid_kv * group + g).to(tl.int64)
+        nan_base = nan_ptr + (pid_b.to(tl.int64) * (heads_kv * group) + pid_h) * nan_blocks
+        for f0 in range(0, nan_blocks, BLOCK_F):
+            offs_f, mask_f = _block(f0, nan_blocks, BLOCK_F)
+            nan += tl.sum(tl.load(nan_base + offs_f, mask=mask_f, other=0.0), 0)
         q_base = q_ptr + pid_b.to(tl.int64) * stride_qb + pid_h * stride_qh
         do_base = do_ptr + pid_b.to(tl.int64) * stride_db + pid_h * stride_dh
         l_base = pid_b.to(tl.int64) * stride_lb + pid_h * stride_lh
@@ -125,7 +146,8 @@ def _attention_bwd_dkdv_kernel(
                              SOFTCAP, UPCAST)
             # [BN, BM] @ [BM, D] -> [BN, D]
             dk += tl.dot(ds_lo, tl.trans(q_t), input_precision=PRECISION)
-    dk *= sm_scale
+    dk = dk * sm_scale + nan
+    dv += nan
     tl.store(dk_ptr + pid_b.to(tl.int64) * stride_dkb + pid_kv.to(tl.int64) * stride_dkh
              + rows_k[:, None] * stride_dkn + offs_d[None, :],
              dk.to(dk_ptr.dtype.element_ty), mask=mask_nd)
@@ -137,7 +159,7 @@ def _attention_bwd_dkdv_kernel(
 @triton.jit
 def _attention_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr,
-    m_blocks, seq_q, seq_k, heads_q, group, head_dim, sm_scale, softcap, left, right,
+    m_blocks, seq_q, seq_k, total_q, total_k, heads_q, group, head_dim, sm_scale, softcap, left, right,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -154,7 +176,8 @@ def _attention_bwd_dq_kernel(
     dq has q's shape. Constexprs as in _attention_fwd_kernel.
     """
     pid_m, pid_b, pid_h = _program(tl.program_id(0), m_blocks, heads_q)
-    q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN)
+    q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, total_q,
+                                               total_k, VARLEN)
     m_lo = pid_m * BLOCK_M
     if m_lo >= seq_q:
         return

@@ -16,14 +16,21 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN: tl.constexpr):
+def _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, total_q, total_k, VARLEN: tl.constexpr):
     """(first query row, first key row, seq_q, seq_k) of sequence pid_b: from cu_seqlens
-    (int32 [batch + 1]) when VARLEN, else row 0 of a batch entry of the given lengths."""
+    (int32 [batch + 1]) when VARLEN, else row 0 of a batch entry of the given lengths.
+
+    Packed, whatever cu_seqlens hold: each sequence is clamped into the packed tensors
+    (rows [0, total_q) and [0, total_k)), an end below its start is an empty sequence, and
+    its length is cut at seq_q / seq_k (the launch's max_seqlen), so no program reads or
+    writes outside q, k, v and their outputs."""
     if VARLEN:
-        q_start = tl.load(cu_q_ptr + pid_b)
-        k_start = tl.load(cu_k_ptr + pid_b)
-        seq_q = tl.load(cu_q_ptr + pid_b + 1) - q_start
-        seq_k = tl.load(cu_k_ptr + pid_b + 1) - k_start
+        q_start = tl.minimum(tl.maximum(tl.load(cu_q_ptr + pid_b), 0), total_q)
+        k_start = tl.minimum(tl.maximum(tl.load(cu_k_ptr + pid_b), 0), total_k)
+        q_end = tl.minimum(tl.maximum(tl.load(cu_q_ptr + pid_b + 1), q_start), total_q)
+        k_end = tl.minimum(tl.maximum(tl.load(cu_k_ptr + pid_b + 1), k_start), total_k)
+        seq_q = tl.minimum(q_end - q_start, seq_q)
+        seq_k = tl.minimum(k_end - k_start, seq_k)
     else:
         q_start = 0
         k_start = 0

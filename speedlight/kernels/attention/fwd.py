@@ -4,7 +4,9 @@
 
 per query row, with an online softmax over key blocks: fp32 running max m and sum l in
 base 2, the output accumulated in fp32 and divided by l once at the end. A row that sees
-no key gets o = 0 and lse = -inf.
+no key gets o = 0 and lse = -inf. A row whose softmax is NaN (a NaN among the scores it
+sees, or a +inf: exp(inf - inf)) gets o = NaN and lse = NaN (+inf for a +inf score), as
+float64 does: l is then NaN, which no test of "saw a key" may take for 0.
 """
 
 import triton
@@ -18,7 +20,7 @@ from speedlight.kernels.attention.common import (LOG2E, _block, _key_range, _loa
 @triton.jit
 def _attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, m_blocks,
-    seq_q, seq_k, heads_q, group, head_dim, sm_scale, softcap, left, right, split_span,
+    seq_q, seq_k, total_q, total_k, heads_q, group, head_dim, sm_scale, softcap, left, right, split_span,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -35,7 +37,8 @@ def _attention_fwd_kernel(
     blocks of one head consecutive so they share its K/V in L2. q, o [batch, heads_q, seq_q,
     head_dim] and k, v [batch, heads_q // group, seq_k, head_dim] by their strides (last
     dim contiguous); packed [total, heads, head_dim] with VARLEN (batch strides 0, rows
-    offset by cu_q / cu_k, int32 [batch + 1]). lse fp32 [batch, heads_q, seq_q].
+    offset by cu_q / cu_k, int32 [batch + 1], each sequence clamped into total_q /
+    total_k rows and cut at seq_q / seq_k: see _sequence). lse fp32 [batch, heads_q, seq_q].
     q head h reads kv head h // group (GQA without copies).
     SPLIT: program pid_s takes keys [pid_s * split_span, (pid_s + 1) * split_span) only and
     writes its normalised fp32 partial o and lse at split stride stride_os / stride_ls, for
@@ -48,7 +51,8 @@ def _attention_fwd_kernel(
     """
     pid_m, pid_b, pid_h = _program(tl.program_id(0), m_blocks, heads_q)
     pid_s = tl.program_id(1)
-    q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, VARLEN)
+    q_start, k_start, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, total_q,
+                                                total_k, VARLEN)
     m_lo = pid_m * BLOCK_M
     if m_lo >= seq_q:
         return
@@ -93,9 +97,11 @@ def _attention_fwd_kernel(
         acc = acc * alpha[:, None] + tl.dot(p_lo, v, input_precision=PRECISION)
         m_i = m_new
 
-    seen = l_i > 0.0
-    acc = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) / LOG2E, float("-inf"))
+    none = l_i == 0.0  # saw no key (a NaN l, a NaN softmax, is not none)
+    acc = acc / tl.where(none, 1.0, l_i)[:, None]
+    lse = tl.where(none, float("-inf"),
+                   tl.where(m_i == float("inf"), float("inf"),
+                            (m_i + tl.log2(tl.where(none, 1.0, l_i))) / LOG2E))
     o_ptrs = (o_ptr + pid_s.to(tl.int64) * stride_os + pid_b.to(tl.int64) * stride_ob
               + pid_h.to(tl.int64) * stride_oh + (q_start + offs_m[:, None]).to(tl.int64) * stride_om
               + offs_d[None, :])
@@ -138,8 +144,11 @@ def _attention_combine_kernel(
     o_s = tl.load(part_o_ptr + pid_b.to(tl.int64) * stride_pb + pid_h.to(tl.int64) * stride_ph
                   + pid_m.to(tl.int64) * stride_pm + offs_s[:, None].to(tl.int64) * stride_ps
                   + offs_d[None, :], mask=mask_s[:, None] & mask_d[None, :], other=0.0)
-    o = tl.sum(o_s * w[:, None], 0) / tl.where(total > 0, total, 1.0)  # [BS, D] -> [D]
-    lse = tl.where(total > 0, m_safe + tl.log(tl.where(total > 0, total, 1.0)), float("-inf"))
+    none = total == 0.0  # no split saw a key (a NaN total, a NaN softmax, is not none)
+    o = tl.sum(o_s * w[:, None], 0) / tl.where(none, 1.0, total)  # [BS, D] -> [D]
+    lse = tl.where(none, float("-inf"),
+                   tl.where(m == float("inf"), float("inf"),
+                            m_safe + tl.log(tl.where(none, 1.0, total))))
     tl.store(o_ptr + pid_b.to(tl.int64) * stride_ob + pid_h.to(tl.int64) * stride_oh
              + pid_m.to(tl.int64) * stride_om + offs_d, o.to(o_ptr.dtype.element_ty), mask=mask_d)
     tl.store(lse_ptr + pid_b.to(tl.int64) * stride_lb + pid_h.to(tl.int64) * stride_lh

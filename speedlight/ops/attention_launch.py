@@ -1,0 +1,407 @@
+"""Attention's host side: the argument checks, the packed lengths, launch sizing and the
+forward and backward launchers (usable without autograd). `speedlight.attention` and the
+op's registration are in ops/attention.py, its cases and cost in ops/attention_cases.py.
+
+Layouts: q [batch, heads_q, seq_q, dim] and k, v [batch, heads_kv, seq_k, dim] (Hugging
+Face's order) with any strides whose last dim is contiguous, so a [batch, seq, heads, dim]
+tensor's .transpose(1, 2) view is read in place; or packed [total, heads, dim] with int32
+cu_seqlens_q/k [batch + 1] (variable length). The log-sum-exp is fp32 [batch, heads_q,
+seq_q], [heads_q, total_q] packed. Naming: `left`/`right` are the window's sides (-1
+unbounded); causal is right = 0.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import triton
+
+from speedlight.kernels.attention import (_attention_bwd_delta_kernel, _attention_bwd_dkdv_kernel,
+                                          _attention_bwd_dq_kernel, _attention_combine_kernel,
+                                          _attention_fwd_kernel)
+from speedlight.launch import planned_sm_count
+from speedlight.ops._checks import check_bool, check_same_device, check_same_dtype, check_tensor
+from speedlight.runtime import check_runtime, describe, is_interpreted
+
+MAX_HEAD_DIM = 256
+# The largest window side: int32, as the kernels' positions (a longer side is unbounded in
+# effect, since cu_seqlens are int32 too).
+MAX_WINDOW = 2 ** 31 - 1
+
+
+# --- checks (run once, by the public function or launcher) --------------------------------
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _is_int(v) -> bool:
+    """An int (a SymInt too: a shape under torch.compile's dynamic shapes), not a bool."""
+    return isinstance(v, (numbers.Integral, torch.SymInt)) and not isinstance(v, bool)
+
+
+def window_sides(causal: bool, window) -> tuple[int, int]:
+    """(left, right) of the mask, -1 for an unbounded side; causal makes right 0."""
+    if window is None:
+        left, right = -1, -1
+    else:
+        if (not isinstance(window, (tuple, list)) or len(window) != 2
+                or not all(_is_int(w) for w in window)):
+            raise TypeError(f"window must be a (left, right) pair of ints, got {window!r}")
+        left, right = int(window[0]), int(window[1])
+        if not (-1 <= left <= MAX_WINDOW and -1 <= right <= MAX_WINDOW):
+            raise ValueError(f"window sides must be >= -1 (-1 = unbounded) and <= {MAX_WINDOW}, "
+                             f"got {window!r}")
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def check_arguments(q, k, v, *, causal, scale, window, softcap, cu_seqlens_q, cu_seqlens_k,
+                    max_seqlen_q, max_seqlen_k, num_splits, check_seqlens) -> tuple[int, int]:
+    """Every check that needs no tensor's values (so it runs under torch.compile): types,
+    shapes, dtypes and devices; returns the window's (left, right). The values of packed
+    cu_seqlens are checked where the kernels launch (packed_lengths)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t)
+    check_same_dtype(q=q, k=k, v=v)
+    check_bool("causal", causal)
+    check_bool("check_seqlens", check_seqlens)
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (packed "
+                             "variable-length inputs)")
+        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            check_tensor(name, cu, dtypes=(torch.int32,), expected="int32")
+            if cu.dim() != 1 or cu.shape[0] < 2:
+                raise ValueError(f"{name} must be 1-D [batch + 1] with batch >= 1, got "
+                                 f"{describe(cu)}")
+        if cu_seqlens_q.shape != cu_seqlens_k.shape:
+            raise ValueError(f"cu_seqlens_q ({describe(cu_seqlens_q)}) and cu_seqlens_k "
+                             f"({describe(cu_seqlens_k)}) must have the same length")
+    check_same_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if n is None:
+            continue
+        if not _is_int(n):
+            raise TypeError(f"{name} must be an int or None, got {n!r}")
+        if n < 0:
+            raise ValueError(f"{name} must be >= 0, got {n}")
+        if not varlen:
+            raise ValueError(f"{name} applies to packed inputs (cu_seqlens given) only")
+    want = 3 if varlen else 4
+    layout = ("packed [total, heads, dim] (cu_seqlens given)" if varlen else
+              "[batch, heads, seq, dim]")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != want:
+            raise ValueError(f"{name} must be {layout}, got {describe(t)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {describe(k)} and "
+                         f"v {describe(v)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same head dim, got q {describe(q)} and "
+                         f"k {describe(k)}")
+    if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be 1 to {MAX_HEAD_DIM}, got q {describe(q)}")
+    heads_q, heads_kv = q.shape[1], k.shape[1]
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise ValueError(f"kv heads ({heads_kv}, k {describe(k)}) must divide q heads "
+                         f"({heads_q}, q {describe(q)})")
+    if not varlen and q.shape[0] != k.shape[0]:
+        raise ValueError(f"q and k must have the same batch, got q {describe(q)} and "
+                         f"k {describe(k)}")
+    if scale is not None and not (_is_real(scale) and math.isfinite(scale)):
+        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
+    if softcap is not None and not (_is_real(softcap) and 0 < softcap < math.inf):
+        raise ValueError(f"softcap must be a positive finite float or None, got {softcap!r}")
+    if num_splits is not None and (not _is_int(num_splits) or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    return window_sides(causal, window)
+
+
+def packed_lengths(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int,
+                   max_seqlen_q: int | None, max_seqlen_k: int | None, check: bool
+                   ) -> tuple[int, int]:
+    """The longest query and key sequence the launch covers (its max_seqlen), packed.
+
+    check: read both cu_seqlens on the host (one sync) and raise ValueError unless each
+    starts at 0, never decreases and ends at the packed length, and a given max_seqlen is
+    at least the longest sequence; the bound is then the longest. Without the check
+    nothing is read: the bound is max_seqlen, or the packed length when it is None. Either
+    way the kernels clamp every sequence into the tensors, and a bound past the packed
+    length is the packed length."""
+    given = (max_seqlen_q, max_seqlen_k)
+    totals = (total_q, total_k)
+    if not check:
+        return tuple(t if n is None else min(n, t) for n, t in zip(given, totals))
+    out = []
+    values = torch.stack([cu_q, cu_k]).tolist()  # the one host sync
+    for side, vals, total, n in zip("qk", values, totals, given):
+        lengths = [b - a for a, b in zip(vals, vals[1:])]
+        if vals[0] != 0 or min(lengths) < 0 or vals[-1] != total:
+            raise ValueError(f"cu_seqlens_{side} must start at 0, never decrease and end at "
+                             f"the packed length {total} ({side}'s first dim), got {vals} "
+                             f"(check_seqlens=False skips this read, e.g. for CUDA graphs)")
+        if n is not None and n < max(lengths):
+            raise ValueError(f"max_seqlen_{side} ({n}) is below the longest sequence of "
+                             f"cu_seqlens_{side} ({max(lengths)})")
+        out.append(max(lengths))
+    return out[0], out[1]
+
+
+# --- launch sizing ----------------------------------------------------------------------------
+
+def _blocks(direction: str, head_dim: int, seq_q: int, dtype: torch.dtype,
+            device: torch.device) -> dict:
+    """Block sizes, warps and stages of one kernel: `fwd`, `dkdv` or `dq`.
+
+    On a GPU (or the one spec.sized_for names): FlashAttention-2's shapes for Hopper,
+    smaller tiles for head dim 256 and for fp32 (whose IEEE products run on FMA units) so
+    no kernel spills; a forward of few queries (decode) takes 16-row blocks. Under the
+    interpreter every program costs milliseconds: the largest tiles that stay cheap.
+    """
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    few = max(16, triton.next_power_of_2(max(seq_q, 1)))
+    if planned_sm_count(device) is None:
+        bm = min(64, few) if direction != "dkdv" else 32
+        return dict(BLOCK_M=bm, BLOCK_N=64 if block_d <= 128 else 32, BLOCK_D=block_d,
+                    num_warps=4)
+    wide = block_d > 128 or dtype == torch.float32
+    if direction == "fwd":
+        bm = min(128 if not wide else 64, few)
+        return dict(BLOCK_M=bm, BLOCK_N=64 if block_d <= 128 else 32, BLOCK_D=block_d,
+                    num_warps=8 if bm >= 128 else 4, num_stages=3 if block_d <= 128 else 2)
+    if direction == "dkdv":
+        return dict(BLOCK_M=32, BLOCK_N=128 if not wide else 64, BLOCK_D=block_d,
+                    num_warps=8, num_stages=2 if block_d <= 128 else 1)
+    return dict(BLOCK_M=128 if not wide else 64, BLOCK_N=32, BLOCK_D=block_d, num_warps=8,
+                num_stages=2 if block_d <= 128 else 1)
+
+
+def _split_plan(n_programs: int, seq_k: int, block_n: int, device: torch.device,
+                num_splits: int | None) -> tuple[int, int]:
+    """(splits, keys per split) of the forward: num_splits when given; on a GPU, enough
+    splits of >= 512 keys to give every SM two programs when the query blocks alone are
+    too few (decode); else 1."""
+    if num_splits is None:
+        sms = planned_sm_count(device)
+        if sms is None or n_programs >= sms or seq_k < 1024:
+            return 1, max(seq_k, 1)
+        num_splits = min(triton.cdiv(2 * sms, n_programs), triton.cdiv(seq_k, 512))
+    num_splits = max(1, min(int(num_splits), triton.cdiv(max(seq_k, 1), block_n)))
+    span = triton.cdiv(triton.cdiv(max(seq_k, 1), num_splits), block_n) * block_n
+    return triton.cdiv(max(seq_k, 1), span), span
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee"  # fp32 products exact (no TF32); ignored for fp16/bf16 operands
+
+
+def _upcast(kernel, t: torch.Tensor) -> bool:
+    """Whether to turn bf16 tiles to fp32 before tl.dot: under the interpreter only, whose
+    bf16 dot is wrong (products of bf16 values are exact in fp32), and not when launches
+    are sized for a GPU (spec.sized_for: inspect captures there the kernel a GPU runs, whose
+    bf16 dots must compile to tensor-core instructions)."""
+    return (t.dtype == torch.bfloat16 and is_interpreted(kernel)
+            and planned_sm_count(t.device) is None)
+
+
+class _Problem:
+    """The sizes and strides of one call, dense or packed, as the kernels take them.
+    Packed: seq_q / seq_k are the launch's bounds (packed_lengths); `exact` says whether
+    the sequences are known to tile the packed rows exactly (checked), else every output
+    starts as zeros (lse -inf: a row in no sequence sees no key), since rows past
+    cu_seqlens[-1] or past max_seqlen are in no program's sequence."""
+
+    def __init__(self, q, k, cu_q, cu_k, max_seqlen_q, max_seqlen_k, checked: bool,
+                 read: bool | None = None):
+        """checked: the cu_seqlens are (or were, by the forward) checked; read: read them
+        now (packed_lengths' check), by default when checked."""
+        self.varlen = cu_q is not None
+        self.exact = True
+        if self.varlen:
+            self.batch = cu_q.shape[0] - 1
+            self.heads_q, self.heads_kv, self.head_dim = q.shape[1], k.shape[1], q.shape[2]
+            self.total_q, self.total_k = q.shape[0], k.shape[0]
+            self.seq_q, self.seq_k = packed_lengths(
+                cu_q, cu_k, self.total_q, self.total_k, max_seqlen_q, max_seqlen_k,
+                checked if read is None else read)
+            self.exact = checked
+            self.lse_shape = (self.heads_q, self.total_q)
+        else:
+            self.batch, self.heads_q, self.seq_q, self.head_dim = q.shape
+            self.heads_kv, self.seq_k = k.shape[1], k.shape[2]
+            self.total_q, self.total_k = self.seq_q, self.seq_k
+            self.lse_shape = (self.batch, self.heads_q, self.seq_q)
+        self.group = self.heads_q // self.heads_kv
+        self.cu_q = cu_q.contiguous() if self.varlen else q  # unread placeholders when dense
+        self.cu_k = cu_k.contiguous() if self.varlen else q
+
+    def sizes(self) -> tuple[int, int, int, int]:
+        """(seq_q, seq_k, total_q, total_k), as every kernel takes them."""
+        return self.seq_q, self.seq_k, self.total_q, self.total_k
+
+    def new_like(self, t: torch.Tensor) -> torch.Tensor:
+        """An output of t's shape, dtype and strides: zeros unless every row is written."""
+        out = torch.empty_like(t)
+        return out if self.exact else out.zero_()
+
+    def new(self, shape, like: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """An fp32 buffer of `shape` on like's device: `fill` unless every row is written."""
+        out = torch.empty(shape, dtype=torch.float32, device=like.device)
+        return out if self.exact else out.fill_(fill)
+
+    def strides(self, t: torch.Tensor) -> tuple[int, int, int]:
+        """(batch, head, row) strides of q/k/v/o-like t; packed: batch 0."""
+        if self.varlen:
+            return 0, t.stride(1), t.stride(0)
+        return t.stride(0), t.stride(1), t.stride(2)
+
+    def lse_strides(self, t: torch.Tensor) -> tuple[int, int, int]:
+        if self.varlen:
+            return 0, t.stride(0), t.stride(1)
+        return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """t itself when its last dim is contiguous (any other strides are followed), else a
+    contiguous copy (the kernels read 16-byte vectors along the head dim)."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+# --- launchers ----------------------------------------------------------------------------
+
+def attention_fwd(q, k, v, *, causal: bool = False, scale: float | None = None,
+                  window=None, softcap: float | None = None, cu_seqlens_q=None,
+                  cu_seqlens_k=None, max_seqlen_q: int | None = None,
+                  max_seqlen_k: int | None = None, num_splits: int | None = None,
+                  check_seqlens: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse): the attention output in q's shape and dtype, and the fp32 log-sum-exp.
+    Usable without autograd; checks every input before any launch. num_splits forces the
+    key range to be split across that many programs per query block (decode), the
+    partials then combined; None picks it for the GPU."""
+    left, right = check_arguments(
+        q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k, num_splits=num_splits, check_seqlens=check_seqlens)
+    return launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
+                      max_seqlen_q, max_seqlen_k, num_splits, check_seqlens)
+
+
+def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
+               max_seqlen_q, max_seqlen_k, num_splits, check_seqlens):
+    """attention_fwd on checked arguments (the window as its sides)."""
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_seqlens)
+    scale = pb.head_dim ** -0.5 if scale is None else float(scale)
+    o = pb.new_like(q)
+    lse = pb.new(pb.lse_shape, q, float("-inf"))
+    if q.numel() == 0:
+        return o, lse
+    if k.numel() == 0 or pb.seq_k == 0 and not pb.varlen:
+        return o.zero_(), lse.fill_(float("-inf"))
+    check_runtime(q, _attention_fwd_kernel)
+    blocks = _blocks("fwd", pb.head_dim, pb.seq_q, q.dtype, q.device)
+    m_blocks = triton.cdiv(pb.seq_q, blocks["BLOCK_M"])
+    splits, span = _split_plan(m_blocks * pb.batch * pb.heads_q, pb.seq_k, blocks["BLOCK_N"],
+                               q.device, num_splits)
+    grid = (m_blocks * pb.batch * pb.heads_q, splits)
+    flags = dict(VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
+                 SPLIT=splits > 1, UPCAST=_upcast(_attention_fwd_kernel, q),
+                 PRECISION=_precision(q.dtype))
+    common = (pb.cu_q, pb.cu_k, m_blocks, *pb.sizes(), pb.heads_q, pb.group,
+              pb.head_dim, scale, float(softcap or 1.0), left, right, span,
+              *pb.strides(q), *pb.strides(k), *pb.strides(v))
+    if splits == 1:
+        _attention_fwd_kernel[grid](q, k, v, o, lse, *common, *pb.strides(o), 0,
+                                    *pb.lse_strides(lse), 0, **flags, **blocks)
+        return o, lse
+    # split key range: normalised fp32 partials per split, then one combine per query row
+    part_o = pb.new((splits, *o.shape), q)
+    part_lse = pb.new((splits, *lse.shape), q, float("-inf"))
+    _attention_fwd_kernel[grid](q, k, v, part_o, part_lse, *common,
+                                *pb.strides(part_o[0]), part_o.stride(0),
+                                *pb.lse_strides(part_lse[0]), part_lse.stride(0),
+                                **flags, **blocks)
+    rows_q = pb.total_q if pb.varlen else pb.seq_q
+    batch = 1 if pb.varlen else pb.batch
+    _attention_combine_kernel[(batch * pb.heads_q * rows_q,)](
+        part_o, part_lse, o, lse, rows_q, pb.heads_q, rows_q, pb.head_dim, splits,
+        *pb.strides(part_o[0]), part_o.stride(0), *pb.lse_strides(part_lse[0]),
+        part_lse.stride(0), *pb.strides(o), *pb.lse_strides(lse),
+        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=blocks["BLOCK_D"], num_warps=1)
+    return o, lse
+
+
+def attention_bwd(do, q, k, v, o, lse, *, dlse=None, causal: bool = False,
+                  scale: float | None = None, window=None, softcap: float | None = None,
+                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
+                  max_seqlen_k: int | None = None, check_seqlens: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of attention_fwd's (o, lse) under upstream do (and dlse when the
+    log-sum-exp was used too); each in its input's shape and dtype."""
+    left, right = check_arguments(
+        q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k, num_splits=None, check_seqlens=check_seqlens)
+    return launch_bwd(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, scale, softcap,
+                      left, right, max_seqlen_q, max_seqlen_k, check_seqlens)
+
+
+# The query rows per program of the delta kernel, whose NaN flags the dk/dv kernel reads
+# DELTA_ROWS x NAN_FLAGS at a time.
+DELTA_ROWS = 64
+NAN_FLAGS = 64
+
+
+def launch_bwd(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, scale, softcap, left,
+               right, max_seqlen_q, max_seqlen_k, check_seqlens):
+    """attention_bwd on checked arguments. The cu_seqlens were checked by the forward, so
+    they are read again only when a max_seqlen is None and the check is on."""
+    q, k, v, o, do = (_last_dim_contiguous(t) for t in (q, k, v, o, do))
+    read = check_seqlens and (max_seqlen_q is None or max_seqlen_k is None)
+    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_seqlens,
+                  read)
+    scale = pb.head_dim ** -0.5 if scale is None else float(scale)
+    dq, dk, dv = pb.new_like(q), pb.new_like(k), pb.new_like(v)
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    check_runtime(q, _attention_bwd_dq_kernel)
+    delta = pb.new(pb.lse_shape, q)
+    d_blocks = _blocks("dq", pb.head_dim, pb.seq_q, q.dtype, q.device)
+    lse = lse.contiguous()
+    if dlse is not None:  # the lse's layout, which delta shares
+        dlse = dlse.to(torch.float32).expand(pb.lse_shape).contiguous()
+    pre_blocks = triton.cdiv(pb.seq_q, DELTA_ROWS)
+    nan = torch.empty((pb.batch, pb.heads_q, pre_blocks), dtype=torch.float32, device=q.device)
+    _attention_bwd_delta_kernel[(pre_blocks * pb.batch * pb.heads_q,)](
+        o, do, lse, dlse if dlse is not None else delta, delta, nan, pb.cu_q, pre_blocks,
+        pb.seq_q, pb.total_q, pb.heads_q, pb.head_dim, *pb.strides(o), *pb.strides(do),
+        *pb.lse_strides(delta), VARLEN=pb.varlen, HAS_DLSE=dlse is not None,
+        BLOCK_M=DELTA_ROWS, BLOCK_D=d_blocks["BLOCK_D"], num_warps=4)
+    flags = dict(VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
+                 UPCAST=_upcast(_attention_bwd_dq_kernel, q),
+                 PRECISION=_precision(q.dtype))
+    common = (*pb.sizes(), None, pb.group, pb.head_dim, scale, float(softcap or 1.0),
+              left, right, *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(do),
+              *pb.lse_strides(lse))
+    kv_blocks = _blocks("dkdv", pb.head_dim, pb.seq_q, q.dtype, q.device)
+    n_blocks = triton.cdiv(pb.seq_k, kv_blocks["BLOCK_N"])
+    _attention_bwd_dkdv_kernel[(n_blocks * pb.batch * pb.heads_kv,)](
+        q, k, v, do, lse, delta, nan, dk, dv, pb.cu_q, pb.cu_k, n_blocks, pre_blocks,
+        *_with_heads(common, pb.heads_kv),
+        *pb.strides(dk), *pb.strides(dv), **flags, **kv_blocks, BLOCK_F=NAN_FLAGS)
+    m_blocks = triton.cdiv(pb.seq_q, d_blocks["BLOCK_M"])
+    _attention_bwd_dq_kernel[(m_blocks * pb.batch * pb.heads_q,)](
+        q, k, v, do, lse, delta, dq, pb.cu_q, pb.cu_k, m_blocks,
+        *_with_heads(common, pb.heads_q),
+        *pb.strides(dq), **flags, **d_blocks)
+    return dq, dk, dv
+
+
+def _with_heads(common: tuple, heads: int) -> tuple:
+    """common with the heads of the kernel's grid in its place (after the four sizes)."""
+    return common[:4] + (heads,) + common[5:]
