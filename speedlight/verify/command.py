@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                     out_path, suite=args.suite, target=tgt, max_bytes=max_bytes, on_case=on_case)
             else:
                 from speedlight.verify import on_cluster
-                all_results = on_cluster.verify_cases(
+                all_results = on_cluster.verify_on_ray(
                     specs, lambda s: harness.expand(s, args.suite, dtypes, seeds), out_path,
                     args, suite=args.suite, on_case=on_case, say=console.print,
                     on_total=lambda n: progress.update(task, total=n))

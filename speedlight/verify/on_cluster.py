@@ -64,8 +64,8 @@ def groups(specs, cases_of, payload: dict) -> list[cluster.Group]:
     return list(out.values())
 
 
-def verify_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, suite: str,
-                 run_id: str | None = None, on_case=None, say=print, on_total=None) -> list:
+def verify_on_ray(specs, cases_of, out_path: Path, args: argparse.Namespace, *, suite: str,
+                  run_id: str | None = None, on_case=None, say=print, on_total=None) -> list:
     """verify's command.verify_cases over the Ray cluster --ray names: the CaseResults, in
     the order they finished; each row appended to out_path as it arrives."""
     import torch
