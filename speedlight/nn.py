@@ -141,25 +141,29 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     forward(hidden, weight, target, bias=None) -> speedlight.linear_cross_entropy(...).
 
     Holds only the loss's options (ignore_index, reduction, label_smoothing, z_loss,
-    softcap, chunk_size); the lm_head's weight and bias are passed in, so a model keeps
-    its own lm_head (and its state-dict) unchanged.
+    softcap, chunk_size, and class_weight, a buffer as torch's loss `weight`); the
+    lm_head's weight and bias are passed in, so a model keeps its own lm_head (and its
+    state-dict) unchanged.
     """
 
     def __init__(self, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0, *, z_loss: float = 0.0,
-                 softcap: float | None = None, chunk_size: int | None = None):
+                 softcap: float | None = None, chunk_size: int | None = None,
+                 class_weight: torch.Tensor | None = None):
         super().__init__()
         check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
         self.ignore_index, self.reduction = ignore_index, reduction
         self.label_smoothing, self.z_loss, self.softcap = label_smoothing, z_loss, softcap
         self.chunk_size = chunk_size
+        self.register_buffer("class_weight", class_weight)
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
         return linear_cross_entropy(hidden, weight, target, bias,
                                     ignore_index=self.ignore_index, reduction=self.reduction,
                                     label_smoothing=self.label_smoothing, z_loss=self.z_loss,
-                                    softcap=self.softcap, chunk_size=self.chunk_size)
+                                    softcap=self.softcap, class_weight=self.class_weight,
+                                    chunk_size=self.chunk_size)
 
     def extra_repr(self) -> str:
         extra = f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
@@ -209,6 +213,9 @@ class AddRMSNorm(torch.nn.RMSNorm):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, h) with h = x + residual and y = RMSNorm(h). residual=None means the residual
+        stream starts here (a model's first block): nothing is added, h is x itself (the
+        same tensor, not a copy) and y = RMSNorm(x)."""
         check_tensor("x", x, min_dim=1)  # before torch.finfo, which needs a float dtype
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         weight = self.weight.reshape(-1) if self.weight is not None else None

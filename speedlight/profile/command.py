@@ -159,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
     from speedlight.workloads import models
 
     tgt = arguments.resolve_target(args, "profile")
+    if args.top < 0:
+        raise SystemExit(f"speedlight profile: --top must be at least 0, got {args.top}")
     try:
         out = results.writable_folder(args.out)
     except ValueError as e:
