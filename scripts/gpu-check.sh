@@ -43,6 +43,9 @@
 #                                         in time are recorded as skipped)
 #   --gemm-s N          GEMM_BENCH_S      the GEMM section's bench budget (default 45; 0 skips
 #                                         the section, as does --ops)
+#   GEMM_BASELINES                        the GEMM section's baselines (default
+#                                         torch-eager,torch-compile; compile's max-autotune
+#                                         takes about half a minute of the budget)
 #   GEMM_CASES                            regex of the GEMM cases benched (default: Llama-3-8B's
 #                                         up and down projections and its gated MLP at 4096
 #                                         tokens)
@@ -56,6 +59,12 @@
 #                                         in fp8/. Targets (not asserted): >= 1.3x cublas-bf16,
 #                                         >= 1.0x torch-scaled-mm
 #   FP8_CASES                             regex of the fp8 cases benched (default: those four)
+#   GROUPED_BENCH_S     (env)             the grouped GEMM section's bench budget (default 40;
+#                                         0 skips it, as does --ops): grouped_matmul in bf16
+#                                         at Qwen3-30B-A3B's expert shapes, 32768 routed
+#                                         tokens (GROUPED_CASES), fwd and fwd+bwd,
+#                                         against torch-grouped-mm and the per-expert loop
+#                                         (torch-eager), in grouped/
 #   --tune-s N          TUNE_S            the tune section's time limit (default 60; 0 skips it,
 #                                         as does --ops): `speedlight tune` of matmul at
 #                                         Llama-3-8B's projections at 4096 tokens (TUNE_CASES)
@@ -103,8 +112,11 @@ VERIFY_JOBS="${VERIFY_JOBS:-8}"
 BENCH_BUDGET_S="${BENCH_BUDGET_S:-60}"
 GEMM_BENCH_S="${GEMM_BENCH_S:-45}"
 GEMM_OPS="matmul,gated_matmul"
+GEMM_BASELINES="${GEMM_BASELINES:-torch-eager,torch-compile}"
 GEMM_CASES="${GEMM_CASES:-^(matmul-m4096-n(14336-k4096|4096-k14336)-bf16-linear-proj(up|down)|gated_matmul-m4096-n14336-k4096-bf16)\$}"
 FP8_BENCH_S="${FP8_BENCH_S:-25}"
+GROUPED_BENCH_S="${GROUPED_BENCH_S:-40}"
+GROUPED_CASES="${GROUPED_CASES:-groups128-bf16-proj(gate_up|down)-tokens32768-routing(uniform|skewed)\$}"
 FP8_CASES="${FP8_CASES:-^matmul-m4096-n(6144-k4096|4096-k4096|14336-k4096|4096-k14336)-fp8-linear-proj(qkv|o|up|down)\$}"
 ATTN_BUDGET_S="${ATTN_BUDGET_S:-45}"
 TUNE_S="${TUNE_S:-60}"
@@ -150,6 +162,7 @@ if [ -n "$OPS" ]; then
   OPS_ARG=(--ops "$OPS")
   GEMM_BENCH_S=0  # the ops asked for, through the general steps only
   FP8_BENCH_S=0
+  GROUPED_BENCH_S=0
   MODEL_STEP_S=0
   TUNE_S=0
   VERIFY_OPS="$OPS"
@@ -160,7 +173,7 @@ print(','.join(s.name for s in registry.builtin_specs()))" 2>/dev/null)"
   # every registered op but the GEMMs, which the GEMM section covers
   GENERAL_OPS="$("$PYTHON" -c "
 from speedlight import registry
-print(','.join(s.name for s in registry.builtin_specs() if s.name not in '$GEMM_OPS'.split(',')))" 2>/dev/null)"
+print(','.join(s.name for s in registry.builtin_specs() if s.name not in '$GEMM_OPS,grouped_matmul'.split(',')))" 2>/dev/null)"
   [ -n "$GENERAL_OPS" ] && OPS_ARG=(--ops "$GENERAL_OPS")
 fi
 STEPS=()
@@ -287,11 +300,25 @@ if [ "$GEMM_BENCH_S" != 0 ]; then
   # (the GEMMs were verified with every op above)
   step gemm-bench gemm.log timeout "$((GEMM_BENCH_S + 90))" "$PYTHON" -m speedlight bench \
     --device "$DEVICE" --suite model --ops "$GEMM_OPS" --cases "$GEMM_CASES" --modes fwd \
-    --baselines torch-eager,torch-compile --out "$OUT" --budget-s "$GEMM_BENCH_S" \
+    --baselines "$GEMM_BASELINES" --out "$OUT" --budget-s "$GEMM_BENCH_S" \
     --time-cap 0.3 --max-gib 32
 else
   echo "GEMM section skipped (--ops given or GEMM_BENCH_S=0)" > "$OUT/gemm.log"
   STEPS+=("gemm|none|0|gemm.log")
+fi
+# --- the grouped GEMM of mixture-of-experts layers (issue 30) ---------------------------------
+# bf16 at 32768 routed tokens, Qwen3-30B-A3B's expert projections (128 experts; Mixtral's
+# 8 x 28672 x 4096 weights take seconds to draw per case), uniform and skewed routing,
+# forward and forward+backward, against torch._grouped_mm and the per-expert
+# loop, in grouped/. Target (not asserted): >= 1.0x torch-grouped-mm.
+if [ "$GROUPED_BENCH_S" != 0 ]; then
+  step grouped-bench grouped.log timeout "$((GROUPED_BENCH_S + 90))" "$PYTHON" -m speedlight \
+    bench --device "$DEVICE" --suite model --ops grouped_matmul --dtypes bf16 --modes fwd,fwd+bwd \
+    --cases "$GROUPED_CASES" --baselines torch-eager,torch-grouped-mm --out "$OUT/grouped" \
+    --budget-s "$GROUPED_BENCH_S" --time-cap 0.3 --max-gib 48
+else
+  echo "grouped GEMM section skipped (--ops given or GROUPED_BENCH_S=0)" > "$OUT/grouped.log"
+  STEPS+=("grouped|none|0|grouped.log")
 fi
 # --- the model step --------------------------------------------------------------------------
 # Llama-3-8B widths, 4 layers, bf16, 4 x 4096 tokens (bench model's GPU defaults, spelled out)
@@ -403,6 +430,11 @@ EOF2
     echo "CUDA C++ beside Triton (rms_norm, add_rms_norm; bf16, hidden 4096 and 8192; target:"
     echo "CUDA forward >= 0.92x copy bandwidth, no slower than Triton):"
     "$PYTHON" -m speedlight bench table "$OUT/cuda" --include-cpu 2>&1
+  fi
+  if [ -f "$OUT/grouped/bench.jsonl" ]; then
+    echo
+    echo "grouped GEMM (MoE experts, bf16, 32768 routed tokens; target: >= 1.0x torch-grouped-mm):"
+    "$PYTHON" -m speedlight bench table "$OUT/grouped" --include-cpu 2>&1
   fi
   if [ -f "$OUT/fp8/bench.jsonl" ]; then
     echo

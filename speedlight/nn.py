@@ -209,6 +209,9 @@ class AddRMSNorm(torch.nn.RMSNorm):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, h) with h = x + residual and y = RMSNorm(h). residual=None means the residual
+        stream starts here (a model's first block): nothing is added, h is x itself (the
+        same tensor, not a copy) and y = RMSNorm(x)."""
         check_tensor("x", x, min_dim=1)  # before torch.finfo, which needs a float dtype
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         weight = self.weight.reshape(-1) if self.weight is not None else None

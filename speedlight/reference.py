@@ -381,3 +381,21 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     logits = torch.nn.functional.linear(hidden, weight, bias)
     return cross_entropy(logits, target, ignore_index, reduction, label_smoothing, z_loss,
                          softcap)
+
+
+def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor,
+                   bias: torch.Tensor | None = None, activation: str | None = None,
+                   out_dtype: torch.dtype | None = None):
+    """act(x[rows of g] @ w[g]^T + bias[g]) per group, as a PyTorch user loops over the
+    experts: each group's matmul in x's dtype (one rounding), the bias and activation in
+    that dtype; rows past the last group's end are zeros. group_offsets [G] holds the
+    cumulative row ends (read on the host). On float64 everything stays float64."""
+    dtype = torch.float64 if x.dtype == torch.float64 else (out_dtype or x.dtype)
+    parts, start = [], 0
+    for g, end in enumerate(group_offsets.tolist()):
+        y = matmul(x[start:end], w[g].t(), activation=activation, out_dtype=out_dtype,
+                   bias=bias[g] if bias is not None else None)
+        parts.append(y.to(dtype))
+        start = end
+    parts.append(x.new_zeros((x.shape[0] - start, w.shape[1]), dtype=dtype))
+    return torch.cat(parts)

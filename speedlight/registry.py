@@ -33,6 +33,7 @@ BUILTIN_OPS = (
     "gated_matmul",
     "attention",
     "linear_cross_entropy",
+    "grouped_matmul",
 )
 BUILTIN_MODULES = tuple(f"speedlight.ops.{name}" for name in BUILTIN_OPS)
 

@@ -59,3 +59,20 @@ def assert_rejected(call, error, match: str) -> None:
     with counter.active(), pytest.raises(error, match=match):
         call()
     assert counter.count == 0, f"launched {counter.kernels} before rejecting the input"
+
+
+class FreshGradient(torch.autograd.Function):
+    """y -> a copy of y whose backward hands y a new gradient tensor, as a linear layer's
+    does, and records where it lies (so a test can tell whether dx was written over it)."""
+
+    addresses: list[int] = []
+
+    @staticmethod
+    def forward(ctx, y):
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        fresh = g.clone()
+        FreshGradient.addresses.append(fresh.data_ptr())
+        return fresh

@@ -18,6 +18,10 @@
   torch-scaled-mm, cublas-bf16
                  fp8 matmul only (bench/gemm_baselines.py): torch._scaled_mm, and the same
                  GEMM in bf16 on cuBLAS; on a GPU only. Other ops and dtypes get no row.
+  torch-grouped-mm
+                 grouped_matmul only (bench/moe_baselines.py): torch._grouped_mm, PyTorch's
+                 grouped GEMM (the reference is the per-expert loop; its torch.compile
+                 compiles with dynamic shapes, moe_baselines.COMPILE_OPTIONS).
 
 A baseline that cannot run a case (not installed, no counterpart, unsupported dtype or
 layout, an error, or an output that differs from the reference) is kept as a row with
@@ -32,7 +36,7 @@ from typing import Callable
 
 import torch
 
-from speedlight.bench import attention_baselines, gemm_baselines, liger
+from speedlight.bench import attention_baselines, gemm_baselines, liger, moe_baselines
 from speedlight.spec import Case, OpSpec
 
 SPEEDLIGHT = "speedlight"
@@ -41,7 +45,7 @@ COMPILE = "torch-compile"
 LIGER = "liger"
 TORCH_FUSED = "torch-fused"
 BASELINES = (EAGER, COMPILE, LIGER, TORCH_FUSED, *attention_baselines.NAMES,
-             *gemm_baselines.NAMES)
+             *gemm_baselines.NAMES, *moe_baselines.NAMES)
 
 
 def is_speedlight(name: str) -> bool:
@@ -125,6 +129,8 @@ class Baselines:
                 continue  # an attention library has nothing to say about other ops
             if name in gemm_baselines.NAMES and not gemm_baselines.applies(spec, case):
                 continue  # fp8 GEMM baselines: fp8 matmul cases only
+            if name in moe_baselines.NAMES and not moe_baselines.applies(spec, case):
+                continue  # grouped GEMM baselines: grouped_matmul only
             impls.append(self._build(name, spec, case, inputs, torch.device(device)))
         return impls
 
@@ -146,9 +152,10 @@ class Baselines:
         if name == COMPILE:
             if spec.name not in self._compiled:
                 o = self.compile_options
-                self._compiled[spec.name] = torch.compile(spec.reference, backend=o.backend,
-                                                          dynamic=o.dynamic,
-                                                          mode=self.compile_mode(spec, device))
+                own = moe_baselines.COMPILE_OPTIONS.get(spec.name, {})
+                self._compiled[spec.name] = torch.compile(
+                    spec.reference, backend=o.backend, dynamic=own.get("dynamic", o.dynamic),
+                    mode=own["mode"] if "mode" in own else self.compile_mode(spec, device))
             return Implementation(COMPILE, self._compiled[spec.name], checked=True)
         if name == TORCH_FUSED:
             peer = spec.peers.get("torch")
@@ -168,6 +175,12 @@ class Baselines:
             except liger.Unsupported as e:
                 return Implementation(name, None, str(e))
             return Implementation(name, fn, checked=name == gemm_baselines.SCALED_MM)
+        if name in moe_baselines.NAMES:
+            try:
+                return Implementation(name, moe_baselines.adapt(name, spec, case, inputs, device),
+                                      checked=True)
+            except liger.Unsupported as e:
+                return Implementation(name, None, str(e))
         if device.type != "cuda":
             return Implementation(LIGER, None, "Liger-Kernel runs on CUDA GPUs; it is not run "
                                                "on the CPU interpreter")

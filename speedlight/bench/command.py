@@ -22,7 +22,7 @@ from speedlight import arguments, cluster
 # bench/baselines.py's BASELINES, spelled out so the command parser imports no torch
 _BASELINES = ("torch-eager", "torch-compile", "liger", "torch-fused", "sdpa-flash",
               "sdpa-efficient", "sdpa-cudnn", "flex-attention", "flash-attn",
-              "torch-scaled-mm", "cublas-bf16")
+              "torch-scaled-mm", "cublas-bf16", "torch-grouped-mm")
 
 ACTIONS = ("run", "compare", "plot", "table", "model")
 
@@ -43,7 +43,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated, from {','.join(_BASELINES)} (torch-fused: torch's "
                         "own fused function where it has one; sdpa-* to flash-attn apply "
                         "to attention only, torch-scaled-mm and cublas-bf16 to fp8 matmul "
-                        "only); 'none' for none")
+                        "only, torch-grouped-mm to grouped_matmul only); 'none' for none")
     arguments.add_spec(r)
     arguments.add_target(r)
     r.add_argument("--cases", default=None, metavar="REGEX", help="only cases whose id matches")
@@ -357,8 +357,8 @@ def _model(args: argparse.Namespace) -> int:
             _fail(f"{flag} must be at least 1, got {value}")
     if args.warmup is not None and args.warmup < 0:
         _fail(f"--warmup must be at least 0, got {args.warmup}")
-    if args.lr <= 0:
-        _fail(f"--lr must be more than 0, got {args.lr:g}")
+    if not 0 < args.lr < float("inf"):  # NaN too
+        _fail(f"--lr must be a finite number more than 0, got {args.lr:g}")
     if args.budget_s is not None and args.budget_s <= 0:
         _fail(f"--budget-s must be more than 0, got {args.budget_s:g}")
     named = _list(args.variants) if args.variants else []

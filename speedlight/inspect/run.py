@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from speedlight import tuning
 from speedlight.hardware import DeviceSpec
 from speedlight.inspect import case_report, findings
 from speedlight.inspect.launches import Capture, capture_case, interpreter_work
 from speedlight.inspect.compile import Compiler
-from speedlight.launch import sized_for
+from speedlight.launch import for_target
 from speedlight.spec import Case, OpSpec
 from speedlight.target import Target
 
@@ -20,22 +19,21 @@ from speedlight.target import Target
 RUN_WORK_LIMIT = 2000
 
 
-def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, sku: DeviceSpec,
-             mode: str, backward: bool) -> tuple[Capture, str]:
+def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, mode: str,
+             backward: bool) -> tuple[Capture, str]:
     """Capture in `mode`; 'auto' samples first and runs in full when the interpreter can
-    afford it (on a GPU launches always run, compiled)."""
-    if mode == "auto":
-        if device.type == "cuda":
-            mode = "run"
-        else:
-            with sized_for(sku.sm_count):
+    afford it (on a GPU launches always run, compiled). The launches are those a user of
+    the target's SKU gets: sized for it, with its tuned tables (for_target)."""
+    with for_target(target):
+        if mode == "auto":
+            if device.type == "cuda":
+                mode = "run"
+            else:
                 sample = capture_case(spec, case, device, arch=target.arch, mode="sample",
                                       backward=backward)
-            if interpreter_work(sample) > RUN_WORK_LIMIT:
-                return sample, "sample"
-            mode = "run"
-    # the launches a user of that SKU gets: sized for it, with its tuned tables
-    with sized_for(sku.sm_count), tuning.for_sku(sku.key):
+                if interpreter_work(sample) > RUN_WORK_LIMIT:
+                    return sample, "sample"
+                mode = "run"
         return capture_case(spec, case, device, arch=target.arch, mode=mode,
                             backward=backward), mode
 
@@ -61,7 +59,7 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
             report.skipped = reason
         else:
             try:
-                capture, used = _capture(spec, case, device, target, sku, mode, backward)
+                capture, used = _capture(spec, case, device, target, mode, backward)
             except Exception as e:  # the op failed on this case: reported, the others go on
                 report.error = f"{type(e).__name__}: {e}"
                 staged.append((spec, report, None))

@@ -15,9 +15,8 @@ _DTYPE_LIST = "float32, float16 or bfloat16"
 
 def check_tensor(name: str, t, *, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES,
                  min_dim: int = 0, expected: str | None = None) -> None:
-    """TypeError unless t is a tensor of one of `dtypes` with at least `min_dim` dims."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    """TypeError unless t is a dense tensor of one of `dtypes` with at least `min_dim` dims."""
+    check_dense(name, t)
     dtypes = tuple(dtypes)
     if t.dtype not in dtypes:
         want = expected or (_DTYPE_LIST if dtypes == FLOAT_DTYPES else
@@ -25,6 +24,19 @@ def check_tensor(name: str, t, *, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES,
         raise TypeError(f"{name} must be a {want} tensor, got {describe(t)}")
     if t.dim() < min_dim:
         raise ValueError(f"{name} must have at least {min_dim} dim(s), got {describe(t)}")
+
+
+def check_dense(name: str, t) -> None:
+    """TypeError unless t is a dense (strided, not nested) torch.Tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.is_nested:
+        raise TypeError(f"{name} must be a dense tensor, got a nested tensor of {t.dim()} dims "
+                        f"({t.dtype}); pad it (t.to_padded_tensor(0)) or run each component")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout "
+                        f"{str(t.layout).replace('torch.', '')} of shape {tuple(t.shape)}; "
+                        f"call .to_dense() first")
 
 
 def check_same_device(**tensors: torch.Tensor | None) -> None:

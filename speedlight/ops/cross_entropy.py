@@ -21,7 +21,7 @@ from speedlight.kernels.cross_entropy import (
     _cross_entropy_split_stats_kernel,
 )
 from speedlight.launch import planned_sm_count, row_tile, warps_for_tile
-from speedlight.ops._checks import check_bool, check_choice, check_same_device, check_tensor
+from speedlight.ops._checks import check_bool, check_dense, check_choice, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_reduction_refused, local_rows
 from speedlight.ops._suites import is_call_of, rows_case
 from speedlight.ops.registration import like, register_op
@@ -472,8 +472,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     loss is NaN (so is a mean or sum over it) and so is its gradient row.
     """
     check_tensor("logits", logits, min_dim=1)
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    check_dense("target", target)
     if target.dtype not in TARGET_DTYPES:
         raise TypeError(f"target must be an integer tensor of class indices (int64, int32, "
                         f"int16, int8 or uint8), got {describe(target)}; probability "
@@ -519,6 +518,8 @@ def check_class_weight(weight, logits: torch.Tensor) -> None:
     device."""
     if weight is None:
         return
+    if isinstance(weight, torch.Tensor):
+        check_dense("weight", weight)
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
         raise TypeError(f"weight must be None or a floating-point tensor of class weights, "
                         f"got {describe(weight) if isinstance(weight, torch.Tensor) else type(weight).__name__}")

@@ -33,7 +33,7 @@ import triton
 
 from speedlight import reference, shapes
 from speedlight.launch import planned_sm_count
-from speedlight.ops._checks import check_bool, check_same_device, check_tensor
+from speedlight.ops._checks import check_bool, check_dense, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_reduction_refused, local_rows
 from speedlight.ops.cross_entropy import (
     TARGET_DTYPES,
@@ -322,8 +322,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         if tuple(bias.shape) != (weight.shape[0],) or bias.dtype != hidden.dtype:
             raise ValueError(f"bias must have shape ({weight.shape[0]},) and dtype "
                              f"{hidden.dtype}, got {describe(bias)}")
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    check_dense("target", target)
     if target.dtype not in TARGET_DTYPES:
         raise TypeError(f"target must be an integer tensor of class indices, got "
                         f"{describe(target)}")

@@ -53,13 +53,11 @@ and returns the rest (none when it writes them all): `backward_mutates=("dy",)` 
 `grads=("x", "weight")` writes dx over dy and returns dw. A gradient written over is
 made contiguous first (a copy only when autograd hands over a strided or broadcast one).
 
-`configs`: the op's configuration space (block sizes, warps, stages) for tuning, and the
-hook a launcher asks for a tuned configuration: `op.config(key, device)` is, in order, the
-configuration `set_tuned` stored for that key, the entry of the tuned tables for
-`configs.bucket(key)` on the device's GPU (speedlight/tuning.py: read lazily on the first
-launch that asks, never at import), else `configs.default(key)` (the launcher's rule; None
-without one, and the launcher applies its rule itself). `speedlight tune` sweeps the space
-through `op.sweeping(config)`: inside, every launch of the op is given `config`.
+The launch context (speedlight/launch.py: the GPU launches are sized for, forced or tuned
+configurations) is saved with each forward and re-entered around its backward: autograd
+runs a GPU backward on a thread of its own, which does not see the caller's ContextVar.
+Launchers read it themselves (`launch.planned_sm_count`, `launch.config`); configuration
+spaces and tuned tables are speedlight/tuning.py's, not the registration's.
 
 Why torch.library.custom_op and not triton_op: triton_op lets torch.compile trace into
 Triton kernels, but only kernels launched through wrap_triton and only Triton ones; a
@@ -70,16 +68,16 @@ docs/DESIGN-NOTES.md.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
+import sys
 import typing
-import warnings
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from speedlight import tuning
+from speedlight import launch
 
 NAMESPACE = "speedlight"
 
@@ -97,20 +95,6 @@ def row_stats(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.numel() // n_cols if n_cols else 0,), dtype=torch.float32)
 
 
-@dataclass(frozen=True)
-class Configs:
-    """The configuration space of an op's kernels, for tuning: `space` maps each
-    launch parameter (BLOCK_M, num_warps, num_stages...) to its candidate values;
-    `default(key)` is the launcher's own choice for a key (the key: what the launcher
-    knows of the launch, its shape, dtype and GPU); `bucket(key)` names the tuned tables'
-    entry a key falls in (a string such as "m4096-n4096-k4096-bf16": shapes that share one
-    configuration; without it the tables are not read)."""
-
-    space: Mapping[str, Sequence[Any]]
-    default: Callable[[Any], Mapping[str, Any]] | None = None
-    bucket: Callable[[Any], str] | None = None
-
-
 @dataclass
 class RegisteredOp:
     """What register_op built: call it like the forward launcher (plus `impl=`)."""
@@ -122,14 +106,10 @@ class RegisteredOp:
     forward_op: Any
     backward_op: Any | None = None
     inference_op: Any | None = None
-    configs: Configs | None = None
     _apply: Callable[..., Any] | None = None
     _grad_positions: tuple[int, ...] = ()
     _n_params: int = 0  # the forward launcher's parameters (impl not counted)
     _defaults: tuple = ()  # of the forward's trailing parameters that have one
-    _tuned: dict = field(default_factory=dict)
-    _sweep: list = field(default_factory=list)  # active sweeping() contexts, innermost last
-    _warned: set = field(default_factory=set)  # tuned-table buckets already warned about
     unverified: frozenset = frozenset()  # implementations no GPU run has verified yet
     default: str = ""  # the implementation op(...) runs; "": the first
 
@@ -177,68 +157,6 @@ class RegisteredOp:
         return any(isinstance(args[i], torch.Tensor) and args[i].requires_grad
                    for i in self._grad_positions if i < len(args))
 
-    def config(self, key, device: torch.device | str | None = None
-               ) -> Mapping[str, Any] | None:
-        """The configuration a launch with `key` on `device` uses: the one sweeping()
-        forces, else set_tuned's for key, else the tuned tables' entry for
-        configs.bucket(key) on the device's GPU, else configs.default(key) (None without
-        one: the launcher applies its rule)."""
-        if self._sweep:
-            sweep = self._sweep[-1]
-            chosen = sweep.config if sweep.config is not None else self._default(key)
-            sweep.asked.append((key, chosen))
-            return chosen
-        if key in self._tuned:
-            return self._tuned[key]
-        if self.configs is not None and self.configs.bucket is not None:
-            bucket = self.configs.bucket(key)
-            found = tuning.lookup(self.name, bucket, device)
-            if found is not None and self._usable(bucket, found):
-                return found
-        return self._default(key)
-
-    def _usable(self, bucket: str, config: Mapping[str, Any]) -> bool:
-        """Whether a tuned table's config is a point of the op's space (warned once if not:
-        the launch rule applies instead)."""
-        space = self.configs.space
-        if set(config) == set(space) and all(config[k] in space[k] for k in space):
-            return True
-        if bucket not in self._warned:
-            self._warned.add(bucket)
-            warnings.warn(f"speedlight: the tuned table's entry {bucket!r} of {self.name} is "
-                          f"not a point of its configuration space ({dict(config)}; expected "
-                          f"one value of each of {dict(space)}): ignored, the launch rule "
-                          f"applies", tuning.TunedTableWarning, stacklevel=4)
-        return False
-
-    def _default(self, key) -> Mapping[str, Any] | None:
-        if self.configs is not None and self.configs.default is not None:
-            return self.configs.default(key)
-        return None
-
-    def set_tuned(self, table: Mapping[Any, Mapping[str, Any]]) -> None:
-        """Install tuned configurations (key -> launch parameters), e.g. from a tune run."""
-        self._tuned = dict(table)
-
-    @contextlib.contextmanager
-    def sweeping(self, config: Mapping[str, Any] | None = None):
-        """Inside, every launch of the op is given `config` (None: the launcher's default,
-        the rule, with no tuned table or set_tuned entry consulted); yields the list of
-        (key, configuration) the launches asked for, in order."""
-        sweep = _Sweep(config)
-        self._sweep.append(sweep)
-        try:
-            yield sweep.asked
-        finally:
-            self._sweep.remove(sweep)
-
-
-@dataclass
-class _Sweep:
-    config: Mapping[str, Any] | None
-    asked: list = field(default_factory=list)
-
-
 _REGISTERED: dict[str, RegisteredOp] = {}
 
 
@@ -256,7 +174,7 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
                 backward_fake: Callable[..., Any] | None = None,
                 inference: Launcher | Mapping[str, Launcher] | None = None,
                 mutates: Sequence[str] = (), backward_mutates: Sequence[str] = (),
-                optional_grads: bool = False, configs: Configs | None = None,
+                optional_grads: bool = False,
                 unverified: Sequence[str] = (), namespace: str = NAMESPACE) -> RegisteredOp:
     """Register op `name` (see the module docstring) and return its RegisteredOp.
 
@@ -286,7 +204,7 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
     if unknown or (forward and set(forward) <= set(unverified)):
         raise ValueError(f"{name}: unverified {list(unverified)} must name some, not all, of "
                          f"the implementations {sorted(forward)}")
-    op = RegisteredOp(name, outputs, stats, tuple(forward), fwd_op, configs=configs,
+    op = RegisteredOp(name, outputs, stats, tuple(forward), fwd_op,
                       _apply=fwd_op, _n_params=len(params), _defaults=defaults,
                       unverified=frozenset(unverified))
     _REGISTERED[name] = op
@@ -455,6 +373,9 @@ class _AutogradRule:
         values = dict(zip(self.in_names, inputs))
         values.update(zip(self.outputs, output))
         ctx.impl = inputs[-1]
+        # the launch context, for the backward (ContextVar.get breaks a compiled graph: under
+        # torch.compile launches are sized for the GPU they run on)
+        ctx.launch_context = None if torch.compiler.is_compiling() else launch.current()
         tensors = [n for n in self.saved if isinstance(values[n], torch.Tensor)]
         plain = {n: values[n] for n in self.saved if n not in tensors}
         ctx.tensor_names, ctx.plain = tensors, plain
@@ -465,6 +386,9 @@ class _AutogradRule:
             ctx.mark_non_differentiable(*stat_tensors)
         if self.optional_grads:
             ctx.set_materialize_grads(False)
+        if self.bmutates:  # whether a gradient may be written over is decided at backward
+            ctx.output_refs = {o: weakref.ref(t) for o, t in zip(self.outputs, output)
+                               if isinstance(t, torch.Tensor)}
 
     def backward(self, ctx, *grad_outputs):
         grads = dict(zip(self.outputs, grad_outputs))
@@ -479,9 +403,17 @@ class _AutogradRule:
         if self.bmutates:
             for i, n in enumerate(self.bnames):
                 if n in self.bmutates and self.plan[n][0] == "grad" and args[i] is not None:
-                    args[i] = args[i].contiguous()  # written over: dense, in its own layout
+                    output = ctx.output_refs.get(self.plan[n][1], lambda: None)()
+                    if _writable_gradient(args[i], output):
+                        args[i] = args[i].contiguous()  # written over: dense, in its own layout
+                    else:  # someone else may read it: written into a copy instead
+                        args[i] = args[i].clone(memory_format=torch.contiguous_format)
             written = tuple(args[self.bnames.index(n)] for n in self.bmutates)
-        out = self.bwd_op(*args, ctx.impl)
+        if ctx.launch_context is None:
+            out = self.bwd_op(*args, ctx.impl)
+        else:
+            with launch.entered(ctx.launch_context):
+                out = self.bwd_op(*args, ctx.impl)
         out = out if isinstance(out, tuple) else () if out is None else (out,)
         out = written + out
         result = [None] * n_in
@@ -490,6 +422,29 @@ class _AutogradRule:
                 if not ctx.input_is_none[n]:
                     result[self.in_names.index(n)] = g
         return tuple(result)
+
+
+def _writable_gradient(grad: torch.Tensor, output: torch.Tensor | None) -> bool:
+    """Whether a backward may write over `grad`, the gradient of `output` autograd handed
+    it: only when nothing else can read it. Not when another C++ owner holds it (the caller's
+    own tensor when output is the root of backward, `y.backward(g)`; an add's gradient that
+    its other operand has yet to take), when another tensor views its memory (a hook on a
+    view of output that kept its gradient), or when output has hooks of its own (which may
+    keep the very tensor). retain_grad() keeps a copy, so it needs none. Under
+    torch.compile the compiler owns the buffers: written over as declared."""
+    if torch.compiler.is_compiling() or not isinstance(grad, torch.Tensor):
+        return True
+    if grad._use_count() > 1:
+        return False
+    # the storage's holders: grad, the Python storage object made to ask and, for a view
+    # (a linear layer's 2-D gradient seen as [batch, seq, hidden]), its base; the base
+    # held by nothing but grad (its view) and the wrapper made here, Python included
+    base = grad._base
+    if torch._C._storage_Use_Count(grad.untyped_storage()._cdata) > (2 if base is None else 3):
+        return False
+    if base is not None and (base._use_count() > 2 or sys.getrefcount(base) > 2):
+        return False
+    return output is None or not output._backward_hooks
 
 
 def _function(name: str, fwd_op, rule: _AutogradRule):

@@ -158,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
     from speedlight.profile import display, models
 
     tgt = arguments.resolve_target(args, "profile")
+    if args.top < 0:
+        raise SystemExit(f"speedlight profile: --top must be at least 0, got {args.top}")
     try:
         out = results.writable_folder(args.out)
     except ValueError as e:

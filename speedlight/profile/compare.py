@@ -114,7 +114,12 @@ def parse_vary(items: list[str] | None) -> list[tuple[str, list]]:
         if not sep or not field or not values:
             raise ValueError(f"--vary {item!r}: expected FIELD=V1,V2,... (batch, seq or a "
                              f"Hugging Face config field)")
-        out.append((field.strip(), [_value(v.strip()) for v in values.split(",") if v.strip()]))
+        field = field.strip()
+        parsed = [_value(v.strip()) for v in values.split(",") if v.strip()]
+        if field in RUN_FIELDS and not all(isinstance(v, int) and not isinstance(v, bool)
+                                           and v >= 1 for v in parsed):
+            raise ValueError(f"--vary {item!r}: {field} takes whole numbers of at least 1")
+        out.append((field, parsed))
     return out
 
 

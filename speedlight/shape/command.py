@@ -30,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
 
     console = results.make_console()
     try:
+        if args.top < 0:
+            raise ValueError(f"--top must be at least 0, got {args.top}")
         inputs = parse_shapes(args.shapes)
         fn, file, name = load_function(args.function)
         out = _writable("--out", args.out)

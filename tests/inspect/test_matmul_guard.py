@@ -12,6 +12,10 @@ derivative stored; residual).
 The fp8 kernel (float8_e4m3fn operands, BLOCK_K 128) is held to the same pipeline on fp8
 wgmma: TMA, QGMMA, at least 3 stages, no spills; with per-row scales and the amax fold,
 at prefill and decode. Its backward runs the bf16 kernel (HGMMA).
+
+The grouped GEMM (mixtures of experts) is held to the same design: its forward kernel
+(also dx, through w's transpose) and its per-group weight-gradient kernel, at
+Qwen3-30B-A3B's expert shapes.
 """
 
 import pytest
@@ -19,7 +23,7 @@ import torch
 
 from speedlight.inspect import guard
 from speedlight.inspect.run import inspect_cases
-from speedlight.ops import gated_matmul, matmul
+from speedlight.ops import gated_matmul, grouped_matmul, matmul
 from speedlight.spec import Case
 from tests.inspect.conftest import GUARD_TABLE, SKU, TARGET
 
@@ -36,6 +40,11 @@ def gated(m, n, k, **flags):
     return Case("gated_matmul", {"m": m, "n": n, "k": k}, dtype=BF16, flags=flags)
 
 
+def grouped(m, n, k, groups, **flags):
+    return Case("grouped_matmul", {"m": m, "n": n, "k": k, "groups": groups}, dtype=BF16,
+                flags=flags)
+
+
 ITEMS = [
     pytest.param(matmul.SPEC, mm(512, 768, 768, bias=True, act="silu"), True,
                  id="matmul-prefill-bias-silu-fwd-bwd"),
@@ -44,6 +53,13 @@ ITEMS = [
     pytest.param(gated_matmul.SPEC, gated(512, 1024, 768), False, id="gated-prefill-fwd"),
     pytest.param(gated_matmul.SPEC, gated(16, 1024, 768, concat=True), False,
                  id="gated-decode-stacked-fwd"),
+    # Qwen3-30B-A3B's gate_up projection [1536, 2048] per expert, 16 experts of its 128
+    # (all 128 would draw 3 GB of float64 weights to capture the launches) at 256 rows
+    # each: forward, dx (w read through its transpose), the per-group weight gradient
+    pytest.param(grouped_matmul.SPEC, grouped(4096, 1536, 2048, 16), True,
+                 id="grouped-qwen3-gate_up-fwd-bwd"),
+    pytest.param(grouped_matmul.SPEC, grouped(4096, 768, 2048, 16, bias=True, act="silu"),
+                 False, id="grouped-bias-silu-fwd"),
 ]
 
 
@@ -57,8 +73,9 @@ FP8_ITEMS = [
 
 @pytest.mark.parametrize("spec,case,backward", ITEMS)
 def test_bf16_gemm_kernels_meet_their_sm90a_design(spec, case, backward, compiler):
-    _check_gemm_kernels(spec, case, backward, compiler, {"_matmul_kernel": "HGMMA",
-                                                         "_gated_matmul_kernel": "HGMMA"})
+    _check_gemm_kernels(spec, case, backward, compiler, {
+        "_matmul_kernel": "HGMMA", "_gated_matmul_kernel": "HGMMA",
+        "_grouped_matmul_kernel": "HGMMA", "_grouped_matmul_dw_kernel": "HGMMA"})
 
 
 @pytest.mark.parametrize("case,backward", FP8_ITEMS)
@@ -78,17 +95,17 @@ def _check_gemm_kernels(spec, case, backward, compiler, mma: dict) -> set:
                               backward=backward)
     assert not report.error, report.error
     short = []
-    gemms = [k for k in report.kernels if k.launch.kernel.endswith("matmul_kernel")
-             or k.launch.kernel.endswith("matmul_fp8_kernel")]
+    gemms = [k for k in report.kernels if k.launch.kernel in mma]
     assert gemms, "no GEMM kernel launched"
     for k in gemms:
         d = k.design
         assert (d.mma, d.tma, d.min_stages) == (mma[k.launch.kernel], True, 3)
         assert k.mix.tensor_core.get(d.mma), f"{k.launch.kernel}: no {d.mma} in its SASS"
         declared = {a.name: a.value for a in k.launch.args if a.name in k.launch.declared}
+        tile = "x".join(str(declared[b]) for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K",
+                                                    "BLOCK_P", "BLOCK_Q") if b in declared)
         GUARD_TABLE.append(
-            f"{spec.name:12s} {k.launch.direction} {k.launch.kernel:22s} "
-            f"{declared['BLOCK_M']}x{declared['BLOCK_N']}x{declared['BLOCK_K']} "
+            f"{spec.name:12s} {k.launch.direction} {k.launch.kernel:22s} {tile} "
             f"warps={k.launch.num_warps} stages {k.stages} regs {k.registers:3d} "
             f"spill {k.spill_stores} smem {k.smem} "
             f"{' '.join(f'{op} x{n}' for op, n in sorted(k.mix.tensor_core.items()))} "

@@ -57,6 +57,9 @@ TENSOR_MUTATIONS: dict[str, tuple[Callable[[torch.Tensor], bool], Callable[[torc
     "nan": (lambda t: t.is_floating_point(), lambda t: _first(t, float("nan"))),
     "inf": (lambda t: t.is_floating_point(), lambda t: _first(t, float("inf"))),
     "2^63-1": (lambda t: t.dtype == torch.int64, lambda t: _first(t, 2 ** 63 - 1)),
+    "sparse": (lambda t: t.dim() >= 1, lambda t: t.to_sparse()),
+    "nested": (lambda t: t.dim() >= 2 and t.shape[0] > 0,
+               lambda t: torch.nested.nested_tensor(list(t.unbind(0)))),
     "list": (lambda t: True, lambda t: t.tolist()),
     "None": (lambda t: True, lambda t: None),
 }

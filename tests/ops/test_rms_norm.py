@@ -5,7 +5,8 @@ import speedlight
 import speedlight.nn as snn
 from speedlight import reference
 from speedlight.ops import rms_norm as op
-from tests.helpers import (EXTREME_SCALES, assert_rejected, assert_verified, case_maker,
+from tests.conftest import gpu_target
+from tests.helpers import (EXTREME_SCALES, FreshGradient, assert_rejected, assert_verified, case_maker,
                            relative_error, seeded)
 
 SPEC = op.SPEC
@@ -94,11 +95,11 @@ def test_dw_reduced_over_many_programs(device):
     pytest.param(3, 20011, id="rows3-hidden20011-looped"),
 ])
 def test_gpu_sized_launches_match_float64(sms, rows, hidden, device):
-    """The block sizes and persistent grids a GPU gets (launch.sized_for), verified under the
+    """The block sizes and persistent grids a GPU gets (launch.for_target), verified under the
     interpreter: with one SM the persistent programs walk several tiles each."""
-    from speedlight.launch import sized_for
+    from speedlight.launch import for_target
 
-    with sized_for(sms):
+    with for_target(gpu_target(sms)):
         assert_verified(SPEC, case(rows, hidden, torch.bfloat16), device)
         assert_verified(SPEC, case(rows, hidden, torch.float32, weight=False), device)
 
@@ -126,25 +127,69 @@ def test_extreme_magnitudes_match_float64(hidden, scale, eps, device):
 # --- in_place: the backward writes dx over dy ---------------------------------------------
 
 def _grads_in_place(fn, inputs, dy, in_place):
-    """(gradients of inputs, the upstream gradient afterwards) of fn(*inputs) under dy."""
+    """(gradients of inputs, where y's gradient lay) of fn(*inputs) under dy, y's gradient
+    a fresh tensor nobody else holds."""
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    upstream = dy.clone()
-    grads = torch.autograd.grad(fn(*leaves, in_place=in_place), leaves, upstream)
-    return grads, upstream
+    FreshGradient.addresses.clear()
+    grads = torch.autograd.grad(FreshGradient.apply(fn(*leaves, in_place=in_place)), leaves,
+                                dy.clone())
+    return grads, FreshGradient.addresses[0]
 
 
 @pytest.mark.parametrize("hidden", [pytest.param(384, id="hidden384"),
                                     pytest.param(20001, id="hidden20001-looped")])
 def test_in_place_writes_dx_over_dy_and_matches(hidden, device):
-    """dx is dy's own storage, and every gradient equals the out-of-place backward's."""
+    """dx is dy's own storage when nothing else holds dy, and every gradient equals the
+    out-of-place backward's."""
     x = seeded((3, hidden), device=device)
     w = seeded((hidden,), device=device, seed=1)
     dy = seeded((3, hidden), device=device, seed=2)
     (dx, dw), written = _grads_in_place(speedlight.rms_norm, (x, w), dy, True)
-    (dx0, dw0), untouched = _grads_in_place(speedlight.rms_norm, (x, w), dy, False)
-    assert dx.data_ptr() == written.data_ptr() and torch.equal(written, dx0)
-    assert torch.equal(untouched, dy)  # out of place leaves the upstream gradient alone
+    (dx0, dw0), elsewhere = _grads_in_place(speedlight.rms_norm, (x, w), dy, False)
+    assert dx.data_ptr() == written and dx0.data_ptr() != elsewhere
     assert torch.equal(dx, dx0) and torch.equal(dw, dw0)
+
+
+def _norm(op, x, w, in_place):
+    if op == "rms_norm":
+        return speedlight.rms_norm(x, w, in_place=in_place)
+    if op == "add_rms_norm":
+        return speedlight.add_rms_norm(x, x.detach() * 0.5, w, in_place=in_place)[0]
+    norm = snn.RMSNorm(x.shape[-1], in_place=in_place).to(x.device)  # returns a view of y
+    with torch.no_grad():
+        norm.weight.copy_(w)
+    return norm(x), norm.weight
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm", "module"])
+@pytest.mark.parametrize("how", ["root", "hook", "retain_grad", "hook-on-view"])
+def test_in_place_never_overwrites_a_gradient_someone_else_reads(op, how, device):
+    """With in_place=True, the caller's gradient when y is the root of backward, what a
+    hook on y (or on a view of it) keeps, and y.grad after retain_grad() all hold the true
+    gradient of y afterwards; the gradients are the out-of-place ones."""
+    x = seeded((3, 64), device=device)
+    w = seeded((64,), device=device, seed=1)
+    g = seeded((3, 64), device=device, seed=2)
+    grads = {}
+    for in_place in (True, False):
+        leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+        y = _norm(op, *leaves, in_place)
+        if op == "module":
+            y, leaves[1] = y
+        out = y.view(-1) if how == "hook-on-view" else y
+        seen = []
+        if how in ("hook", "hook-on-view"):
+            out.register_hook(seen.append)
+        if how == "retain_grad":
+            out.retain_grad()
+        upstream = g.clone().view(out.shape)
+        root = out if how == "root" else FreshGradient.apply(out)
+        grads[in_place] = torch.autograd.grad(root, leaves, upstream)
+        seen += [upstream] if how == "root" else [out.grad] if how == "retain_grad" else []
+        assert len(seen) == 1 and torch.equal(seen[0].reshape(g.shape), g), \
+            f"{how}, in_place={in_place}: y's gradient was overwritten"
+    for got, want in zip(grads[True], grads[False]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_in_place_with_a_broadcast_upstream_gradient(device):
