@@ -61,7 +61,8 @@ def _torch_linear_cross_entropy(inputs: dict):
 
     if not hasattr(F, "linear_cross_entropy") or not hasattr(torch.nn, "LinearCrossEntropyOptions"):
         return None, f"torch {torch.__version__} has no F.linear_cross_entropy"
-    missing = [k for k in ("z_loss", "softcap") if inputs.get(k)]
+    missing = [k for k in ("z_loss", "softcap", "return_z_loss", "return_token_accuracy",
+                           "return_predicted_tokens") if inputs.get(k)]
     if missing:
         return None, f"F.linear_cross_entropy has no {' or '.join(missing)}"
     if inputs.get("label_smoothing"):
@@ -70,13 +71,14 @@ def _torch_linear_cross_entropy(inputs: dict):
     options = torch.nn.LinearCrossEntropyOptions()
 
     def fn(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
-           label_smoothing=0.0, **_):
+           label_smoothing=0.0, class_weight=None, **_):
         loss = F.linear_cross_entropy(hidden, weight, target, linear_bias=bias,
-                                      reduction=reduction, ignore_index=ignore_index,
+                                      weight=class_weight, reduction=reduction,
+                                      ignore_index=ignore_index,
                                       label_smoothing=label_smoothing, options=options)
-        n_valid = (target != ignore_index).sum()
+        counted = (target != ignore_index).sum()
         if reduction == "mean":  # speedlight (and the reference) define a mean over nothing as 0
-            loss = torch.where(n_valid > 0, loss, torch.zeros_like(loss))
+            loss = torch.where(counted > 0, loss, torch.zeros_like(loss))
         return loss
     return fn, ""
 
