@@ -1,11 +1,17 @@
-"""Launch sizing and launch counting, public so a team's own launcher does what
-speedlight's do.
+"""The launch context, launch sizing and launch counting, public so a team's own launcher
+does what speedlight's do.
 
-Sizing: which GPU a launch is sized for (`planned_sm_count`: the CUDA device in use, or the
-one `sized_for(sm_count)` names, so that `speedlight inspect` on a CPU runs the launches a
-GPU user gets), and the grids and tiles of kernels over rows. Under the Triton interpreter
-(CPU tensors, no `sized_for`) every program costs milliseconds, so the helpers choose few,
-large programs there.
+The launch context: one ContextVar holding the Target launches are sized for (whole) and any
+forced or tuned configurations. Whoever sizes launches for a GPU enters it once (`with
+for_target(target):` in inspect, and so the report's inspect stage, and tune); launchers
+ask `planned_sm_count(device)` for the SM count and `config(configs, key, device)` for
+their configuration, nothing else. A registered op saves the context with its forward and
+re-enters it in its backward, which autograd may run on a thread of its own.
+
+Sizing: the grids and tiles of kernels over rows, for the GPU `planned_sm_count` names (the
+CUDA device in use, or the context's target, so that `speedlight inspect` on a CPU runs the
+launches a GPU user gets). Under the Triton interpreter (CPU tensors, no target) every
+program costs milliseconds, so the helpers choose few, large programs there.
 
 Counting: `watch_launches()` sees every kernel launch while active: Triton's (compiled or
 interpreted) and those of CUDA C++ extension functions wrapped by `extension_kernel`.
@@ -15,36 +21,104 @@ verify's empty-input check ("no launch on an empty input") is built on it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
 import functools
-from typing import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 import triton
 
-# --- which GPU a launch is sized for ------------------------------------------------------
+from speedlight import hardware
 
-_SIZED_FOR: list[int] = []
+# --- the launch context: which GPU launches are sized for, and their configurations -------
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What launches are sized for: entered once by whoever sizes them for a GPU
+    (`for_target`: inspect, the report's inspect stage, tune), read by launchers alone
+    (`planned_sm_count`, `launch_sku`, `config`), and kept with each forward for its
+    backward. verify and bench enter none: they run the launches of the device they run on.
+
+    target: the speedlight.target.Target whose SM count sizes the launches and whose SKU's
+    tuned tables they read, whatever device their tensors are on; None: the device's own
+    (a CUDA device's SM count and SKU; on a CPU the interpreter's sizing and no table).
+    forced: op name -> (the configuration every launch of the op is given, None for its
+    rule; the list each launch's (key, configuration) is appended to): tune's candidates.
+    tuned: op name -> {key: configuration}, preferred over the tuned tables.
+    """
+
+    target: Any = None
+    forced: Mapping[str, tuple[Mapping[str, Any] | None, list]] = field(default_factory=dict)
+    tuned: Mapping[str, Mapping[Any, Mapping[str, Any]]] = field(default_factory=dict)
+
+
+_CONTEXT: contextvars.ContextVar[LaunchContext] = contextvars.ContextVar(
+    "speedlight_launch_context", default=LaunchContext())
+
+
+def current() -> LaunchContext:
+    """The launch context in force here (a launcher's; the registration saves it with a
+    forward). Never read it in code torch.compile traces: ContextVar.get breaks the graph."""
+    return _CONTEXT.get()
 
 
 @contextlib.contextmanager
-def sized_for(sm_count: int):
-    """Inside, launchers size grids and blocks as for a GPU with `sm_count` SMs, whatever
-    device the tensors are on. `speedlight inspect` uses it to run, on a CPU, the launches
-    a GPU user gets (a plain module-level setting, so autograd's backward sees it too)."""
-    if not isinstance(sm_count, int) or isinstance(sm_count, bool) or sm_count < 1:
-        raise ValueError(f"sm_count must be a positive int, got {sm_count!r}")
-    _SIZED_FOR.append(sm_count)
+def entered(context: LaunchContext) -> Iterator[LaunchContext]:
+    """Inside, `context` is in force (the registration re-enters a forward's in its
+    backward, which autograd may run on a thread of its own)."""
+    if not isinstance(context, LaunchContext):
+        raise TypeError(f"context must be a launch.LaunchContext, got {type(context).__name__}")
+    token = _CONTEXT.set(context)
     try:
-        yield
+        yield context
     finally:
-        _SIZED_FOR.pop()
+        _CONTEXT.reset(token)
+
+
+def for_target(target) -> contextlib.AbstractContextManager[LaunchContext]:
+    """Inside, launchers size grids and blocks for `target` (a speedlight.target.Target: its
+    SM count) and read its SKU's tuned tables, whatever device the tensors are on, so that
+    `speedlight inspect` on a CPU runs the launches a user of that GPU gets. None: the
+    device's own. Forced and tuned configurations of an enclosing context are kept."""
+    if target is not None:
+        sms = getattr(target, "sm_count", None)
+        if not isinstance(sms, int) or isinstance(sms, bool) or sms < 1:
+            raise ValueError(f"target must be a speedlight.target.Target whose sm_count is a "
+                             f"positive int, got {target!r} (sm_count {sms!r})")
+        if not isinstance(getattr(getattr(target, "sku", None), "key", None), str):
+            raise TypeError(f"target must be a speedlight.target.Target (its sku.key names "
+                            f"the tuned tables), got {type(target).__name__}")
+    return entered(dataclasses.replace(current(), target=target))
+
+
+@contextlib.contextmanager
+def forcing(op: str, config: Mapping[str, Any] | None = None) -> Iterator[list]:
+    """Inside, every launch of op `op` that asks `launch.config` is given `config` (None: its
+    rule, no tuned entry consulted); yields the list of (key, configuration) those launches
+    asked for, in order (`speedlight tune` forces its candidates so)."""
+    asked: list = []
+    outer = current()
+    with entered(dataclasses.replace(outer, forced={**outer.forced, op: (config, asked)})):
+        yield asked
+
+
+def with_tuned(op: str, table: Mapping[Any, Mapping[str, Any]]
+               ) -> contextlib.AbstractContextManager[LaunchContext]:
+    """Inside, a launch of op `op` whose key is in `table` is given table[key] (before any
+    tuned table's entry)."""
+    outer = current()
+    return entered(dataclasses.replace(outer, tuned={**outer.tuned, op: dict(table)}))
 
 
 def planned_sm_count(device: torch.device | str) -> int | None:
-    """How many SMs a launch on `device` is sized for: sized_for's when active, else the
-    CUDA device's own, else None (the CPU interpreter's own sizing: few, large programs)."""
-    if _SIZED_FOR:
-        return _SIZED_FOR[-1]
+    """How many SMs a launch on `device` is sized for: the launch context's target's when
+    it names one, else the CUDA device's own, else None (the CPU interpreter's own sizing:
+    few, large programs)."""
+    target = _CONTEXT.get().target
+    if target is not None:
+        return target.sm_count
     device = torch.device(device)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -58,11 +132,54 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def launch_sku(device: torch.device | str | None) -> str | None:
+    """The SKU (a hardware.DEVICES key) whose tuned tables a launch on `device` reads: the
+    launch context's target's, else the CUDA device's own (matched by name), else None
+    (under the interpreter launches use their rules)."""
+    target = _CONTEXT.get().target
+    if target is not None:
+        return target.sku.key
+    if device is None or torch.device(device).type != "cuda":
+        return None
+    device = torch.device(device)
+    return _cuda_sku(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sku(index: int) -> str | None:
+    try:
+        return hardware.spec_for_device_name(torch.cuda.get_device_name(index)).key
+    except KeyError:
+        return None
+
+
+def config(configs, key, device: torch.device | str | None = None
+           ) -> Mapping[str, Any] | None:
+    """The configuration a launch asks for: `configs` is its op's configuration space (a
+    speedlight.tuning.Configs), `key` what the launcher knows of the launch (its shape,
+    dtype...). In order: the configuration the context forces on the op (`forcing`), the
+    context's tuned entry for key (`with_tuned`), the tuned tables' entry on the SKU a
+    launch on `device` reads (`launch_sku`), else the space's rule (None without one: the
+    launcher applies its own)."""
+    context = _CONTEXT.get()
+    forced = context.forced.get(configs.op)
+    if forced is not None:
+        chosen = forced[0] if forced[0] is not None else configs.rule(key)
+        forced[1].append((key, chosen))
+        return chosen
+    tuned = context.tuned.get(configs.op, {})
+    if key in tuned:
+        return tuned[key]
+    sku = launch_sku(device)
+    found = configs.tuned(sku, key) if sku is not None else None
+    return found if found is not None else configs.rule(key)
+
+
 # --- grids and tiles over rows ------------------------------------------------------------
 
 def target_programs(device: torch.device, per_sm: int = 4) -> int:
     """How many programs a persistent-style grid should have: `per_sm` per SM on a GPU
-    (or on the GPU `sized_for` names), two on the CPU interpreter (every program there
+    (or on the launch context's target), two on the CPU interpreter (every program there
     costs milliseconds)."""
     sms = planned_sm_count(device)
     return per_sm * sms if sms else 2
@@ -72,7 +189,7 @@ def partial_sum_programs(n_rows: int, device: torch.device, per_sm: int = 4) -> 
     """How many programs split the rows of a kernel that also reduces over them (the dW of
     a norm): each sums its own rows into one fp32 partial and the host sums the partials.
 
-    On a GPU (or the one `sized_for` names) target_programs(per_sm): a few rows to a few
+    On a GPU (or the context's target) target_programs(per_sm): a few rows to a few
     dozen each, summed as a tree within a block. Under the interpreter at most 4 rows
     each: it sums a block's rows one after another (numpy down axis 0), so the row sum is
     left to the host's torch.sum instead, which is as accurate as the GPU's reduction and
@@ -87,7 +204,7 @@ def row_tile(n_cols: int, device: torch.device, *, max_block_n: int,
              max_tile: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for a kernel that holds BLOCK_M whole rows.
 
-    On a GPU (or the GPU `sized_for` names) a tile of ~4K elements per program keeps
+    On a GPU (or the context's target) a tile of ~4K elements per program keeps
     registers low while several rows share a program when rows are short; under the
     interpreter, tiles are larger because each program costs milliseconds whatever its size.
     """

@@ -31,9 +31,9 @@ BUILTIN_OPS = (
     "geglu",
     "matmul",
     "gated_matmul",
-    "grouped_matmul",
     "attention",
     "linear_cross_entropy",
+    "grouped_matmul",
 )
 BUILTIN_MODULES = tuple(f"speedlight.ops.{name}" for name in BUILTIN_OPS)
 

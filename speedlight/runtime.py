@@ -2,8 +2,9 @@
 Triton interpreter (TRITON_INTERPRET=1 before the first kernel module is imported).
 
 `use_interpreter()` is the one place the interpreter runtime is chosen and made to compute
-as the GPU does; the CLI calls it at startup for `--device cpu`, and `check_runtime` on
-the first launch on CPU tensors (a script or test that set TRITON_INTERPRET itself).
+as the GPU does; `select_device` (the CLI at startup, a Ray worker) calls it for
+`--device cpu`, and `check_runtime` on the first launch on CPU tensors (a script or test
+that set TRITON_INTERPRET itself).
 """
 
 from __future__ import annotations
@@ -57,6 +58,23 @@ def use_interpreter() -> None:
                             module="triton.runtime.interpreter")
     _round_bf16_like_the_gpu()
     _INTERPRETER_READY = True
+
+
+def select_device(requested: str = "auto") -> str:
+    """'cuda' or 'cpu'. On the CPU the Triton interpreter is switched on, which must happen
+    before the first kernel module is imported."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested != "cpu" and not requested.startswith("cuda"):
+        raise SystemExit(f"speedlight: --device takes auto, cuda, cuda:N or cpu; got {requested!r}")
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("speedlight: --device cuda asked for, but torch sees no CUDA device")
+    if requested == "cpu":
+        if os.environ.get("TRITON_INTERPRET") in ("0", ""):
+            raise SystemExit("speedlight: --device cpu needs the Triton interpreter, but "
+                             "TRITON_INTERPRET is set to 0")
+        use_interpreter()
+    return requested
 
 
 def check_runtime(t: torch.Tensor, kernel) -> None:

@@ -356,6 +356,9 @@ class OpSpec:
     # Optional: the op's CUDA C++ kernels, which `speedlight inspect --impl cuda` compiles
     # with nvcc and holds to the designs in `kernels` (a CudaKernels).
     cuda: CudaKernels | None = None
+    # Optional: the configuration space its launchers ask `speedlight.launch.config` in (a
+    # speedlight.tuning.Configs of op `name`), which `speedlight tune` sweeps.
+    configs: Any = None
 
     def __post_init__(self):
         _check_fields(self)

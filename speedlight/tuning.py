@@ -1,5 +1,6 @@
-"""Tuned tables: the launch configuration `speedlight tune` chose per (GPU SKU, op, shape
-bucket), read by the ops at launch, so no autotuning ever runs in a user's step.
+"""Tuned tables and configuration spaces: the launch configuration `speedlight tune` chose per
+(GPU SKU, op, shape bucket), read by the ops at launch, so no autotuning ever runs in a
+user's step; and each op's space of configurations (`Configs`), which tune sweeps.
 
 Where they live (one JSON file per SKU, `<sku>.json`, e.g. `h100-sxm.json`):
   shipped  speedlight/tuned/ in the package (filled by GPU sessions, may be empty)
@@ -15,27 +16,25 @@ Format (FORMAT = 1):
          "median_us": 512.3, "rule_us": 540.1, "verified": true, ...}}}}
 Only "config" is read at launch; the rest records how the entry was chosen.
 
-When they are read: lazily, on the first launch that asks (`lookup`), once per SKU per
-process; never at import. A file that does not parse or does not have this shape is
-ignored with a TunedTableWarning naming it and what is wrong, and the ops fall back to
-their launch rules. `reload()` forgets what was read (after a tune run, or in tests).
+When they are read: lazily, on the first launch that asks (`speedlight.launch.config`,
+through `Configs.tuned` and `lookup`), once per SKU per process; never at import. A file
+that does not parse or does not have this shape is ignored with a TunedTableWarning naming
+it and what is wrong, and the ops fall back to their launch rules. `reload()` forgets what
+was read (after a tune run, or in tests).
 
-Which SKU a launch reads: the SKU `for_sku` names when active (tune and inspect size a
-CPU capture for a GPU with it), else the CUDA device's own (hardware.spec_for_device_name);
-under the interpreter, none: launches there use the rule.
+Which SKU a launch reads: the launch context's target's (`speedlight.launch.for_target`:
+tune and inspect size a CPU capture for a GPU with it), else the CUDA device's own
+(`speedlight.launch.launch_sku`); under the interpreter, none: launches there use the rule.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import threading
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
-
-import torch
+from typing import Any, Callable, Mapping, Sequence
 
 from speedlight import hardware
 
@@ -61,42 +60,6 @@ def shipped_path(sku: str) -> Path:
 
 def user_path(sku: str) -> Path:
     return user_dir() / f"{sku}.json"
-
-
-# --- which SKU a launch reads -------------------------------------------------------------
-
-_FOR_SKU: list[str | None] = []
-
-
-@contextlib.contextmanager
-def for_sku(sku: str | None):
-    """Inside, launches read the tuned tables of `sku` (a hardware.DEVICES key; None: no
-    table, the launch rules), whatever device their tensors are on."""
-    _FOR_SKU.append(sku)
-    try:
-        yield
-    finally:
-        _FOR_SKU.pop()
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_sku(index: int) -> str | None:
-    try:
-        return hardware.spec_for_device_name(torch.cuda.get_device_name(index)).key
-    except KeyError:
-        return None
-
-
-def launch_sku(device: torch.device | str | None) -> str | None:
-    """The SKU whose tables a launch on `device` reads (see the module docstring)."""
-    if _FOR_SKU:
-        return _FOR_SKU[-1]
-    if device is None:
-        return None
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    return _cuda_sku(device.index if device.index is not None else torch.cuda.current_device())
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -161,18 +124,16 @@ def tables(sku: str) -> dict[str, dict[str, dict]]:
         return _LOADED[sku]
 
 
-def lookup(op: str, bucket: str, device: torch.device | str | None) -> Mapping[str, Any] | None:
-    """The tuned config of `op` for `bucket` on the SKU a launch on `device` reads, or None."""
-    sku = launch_sku(device)
+def lookup(op: str, bucket: str, sku: str | None) -> Mapping[str, Any] | None:
+    """The tuned config of `op` for `bucket` in `sku`'s tables, or None (None for no SKU)."""
     if sku is None:
         return None
     entry = tables(sku).get(op, {}).get(bucket)
     return entry["config"] if entry is not None else None
 
 
-def source(op: str, bucket: str, device: torch.device | str | None) -> str | None:
-    """The file `op`'s tuned entry for `bucket` on `device`'s SKU was read from, or None."""
-    sku = launch_sku(device)
+def source(op: str, bucket: str, sku: str | None) -> str | None:
+    """The file `op`'s tuned entry for `bucket` in `sku`'s tables was read from, or None."""
     return _SOURCES.get(sku, {}).get((op, bucket)) if sku is not None else None
 
 
@@ -181,6 +142,56 @@ def reload() -> None:
     with _LOCK:
         _LOADED.clear()
         _SOURCES.clear()
+
+
+# --- configuration spaces ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Configs:
+    """The configuration space of op `op`'s kernels, for tuning: `space` maps each launch
+    parameter (BLOCK_M, num_warps, num_stages...) to its candidate values; `default(key)`
+    is the launcher's own choice for a key (the key: what the launcher knows of the launch,
+    its shape, dtype and GPU); `bucket(key)` names the tuned tables' entry a key falls in
+    (a string such as "m4096-n4096-k4096-bf16": shapes that share one configuration;
+    without it the tables are not read).
+
+    A launcher asks `speedlight.launch.config(CONFIGS, key, device)`, which consults the
+    launch context, then `tuned`, then `rule`; the op's OpSpec names it (`configs=`) for
+    `speedlight tune`."""
+
+    op: str
+    space: Mapping[str, Sequence[Any]]
+    default: Callable[[Any], Mapping[str, Any]] | None = None
+    bucket: Callable[[Any], str] | None = None
+    _warned: set = field(default_factory=set, compare=False, repr=False)
+
+    def rule(self, key) -> Mapping[str, Any] | None:
+        """The launcher's own choice for key (None without a default)."""
+        return self.default(key) if self.default is not None else None
+
+    def tuned(self, sku: str, key) -> Mapping[str, Any] | None:
+        """The tuned tables' entry of `sku` for key's bucket, or None (no bucket, no entry,
+        or an entry that is not a point of the space: warned once, the rule applies)."""
+        if self.bucket is None:
+            return None
+        bucket = self.bucket(key)
+        found = lookup(self.op, bucket, sku)
+        if found is None or self._usable(bucket, found, sku):
+            return found
+        return None
+
+    def _usable(self, bucket: str, config: Mapping[str, Any], sku: str) -> bool:
+        space = self.space
+        if set(config) == set(space) and all(config[k] in space[k] for k in space):
+            return True
+        if bucket not in self._warned:
+            self._warned.add(bucket)
+            where = source(self.op, bucket, sku) or "the tuned table"
+            warnings.warn(f"speedlight: {where}: the entry {bucket!r} of {self.op} is "
+                          f"not a point of its configuration space ({dict(config)}; expected "
+                          f"one value of each of {dict(space)}): ignored, the launch rule "
+                          f"applies", TunedTableWarning, stacklevel=4)
+        return False
 
 
 # --- writing ------------------------------------------------------------------------------

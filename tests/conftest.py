@@ -21,3 +21,16 @@ def device() -> torch.device:
 def needs_gpu(reason: str):
     """Skip marker for checks that only mean something (or only fit) on a GPU."""
     return pytest.mark.skipif(not ON_GPU, reason=reason)
+
+
+def gpu_target(sms: int = 132):
+    """A target for `launch.for_target` in sizing tests: an H100 SXM (132 SMs), or a
+    stand-in of it with `sms` SMs (a GPU speedlight has no datasheet of)."""
+    import dataclasses
+
+    from speedlight.target import resolve
+
+    h100 = resolve("h100-sxm")
+    if sms == h100.sku.sm_count:
+        return h100
+    return dataclasses.replace(h100, sku=dataclasses.replace(h100.sku, sm_count=sms))

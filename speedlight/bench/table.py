@@ -24,7 +24,8 @@ _NAMES = {SPEEDLIGHT: "speedlight (first impl.)", "torch-eager": "PyTorch eager"
           "torch-fused": "torch fused",
           "sdpa-flash": "SDPA flash", "sdpa-efficient": "SDPA efficient",
           "sdpa-cudnn": "SDPA cuDNN", "flex-attention": "FlexAttention",
-          "flash-attn": "flash-attn", "torch-grouped-mm": "torch._grouped_mm"}
+          "flash-attn": "flash-attn", "torch-grouped-mm": "torch._grouped_mm",
+          "torch-scaled-mm": "torch._scaled_mm", "cublas-bf16": "cuBLAS bf16"}
 _GENERAL = ("torch-eager", "torch-compile", "liger")  # always a column; the others when timed
 
 
@@ -64,7 +65,7 @@ def render(rows: Sequence[dict], source: str = "benchmarks/results", *,
         columns = [b for b in (SPEEDLIGHT, *BASELINES) if b in _GENERAL
                    or any(b in (r.get("speedup") or {}) for r in rs)]
         parts.append("| op | mode | dtype | cases timed | median % SOL | "
-                     + " | ".join(f"x {_NAMES[b]}" for b in columns) + " |")
+                     + " | ".join(f"x {_NAMES.get(b, b)}" for b in columns) + " |")
         parts.append("|---|---|---|---:|---:|" + "---:|" * len(columns))
         groups: OrderedDict = OrderedDict()
         for r in rs:

@@ -24,7 +24,7 @@ import torch
 
 from speedlight.inspect.case_report import CaseReport, DirectionBytes, KernelReport
 from speedlight.inspect.launches import Capture, capture_case, interpreter_work
-from speedlight.launch import sized_for
+from speedlight.launch import for_target
 from speedlight.spec import Case, KernelDesign, OpSpec
 from speedlight.target import Target
 
@@ -164,17 +164,19 @@ def aligned(spec: OpSpec, case: Case) -> bool:
     return spec.aligned_rows(case) and not case.flag("nonfinite")
 
 
-def survey(spec: OpSpec, cases: list[Case], target: Target, sm_count: int,
+def survey(spec: OpSpec, cases: list[Case], target: Target,
            device: torch.device | str = "cpu",
            max_bytes: int = 64 * 2**20) -> list[tuple[Case, Capture]]:
     """Each of `cases` captured dry (launches recorded, not run: this costs the inputs
-    only), cheapest first; skipped cases and cases moving more than max_bytes left out."""
+    only) with the launches a user of `target` gets (sized for it, with its tuned tables,
+    as inspect_cases captures them), cheapest first; skipped cases and cases moving more
+    than max_bytes left out."""
     device = torch.device(device)
     out = []
-    for case in sorted(cases, key=lambda c: spec.cost(c, "fwd").bytes):
-        if spec.skip(case, device) or spec.cost(case, "fwd").bytes > max_bytes:
-            continue
-        with sized_for(sm_count):
+    with for_target(target):
+        for case in sorted(cases, key=lambda c: spec.cost(c, "fwd").bytes):
+            if spec.skip(case, device) or spec.cost(case, "fwd").bytes > max_bytes:
+                continue
             out.append((case, capture_case(spec, case, device, arch=target.arch, mode="dry")))
     return out
 
@@ -191,8 +193,8 @@ def kernel_cases(surveyed: list[tuple[Case, Capture]]) -> list[Case]:
     return chosen
 
 
-def bytes_cases(spec: OpSpec, surveyed: list[tuple[Case, Capture]], target: Target,
-                sm_count: int, *, direction: str, budget: int,
+def bytes_cases(spec: OpSpec, surveyed: list[tuple[Case, Capture]], target: Target, *,
+                direction: str, budget: int,
                 device: torch.device | str = "cpu") -> tuple[list[Case], dict[tuple, int]]:
     """One case per launch plan of `direction` (the kernels it launches: a fused kernel, a
     looped one, a split pair...): the one with the most rows (OpSpec.rows; then the fewest
@@ -213,7 +215,7 @@ def bytes_cases(spec: OpSpec, surveyed: list[tuple[Case, Capture]], target: Targ
         order = sorted(cases, key=lambda c: (-spec.rows(c), spec.cost(c, "fwd").bytes))
         least = None
         for case in order:
-            with sized_for(sm_count):
+            with for_target(target):
                 sample = capture_case(spec, case, device, arch=target.arch, mode="sample",
                                       backward=direction == "bwd")
             work = interpreter_work(sample)

@@ -4,18 +4,16 @@ the launches, sized for the target's SKU; compile each for the target's arch) an
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import torch
 
-from speedlight import tuning
 from speedlight.hardware import DeviceSpec
 from speedlight.inspect import case_report, findings
 from speedlight.inspect.launches import Capture, capture_case, input_bytes, interpreter_work
 from speedlight.inspect.compile import TritonCompiler
 from speedlight.inspect.cuda_compile import NvccCompiler
-from speedlight.launch import sized_for
+from speedlight.launch import for_target
 from speedlight.spec import Case, OpSpec
 from speedlight.target import Target
 
@@ -31,18 +29,16 @@ SAMPLE_INPUT_BYTES = 64 * 2**20
 SMALLER_CASES, SMALLER_CASE_BYTES = 4, 16 * 2**20
 
 
-@contextlib.contextmanager
-def _sized(sku: DeviceSpec):
-    """The launches a user of that SKU gets: sized for it, with its tuned tables."""
-    with sized_for(sku.sm_count), tuning.for_sku(sku.key):
-        yield
+def _sized(target: Target):
+    """The launches a user of the target's SKU gets: sized for it, with its tuned tables."""
+    return for_target(target)
 
 
 def _dry(spec: OpSpec, case: Case, target: Target, sku: DeviceSpec,
          backward: bool) -> Capture:
     """The case's launches recorded on meta tensors (any size, in a moment); on CPU tensors
     when the op needs its inputs' values on the host (a meta tensor has none)."""
-    with _sized(sku):
+    with _sized(target):
         try:
             return capture_case(spec, case, "meta", arch=target.arch, mode="dry",
                                 backward=backward)
@@ -63,13 +59,13 @@ def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, sku
         if mode == "dry" or spec.skip(case, device) or \
                 input_bytes(spec, case) > SAMPLE_INPUT_BYTES:
             return _dry(spec, case, target, sku, backward), "dry"
-        with _sized(sku):
+        with _sized(target):
             sample = capture_case(spec, case, device, arch=target.arch, mode="sample",
                                   backward=backward)
         if interpreter_work(sample) > RUN_WORK_LIMIT:
             return sample, "sample"
         mode = "run"
-    with _sized(sku):
+    with _sized(target):
         return capture_case(spec, case, device, arch=target.arch, mode=mode,
                             backward=backward), mode
 
@@ -98,7 +94,7 @@ def bytes_on_a_smaller_case(spec: OpSpec, case: Case, capture: Capture, target: 
         if _plan(_dry(spec, c, target, sku, backward)) != plan:
             continue
         tried += 1
-        with _sized(sku):
+        with _sized(target):
             sample = capture_case(spec, c, "cpu", arch=target.arch, mode="sample",
                                   backward=backward)
             if interpreter_work(sample) > RUN_WORK_LIMIT:

@@ -10,6 +10,7 @@ from typing import Any, Mapping, NamedTuple
 import torch
 import triton
 
+from speedlight import launch, tuning
 from speedlight.launch import planned_sm_count
 from speedlight.spec import dtype_name
 
@@ -54,7 +55,7 @@ class LaunchConfig:
 
 
 class GemmKey(NamedTuple):
-    """What a GEMM launcher asks its op's configuration for (RegisteredOp.config)."""
+    """What a GEMM launcher asks its op's configuration for (launch.config)."""
 
     m: int
     n: int
@@ -82,17 +83,25 @@ def gemm_rule(key: GemmKey) -> dict[str, int]:
                          out_dtype=key.out_dtype, residual=key.epilogue_tile).as_config()
 
 
-def gemm_config(op, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, *,
-                operands: int = 1, out_dtype: torch.dtype | None = None,
-                residual: bool = False, store_dact: bool = False) -> LaunchConfig:
-    """The configuration a GEMM launch of registered op `op` uses: its tuned table's entry
-    for the shape on this GPU, else launch_config's rule (RegisteredOp.config). Under the
-    interpreter (no GPU planned) the rule alone: tables are per GPU."""
+def gemm_configs(op: str) -> tuning.Configs:
+    """The configuration space of GEMM op `op` (its tuned tables are its own): CONFIG_SPACE,
+    gemm_rule's choice by default, gemm_bucket's entries."""
+    return tuning.Configs(op, CONFIG_SPACE, default=gemm_rule, bucket=gemm_bucket)
+
+
+def gemm_config(configs: tuning.Configs, m: int, n: int, k: int, dtype: torch.dtype,
+                device: torch.device, *, operands: int = 1,
+                out_dtype: torch.dtype | None = None, residual: bool = False,
+                store_dact: bool = False) -> LaunchConfig:
+    """The configuration a GEMM launch of the op whose space is `configs` uses: the launch
+    context's forced one, else its tuned table's entry for the shape on this GPU, else
+    launch_config's rule (launch.config). Under the interpreter (no GPU planned) the rule
+    alone: tables are per GPU."""
     if planned_sm_count(device) is None:
         return launch_config(m, n, k, dtype, device, operands=operands, out_dtype=out_dtype,
                              residual=residual, store_dact=store_dact)
     key = GemmKey(m, n, k, dtype, out_dtype or dtype, residual or store_dact, operands, device)
-    return LaunchConfig.of(op.config(key, device))
+    return LaunchConfig.of(launch.config(configs, key, device))
 
 
 def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, *,
@@ -100,7 +109,7 @@ def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
                   residual: bool = False, store_dact: bool = False) -> LaunchConfig:
     """The rule: one configuration of CONFIG_SPACE per (M, N, K, dtype, device).
 
-    On a GPU (or the one spec.sized_for names), for `operands` b tiles per k-step (2: the
+    On a GPU (or the launch context's target), for `operands` b tiles per k-step (2: the
     gated kernel's gate and up):
       - K steps of 128 bytes per row (BLOCK_K 128 in fp8, 64 in 16-bit, 32 in fp32): one TMA box
         row of a 128-byte swizzled tile;

@@ -158,7 +158,7 @@ def _blocks(direction: str, head_dim: int, seq_q: int, dtype: torch.dtype,
             device: torch.device) -> dict:
     """Block sizes, warps and stages of one kernel: `fwd`, `dkdv` or `dq`.
 
-    On a GPU (or the one spec.sized_for names): FlashAttention-2's shapes for Hopper,
+    On a GPU (or the launch context's target): FlashAttention-2's shapes for Hopper,
     smaller tiles for head dim 256 and for fp32 (whose IEEE products run on FMA units) so
     no kernel spills; a forward of few queries (decode) takes 16-row blocks. Under the
     interpreter every program costs milliseconds: the largest tiles that stay cheap.
@@ -203,7 +203,7 @@ def _precision(dtype: torch.dtype) -> str:
 def _upcast(kernel, t: torch.Tensor) -> bool:
     """Whether to turn bf16 tiles to fp32 before tl.dot: under the interpreter only, whose
     bf16 dot is wrong (products of bf16 values are exact in fp32), and not when launches
-    are sized for a GPU (spec.sized_for: inspect captures there the kernel a GPU runs, whose
+    are sized for a GPU (launch.for_target: inspect captures there the kernel a GPU runs, whose
     bf16 dots must compile to tensor-core instructions)."""
     return (t.dtype == torch.bfloat16 and is_interpreted(kernel)
             and planned_sm_count(t.device) is None)

@@ -30,18 +30,16 @@ from speedlight.ops._checks import check_choice, check_same_device, check_tensor
 from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
 from speedlight.ops.glu import glu_bwd
 from speedlight.ops._gemm import (
-    CONFIG_SPACE,
     ensure_allocator,
-    gemm_bucket,
     gemm_config,
-    gemm_rule,
+    gemm_configs,
     precision,
     programs,
     tma_layout,
     use_tma,
 )
 from speedlight.ops.matmul import ACTIVATIONS, DESIGN, MODEL_TOKENS, matmul_fwd
-from speedlight.ops.registration import Configs, register_op
+from speedlight.ops.registration import register_op
 from speedlight.runtime import check_runtime, describe
 from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor
 
@@ -74,7 +72,7 @@ def gated_matmul_fwd(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor |
             h.zero_()
         return out, h
     check_runtime(x, _gated_matmul_kernel)
-    cfg = gemm_config(GATED_MATMUL, m, n, k, x.dtype, x.device, operands=2)
+    cfg = gemm_config(GATED_MATMUL_CONFIGS, m, n, k, x.dtype, x.device, operands=2)
     h1 = h[:, :n] if h is not None else out
     h2 = h[:, n:] if h is not None else out
     x_lay, g_lay, u_lay = tma_layout(x), tma_layout(wg), tma_layout(wu)
@@ -133,6 +131,9 @@ def _fake(x, w_gate, w_up, activation):
     return x.new_empty((x.shape[0], n)), x.new_empty((x.shape[0], 2 * n))
 
 
+# the GEMM space and rule, with tuned tables of its own (speedlight tune sweeps it)
+GATED_MATMUL_CONFIGS = gemm_configs("gated_matmul")
+
 GATED_MATMUL = register_op(
     "gated_matmul",
     forward=_train_fwd,
@@ -142,7 +143,6 @@ GATED_MATMUL = register_op(
     inference=_infer_fwd,
     backward=gated_matmul_bwd,
     grads=("x", "w_gate", "w_up"),
-    configs=Configs(CONFIG_SPACE, default=gemm_rule, bucket=gemm_bucket),
 )
 
 
@@ -312,4 +312,5 @@ SPEC = OpSpec(
     skip=skip_huge_on_cpu,
     aligned=lambda case: case.layout != "strided" and all(
         case[p] % 16 == 0 for p in ("m", "n", "k")),
+    configs=GATED_MATMUL_CONFIGS,
 )

@@ -46,7 +46,7 @@ def _halves(gate: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tensor, 
 
 def _tile(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of an elementwise tile: ~4K elements per program on a
-    GPU (or the one `launch.sized_for` names); large tiles under the interpreter, where each
+    GPU (or the launch context's target); large tiles under the interpreter, where each
     program costs milliseconds."""
     gpu = planned_sm_count(device) is not None
     max_tile, max_n = (4096, 1024) if gpu else (65536, 65536)

@@ -29,11 +29,9 @@ from speedlight.kernels.grouped_matmul import _grouped_matmul_dw_kernel, _groupe
 from speedlight.ops._checks import (FLOAT_DTYPES, check_bool, check_choice, check_same_device,
                                    check_same_dtype, check_tensor)
 from speedlight.ops._gemm import (
-    CONFIG_SPACE,
     ensure_allocator,
-    gemm_bucket,
     gemm_config,
-    gemm_rule,
+    gemm_configs,
     precision,
     programs,
     tma_layout,
@@ -41,7 +39,7 @@ from speedlight.ops._gemm import (
 )
 from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
 from speedlight.ops.matmul import ACTIVATIONS, DESIGN, _torch_activation, _torch_dact
-from speedlight.ops.registration import Configs, like, register_op
+from speedlight.ops.registration import like, register_op
 from speedlight.runtime import check_runtime, describe
 from speedlight.spec import Case, Cost, OpSpec, dtype_name, inject_nonfinite, rand_tensor
 
@@ -124,7 +122,7 @@ def grouped_matmul_fwd(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Te
     if k == 0 or n_groups == 0:
         return _without_launch(x, w, group_offsets, bias, activation, out_dtype, dact)
     check_runtime(x, _grouped_matmul_kernel)
-    cfg = gemm_config(GROUPED_MATMUL, max(1, m // n_groups), n, k, x.dtype, x.device,
+    cfg = gemm_config(GROUPED_MATMUL_CONFIGS, max(1, m // n_groups), n, k, x.dtype, x.device,
                       out_dtype=out_dtype, store_dact=store_dact)
     offs = group_offsets.contiguous()
     x_lay, w_lay = tma_layout(x), _w_tma(w)
@@ -188,7 +186,7 @@ def grouped_weight_grad(dz: torch.Tensor, x: torch.Tensor, group_offsets: torch.
     a, b = (x, dz) if flip else (dz, x)
     c = dw.transpose(1, 2) if flip else dw
     p, q = a.shape[1], b.shape[1]
-    cfg = gemm_config(GROUPED_MATMUL, p, q, max(1, m // n_groups), x.dtype, x.device)
+    cfg = gemm_config(GROUPED_MATMUL_CONFIGS, p, q, max(1, m // n_groups), x.dtype, x.device)
     a_lay, b_lay = tma_layout(a), tma_layout(b)
     tma = use_tma(x.device) and a_lay is not None and b_lay is not None
     if tma and x.device.type == "cuda":
@@ -251,6 +249,9 @@ def _like_weight(w: torch.Tensor) -> torch.Tensor:
     return w.new_empty(w.shape)
 
 
+# the GEMM space and rule, with tuned tables of its own (speedlight tune sweeps it)
+GROUPED_MATMUL_CONFIGS = gemm_configs("grouped_matmul")
+
 GROUPED_MATMUL = register_op(
     "grouped_matmul",
     forward=_train_fwd,
@@ -262,7 +263,6 @@ GROUPED_MATMUL = register_op(
     backward_fake=lambda dout, x, w, group_offsets, bias, dact: (
         like(x), _like_weight(w), like(bias)),
     grads=("x", "w", "bias"),
-    configs=Configs(CONFIG_SPACE, default=gemm_rule, bucket=gemm_bucket),
 )
 
 
@@ -406,8 +406,9 @@ def cases(suite: str) -> list[Case]:
     tile, strided and transposed operands (w as a [G, K, N] tensor transposed), each
     epilogue, rows past the last group, empty inputs; model: Mixtral-8x7B's and
     Qwen3-30B-A3B's expert projections at 4096, 16384 and 32768 routed tokens (times top-k
-    rows), uniform and skewed routing; full: model plus larger odd shapes and the 64-bit
-    case."""
+    rows), uniform and skewed routing; full: the model shapes at 4096 tokens only (the
+    larger ones draw gigabytes of float64 inputs: bench's model suite has them), larger
+    odd shapes and the 64-bit case."""
     shapes.check_suite(suite)
     if suite == "quick":
         return [
@@ -421,7 +422,7 @@ def cases(suite: str) -> list[Case]:
             _case(70, 140, 130, 3, routing="skewed"),
             _case(0, 16, 16, 4), _case(10, 16, 16, 0), _case(12, 16, 0, 3, bias=True, act="silu"),
         ]
-    out = _model_cases()
+    out = _model_cases() if suite == "model" else _model_cases(tokens=MOE_TOKENS[:1])
     if suite == "full":
         for m, n, k, g in ((257, 509, 1021, 7), (1031, 4093, 257, 64), (3, 17, 127, 2)):
             out += [_case(m, n, k, g), _case(m, n, k, g, "transposed"),
@@ -453,9 +454,11 @@ def make_inputs(case: Case, device) -> dict:
 
 def cost(case: Case, mode: str) -> Cost:
     """FLOPs over the rows in groups; bytes read every group's weight once (the routed
-    rows' experts: groups without rows are counted too) and write every row."""
+    rows' experts: groups without rows are counted too) and write every row. Only the
+    count of routed rows matters, so no routing is drawn (profile costs calls here)."""
     m, n, k, groups, e = case["m"], case["n"], case["k"], case["groups"], case.dtype.itemsize
-    routed = sum(group_sizes(case))
+    none = groups == 0 or (case.flag("routing") or "uniform") == "none"
+    routed = 0 if none else m - int(case.flag("tail") or 0)
     out = {"fp32": 4, "fp16": 2, "bf16": 2}.get(case.flag("out"), e)
     act = {None: (0, 0), "silu": (4, 6), "gelu_tanh": (9, 10), "gelu": (5, 6)}[case.flag("act")]
     bias_b = groups * n * e if case.flag("bias") else 0
@@ -517,4 +520,5 @@ SPEC = OpSpec(
     count_rows=lambda case: case["m"],
     aligned=lambda case: case.layout != "strided" and all(
         case[p] % 16 == 0 for p in ("n", "k")),
+    configs=GROUPED_MATMUL_CONFIGS,
 )

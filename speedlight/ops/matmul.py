@@ -28,11 +28,9 @@ import triton
 from speedlight import shapes
 from speedlight.kernels.matmul import _matmul_fp8_kernel, _matmul_kernel
 from speedlight.ops._gemm import (
-    CONFIG_SPACE,
     ensure_allocator,
-    gemm_bucket,
     gemm_config,
-    gemm_rule,
+    gemm_configs,
     precision,
     programs,
     tma_layout,
@@ -42,7 +40,7 @@ from speedlight.ops._checks import (FLOAT_DTYPES, check_bool, check_choice, chec
                                     check_tensor)
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
-from speedlight.ops.registration import Configs, like, register_op
+from speedlight.ops.registration import like, register_op
 from speedlight.runtime import check_runtime, describe
 from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, dtype_name, inject_nonfinite,
                              rand_tensor)
@@ -81,7 +79,7 @@ def matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
     check_runtime(a, _matmul_kernel)
     if scale_a is not None:
         check_fp8_base(a, b)
-    cfg = gemm_config(MATMUL, m, n, k, a.dtype, a.device, out_dtype=out_dtype,
+    cfg = gemm_config(MATMUL_CONFIGS, m, n, k, a.dtype, a.device, out_dtype=out_dtype,
                       residual=residual is not None, store_dact=store_dact)
     a_lay, b_lay = tma_layout(a), tma_layout(b)
     tma = (use_tma(a.device) and a_lay is not None and b_lay is not None
@@ -252,6 +250,9 @@ def _fake(a, b, bias, residual, activation, scale, out_dtype, scale_a=None, scal
             c.new_empty((), dtype=torch.float32) if return_amax else None)
 
 
+# the GEMM space and rule, with tuned tables of its own (speedlight tune sweeps it)
+MATMUL_CONFIGS = gemm_configs("matmul")
+
 MATMUL = register_op(
     "matmul",
     forward=_train_fwd,
@@ -263,7 +264,6 @@ MATMUL = register_op(
     backward_fake=lambda dc, a, b, bias, residual, dact, scale, scale_a, scale_b: (
         like(a), _like_layout(b), like(bias), like(residual)),
     grads=("a", "b", "bias", "residual"),
-    configs=Configs(CONFIG_SPACE, default=gemm_rule, bucket=gemm_bucket),
 )
 
 
@@ -620,4 +620,5 @@ SPEC = OpSpec(
     count_rows=lambda case: case["m"],
     aligned=lambda case: case.layout != "strided" and all(
         case[p] % 16 == 0 for p in ("m", "n", "k")),
+    configs=MATMUL_CONFIGS,
 )

@@ -35,6 +35,20 @@ Calling the returned `RegisteredOp` returns the public outputs (those not in `st
 one tensor, or a tuple. Launchers may return None for an optional output; the custom
 op carries an empty placeholder instead, since its outputs are tensors.
 
+Which gradients a call needs: a launcher parameter named `needs_grad` (annotated
+`list[bool]`) is given one flag per entry of `grads`, True where that input needs a
+gradient on this call (grad mode on and the input given and requiring grad), so a
+launcher skips work nobody asked for (no dW for a frozen weight). The caller never
+passes it: the forward's is filled in when the op is called, the backward's from autograd
+(`ctx.needs_input_grad`). The autograd rule returns None for every input that needs no
+gradient, whatever the backward computed.
+
+An op whose backward differs with a call's options registers one op per backward, and
+its public function chooses, as it chooses an in-place variant: linear_cross_entropy
+computes its gradients in the forward and scales them in the backward, except for
+reduction "none" or fp16 logits, where a second registration recomputes them in the
+backward with the upstream gradient.
+
 More than one implementation: `forward={"triton": f, "cuda": g}` (and `backward` the
 same keys); `op(..., impl="cuda")` forces one, `op(...)` runs `op.default`: the first
 verified one, until `set_default` installs another (a tuned table's or a measured per-GPU
@@ -52,14 +66,15 @@ mutates writes the first gradients of `grads` over the arguments it names, in or
 and returns the rest (none when it writes them all): `backward_mutates=("dy",)` with
 `grads=("x", "weight")` writes dx over dy and returns dw. A gradient written over is
 made contiguous first (a copy only when autograd hands over a strided or broadcast one).
+A backward that writes over what the forward saved (an output or an input) can run once
+per forward: a second backward through the same graph (retain_graph=True) is refused
+with an error naming the op.
 
-`configs`: the op's configuration space (block sizes, warps, stages) for tuning, and the
-hook a launcher asks for a tuned configuration: `op.config(key, device)` is, in order, the
-configuration `set_tuned` stored for that key, the entry of the tuned tables for
-`configs.bucket(key)` on the device's GPU (speedlight/tuning.py: read lazily on the first
-launch that asks, never at import), else `configs.default(key)` (the launcher's rule; None
-without one, and the launcher applies its rule itself). `speedlight tune` sweeps the space
-through `op.sweeping(config)`: inside, every launch of the op is given `config`.
+The launch context (speedlight/launch.py: the GPU launches are sized for, forced or tuned
+configurations) is saved with each forward and re-entered around its backward: autograd
+runs a GPU backward on a thread of its own, which does not see the caller's ContextVar.
+Launchers read it themselves (`launch.planned_sm_count`, `launch.config`); configuration
+spaces and tuned tables are speedlight/tuning.py's, not the registration's.
 
 Why torch.library.custom_op and not triton_op: triton_op lets torch.compile trace into
 Triton kernels, but only kernels launched through wrap_triton and only Triton ones; a
@@ -70,20 +85,19 @@ docs/DESIGN-NOTES.md.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import sys
 import typing
-import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from speedlight import tuning
+from speedlight import launch
 
 NAMESPACE = "speedlight"
+NEEDS_GRAD = "needs_grad"  # the launcher parameter given which gradients a call needs
 
 Launcher = Callable[..., Any]
 
@@ -99,20 +113,6 @@ def row_stats(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.numel() // n_cols if n_cols else 0,), dtype=torch.float32)
 
 
-@dataclass(frozen=True)
-class Configs:
-    """The configuration space of an op's kernels, for tuning: `space` maps each
-    launch parameter (BLOCK_M, num_warps, num_stages...) to its candidate values;
-    `default(key)` is the launcher's own choice for a key (the key: what the launcher
-    knows of the launch, its shape, dtype and GPU); `bucket(key)` names the tuned tables'
-    entry a key falls in (a string such as "m4096-n4096-k4096-bf16": shapes that share one
-    configuration; without it the tables are not read)."""
-
-    space: Mapping[str, Sequence[Any]]
-    default: Callable[[Any], Mapping[str, Any]] | None = None
-    bucket: Callable[[Any], str] | None = None
-
-
 @dataclass
 class RegisteredOp:
     """What register_op built: call it like the forward launcher (plus `impl=`)."""
@@ -124,14 +124,11 @@ class RegisteredOp:
     forward_op: Any
     backward_op: Any | None = None
     inference_op: Any | None = None
-    configs: Configs | None = None
     _apply: Callable[..., Any] | None = None
-    _grad_positions: tuple[int, ...] = ()
-    _n_params: int = 0  # the forward launcher's parameters (impl not counted)
-    _defaults: tuple = ()  # of the forward's trailing parameters that have one
-    _tuned: dict = field(default_factory=dict)
-    _sweep: list = field(default_factory=list)  # active sweeping() contexts, innermost last
-    _warned: set = field(default_factory=set)  # tuned-table buckets already warned about
+    _grad_groups: tuple[tuple[int, ...], ...] = ()  # positions of each entry of grads
+    _n_params: int = 0  # the caller's parameters (impl and needs_grad not counted)
+    _defaults: tuple = ()  # of the caller's trailing parameters that have one
+    _flags_at: int | None = None  # where the forward launcher takes needs_grad
     unverified: frozenset = frozenset()  # implementations no GPU run has verified yet
     default: str = ""  # the implementation op(...) runs; "": the first
 
@@ -157,8 +154,11 @@ class RegisteredOp:
         missing = self._n_params - len(args)
         if 0 < missing <= len(self._defaults):  # impl comes last: fill in the defaults
             args = args + self._defaults[len(self._defaults) - missing:]
-        if self.inference_op is not None and not self._needs_grad(args):
+        flags = self.grad_flags(args)
+        if self.inference_op is not None and not any(flags):
             return self.inference_op(*args, impl)
+        if self._flags_at is not None:
+            args = args[:self._flags_at] + (flags,) + args[self._flags_at:]
         out = self._apply(*args, impl)
         if not isinstance(out, tuple):
             return out
@@ -173,74 +173,13 @@ class RegisteredOp:
                              f"{', '.join(self.impls)}")
         return impl
 
-    def _needs_grad(self, args) -> bool:
-        if not torch.is_grad_enabled():
-            return False
-        return any(isinstance(args[i], torch.Tensor) and args[i].requires_grad
-                   for i in self._grad_positions if i < len(args))
-
-    def config(self, key, device: torch.device | str | None = None
-               ) -> Mapping[str, Any] | None:
-        """The configuration a launch with `key` on `device` uses: the one sweeping()
-        forces, else set_tuned's for key, else the tuned tables' entry for
-        configs.bucket(key) on the device's GPU, else configs.default(key) (None without
-        one: the launcher applies its rule)."""
-        if self._sweep:
-            sweep = self._sweep[-1]
-            chosen = sweep.config if sweep.config is not None else self._default(key)
-            sweep.asked.append((key, chosen))
-            return chosen
-        if key in self._tuned:
-            return self._tuned[key]
-        if self.configs is not None and self.configs.bucket is not None:
-            bucket = self.configs.bucket(key)
-            found = tuning.lookup(self.name, bucket, device)
-            if found is not None and self._usable(bucket, found, device):
-                return found
-        return self._default(key)
-
-    def _usable(self, bucket: str, config: Mapping[str, Any], device) -> bool:
-        """Whether a tuned table's config is a point of the op's space (warned once if not:
-        the launch rule applies instead)."""
-        space = self.configs.space
-        if set(config) == set(space) and all(config[k] in space[k] for k in space):
-            return True
-        if bucket not in self._warned:
-            self._warned.add(bucket)
-            where = tuning.source(self.name, bucket, device) or "the tuned table"
-            warnings.warn(f"speedlight: {where}: the entry {bucket!r} of {self.name} is "
-                          f"not a point of its configuration space ({dict(config)}; expected "
-                          f"one value of each of {dict(space)}): ignored, the launch rule "
-                          f"applies", tuning.TunedTableWarning, stacklevel=4)
-        return False
-
-    def _default(self, key) -> Mapping[str, Any] | None:
-        if self.configs is not None and self.configs.default is not None:
-            return self.configs.default(key)
-        return None
-
-    def set_tuned(self, table: Mapping[Any, Mapping[str, Any]]) -> None:
-        """Install tuned configurations (key -> launch parameters), e.g. from a tune run."""
-        self._tuned = dict(table)
-
-    @contextlib.contextmanager
-    def sweeping(self, config: Mapping[str, Any] | None = None):
-        """Inside, every launch of the op is given `config` (None: the launcher's default,
-        the rule, with no tuned table or set_tuned entry consulted); yields the list of
-        (key, configuration) the launches asked for, in order."""
-        sweep = _Sweep(config)
-        self._sweep.append(sweep)
-        try:
-            yield sweep.asked
-        finally:
-            self._sweep.remove(sweep)
-
-
-@dataclass
-class _Sweep:
-    config: Mapping[str, Any] | None
-    asked: list = field(default_factory=list)
-
+    def grad_flags(self, args) -> list[bool]:
+        """For each entry of grads, whether a call with `args` (the caller's, without
+        needs_grad) needs its gradient: grad mode on and the input a tensor requiring it."""
+        grad = torch.is_grad_enabled()
+        return [grad and any(i < len(args) and isinstance(args[i], torch.Tensor)
+                             and args[i].requires_grad for i in group)
+                for group in self._grad_groups]
 
 _REGISTERED: dict[str, RegisteredOp] = {}
 
@@ -259,7 +198,7 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
                 backward_fake: Callable[..., Any] | None = None,
                 inference: Launcher | Mapping[str, Launcher] | None = None,
                 mutates: Sequence[str] = (), backward_mutates: Sequence[str] = (),
-                optional_grads: bool = False, configs: Configs | None = None,
+                optional_grads: bool = False,
                 unverified: Sequence[str] = (), namespace: str = NAMESPACE) -> RegisteredOp:
     """Register op `name` (see the module docstring) and return its RegisteredOp.
 
@@ -281,7 +220,11 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
     params = list(inspect.signature(first).parameters.values())
     hints = typing.get_type_hints(first)
     in_names = [p.name for p in params]
-    defaults = tuple(p.default for p in params if p.default is not inspect.Parameter.empty)
+    # what the caller passes: the launcher's parameters but needs_grad, filled in per call
+    call_params = [p for p in params if p.name != NEEDS_GRAD]
+    call_names = [p.name for p in call_params]
+    defaults = tuple(p.default for p in call_params
+                     if p.default is not inspect.Parameter.empty)
 
     fwd_op = _custom_op(f"{namespace}::{name}_fwd", forward, fake, params, hints,
                         len(outputs), mutates)
@@ -289,32 +232,36 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
     if unknown or (forward and set(forward) <= set(unverified)):
         raise ValueError(f"{name}: unverified {list(unverified)} must name some, not all, of "
                          f"the implementations {sorted(forward)}")
-    op = RegisteredOp(name, outputs, stats, tuple(forward), fwd_op, configs=configs,
-                      _apply=fwd_op, _n_params=len(params), _defaults=defaults,
+    op = RegisteredOp(name, outputs, stats, tuple(forward), fwd_op,
+                      _apply=fwd_op, _n_params=len(call_params), _defaults=defaults,
+                      _flags_at=in_names.index(NEEDS_GRAD) if NEEDS_GRAD in in_names else None,
                       unverified=frozenset(unverified))
     _REGISTERED[name] = op
+
+    targets = [(g,) if isinstance(g, str) else tuple(g) for g in grads]
+    for group in targets:
+        for g in group:
+            if g not in call_names:
+                raise ValueError(f"{name}: grads names {g!r}, not a forward parameter "
+                                 f"({', '.join(call_names)})")
+    op._grad_groups = tuple(tuple(call_names.index(g) for g in group) for group in targets)
 
     if inference is not None:
         public_at = [i for i, o in enumerate(outputs) if o not in stats]
 
         def inference_fake(*args):
+            if op._flags_at is not None:  # the forward's fake, told no gradient is wanted
+                args = args[:op._flags_at] + ([False] * len(targets),) + args[op._flags_at:]
             out = fake(*args)
             out = out if isinstance(out, tuple) else (out,)
             picked = tuple(out[i] for i in public_at)
             return picked[0] if len(picked) == 1 else picked
 
         op.inference_op = _custom_op(f"{namespace}::{name}_infer", inference, inference_fake,
-                                     params, hints, len(public_at), mutates)
+                                     call_params, hints, len(public_at), mutates)
 
     if backward is None:
         return op
-    targets = [(g,) if isinstance(g, str) else tuple(g) for g in grads]
-    for group in targets:
-        for g in group:
-            if g not in in_names:
-                raise ValueError(f"{name}: grads names {g!r}, not a forward parameter "
-                                 f"({', '.join(in_names)})")
-    op._grad_positions = tuple(in_names.index(g) for group in targets for g in group)
     bfirst = next(iter(backward.values()))
     bparams = list(inspect.signature(bfirst).parameters.values())
     bhints = typing.get_type_hints(bfirst)
@@ -331,8 +278,8 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
     bwd_op = _custom_op(f"{namespace}::{name}_bwd", backward, backward_fake, used, bhints,
                         n_grads, backward_mutates)
     op.backward_op = bwd_op
-    rule = _AutogradRule(in_names, outputs, stats, plan, [p.name for p in used], targets,
-                         bwd_op, backward_mutates, optional_grads)
+    rule = _AutogradRule(name, in_names, outputs, stats, plan, [p.name for p in used],
+                         targets, bwd_op, backward_mutates, optional_grads)
     if mutates:
         op._apply = _function(name, fwd_op, rule)
     else:
@@ -411,7 +358,9 @@ def _backward_plan(name, bparams, in_names, outputs, stats) -> dict[str, tuple[s
     public = [o for o in outputs if o not in stats]
     plan = {}
     for p in bparams:
-        if p.name in outputs:
+        if p.name == NEEDS_GRAD:
+            plan[p.name] = ("needs_grad", p.name)
+        elif p.name in outputs:
             plan[p.name] = ("output", p.name)
         elif p.name.startswith("d") and p.name[1:] in public:
             plan[p.name] = ("grad", p.name[1:])
@@ -426,18 +375,22 @@ def _backward_plan(name, bparams, in_names, outputs, stats) -> dict[str, tuple[s
 
 
 def _default_backward_fake(name, bparams, targets, mutates):
-    targets = targets[len(mutates):]  # the gradients written over arguments are not returned
-    if not targets:
+    """Each returned gradient shaped like the backward argument of its name (None where
+    the backward's needs_grad says it is not wanted)."""
+    first = len(mutates)  # the gradients written over arguments are not returned
+    if not targets[first:]:
         return lambda *args: None
     names = [p.name for p in bparams]
-    missing = [g[0] for g in targets if g[0] not in names]
+    missing = [g[0] for g in targets[first:] if g[0] not in names]
     if missing:
         raise ValueError(f"{name}: give backward_fake: the gradients of {missing} are not "
                          f"shaped like a backward argument of the same name")
 
     def fake(*args):
         bound = dict(zip(names, args))
-        out = tuple(like(bound[g[0]]) for g in targets)
+        wanted = bound.get(NEEDS_GRAD) or [True] * len(targets)
+        out = tuple(like(bound[g[0]]) if wanted[i] else None
+                    for i, g in enumerate(targets) if i >= first)
         return out[0] if len(out) == 1 else out
     return fake
 
@@ -445,19 +398,24 @@ def _default_backward_fake(name, bparams, targets, mutates):
 class _AutogradRule:
     """setup_context and backward of one registered op, from the backward's plan."""
 
-    def __init__(self, in_names, outputs, stats, plan, bnames, targets, bwd_op, bmutates,
-                 optional_grads):
-        self.in_names, self.outputs, self.stats = in_names, outputs, stats
+    def __init__(self, name, in_names, outputs, stats, plan, bnames, targets, bwd_op,
+                 bmutates, optional_grads):
+        self.name, self.in_names, self.outputs, self.stats = name, in_names, outputs, stats
         self.public = [o for o in outputs if o not in stats]
         self.plan, self.bnames, self.targets = plan, bnames, targets
         self.bwd_op, self.bmutates, self.optional_grads = bwd_op, bmutates, optional_grads
-        self.saved = [n for n in bnames if plan[n][0] != "grad"]
+        self.saved = [n for n in bnames if plan[n][0] in ("input", "output")]
+        # saved values the backward writes over: it can run once per forward
+        self.consumes = [n for n in bmutates if plan[n][0] in ("input", "output")]
 
     def setup_context(self, ctx, inputs, output):
         output = output if isinstance(output, tuple) else (output,)
         values = dict(zip(self.in_names, inputs))
         values.update(zip(self.outputs, output))
         ctx.impl = inputs[-1]
+        # the launch context, for the backward (ContextVar.get breaks a compiled graph: under
+        # torch.compile launches are sized for the GPU they run on)
+        ctx.launch_context = None if torch.compiler.is_compiling() else launch.current()
         tensors = [n for n in self.saved if isinstance(values[n], torch.Tensor)]
         plain = {n: values[n] for n in self.saved if n not in tensors}
         ctx.tensor_names, ctx.plain = tensors, plain
@@ -477,8 +435,18 @@ class _AutogradRule:
         n_in = len(self.in_names) + 1  # + impl
         if all(grads[o] is None for o in self.public):
             return (None,) * n_in
+        if self.consumes:
+            if getattr(ctx, "consumed", False):
+                raise RuntimeError(
+                    f"{self.name}'s backward ran twice on one forward (retain_graph=True): "
+                    f"the first wrote the gradients over the forward's saved "
+                    f"{', '.join(self.consumes)}; run the forward again")
+            ctx.consumed = True
+        needs = ctx.needs_input_grad
         values = dict(zip(ctx.tensor_names, ctx.saved_tensors))
         values.update(ctx.plain)
+        values[NEEDS_GRAD] = [any(needs[self.in_names.index(n)] for n in group)
+                              for group in self.targets]
         args = [grads[self.plan[n][1]] if self.plan[n][0] == "grad" else values[n]
                 for n in self.bnames]
         written = ()
@@ -491,14 +459,19 @@ class _AutogradRule:
                     else:  # someone else may read it: written into a copy instead
                         args[i] = args[i].clone(memory_format=torch.contiguous_format)
             written = tuple(args[self.bnames.index(n)] for n in self.bmutates)
-        out = self.bwd_op(*args, ctx.impl)
+        if ctx.launch_context is None:
+            out = self.bwd_op(*args, ctx.impl)
+        else:
+            with launch.entered(ctx.launch_context):
+                out = self.bwd_op(*args, ctx.impl)
         out = out if isinstance(out, tuple) else () if out is None else (out,)
         out = written + out
         result = [None] * n_in
         for group, g in zip(self.targets, out):
             for n in group:
-                if not ctx.input_is_none[n]:
-                    result[self.in_names.index(n)] = g
+                i = self.in_names.index(n)
+                if needs[i] and not ctx.input_is_none[n]:
+                    result[i] = g
         return tuple(result)
 
 

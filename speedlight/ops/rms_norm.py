@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import triton
 
-from speedlight import shapes
+from speedlight import launch, shapes
 from speedlight.kernels.rms_norm import (
     _rms_norm_bwd_dx_kernel,
     _rms_norm_bwd_kernel,
@@ -36,16 +36,24 @@ from speedlight.ops import rms_norm_cuda as cuda
 from speedlight.ops._checks import check_bool, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
-from speedlight.ops.registration import Configs, like, register_op, row_stats
+from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.runtime import check_runtime
 from speedlight.spec import (Case, Cost, CudaKernels, CudaLaunch, KernelDesign, OpSpec,
                              dtype_name, inject_nonfinite, rand_tensor)
+from speedlight.tuning import Configs
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
 LOOP_BLOCK_N = 4096  # chunk of a longer row
 FWD_TILE = 8192  # elements per forward tile on a GPU: 16 KB of bf16 in flight per program
 FWD_WARPS_PER_SM = 32  # persistent forward: resident warps per SM the grid is sized for
 BWD_WARPS_PER_SM = 16  # persistent backward (it holds w, dw and two tiles: ~100 registers)
+
+# The persistent forward's tile and grid, keyed by (hidden, dtype, SM count); a tuned
+# table's entry per hidden size and dtype (`speedlight tune rms_norm` sweeps the space).
+RMS_NORM_CONFIGS = Configs(
+    "rms_norm", space={"tile": (2048, 4096, 8192, 16384), "warps_per_sm": (16, 32, 48, 64)},
+    default=lambda key: {"tile": FWD_TILE, "warps_per_sm": FWD_WARPS_PER_SM},
+    bucket=lambda key: f"hidden{key[0]}-{dtype_name(key[1])}")
 
 
 # --- launchers (usable without autograd) --------------------------------------------------
@@ -93,7 +101,8 @@ def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
     if n_cols <= MAX_FUSED_N:
         # Persistent: a grid of as many programs as fit (FWD_WARPS_PER_SM warps per SM)
         # walks the row tiles, so w is read once per program, not once per tile.
-        config = RMS_NORM.config((n_cols, x.dtype, planned_sm_count(x.device)), x.device)
+        config = launch.config(RMS_NORM_CONFIGS, (n_cols, x.dtype, planned_sm_count(x.device)),
+                               x.device)
         grid, block_m, block_n, num_warps = persistent_row_grid(
             n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, **config)
         _rms_norm_fwd_kernel[grid](
@@ -185,11 +194,6 @@ RMS_NORM = register_op(
     "rms_norm",
     **_RMS_NORM_OP,
     backward={"triton": rms_norm_bwd, "cuda": cuda.rms_norm_bwd},
-    # the persistent forward's tile and grid, keyed by (hidden, dtype, SM count); a tuned
-    # table's entry per hidden size and dtype
-    configs=Configs(space={"tile": (2048, 4096, 8192, 16384), "warps_per_sm": (16, 32, 48, 64)},
-                    default=lambda key: {"tile": FWD_TILE, "warps_per_sm": FWD_WARPS_PER_SM},
-                    bucket=lambda key: f"hidden{key[0]}-{dtype_name(key[1])}"),
 )
 
 
@@ -399,4 +403,5 @@ SPEC = OpSpec(
         **CUDA_DESIGNS,
     },
     cuda=CudaKernels(CUDA_SOURCE, cuda_launches),
+    configs=RMS_NORM_CONFIGS,
 )

@@ -43,7 +43,7 @@ def _tiles(n_tokens: int, q_heads: int, k_heads: int, half: int, n_pass: int, it
     """Block sizes: a [BLOCK_T tokens, BLOCK_H heads, BLOCK_R pairs] tile per step, q's heads
     then k's.
 
-    On a GPU (or the GPU launch.sized_for names), 128-bit accesses whatever the head counts:
+    On a GPU (or the launch context's target), 128-bit accesses whatever the head counts:
     every tile that fills a warp's vectors (q and k, a token tile's cos/sin rows, the
     pass-through dims) gives each thread one or two 16-byte vectors per load (pass-through
     dims, copied without conversion, may give more). Tokens per program are not cut to make

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from speedlight import shapes
+from speedlight import launch, shapes
 from speedlight.kernels.softmax import (
     _softmax_bwd_kernel,
     _softmax_bwd_looped_kernel,
@@ -22,15 +22,22 @@ from speedlight.launch import planned_sm_count, row_tile
 from speedlight.ops._checks import check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, rows_case, skip_huge_on_cpu
-from speedlight.ops.registration import Configs, like, register_op
+from speedlight.ops.registration import like, register_op
 from speedlight.runtime import check_runtime
 from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, dtype_name, inject_nonfinite,
                              rand_tensor)
+from speedlight.tuning import Configs
 
 MAX_FUSED_N = 16384
 LOOP_BLOCK_N = 4096
 FWD_TILE = 4096  # elements per program of the fused forward on a GPU (launch.row_tile's)
 SPLIT_SPAN = 16384  # columns per program when a row is split
+
+# The fused forward's elements per program on a GPU (row_tile: whole rows, one warp per 512
+# elements), keyed by (row length, dtype); a tuned table's entry per row length.
+SOFTMAX_CONFIGS = Configs("softmax", space={"tile": (1024, 2048, 4096, 8192, 16384)},
+                          default=lambda key: {"tile": FWD_TILE},
+                          bucket=lambda key: f"cols{key[0]}-{dtype_name(key[1])}")
 
 
 def _split_plan(n_rows: int, n_cols: int, device: torch.device) -> int:
@@ -83,8 +90,8 @@ def _softmax_rows_fwd(x2: torch.Tensor, y2: torch.Tensor) -> None:
     n_rows, n_cols = x2.shape
     strides = (x2.stride(0), x2.stride(1), y2.stride(0), y2.stride(1))
     if n_cols <= MAX_FUSED_N:
-        # on a GPU, the elements per program: the rule's or a tuned table's (SOFTMAX.config)
-        tile = (SOFTMAX.config((n_cols, x2.dtype), x2.device)["tile"]
+        # on a GPU, the elements per program: the rule's or a tuned table's (launch.config)
+        tile = (launch.config(SOFTMAX_CONFIGS, (n_cols, x2.dtype), x2.device)["tile"]
                 if planned_sm_count(x2.device) is not None else None)
         block_m, block_n, num_warps = row_tile(n_cols, x2.device, max_block_n=MAX_FUSED_N,
                                                max_tile=tile)
@@ -160,11 +167,6 @@ SOFTMAX = register_op(
     backward=softmax_bwd,
     backward_fake=lambda dy, y, dim: like(y),
     grads=("x",),
-    # the fused forward's elements per program on a GPU (row_tile: whole rows, one warp per
-    # 512 elements), keyed by (row length, dtype); a tuned table's entry per row length
-    configs=Configs(space={"tile": (1024, 2048, 4096, 8192, 16384)},
-                    default=lambda key: {"tile": FWD_TILE},
-                    bucket=lambda key: f"cols{key[0]}-{dtype_name(key[1])}"),
 )
 
 
@@ -264,4 +266,5 @@ SPEC = OpSpec(
                          "_softmax_bwd_split_write_kernel"),
                         KernelDesign(min_occupancy=0.5, bytes_ratio=1.7, why=_TWO_PASS_BWD)),
     },
+    configs=SOFTMAX_CONFIGS,
 )

@@ -1,5 +1,5 @@
-"""A mixture of experts' <Prefix>Experts module (transformers 5.x) on speedlight's gated
-unit: the forward the patch gives it, and the layout it reads."""
+"""A mixture of experts' <Prefix>Experts module (transformers 5.x) on speedlight's grouped
+GEMM and gated unit: the forward the patch gives it, and the layout it reads."""
 
 from __future__ import annotations
 
@@ -8,52 +8,46 @@ import importlib
 import torch
 
 
-def _per_expert(rows: torch.Tensor, weight: torch.Tensor, counts: list[int] | None) -> torch.Tensor:
-    """rows [pairs, D] grouped by expert (counts[e] rows each) @ weight[e]^T ([E, out, D])
-    -> [pairs, out]. counts None (fake tensors, routing unknown): the pairs spread evenly
-    over the experts, as one batched product that costs what the per-expert ones would."""
-    n_experts = weight.shape[0]
-    if counts is None:
-        share = -(-rows.shape[0] // n_experts)
-        padded = torch.nn.functional.pad(rows, (0, 0, 0, share * n_experts - rows.shape[0]))
-        # [E, share, D] @ [E, D, out] -> [E, share, out]
-        out = torch.bmm(padded.view(n_experts, share, -1), weight.transpose(1, 2))
-        return out.reshape(-1, weight.shape[1])[:rows.shape[0]]
-    hit = [(e, n) for e, n in enumerate(counts) if n]
-    if not hit:
-        return rows.new_empty(0, weight.shape[1])
-    return torch.cat([torch.nn.functional.linear(part, weight[e])
-                      for (e, _), part in zip(hit, rows.split([n for _, n in hit]))])
+def expert_routing(top_k_index: torch.Tensor, n_experts: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, group_offsets) of a router's choices [tokens, k]: the (token, slot) pairs
+    sorted by expert (stable: a token's pairs keep their order), and each expert's
+    cumulative end in that order, int32 [n_experts]. Indices outside [0, n_experts)
+    (expert-parallel sentinels) sort last, past the last expert's end, where
+    grouped_matmul writes zeros. Static shapes, no host sync (a CUDA graph can hold it)."""
+    flat = top_k_index.reshape(-1)
+    expert = torch.where((flat >= 0) & (flat < n_experts), flat, n_experts)
+    order = torch.argsort(expert, stable=True)
+    counts = torch.zeros(n_experts + 1, dtype=torch.int32, device=flat.device)
+    counts.scatter_add_(0, expert, torch.ones_like(expert, dtype=torch.int32))
+    return order, counts[:n_experts].cumsum(0, dtype=torch.int32)
 
 
 def experts_forward(op_name: str, op_kwargs: dict):
     """A mixture of experts' forward (transformers 5.x's <Prefix>Experts: gate_up_proj
-    [E, 2I, H], down_proj [E, H, I]) with every expert's gated unit in one speedlight launch.
+    [E, 2I, H], down_proj [E, H, I]) on speedlight's grouped GEMM and gated unit.
 
     The routing arrives as the module's arguments (top_k_index, top_k_weights [tokens, k])
-    and is used as it is: the (token, slot) pairs are sorted by expert, each expert's rows
-    are projected by its own gate_up_proj, the gated unit runs once over all of them
-    ([pairs, 2I] -> [pairs, I]), each expert's rows go through its down_proj, are weighted
-    and summed into their tokens. Indices >= num_experts (expert-parallel sentinels) are
-    skipped, as the module's own loop does. On tensors without values (the profile's
-    projection, fake tensors) the routing is unknown: the pairs are costed as spread evenly
-    over the experts."""
+    and is used as it is: the (token, slot) pairs are sorted by expert on the device
+    (expert_routing), gathered, projected by every expert's gate_up_proj in one
+    grouped_matmul launch, the gated unit runs once over all of them ([pairs, 2I] ->
+    [pairs, I]), every expert's down_proj in a second launch, then the routing weights and
+    an index_add_ into the tokens. Indices >= num_experts (expert-parallel sentinels) sort
+    past the last expert and contribute zeros, as the module's own loop skips them. No
+    host sync anywhere; on fake tensors (the profile's projection) the grouped GEMMs cost
+    every routed pair."""
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        from speedlight.patching.hf_attention import _has_values
+        from speedlight.ops.grouped_matmul import grouped_matmul
         op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
         k = top_k_index.shape[-1]
         with torch.no_grad():
-            flat = top_k_index.reshape(-1)
-            order = torch.argsort(flat, stable=True)
-            counts = None
-            if _has_values(flat):
-                n_experts = self.gate_up_proj.shape[0]
-                order = order[flat[order] < n_experts]  # pairs, grouped by expert
-                counts = torch.bincount(flat[order], minlength=n_experts).tolist()
+            order, offsets = expert_routing(top_k_index, self.gate_up_proj.shape[0])
             token = order // k
-        x = hidden_states[token]  # [pairs, H]
-        h = op(_per_expert(x, self.gate_up_proj, counts), None, **op_kwargs)  # [pairs, I]
-        out = _per_expert(h, self.down_proj, counts) * top_k_weights.reshape(-1)[order, None]
+        x = hidden_states[token].to(self.gate_up_proj.dtype)  # [pairs, H]
+        gate_up = grouped_matmul(x, self.gate_up_proj, offsets, check_offsets=False)
+        h = op(gate_up, None, **op_kwargs)  # [pairs, 2I] -> [pairs, I]
+        out = grouped_matmul(h, self.down_proj, offsets, check_offsets=False)  # [pairs, H]
+        out = out * top_k_weights.reshape(-1)[order, None]
         return torch.zeros_like(hidden_states).index_add_(0, token, out.to(hidden_states.dtype))
     return forward
 

@@ -6,7 +6,7 @@ it (`run_task`) gives one row per configuration examined:
 1. capture: the op runs on the case's inputs with no launch executed (inspect's recorder,
    mode "dry"), sized for the target's SKU, once under the launch rule (what runs today,
    and the shape bucket the launcher asks a configuration for) and once per candidate,
-   the candidate forced through RegisteredOp.sweeping. Candidates go nearest the rule
+   the candidate forced through launch.forcing. Candidates go nearest the rule
    first (one parameter changed, then two...), each parameter changed in turn, so a
    capped sweep still moves every parameter. A candidate whose launches are exactly an
    earlier one's (same compiled kernel, same grid) is a duplicate, not compiled again.
@@ -40,13 +40,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from speedlight import registry, results, target as targets, tuning
+from speedlight import launch, registry, results, target as targets
 from speedlight.inspect import case_report, findings
 from speedlight.inspect.compile import TritonCompiler
 from speedlight.inspect.launches import Launch, Recorder, intercept
-from speedlight.launch import sized_for
-from speedlight.ops.registration import RegisteredOp, registered
 from speedlight.spec import Case, OpSpec
+from speedlight.tuning import Configs
 
 # inspect's findings that reject a candidate (kind -> short name shown in the table)
 PRUNING = {"compile-error": "does not compile", "spill": "spills",
@@ -60,7 +59,7 @@ DEFAULT_MAX_COMPILES = 24
 class Task:
     """One shape of one op and the space to sweep on it, for one target."""
 
-    op: str  # the OpSpec's name (a RegisteredOp of that name declares the space)
+    op: str  # the OpSpec's name (its `configs` declares the space)
     case: Case
     target: str  # the arch compiled for (sm_90a)
     sku: str  # the SKU launches are sized for and the table is written for (h100-sxm)
@@ -79,13 +78,17 @@ class _Candidate:
     error: str = ""
 
 
-def configurable(spec: OpSpec) -> RegisteredOp:
-    """The registered op behind `spec` that declares a configuration space, or ValueError."""
-    op = registered(spec.name)
-    if op is None or op.configs is None or not op.configs.space:
-        raise ValueError(f"op {spec.name} declares no configuration space to tune: register it "
-                         f"with register_op(..., configs=Configs(space, default, bucket))")
-    return op
+def configurable(spec: OpSpec) -> Configs:
+    """The configuration space `spec` declares (OpSpec.configs), or ValueError."""
+    configs = spec.configs
+    if configs is None or not configs.space:
+        raise ValueError(f"op {spec.name} declares no configuration space to tune: give its "
+                         f"OpSpec configs=speedlight.tuning.Configs({spec.name!r}, space, "
+                         f"default, bucket), the space its launchers ask launch.config in")
+    if configs.op != spec.name:
+        raise ValueError(f"op {spec.name}: its OpSpec's configs are op {configs.op!r}'s; the "
+                         f"tuned tables are read and written under the op's own name")
+    return configs
 
 
 def tasks(spec: OpSpec, cases: Sequence[Case], tgt: targets.Target, *,
@@ -146,16 +149,15 @@ def _spec(task: Task) -> OpSpec:
     return registry.select([task.op], task.spec_files)[0]
 
 
-def _capture(spec: OpSpec, op: RegisteredOp, inputs: dict, config: dict | None,
+def _capture(spec: OpSpec, configs: Configs, inputs: dict, config: dict | None,
              tgt: targets.Target) -> _Candidate:
     """The op's forward launches on `inputs` with `config` forced (None: the rule), none
-    executed, sized for the target."""
+    executed (sized for the target: the caller entered launch.for_target)."""
     cand = _Candidate(dict(config) if config is not None else {})
     recorder = Recorder(tgt.arch, "dry")
     try:
-        with sized_for(tgt.sku.sm_count), tuning.for_sku(tgt.sku.key), \
-                op.sweeping(config) as asked, intercept(recorder), torch.no_grad(), \
-                warnings.catch_warnings():
+        with launch.forcing(configs.op, config) as asked, intercept(recorder), \
+                torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             spec.impl(**inputs)
     except Exception as e:  # the launcher refused the configuration: a rejection, said why
@@ -204,7 +206,7 @@ class _Staged:
 
     task: Task
     spec: OpSpec
-    op: RegisteredOp
+    configs: Configs
     tgt: targets.Target
     device: torch.device
     inputs: dict
@@ -222,32 +224,38 @@ def _prepare(task: Task, device: torch.device) -> _Staged | list[dict]:
     """Capture the rule and the candidates (the compile cap applied, duplicates found);
     the task's finished rows instead when the shape is skipped."""
     spec = _spec(task)
-    op = configurable(spec)
+    configs = configurable(spec)
     tgt = targets.resolve(task.target, task.sku, device)
+    with launch.for_target(tgt):  # the launches a user of the target's SKU gets
+        return _capture_candidates(task, spec, configs, tgt, device)
+
+
+def _capture_candidates(task: Task, spec: OpSpec, configs: Configs, tgt: targets.Target,
+                        device: torch.device) -> _Staged | list[dict]:
     base = {"tool": "tune", "op": spec.name, "case_id": task.case.id,
             "case": task.case.to_json(), "sku": tgt.sku.key, "target": tgt.arch_name}
     reason = spec.skip(task.case, device)
     if reason:
         return [dict(base, status="skip", reason=reason)]
-    space = dict(task.space) if task.space else dict(op.configs.space)
+    space = dict(task.space) if task.space else dict(configs.space)
     inputs = spec.make_inputs(task.case, device)
-    rule = _capture(spec, op, inputs, None, tgt)
+    rule = _capture(spec, configs, inputs, None, tgt)
     if rule.error:
         return [dict(base, status="error", reason=f"the op failed on this case: {rule.error}")]
     if not rule.launches or not rule.asked:
         why = ("no launch (an empty input, or a path without a kernel)" if not rule.launches
                else "its launcher asks for no configuration on this shape (a fixed rule there)")
         return [dict(base, status="skip", reason=why)]
-    base["bucket"] = op.configs.bucket(rule.key) if op.configs.bucket else None
+    base["bucket"] = configs.bucket(rule.key) if configs.bucket else None
     rule_config = rule.config
-    st = _Staged(task, spec, op, tgt, device, inputs, base, [], [], 0)
+    st = _Staged(task, spec, configs, tgt, device, inputs, base, [], [], 0)
     seen: dict[tuple, dict] = {}
     for config in ordered(space, rule_config):
         is_rule = config == rule_config
         if len(st.staged) >= task.max_compiles:
             st.over += 1
             continue
-        cand = rule if is_rule else _capture(spec, op, inputs, config, tgt)
+        cand = rule if is_rule else _capture(spec, configs, inputs, config, tgt)
         cand.config = config
         row = dict(base, config=config, rule=is_rule)
         if cand.error:
@@ -285,7 +293,7 @@ def _finish(st: _Staged, compiled: dict) -> list[dict]:
                          reason=f"{st.over} more configurations not examined: this shape's "
                                 f"share of --max-compiles ({st.task.max_compiles}) was spent"))
     if st.task.time:
-        _time_and_verify(st.spec, st.op, st.task.case, st.inputs, [r for _, r in st.staged],
+        _time_and_verify(st.spec, st.configs, st.task.case, st.inputs, [r for _, r in st.staged],
                          st.tgt, st.device)
     else:
         why = ("no GPU in use" if st.device.type != "cuda" else
@@ -318,7 +326,7 @@ def _stop_rule(device: torch.device):
     return StopRule(target_rse=0.02, min_samples=10, max_samples=100, time_cap_s=0.3)
 
 
-def _time(spec: OpSpec, op: RegisteredOp, inputs: dict, config: dict, device: torch.device,
+def _time(spec: OpSpec, configs: Configs, inputs: dict, config: dict, device: torch.device,
           flush) -> float:
     """Median microseconds of the op's forward (no gradient) with `config` forced."""
     from speedlight.bench.timer import clock_for, measure
@@ -326,31 +334,30 @@ def _time(spec: OpSpec, op: RegisteredOp, inputs: dict, config: dict, device: to
     def run(_k):
         return spec.impl(**inputs)
 
-    with op.sweeping(config), torch.no_grad():
+    with launch.forcing(configs.op, config), torch.no_grad():
         m = measure(run, clock=clock_for(device), rule=_stop_rule(device), flush=flush)
     return m.summary.median * 1e6
 
 
-def _time_and_verify(spec: OpSpec, op: RegisteredOp, case: Case, inputs: dict,
+def _time_and_verify(spec: OpSpec, configs: Configs, case: Case, inputs: dict,
                      examined: list[dict], tgt: targets.Target, device: torch.device) -> None:
     """Time the survivors and the rule; verify the fastest, the next fastest if it fails.
     On a CPU (tests only: the CLI times on the target GPU alone) the launches run under
     the interpreter sized for the target, and the rows say the times are not
     representative."""
-    import contextlib
-
     from speedlight.bench.timer import flush_for
     from speedlight.verify.harness import verify_case
 
     flush = flush_for(device)
-    sizing = sized_for(tgt.sku.sm_count) if device.type != "cuda" else contextlib.nullcontext()
-    with sizing:
+    # on a CPU sized for the target; on the GPU (the target, in use) its own sizing
+    with launch.for_target(tgt if device.type != "cuda" else None):
         timed = []
         for row in examined:
             if row["status"] != "survivor" and not row.get("rule"):
                 continue
             try:
-                row["median_us"] = round(_time(spec, op, inputs, row["config"], device, flush), 3)
+                row["median_us"] = round(_time(spec, configs, inputs, row["config"], device,
+                                               flush), 3)
             except Exception as e:  # a launch that fails on the GPU: rejected with the reason
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
@@ -364,7 +371,7 @@ def _time_and_verify(spec: OpSpec, op: RegisteredOp, case: Case, inputs: dict,
                 timed.append(row)
         rule_us = next((r.get("median_us") for r in examined if r.get("rule")), None)
         for row in sorted(timed, key=lambda r: r["median_us"]):
-            with op.sweeping(row["config"]):
+            with launch.forcing(configs.op, row["config"]):
                 verdict = verify_case(spec, case, device)
             row["verified"] = verdict.status
             if verdict.status == "pass":

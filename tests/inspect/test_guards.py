@@ -16,7 +16,7 @@ from speedlight import registry
 from speedlight.inspect import guard
 from speedlight.inspect.run import inspect_cases
 from speedlight.target import resolve
-from tests.inspect.conftest import GUARD_TABLE, SKU, TARGET
+from tests.inspect.conftest import GUARD_TABLE, TARGET
 
 TARGETS = [pytest.param(TARGET, id="sm_90a"), pytest.param(resolve("sm_100a"), id="sm_100a")]
 
@@ -41,7 +41,7 @@ _SURVEYS: dict = {}
 
 def surveyed(spec):
     if spec.name not in _SURVEYS:
-        _SURVEYS[spec.name] = guard.survey(spec, candidates(spec), TARGET, SKU.sm_count)
+        _SURVEYS[spec.name] = guard.survey(spec, candidates(spec), TARGET)
     return _SURVEYS[spec.name]
 
 
@@ -91,7 +91,7 @@ def test_kernels_compile_to_their_design(spec, target, compiler):
 def _bytes_guard(spec, compiler, direction: str, budget: int) -> list:
     """Measure each launch plan of `direction` at its affordable case; record the ratios in
     the guard table; return the directions measured and the shortfalls."""
-    cases, unaffordable = guard.bytes_cases(spec, surveyed(spec), TARGET, SKU.sm_count,
+    cases, unaffordable = guard.bytes_cases(spec, surveyed(spec), TARGET,
                                             direction=direction, budget=budget)
     _note_unmeasured(spec, direction, unaffordable, budget)
     assert cases, f"{spec.name}: no aligned case the interpreter can run within the budget"

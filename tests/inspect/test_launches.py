@@ -7,9 +7,10 @@ import triton
 import triton.language as tl
 
 from speedlight.inspect.launches import capture_case, interpreter_work
-from speedlight.launch import sized_for
+from speedlight.launch import for_target
 from speedlight.ops import rms_norm
 from speedlight.spec import Case
+from tests.conftest import gpu_target
 from tests.inspect.kernels import COPY
 
 
@@ -102,10 +103,10 @@ def test_design_key_ignores_the_ints_the_runtime_specialises():
     assert a.design_key() == b.design_key() and a.key("sm_90a") != b.key("sm_90a")
 
 
-def test_sized_for_gives_the_gpu_launch_on_a_cpu():
+def test_for_target_gives_the_gpu_launch_on_a_cpu():
     case = Case("rms_norm", {"rows": 600, "hidden": 4096}, dtype=torch.bfloat16)
     cpu = only(capture_case(rms_norm.SPEC, case, "cpu", arch=90, mode="dry", backward=False))
-    with sized_for(132):
+    with for_target(gpu_target(132)):
         gpu = only(capture_case(rms_norm.SPEC, case, "cpu", arch=90, mode="dry", backward=False))
     assert cpu.grid[0] <= 2
     # 2-row tiles of 16 warps, two persistent programs per SM
@@ -129,7 +130,7 @@ def test_the_forward_without_its_backward_is_the_training_forward():
     assert [l.direction for l in with_backward.launches] == ["fwd", "bwd"]
 
 
-def test_sized_for_rejects_nonsense():
+def test_for_target_rejects_nonsense():
     with pytest.raises(ValueError, match="sm_count"):
-        with sized_for(0):
+        with for_target(gpu_target(0)):
             pass

@@ -8,9 +8,10 @@ import torch
 import speedlight
 from speedlight import reference
 from speedlight.ops.attention import SPEC, attention_bwd, attention_fwd
-from speedlight.launch import sized_for
+from speedlight.launch import for_target
 from speedlight.spec import Case
 from speedlight.verify.harness import LaunchCounter
+from tests.conftest import gpu_target
 from tests.helpers import assert_verified, seeded
 
 
@@ -116,11 +117,11 @@ def test_split_kv_matches_one_pass(device):
 
 
 def test_gpu_sized_decode_splits_on_its_own(device):
-    """The launch a GPU of 132 SMs gets (spec.sized_for): one query against 1100 keys
+    """The launch a GPU of 132 SMs gets (launch.for_target): one query against 1100 keys
     fills the GPU only by splitting the keys; verified under the interpreter."""
     q, k, v = qkv(1, 1, 1, 1, 1100, 64, device=device)
     counter = LaunchCounter()
-    with sized_for(132), counter.active():
+    with for_target(gpu_target(132)), counter.active():
         o = speedlight.attention(q, k, v, causal=True)
     assert "_attention_combine_kernel" in counter.kernels
     torch.testing.assert_close(o, reference.attention(q, k, v, causal=True), rtol=1e-5, atol=1e-6)

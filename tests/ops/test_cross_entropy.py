@@ -7,7 +7,7 @@ import speedlight.nn as snn
 from speedlight import reference
 from speedlight.ops import cross_entropy as op
 from speedlight.verify.harness import LaunchCounter
-from tests.conftest import needs_gpu
+from tests.conftest import gpu_target, needs_gpu
 from tests.helpers import assert_rejected, case_maker, assert_verified, seeded
 
 SPEC = op.SPEC
@@ -37,11 +37,11 @@ def grad_of(fn, logits, *args, upstream=None, **kwargs):
     pytest.param(1, 20011, {"softcap": 30.0, "zloss": 0.01}, id="tokens1-vocab20011-split"),
 ])
 def test_gpu_sized_launches_match_float64(sms, tokens, vocab, flags, device):
-    """The block sizes and plans a GPU gets (launch.sized_for), verified under the
+    """The block sizes and plans a GPU gets (launch.for_target), verified under the
     interpreter: with 4 SMs five rows take the looped kernel, with 132 the split pair."""
-    from speedlight.launch import sized_for
+    from speedlight.launch import for_target
 
-    with sized_for(sms):
+    with for_target(gpu_target(sms)):
         assert_verified(SPEC, case(tokens, vocab, torch.bfloat16, **flags), device)
 
 

@@ -10,8 +10,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import speedlight
 import speedlight.nn as snn
 from speedlight.ops import linear_cross_entropy as op
-from speedlight.launch import sized_for
+from speedlight.launch import for_target
 from speedlight.verify.harness import LaunchCounter
+from tests.conftest import gpu_target
 from tests.helpers import DTYPES, assert_verified, case_maker, seeded
 
 SPEC = op.SPEC
@@ -142,7 +143,7 @@ def test_chunk_rule_on_a_gpu():
     """Llama 3's vocabulary in bf16 on a 132-SM H100: the budget (512 MiB of logits) gives
     2093 tokens, under the 16 per SM (2112) the d_weight matmul needs: 2112, then evened
     out over the 8 chunks that makes in multiples of 128: 2048."""
-    with sized_for(132):
+    with for_target(gpu_target(132)):
         n = op.chunk_tokens(16384, 128256, torch.bfloat16, "cpu")
         assert n == 2048
         ragged = op.chunk_tokens(10000, 128256, torch.bfloat16, "cpu")

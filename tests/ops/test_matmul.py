@@ -12,7 +12,8 @@ import speedlight.nn as snn
 from speedlight.inspect.launches import capture_case
 from speedlight.ops import _gemm as gemm
 from speedlight.ops import matmul as op
-from speedlight.launch import sized_for
+from speedlight.launch import for_target
+from tests.conftest import gpu_target
 from tests.helpers import DTYPES, assert_verified, case_maker, seeded
 
 SPEC = op.SPEC
@@ -105,7 +106,7 @@ def test_tf32_only_where_torch_allows_it():
 
 def test_launch_rule_picks_points_of_the_declared_space():
     dev = torch.device("cpu")
-    with sized_for(132):
+    with for_target(gpu_target(132)):
         decode = gemm.launch_config(1, 4096, 4096, torch.bfloat16, dev)
         big = gemm.launch_config(4096, 14336, 4096, torch.bfloat16, dev)
         fp32_out = gemm.launch_config(4096, 14336, 4096, torch.bfloat16, dev, out_dtype=torch.float32)
@@ -120,7 +121,7 @@ def test_launch_rule_picks_points_of_the_declared_space():
         assert cfg.block_k in gemm.CONFIG_SPACE["BLOCK_K"] and cfg.group_m in gemm.CONFIG_SPACE["GROUP_M"]
         assert cfg.num_warps in gemm.CONFIG_SPACE["num_warps"]
         assert cfg.num_stages in gemm.CONFIG_SPACE["num_stages"] and cfg.num_stages >= 3
-    with sized_for(132):
+    with for_target(gpu_target(132)):
         (fwd,) = _launch(case(2048, 4096, 64, torch.bfloat16, linear=True), backward=False)
     assert fwd.grid == (132, 1, 1)  # persistent: one program per SM, 256 tiles
 

@@ -11,7 +11,7 @@ import speedlight
 from speedlight.inspect.launches import capture_case
 from speedlight.ops import matmul as op
 from speedlight.verify import verify_case
-from tests.conftest import needs_gpu
+from tests.conftest import gpu_target, needs_gpu
 from tests.helpers import assert_rejected, assert_verified, case_maker
 
 FP8 = torch.float8_e4m3fn
@@ -194,10 +194,10 @@ def test_cost_counts_fp8_bytes():
 def test_launch_rule_gives_fp8_128_byte_k_steps_and_128_x_128_tiles():
     """BLOCK_K 128 (a 128-byte TMA row); 128 x 128 at prefill, since the partial sums
     promoted into a second fp32 accumulator spill at 128 x 256 (inspect: 96 bytes)."""
-    from speedlight.launch import sized_for
+    from speedlight.launch import for_target
     from speedlight.ops import _gemm as gemm
 
-    with sized_for(132):
+    with for_target(gpu_target(132)):
         prefill = gemm.launch_config(4096, 14336, 4096, FP8, torch.device("cpu"))
         decode = gemm.launch_config(16, 4096, 4096, FP8, torch.device("cpu"))
     assert (prefill.block_m, prefill.block_n, prefill.block_k, prefill.num_warps,

@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import speedlight
+from speedlight import launch
 from speedlight.ops import add_rms_norm, cross_entropy, layer_norm, registration, rms_norm
 
 
@@ -109,12 +110,80 @@ def test_schema_comes_from_the_launcher_with_impl_and_mutation():
         rms_norm.RMS_NORM(torch.ones(2, 4), None, 1e-6, 0.0, impl="cutlass")
 
 
-def test_config_hook_prefers_a_tuned_entry():
-    space = registration.Configs({"num_warps": (1, 2, 4)}, default=lambda key: {"num_warps": 4})
-    op = registration.RegisteredOp("toy", ("y",), (), ("triton",), None, configs=space)
-    assert op.config((4096, "bf16")) == {"num_warps": 4}
-    op.set_tuned({(4096, "bf16"): {"num_warps": 2}})
-    assert op.config((4096, "bf16")) == {"num_warps": 2} and op.config((8, "bf16")) == {"num_warps": 4}
+def _sizing_op(name: str, mutates: bool):
+    """A stand-in op whose forward and backward report the launch context they run under
+    (the SM count and SKU their launches are sized for) in `seen`."""
+    seen = []
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        seen.append(("fwd", launch.planned_sm_count(x.device), launch.launch_sku(x.device)))
+        if mutates:
+            x.mul_(1.0)
+        return x.clone()
+
+    def backward(dy: torch.Tensor) -> torch.Tensor:
+        seen.append(("bwd", launch.planned_sm_count(dy.device), launch.launch_sku(dy.device)))
+        return dy.clone()
+
+    op = registration.register_op(name, forward=forward, outputs=("y",), fake=registration.like,
+                                  backward=backward, grads=("x",),
+                                  backward_fake=lambda dy: registration.like(dy),
+                                  mutates=("x",) if mutates else (),
+                                  namespace="speedlight_tests")
+    return op, seen
+
+
+@pytest.mark.parametrize("mutates", [False, True], ids=["custom-op-autograd", "mutating-function"])
+def test_the_backward_runs_in_the_forwards_launch_context_on_another_thread(mutates):
+    """Autograd may run a backward on a thread of its own (a GPU's): the forward's launch
+    context (a stand-in GPU of 7 SMs) is kept with it and re-entered there, whatever the
+    context of the thread that runs the backward."""
+    import threading
+
+    from tests.conftest import gpu_target
+
+    op, seen = _sizing_op(f"sizing_{'mutating' if mutates else 'plain'}", mutates)
+    x = torch.ones(3, 4, requires_grad=True)
+    with launch.for_target(gpu_target(7)):
+        y = op(x.clone() if mutates else x)
+    errors = []
+
+    def run_backward():
+        try:
+            with launch.for_target(gpu_target(5)):  # not the forward's: ignored
+                y.sum().backward()
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    thread = threading.Thread(target=run_backward)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    assert seen == [("fwd", 7, "h100-sxm"), ("bwd", 7, "h100-sxm")]
+    assert torch.equal(x.grad, torch.ones(3, 4))
+    assert launch.planned_sm_count("cpu") is None  # nothing leaked into this thread
+
+
+def test_rms_norms_backward_on_another_thread_is_sized_for_the_forwards_target(device):
+    """A real launcher: rms_norm's backward grid (its dw partial sums, one program per few
+    rows) comes from the forward's target (7 SMs: 14 programs for 300 rows), not from the
+    thread the backward runs on (under the interpreter: 75; a GPU's own: its SM count)."""
+    import threading
+
+    from speedlight.inspect.launches import Recorder, intercept
+    from tests.conftest import gpu_target
+
+    x = torch.randn(300, 64, device=device, requires_grad=True)
+    w = torch.randn(64, device=device, requires_grad=True)
+    recorder = Recorder(90, "dry")
+    with intercept(recorder):
+        with launch.for_target(gpu_target(7)):
+            y = rms_norm.rms_norm(x, w)
+        thread = threading.Thread(target=lambda: y.sum().backward())
+        thread.start()
+        thread.join()
+    (bwd,) = [l for l in recorder.launches if l.kernel == "_rms_norm_bwd_kernel"]
+    assert bwd.grid[0] == 14
 
 
 def test_a_declaration_that_cannot_work_is_refused_when_registered():
@@ -134,3 +203,32 @@ def test_a_declaration_that_cannot_work_is_refused_when_registered():
         registration.register_op("bad_grads", forward=fwd, outputs=("y",),
                                  fake=registration.like, backward=lambda dy: dy, grads=("w",),
                                  namespace="speedlight_tests")
+
+
+def test_needs_grad_tells_both_launchers_which_gradients_a_call_needs():
+    """A launcher parameter `needs_grad` gets one flag per entry of grads (the caller never
+    passes it); the autograd rule returns None for an input that needs none."""
+    seen = []
+
+    def fwd(x: torch.Tensor, w: torch.Tensor, needs_grad: list[bool]) -> torch.Tensor:
+        seen.append(("fwd", list(needs_grad)))
+        return x * w
+
+    def bwd(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, needs_grad: list[bool]):
+        seen.append(("bwd", list(needs_grad)))
+        return dy * w if needs_grad[0] else None, dy * x if needs_grad[1] else None
+
+    op = registration.register_op(
+        "toy_needs_grad", forward=fwd, outputs=("y",), fake=lambda x, w, needs_grad: registration.like(x),
+        backward=bwd, grads=("x", "w"), namespace="speedlight_tests")
+    schema = str(torch.ops.speedlight_tests.toy_needs_grad_bwd.default._schema)
+    assert "bool[] needs_grad" in schema
+    x = torch.randn(3, requires_grad=True)
+    frozen = torch.randn(3)
+    op(x, frozen).sum().backward()
+    assert seen == [("fwd", [True, False]), ("bwd", [True, False])]
+    torch.testing.assert_close(x.grad, frozen)
+    seen.clear()
+    with torch.no_grad():
+        op(x, frozen)
+    assert seen == [("fwd", [False, False])]

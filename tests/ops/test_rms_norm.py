@@ -5,6 +5,7 @@ import speedlight
 import speedlight.nn as snn
 from speedlight import reference
 from speedlight.ops import rms_norm as op
+from tests.conftest import gpu_target
 from tests.helpers import (EXTREME_SCALES, FreshGradient, assert_rejected, assert_verified, case_maker,
                            relative_error, seeded)
 
@@ -94,11 +95,11 @@ def test_dw_reduced_over_many_programs(device):
     pytest.param(3, 20011, id="rows3-hidden20011-looped"),
 ])
 def test_gpu_sized_launches_match_float64(sms, rows, hidden, device):
-    """The block sizes and persistent grids a GPU gets (launch.sized_for), verified under the
+    """The block sizes and persistent grids a GPU gets (launch.for_target), verified under the
     interpreter: with one SM the persistent programs walk several tiles each."""
-    from speedlight.launch import sized_for
+    from speedlight.launch import for_target
 
-    with sized_for(sms):
+    with for_target(gpu_target(sms)):
         assert_verified(SPEC, case(rows, hidden, torch.bfloat16), device)
         assert_verified(SPEC, case(rows, hidden, torch.float32, weight=False), device)
 

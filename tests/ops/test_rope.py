@@ -6,6 +6,7 @@ import speedlight.nn as snn
 from speedlight import reference
 from speedlight.ops import rope as op
 from speedlight.verify.harness import LaunchCounter
+from tests.conftest import gpu_target
 from tests.helpers import assert_rejected, case_maker, assert_verified, seeded
 
 SPEC = op.SPEC
@@ -46,11 +47,11 @@ def test_guards_take_every_model_shape_as_aligned_rows():
     pytest.param((2, 9, 2, 1, 32, 32), "contiguous", {"bcast": True}, id="small-heads-bcast"),
 ])
 def test_gpu_sized_launches_match_float64(shape, layout, flags, device):
-    """The tiles a GPU gets (launch.sized_for), verified under the interpreter: programs of
+    """The tiles a GPU gets (launch.for_target), verified under the interpreter: programs of
     several tokens, q's head steps then k's, a k step with masked heads."""
-    from speedlight.launch import sized_for
+    from speedlight.launch import for_target
 
-    with sized_for(132):
+    with for_target(gpu_target(132)):
         for dtype in (torch.bfloat16, torch.float32):
             assert_verified(SPEC, case(*shape, dtype=dtype, layout=layout, **flags), device)
 

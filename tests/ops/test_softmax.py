@@ -5,6 +5,7 @@ import speedlight
 import speedlight.nn as snn
 from speedlight.ops import softmax as op
 from speedlight.spec import Case
+from tests.conftest import gpu_target
 from tests.helpers import assert_rejected, assert_verified, seeded
 
 SPEC = op.SPEC
@@ -65,10 +66,10 @@ def test_bad_input_is_named_and_launches_nothing(call, error, match, device):
     pytest.param(1, 3, 40000, id="1-sm-looped"),
 ])
 def test_gpu_sized_launches_match_float64(sms, rows, cols, device):
-    """The block sizes and split plans a GPU gets (launch.sized_for), verified under the
+    """The block sizes and split plans a GPU gets (launch.for_target), verified under the
     interpreter."""
-    from speedlight.launch import sized_for
+    from speedlight.launch import for_target
 
-    with sized_for(sms):
+    with for_target(gpu_target(sms)):
         assert_verified(SPEC, Case("softmax", {"rows": rows, "cols": cols}, dtype=torch.bfloat16),
                         device)

@@ -85,6 +85,28 @@ def test_experts_follow_the_given_routing_and_skip_sentinels():
     assert grads1[3][n - 1].abs().sum() == 0  # expert 3: no token, no gradient
 
 
+def test_patched_experts_hold_no_host_sync(monkeypatch):
+    """The patched experts' forward and backward read no value back to the host (what a
+    CUDA graph and torch.compile's fullgraph need): item, tolist, bool and nonzero raise."""
+    import types
+    from speedlight.patching.experts import experts_forward
+
+    experts = _experts("qwen3_moe")
+    experts.forward = types.MethodType(experts_forward("swiglu", {}), experts)
+    n = experts.gate_up_proj.shape[0]
+    x = torch.randn(5, experts.gate_up_proj.shape[2], requires_grad=True)
+    index = torch.tensor([[0, 1], [n, 0], [1, 1], [0, n - 1], [1, 0]])
+    weights = torch.rand(5, 2, requires_grad=True)
+
+    def sync(*args, **kwargs):
+        raise AssertionError("a host sync")
+
+    for name in ("item", "tolist", "__bool__", "nonzero"):
+        monkeypatch.setattr(torch.Tensor, name, sync)
+    y = experts(x, index, weights)
+    torch.autograd.grad(y.square().sum(), (x, weights, experts.gate_up_proj))
+
+
 def test_experts_in_another_layout_are_reported_not_patched():
     model = build("qwen2_moe")
     for m in model.modules():

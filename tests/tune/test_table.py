@@ -10,11 +10,12 @@ import torch
 
 from speedlight import tuning
 from speedlight.inspect.launches import Recorder, intercept
-from speedlight.launch import sized_for
+from speedlight.launch import for_target, launch_sku
 from speedlight.ops._gemm import launch_config
 from speedlight.ops.matmul import matmul
 from speedlight.ops.rms_norm import rms_norm
 from speedlight.tune import sweep
+from tests.conftest import gpu_target
 
 SKU = "h100-sxm"
 TUNED = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 8,
@@ -44,7 +45,7 @@ def tables(tmp_path, monkeypatch):
 def launched(fn, *args):
     """The configuration of each launch `fn(*args)` makes on an H100 (dry: nothing runs)."""
     rec = Recorder(90, "dry")
-    with sized_for(132), tuning.for_sku(SKU), intercept(rec), torch.no_grad():
+    with for_target(gpu_target(132)), intercept(rec), torch.no_grad():
         fn(*args)
     out = []
     for launch in rec.launches:
@@ -55,7 +56,7 @@ def launched(fn, *args):
 
 
 def rule(m, n, k):
-    with sized_for(132):
+    with for_target(gpu_target(132)):
         return launch_config(m, n, k, torch.bfloat16, torch.device("cpu")).as_config()
 
 
@@ -83,10 +84,10 @@ def test_the_users_entry_wins_over_the_shipped_one(tables, device):
 
 def test_no_table_is_read_under_the_interpreter_or_without_a_gpu(tables):
     tables("shipped", {"matmul": {"m64-n64-k64-bf16": {"config": TUNED}}})
-    assert tuning.launch_sku("cpu") is None
-    assert tuning.lookup("matmul", "m64-n64-k64-bf16", "cpu") is None
-    with tuning.for_sku(SKU):
-        assert tuning.lookup("matmul", "m64-n64-k64-bf16", "cpu") == TUNED
+    assert launch_sku("cpu") is None
+    assert tuning.lookup("matmul", "m64-n64-k64-bf16", launch_sku("cpu")) is None
+    with for_target(gpu_target(132)):
+        assert tuning.lookup("matmul", "m64-n64-k64-bf16", launch_sku("cpu")) == TUNED
 
 
 @pytest.mark.parametrize("text, says", [
