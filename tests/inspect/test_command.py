@@ -119,13 +119,13 @@ def test_dry_captures_a_real_size_case_on_meta_tensors():
     from speedlight import registry
     from speedlight.inspect.command import representative
     from speedlight.inspect.launches import capture_case
-    from speedlight.launch import sized_for
+    from speedlight.launch import for_target
 
     for name in ("linear_cross_entropy", "attention"):
         spec = next(s for s in registry.builtin_specs() if s.name == name)
         case = representative(spec, torch.bfloat16)
         assert spec.skip(case, torch.device("cpu")), "expected a case too large to run here"
-        with sized_for(132):
+        with for_target(TARGET):
             capture = capture_case(spec, case, "meta", arch=90, mode="dry")
         assert capture.launches and not any(l.measured for l in capture.launches)
         assert {a.kind for l in capture.launches for a in l.args} >= {"tensor", "int"}
