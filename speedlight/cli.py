@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 COMMANDS = {
@@ -31,24 +30,12 @@ COMMANDS = {
 }
 
 
-def select_device(requested: str = "auto") -> str:
-    """'cuda' or 'cpu'. On the CPU the Triton interpreter is switched on, which must happen
-    before the first kernel module is imported."""
-    import torch
-
-    if requested == "auto":
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    if requested != "cpu" and not requested.startswith("cuda"):
-        raise SystemExit(f"speedlight: --device takes auto, cuda, cuda:N or cpu; got {requested!r}")
-    if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("speedlight: --device cuda asked for, but torch sees no CUDA device")
-    if requested == "cpu":
-        if os.environ.get("TRITON_INTERPRET") in ("0", ""):
-            raise SystemExit("speedlight: --device cpu needs the Triton interpreter, but "
-                             "TRITON_INTERPRET is set to 0")
-        from speedlight.runtime import use_interpreter
-        use_interpreter()
-    return requested
+def _patch(model):
+    """speedlight.patch, handed to the commands that compare a model with speedlight's ops
+    swapped in (`profile --project`, `bench model`): no tool imports another, the CLI (a
+    composer) wires them."""
+    from speedlight.patching import patch
+    return patch(model)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_common(p)
+        p.set_defaults(patch=_patch)
         importlib.import_module(module).configure(p)
     return parser
 
@@ -86,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     # The runtime is chosen before the sub-commands are imported to build the parser: a
     # module they import may import triton, whose language functions (tl.cdiv...) are
     # compiled or interpreted as TRITON_INTERPRET says when triton is first imported.
+    from speedlight.runtime import select_device
+
     try:
         select_device(_requested_device(sys.argv[1:] if argv is None else argv))
     except SystemExit:

@@ -262,7 +262,7 @@ def _choose_runtime(device: str) -> None:
                            f"{os.environ.get('TRITON_INTERPRET')!r}, which a {device} sweep "
                            f"cannot use; run the sweep from a new driver process")
     if device == "cpu":
-        from speedlight.cli import select_device
+        from speedlight.runtime import select_device
         select_device("cpu")  # the interpreter on, its numerics set, as the CLI does
     elif interpreting:
         os.environ["TRITON_INTERPRET"] = "0"  # a node whose environment asks for it

@@ -49,6 +49,13 @@ _H100_DS = "NVIDIA H100 Tensor Core GPU datasheet (dense = half the sparsity fig
 _H100_WP = "NVIDIA H100 Hopper architecture whitepaper (GH100, SXM5 / PCIe product configs)"
 _H200_DS = "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column; dense)"
 _B200_DS = "NVIDIA HGX B200 datasheet, per GPU at 1000 W (dense = half the sparsity figures)"
+# B200's HBM3e as the driver reports it (cudaDeviceProp / nvidia-smi): a 7680-bit bus at a
+# 3996 MHz memory clock, double data rate: 7680 / 8 x 3996e6 x 2 = 7.672 TB/s. The
+# datasheet rounds this to 8 TB/s; a roof must be the rate the memory has.
+_B200_BUS_BITS, _B200_MEMORY_HZ = 7680, 3996e6
+_B200_BW = ("memory bus width (7680 bits) and memory clock (3996 MHz, double data rate) the "
+            "NVIDIA driver reports for B200 (cudaDeviceProp memoryBusWidth / memoryClockRate): "
+            "7.672 TB/s; the HGX B200 datasheet rounds it to 8 TB/s")
 _L4_DS = "NVIDIA L4 Tensor Core GPU datasheet (dense = half the sparsity figures)"
 _CUDA_GUIDE = "CUDA C++ Programming Guide, table 'Technical Specifications per Compute Capability'"
 
@@ -95,9 +102,10 @@ DEVICES: dict[str, DeviceSpec] = {
             sm_count=148,
             peak_flops={"fp32": 80 * T, "tf32": 1100 * T, "fp16": 2250 * T,
                         "bf16": 2250 * T, "fp8": 4500 * T},
-            dram_bandwidth=8.0 * TB, memory_bytes=180 * 10**9, l2_bytes=126 * 2**20,
+            dram_bandwidth=_B200_BUS_BITS / 8 * _B200_MEMORY_HZ * 2,
+            memory_bytes=180 * 10**9, l2_bytes=126 * 2**20,
             smem_per_sm=228 * 1024, smem_per_block=227 * 1024,
-            sources={"peak_flops": _B200_DS, "dram_bandwidth": _B200_DS + " (HBM3e)",
+            sources={"peak_flops": _B200_DS, "dram_bandwidth": _B200_BW,
                      "memory_bytes": _B200_DS, "sm_count": "NVIDIA Blackwell architecture technical brief",
                      "l2_bytes": "NVIDIA Blackwell architecture technical brief", "smem": _CUDA_GUIDE}),
         DeviceSpec(

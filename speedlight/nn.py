@@ -141,25 +141,29 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     forward(hidden, weight, target, bias=None) -> speedlight.linear_cross_entropy(...).
 
     Holds only the loss's options (ignore_index, reduction, label_smoothing, z_loss,
-    softcap, chunk_size); the lm_head's weight and bias are passed in, so a model keeps
-    its own lm_head (and its state-dict) unchanged.
+    softcap, chunk_size, and class_weight, a buffer as torch's loss `weight`); the
+    lm_head's weight and bias are passed in, so a model keeps its own lm_head (and its
+    state-dict) unchanged.
     """
 
     def __init__(self, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0, *, z_loss: float = 0.0,
-                 softcap: float | None = None, chunk_size: int | None = None):
+                 softcap: float | None = None, chunk_size: int | None = None,
+                 class_weight: torch.Tensor | None = None):
         super().__init__()
         check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
         self.ignore_index, self.reduction = ignore_index, reduction
         self.label_smoothing, self.z_loss, self.softcap = label_smoothing, z_loss, softcap
         self.chunk_size = chunk_size
+        self.register_buffer("class_weight", class_weight)
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
         return linear_cross_entropy(hidden, weight, target, bias,
                                     ignore_index=self.ignore_index, reduction=self.reduction,
                                     label_smoothing=self.label_smoothing, z_loss=self.z_loss,
-                                    softcap=self.softcap, chunk_size=self.chunk_size)
+                                    softcap=self.softcap, class_weight=self.class_weight,
+                                    chunk_size=self.chunk_size)
 
     def extra_repr(self) -> str:
         extra = f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"

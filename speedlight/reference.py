@@ -375,12 +375,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: torch.Tensor | None = None, *, ignore_index: int = -100,
                          reduction: str = "mean", label_smoothing: float = 0.0,
-                         z_loss: float = 0.0, softcap: float | None = None) -> torch.Tensor:
-    """cross_entropy(F.linear(hidden, weight, bias), target, ...): the logits in hidden's
-    dtype, as an lm_head computes them, then the loss as cross_entropy computes it."""
+                         z_loss: float = 0.0, softcap: float | None = None,
+                         class_weight: torch.Tensor | None = None,
+                         return_z_loss: bool = False, return_token_accuracy: bool = False,
+                         return_predicted_tokens: bool = False):
+    """cross_entropy(F.linear(hidden, weight, bias), target, ..., weight=class_weight): the
+    logits in hidden's dtype, as an lm_head computes them, then the loss (and the asked-for
+    extras) as cross_entropy computes them."""
     logits = torch.nn.functional.linear(hidden, weight, bias)
     return cross_entropy(logits, target, ignore_index, reduction, label_smoothing, z_loss,
-                         softcap)
+                         softcap, weight=class_weight, return_z_loss=return_z_loss,
+                         return_token_accuracy=return_token_accuracy,
+                         return_predicted_tokens=return_predicted_tokens)
 
 
 def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor,

@@ -2,18 +2,35 @@
 Triton interpreter (TRITON_INTERPRET=1 before the first kernel module is imported).
 
 `use_interpreter()` is the one place the interpreter runtime is chosen and made to compute
-as the GPU does; the CLI calls it at startup for `--device cpu`, and `check_runtime` on
-the first launch on CPU tensors (a script or test that set TRITON_INTERPRET itself).
+as the GPU does; `select_device` (the CLI at startup, a Ray worker) calls it for
+`--device cpu`, and `check_runtime` on the first launch on CPU tensors (a script or test
+that set TRITON_INTERPRET itself).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import warnings
 
 import torch
 
 _INTERPRETER_READY = False
+# Set while a launch capture records launches on meta tensors (shapes, no data) and runs
+# none: inspect's dry capture, which needs a launch's arguments, not its run.
+_RECORDING_ONLY = contextvars.ContextVar("speedlight_recording_only", default=False)
+
+
+@contextlib.contextmanager
+def recording_only():
+    """Inside, launchers accept meta tensors: every launch is recorded by a capture and
+    none runs (inspect's dry capture of a case at any size)."""
+    token = _RECORDING_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _RECORDING_ONLY.reset(token)
 
 
 def describe(t: torch.Tensor) -> str:
@@ -43,9 +60,29 @@ def use_interpreter() -> None:
     _INTERPRETER_READY = True
 
 
+def select_device(requested: str = "auto") -> str:
+    """'cuda' or 'cpu'. On the CPU the Triton interpreter is switched on, which must happen
+    before the first kernel module is imported."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested != "cpu" and not requested.startswith("cuda"):
+        raise SystemExit(f"speedlight: --device takes auto, cuda, cuda:N or cpu; got {requested!r}")
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("speedlight: --device cuda asked for, but torch sees no CUDA device")
+    if requested == "cpu":
+        if os.environ.get("TRITON_INTERPRET") in ("0", ""):
+            raise SystemExit("speedlight: --device cpu needs the Triton interpreter, but "
+                             "TRITON_INTERPRET is set to 0")
+        use_interpreter()
+    return requested
+
+
 def check_runtime(t: torch.Tensor, kernel) -> None:
     """CUDA tensors run compiled kernels; CPU tensors need the Triton interpreter (whose
-    numerics use_interpreter sets on the first CPU launch)."""
+    numerics use_interpreter sets on the first CPU launch); meta tensors only inside
+    recording_only (a capture records the launch, nothing runs)."""
+    if t.device.type == "meta" and _RECORDING_ONLY.get():
+        return
     if t.device.type == "cuda":
         if is_interpreted(kernel):
             raise RuntimeError(

@@ -198,6 +198,11 @@ class KernelDesign:
     buffers of its multi-buffered allocations in the TTGIR; 1: no pipeline required).
     Every kernel is also held to the target's shared memory per block (a kernel over it
     does not launch).
+
+    A design is written for the GPU its kernel was tuned on (sm_90a for speedlight's);
+    `per_arch` gives the design for another compute capability, as (arch, KernelDesign)
+    pairs (e.g. (100, ...): sm_100a's tcgen05 MMA, "UTCHMMA", whose accumulator lives in
+    tensor memory); for_arch picks it.
     """
 
     min_occupancy: float = 0.25
@@ -208,6 +213,12 @@ class KernelDesign:
     mma: str | None = None
     tma: bool = False
     min_stages: int = 1
+    per_arch: tuple = ()
+
+    def for_arch(self, arch: int | None) -> "KernelDesign":
+        """The design on compute capability `arch` (90, 100...): its per_arch entry, else
+        this one."""
+        return next((d for a, d in self.per_arch if a == arch), self)
 
 
 @dataclass(frozen=True)
@@ -389,8 +400,10 @@ class OpSpec:
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
         return self.tolerances.get(dtype, TOLERANCES.get(dtype, TOLERANCES[torch.float32]))
 
-    def design(self, kernel: str) -> KernelDesign:
-        return self.kernels.get(kernel, KernelDesign())
+    def design(self, kernel: str, arch: int | None = None) -> KernelDesign:
+        """What `kernel` was designed to compile to on compute capability `arch` (its
+        default design when None)."""
+        return self.kernels.get(kernel, KernelDesign()).for_arch(arch)
 
     def rows(self, case: Case) -> int:
         """The case's rows (tokens): the OpSpec's count_rows, else its first parameter."""

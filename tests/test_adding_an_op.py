@@ -1,6 +1,7 @@
 """docs/adding-an-op.md, followed step by step with a toy op: y = x * w + b over rows,
 a Triton kernel, a second ("cuda") implementation through an extension-style function,
-one registration, an OpSpec, and the tools' checks on it."""
+one registration, an OpSpec (weights laid out as the case says), and the tools' checks on
+it. The page's own example, scale_shift, runs from the page in tests/ops/contract.py."""
 
 from __future__ import annotations
 
@@ -22,15 +23,15 @@ from speedlight.verify.harness import LaunchCounter
 
 @triton.jit
 def _toy_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, stride_xm, stride_ym,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                    stride_w, stride_b, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """y = x * w + b. x_ptr, y_ptr [n_rows, n_cols] (row strides given, unit column
-    stride); w_ptr, b_ptr [n_cols]. BLOCK_N >= n_cols."""
+    stride); w_ptr, b_ptr [n_cols] (strides given). BLOCK_N >= n_cols."""
     offs_m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_N)
     mask = (offs_m < n_rows)[:, None] & (offs_n < n_cols)[None, :]
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :], mask=mask).to(tl.float32)
-    w = tl.load(w_ptr + offs_n, mask=offs_n < n_cols).to(tl.float32)
-    b = tl.load(b_ptr + offs_n, mask=offs_n < n_cols).to(tl.float32)
+    w = tl.load(w_ptr + offs_n * stride_w, mask=offs_n < n_cols).to(tl.float32)
+    b = tl.load(b_ptr + offs_n * stride_b, mask=offs_n < n_cols).to(tl.float32)
     y = x * w[None, :] + b[None, :]  # [BM, BN] * [1, BN] + [1, BN] -> [BM, BN]
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
              y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -47,7 +48,7 @@ def toy_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     x2, y2 = launch.as_rows(x, n_cols), y.view(-1, n_cols)
     block_m, block_n, num_warps = launch.row_tile(n_cols, x.device, max_block_n=4096)
     _toy_fwd_kernel[(triton.cdiv(x2.shape[0], block_m),)](
-        x2, w, b, y2, x2.shape[0], n_cols, x2.stride(0), y2.stride(0),
+        x2, w, b, y2, x2.shape[0], n_cols, x2.stride(0), y2.stride(0), w.stride(0), b.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     return y
 
@@ -109,11 +110,17 @@ def toy_reference(x, w, b, impl=None):
 
 # 5. the OpSpec ---------------------------------------------------------------------------
 
+def _vector(n: int, case: Case, device, salt: int) -> torch.Tensor:
+    """A [n] weight laid out as the case says: contiguous, else with stride 2."""
+    if case.layout == "contiguous":
+        return rand_tensor((n,), case, device, salt=salt)
+    return rand_tensor((n, 2), case, device, layout="contiguous", salt=salt)[:, 0]
+
+
 def _make_inputs(case: Case, device) -> dict:
     rows, cols = case["rows"], case["cols"]
     return {"x": rand_tensor((rows, cols), case, device),
-            "w": rand_tensor((cols,), case, device, layout="contiguous", salt=1),
-            "b": rand_tensor((cols,), case, device, layout="contiguous", salt=2),
+            "w": _vector(cols, case, device, 1), "b": _vector(cols, case, device, 2),
             "impl": case.flag("impl")}
 
 
@@ -127,7 +134,8 @@ def _cost(case: Case, mode: str) -> Cost:
 def _cases(suite: str) -> list[Case]:
     def case(rows, cols, layout="contiguous", **flags):
         return Case("toy", (("rows", rows), ("cols", cols)), layout=layout, flags=flags)
-    return [case(5, 33), case(3, 70, "strided"), case(4, 16, impl="cuda"), case(0, 8)]
+    return [case(5, 33), case(3, 70, "strided"), case(3, 40, "strided", impl="cuda"),
+            case(4, 16, impl="cuda"), case(0, 8)]
 
 
 SPEC = OpSpec(name="toy", impl=toy, reference=toy_reference, make_inputs=_make_inputs,

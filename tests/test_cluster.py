@@ -75,8 +75,8 @@ def _lost_sweep(tmp_path, cases, monkeypatch, fault):
                               spec=[], only_spec=False, max_gib=None, target=None, sku=None)
     spec = registry.builtin_spec("softmax")
     out = tmp_path / "verify.jsonl"
-    done = verify_on_cluster.verify_cases([spec], lambda s: cases, out, args, suite="quick",
-                                          say=lambda line: None)
+    done = verify_on_cluster.verify_on_ray([spec], lambda s: cases, out, args, suite="quick",
+                                           say=lambda line: None)
     return done, _rows(out)
 
 

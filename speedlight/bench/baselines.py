@@ -61,7 +61,8 @@ def _torch_linear_cross_entropy(inputs: dict):
 
     if not hasattr(F, "linear_cross_entropy") or not hasattr(torch.nn, "LinearCrossEntropyOptions"):
         return None, f"torch {torch.__version__} has no F.linear_cross_entropy"
-    missing = [k for k in ("z_loss", "softcap") if inputs.get(k)]
+    missing = [k for k in ("z_loss", "softcap", "return_z_loss", "return_token_accuracy",
+                           "return_predicted_tokens") if inputs.get(k)]
     if missing:
         return None, f"F.linear_cross_entropy has no {' or '.join(missing)}"
     if inputs.get("label_smoothing"):
@@ -70,13 +71,14 @@ def _torch_linear_cross_entropy(inputs: dict):
     options = torch.nn.LinearCrossEntropyOptions()
 
     def fn(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
-           label_smoothing=0.0, **_):
+           label_smoothing=0.0, class_weight=None, **_):
         loss = F.linear_cross_entropy(hidden, weight, target, linear_bias=bias,
-                                      reduction=reduction, ignore_index=ignore_index,
+                                      weight=class_weight, reduction=reduction,
+                                      ignore_index=ignore_index,
                                       label_smoothing=label_smoothing, options=options)
-        n_valid = (target != ignore_index).sum()
+        counted = (target != ignore_index).sum()
         if reduction == "mean":  # speedlight (and the reference) define a mean over nothing as 0
-            loss = torch.where(n_valid > 0, loss, torch.zeros_like(loss))
+            loss = torch.where(counted > 0, loss, torch.zeros_like(loss))
         return loss
     return fn, ""
 
@@ -86,7 +88,10 @@ TORCH_FUSED_ADAPTERS = {"linear_cross_entropy": _torch_linear_cross_entropy}
 
 
 @dataclass
-class Implementation:
+class Contender:
+    """One implementation a bench case times: speedlight's (one per OpSpec implementation)
+    or a baseline's, with the reason when it cannot run (spec.Implementation is an op's own
+    implementation, which bench times as a Contender)."""
     name: str
     fn: Callable | None  # takes the OpSpec's inputs as keyword arguments
     reason: str = ""  # why it is unavailable, when fn is None
@@ -122,7 +127,7 @@ class Baselines:
         self._compiled: dict[str, Callable] = {}
 
     def for_case(self, spec: OpSpec, case: Case, inputs: dict,
-                 device: torch.device | str = "cuda") -> list[Implementation]:
+                 device: torch.device | str = "cuda") -> list[Contender]:
         impls = self.speedlight(spec, torch.device(device))
         for name in self.names:
             if name in attention_baselines.NAMES and spec.name != "attention":
@@ -135,20 +140,20 @@ class Baselines:
         return impls
 
     @staticmethod
-    def speedlight(spec: OpSpec, device: torch.device) -> list[Implementation]:
+    def speedlight(spec: OpSpec, device: torch.device) -> list[Contender]:
         """Each of the OpSpec's implementations, labelled as its rows are (OpSpec.label);
         one that cannot run on `device` is kept, unavailable, with the reason."""
         out = []
         for name, implementation in spec.implementations.items():
             reason = implementation.unavailable(device) or ""
-            out.append(Implementation(spec.label(name), None if reason else implementation.fn,
-                                      reason, impl=name))
+            out.append(Contender(spec.label(name), None if reason else implementation.fn,
+                                 reason, impl=name))
         return out
 
     def _build(self, name: str, spec: OpSpec, case: Case, inputs: dict,
-               device: torch.device) -> Implementation:
+               device: torch.device) -> Contender:
         if name == EAGER:
-            return Implementation(EAGER, spec.reference)
+            return Contender(EAGER, spec.reference)
         if name == COMPILE:
             if spec.name not in self._compiled:
                 o = self.compile_options
@@ -156,39 +161,39 @@ class Baselines:
                 self._compiled[spec.name] = torch.compile(
                     spec.reference, backend=o.backend, dynamic=own.get("dynamic", o.dynamic),
                     mode=own["mode"] if "mode" in own else self.compile_mode(spec, device))
-            return Implementation(COMPILE, self._compiled[spec.name], checked=True)
+            return Contender(COMPILE, self._compiled[spec.name], checked=True)
         if name == TORCH_FUSED:
             peer = spec.peers.get("torch")
             if peer not in TORCH_FUSED_ADAPTERS:
-                return Implementation(TORCH_FUSED, None, f"torch has no fused function of {spec.name}")
+                return Contender(TORCH_FUSED, None, f"torch has no fused function of {spec.name}")
             fn, reason = TORCH_FUSED_ADAPTERS[peer](inputs)
-            return Implementation(TORCH_FUSED, fn, reason, checked=True)
+            return Contender(TORCH_FUSED, fn, reason, checked=True)
         if name in attention_baselines.NAMES:
             try:
-                return Implementation(name, attention_baselines.adapt(name, inputs, case, device),
-                                      checked=True)
+                return Contender(name, attention_baselines.adapt(name, inputs, case, device),
+                                 checked=True)
             except liger.Unsupported as e:
-                return Implementation(name, None, str(e))
+                return Contender(name, None, str(e))
         if name in gemm_baselines.NAMES:
             try:
                 fn = gemm_baselines.adapt(name, spec, inputs, device)
             except liger.Unsupported as e:
-                return Implementation(name, None, str(e))
-            return Implementation(name, fn, checked=name == gemm_baselines.SCALED_MM)
+                return Contender(name, None, str(e))
+            return Contender(name, fn, checked=name == gemm_baselines.SCALED_MM)
         if name in moe_baselines.NAMES:
             try:
-                return Implementation(name, moe_baselines.adapt(name, spec, case, inputs, device),
-                                      checked=True)
+                return Contender(name, moe_baselines.adapt(name, spec, case, inputs, device),
+                                 checked=True)
             except liger.Unsupported as e:
-                return Implementation(name, None, str(e))
+                return Contender(name, None, str(e))
         if device.type != "cuda":
-            return Implementation(LIGER, None, "Liger-Kernel runs on CUDA GPUs; it is not run "
-                                               "on the CPU interpreter")
+            return Contender(LIGER, None, "Liger-Kernel runs on CUDA GPUs; it is not run "
+                                          "on the CPU interpreter")
         try:
             fn, mutates = liger.adapt(spec, inputs, case)
         except liger.Unsupported as e:
-            return Implementation(LIGER, None, str(e))
-        return Implementation(LIGER, fn, mutates_inputs=mutates, checked=True)
+            return Contender(LIGER, None, str(e))
+        return Contender(LIGER, fn, mutates_inputs=mutates, checked=True)
 
     def compile_mode(self, spec: OpSpec, device: torch.device) -> str | None:
         """The torch.compile mode of an op's baseline: the one asked for, else max-autotune

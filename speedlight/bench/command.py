@@ -234,11 +234,11 @@ def _run(args: argparse.Namespace) -> int:
                 bench_cases(bench, specs, cases, out_path, budget_s=args.budget_s, on_case=on_case)
             else:
                 from speedlight.bench import on_cluster
-                on_cluster.bench_cases(specs, cases, out_path, args, settings=settings,
-                                       rule_overrides=overrides, baselines=baselines,
-                                       suite=args.suite, run_id=bench.run_id, on_case=on_case,
-                                       say=console.print,
-                                       on_total=lambda n: progress.update(task, total=n))
+                on_cluster.bench_on_ray(specs, cases, out_path, args, settings=settings,
+                                        rule_overrides=overrides, baselines=baselines,
+                                        suite=args.suite, run_id=bench.run_id, on_case=on_case,
+                                        say=console.print,
+                                        on_total=lambda n: progress.update(task, total=n))
     except cluster.ClusterError as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -344,7 +344,7 @@ def _model(args: argparse.Namespace) -> int:
 
     from speedlight import results
     from speedlight.bench import display, model_step
-    from speedlight.profile.models import ModelError
+    from speedlight.workloads.models import ModelError
     from speedlight.spec import parse_dtype
 
     if args.paths:
@@ -400,7 +400,7 @@ def _model(args: argparse.Namespace) -> int:
         console.print(f"  {row['variant']}: {what}")
     try:
         rows = model_step.run(s, named or model_step.VARIANTS, out_path, forced=named,
-                              on_row=on_row)
+                              on_row=on_row, patch=getattr(args, "patch", None))
     except ModelError as e:
         _fail(str(e))
     except KeyboardInterrupt:

@@ -143,12 +143,26 @@ def _cross_entropy(F, inputs: dict, case: Case):
 
 def _linear_cross_entropy(F, inputs: dict, case: Case):
     _need("linear_cross_entropy", inputs, "hidden", "weight", "target")
+    extras = [k for k in ("return_z_loss", "return_token_accuracy", "return_predicted_tokens")
+              if inputs.get(k)]
+    if extras:
+        raise Unsupported(f"the Liger mapping of linear_cross_entropy has no {', '.join(extras)}")
+    more = {}
+    if inputs.get("class_weight") is not None:
+        import inspect
+
+        if "ce_weight" not in inspect.signature(F.liger_fused_linear_cross_entropy).parameters:
+            raise Unsupported("this Liger's fused linear cross entropy has no class weights")
+        if inputs.get("z_loss"):
+            raise Unsupported("Liger's z-loss ignores the class weights (its mean divides it "
+                              "by the token count); speedlight weighs it like the target's term")
+        more["ce_weight"] = inputs["class_weight"]
 
     def fn(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
            label_smoothing=0.0, z_loss=0.0, softcap=None, **_):
         return F.liger_fused_linear_cross_entropy(
             hidden, weight, target, bias, ignore_index=ignore_index, lse_square_scale=z_loss,
-            label_smoothing=label_smoothing, reduction=reduction, softcap=softcap)
+            label_smoothing=label_smoothing, reduction=reduction, softcap=softcap, **more)
     return fn, False
 
 

@@ -22,9 +22,9 @@ activations; on a CPU "n/a": torch keeps no allocator peak there), and the loss 
 step, warm-up included: the loss curve. Each step's loss must be within 2% (bf16, fp16)
 or 0.1% (fp32) of the hf variant's at the same step; the row says whether it is.
 
-Importing patching/ and profile/models.py from bench/ is this module's exception to the
-layering (a whole-model step needs the model builder and the patch); both are imported
-inside the functions that use them.
+The model comes from speedlight.workloads (the builder the tools share); the speedlight
+variants' patch is handed in (`patch`, speedlight.patch from the CLI or the report), since
+no tool imports another.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def defaults(device: torch.device) -> dict:
 
 
 def _build(s: StepSettings):
-    from speedlight.profile import models
+    from speedlight.workloads import models
     size = "full" if s.device.type == "cuda" else "small"
     return models.build(s.model, batch=s.batch, seq=s.seq, train=True, dtype=s.dtype,
                         device=s.device, size=size, layers=s.layers, seed=s.seed)
@@ -94,7 +94,7 @@ def check_model(s: StepSettings) -> None:
     """models.ModelError (a ValueError) when --model names nothing that trains as a causal
     LM with labels; builds nothing on the device."""
     from speedlight import shapes
-    from speedlight.profile import models
+    from speedlight.workloads import models
     if s.model not in (None, models.DEFAULT) and s.model not in shapes.MODELS \
             and not str(s.model).endswith(".json"):
         raise models.ModelError(f"--model {s.model!r}: bench model takes a name from "
@@ -138,12 +138,14 @@ def _liger(model) -> Callable[[], None]:
     fn(model=model)
 
 
-def _prepare(variant: str, model, s: StepSettings) -> tuple[torch.nn.Module, list[str]]:
+def _prepare(variant: str, model, s: StepSettings,
+             patch: Callable | None) -> tuple[torch.nn.Module, list[str]]:
     notes: list[str] = []
     if variant.startswith("speedlight"):
         import warnings
 
-        from speedlight.patching import patch
+        if patch is None:
+            raise ValueError("the speedlight variants need speedlight.patch, handed in as patch=")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             report = patch(model)
@@ -165,8 +167,9 @@ def _peak_reset(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def run_variant(variant: str, s: StepSettings) -> dict:
-    """One variant's row: its timed steps, peak memory and loss curve (no agreement yet)."""
+def run_variant(variant: str, s: StepSettings, patch: Callable | None = None) -> dict:
+    """One variant's row: its timed steps, peak memory and loss curve (no agreement yet);
+    `patch` (speedlight.patch) makes the speedlight variants."""
     from speedlight.bench.stats import summarize
     from speedlight.bench.timer import clock_for
 
@@ -178,7 +181,7 @@ def run_variant(variant: str, s: StepSettings) -> dict:
                if variant == "liger" and family else contextlib.nullcontext())
     with restore:
         model.train()
-        model, notes = _prepare(variant, model, s)
+        model, notes = _prepare(variant, model, s, patch)
         opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
         batches = _batches(s, w.model.config.vocab_size, s.warmup + s.steps)
         clock = clock_for(s.device)
@@ -243,11 +246,12 @@ def agree(rows: list[dict], dtype: torch.dtype) -> None:
 
 
 def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Sequence[str] = (),
-        on_row: Callable[[dict], None] | None = None) -> list[dict]:
+        on_row: Callable[[dict], None] | None = None, patch: Callable | None = None) -> list[dict]:
     """Every variant's row, each appended to out_path (JSON lines) as it finishes, hf first
     (the others' loss agreement is judged against its row), so a run killed part way keeps
     the rows it finished. A variant that raises is an error row with the reason;
-    one skipped (compile or Liger on a CPU unless in `forced`, or past budget_s) says why."""
+    one skipped (compile or Liger on a CPU unless in `forced`, or past budget_s) says why.
+    `patch` (speedlight.patch, from the caller) makes the speedlight variants."""
     from speedlight import results
     from speedlight.spec import dtype_name
 
@@ -268,7 +272,7 @@ def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Seq
                    "reason": f"not started: the {s.budget_s:g} s budget was spent"}
         else:
             try:
-                row = run_variant(v, s)
+                row = run_variant(v, s, patch)
             except Exception as e:  # recorded with the reason; the other variants still run
                 # a peer that cannot run here is unavailable, not speedlight's failure
                 row = {"variant": v, "status": "error" if v in OURS else "unavailable",

@@ -48,9 +48,9 @@ def worker(payload: dict, device: str):
     return one
 
 
-def bench_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, settings,
-                rule_overrides: dict, baselines, suite: str, run_id: str | None = None,
-                on_case=None, say=print, on_total=None) -> list[dict]:
+def bench_on_ray(specs, cases_of, out_path: Path, args: argparse.Namespace, *, settings,
+                 rule_overrides: dict, baselines, suite: str, run_id: str | None = None,
+                 on_case=None, say=print, on_total=None) -> list[dict]:
     """bench's command.bench_cases over the Ray cluster --ray names: the rows, in the order
     the cases finished; each case's rows appended to out_path as they arrive."""
     import dataclasses

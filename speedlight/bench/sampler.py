@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from speedlight.bench.baselines import Implementation, is_speedlight
+from speedlight.bench.baselines import Contender, is_speedlight
 from speedlight.bench.timer import (Clock, GpuLead, L2Flush, Measurement, StopRule, capture_graph,
                                     flush_for, measure)
 from speedlight.bench.workload import restorer, work
@@ -79,7 +79,7 @@ class ImplTimer:
             self._lead = GpuLead(self.device)
         return self._lead
 
-    def time(self, impl: Implementation, spec: OpSpec, case: Case, mode: str, copies: list[dict],
+    def time(self, impl: Contender, spec: OpSpec, case: Case, mode: str, copies: list[dict],
              pristine: dict | None, upstream: list[torch.Tensor], reference: Any,
              use_graph: bool) -> dict:
         failed = "error" if is_speedlight(impl.name) else "unavailable"
@@ -115,7 +115,7 @@ class ImplTimer:
             return {"status": failed, "reason": f"raised {_error(e)}"}
         return self._latency_fields(m, peak, len(copies))
 
-    def _measure_graph(self, impl: Implementation, copies: list[dict], restore) -> Measurement:
+    def _measure_graph(self, impl: Contender, copies: list[dict], restore) -> Measurement:
         calls = self.graph_calls
         n = len(copies)
         with torch.no_grad():

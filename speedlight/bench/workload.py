@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from speedlight.bench.baselines import Implementation
+from speedlight.bench.baselines import Contender
 from speedlight.spec import OpSpec
 from speedlight.verify.harness import _as_tuple, _leaves
 
@@ -26,7 +26,7 @@ def restorer(copies: list[dict], pristine: dict) -> Callable[[int], None]:
     return restore
 
 
-def work(impl: Implementation, spec: OpSpec, mode: str, copies: list[dict],
+def work(impl: Contender, spec: OpSpec, mode: str, copies: list[dict],
          upstream: list[torch.Tensor], restore):
     """(prepare, run) for measure(); (reason, None) when the mode cannot run."""
     fn, n = impl.fn, len(copies)

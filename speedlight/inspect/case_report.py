@@ -1,6 +1,12 @@
-"""Put a case's launches, their compiled kernels and the OpSpec's costs together: per
-kernel resources, occupancy, waves, instruction mix and access widths; per direction the
-bytes moved against the compulsory bytes; and the findings (findings.py)."""
+"""The one report inspect makes of a case, whichever compiler built its kernels: per
+kernel the resources, occupancy, waves, instruction mix and per-source-line access widths;
+per direction the bytes moved against the compulsory bytes; and the findings
+(findings.py), the guard (guard.py), the rows (rows.py) and the tables (display.py) read
+only this.
+
+Two compilers feed it: Triton (a launch captured from the op's run, compiled by
+compile.TritonCompiler; analyse_kernel below) and nvcc (an OpSpec's CUDA C++ launches,
+compiled by cuda_compile.NvccCompiler; cuda.analyse)."""
 
 from __future__ import annotations
 
@@ -10,18 +16,19 @@ from dataclasses import dataclass, field
 
 from speedlight.hardware import DeviceSpec
 from speedlight.inspect import sass
-from speedlight.inspect.launches import Capture, Launch
-from speedlight.inspect.traffic import Site, source_line, statement_span
 from speedlight.inspect.compile import Compiled
-from speedlight.target import Target
+from speedlight.inspect.launches import Capture, Launch
 from speedlight.inspect.occupancy import Occupancy, Waves, occupancy
-from speedlight.spec import KernelDesign, OpSpec
+from speedlight.inspect.traffic import Site, source_line, statement_span
+from speedlight.spec import Case, CudaLaunch, KernelDesign, OpSpec
+from speedlight.target import Target
 
 
 @dataclass
 class Access:
-    """One global load or store in the source: what the interpreter saw it touch and what
-    SASS it compiled to."""
+    """One global load or store in the source: what it compiled to, and (Triton, under the
+    interpreter) what it touched. A CUDA C++ line is row data unless its source marks it
+    scalar (`marked`: classified by the source's marks, not measured)."""
 
     kind: str  # load | store
     arg: str  # kernel argument it touches ('?' when not measured)
@@ -31,24 +38,29 @@ class Access:
     possible_bits: int  # widest access the addresses allow (0: not measured)
     sass: sass.LineAccess | None
     site: Site | None
+    parameter: bool = False  # a 1-D tensor one block reads whole (a weight vector)
+    marked: bool = False  # row data unless `scalar` (CUDA C++: `// speedlight: scalar`)
+    scalar: bool = False  # narrower than the design by design (a marked line)
 
     @property
     def block_bytes(self) -> int:
         return self.site.numel * self.site.itemsize if self.site else 0
 
-    parameter: bool = False  # a 1-D tensor one block reads whole (a weight vector)
-
     @property
     def row_data(self) -> bool:
-        """Contiguous, 16-byte-aligned rows, at least a warp's worth of 16-byte accesses per
-        block (512 bytes): what the vector guard holds to full width. Not row data: a
-        per-row scalar (rstd of a few rows), or a parameter vector each program reads
-        whole once (w of [n_cols]), whose traffic the grid amortises."""
+        """What the vector guard holds to full width. Measured (Triton): contiguous,
+        16-byte-aligned rows, at least a warp's worth of 16-byte accesses per block (512
+        bytes); not a per-row scalar (rstd of a few rows), nor a parameter vector each
+        program reads whole once (w of [n_cols]), whose traffic the grid amortises.
+        Marked (CUDA C++): every line not marked scalar."""
+        if self.marked:
+            return not self.scalar
         return self.possible_bits >= 128 and self.block_bytes >= 512 and not self.parameter
 
     @property
     def bits(self) -> int:
-        """Narrowest width SASS uses for it (0 when it compiled to no global access)."""
+        """Narrowest width the machine code uses for it (0 when it compiled to no global
+        access)."""
         return self.sass.narrowest if self.sass else 0
 
     def to_json(self) -> dict:
@@ -56,19 +68,26 @@ class Access:
                 "line": self.line, "source": self.source, "possible_bits": self.possible_bits,
                 "sass": dict(self.sass.widths) if self.sass else {},
                 "bytes": self.site.bytes if self.site else None, "row_data": self.row_data,
-                "parameter": self.parameter}
+                "parameter": self.parameter, "scalar": self.scalar}
 
 
 @dataclass
 class KernelReport:
-    launch: Launch
-    compiled: Compiled
+    """One launch of one kernel, compiled for the target: a Triton launch (`launch` a
+    launches.Launch, `compiled` its Compiled) or a CUDA C++ one (`launch` a spec.CudaLaunch,
+    `function` its cuda_compile.Function)."""
+
+    launch: Launch | CudaLaunch
     design: KernelDesign
+    compiled: Compiled | None = None
+    function: object = None
+    error: str = ""  # it did not compile for the target (or is not in the binary)
+    num_warps: int = 0
     registers: int = 0
     spill_stores: int = 0
     spill_loads: int = 0
     stack: int = 0
-    smem: int = 0
+    smem: int = 0  # static + dynamic shared memory, bytes per program
     occupancy: Occupancy | None = None
     waves: Waves | None = None
     mix: sass.Mix | None = None
@@ -80,24 +99,72 @@ class KernelReport:
 
     @property
     def ok(self) -> bool:
-        return not self.compiled.error
+        return not self.error
+
+    @property
+    def cuda(self) -> bool:
+        return isinstance(self.launch, CudaLaunch)
+
+    @property
+    def name(self) -> str:
+        """The kernel's name; a CUDA template's with its instance (k<__nv_bfloat16>)."""
+        l = self.launch
+        return f"{l.kernel}<{l.instance}>" if self.cuda and l.instance else l.kernel
+
+    @property
+    def direction(self) -> str:
+        return self.launch.direction
+
+    @property
+    def programs(self) -> int:
+        return self.launch.grid if self.cuda else self.launch.programs
+
+    @property
+    def grid_text(self) -> str:
+        if self.cuda:
+            return f"{self.launch.grid} x {self.launch.threads}"
+        return "x".join(str(g) for g in self.launch.grid if g > 1) or "1"
+
+    def _launch_json(self) -> dict:
+        l = self.launch
+        if self.cuda:
+            return {"grid": l.grid, "threads": l.threads, "dynamic_smem": l.smem,
+                    "num_warps": self.num_warps,
+                    "function": self.function.demangled if self.function else None}
+        out = {"launch": l.index, "grid": list(l.grid), "programs": l.programs,
+               "num_warps": l.num_warps, "num_stages": l.num_stages,
+               "args": [a.to_json() for a in l.args], "signature": l.signature}
+        if l.measured:
+            out.update(loaded=l.loaded, stored=l.stored)
+        return out
 
     def to_json(self) -> dict:
-        l = self.launch
-        out = {"direction": l.direction, "launch": l.index, "kernel": l.kernel,
-               "grid": list(l.grid), "programs": l.programs, "num_warps": l.num_warps,
-               "num_stages": l.num_stages, "args": [a.to_json() for a in l.args],
-               "signature": l.signature, "error": self.compiled.error or None}
+        out = {"direction": self.direction, "kernel": self.name, **self._launch_json(),
+               "error": self.error or None}
         if self.ok:
             out.update(registers=self.registers, spill_stores=self.spill_stores,
                        spill_loads=self.spill_loads, stack=self.stack, smem=self.smem,
                        occupancy=self.occupancy.to_json(), waves=self.waves.to_json(),
                        sass=self.mix.to_json(), accesses=[a.to_json() for a in self.accesses],
                        has_dot=self.has_dot, stages=self.stages, smem_limit=self.smem_limit)
-        if l.measured:
-            out.update(loaded=l.loaded, stored=l.stored)
         out["findings"] = [f.to_json() for f in self.findings]
         return out
+
+
+def read_resources(report: KernelReport, resources: dict, smem: int, instrs: list,
+                   target: Target, sm_count: int) -> None:
+    """What every compiler's kernel reports alike: registers, spills and stack (ptxas's
+    resource report), shared memory, occupancy on the target's SM, waves of its grid on
+    `sm_count` SMs, and the instruction mix."""
+    report.registers = resources.get("registers", 0)
+    report.spill_stores = resources.get("spill_stores", 0)
+    report.spill_loads = resources.get("spill_loads", 0)
+    report.stack = resources.get("stack", 0)
+    report.smem = smem
+    report.occupancy = occupancy(target.limits, report.num_warps, report.registers, smem)
+    report.waves = Waves(report.programs, sm_count, report.occupancy.blocks_per_sm)
+    report.mix = sass.mix(instrs)
+    report.smem_limit = target.limits.smem_per_block
 
 
 @dataclass
@@ -111,30 +178,51 @@ class DirectionBytes:
     by_arg: dict  # tensor (its address range) -> {"arg", "kernels", "loaded", "stored", "size"}
     allowed: float  # most bytes per compulsory byte the kernels' designs allow
     why: str
+    # Measured on a smaller case with the same kernels (its label), the case itself being
+    # too large to run under the interpreter; then `size_compulsory` is the compulsory
+    # bytes of the case reported, at its own size.
+    measured_on: str = ""
+    size_compulsory: int = 0
 
     @property
     def ratio(self) -> float:
         return self.measured / self.compulsory if self.compulsory else float("nan")
 
     def to_json(self) -> dict:
-        return {"direction": self.direction, "measured_bytes": self.measured,
-                "compulsory_bytes": self.compulsory, "ratio": round(self.ratio, 4),
-                "allowed_ratio": self.allowed, "kernels": self.kernels,
-                "by_tensor": list(self.by_arg.values())}
+        out = {"direction": self.direction, "measured_bytes": self.measured,
+               "compulsory_bytes": self.compulsory, "ratio": round(self.ratio, 4),
+               "allowed_ratio": self.allowed, "kernels": self.kernels,
+               "by_tensor": list(self.by_arg.values())}
+        if self.measured_on:
+            out.update(measured_on=self.measured_on, size_compulsory_bytes=self.size_compulsory)
+        return out
 
 
 @dataclass
 class CaseReport:
+    """Everything inspect says of one (op, case, implementation) on a target."""
+
     op: str
-    case: object
+    case: Case
     target: Target
-    device: DeviceSpec
+    device: DeviceSpec  # the SKU launches are sized for
     kernels: list[KernelReport] = field(default_factory=list)
     directions: list[DirectionBytes] = field(default_factory=list)
     findings: list = field(default_factory=list)
     note: str = ""
     skipped: str = ""
-    error: str = ""  # the op raised while its launches were captured
+    error: str = ""  # the op raised while captured, or its source did not compile
+    impl: str = "triton"  # which implementation's kernels: triton | cuda
+    source: str = ""  # the CUDA C++ source compiled ('' for Triton: each kernel's own file)
+    binary_folder: object = None  # the CUDA cubin, SASS and ptxas log (for --dump)
+    sm_count: int = 0  # the SMs launches are sized for (0: the device's)
+
+    def __post_init__(self):
+        self.sm_count = self.sm_count or self.device.sm_count
+
+    @property
+    def language(self) -> str:
+        return "cuda" if self.impl == "cuda" else "triton"
 
     @property
     def all_findings(self) -> list:
@@ -153,22 +241,18 @@ def _same_file(a: str, b: str) -> bool:
 
 def analyse_kernel(launch: Launch, compiled: Compiled, target: Target, device: DeviceSpec,
                    design: KernelDesign) -> KernelReport:
-    report = KernelReport(launch, compiled, design)
+    """A Triton launch's KernelReport from its compiled kernel (findings are filled by
+    findings.case_findings)."""
+    report = KernelReport(launch, design, compiled, error=compiled.error)
     if compiled.error:
         return report
-    p = compiled.ptxas
-    report.registers = p.get("registers", 0)
-    report.spill_stores, report.spill_loads = p.get("spill_stores", 0), p.get("spill_loads", 0)
-    report.stack = p.get("stack", 0)
-    report.smem = int(compiled.meta.get("shared", 0) or 0) + p.get("smem_static", 0)
-    num_warps = int(compiled.meta.get("num_warps", launch.num_warps))
-    report.occupancy = occupancy(target.limits, num_warps, report.registers, report.smem)
-    report.waves = Waves(launch.programs, device.sm_count, report.occupancy.blocks_per_sm)
+    report.num_warps = int(compiled.meta.get("num_warps", launch.num_warps))
     instrs = sass.parse(compiled.text("sass"))
-    report.mix = sass.mix(instrs)
-    report.has_dot = "tt.dot" in compiled.text("ttir") or "tt.dot_scaled" in compiled.text("ttir")
+    smem = int(compiled.meta.get("shared", 0) or 0) + compiled.ptxas.get("smem_static", 0)
+    read_resources(report, compiled.ptxas, smem, instrs, target, device.sm_count)
+    ttir = compiled.text("ttir")
+    report.has_dot = "tt.dot" in ttir or "tt.dot_scaled" in ttir
     report.stages = pipeline_stages(compiled.text("ttgir"))
-    report.smem_limit = target.limits.smem_per_block
     report.accesses = _join(launch, sass.accesses_by_line(instrs))
     return report
 

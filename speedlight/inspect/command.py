@@ -12,7 +12,6 @@ without one.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import uuid
 from pathlib import Path
@@ -37,8 +36,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="write TTIR, TTGIR, LLIR, PTX, cubin and SASS of every kernel here")
     p.add_argument("--mode", default="auto", choices=("auto", "run", "sample", "dry"),
                    help="how launches run while captured: run (every program; bytes counted "
-                        "under the interpreter), sample (a few programs: layout only), dry (none); "
-                        "auto runs cases the interpreter can afford and samples the rest")
+                        "under the interpreter), sample (a few programs: layout only), dry "
+                        "(none: recorded on meta tensors at any size, bytes from a smaller "
+                        "case); auto runs cases the interpreter can afford, samples those "
+                        "whose inputs it can make, and records the rest dry")
     p.add_argument("--impl", default="auto", choices=("auto", "triton", "cuda", "all"),
                    help="which implementation's kernels: triton (captured from a run), cuda "
                         "(an OpSpec's CUDA C++ kernels, compiled with nvcc: no GPU needed), all; "
@@ -101,55 +102,75 @@ def _dt(case) -> str:
     return dtype_name(case.dtype)
 
 
-REPRESENTATIVE_BYTES = 256 * 2**20  # the inputs of a default case must fit a laptop
+REPRESENTATIVE_TOKENS = 4096
 
 
 def representative(spec, dtype):
     """The op's model-suite case of the first model in shapes.MODELS it covers (Llama 3 8B
-    for most ops) at 4096 tokens, or at 512 or 1 when that would move more than
-    REPRESENTATIVE_BYTES (a 128K-word vocabulary); else its first quick case."""
+    for most ops) at REPRESENTATIVE_TOKENS tokens (OpSpec.rows), whatever its size: a
+    launch is captured without running it where running is unaffordable, so any size
+    compiles on a CPU. An op whose model suite has no such case: its model case nearest
+    that many tokens, else its first quick case."""
     from speedlight import shapes
 
     order = {name: i for i, name in enumerate(shapes.MODELS)}
-    model = sorted(spec.cases("model") if "model" in spec.suites else [],
-                   key=lambda c: order.get(c.model, len(order)))
-    for tokens in (4096, 512, 1):
-        for c in model:
-            c = c.with_(dtype=dtype)
-            if c.params and spec.rows(c) == tokens and \
-                    spec.cost(c, "fwd").bytes <= REPRESENTATIVE_BYTES:
-                return c
+    model = [c for c in (spec.cases("model") if "model" in spec.suites else []) if c.params]
+    if model:
+        best = min(model, key=lambda c: (abs(spec.rows(c) - REPRESENTATIVE_TOKENS),
+                                         order.get(c.model, len(order))))
+        return best.with_(dtype=dtype)
     quick = spec.cases("quick") if "quick" in spec.suites else []
     if not quick:
         raise ValueError(f"op {spec.name} has no cases")
     return quick[0].with_(dtype=dtype)
 
 
-def _rows(report, env: dict, run_id: str) -> list[dict]:
-    base = {"tool": "inspect", "op": report.op, "implementation": "speedlight",
-            "case_id": report.case.id, "case": report.case.to_json(),
-            "target": report.target.arch_name, "sku": report.device.key,
-            "sm_count": report.device.sm_count, "run": run_id, **env}
+def rows(report, base: dict, implementation: str) -> list[dict]:
+    """inspect.jsonl rows of a report, whichever compiler built its kernels (`base`: what
+    every row of the run carries; `implementation`: what verify and bench rows call the
+    implementation, OpSpec.label)."""
+    base = dict(base, op=report.op, implementation=implementation, impl=report.impl,
+                language=report.language, case_id=report.case.id, case=report.case.to_json(),
+                target=report.target.arch_name, sku=report.device.key,
+                sm_count=report.sm_count, **({"source": report.source} if report.source else {}))
     if report.skipped or report.error or not report.kernels:
         status = "skip" if report.skipped else "error" if report.error else "no-launch"
         return [dict(base, level="case", status=status,
-                     reason=report.skipped or report.error or report.note)]
-    rows = [dict(base, level="kernel", note=report.note, **k.to_json()) for k in report.kernels]
-    rows += [dict(base, level="bytes", **d.to_json(),
-                  findings=[f.to_json() for f in report.findings
-                            if f.kernel == "+".join(d.kernels)]) for d in report.directions]
-    return rows
+                     reason=report.skipped or report.error or report.note or
+                     f"no {report.language} launch for this case")]
+    out = [dict(base, level="kernel", note=report.note, **k.to_json()) for k in report.kernels]
+    out += [dict(base, level="bytes", **d.to_json(),
+                 findings=[f.to_json() for f in report.findings
+                           if f.kernel == "+".join(d.kernels)]) for d in report.directions]
+    return out
 
 
 def _dump(report, folder: Path) -> int:
+    """Every stage of each Triton kernel (TTIR to SASS), or the cubin, SASS and ptxas log
+    of a CUDA C++ source, under folder/op/case."""
+    import shutil
+
+    if report.error or not report.kernels:
+        return 0
+    if report.impl == "cuda":
+        dest = folder / report.op / f"{report.case.id}-cuda"
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("kernel.cubin", "kernel.sass", "ptxas.log"):
+            shutil.copyfile(report.binary_folder / name, dest / name)
+        return len(report.kernels)
     n = 0
     for k in report.kernels:
-        if k.compiled.error:
+        if k.error:
             continue
         stem = f"{k.launch.direction}{k.launch.index}-{k.compiled.name}"
         k.compiled.dump(folder / report.op / report.case.id, stem)
         n += 1
     return n
+
+
+def _label(spec, impl: str) -> str:
+    """The implementation's name in rows, as verify and bench give it (OpSpec.label)."""
+    return spec.label(impl) if impl in spec.implementations else f"speedlight-{impl}"
 
 
 def _wants_triton(spec, impl: str) -> bool:
@@ -165,44 +186,13 @@ def _wants_cuda(spec, impl: str) -> bool:
     return impl in ("cuda", "all") or impl == "auto" and spec.cuda.of_impl
 
 
-def _inspect_cuda(work: list, target, backward: bool) -> list:
-    """The CUDA C++ kernels of each (spec, case), compiled with nvcc for `target` (each
-    source once) and judged; without `backward`, forward launches only."""
-    from speedlight.inspect import cuda
-    from speedlight.inspect.cuda_compile import Compiler
-
-    compiler = Compiler()
-    out = []
-    for spec, case in work:
-        kernels = spec.cuda
-        if not backward:
-            kernels = dataclasses.replace(kernels, launches=lambda c, n, f=kernels.launches: [
-                l for l in f(c, n) if l.direction == "fwd"])
-        out.append(cuda.inspect_case(spec.name, kernels, spec.kernels, case, target,
-                                     target.sm_count, compiler))
-    return out
-
-
-def _dump_cuda(report, folder: Path) -> int:
-    """The cubin and SASS a CUDA report read, under folder/op/case."""
-    import shutil
-
-    if report.error or not report.kernels or report.binary_folder is None:
-        return 0
-    dest = folder / report.op / f"{report.case.id}-cuda"
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in ("kernel.cubin", "kernel.sass", "ptxas.log"):
-        shutil.copyfile(report.binary_folder / name, dest / name)
-    return len(report.kernels)
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from speedlight import registry, results
     from speedlight.inspect import display, guard
-    from speedlight.inspect.compile import Compiler
-    from speedlight.inspect.run import inspect_cases
+    from speedlight.inspect.compile import TritonCompiler
+    from speedlight.inspect.run import inspect_cases, inspect_cuda_cases
     from speedlight.spec import parse_dtype
 
     console = results.make_console()
@@ -253,8 +243,9 @@ def run(args: argparse.Namespace) -> int:
                          f"kernels, not Triton ones (--impl cuda)")
     if device.type == "cpu" and triton_work:
         console.print(f"[dim]No GPU in use: kernels are compiled for {target.arch_name} without "
-                      f"one; launches are captured under the Triton interpreter, sized for "
-                      f"{sku.name} ({sku.sm_count} SMs).[/]")
+                      f"one; launches are captured under the Triton interpreter (recorded "
+                      f"on meta tensors, none run, where a case is too large for it), sized "
+                      f"for {sku.name} ({sku.sm_count} SMs).[/]")
     if cuda_work:
         console.print(f"[dim]CUDA C++ kernels: compiled with nvcc for {target.arch_name}; launch "
                       f"geometry from each op's launch sizing for {sku.name} ({sku.sm_count} "
@@ -271,51 +262,33 @@ def run(args: argparse.Namespace) -> int:
                 progress.advance(task)
 
             reports = inspect_cases(triton_work, target, device=device,
-                                    compiler=Compiler(jobs=args.jobs), mode=args.mode,
-                                    backward=not args.no_backward, on_case=advance)
-    cuda_reports = _inspect_cuda(cuda_work, target, not args.no_backward)
+                                    compiler=TritonCompiler(jobs=args.jobs), mode=args.mode,
+                                    backward=not args.no_backward, on_case=advance,
+                                    smaller_case_bytes=args.mode in ("auto", "dry"))
+    reports += inspect_cuda_cases(cuda_work, target, backward=not args.no_backward)
 
-    if len(reports) == 1:
-        display.print_case(reports[0], console)
-    elif reports:
-        display.print_summary(reports, console, title=f"speedlight inspect for {target.arch_name} "
-                              f"(launches sized for {sku.name}, {sku.sm_count} SMs)")
-    from rich.markup import escape
-
-    from speedlight.inspect import cuda
-
-    if len(cuda_reports) == 1:
-        cuda.print_case(cuda_reports[0], console)
-    else:
-        cuda.print_summary(cuda_reports, console)
+    display.print_reports(reports, console, title=f"speedlight inspect for {target.arch_name} "
+                          f"(launches sized for {sku.name}, {sku.sm_count} SMs)")
     env = results.environment(device)
     run_id = uuid.uuid4().hex[:12]
     out_path = Path(args.out) / "inspect.jsonl"
-    base = {"tool": "inspect", "sku": sku.key, "run": run_id, **env}
-    # the CUDA implementation named as verify and bench name it (OpSpec.label)
-    labels = {s.name: s.label("cuda") for s, _ in cuda_work if "cuda" in s.implementations}
-    results.append_jsonl(out_path, [row for r in reports for row in _rows(r, env, run_id)] +
-                         [row for r in cuda_reports
-                          for row in cuda.rows(r, base, labels.get(r.op, "speedlight-cuda"))])
+    base = {"tool": "inspect", "run": run_id, **env}
+    by_name = {s.name: s for s in specs}
+    results.append_jsonl(out_path, [row for r in reports
+                                    for row in rows(r, base, _label(by_name[r.op], r.impl))])
     console.print(f"[dim]rows written to {out_path}[/]")
     if args.dump:
         n = sum(_dump(r, Path(args.dump)) for r in reports)
-        n += sum(_dump_cuda(r, Path(args.dump)) for r in cuda_reports)
         console.print(f"[dim]{n} kernels' TTIR, TTGIR, LLIR, PTX, cubin and SASS (CUDA C++: "
                       f"cubin and SASS) written under {args.dump}[/]")
     failed = [r for r in reports if r.error] + [k for r in reports for k in r.kernels
-                                                 if k.compiled.error]
-    failed += [r for r in cuda_reports if r.error] + [k for r in cuda_reports
-                                                      for k in r.kernels if k.error]
+                                                 if k.error]
     if args.check:
-        by_name = {s.name: s for s in specs}
+        from rich.markup import escape
+
         held, info = [], []
         for r in reports:
-            h, i = guard.judge(by_name[r.op], r, sku.sm_count)
-            held += [(r, s) for s in h]
-            info += [(r, s) for s in i]
-        for r in cuda_reports:
-            h, i = cuda.judge(by_name[r.op], r)
+            h, i = guard.judge(by_name[r.op], r, r.sm_count)
             held += [(r, s) for s in h]
             info += [(r, s) for s in i]
         for r, s in info:

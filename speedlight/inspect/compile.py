@@ -13,7 +13,6 @@ import atexit
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -77,7 +76,7 @@ def _encode(v):
     raise TypeError(f"cannot pass constexpr {v!r} ({type(v).__name__}) to the compiler")
 
 
-class Compiler:
+class TritonCompiler:
     """Compiles launches for targets, once per distinct kernel per process."""
 
     def __init__(self, jobs: int | None = None):

@@ -317,7 +317,7 @@ def _build(path: Path, cmd_flags: tuple, folder: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-class Compiler:
+class NvccCompiler:
     """Compiles each (source, arch) once per process (and once per machine: the cache)."""
 
     def __init__(self):

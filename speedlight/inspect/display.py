@@ -1,5 +1,5 @@
-"""Rich tables of what inspect found: kernels, their global accesses, bytes moved, and
-the findings in plain words."""
+"""Rich tables of what inspect found, for every kernel whichever compiler built it:
+kernels, their global accesses, bytes moved, and the findings in plain words."""
 
 from __future__ import annotations
 
@@ -38,6 +38,11 @@ def short_name(kernel: str) -> str:
     return name[: -len("_kernel")] if name.endswith("_kernel") else name
 
 
+def _case_name(r: CaseReport) -> str:
+    cuda = " (CUDA C++)" if r.impl == "cuda" else ""
+    return f"{r.op} {r.case.label} {dtype_name(r.case.dtype)}{cuda}"
+
+
 def kernel_table(reports: Sequence[CaseReport], *, title: str, with_case: bool) -> Table:
     t = Table(title=title, title_justify="left", pad_edge=False)
     matrix = any(k.mix and (k.mix.tensor_core or k.mix.tma) for r in reports for k in r.kernels)
@@ -50,18 +55,17 @@ def kernel_table(reports: Sequence[CaseReport], *, title: str, with_case: bool) 
                      overflow="fold" if c in ("case", "kernel") else "ellipsis")
     for r in reports:
         for k in r.kernels:
-            l = k.launch
-            head = [f"{r.op} {r.case.label} {dtype_name(r.case.dtype)}"] if with_case else []
-            name = short_name(l.kernel) if with_case else l.kernel
-            grid = "x".join(str(g) for g in l.grid if g > 1) or "1"
-            if k.compiled.error:
-                t.add_row(*head, l.direction, name, grid, str(l.num_warps),
+            head = [f"{_case_name(r)}"] if with_case else []
+            name = short_name(k.name) if with_case else k.name
+            if k.error:
+                t.add_row(*head, k.direction, name, k.grid_text, str(k.num_warps or "-"),
                           *["-"] * (len(cols) - len(head) - 5), "[bold red]compile failed[/]")
                 continue
             occ = k.occupancy
             spill = f"[yellow]{k.spill_stores} B[/]" if k.spill_stores else "0"
-            moved = _bytes(l.loaded + l.stored) if l.measured else "-"
-            t.add_row(*head, l.direction, name, grid, str(l.num_warps), str(k.registers),
+            l = k.launch
+            moved = _bytes(l.loaded + l.stored) if getattr(l, "measured", False) else "-"
+            t.add_row(*head, k.direction, name, k.grid_text, str(k.num_warps), str(k.registers),
                       spill, _bytes(k.smem), f"{occ.fraction:.0%} ({occ.limiter})",
                       f"{k.waves.waves:.2f}", _widths(k.mix.global_loads, "LDG"),
                       _widths(k.mix.global_stores, "STG"), *([_tc(k)] if matrix else []), moved)
@@ -77,8 +81,9 @@ def access_table(report: CaseReport) -> Table:
         for a in k.accesses:
             sass = a.sass.describe() if a.sass else "-"
             short = a.bits and a.row_data and a.bits < k.design.vector_bits
-            role = "yes" if a.row_data else "weights" if a.parameter else "-"
-            t.add_row(k.launch.kernel, f"{os.path.basename(a.file)}:{a.line}", a.kind, a.arg,
+            role = ("yes" if a.row_data else "weights" if a.parameter else
+                    "scalar (marked)" if a.scalar else "-")
+            t.add_row(k.name, f"{os.path.basename(a.file)}:{a.line}", a.kind, a.arg,
                       a.source[:70], f"[yellow]{sass}[/]" if short else sass,
                       f"{a.possible_bits}-bit" if a.possible_bits else "-", role)
     return t
@@ -90,19 +95,22 @@ def bytes_table(reports: Sequence[CaseReport], *, with_case: bool) -> Table | No
         return None
     t = Table(title="bytes moved (interpreter: loads + stores, masked lanes excluded) vs the "
                     "OpSpec's compulsory bytes", title_justify="left", pad_edge=False)
+    elsewhere = any(d.measured_on for _, d in rows)
     cols = (["case"] if with_case else []) + ["dir", "kernels", "moved", "compulsory",
-                                              "ratio", "design allows"]
+                                              "ratio", "design allows"] + \
+        (["compulsory at this size", "ratio measured on"] if elsewhere else [])
     for c in cols:
         t.add_column(c, justify="right" if c in ("moved", "compulsory", "ratio",
                                                   "design allows") else "left",
                      overflow="fold")
     for r, d in rows:
-        head = [f"{r.op} {r.case.label} {dtype_name(r.case.dtype)}"] if with_case else []
+        head = [_case_name(r)] if with_case else []
         over = d.ratio > d.allowed + 1e-9
         ratio = f"[yellow]{d.ratio:.3f}[/]" if over else f"{d.ratio:.3f}"
         names = [short_name(k) for k in d.kernels] if with_case else d.kernels
+        extra = [_bytes(d.size_compulsory) if d.measured_on else "", d.measured_on or "this case"]
         t.add_row(*head, d.direction, ", ".join(names), _bytes(d.measured),
-                  _bytes(d.compulsory), ratio, f"{d.allowed:.2f}")
+                  _bytes(d.compulsory), ratio, f"{d.allowed:.2f}", *(extra if elsewhere else []))
     return t
 
 
@@ -119,7 +127,7 @@ def print_findings(reports: Sequence[CaseReport], console: Console, *, with_case
             if not shown:
                 console.print("[bold]findings[/]")
             shown += 1
-            where = f"{r.op} {r.case.label} {dtype_name(r.case.dtype)}: " if with_case else ""
+            where = f"{_case_name(r)}: " if with_case else ""
             kernel = f"{f.kernel}: " if f.kernel else ""
             console.print(f"  [{_SEVERITY.get(f.severity, '')}]{f.severity}[/] {where}"
                           f"{kernel}{f.text}", highlight=False, soft_wrap=True)
@@ -132,8 +140,10 @@ def print_findings(reports: Sequence[CaseReport], console: Console, *, with_case
 
 def print_case(report: CaseReport, console: Console) -> None:
     r = report
-    head = (f"speedlight inspect {r.op} {r.case.label} {dtype_name(r.case.dtype)} for "
-            f"{r.target.arch_name} (launches sized for {r.device.name}, {r.device.sm_count} SMs)")
+    what = (f" (CUDA C++, {os.path.basename(r.source)})" if r.impl == "cuda" and r.source
+            else "")
+    head = (f"speedlight inspect {r.op} {r.case.label} {dtype_name(r.case.dtype)}{what} for "
+            f"{r.target.arch_name} (launches sized for {r.device.name}, {r.sm_count} SMs)")
     if r.skipped:
         console.print(f"{head}: [yellow]skipped[/]: {r.skipped}")
         return
@@ -147,8 +157,12 @@ def print_case(report: CaseReport, console: Console) -> None:
         return
     console.print(kernel_table([r], title=head, with_case=False))
     for k in r.kernels:
+        if k.cuda:
+            fn = k.function.demangled if k.function else "not in the binary"
+            console.print(f"  [dim]{k.name}: {fn}[/]", highlight=False, soft_wrap=True)
+            continue
         spec = ", ".join(_arg_spec(a) for a in k.launch.args)
-        console.print(f"  [dim]{k.launch.kernel} specialised as ({spec})[/]", highlight=False,
+        console.print(f"  [dim]{k.name} specialised as ({spec})[/]", highlight=False,
                       soft_wrap=True)
     console.print(access_table(r))
     table = bytes_table([r], with_case=False)
@@ -165,6 +179,14 @@ def _arg_spec(a) -> str:
     if a.kind == "int":
         return f"{a.name}: i{'' if a.spec != 'D' else ' D'}={a.value}"
     return f"{a.name}: {a.kind}"
+
+
+def print_reports(reports: Sequence[CaseReport], console: Console, *, title: str) -> None:
+    """One case in full (print_case), several as one summary (print_summary)."""
+    if len(reports) == 1:
+        print_case(reports[0], console)
+    elif reports:
+        print_summary(reports, console, title=title)
 
 
 def print_summary(reports: Sequence[CaseReport], console: Console, *, title: str) -> None:

@@ -1,4 +1,5 @@
-"""Findings: what a kernel engineer would point out, in plain words, each with its evidence.
+"""Findings: what a kernel engineer would point out, in plain words, each with its evidence,
+for every kernel inspect reads (Triton or CUDA C++: one KernelReport).
 
   narrow-access   a global load/store of contiguous rows narrower than 128 bits, with the
                   cause: the layout (strided lanes, rows not 16-byte aligned, a misaligned
@@ -44,15 +45,22 @@ def _pct(x: float) -> str:
 
 
 def kernel_findings(k: KernelReport, target_name: str) -> list[Finding]:
-    name = k.launch.kernel
-    if k.compiled.error:
+    name = k.name
+    if k.error:
         return [Finding("compile-error", ERROR, f"{name} did not compile for {target_name}: "
-                        f"{k.compiled.error}", name)]
+                        f"{k.error}", name)]
     out = []
     for a in k.accesses:
         f = _narrow(k, a)
         if f is not None:
             out.append(f)
+    scalar = [a for a in k.accesses if a.scalar and a.bits < k.design.vector_bits]
+    if scalar:
+        lines = sorted({a.line for a in scalar})
+        out.append(Finding(
+            "narrow-access", INFO, f"{len(scalar)} narrower accesses on lines marked scalar by "
+            f"design ({', '.join(map(str, lines))}: `// speedlight: scalar`)", name,
+            {"lines": lines, "scalar": True}))
     spilled = k.spill_stores + k.spill_loads
     local = sum(k.mix.local.values())
     if spilled or local:
@@ -71,7 +79,7 @@ def kernel_findings(k: KernelReport, target_name: str) -> list[Finding]:
             "occupancy", WARN,
             f"theoretical occupancy {_pct(occ.fraction)} ({occ.warps_per_sm} of "
             f"{occ.max_warps_per_sm} warps per SM, {occ.blocks_per_sm} programs of "
-            f"{k.launch.num_warps} warps), limited by {occ.limiter} ({k.registers} registers/"
+            f"{k.num_warps} warps), limited by {occ.limiter} ({k.registers} registers/"
             f"thread, {k.smem} bytes of shared memory); designed for at least "
             f"{_pct(k.design.min_occupancy)}", name, occ.to_json()))
     w = k.waves
@@ -93,13 +101,22 @@ def kernel_findings(k: KernelReport, target_name: str) -> list[Finding]:
 
 
 def _narrow(k: KernelReport, a: Access) -> Finding | None:
-    """A narrow access to row data, or to rows that would be row data but for the layout."""
+    """A narrow access to row data, or to rows that would be row data but for the layout:
+    with its cause where the interpreter measured the addresses (Triton), by its source line
+    where the source marks what is row data (CUDA C++)."""
+    want = k.design.vector_bits
+    bits = a.bits
+    if a.marked:
+        if a.scalar or a.sass is None or bits >= want:
+            return None
+        return Finding("narrow-access", WARN, f"line {a.line} `{_short(a.source)}`: {a.kind}s "
+                       f"of row data are {bits}-bit ({a.sass.describe()}), designed for "
+                       f"{want}-bit", k.name, {"line": a.line, "sass": dict(a.sass.widths),
+                                               "scalar": False})
     site = a.site
     if site is None or a.sass is None:
         return None
-    want = k.design.vector_bits
-    bits = a.bits
-    threads = 32 * k.launch.num_warps
+    threads = 32 * k.num_warps
     if bits >= want or a.block_bytes < 512 or a.parameter:
         return None
     arg = k.launch.arg(a.arg)
@@ -121,7 +138,7 @@ def _narrow(k: KernelReport, a: Access) -> Finding | None:
     elif a.possible_bits >= want and a.block_bytes < threads * want // 8:
         per = a.block_bytes // threads
         cause = (f"the block is {site.numel} elements ({a.block_bytes} bytes) spread over "
-                 f"{threads} threads ({k.launch.num_warps} warps): {per} bytes per thread, "
+                 f"{threads} threads ({k.num_warps} warps): {per} bytes per thread, "
                  f"less than one {want}-bit access; fewer warps or a bigger tile would allow it")
         ev["bytes_per_thread"] = per
     elif a.possible_bits >= want:
@@ -154,7 +171,7 @@ def _narrow(k: KernelReport, a: Access) -> Finding | None:
     else:
         cause = (f"the rows are {site.row_bytes} bytes long and start {site.align}-byte "
                  f"aligned: at most {a.possible_bits}-bit accesses fit")
-    return Finding("narrow-access", WARN, f"{what}: {cause}", k.launch.kernel, ev)
+    return Finding("narrow-access", WARN, f"{what}: {cause}", k.name, ev)
 
 
 def _short(text: str, n: int = 60) -> str:
@@ -162,11 +179,18 @@ def _short(text: str, n: int = 60) -> str:
 
 
 def _matrix(k: KernelReport, target_name: str) -> list[Finding]:
-    if not k.has_dot:
-        return []
+    """A Triton matrix kernel (tt.dot in its source) without the target's matrix
+    instructions; any kernel without the tensor-core family its design names."""
     tc = k.mix.tensor_core
+    name = k.name
+    want = k.design.mma
+    if not k.has_dot:
+        if want and not tc.get(want):
+            got = ", ".join(f"{op} x{n}" for op, n in sorted(tc.items())) or "no tensor-core op"
+            return [Finding("no-wgmma", WARN, f"designed for {want} on {target_name}, the "
+                            f"machine code has {got}", name, {"tensor_core": dict(tc)})]
+        return []
     arch = k.compiled.target.arch
-    name = k.launch.kernel
     if not tc:
         return [Finding("no-wgmma", WARN, f"matrix kernel without tensor-core instructions on "
                         f"{target_name}: tt.dot compiled to FMA (check dtypes and that every "
@@ -180,7 +204,6 @@ def _matrix(k: KernelReport, target_name: str) -> list[Finding]:
         return [Finding("no-wgmma", WARN, f"matrix kernel without tcgen05 MMA on "
                         f"{target_name}: tt.dot compiled to {', '.join(sorted(tc))}", name,
                         {"tensor_core": dict(tc)})]
-    want = k.design.mma
     if want and not tc.get(want):
         return [Finding("no-wgmma", WARN, f"designed for {want} on {target_name}, but tt.dot "
                         f"compiled to {', '.join(sorted(tc))}", name, {"tensor_core": dict(tc)})]
@@ -189,7 +212,7 @@ def _matrix(k: KernelReport, target_name: str) -> list[Finding]:
 
 def _pipeline(k: KernelReport, target_name: str) -> list[Finding]:
     """What a matrix kernel's design names beyond tensor cores: TMA, stages, shared memory."""
-    d, name, out = k.design, k.launch.kernel, []
+    d, name, out = k.design, k.name, []
     if d.tma and not k.mix.tma.get("UTMALDG"):
         how = "cp.async (LDGSTS)" if k.mix.async_copies else "plain global loads (LDG)"
         out.append(Finding("no-tma", WARN, f"designed for TMA loads but the SASS on "
@@ -200,14 +223,19 @@ def _pipeline(k: KernelReport, target_name: str) -> list[Finding]:
     if k.stages < d.min_stages:
         out.append(Finding("shallow-pipeline", WARN, f"{k.stages} pipeline stage"
                            f"{'s' if k.stages != 1 else ''} in shared memory (num_stages="
-                           f"{k.launch.num_stages}); designed for at least {d.min_stages}",
-                           name, {"stages": k.stages, "num_stages": k.launch.num_stages}))
+                           f"{_num_stages(k)}); designed for at least {d.min_stages}",
+                           name, {"stages": k.stages, "num_stages": _num_stages(k)}))
     if k.smem_limit and k.smem > k.smem_limit:
         out.append(Finding("smem-limit", ERROR, f"{k.smem:,} bytes of shared memory per "
                            f"program, over the {k.smem_limit:,} a {target_name} SM allows one "
                            f"block: the launch fails (fewer stages or smaller tiles)", name,
                            {"smem": k.smem, "limit": k.smem_limit}))
     return out
+
+
+def _num_stages(k: KernelReport) -> int | None:
+    """The num_stages a Triton launch asked for (None for CUDA C++)."""
+    return getattr(k.launch, "num_stages", None)
 
 
 def bytes_findings(d: DirectionBytes) -> list[Finding]:

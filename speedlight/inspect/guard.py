@@ -32,7 +32,7 @@ from speedlight.target import Target
 @dataclass(frozen=True)
 class Shortfall:
     kernel: str
-    check: str  # vector | spill | occupancy | mma | tma | stages | smem | bytes | compile
+    check: str  # vector | spill | occupancy | mma | tma | stages | smem | bytes | compile | error
     text: str
 
     def __str__(self) -> str:
@@ -40,22 +40,29 @@ class Shortfall:
 
 
 def check_kernel(k: KernelReport) -> list[Shortfall]:
-    name, d = k.launch.kernel, k.design
-    if k.compiled.error:
-        return [Shortfall(name, "compile", k.compiled.error)]
+    """Every check of one compiled kernel (Triton or CUDA C++)."""
+    name, d = k.name, k.design
+    if k.error:
+        return [Shortfall(name, "compile", k.error)]
     out = []
     for a in k.accesses:
         if a.row_data and a.bits < d.vector_bits:
-            out.append(Shortfall(name, "vector", f"line {a.line} {a.kind} of {a.arg}: "
+            where = f"`{a.source[:60]}`" if a.marked else f"of {a.arg}"
+            out.append(Shortfall(name, "vector", f"line {a.line} {a.kind} {where}: "
                                  f"{a.sass.describe() if a.sass else 'no global access'}, "
                                  f"designed for {d.vector_bits}-bit"))
-    return out + check_resources(name, k, d) + check_matrix(k)
+    for kind, widths in (("load", k.mix.global_loads), ("store", k.mix.global_stores)):
+        rows = any(a.row_data and a.kind == kind for a in k.accesses)
+        if rows and widths and d.vector_bits > 32 and not any(b >= d.vector_bits for b in widths):
+            got = ", ".join(f"{b}-bit x{n}" for b, n in sorted(widths.items()))
+            out.append(Shortfall(name, "vector", f"no {d.vector_bits}-bit global {kind} at "
+                                 f"all ({got})"))
+    return out + _check_resources(name, k, d) + check_matrix(k)
 
 
-def check_resources(name: str, k, d: KernelDesign) -> list[Shortfall]:
-    """What any compiled kernel (Triton's or CUDA C++'s KernelReport) is held to: no spills
-    unless designed with them, the design's occupancy, and the tensor-core family and TMA
-    loads a design names."""
+def _check_resources(name: str, k: KernelReport, d: KernelDesign) -> list[Shortfall]:
+    """No spills unless designed with them, the design's occupancy, and the tensor-core
+    family and TMA loads a design names."""
     out = []
     if not d.spills and (k.spill_stores or k.spill_loads or sum(k.mix.local.values())):
         out.append(Shortfall(name, "spill", f"{k.spill_stores} bytes spilled "
@@ -76,13 +83,13 @@ def check_resources(name: str, k, d: KernelDesign) -> list[Shortfall]:
 
 
 def check_matrix(k: KernelReport) -> list[Shortfall]:
-    """What a matrix kernel's design names beyond check_resources (min_stages), and shared
+    """What a matrix kernel's design names beyond _check_resources (min_stages), and shared
     memory within the target's limit (any kernel)."""
-    name, d, out = k.launch.kernel, k.design, []
+    name, d, out = k.name, k.design, []
     if k.stages < d.min_stages:
+        asked = getattr(k.launch, "num_stages", None)  # a Triton launch's
         out.append(Shortfall(name, "stages", f"{k.stages} pipeline stage(s) in shared memory "
-                             f"(num_stages={k.launch.num_stages}), designed for at least "
-                             f"{d.min_stages}"))
+                             f"(num_stages={asked}), designed for at least {d.min_stages}"))
     if k.smem_limit and k.smem > k.smem_limit:
         out.append(Shortfall(name, "smem", f"{k.smem} bytes of shared memory per program, "
                              f"over the target's {k.smem_limit}"))
@@ -106,6 +113,10 @@ def check_direction(d: DirectionBytes) -> list[Shortfall]:
 
 
 def check(report: CaseReport) -> list[Shortfall]:
+    """Every shortfall of a case: its error (the op raised while captured, or its source
+    did not compile), each kernel's, each direction's bytes."""
+    if report.error:
+        return [Shortfall(report.op, "error", report.error)]
     return [s for k in report.kernels for s in check_kernel(k)] + \
         [s for d in report.directions for s in check_direction(d)]
 
@@ -119,10 +130,11 @@ AMORTISED_ROWS_PER_SM = 4
 def applies(spec: OpSpec, case: Case, shortfall: Shortfall, sm_count: int) -> bool:
     """Whether a design covers this case, so that falling short of it is a regression: a
     compile error always; on aligned cases (aligned() below) the vector width, spills and
-    occupancy, and the bytes from AMORTISED_ROWS_PER_SM rows per SM. Elsewhere (a row
+    occupancy, and the bytes from AMORTISED_ROWS_PER_SM rows per SM (an error of the
+    case, too, always counts). Elsewhere (a row
     width off a multiple of 16 elements, a strided or transposed view, non-finite inputs)
     narrower accesses and other block configurations are expected: information."""
-    if shortfall.check == "compile":
+    if shortfall.check in ("compile", "error"):
         return True
     if not aligned(spec, case):
         return False
@@ -132,10 +144,13 @@ def applies(spec: OpSpec, case: Case, shortfall: Shortfall, sm_count: int) -> bo
 
 
 def judge(spec: OpSpec, report: CaseReport, sm_count: int) -> tuple[list[Shortfall], list[Shortfall]]:
-    """(held, informational): the report's shortfalls where its designs apply, and the rest."""
+    """(held, informational): the report's shortfalls where its designs apply, and the rest
+    (bytes measured on a smaller case than the one reported are information)."""
     held, info = [], []
+    elsewhere = any(d.measured_on for d in report.directions)
     for s in check(report):
-        (held if applies(spec, report.case, s, sm_count) else info).append(s)
+        holds = applies(spec, report.case, s, sm_count) and not (elsewhere and s.check == "bytes")
+        (held if holds else info).append(s)
     return held, info
 
 

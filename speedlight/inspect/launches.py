@@ -9,6 +9,10 @@ and floats: value), constexprs, grid and launch options, and the signature / con
 attributes the runtime's own binder derives for the target backend, so the kernel compiled
 later is the one a user's launch would compile.
 
+A dry capture (no launch runs) may run the op on meta tensors (device "meta": shapes and
+strides, no data), so any size is captured in a moment whatever the op computes on the
+host: `capture_case(..., device="meta")`. See _MetaRun.
+
 Under the interpreter the loads and stores of each launch are counted as they happen
 (masked-off lanes excluded), per kernel argument and per source line, together with what
 the addresses allow: whether each access is contiguous, how it is aligned, and so how wide
@@ -26,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils._python_dispatch
 
 from speedlight.inspect.specialise import Arg, compile_function, describe, specialise
 from speedlight.inspect.traffic import count, finish_sites
@@ -278,6 +283,73 @@ def interpreter_work(capture: Capture) -> int:
     return work
 
 
+# --- meta tensors: a launch's arguments without data ----------------------------------------
+
+META = torch.device("meta")
+
+# Factories that draw random values from a CPU generator: on meta they become empty tensors
+# of the same shape and dtype (the values would never be read).
+_RANDOM = ("randn", "rand", "randint", "randperm", "normal", "uniform_", "normal_",
+           "random_", "bernoulli")
+# Host reads of a value: a meta tensor has none, so they read as 0 (False).
+_VALUE_READS = ("is_nonzero", "_local_scalar_dense", "equal")
+
+
+def _dtype_of(func, kwargs) -> torch.dtype:
+    if kwargs.get("dtype") is not None:
+        return kwargs["dtype"]
+    return torch.int64 if func.__name__.startswith(("randint", "randperm")) else \
+        torch.get_default_dtype()
+
+
+class _MetaRun(torch.utils._python_dispatch.TorchDispatchMode):
+    """Run an op on meta tensors and reach its launchers.
+
+    A registered custom op called with meta tensors would run its fake (shapes only, no
+    launch): here speedlight's own custom ops are sent to their CPU implementation instead,
+    the launchers, whose Triton launches the recorder captures (dry: none runs). Every
+    other op runs on meta (no computation, whatever its size); factories the inputs are made
+    with are put on meta, random ones as empty tensors; a value read on the host reads as
+    0 (a meta tensor has no data: a launcher that branches on its inputs' values takes
+    the branch of zeros)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        name = func.__name__.split(".")[0]
+        if func.namespace == "speedlight":
+            with self:
+                return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU),
+                                       *args, **kwargs)
+        if name in _VALUE_READS:
+            return False if name in ("is_nonzero", "equal") else 0
+        if name in _RANDOM and not any(isinstance(a, torch.Tensor) and a.device == META
+                                       for a in args):
+            size = next((a for a in args if isinstance(a, (list, tuple, torch.Size))),
+                        kwargs.get("size", ()))
+            return torch.empty(tuple(size), dtype=_dtype_of(func, kwargs), device=META)
+        if name in _RANDOM:  # in place on a meta tensor: nothing to draw
+            return args[0]
+        if "device" in kwargs:
+            kwargs["device"] = META
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _on_meta():
+    from speedlight.runtime import recording_only
+
+    with _MetaRun(), recording_only():
+        yield
+
+
+def input_bytes(spec: OpSpec, case: Case) -> int:
+    """What the case's inputs occupy, from their shapes alone (made on meta tensors)."""
+    with _on_meta():
+        inputs = spec.make_inputs(case, META)
+    return sum(t.numel() * t.element_size() for t in inputs.values()
+               if isinstance(t, torch.Tensor))
+
+
 # --- running a case ------------------------------------------------------------------------
 
 def capture_case(spec: OpSpec, case: Case, device: torch.device | str, *, arch: int,
@@ -286,14 +358,21 @@ def capture_case(spec: OpSpec, case: Case, device: torch.device | str, *, arch: 
     case's inputs and record every launch. Under the interpreter with mode='run', bytes are
     counted. The forward is the one a training step runs (the inputs that take gradients
     require them) with or without the backward: an op whose forward does part of the
-    backward's work (cross_entropy writes dlogits) is seen doing it, as its cost counts."""
+    backward's work (cross_entropy writes dlogits) is seen doing it, as its cost counts.
+    On device "meta" (mode 'dry'), inputs and everything the op computes are meta tensors
+    (_MetaRun): any size costs a moment."""
     import warnings
 
     device = torch.device(device)
+    if device.type == "meta" and mode != "dry":
+        raise ValueError(f"a capture on meta tensors runs no launch: mode must be 'dry', "
+                         f"got {mode!r}")
+    meta = _on_meta if device.type == "meta" else contextlib.nullcontext
     recorder = Recorder(arch, mode)
-    inputs = spec.make_inputs(case, device)
+    with meta():
+        inputs = spec.make_inputs(case, device)
     leaves, names = grad_leaves(inputs, spec.grad_inputs)
-    with intercept(recorder), _quiet(device), warnings.catch_warnings():
+    with intercept(recorder), meta(), _quiet(device), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         recorder.direction = "fwd"
         with torch.set_grad_enabled(bool(names)):

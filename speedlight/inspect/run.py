@@ -1,14 +1,18 @@
-"""Inspect one case end to end: capture its launches (sized for the target's SKU), compile
-each for the target's arch, analyse, and collect the findings."""
+"""Inspect cases end to end, for each of the two compilers inspect reads: Triton (capture
+the launches, sized for the target's SKU; compile each for the target's arch) and nvcc
+(an OpSpec's CUDA C++ launches). Both give case_report.CaseReports with their findings."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from speedlight.hardware import DeviceSpec
 from speedlight.inspect import case_report, findings
-from speedlight.inspect.launches import Capture, capture_case, interpreter_work
-from speedlight.inspect.compile import Compiler
+from speedlight.inspect.launches import Capture, capture_case, input_bytes, interpreter_work
+from speedlight.inspect.compile import TritonCompiler
+from speedlight.inspect.cuda_compile import NvccCompiler
 from speedlight.launch import for_target
 from speedlight.spec import Case, OpSpec
 from speedlight.target import Target
@@ -17,49 +21,118 @@ from speedlight.target import Target
 # a program without a loop) costs milliseconds; a case whose full run would take more than
 # this many is sampled (a few programs per launch), not run in full.
 RUN_WORK_LIMIT = 2000
+# Inputs a CPU draws and samples in seconds; a larger case is captured on meta tensors
+# (launches recorded at its real size, nothing run: compiling needs a launch's arguments,
+# not its run), and its bytes measured on a smaller case with the same kernels.
+SAMPLE_INPUT_BYTES = 64 * 2**20
+# The smaller cases tried for those bytes: at most this many, each at most this large.
+SMALLER_CASES, SMALLER_CASE_BYTES = 4, 16 * 2**20
 
 
-def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, mode: str,
-             backward: bool) -> tuple[Capture, str]:
-    """Capture in `mode`; 'auto' samples first and runs in full when the interpreter can
-    afford it (on a GPU launches always run, compiled). The launches are those a user of
-    the target's SKU gets: sized for it, with its tuned tables (for_target)."""
-    with for_target(target):
-        if mode == "auto":
-            if device.type == "cuda":
-                mode = "run"
-            else:
-                sample = capture_case(spec, case, device, arch=target.arch, mode="sample",
-                                      backward=backward)
-                if interpreter_work(sample) > RUN_WORK_LIMIT:
-                    return sample, "sample"
-                mode = "run"
+def _sized(target: Target):
+    """The launches a user of the target's SKU gets: sized for it, with its tuned tables."""
+    return for_target(target)
+
+
+def _dry(spec: OpSpec, case: Case, target: Target, sku: DeviceSpec,
+         backward: bool) -> Capture:
+    """The case's launches recorded on meta tensors (any size, in a moment); on CPU tensors
+    when the op needs its inputs' values on the host (a meta tensor has none)."""
+    with _sized(target):
+        try:
+            return capture_case(spec, case, "meta", arch=target.arch, mode="dry",
+                                backward=backward)
+        except Exception:  # a launcher that reads its inputs' values: on the CPU instead
+            return capture_case(spec, case, "cpu", arch=target.arch, mode="dry",
+                                backward=backward)
+
+
+def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, sku: DeviceSpec,
+             mode: str, backward: bool) -> tuple[Capture, str]:
+    """Capture in `mode`. On a CPU, 'dry' records every launch on meta tensors, and 'auto'
+    does so for a case whose inputs are over SAMPLE_INPUT_BYTES (or that the interpreter
+    cannot run at all); else it samples and runs in full when the interpreter can afford
+    it. On a GPU 'auto' runs (compiled)."""
+    if mode == "auto" and device.type == "cuda":
+        mode = "run"
+    if device.type != "cuda" and mode in ("auto", "dry"):
+        if mode == "dry" or spec.skip(case, device) or \
+                input_bytes(spec, case) > SAMPLE_INPUT_BYTES:
+            return _dry(spec, case, target, sku, backward), "dry"
+        with _sized(target):
+            sample = capture_case(spec, case, device, arch=target.arch, mode="sample",
+                                  backward=backward)
+        if interpreter_work(sample) > RUN_WORK_LIMIT:
+            return sample, "sample"
+        mode = "run"
+    with _sized(target):
         return capture_case(spec, case, device, arch=target.arch, mode=mode,
                             backward=backward), mode
 
 
+def _plan(capture: Capture) -> dict:
+    return {d: [l.kernel for l in capture.direction(d)] for d in ("fwd", "bwd")
+            if capture.direction(d)}
+
+
+def bytes_on_a_smaller_case(spec: OpSpec, case: Case, capture: Capture, target: Target,
+                            sku: DeviceSpec, backward: bool) -> list[case_report.DirectionBytes]:
+    """For a case too large to run under the interpreter: per direction, its compulsory bytes
+    (OpSpec.cost at its size) beside the bytes the same kernels moved on the largest of the
+    op's smaller cases (quick and model suites, same dtype, layout and flags, at most
+    SMALLER_CASE_BYTES) that launch them and that the interpreter can run; [] when none."""
+    plan = _plan(capture)
+    found = [c.with_(dtype=case.dtype) for suite in ("model", "quick") if suite in spec.suites
+             for c in spec.cases(suite)]
+    found = [c for c in found if c.layout == case.layout and c.flags == case.flags
+             and spec.cost(c, "fwd").bytes <= SMALLER_CASE_BYTES and c.id != case.id
+             and not spec.skip(c, torch.device("cpu"))]
+    tried = 0
+    for c in sorted(found, key=lambda c: (-spec.rows(c), spec.cost(c, "fwd").bytes)):
+        if tried >= SMALLER_CASES:
+            break
+        if _plan(_dry(spec, c, target, sku, backward)) != plan:
+            continue
+        tried += 1
+        with _sized(target):
+            sample = capture_case(spec, c, "cpu", arch=target.arch, mode="sample",
+                                  backward=backward)
+            if interpreter_work(sample) > RUN_WORK_LIMIT:
+                continue
+            ran = capture_case(spec, c, "cpu", arch=target.arch, mode="run", backward=backward)
+        out = case_report.direction_bytes(spec, ran)
+        for d in out:
+            d.measured_on = c.label
+            d.size_compulsory = spec.cost(case, d.direction).bytes
+        return out
+    return []
+
+
 def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
-                  device: torch.device | str = "cpu", compiler: Compiler | None = None,
-                  mode: str = "auto", backward: bool = True,
-                  on_case=None) -> list[case_report.CaseReport]:
+                  device: torch.device | str = "cpu", compiler: TritonCompiler | None = None,
+                  mode: str = "auto", backward: bool = True, on_case=None,
+                  smaller_case_bytes: bool = False) -> list[case_report.CaseReport]:
     """Everything inspect says about each (op, case) on `target` (a speedlight.target
     Target: its arch compiles, its SKU's SM count sizes the launches): every case is
     captured first, then all their distinct kernels are compiled in one batch (worker
     processes in parallel). `speedlight inspect` and the report's inspect stage both run
-    through this."""
+    through this. With `smaller_case_bytes` (the CLI's auto and dry modes), a case not run
+    in full gets its bytes from a smaller case (bytes_on_a_smaller_case)."""
     device = torch.device(device)
     sku = target.sku
-    compiler = compiler or Compiler()
+    compiler = compiler or TritonCompiler()
     staged = []
     for spec, case in items:
         report = case_report.CaseReport(spec.name, case, target, sku)
         capture = None
-        reason = spec.skip(case, device)
+        # what stops a run here; a capture that runs nothing is judged as on a GPU
+        runs = device.type == "cuda" or mode in ("run", "sample")
+        reason = spec.skip(case, device if runs else torch.device("cuda"))
         if reason:
             report.skipped = reason
         else:
             try:
-                capture, used = _capture(spec, case, device, target, mode, backward)
+                capture, used = _capture(spec, case, device, target, sku, mode, backward)
             except Exception as e:  # the op failed on this case: reported, the others go on
                 report.error = f"{type(e).__name__}: {e}"
                 staged.append((spec, report, None))
@@ -69,13 +142,17 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
                                f"interpreter (a full run would take over {RUN_WORK_LIMIT} "
                                f"program-iterations): access layout only, no byte counts")
             elif used == "dry":
-                report.note = "dry: launches recorded, not run (no access layout, no byte counts)"
+                report.note = ("dry: every launch recorded at the case's size, none run "
+                               "(meta tensors on a CPU): no access layout; bytes as "
+                               "compulsory at this size beside a smaller case's measured "
+                               "ratio")
             if not capture.launches:
                 report.note = "no Triton launch (empty input, or the op ran without a kernel)"
         staged.append((spec, report, capture))
         if on_case is not None:
             on_case(spec, case)
     launches = [l for _, _, c in staged if c is not None for l in c.launches]
+    smaller: dict[tuple, list] = {}
     compiled = compiler.compile(launches, target) if launches else {}
     for spec, report, capture in staged:
         if capture is None or not capture.launches:
@@ -83,7 +160,38 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
         for launch in capture.launches:
             c = compiled[launch.key(target.arch_name)]
             report.kernels.append(case_report.analyse_kernel(launch, c, target, sku,
-                                                          spec.design(launch.kernel)))
+                                                          spec.design(launch.kernel, target.arch)))
         report.directions = case_report.direction_bytes(spec, capture)
+        if not capture.measured and device.type != "cuda" and smaller_case_bytes:
+            c = report.case
+            key = (spec.name, repr(_plan(capture)), c.dtype, c.layout, repr(c.flags))
+            try:
+                if key not in smaller:  # one smaller case per plan, however many cases
+                    smaller[key] = bytes_on_a_smaller_case(spec, c, capture, target, sku,
+                                                           backward)
+                report.directions = [dataclasses.replace(
+                    d, size_compulsory=spec.cost(c, d.direction).bytes) for d in smaller[key]]
+            except Exception as e:  # the bytes are extra: the kernels are still reported
+                report.note += f" (bytes on a smaller case failed: {type(e).__name__}: {e})"
         findings.case_findings(report)
     return [r for _, r, _ in staged]
+
+
+def inspect_cuda_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
+                       backward: bool = True,
+                       compiler: NvccCompiler | None = None) -> list[case_report.CaseReport]:
+    """The CUDA C++ kernels (OpSpec.cuda) of each (op, case), compiled with nvcc for `target`
+    (each source once) with launches sized for its SKU; without `backward`, forward
+    launches only."""
+    from speedlight.inspect import cuda
+
+    compiler = compiler or NvccCompiler()
+    out = []
+    for spec, case in items:
+        kernels = spec.cuda
+        if not backward:
+            kernels = dataclasses.replace(kernels, launches=lambda c, n, f=kernels.launches: [
+                l for l in f(c, n) if l.direction == "fwd"])
+        out.append(cuda.inspect_case(spec.name, kernels, spec.kernels, case, target,
+                                     target.sm_count, compiler))
+    return out

@@ -188,7 +188,9 @@ def _row_loss(x_t, valid, bad, m, d, sc, n_cols, label_smoothing, z_loss, w_t, w
     if HAS_WEIGHT:
         # w_t (1 - eps) (lse - c_t) + eps / V (W lse - sum_j w_j c_j), grouped around m
         a = w_t * (1.0 - label_smoothing)
-        coef = a + label_smoothing * w_sum / n_cols
+        coef = a
+        if label_smoothing > 0:  # eps = 0 must not turn an inf weight elsewhere into NaN
+            coef += label_smoothing * w_sum / n_cols
         loss = a * (m - x_t) + coef * log_d
         if label_smoothing > 0:  # eps = 0 must not turn a -inf logit elsewhere into NaN
             loss += label_smoothing / n_cols * (w_sum * m - sc)
@@ -215,7 +217,8 @@ def _grad_tile(c, dc, w, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, w_t, 
     cancels when the model is confident; it is taken as p_t_minus_1 = -d_rest / d instead:
         g_t = (p_t - 1) + p_t * (coef - 1) + eps * (1 - 1/V)                   (unweighted)
         g_t = w_t (1 - eps) (p_t - 1) + p_t * (coef - w_t (1 - eps)) - eps w_t / V
-    The result is scaled by gscale (a mean's 1 / divisor, or 1). Ignored rows (valid and
+    The result is scaled by gscale ([BM, 1]: each row's upstream gradient, a mean's
+    1 / divisor folded in; or 1). Ignored rows (valid and
     bad both False there) get exactly 0 whatever their logits; bad rows get NaN."""
     p = tl.exp((c - m[:, None]) - log_d[:, None])
     smooth = label_smoothing / n_cols
@@ -236,10 +239,12 @@ def _grad_tile(c, dc, w, cols, t, valid, bad, m, log_d, p_t_minus_1, coef, w_t, 
 
 
 @triton.jit
-def _grad_scale(grad_scale_ptr, GRAD_SCALE: tl.constexpr):
-    """The scalar the gradient is multiplied by: grad_scale_ptr[0] in fp32, or 1."""
+def _grad_scale(grad_scale_ptr, offs_m, mask_m, stride_gs, GRAD_SCALE: tl.constexpr):
+    """What each row's gradient is multiplied by, [BM, 1] in fp32: grad_scale_ptr[row *
+    stride_gs] (stride 0: one scalar for every row), or 1."""
     if GRAD_SCALE:
-        g = tl.load(grad_scale_ptr).to(tl.float32)
+        g = tl.load(grad_scale_ptr + offs_m.to(tl.int64) * stride_gs, mask=mask_m, other=0.0)
+        g = g.to(tl.float32)[:, None]
     else:
         g = 1.0
     return g
@@ -325,7 +330,7 @@ def _store_row_loss(x_rows, t, valid, bad, m, d, sc, w_t, w_sum, loss_ptr, offs_
 def _cross_entropy_fwd_kernel(
     x_ptr, target_ptr, loss_ptr, dx_ptr, weight_ptr, w_sum_ptr, z_ptr, correct_ptr, pred_ptr,
     grad_scale_ptr, n_rows, n_cols, seq,
-    stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv,
+    stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv, stride_gs,
     ignore_index, label_smoothing, z_loss, softcap,
     HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
     EXTRAS: tl.constexpr, GRAD_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -339,8 +344,9 @@ def _cross_entropy_fwd_kernel(
     (stride_t); loss_ptr [rows] (fp32, or the logits dtype for reduction none); dx_ptr like
     x_ptr with its own strides (x_ptr itself for the in-place gradient); weight_ptr
     [n_cols] class weights and w_sum_ptr [] their sum (fp32); z_ptr, correct_ptr [rows]
-    fp32 and pred_ptr [rows] int64, the extras; grad_scale_ptr [] a factor of the gradient
-    (a chunked loss's 1 / divisor). Program pid covers rows
+    fp32 and pred_ptr [rows] int64, the extras; grad_scale_ptr [rows] (stride stride_gs, 0
+    for one scalar) each row's factor of the gradient (a chunked loss's upstream gradient,
+    a mean's 1 / divisor folded in). Program pid covers rows
     [pid * BLOCK_M, (pid + 1) * BLOCK_M).
     HAS_SOFTCAP: cap the logits. HAS_WEIGHT: class weights (else weight_ptr, w_sum_ptr are
     unused). COMPUTE_GRAD=False (no gradient wanted) writes no dx. EXTRAS=False writes no
@@ -369,9 +375,9 @@ def _cross_entropy_fwd_kernel(
                       mask_m)
     if COMPUTE_GRAD:
         dx_rows = dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds)
+        gscale = _grad_scale(grad_scale_ptr, offs_m, mask_m, stride_gs, GRAD_SCALE)
         g = _grad_tile(c, dc, w, offs_n, t, valid, bad, m, log_d, -d_rest / d, coef, w_t,
-                       _grad_scale(grad_scale_ptr, GRAD_SCALE), n_cols, label_smoothing,
-                       HAS_SOFTCAP, HAS_WEIGHT)
+                       gscale, n_cols, label_smoothing, HAS_SOFTCAP, HAS_WEIGHT)
         tl.store(dx_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_dv,
                  g.to(dx_ptr.dtype.element_ty), mask=mask)
 
@@ -380,7 +386,7 @@ def _cross_entropy_fwd_kernel(
 def _cross_entropy_fwd_looped_kernel(
     x_ptr, target_ptr, loss_ptr, dx_ptr, weight_ptr, w_sum_ptr, z_ptr, correct_ptr, pred_ptr,
     grad_scale_ptr, n_rows, n_cols, seq,
-    stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv,
+    stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv, stride_gs,
     ignore_index, label_smoothing, z_loss, softcap,
     HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
     EXTRAS: tl.constexpr, GRAD_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -405,10 +411,11 @@ def _cross_entropy_fwd_looped_kernel(
         _store_extras(best_idx, nan_idx, t, valid, z_row, z_ptr, correct_ptr, pred_ptr, offs_m,
                       mask_m)
     if COMPUTE_GRAD:
+        gscale = _grad_scale(grad_scale_ptr, offs_m, mask_m, stride_gs, GRAD_SCALE)
         _span_grad(x_rows, dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds), mask_m,
                    0, n_cols, stride_xv, stride_dv, t, valid, bad, m, log_d, -d_rest / d,
-                   coef, w_t, _grad_scale(grad_scale_ptr, GRAD_SCALE), weight_ptr, n_cols,
-                   label_smoothing, softcap, HAS_SOFTCAP, HAS_WEIGHT, BLOCK_N)
+                   coef, w_t, gscale, weight_ptr, n_cols, label_smoothing, softcap,
+                   HAS_SOFTCAP, HAS_WEIGHT, BLOCK_N)
 
 
 @triton.jit
@@ -447,7 +454,7 @@ def _cross_entropy_split_stats_kernel(
 def _cross_entropy_split_finish_kernel(
     x_ptr, target_ptr, loss_ptr, dx_ptr, weight_ptr, w_sum_ptr, stats_ptr, grad_scale_ptr,
     n_cols, seq, span, n_splits,
-    stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv,
+    stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv, stride_gs,
     ignore_index, label_smoothing, z_loss, softcap,
     HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
     GRAD_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -491,11 +498,11 @@ def _cross_entropy_split_finish_kernel(
 
     if COMPUTE_GRAD:
         start = q * span
+        gscale = _grad_scale(grad_scale_ptr, offs_m, mask_m, stride_gs, GRAD_SCALE)
         _span_grad(x_rows, dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds), mask_m,
                    start, tl.minimum(start + span, n_cols), stride_xv, stride_dv, t, valid, bad,
-                   m, log_d, -d_rest / d, coef, w_t, _grad_scale(grad_scale_ptr, GRAD_SCALE),
-                   weight_ptr, n_cols, label_smoothing, softcap, HAS_SOFTCAP, HAS_WEIGHT,
-                   BLOCK_N)
+                   m, log_d, -d_rest / d, coef, w_t, gscale, weight_ptr, n_cols,
+                   label_smoothing, softcap, HAS_SOFTCAP, HAS_WEIGHT, BLOCK_N)
 
 
 # Backward. The forward already wrote dx[r] = dloss[r]/dx[r]; with g the upstream gradient

@@ -160,6 +160,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 # One program of 8 warps per SM (an eighth of Hopper's 64 warps) is the flash design: its
 # 128 x 64 score tile, fp32 accumulator and K/V pipeline fill the registers and shared
 # memory, and the tensor cores, not warp count, hide the latency.
+# The shortfall sm_100a's backward records (tests/inspect/test_blackwell.py holds it to it)
+_BWD_SM100 = ("a shortfall on sm_100a: Triton 3.6 lowers the dk/dv pass's dots to tcgen05 "
+              "MMA with dk and dv accumulated in tensor memory (512 columns), but moving the "
+              "[BLOCK_N, D] tiles between tensor memory and registers for the softmax "
+              "gradient runs at the 255-register cap and spills (about 200 bytes at head dim "
+              "128); the sm_90a tiles are kept until a B200 can time smaller ones")
+_DELTA_SM100 = ("a shortfall on sm_100a: ptxas (Triton 3.6's, for sm_100a) gives the 4-warp "
+                "delta kernel 48 registers a thread and spills about 20 bytes, where sm_90a "
+                "takes 34 and none")
 _FLASH = ("flash tiles: one 8-warp program per SM; k and v re-read per query block (and q, "
           "do per key block backward), as the cost model counts; no access width is held: "
           "the operand tiles of the loop are copied to shared memory asynchronously "
@@ -185,12 +194,22 @@ SPEC = OpSpec(
            "sliding window, softcap, GQA, variable length)"),
     patches="attention",
     kernels={
-        "_attention_fwd_kernel": KernelDesign(min_occupancy=0.125, mma="HGMMA", min_stages=2,
-                                              vector_bits=0, why=_FLASH),
-        "_attention_bwd_dkdv_kernel": KernelDesign(min_occupancy=0.125, mma="HGMMA",
-                                                   vector_bits=0, why=_FLASH),
-        "_attention_bwd_dq_kernel": KernelDesign(min_occupancy=0.125, mma="HGMMA",
-                                                 vector_bits=0, why=_FLASH),
+        "_attention_fwd_kernel": KernelDesign(
+            min_occupancy=0.125, mma="HGMMA", min_stages=2, vector_bits=0, why=_FLASH,
+            # sm_100a: tcgen05 MMA (UTCHMMA), the scores and the output accumulated in
+            # tensor memory
+            per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", min_stages=2,
+                                         vector_bits=0, why=_FLASH)),)),
+        "_attention_bwd_delta_kernel": KernelDesign(per_arch=((100, KernelDesign(
+            spills=True, why=_DELTA_SM100)),)),
+        "_attention_bwd_dkdv_kernel": KernelDesign(
+            min_occupancy=0.125, mma="HGMMA", vector_bits=0, why=_FLASH,
+            per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", vector_bits=0,
+                                         spills=True, why=_BWD_SM100)),)),
+        "_attention_bwd_dq_kernel": KernelDesign(
+            min_occupancy=0.125, mma="HGMMA", vector_bits=0, why=_FLASH,
+            per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", vector_bits=0,
+                                         why=_FLASH)),)),
         "_attention_combine_kernel": KernelDesign(min_occupancy=0.25, vector_bits=32,
                                                   why="one query row per program: its fp32 "
                                                       "partials of one head row each"),

@@ -138,7 +138,8 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
                       weight: torch.Tensor | None = None, compute_grad: bool = True,
                       check_target: bool = True, grad_out: torch.Tensor | None = None,
                       extras: bool = False, grad_scale: torch.Tensor | None = None,
-                      loss_out: torch.Tensor | None = None
+                      loss_out: torch.Tensor | None = None,
+                      extras_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
                                  tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
     """(loss, dlogits, divisor, extras): the loss (logits' dtype; shape () or target's shape
@@ -148,9 +149,13 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
     0-dim), by which the backward divides grad_output, and with extras=True (z_loss,
     token_accuracy, predicted_tokens) reduced as cross_entropy documents.
     weight: class weights [vocab] (any float dtype; read in fp32).
-    grad_scale: a 0-dim tensor the gradient is multiplied by in the kernel (a chunked
-    loss's 1 / divisor). loss_out: an fp32 [tokens] buffer each token's loss is written to
-    (reduction "none" only; it is then the returned loss).
+    grad_scale: what the gradient is multiplied by in the kernel, before its rounding to
+    the logits' dtype: a 0-dim tensor, or one value per token ([tokens], any stride): a
+    chunked loss's upstream gradient, a mean's 1 / divisor folded in. loss_out: an fp32
+    [tokens] buffer each token's loss is written to (reduction "none" only; it is then the
+    returned loss); extras_out: (z, correct, predicted) [tokens] buffers (fp32, fp32,
+    int64) the extras are written to the same way (with extras=True and reduction "none";
+    returned as they are).
     check_target: ValueError on a target neither in [0, vocab) nor ignore_index (on CUDA,
     a host sync); unchecked, such a row gets a NaN loss and a NaN gradient row.
     """
@@ -199,7 +204,9 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
     has_weight = weight is not None
     w = weight.contiguous() if has_weight else loss_rows  # never read without weights
     w_sum = weight.float().sum() if has_weight else loss_rows
-    if extras:
+    if extras_out is not None:
+        z_rows, correct, pred = extra_ptrs = extras_out
+    elif extras:
         z_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
         correct = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
         pred = torch.empty(target.shape, dtype=torch.int64, device=logits.device)
@@ -212,6 +219,7 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
     flags = dict(HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight, COMPUTE_GRAD=compute_grad,
                  GRAD_SCALE=grad_scale is not None)
     g_scale = grad_scale if grad_scale is not None else loss_rows  # unread without GRAD_SCALE
+    stride_gs = g_scale.stride(0) if g_scale.dim() else 0
     plan = _fwd_plan(n_rows, n_cols, logits.device, extras)
 
     if plan["n_splits"] == 1:
@@ -220,8 +228,9 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
                   else _cross_entropy_fwd_looped_kernel)
         kernel[grid](
             x, t, loss_rows, dx, w, w_sum, *extra_ptrs, g_scale, n_rows, n_cols, seq,
-            sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, *scalars, **flags, EXTRAS=extras,
-            BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"], num_warps=plan["num_warps"])
+            sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, stride_gs, *scalars, **flags,
+            EXTRAS=extras, BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"],
+            num_warps=plan["num_warps"])
     else:
         block_n = plan["block_n"]
         span = triton.cdiv(triton.cdiv(n_cols, plan["n_splits"]), block_n) * block_n
@@ -233,8 +242,9 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
             BLOCK_N=block_n, num_warps=plan["num_warps"])
         _cross_entropy_split_finish_kernel[(n_rows, n_splits if compute_grad else 1)](
             x, t, loss_rows, dx, w, w_sum, stats, g_scale, n_cols, seq, span, n_splits,
-            sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, *scalars, **flags, BLOCK_N=block_n,
-            BLOCK_S=triton.next_power_of_2(n_splits), num_warps=plan["num_warps"])
+            sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, stride_gs, *scalars, **flags,
+            BLOCK_N=block_n, BLOCK_S=triton.next_power_of_2(n_splits),
+            num_warps=plan["num_warps"])
 
     if compute_grad and dx is not grad_out:
         grad_out.copy_(dx.view(grad_out.shape))
@@ -243,15 +253,28 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
     elif reduction == "mean":
         loss = _divide(loss_rows.sum(), divisor).to(logits.dtype)
     more = None
-    if extras:
-        if reduction == "none":
-            z, acc = z_rows.view(target.shape).to(logits.dtype), correct.view(target.shape)
-        else:
-            z = z_rows.sum()
-            z = (_divide(z, divisor) if reduction == "mean" else z).to(logits.dtype)
-            acc = _divide(correct.sum(), (t != ignore_index).sum())
-        more = (z, acc, pred)
+    if extras_out is not None:
+        more = extras_out
+    elif extras:
+        more = reduce_extras(z_rows, correct, pred, target, ignore_index, reduction, divisor,
+                             logits.dtype)
     return loss, grad_out, divisor, more
+
+
+def reduce_extras(z_rows: torch.Tensor, correct: torch.Tensor, pred: torch.Tensor,
+                  target: torch.Tensor, ignore_index: int, reduction: str,
+                  divisor: torch.Tensor | None, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(z_loss, token_accuracy, predicted_tokens) from each token's z-loss term, whether
+    it was right (fp32 [tokens]) and its argmax, reduced as cross_entropy documents: the
+    z-loss as the loss (in `dtype`), the accuracy a mean over the non-ignored tokens
+    (reduction "none": per token), the predicted tokens in target's shape."""
+    pred = pred.view(target.shape)
+    if reduction == "none":
+        return z_rows.view(target.shape).to(dtype), correct.view(target.shape), pred
+    z = z_rows.sum()
+    z = (_divide(z, divisor) if reduction == "mean" else z).to(dtype)
+    return z, _divide(correct.sum(), (target != ignore_index).sum()), pred
 
 
 def _row_grad_scale(grad_loss: torch.Tensor, divisor: torch.Tensor | None) -> torch.Tensor:
@@ -491,7 +514,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     if logits.shape[-1] == 0 and target.numel():
         raise ValueError(f"logits must have at least one class in its last dim, got "
                          f"{describe(logits)}")
-    check_class_weight(weight, logits)
+    check_class_weight(weight, logits.shape[-1], logits.device)
     softcap = float(softcap) if softcap is not None else None
     args = (int(ignore_index), reduction, float(label_smoothing), float(z_loss), softcap)
     check = bool(check_target) or logits.device.type == "cpu"
@@ -513,20 +536,24 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     return CrossEntropyOutput(loss, *(m.detach() if a else None for m, a in zip(more, asked)))
 
 
-def check_class_weight(weight, logits: torch.Tensor) -> None:
-    """TypeError/ValueError unless weight is None or a float tensor [vocab] on logits'
-    device."""
+def check_class_weight(weight, n_classes: int, device: torch.device,
+                       name: str = "weight") -> None:
+    """TypeError/ValueError unless weight (the argument `name`) is None or a float tensor
+    [n_classes] on `device`."""
     if weight is None:
         return
     if isinstance(weight, torch.Tensor):
-        check_dense("weight", weight)
+        check_dense(name, weight)
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-        raise TypeError(f"weight must be None or a floating-point tensor of class weights, "
-                        f"got {describe(weight) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
-    if tuple(weight.shape) != (logits.shape[-1],):
-        raise ValueError(f"weight must have shape ({logits.shape[-1]},) (one weight per class "
-                         f"of logits' last dim), got {describe(weight)}")
-    check_same_device(logits=logits, weight=weight)
+        got = describe(weight) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise TypeError(f"{name} must be None or a floating-point tensor of class weights, "
+                        f"got {got}")
+    if tuple(weight.shape) != (n_classes,):
+        raise ValueError(f"{name} must have shape ({n_classes},) (one weight per class), got "
+                         f"{describe(weight)}")
+    if weight.device != device:
+        raise ValueError(f"{name} is on {weight.device} but the logits are on {device}: all "
+                         f"tensors must be on one device")
 
 
 # --- OpSpec --------------------------------------------------------------------------------

@@ -1,26 +1,23 @@
 """Fused linear cross-entropy: the loss of an lm_head (logits = hidden @ weight.T + bias)
 without its [tokens, vocab] logits or their gradient ever existing whole.
 
-Tokens are taken in chunks. Per chunk: the chunk's logits by one matmul; speedlight's
-cross-entropy kernel writes each token's loss and, over the logits in place, their
-gradient (already divided by a mean's divisor); then that gradient's matmuls write the
-chunk's d_hidden and accumulate d_weight and d_bias in fp32 (cast once at the end). Only
-one chunk's logits are alive at a time.
+The chunked launcher (linear_cross_entropy_chunks.py) takes the tokens a chunk at a time:
+the chunk's logits, the cross-entropy kernel writing each token's loss and, over the
+logits, their gradient, then the gradient's matmuls into d_hidden, d_weight and d_bias.
 
-The gradient is computed in the forward when autograd needs it, so the backward only
-multiplies by the upstream gradient (in place: the forward's gradients are not copied).
-With reduction="none" a per-token upstream gradient cannot scale a precomputed d_weight,
-so the forward computes the loss alone and the backward recomputes chunk by chunk. Without
-a gradient (evaluation) only the logits matmul and the loss run.
-
-Chunk rule (`chunk_tokens`): the most tokens whose logits fit CHUNK_BUDGET_BYTES, but never
-fewer than MIN_TOKENS_PER_SM per SM of the GPU the launch is sized for: the d_weight matmul
-reduces over the chunk's tokens, and a reduction shorter than ~2K (16 per SM on a 132-SM
-H100) leaves it short of the matmul ceiling, while [chunk, vocab] tiles then fill every SM
-many times over. The chunks are then evened out (each a multiple of 128 tokens, the matmul
-tile, where there are that many), so no last chunk is much smaller than the others (which
-may take a chunk a little under the per-SM floor: 16384 tokens of a 128K vocabulary in bf16
-on an H100 are 8 chunks of 2048).
+Two registrations, two backwards, chosen per call by the public function:
+- `linear_cross_entropy` computes the gradients in the forward when autograd needs them
+  (needs_grad: none for a frozen lm_head or hidden), so the backward only multiplies them
+  by the upstream gradient, in place (the forward's gradients are not copied; a second
+  backward through one graph is refused);
+- `linear_cross_entropy_recompute` computes the loss alone in the forward and the
+  gradients in the backward, chunk by chunk, with the upstream gradient multiplied in
+  before the gradient is rounded to the logits' dtype. It serves reduction "none" (a
+  per-token upstream gradient cannot scale a precomputed d_weight) and fp16 logits: an
+  fp16 gradient computed before a loss scaler's factor is known underflows (a mean over
+  16K tokens makes most of it smaller than fp16's smallest subnormal), so it waits for
+  the scaled upstream gradient, at the cost of the logits matmul a second time.
+Without a gradient (evaluation) only the logits matmul and the loss run.
 """
 
 from __future__ import annotations
@@ -29,243 +26,139 @@ import numbers
 from typing import Optional
 
 import torch
-import triton
 
 from speedlight import reference, shapes
-from speedlight.launch import planned_sm_count
 from speedlight.ops._checks import check_bool, check_dense, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_reduction_refused, local_rows
 from speedlight.ops.cross_entropy import (
     TARGET_DTYPES,
-    _check_targets,
-    _divide,
+    CrossEntropyOutput,
+    check_class_weight,
     check_options,
-    cross_entropy_bwd,
-    cross_entropy_fwd,
 )
+from speedlight.ops.linear_cross_entropy_chunks import (  # noqa: F401 (the op's launcher API)
+    CHUNK_BUDGET_BYTES,
+    MIN_TOKENS_PER_SM,
+    chunk_tokens,
+    linear_cross_entropy_fwd,
+)
+from speedlight.ops.registration import register_op
 from speedlight.runtime import describe
 from speedlight.spec import Case, Cost, OpSpec, generator, inject_nonfinite, rand_tensor
 
-CHUNK_BUDGET_BYTES = 512 * 2 ** 20  # one chunk's logits (their gradient overwrites them)
-MIN_TOKENS_PER_SM = 16
-TILE_TOKENS = 128
+# --- registration ---------------------------------------------------------------------------
+# The launchers' parameters are the custom ops' schemas. hidden [tokens, H], target
+# [tokens] (the public function flattens the leading dims); the extras (z_loss_term,
+# token_accuracy, predicted_tokens) are None (an empty placeholder) unless asked for.
 
 
-def chunk_tokens(n_tokens: int, vocab: int, dtype: torch.dtype, device,
-                 chunk_size: int | None = None) -> int:
-    """Tokens per chunk: chunk_size when given, else the rule of the module docstring."""
-    if n_tokens <= 0:
-        return 1
-    if chunk_size is not None:
-        return max(1, min(int(chunk_size), n_tokens))
-    by_budget = CHUNK_BUDGET_BYTES // max(1, vocab * dtype.itemsize)
-    sms = planned_sm_count(device)
-    size = max(by_budget, MIN_TOKENS_PER_SM * sms if sms else 1, 1)
-    if size >= n_tokens:
-        return n_tokens
-    n_chunks = triton.cdiv(n_tokens, size)
-    even = triton.cdiv(n_tokens, n_chunks)
-    if even >= TILE_TOKENS:
-        even = triton.cdiv(even, TILE_TOKENS) * TILE_TOKENS
-    return min(even, n_tokens)
-
-
-_FP32_OUT_MM: dict[str, bool] = {}  # device type -> whether addmm with an fp32 output runs
-
-
-def _accumulate_mm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b with acc fp32, whatever a and b's dtype: one half-precision matmul
-    with an fp32 output (aten::addmm.dtype_out) where torch has it (CUDA); elsewhere, or
-    where it fails, through fp32 copies of the chunk's operands (slower, more memory)."""
-    if a.dtype == acc.dtype:
-        acc.addmm_(a, b)
-        return
-    kind = acc.device.type
-    if kind == "cuda" and _FP32_OUT_MM.get(kind, True):
-        try:
-            torch.ops.aten.addmm.dtype_out(acc, a, b, torch.float32, out=acc)
-            _FP32_OUT_MM[kind] = True
-            return
-        except (RuntimeError, NotImplementedError):
-            _FP32_OUT_MM[kind] = False  # this torch/GPU lacks it: upcast from now on
-    acc.addmm_(a.float(), b.float())
-
-
-def linear_cross_entropy_fwd(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                             bias: torch.Tensor | None = None, ignore_index: int = -100,
-                             reduction: str = "mean", label_smoothing: float = 0.0,
-                             z_loss: float = 0.0, softcap: float | None = None, *,
-                             grad_hidden: bool = False, grad_weight: bool = False,
-                             grad_bias: bool = False, grad_rows: torch.Tensor | None = None,
-                             chunk_size: int | None = None, check_target: bool = True):
-    """(loss, d_hidden, d_weight, d_bias) over hidden [tokens, H], weight [V, H], target
-    [tokens], bias [V] or None. The gradients asked for (grad_*) are those of the reduced
-    loss (None otherwise); with grad_rows ([tokens]: each token's upstream gradient, for
-    reduction "none") they are those of sum(grad_rows * loss). loss: fp32 per token for
-    "none", else a 0-dim tensor in hidden's dtype.
-    """
-    n, h = hidden.shape
-    vocab = weight.shape[0]
-    dev = hidden.device
-    if check_target and n:
-        _check_targets(target, vocab, ignore_index)
-    any_grad = grad_hidden or grad_weight or grad_bias
-    d_hidden = (torch.empty((n, h), dtype=hidden.dtype, device=dev) if grad_hidden
-                else None)
-    acc_w = torch.zeros((vocab, h), dtype=torch.float32, device=dev) if grad_weight else None
-    acc_b = torch.zeros(vocab, dtype=torch.float32, device=dev) if grad_bias else None
-    loss_rows = torch.empty(n, dtype=torch.float32, device=dev)
-    divisor = (target != ignore_index).sum() if reduction == "mean" else None
-    scale = None
-    if any_grad and grad_rows is None and divisor is not None:
-        scale = _divide(torch.ones((), device=dev), divisor)  # 1 / divisor, 0 for none
-    opts = (ignore_index, "none", label_smoothing, z_loss, softcap)
-    step = chunk_tokens(n, vocab, hidden.dtype, dev, chunk_size)
-    for s in range(0, n, step):
-        e = min(s + step, n)
-        h_c = hidden[s:e]
-        # [c, H] @ [H, V] -> [c, V]
-        logits = torch.addmm(bias, h_c, weight.t()) if bias is not None else h_c @ weight.t()
-        cross_entropy_fwd(logits, target[s:e], *opts, compute_grad=any_grad,
-                          check_target=False, grad_out=logits if any_grad else None,
-                          grad_scale=scale, loss_out=loss_rows[s:e])
-        if not any_grad:
-            continue
-        dlogits = logits
-        if grad_rows is not None:  # each token's own upstream gradient, in place
-            cross_entropy_bwd(dlogits, grad_rows[s:e], out=dlogits)
-        if grad_hidden:
-            torch.mm(dlogits, weight, out=d_hidden[s:e])  # [c, V] @ [V, H] -> [c, H]
-        if grad_weight:
-            _accumulate_mm(acc_w, dlogits.t(), h_c)  # [V, c] @ [c, H] -> [V, H]
-        if grad_bias:
-            acc_b += dlogits.sum(0, dtype=torch.float32)
-        del logits, dlogits
-    if reduction == "none":
-        loss = loss_rows
-    else:
-        total = loss_rows.sum()
-        loss = (total if reduction == "sum" else _divide(total, divisor)).to(hidden.dtype)
-    d_weight = acc_w.to(weight.dtype) if acc_w is not None else None
-    d_bias = acc_b.to(bias.dtype) if acc_b is not None else None
-    return loss, d_hidden, d_weight, d_bias
-
-
-# --- registration: torch custom ops, opaque to torch.compile, with fake and autograd rules ---
-
-def _none_to_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    return t if t is not None else like.new_empty((0,))
-
-
-@torch.library.custom_op("speedlight::linear_cross_entropy_fwd", mutates_args=())
-def _lce_fwd_op(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                bias: Optional[torch.Tensor], ignore_index: int, reduction: str,
-                label_smoothing: float, z_loss: float, softcap: Optional[float],
-                grad_hidden: bool, grad_weight: bool, grad_bias: bool,
-                chunk_size: Optional[int], check_target: bool
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    loss, dh, dw, db = linear_cross_entropy_fwd(
+def _train_fwd(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+               bias: Optional[torch.Tensor], class_weight: Optional[torch.Tensor],
+               ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
+               softcap: Optional[float], chunk_size: Optional[int],
+               autocast_dtype: Optional[torch.dtype], check_target: bool, extras: bool,
+               needs_grad: list[bool]):
+    """The loss, the gradients needs_grad asks for (of the loss itself) and the extras."""
+    loss, dh, dw, db, more = linear_cross_entropy_fwd(
         hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss,
-        softcap, grad_hidden=grad_hidden, grad_weight=grad_weight, grad_bias=grad_bias,
-        chunk_size=chunk_size, check_target=check_target)
-    if reduction == "none":
-        loss = loss.to(hidden.dtype)
-    return (loss, _none_to_empty(dh, hidden), _none_to_empty(dw, weight),
-            _none_to_empty(db, weight))
+        softcap, class_weight=class_weight, needs_grad=needs_grad,
+        autocast_dtype=autocast_dtype, chunk_size=chunk_size, check_target=check_target,
+        extras=extras)
+    return (loss, dh, dw, db, *(more or (None, None, None)))
 
 
-@_lce_fwd_op.register_fake
-def _(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss, softcap,
-      grad_hidden, grad_weight, grad_bias, chunk_size, check_target):
-    loss = hidden.new_empty(target.shape if reduction == "none" else ())
-    return (loss, hidden.new_empty(hidden.shape if grad_hidden else (0,)),
-            weight.new_empty(weight.shape if grad_weight else (0,)),
-            weight.new_empty((weight.shape[0],) if grad_bias else (0,)))
+def _loss_fwd(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+              bias: Optional[torch.Tensor], class_weight: Optional[torch.Tensor],
+              ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
+              softcap: Optional[float], chunk_size: Optional[int],
+              autocast_dtype: Optional[torch.dtype], check_target: bool, extras: bool):
+    """The loss and the extras, no gradient."""
+    loss, _, _, _, more = linear_cross_entropy_fwd(
+        hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss,
+        softcap, class_weight=class_weight, autocast_dtype=autocast_dtype,
+        chunk_size=chunk_size, check_target=check_target, extras=extras)
+    return (loss, *(more or (None, None, None)))
 
 
-@torch.library.custom_op("speedlight::linear_cross_entropy_recompute_bwd", mutates_args=())
-def _lce_recompute_bwd_op(grad_rows: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
-                target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int,
-                label_smoothing: float, z_loss: float, softcap: Optional[float],
-                grad_hidden: bool, grad_weight: bool, grad_bias: bool,
-                chunk_size: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """reduction "none": recompute each chunk's gradient, scaled by its tokens' grad_rows."""
-    _, dh, dw, db = linear_cross_entropy_fwd(
-        hidden, weight, target, bias, ignore_index, "none", label_smoothing, z_loss, softcap,
-        grad_hidden=grad_hidden, grad_weight=grad_weight, grad_bias=grad_bias,
-        grad_rows=grad_rows, chunk_size=chunk_size, check_target=False)
-    return _none_to_empty(dh, hidden), _none_to_empty(dw, weight), _none_to_empty(db, weight)
-
-
-@_lce_recompute_bwd_op.register_fake
-def _(grad_rows, hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap,
-      grad_hidden, grad_weight, grad_bias, chunk_size):
-    return (hidden.new_empty(hidden.shape if grad_hidden else (0,)),
-            weight.new_empty(weight.shape if grad_weight else (0,)),
-            weight.new_empty((weight.shape[0],) if grad_bias else (0,)))
-
-
-@torch.library.custom_op("speedlight::linear_cross_entropy_bwd",
-                         mutates_args=("d_hidden", "d_weight", "d_bias"))
-def _lce_scale_bwd_op(dloss: torch.Tensor, d_hidden: torch.Tensor, d_weight: torch.Tensor,
-                      d_bias: torch.Tensor) -> None:
-    """reduction "mean"/"sum": the forward's gradients times the upstream gradient, in place
-    (no copy of d_weight); empty placeholders stay empty."""
+def _scale_bwd(dloss: torch.Tensor, d_hidden: torch.Tensor, d_weight: torch.Tensor,
+               d_bias: torch.Tensor) -> None:
+    """The forward's gradients times the upstream gradient, in place (no copy of
+    d_weight); the placeholders of gradients not computed stay empty."""
     g = dloss.float()
     for t in (d_hidden, d_weight, d_bias):
         if t.numel():
             t.mul_(g)
 
 
-@_lce_scale_bwd_op.register_fake
-def _(dloss, d_hidden, d_weight, d_bias):
-    return None
+def _recompute_bwd(dloss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+                   target: torch.Tensor, bias: Optional[torch.Tensor],
+                   class_weight: Optional[torch.Tensor], ignore_index: int, reduction: str,
+                   label_smoothing: float, z_loss: float, softcap: Optional[float],
+                   chunk_size: Optional[int], autocast_dtype: Optional[torch.dtype],
+                   needs_grad: list[bool]):
+    """The gradients needs_grad asks for, of sum(dloss * loss), recomputed chunk by chunk."""
+    _, dh, dw, db, _ = linear_cross_entropy_fwd(
+        hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss,
+        softcap, class_weight=class_weight, needs_grad=needs_grad, grad_loss=dloss,
+        autocast_dtype=autocast_dtype, chunk_size=chunk_size, check_target=False)
+    return dh, dw, db
 
 
-def _setup_context(ctx, inputs, output):
-    (hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss, softcap,
-     grad_hidden, grad_weight, grad_bias, chunk_size, _) = inputs
-    _, dh, dw, db = output
-    ctx.reduction = reduction
-    ctx.flags = (grad_hidden, grad_weight, grad_bias)
-    ctx.set_materialize_grads(False)  # no zeros the size of d_weight for the unused outputs
-    ctx.mark_non_differentiable(dh, dw, db)
-    if reduction == "none":
-        ctx.save_for_backward(hidden, weight, target, bias)
-        ctx.options = (ignore_index, label_smoothing, z_loss, softcap)
-        ctx.chunk_size = chunk_size
-    else:
-        ctx.save_for_backward(dh, dw, db)
-        ctx.scaled = False
+def _outputs_fake(hidden, target, reduction, autocast_dtype, extras) -> tuple:
+    """(loss, z_loss_term, token_accuracy, predicted_tokens) as fakes."""
+    per_token = target.shape if reduction == "none" else ()
+    loss = hidden.new_empty(per_token, dtype=torch.float32 if autocast_dtype else None)
+    if not extras:
+        return loss, None, None, None
+    return (loss, loss.new_empty(per_token), loss.new_empty(per_token, dtype=torch.float32),
+            target.new_empty(target.shape, dtype=torch.int64))
 
 
-def _backward(ctx, grad_loss, *_):
-    grad_hidden, grad_weight, grad_bias = ctx.flags
-    if grad_loss is None:
-        return (None,) * 14
-    if ctx.reduction == "none":
-        hidden, weight, target, bias = ctx.saved_tensors
-        dh, dw, db = torch.ops.speedlight.linear_cross_entropy_recompute_bwd(
-            grad_loss.reshape(-1), hidden, weight, target, bias, *ctx.options, grad_hidden,
-            grad_weight, grad_bias, ctx.chunk_size)
-    else:
-        # The forward's gradients, scaled in place (they are not copied): a second backward
-        # through the same graph would scale them twice, so it is refused.
-        if ctx.scaled:
-            raise RuntimeError("linear_cross_entropy's backward ran twice on one forward "
-                               "(retain_graph=True): its gradients were already scaled in "
-                               "place; run the forward again")
-        ctx.scaled = True
-        dh, dw, db = ctx.saved_tensors
-        torch.ops.speedlight.linear_cross_entropy_bwd(grad_loss, dh, dw, db)
-    return ((dh if grad_hidden else None), (dw if grad_weight else None), None,
-            (db if grad_bias else None)) + (None,) * 10
+def _train_fake(hidden, weight, target, bias, class_weight, ignore_index, reduction,
+                label_smoothing, z_loss, softcap, chunk_size, autocast_dtype, check_target,
+                extras, needs_grad):
+    loss, *more = _outputs_fake(hidden, target, reduction, autocast_dtype, extras)
+    grad_h, grad_w, grad_b = needs_grad
+    return (loss, hidden.new_empty(hidden.shape) if grad_h else None,
+            weight.new_empty(weight.shape) if grad_w else None,
+            bias.new_empty(bias.shape) if grad_b and bias is not None else None, *more)
 
 
-_lce_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+def _recompute_bwd_fake(dloss, hidden, weight, target, bias, *options):
+    grad_h, grad_w, grad_b = options[-1]
+    return (hidden.new_empty(hidden.shape) if grad_h else None,
+            weight.new_empty(weight.shape) if grad_w else None,
+            bias.new_empty(bias.shape) if grad_b and bias is not None else None)
 
-# --- end of the registration block --------------------------------------------------------
 
+LINEAR_CROSS_ENTROPY = register_op(
+    "linear_cross_entropy",
+    forward=_train_fwd,
+    inference=_loss_fwd,
+    outputs=("loss", "d_hidden", "d_weight", "d_bias", "z_loss_term", "token_accuracy",
+             "predicted_tokens"),
+    stats=("d_hidden", "d_weight", "d_bias"),
+    fake=_train_fake,
+    backward=_scale_bwd,
+    backward_mutates=("d_hidden", "d_weight", "d_bias"),
+    grads=("hidden", "weight", "bias"),
+    optional_grads=True,  # the extras receive no gradient; nor zeros the size of d_weight
+)
+
+LINEAR_CROSS_ENTROPY_RECOMPUTE = register_op(
+    "linear_cross_entropy_recompute",
+    forward=_loss_fwd,
+    outputs=("loss", "z_loss_term", "token_accuracy", "predicted_tokens"),
+    fake=lambda hidden, weight, target, bias, class_weight, ignore_index, reduction, *rest: (
+        _outputs_fake(hidden, target, reduction, rest[-3], rest[-1])),
+    backward=_recompute_bwd,
+    backward_fake=_recompute_bwd_fake,
+    grads=("hidden", "weight", "bias"),
+    optional_grads=True,
+)
+
+
+# --- public function ---------------------------------------------------------------------
 
 def check_gathered_weight(weight: torch.Tensor, hidden: torch.Tensor) -> None:
     """weight must be the whole [V, H] lm_head on this rank. A parameter ZeRO-3 or FSDP
@@ -286,28 +179,66 @@ def check_gathered_weight(weight: torch.Tensor, hidden: torch.Tensor) -> None:
             f"tensor-parallel split) must be gathered first")
 
 
+# device types torch.autocast knows (asking about another raises)
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "ipu", "maia")
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype torch.autocast runs F.linear in on `device` now, or None outside autocast."""
+    if device.type not in _AUTOCAST_DEVICES or not torch.is_autocast_enabled(device.type):
+        return None
+    return torch.get_autocast_dtype(device.type)
+
+
+def _check_dtypes(hidden, weight, bias, under_autocast: bool) -> None:
+    """Outside autocast weight and bias have hidden's dtype, as F.linear requires; under
+    it any mix of float32/float16/bfloat16 is cast as F.linear's operands are."""
+    if under_autocast:
+        return
+    if weight.dtype != hidden.dtype:
+        raise TypeError(f"weight must have hidden's dtype {hidden.dtype} (outside "
+                        f"torch.autocast), got {describe(weight)}")
+    if bias is not None and bias.dtype != hidden.dtype:
+        raise TypeError(f"bias must have hidden's dtype {hidden.dtype} (outside "
+                        f"torch.autocast), got {describe(bias)}")
+
+
 @local_rows("hidden", "target", refuse=local_reduction_refused)
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: torch.Tensor | None = None, *, ignore_index: int = -100,
                          reduction: str = "mean", label_smoothing: float = 0.0,
                          z_loss: float = 0.0, softcap: float | None = None,
-                         chunk_size: int | None = None, check_target: bool = True
-                         ) -> torch.Tensor:
+                         class_weight: torch.Tensor | None = None,
+                         chunk_size: int | None = None, check_target: bool = True,
+                         return_z_loss: bool = False, return_token_accuracy: bool = False,
+                         return_predicted_tokens: bool = False
+                         ) -> torch.Tensor | CrossEntropyOutput:
     """speedlight.cross_entropy(hidden @ weight.T + bias, target, ...) without the logits.
 
-    hidden [..., H] (any leading dims), weight [V, H] (an lm_head's), bias [V] or None, all
-    float32/float16/bfloat16 of one dtype; target [...] (hidden's leading dims) integer
-    class indices. Same semantics as speedlight.cross_entropy: reductions, ignore_index,
-    label smoothing, z-loss, softcap (Gemma 2's, on the logits), and a mean over only
-    ignored targets is 0. The logits are computed in hidden's dtype (as F.linear does) and
-    the loss from them in fp32; the loss has hidden's dtype.
+    hidden [..., H] (any leading dims), weight [V, H] (an lm_head's), bias [V] or None,
+    float32/float16/bfloat16 of one dtype (under torch.autocast any mix); target [...]
+    (hidden's leading dims) integer class indices. The options are speedlight.cross_entropy's,
+    with the same semantics: reductions, ignore_index, label smoothing, z-loss, softcap
+    (Gemma 2's, on the logits), class weights (`class_weight`, [V], torch's `weight`:
+    `weight` here is the lm_head's), and a mean over nothing counted is 0.
+    return_z_loss / return_token_accuracy / return_predicted_tokens: computed in the same
+    pass over each chunk's logits; any of them makes the result a
+    CrossEntropyOutput(loss, z_loss, token_accuracy, predicted_tokens) named tuple, as
+    cross_entropy's (None for the parts not asked; the predicted tokens are the argmax of
+    the logits as computed, in their dtype).
+
+    The logits are computed in hidden's dtype (as F.linear does) and the loss from them in
+    fp32; the loss has hidden's dtype. Under torch.autocast the matmuls run in the
+    autocast dtype, as F.linear's do there, the loss is fp32 (as torch's losses under
+    autocast) and each gradient has its input's dtype, d_weight accumulated in fp32.
 
     Never materialises the [tokens, V] logits: tokens are processed in chunks (chunk_size
-    tokens each, or the rule in this module's docstring), so the memory beyond the inputs
-    and the gradients is one chunk's logits plus, for half-precision weights, d_weight's
-    fp32 accumulator. The gradients are computed during the forward when autograd needs
-    them (the backward scales them in place, so a second backward on one graph is
-    refused); with reduction="none" the backward recomputes the chunks instead.
+    tokens each, or the rule in linear_cross_entropy_chunks), so the memory beyond the
+    inputs and the gradients is one chunk's logits plus, for a half-precision weight,
+    d_weight's fp32 accumulator. The gradients autograd needs (none for an input that
+    does not require grad) are computed during the forward and the backward scales them
+    in place, so a second backward on one graph is refused; with reduction="none" or fp16
+    logits the backward computes them instead (see this module's docstring).
 
     check_target: a target neither in [0, V) nor ignore_index raises ValueError (on CUDA
     one host sync; pass False inside CUDA-graph capture, as for cross_entropy).
@@ -315,13 +246,10 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     check_tensor("hidden", hidden, min_dim=1)
     check_tensor("weight", weight)
     check_gathered_weight(weight, hidden)
-    if weight.dtype != hidden.dtype:
-        raise TypeError(f"weight must have hidden's dtype {hidden.dtype}, got {describe(weight)}")
     if bias is not None:
         check_tensor("bias", bias, min_dim=1)
-        if tuple(bias.shape) != (weight.shape[0],) or bias.dtype != hidden.dtype:
-            raise ValueError(f"bias must have shape ({weight.shape[0]},) and dtype "
-                             f"{hidden.dtype}, got {describe(bias)}")
+        if tuple(bias.shape) != (weight.shape[0],):
+            raise ValueError(f"bias must have shape ({weight.shape[0]},), got {describe(bias)}")
     check_dense("target", target)
     if target.dtype not in TARGET_DTYPES:
         raise TypeError(f"target must be an integer tensor of class indices, got "
@@ -330,24 +258,39 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         raise ValueError(f"target must have shape {tuple(hidden.shape[:-1])} (hidden's shape "
                          f"without its last dim), got {describe(target)}")
     check_same_device(hidden=hidden, weight=weight, target=target, bias=bias)
+    amp_dtype = autocast_dtype(hidden.device)
+    _check_dtypes(hidden, weight, bias, amp_dtype is not None)
     check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
-    check_bool("check_target", check_target)
+    check_class_weight(class_weight, weight.shape[0], hidden.device, name="class_weight")
+    for name, flag in (("check_target", check_target), ("return_z_loss", return_z_loss),
+                       ("return_token_accuracy", return_token_accuracy),
+                       ("return_predicted_tokens", return_predicted_tokens)):
+        check_bool(name, flag)
     if chunk_size is not None and (not isinstance(chunk_size, numbers.Integral)
                                    or isinstance(chunk_size, bool) or chunk_size < 1):
         raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
     if weight.shape[0] == 0 and target.numel():
         raise ValueError(f"weight must have at least one row (class), got {describe(weight)}")
-    hidden2 = hidden.reshape(-1, hidden.shape[-1])
-    target1 = target.reshape(-1)
-    grad = torch.is_grad_enabled()
-    flags = (grad and hidden.requires_grad, grad and weight.requires_grad,
-             grad and bias is not None and bias.requires_grad)
-    check = bool(check_target) or hidden.device.type == "cpu"
-    loss, *_ = torch.ops.speedlight.linear_cross_entropy_fwd(
-        hidden2, weight, target1, bias, int(ignore_index), reduction, float(label_smoothing),
-        float(z_loss), float(softcap) if softcap is not None else None, *flags,
-        int(chunk_size) if chunk_size is not None else None, check)
-    return loss.view(target.shape) if reduction == "none" else loss
+
+    asked = (bool(return_z_loss), bool(return_token_accuracy), bool(return_predicted_tokens))
+    args = (hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1), bias,
+            class_weight, int(ignore_index), reduction, float(label_smoothing), float(z_loss),
+            float(softcap) if softcap is not None else None,
+            int(chunk_size) if chunk_size is not None else None, amp_dtype,
+            bool(check_target) or hidden.device.type == "cpu", any(asked))
+    recompute = reduction == "none" or (amp_dtype or hidden.dtype) == torch.float16
+    op = LINEAR_CROSS_ENTROPY_RECOMPUTE if recompute else LINEAR_CROSS_ENTROPY
+    loss, *more = op(*args)
+    if reduction == "none":
+        loss = loss.view(target.shape)
+    if not any(asked):
+        return loss
+    z, accuracy, predicted = more
+    if reduction == "none":
+        z, accuracy = z.view(target.shape), accuracy.view(target.shape)
+    # logged values: their gradient flows through loss, not through them
+    return CrossEntropyOutput(loss, *(m.detach() if a else None for m, a in
+                                      zip((z, accuracy, predicted.view(target.shape)), asked)))
 
 
 # --- OpSpec --------------------------------------------------------------------------------
@@ -355,6 +298,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
 def _make_inputs(case: Case, device) -> dict:
     tokens, hidden_size, vocab = case["tokens"], case["hidden"], case["vocab"]
     softcap = case.flag("softcap")
+    extras = bool(case.flag("extras"))
     # logits = hidden @ weight.T a few units wide (wider before a softcap), as a trained
     # LM's: unit hidden, weight rows of norm ~2 (~15 before a cap)
     hidden = rand_tensor((tokens, hidden_size), case, device)
@@ -367,16 +311,48 @@ def _make_inputs(case: Case, device) -> dict:
         inject_nonfinite(hidden, case)
     g = generator(case, salt=2)
     target = torch.randint(0, max(vocab, 1), (tokens,), generator=g)
+    if extras and tokens and vocab:
+        _plant_argmax(hidden, weight, target, g)
     ignore = case.flag("ignore")
     if ignore == "all":
         target.fill_(-100)
     elif ignore == "some":
         target[torch.rand(target.shape, generator=g) < 0.3] = -100
+    class_weight = None
+    if case.flag("weight"):  # class weights in [0, 2), a few classes weighed 0
+        class_weight = rand_tensor((vocab,), case.with_(layout="contiguous"), device,
+                                   dist="uniform", scale=2.0, salt=3)
+        class_weight[::7] = 0.0
     return {"hidden": hidden, "weight": weight, "target": target.to(device), "bias": bias,
             "ignore_index": -100, "reduction": case.flag("reduction", "mean"),
             "label_smoothing": float(case.flag("smoothing", 0.0)),
             "z_loss": float(case.flag("zloss", 0.0)), "softcap": softcap,
-            "chunk_size": case.flag("chunk")}
+            "class_weight": class_weight, "chunk_size": case.flag("chunk"),
+            "return_z_loss": extras, "return_token_accuracy": extras,
+            "return_predicted_tokens": extras}
+
+
+def _plant_argmax(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, g) -> None:
+    """Give each token's logits one clear maximum (at its target for about half of them),
+    so that the predicted tokens do not depend on how the logits are rounded: hidden
+    moves along the chosen class's weight row until that logit grows by 10, then, where
+    two logits still lie within 0.5 (a few bf16 ulps at that size), along the difference
+    of their rows."""
+    n, vocab = hidden.shape[0], weight.shape[0]
+    chosen = torch.where(torch.rand(n, generator=g) < 0.5, target,
+                         torch.randint(0, vocab, (n,), generator=g))
+    w = weight.double().cpu()
+    h = hidden.double().cpu() + 10.0 * w[chosen] / w[chosen].square().sum(-1, keepdim=True)
+    hidden.copy_(h.to(hidden.dtype))
+    for _ in range(4 if vocab > 1 else 0):
+        h = hidden.double().cpu()
+        top = (h @ w.t()).topk(2, dim=-1)
+        close = (top.values[:, 0] - top.values[:, 1]) < 0.5
+        if not bool(close.any()):
+            return
+        d = w[top.indices[:, 0]] - w[top.indices[:, 1]]
+        step = d / d.square().sum(-1, keepdim=True).clamp_min(1e-12)
+        hidden.copy_(torch.where(close[:, None], h + step, h).to(hidden.dtype))
 
 
 def _reference(hidden, weight, target, bias=None, *, chunk_size=None, **options):
@@ -387,19 +363,23 @@ def _cost(case: Case, mode: str) -> Cost:
     n, h, v, e = case["tokens"], case["hidden"], case["vocab"], case.dtype.itemsize
     bias = v if case.flag("bias") else 0
     none = case.flag("reduction") == "none"
+    # the backward computes the gradients (a profiled call of that op says so)
+    recompute = none or case.dtype == torch.float16 or bool(case.flag("recompute"))
     loss_bytes = n * e if none else e
-    inputs = (n * h + v * h + bias) * e + 8 * n  # hidden, weight, bias, target
+    # read hidden, weight, bias, target (and class weights)
+    inputs = (n * h + v * h + bias + (v if case.flag("weight") else 0)) * e + 8 * n
     grads = (n * h + v * h + bias) * e  # d_hidden, d_weight, d_bias
     matmul = 2 * n * v * h  # one [n, h] x [h, v] product (2 FLOP per multiply-add)
     ce = (7 + (22 if case.flag("softcap") else 0)) * n * v  # ~ per logit, as cross_entropy
     if mode == "fwd":
-        if none:  # the loss only (the backward recomputes): logits matmul + cross-entropy
-            return Cost(flops=matmul + ce, bytes=inputs + loss_bytes)
+        extras = 16 * n if case.flag("extras") else 0  # write z, correct (fp32), argmax
+        if recompute:  # the loss only: logits matmul + cross-entropy
+            return Cost(flops=matmul + ce, bytes=inputs + loss_bytes + extras)
         # training's forward computes the gradients too: the logits, d_hidden and d_weight
         # matmuls; read the inputs, write the loss and the gradients (the logits never
         # reach memory in the ideal)
-        return Cost(flops=3 * matmul + ce, bytes=inputs + loss_bytes + grads)
-    if none:  # recompute: read the inputs and the upstream gradients, write the gradients
+        return Cost(flops=3 * matmul + ce, bytes=inputs + loss_bytes + extras + grads)
+    if recompute:  # read the inputs and the upstream gradients, write the gradients
         return Cost(flops=3 * matmul + ce + n * v, bytes=inputs + loss_bytes + grads)
     # scale the forward's gradients by the upstream gradient in place: read, write each
     return Cost(flops=n * h + v * h + bias, bytes=2 * grads + e)
@@ -417,6 +397,8 @@ def _cases(suite: str) -> list[Case]:
                 case(37, 16, 300, chunk=16, ignore="some", smoothing=0.1, zloss=1e-3,
                      softcap=30.0, bias=True),
                 case(37, 16, 300, chunk=16, reduction="none", ignore="some"),
+                case(37, 16, 300, chunk=16, weight=True, zloss=1e-3, ignore="some"),
+                case(37, 16, 300, chunk=16, extras=True, zloss=1e-3, ignore="some"),
                 case(6, 16, 100, ignore="all", chunk=4), case(0, 16, 100)]
     out = []
     pairs = shapes.distinct_configs(("hidden", "vocab"), where=lambda m: bool(m.vocab))
@@ -430,6 +412,9 @@ def _cases(suite: str) -> list[Case]:
                 case(4096, 4096, 128256, ignore="all"),
                 case(4096, 4096, 128256, reduction="none", smoothing=0.1, zloss=1e-4),
                 case(3, 16, 20011, reduction="sum"),
+                case(257, 1000, 32003, weight=True, smoothing=0.1, extras=True,
+                     reduction="none", ignore="some"),
+                case(1031, 512, 65537, weight=True, zloss=1e-4, extras=True, reduction="sum"),
                 # weight and its gradient past 2^31 elements together (Gemma 3's vocabulary)
                 case(16384, 4096, 262144, huge=True)]
     return out
@@ -454,8 +439,8 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
                  flags=flags, model=cfg.name)]
 
 
-_CALLS = {"linear_cross_entropy_fwd": "fwd", "linear_cross_entropy_bwd": "bwd",
-          "linear_cross_entropy_recompute_bwd": "bwd"}
+_CALLS = ("linear_cross_entropy_fwd", "linear_cross_entropy_infer", "linear_cross_entropy_bwd",
+          "linear_cross_entropy_recompute_fwd", "linear_cross_entropy_recompute_bwd")
 
 
 def _case_of(call: str, args) -> Case | None:
@@ -468,13 +453,17 @@ def _case_of(call: str, args) -> Case | None:
         flags = {"bias": bool(bias.numel()) or None}  # (mean and sum cost the same)
     else:
         hidden, weight, bias = args["hidden"], args["weight"], args.get("bias")
-        reduction = args.get("reduction", "none" if "grad_rows" in args else "mean")
+        reduction = args.get("reduction", "mean")
         flags = {"bias": bias is not None or None,
                  "reduction": None if reduction == "mean" else reduction,
-                 "softcap": args.get("softcap")}
+                 "softcap": args.get("softcap"),
+                 "weight": args.get("class_weight") is not None or None,
+                 "extras": args.get("extras") or None,
+                 "recompute": call.startswith("linear_cross_entropy_recompute") or None}
     n = hidden.numel() // hidden.shape[-1] if hidden.dim() and hidden.shape[-1] else 0
+    dtype = args.get("autocast_dtype") or weight.dtype  # the logits' and matmuls' dtype
     return Case("linear_cross_entropy", (("tokens", n), ("hidden", weight.shape[-1]),
-                                         ("vocab", weight.shape[0])), dtype=weight.dtype,
+                                         ("vocab", weight.shape[0])), dtype=dtype,
                 flags={k: v for k, v in flags.items() if v is not None})
 
 
@@ -490,7 +479,7 @@ SPEC = OpSpec(
     notes=("lm_head matmul + cross-entropy in chunks of tokens: one chunk's logits alive at "
            "a time, their gradient written over them by the cross-entropy kernel; d_weight "
            "accumulated in fp32. fwd counts the gradient matmuls (computed there); bwd only "
-           "scales."),
+           "scales (reduction none and fp16: fwd the loss, bwd recomputes)."),
     for_model=_for_model,
     aligned=lambda case: case["hidden"] % 16 == 0 and case["vocab"] % 16 == 0,
     case_of=_case_of,

@@ -586,14 +586,19 @@ def for_model(cfg, batch: int, seq: int) -> list[Case]:
             for proj, n, k in projections(cfg)]
 
 
-# sm_90a design of the bf16/fp16 kernels (compile-only guard: tests/inspect/test_matmul_guard)
-DESIGN = KernelDesign(min_occupancy=0.0, vector_bits=0, spills=False, mma="HGMMA", tma=True,
-                      min_stages=3, bytes_ratio=float("inf"),
-                      why="a GEMM reads a once per column of tiles and b once per row of "
-                          "tiles; grouped order serves those re-reads from L2")
+# Design of the bf16/fp16 kernels (compile-only guards: tests/inspect/test_matmul_guard):
+# on sm_90a TMA loads into a 3-stage pipeline feeding wgmma (HGMMA); on sm_100a the same
+# TMA pipeline feeding tcgen05 MMA (UTCHMMA), its accumulator in tensor memory.
+_GEMM = KernelDesign(min_occupancy=0.0, vector_bits=0, spills=False, mma="HGMMA", tma=True,
+                     min_stages=3, bytes_ratio=float("inf"),
+                     why="a GEMM reads a once per column of tiles and b once per row of "
+                         "tiles; grouped order serves those re-reads from L2")
+DESIGN = dataclasses.replace(_GEMM, per_arch=((100, dataclasses.replace(_GEMM, mma="UTCHMMA")),))
 
-# sm_90a design of the fp8 kernel: the same pipeline on fp8 wgmma (QGMMA)
-FP8_DESIGN = dataclasses.replace(DESIGN, mma="QGMMA")
+# The fp8 kernel: the same pipeline on fp8 wgmma (QGMMA) on sm_90a, fp8 tcgen05 (UTCQMMA)
+# on sm_100a
+FP8_DESIGN = dataclasses.replace(_GEMM, mma="QGMMA", per_arch=(
+    (100, dataclasses.replace(_GEMM, mma="UTCQMMA")),))
 
 SPEC = OpSpec(
     impl=matmul,

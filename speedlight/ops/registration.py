@@ -35,6 +35,20 @@ Calling the returned `RegisteredOp` returns the public outputs (those not in `st
 one tensor, or a tuple. Launchers may return None for an optional output; the custom
 op carries an empty placeholder instead, since its outputs are tensors.
 
+Which gradients a call needs: a launcher parameter named `needs_grad` (annotated
+`list[bool]`) is given one flag per entry of `grads`, True where that input needs a
+gradient on this call (grad mode on and the input given and requiring grad), so a
+launcher skips work nobody asked for (no dW for a frozen weight). The caller never
+passes it: the forward's is filled in when the op is called, the backward's from autograd
+(`ctx.needs_input_grad`). The autograd rule returns None for every input that needs no
+gradient, whatever the backward computed.
+
+An op whose backward differs with a call's options registers one op per backward, and
+its public function chooses, as it chooses an in-place variant: linear_cross_entropy
+computes its gradients in the forward and scales them in the backward, except for
+reduction "none" or fp16 logits, where a second registration recomputes them in the
+backward with the upstream gradient.
+
 More than one implementation: `forward={"triton": f, "cuda": g}` (and `backward` the
 same keys); `op(..., impl="cuda")` forces one, `op(...)` runs `op.default`: the first
 verified one, until `set_default` installs another (a tuned table's or a measured per-GPU
@@ -52,6 +66,9 @@ mutates writes the first gradients of `grads` over the arguments it names, in or
 and returns the rest (none when it writes them all): `backward_mutates=("dy",)` with
 `grads=("x", "weight")` writes dx over dy and returns dw. A gradient written over is
 made contiguous first (a copy only when autograd hands over a strided or broadcast one).
+A backward that writes over what the forward saved (an output or an input) can run once
+per forward: a second backward through the same graph (retain_graph=True) is refused
+with an error naming the op.
 
 The launch context (speedlight/launch.py: the GPU launches are sized for, forced or tuned
 configurations) is saved with each forward and re-entered around its backward: autograd
@@ -80,6 +97,7 @@ import torch
 from speedlight import launch
 
 NAMESPACE = "speedlight"
+NEEDS_GRAD = "needs_grad"  # the launcher parameter given which gradients a call needs
 
 Launcher = Callable[..., Any]
 
@@ -107,9 +125,10 @@ class RegisteredOp:
     backward_op: Any | None = None
     inference_op: Any | None = None
     _apply: Callable[..., Any] | None = None
-    _grad_positions: tuple[int, ...] = ()
-    _n_params: int = 0  # the forward launcher's parameters (impl not counted)
-    _defaults: tuple = ()  # of the forward's trailing parameters that have one
+    _grad_groups: tuple[tuple[int, ...], ...] = ()  # positions of each entry of grads
+    _n_params: int = 0  # the caller's parameters (impl and needs_grad not counted)
+    _defaults: tuple = ()  # of the caller's trailing parameters that have one
+    _flags_at: int | None = None  # where the forward launcher takes needs_grad
     unverified: frozenset = frozenset()  # implementations no GPU run has verified yet
     default: str = ""  # the implementation op(...) runs; "": the first
 
@@ -135,8 +154,11 @@ class RegisteredOp:
         missing = self._n_params - len(args)
         if 0 < missing <= len(self._defaults):  # impl comes last: fill in the defaults
             args = args + self._defaults[len(self._defaults) - missing:]
-        if self.inference_op is not None and not self._needs_grad(args):
+        flags = self.grad_flags(args)
+        if self.inference_op is not None and not any(flags):
             return self.inference_op(*args, impl)
+        if self._flags_at is not None:
+            args = args[:self._flags_at] + (flags,) + args[self._flags_at:]
         out = self._apply(*args, impl)
         if not isinstance(out, tuple):
             return out
@@ -151,11 +173,13 @@ class RegisteredOp:
                              f"{', '.join(self.impls)}")
         return impl
 
-    def _needs_grad(self, args) -> bool:
-        if not torch.is_grad_enabled():
-            return False
-        return any(isinstance(args[i], torch.Tensor) and args[i].requires_grad
-                   for i in self._grad_positions if i < len(args))
+    def grad_flags(self, args) -> list[bool]:
+        """For each entry of grads, whether a call with `args` (the caller's, without
+        needs_grad) needs its gradient: grad mode on and the input a tensor requiring it."""
+        grad = torch.is_grad_enabled()
+        return [grad and any(i < len(args) and isinstance(args[i], torch.Tensor)
+                             and args[i].requires_grad for i in group)
+                for group in self._grad_groups]
 
 _REGISTERED: dict[str, RegisteredOp] = {}
 
@@ -196,7 +220,11 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
     params = list(inspect.signature(first).parameters.values())
     hints = typing.get_type_hints(first)
     in_names = [p.name for p in params]
-    defaults = tuple(p.default for p in params if p.default is not inspect.Parameter.empty)
+    # what the caller passes: the launcher's parameters but needs_grad, filled in per call
+    call_params = [p for p in params if p.name != NEEDS_GRAD]
+    call_names = [p.name for p in call_params]
+    defaults = tuple(p.default for p in call_params
+                     if p.default is not inspect.Parameter.empty)
 
     fwd_op = _custom_op(f"{namespace}::{name}_fwd", forward, fake, params, hints,
                         len(outputs), mutates)
@@ -205,31 +233,35 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
         raise ValueError(f"{name}: unverified {list(unverified)} must name some, not all, of "
                          f"the implementations {sorted(forward)}")
     op = RegisteredOp(name, outputs, stats, tuple(forward), fwd_op,
-                      _apply=fwd_op, _n_params=len(params), _defaults=defaults,
+                      _apply=fwd_op, _n_params=len(call_params), _defaults=defaults,
+                      _flags_at=in_names.index(NEEDS_GRAD) if NEEDS_GRAD in in_names else None,
                       unverified=frozenset(unverified))
     _REGISTERED[name] = op
+
+    targets = [(g,) if isinstance(g, str) else tuple(g) for g in grads]
+    for group in targets:
+        for g in group:
+            if g not in call_names:
+                raise ValueError(f"{name}: grads names {g!r}, not a forward parameter "
+                                 f"({', '.join(call_names)})")
+    op._grad_groups = tuple(tuple(call_names.index(g) for g in group) for group in targets)
 
     if inference is not None:
         public_at = [i for i, o in enumerate(outputs) if o not in stats]
 
         def inference_fake(*args):
+            if op._flags_at is not None:  # the forward's fake, told no gradient is wanted
+                args = args[:op._flags_at] + ([False] * len(targets),) + args[op._flags_at:]
             out = fake(*args)
             out = out if isinstance(out, tuple) else (out,)
             picked = tuple(out[i] for i in public_at)
             return picked[0] if len(picked) == 1 else picked
 
         op.inference_op = _custom_op(f"{namespace}::{name}_infer", inference, inference_fake,
-                                     params, hints, len(public_at), mutates)
+                                     call_params, hints, len(public_at), mutates)
 
     if backward is None:
         return op
-    targets = [(g,) if isinstance(g, str) else tuple(g) for g in grads]
-    for group in targets:
-        for g in group:
-            if g not in in_names:
-                raise ValueError(f"{name}: grads names {g!r}, not a forward parameter "
-                                 f"({', '.join(in_names)})")
-    op._grad_positions = tuple(in_names.index(g) for group in targets for g in group)
     bfirst = next(iter(backward.values()))
     bparams = list(inspect.signature(bfirst).parameters.values())
     bhints = typing.get_type_hints(bfirst)
@@ -246,8 +278,8 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
     bwd_op = _custom_op(f"{namespace}::{name}_bwd", backward, backward_fake, used, bhints,
                         n_grads, backward_mutates)
     op.backward_op = bwd_op
-    rule = _AutogradRule(in_names, outputs, stats, plan, [p.name for p in used], targets,
-                         bwd_op, backward_mutates, optional_grads)
+    rule = _AutogradRule(name, in_names, outputs, stats, plan, [p.name for p in used],
+                         targets, bwd_op, backward_mutates, optional_grads)
     if mutates:
         op._apply = _function(name, fwd_op, rule)
     else:
@@ -326,7 +358,9 @@ def _backward_plan(name, bparams, in_names, outputs, stats) -> dict[str, tuple[s
     public = [o for o in outputs if o not in stats]
     plan = {}
     for p in bparams:
-        if p.name in outputs:
+        if p.name == NEEDS_GRAD:
+            plan[p.name] = ("needs_grad", p.name)
+        elif p.name in outputs:
             plan[p.name] = ("output", p.name)
         elif p.name.startswith("d") and p.name[1:] in public:
             plan[p.name] = ("grad", p.name[1:])
@@ -341,18 +375,22 @@ def _backward_plan(name, bparams, in_names, outputs, stats) -> dict[str, tuple[s
 
 
 def _default_backward_fake(name, bparams, targets, mutates):
-    targets = targets[len(mutates):]  # the gradients written over arguments are not returned
-    if not targets:
+    """Each returned gradient shaped like the backward argument of its name (None where
+    the backward's needs_grad says it is not wanted)."""
+    first = len(mutates)  # the gradients written over arguments are not returned
+    if not targets[first:]:
         return lambda *args: None
     names = [p.name for p in bparams]
-    missing = [g[0] for g in targets if g[0] not in names]
+    missing = [g[0] for g in targets[first:] if g[0] not in names]
     if missing:
         raise ValueError(f"{name}: give backward_fake: the gradients of {missing} are not "
                          f"shaped like a backward argument of the same name")
 
     def fake(*args):
         bound = dict(zip(names, args))
-        out = tuple(like(bound[g[0]]) for g in targets)
+        wanted = bound.get(NEEDS_GRAD) or [True] * len(targets)
+        out = tuple(like(bound[g[0]]) if wanted[i] else None
+                    for i, g in enumerate(targets) if i >= first)
         return out[0] if len(out) == 1 else out
     return fake
 
@@ -360,13 +398,15 @@ def _default_backward_fake(name, bparams, targets, mutates):
 class _AutogradRule:
     """setup_context and backward of one registered op, from the backward's plan."""
 
-    def __init__(self, in_names, outputs, stats, plan, bnames, targets, bwd_op, bmutates,
-                 optional_grads):
-        self.in_names, self.outputs, self.stats = in_names, outputs, stats
+    def __init__(self, name, in_names, outputs, stats, plan, bnames, targets, bwd_op,
+                 bmutates, optional_grads):
+        self.name, self.in_names, self.outputs, self.stats = name, in_names, outputs, stats
         self.public = [o for o in outputs if o not in stats]
         self.plan, self.bnames, self.targets = plan, bnames, targets
         self.bwd_op, self.bmutates, self.optional_grads = bwd_op, bmutates, optional_grads
-        self.saved = [n for n in bnames if plan[n][0] != "grad"]
+        self.saved = [n for n in bnames if plan[n][0] in ("input", "output")]
+        # saved values the backward writes over: it can run once per forward
+        self.consumes = [n for n in bmutates if plan[n][0] in ("input", "output")]
 
     def setup_context(self, ctx, inputs, output):
         output = output if isinstance(output, tuple) else (output,)
@@ -395,8 +435,18 @@ class _AutogradRule:
         n_in = len(self.in_names) + 1  # + impl
         if all(grads[o] is None for o in self.public):
             return (None,) * n_in
+        if self.consumes:
+            if getattr(ctx, "consumed", False):
+                raise RuntimeError(
+                    f"{self.name}'s backward ran twice on one forward (retain_graph=True): "
+                    f"the first wrote the gradients over the forward's saved "
+                    f"{', '.join(self.consumes)}; run the forward again")
+            ctx.consumed = True
+        needs = ctx.needs_input_grad
         values = dict(zip(ctx.tensor_names, ctx.saved_tensors))
         values.update(ctx.plain)
+        values[NEEDS_GRAD] = [any(needs[self.in_names.index(n)] for n in group)
+                              for group in self.targets]
         args = [grads[self.plan[n][1]] if self.plan[n][0] == "grad" else values[n]
                 for n in self.bnames]
         written = ()
@@ -419,8 +469,9 @@ class _AutogradRule:
         result = [None] * n_in
         for group, g in zip(self.targets, out):
             for n in group:
-                if not ctx.input_is_none[n]:
-                    result[self.in_names.index(n)] = g
+                i = self.in_names.index(n)
+                if needs[i] and not ctx.input_is_none[n]:
+                    result[i] = g
         return tuple(result)
 
 

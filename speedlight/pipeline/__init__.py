@@ -215,7 +215,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
 
     from speedlight import registry, results, shapes
     from speedlight.bench.command import bench_cases
-    from speedlight.profile import models
+    from speedlight.workloads import models
     from speedlight.profile.command import check_steps, profile_workload
     from speedlight.spec import parse_dtype
     from speedlight.verify.command import verify_cases
@@ -344,12 +344,13 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     else:
         def do_model_step():
             from speedlight.bench import model_step
+            from speedlight.patching import patch
             s = model_step.StepSettings(
                 model=args.model, layers=args.layers or 4, batch=args.batch, seq=args.seq,
                 dtype=dtype, device=device, warmup=3, steps=10, seed=args.seed,
                 budget_s=args.model_step_budget)
             model_step.check_model(s)
-            return model_step.run(s, model_step.VARIANTS, out / FILES["model_step"])
+            return model_step.run(s, model_step.VARIANTS, out / FILES["model_step"], patch=patch)
         stages.run("model_step", step_title, do_model_step)
 
     if device.type == "cuda" or args.no_projection:

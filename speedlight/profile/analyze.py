@@ -7,7 +7,7 @@ import statistics
 from collections import defaultdict
 
 from speedlight.profile import roofline
-from speedlight.profile.capture import Capture, OpRecord
+from speedlight.profile.capture import OpRecord, StepCapture
 from speedlight.target import Target, peak_key
 
 _FLOAT_DTYPES = ("fp32", "fp16", "bf16", "fp64")
@@ -143,7 +143,7 @@ def module_totals(rows: list[dict]) -> list[dict]:
                    for m, t in total.items()), key=lambda g: g["module"])
 
 
-def summarize(rows: list[dict], cap: Capture, target: Target) -> dict:
+def summarize(rows: list[dict], cap: StepCapture, target: Target) -> dict:
     op_time = sum(r["time_s"] for r in rows)
     kernel_rows = [r for r in rows if r["launches_kernel"]]
     unknown = [r for r in rows if r["formula"] is None]
@@ -185,7 +185,7 @@ def summarize(rows: list[dict], cap: Capture, target: Target) -> dict:
     }
 
 
-def analyze(cap: Capture, target: Target, top: int = 15) -> dict:
+def analyze(cap: StepCapture, target: Target, top: int = 15) -> dict:
     rows = [row(r, target, cap.device) for r in cap.ops]
     d = target.in_use and cap.device == "cuda"
     return {

@@ -29,7 +29,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from speedlight.profile import costs
+from speedlight.workloads import costs
 from speedlight.profile.memory import LiveMemory
 from speedlight.spec import dtype_name
 
@@ -113,7 +113,7 @@ def _is_composite(func, args, kwargs) -> bool:
                                           "CompositeExplicitAutogradNonFunctional"))
 
 
-class Recorder(TorchDispatchMode):
+class OpRecorder(TorchDispatchMode):
     """Records each aten op of one step (see the module docstring)."""
 
     def __init__(self, names: dict[int, tuple[str, str]], param_owner: dict[int, tuple[str, str]],
@@ -267,7 +267,7 @@ class Recorder(TorchDispatchMode):
 # ---------------------------------------------------------------------------------------
 
 @dataclass
-class Capture:
+class StepCapture:
     ops: list[OpRecord]
     calls: list[ModuleCall]
     device: str  # cpu or cuda
@@ -364,7 +364,7 @@ def _gpu_timeline(prof) -> dict:
 
 def capture(model: torch.nn.Module, step: Callable[[Callable[[str], None]], None], *,
             device: torch.device, warmup: int, steps: int, train: bool,
-            optimizer: torch.optim.Optimizer | None = None, inputs=None) -> Capture:
+            optimizer: torch.optim.Optimizer | None = None, inputs=None) -> StepCapture:
     """Warm up, time `steps` clean steps, then record `steps` steps (see module docs).
     `step(phase)` runs one step, calling phase("forward"/"backward"/"optimizer") as it
     moves from one part to the next."""
@@ -401,7 +401,7 @@ def capture(model: torch.nn.Module, step: Callable[[Callable[[str], None]], None
     memory = None
     for _ in range(steps):
         memory = LiveMemory(model, optimizer, inputs, device)
-        recorder = Recorder(names, param_owner, memory)
+        recorder = OpRecorder(names, param_owner, memory)
         grad_hooks = [p.register_post_accumulate_grad_hook(memory.on_grad)
                       for p in model.parameters() if p.requires_grad] if train else []
 
@@ -434,5 +434,6 @@ def capture(model: torch.nn.Module, step: Callable[[Callable[[str], None]], None
     gpu = None
     if timelines:
         gpu = {k: statistics.median(t[k] for t in timelines) for k in timelines[0]}
-    return Capture(ops=ops, calls=recorder.calls, device=device.type, step_times=step_times,
-                   recorded_steps=steps, gpu=gpu, memory=memory.summary(), notes=notes)
+    return StepCapture(ops=ops, calls=recorder.calls, device=device.type,
+                       step_times=step_times, recorded_steps=steps, gpu=gpu,
+                       memory=memory.summary(), notes=notes)

@@ -80,13 +80,13 @@ def profile(args: argparse.Namespace, tgt) -> dict:
     import torch
 
     from speedlight import registry
-    from speedlight.profile import models
+    from speedlight.workloads import models
     from speedlight.spec import parse_dtype
 
     if projecting(args):
         from speedlight.profile.project_command import projected_profile
         _default_size(args, batch=1, seq=4096)
-        return projected_profile(args, tgt)
+        return projected_profile(args, tgt, patch=getattr(args, "patch", None))
     for flag, value in (("--shard", getattr(args, "shard", None)),
                         ("--recipe", getattr(args, "recipe", None))):
         if value is not None:
@@ -155,7 +155,8 @@ def profile_workload(w, *, device, train: bool, target, warmup: int = arguments.
 
 def run(args: argparse.Namespace) -> int:
     from speedlight import results
-    from speedlight.profile import display, models
+    from speedlight.profile import display
+    from speedlight.workloads import models
 
     tgt = arguments.resolve_target(args, "profile")
     if args.top < 0:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
 from speedlight.profile import fmt
 
@@ -13,13 +12,6 @@ _BOUND_STYLE = {"compute": "green", "memory": "cyan", "launch": "yellow", "none"
 
 def _bound(b: str) -> str:
     return f"[{_BOUND_STYLE.get(b, '')}]{b}[/]"
-
-
-def _table(title: str, *columns: str, right: tuple[str, ...] = ()) -> Table:
-    t = Table(title=title, title_justify="left", pad_edge=False)
-    for c in columns:
-        t.add_column(c, justify="right" if c in right else "left", overflow="fold")
-    return t
 
 
 def header(doc: dict, console: Console) -> None:
@@ -36,7 +28,7 @@ def header(doc: dict, console: Console) -> None:
 
 def summary(doc: dict, console: Console) -> None:
     s, time_kind = doc["summary"], doc["measured"]["time"]
-    t = _table("summary, per step", "what", "value", "how it was found", right=("value",))
+    t = fmt.table("summary, per step", "what", "value", "how it was found", right=("value",))
     t.add_row("step time", fmt.seconds(s["step_time_s"]),
               f"measured, {time_kind}, median of {len(s['step_time_samples_s'])} clean steps")
     t.add_row("sum of op times", fmt.seconds(s["op_time_s"]),
@@ -69,10 +61,10 @@ def summary(doc: dict, console: Console) -> None:
 
 def top_ops(doc: dict, console: Console, n: int) -> None:
     root = doc["model"].get("class")
-    t = _table(f"top ops by time ({doc['measured']['time']}; floors on {doc['target']['key']})",
-               "op", "phase", "input shapes", "calls", "time", "share", "FLOPs", "bytes",
-               "floor", "bound", "where",
-               right=("calls", "time", "share", "FLOPs", "bytes", "floor"))
+    t = fmt.table(f"top ops by time ({doc['measured']['time']}; floors on {doc['target']['key']})",
+                  "op", "phase", "input shapes", "calls", "time", "share", "FLOPs", "bytes",
+                  "floor", "bound", "where",
+                  right=("calls", "time", "share", "FLOPs", "bytes", "floor"))
     for g in doc["top_ops"][:n]:
         where = fmt.place(g["place"], root) + (f" +{g['places'] - 1}" if g["places"] > 1 else "")
         shapes = g["shapes"] if len(g["shapes"]) <= 64 else g["shapes"][:61] + "..."  # foreach lists
@@ -86,7 +78,7 @@ def groups(doc: dict, key: str, title: str, console: Console, n: int) -> None:
     root = doc["model"].get("class")
     measured = any(g["distance"] is not None for g in doc[key])
     cols = ["group", "calls", "time", "share", "FLOPs", "bytes", "floor"] + (["vs floor"] if measured else [])
-    t = _table(title, *cols, "bound", right=("calls", "time", "share", "FLOPs", "bytes", "floor", "vs floor"))
+    t = fmt.table(title, *cols, "bound", right=("calls", "time", "share", "FLOPs", "bytes", "floor", "vs floor"))
     for g in doc[key][:n]:
         name = fmt.place(g["key"], root) if key == "by_module" else str(g["key"])
         cells = [name, str(g["calls"]), fmt.seconds(g["time_s"]), fmt.share(g["time_share"]),
@@ -97,10 +89,10 @@ def groups(doc: dict, key: str, title: str, console: Console, n: int) -> None:
 
 def memory(doc: dict, console: Console) -> None:
     m = doc["memory"]
-    t = _table(f"memory at the peak: {fmt.nbytes(m['peak_bytes'])}"
-               + (f" (allocator peak {fmt.nbytes(m['allocator_peak_bytes'])})"
-                  if m["allocator_peak_bytes"] is not None else ""),
-               "what", "at peak", "in the step", right=("at peak", "in the step"))
+    t = fmt.table(f"memory at the peak: {fmt.nbytes(m['peak_bytes'])}"
+                  + (f" (allocator peak {fmt.nbytes(m['allocator_peak_bytes'])})"
+                     if m["allocator_peak_bytes"] is not None else ""),
+                  "what", "at peak", "in the step", right=("at peak", "in the step"))
     totals = {"parameters": m["parameters_bytes"], "buffers": m["buffers_bytes"],
               "optimizer_state": m["optimizer_state_bytes"], "inputs": m["inputs_bytes"],
               "gradients": m["gradients_bytes"], "activations": m["activations_bytes"]}
@@ -120,10 +112,10 @@ def advice(doc: dict, console: Console) -> None:
     if not adv:
         console.print("advice: no chain speedlight replaces was found")
         return
-    t = _table(f"what to fuse (estimates per step on {doc['target']['key']}: removed traffic / bandwidth)",
-               "speedlight op", "replaces", "instances", "time saved", "memory saved",
-               "launches removed", "status", "where",
-               right=("instances", "time saved", "memory saved", "launches removed"))
+    t = fmt.table(f"what to fuse (estimates per step on {doc['target']['key']}: removed traffic / bandwidth)",
+                  "speedlight op", "replaces", "instances", "time saved", "memory saved",
+                  "launches removed", "status", "where",
+                  right=("instances", "time saved", "memory saved", "launches removed"))
     for a in adv:
         where = ", ".join(fmt.place(m, doc["model"].get("class")) for m in a["modules"][:2])
         where += f" +{len(a['modules']) - 2}" if len(a["modules"]) > 2 else ""
@@ -145,8 +137,8 @@ def uncounted(doc: dict, console: Console) -> None:
     for r in rows:
         by.setdefault(r["op"], []).append(r)
     total = doc["summary"]["op_time_s"] or 1.0
-    t = _table("ops without a cost formula (not counted in FLOPs, bytes or floors)",
-               "op", "calls", "time", "share", "why", right=("calls", "time", "share"))
+    t = fmt.table("ops without a cost formula (not counted in FLOPs, bytes or floors)",
+                  "op", "calls", "time", "share", "why", right=("calls", "time", "share"))
     for op, rs in sorted(by.items(), key=lambda kv: -sum(r["time_s"] for r in kv[1])):
         tt = sum(r["time_s"] for r in rs)
         t.add_row(op, str(len(rs)), fmt.seconds(tt), fmt.share(tt / total), rs[0]["formula_detail"])

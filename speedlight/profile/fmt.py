@@ -1,6 +1,9 @@
-"""Numbers as a reader wants them: times, bytes, FLOPs and shares with their units."""
+"""Numbers as a reader wants them: times, bytes, FLOPs and shares with their units; and
+the terminal tables they go in."""
 
 from __future__ import annotations
+
+from rich.table import Table
 
 
 def seconds(s: float | None) -> str:
@@ -64,3 +67,11 @@ def count(n: float | None) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(int(n))
+
+
+def table(title: str, *columns: str, right: tuple[str, ...] = ()) -> Table:
+    """A left-titled rich table; the columns named in `right` right-justified."""
+    t = Table(title=title, title_justify="left", pad_edge=False)
+    for c in columns:
+        t.add_column(c, justify="right" if c in right else "left", overflow="fold")
+    return t

@@ -22,7 +22,7 @@ from collections import Counter
 
 import torch
 
-from speedlight.profile.costs import tensors
+from speedlight.workloads.costs import tensors
 
 CATEGORIES = ("parameters", "buffers", "optimizer_state", "inputs", "gradients",
               "activations", "temporaries")

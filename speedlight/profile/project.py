@@ -40,7 +40,7 @@ from torch.overrides import TorchFunctionMode
 
 from speedlight import target as target_mod
 from speedlight.profile import roofline
-from speedlight.profile.capture import Capture, Recorder
+from speedlight.profile.capture import OpRecorder, StepCapture
 from speedlight.profile.memory import LiveMemory
 
 DISPATCH_NOTE = ("fake tensors on the CPU device (a CPU-only torch cannot record autograd "
@@ -255,7 +255,7 @@ def _one_sequence_per_row():
         yield
 
 
-class _FakeRecorder(Recorder):
+class _FakeRecorder(OpRecorder):
     """The measured profile's recorder; fake tensors answer metadata queries (prim.device,
     ...) through the dispatcher, which are not ops of the step."""
 
@@ -271,7 +271,7 @@ class _FakeRecorder(Recorder):
 
 @dataclass
 class Projection:
-    capture: Capture
+    capture: StepCapture
     dispatch: str  # "gpu" or "here"
     attention: list[dict]  # backend choices: backend, why, calls
     recipe: Recipe | None
@@ -334,12 +334,12 @@ def project_step(workload, *, train: bool, recipe: Recipe | None, capability=(9,
     seconds = time.perf_counter() - start
     choices = [{"backend": b, "why": w, "calls": n}
                for (b, w), n in getattr(router, "choices", {}).items()]
-    cap = Capture(ops=recorder.ops, calls=recorder.calls, device="projected", step_times=[],
-                  recorded_steps=1, gpu=None, memory=memory.summary(), notes=[])
+    cap = StepCapture(ops=recorder.ops, calls=recorder.calls, device="projected",
+                      step_times=[], recorded_steps=1, gpu=None, memory=memory.summary(), notes=[])
     return Projection(cap, dispatch, choices, recipe if train else None, seconds)
 
 
-def put_floors(cap: Capture, target: target_mod.Target) -> None:
+def put_floors(cap: StepCapture, target: target_mod.Target) -> None:
     """Each op's time is its floor on the target (what every aggregate then sums)."""
     from speedlight.profile.analyze import op_dtype
 
@@ -380,7 +380,7 @@ def build_workload(spec: str | None, *, batch: int, seq: int, train: bool, recip
                    dtype: torch.dtype | None, layers: int | None, seed: int,
                    overrides: dict | None, mode):
     """The model --model names, at its real size, on fake tensors made under `mode`."""
-    from speedlight.profile import models
+    from speedlight.workloads import models
 
     dtype = recipe.params if train else (dtype or torch.bfloat16)
     with mode:

@@ -7,10 +7,11 @@ import argparse
 import torch
 
 
-def projected_profile(args: argparse.Namespace, tgt=None) -> dict:
+def projected_profile(args: argparse.Namespace, tgt=None, *, patch=None) -> dict:
     """Build on fake tensors, record the step, analyze it on the target (`tgt`, the resolved
     --target; without one, the first of --targets); with --targets and --vary the
-    comparisons ride along in the same document."""
+    comparisons ride along in the same document. With `patch` (speedlight.patch, handed in
+    by the CLI or the report) the same model with speedlight's ops rides along too."""
     from speedlight import target as target_mod
     from speedlight.profile import compare, project, roofline
     from speedlight.spec import parse_dtype
@@ -55,8 +56,8 @@ def projected_profile(args: argparse.Namespace, tgt=None) -> dict:
     doc = project.document(w, pj, target, train=train, batch=args.batch, seq=args.seq,
                            seed=args.seed, top=args.top, notes=notes)
     patched = None
-    if not getattr(args, "no_patch", False):
-        patched = _patched(args, train, recipe, dtype, target)
+    if patch is not None and not getattr(args, "no_patch", False):
+        patched = _patched(args, train, recipe, dtype, target, patch)
         if patched is not None:
             doc["with_speedlight"] = compare.with_speedlight(pj, patched[1], target, patched[0])
     if keys or getattr(args, "shard", None):
@@ -71,7 +72,7 @@ def projected_profile(args: argparse.Namespace, tgt=None) -> dict:
 
 
 def _small(args, train, recipe, dtype, mode):
-    from speedlight.profile import models
+    from speedlight.workloads import models
 
     with mode:
         return models.build(args.model, batch=args.batch, seq=args.seq, train=train,
@@ -80,9 +81,9 @@ def _small(args, train, recipe, dtype, mode):
                             seed=args.seed)
 
 
-def _patched(args, train, recipe, dtype, target):
-    """(patch report text, projection) of the same model with speedlight's ops swapped in,
-    or None for a model speedlight.patch does not know."""
+def _patched(args, train, recipe, dtype, target, patch):
+    """(patch report text, projection) of the same model with speedlight's ops swapped in
+    by `patch`, or None for a model speedlight.patch does not know."""
     import warnings
 
     from speedlight.profile import project
@@ -92,10 +93,6 @@ def _patched(args, train, recipe, dtype, target):
                                recipe=recipe, dtype=dtype, layers=args.layers, seed=args.seed,
                                overrides=None, mode=mode) if args.size != "small" else \
         _small(args, train, recipe, dtype, mode)
-    try:
-        from speedlight.patching import patch
-    except ImportError:
-        return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from speedlight.profile import fmt
-from speedlight.profile.display import _table
 
 
 def summary(doc: dict, console) -> None:
     s, tg, pj = doc["summary"], doc["target"], doc["projection"]
-    t = _table(f"projected step on {tg['name']} (floors, not step times)", "what", "value",
-               "how it was found", right=("value",))
+    t = fmt.table(f"projected step on {tg['name']} (floors, not step times)", "what", "value",
+                  "how it was found", right=("value",))
     t.add_row("sum of floors", fmt.seconds(s["floor_s"]), "max(FLOPs/peak, bytes/bandwidth) per op")
     t.add_row("  with a launch per kernel", fmt.seconds(s["floor_with_launch_s"]),
               f"each kernel at least {fmt.seconds(tg['launch_s'])} (eager; CUDA graphs recover it)")
@@ -47,8 +46,8 @@ def comparison(doc: dict, console) -> None:
         cols += [f"per GPU, {shard}-way sharded", "fits "]
     if patched:
         cols += ["with speedlight", "tokens/s "]
-    t = _table(f"the same step on each GPU ({c['label']})", *cols,
-               right=tuple(cols[1:7]) + (f"per GPU, {shard}-way sharded", "with speedlight", "tokens/s "))
+    t = fmt.table(f"the same step on each GPU ({c['label']})", *cols,
+                  right=tuple(cols[1:7]) + (f"per GPU, {shard}-way sharded", "with speedlight", "tokens/s "))
     for r in c["rows"]:
         b = r["floor_by_bound_s"]
         cells = [r["target"], fmt.seconds(r["floor_s"]),
@@ -75,9 +74,9 @@ def variations(doc: dict, console) -> None:
         return
     families = sorted({k for r in v["rows"] for k in r["split_s"]},
                       key=lambda k: -max(r["split_s"].get(k, 0.0) for r in v["rows"]))[:5]
-    t = _table(f"design choices ({v['label']})", "field", "value", "floor", "tokens/s",
-               *families, "peak memory", "fits",
-               right=("floor", "tokens/s", *families, "peak memory"))
+    t = fmt.table(f"design choices ({v['label']})", "field", "value", "floor", "tokens/s",
+                  *families, "peak memory", "fits",
+                  right=("floor", "tokens/s", *families, "peak memory"))
     for r in v["rows"]:
         t.add_row(r["field"], str(r["value"]), fmt.seconds(r["floor_s"]),
                   f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else "-",

@@ -20,7 +20,7 @@ import torch
 
 from speedlight import target
 from speedlight.hardware import Roof
-from speedlight.profile.costs import OpCost
+from speedlight.workloads.costs import OpCost
 
 LAUNCH_S = 5e-6  # an eager kernel launch costs the host about this; shorter kernels starve the GPU
 

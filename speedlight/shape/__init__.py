@@ -16,7 +16,6 @@ function behind the module.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
 import types
@@ -25,6 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from speedlight.shape.analysis import traced_cost
 from speedlight.shape.trace import InputSpec, parse_shapes, trace
 
 
@@ -108,32 +108,6 @@ def summary_lines(doc: dict) -> str:
                      f"{e['bytes']:,} B, {e['with_launch_s'] * 1e6:.2f} us with launches "
                      f"(on {doc['target']['name']})")
     return "\n".join(lines)
-
-
-@functools.lru_cache(maxsize=256)
-def _fused(fn: Callable, specs: tuple, train: bool) -> tuple[tuple[int, int], ...]:
-    """(FLOPs, compulsory bytes) of each phase, forward first."""
-    from speedlight.shape import analysis
-
-    tr = trace(fn, [InputSpec(*s) for s in specs], train=train)
-    out = []
-    for phase in (("forward", "backward") if train else ("forward",)):
-        reads, writes, _ = analysis.fused_io(tr, phase)
-        out.append((sum(o.flops for o in tr.ops if o.phase == phase), reads + writes))
-    return tuple(out)
-
-
-def traced_cost(fn: Callable, shapes: Sequence[tuple], mode: str = "fwd"):
-    """The fused Cost of `fn` at `shapes` ((name, shape, dtype) each): FLOPs of its ops and
-    its compulsory bytes, forward ("fwd") or backward ("bwd"); what a written spec file's
-    cost reads."""
-    from speedlight.spec import Cost
-
-    if mode not in ("fwd", "bwd"):
-        raise ValueError(f"traced_cost: mode must be 'fwd' or 'bwd', got {mode!r}")
-    specs = tuple((n, tuple(int(d) for d in s), d) for n, s, d in shapes)
-    flops, nbytes = _fused(fn, specs, mode == "bwd")[0 if mode == "fwd" else 1]
-    return Cost(int(flops), int(nbytes))
 
 
 class _CallableModule(types.ModuleType):

@@ -11,11 +11,13 @@ floor; eager also pays a launch per kernel (profile's LAUNCH_S).
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Callable, Sequence
 
 from speedlight import target as target_mod
 from speedlight.profile.roofline import LAUNCH_S
-from speedlight.shape.trace import Trace, TracedOp
+from speedlight.shape.trace import InputSpec, Trace, TracedOp, trace
 
 SECTOR = 32  # bytes the memory system moves per access of a scattered element
 TC_TILE = 16  # the k/n multiple every tensor-core instruction shape divides
@@ -252,3 +254,27 @@ def _short(itemsize: int) -> str:
 
 def advise(tr: Trace, phases: list[dict], roof) -> list[dict]:
     return strided_reductions(tr) + alignment(tr) + intermediates(tr) + dtype_choices(tr, phases[0], roof)
+
+
+@functools.lru_cache(maxsize=256)
+def _fused(fn: Callable, specs: tuple, train: bool) -> tuple[tuple[int, int], ...]:
+    """(FLOPs, compulsory bytes) of each phase, forward first."""
+    tr = trace(fn, [InputSpec(*s) for s in specs], train=train)
+    out = []
+    for phase in (("forward", "backward") if train else ("forward",)):
+        reads, writes, _ = fused_io(tr, phase)
+        out.append((sum(o.flops for o in tr.ops if o.phase == phase), reads + writes))
+    return tuple(out)
+
+
+def traced_cost(fn: Callable, shapes: Sequence[tuple], mode: str = "fwd"):
+    """The fused Cost of `fn` at `shapes` ((name, shape, dtype) each): FLOPs of its ops and
+    its compulsory bytes, forward ("fwd") or backward ("bwd"); what a written spec file's
+    cost reads."""
+    from speedlight.spec import Cost
+
+    if mode not in ("fwd", "bwd"):
+        raise ValueError(f"traced_cost: mode must be 'fwd' or 'bwd', got {mode!r}")
+    specs = tuple((n, tuple(int(d) for d in s), d) for n, s, d in shapes)
+    flops, nbytes = _fused(fn, specs, mode == "bwd")[0 if mode == "fwd" else 1]
+    return Cost(int(flops), int(nbytes))

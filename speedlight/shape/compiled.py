@@ -207,7 +207,7 @@ def generating_triton(target, folder: Path, on_gpu: bool):
 def _case_and_spec(fn: Callable, inputs: Sequence[InputSpec], train: bool, impl: Callable):
     """An OpSpec for inspect: inductor's kernels as the implementation, the function's
     traced fused cost as the cost, the given shapes as the one case."""
-    from speedlight.shape import traced_cost
+    from speedlight.shape.analysis import traced_cost
     from speedlight.spec import Case, OpSpec, rand_tensor
 
     name = getattr(fn, "__name__", "fn").strip("<>") or "fn"
@@ -329,7 +329,7 @@ def inductor(fn: Callable, inputs: Sequence[InputSpec], *, train: bool, target=N
 def _resources(kr) -> dict:
     """What inspect read of one compiled kernel, in shape's JSON."""
     if not kr.ok:
-        return {"error": kr.compiled.error}
+        return {"error": kr.error}
     return {"registers": kr.registers, "spill_bytes": kr.spill_stores + kr.spill_loads,
             "smem": kr.smem, "occupancy": kr.occupancy.to_json(),
             "accesses": [{"kind": a.kind, "line": a.line, "source": a.source,

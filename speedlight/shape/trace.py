@@ -1,5 +1,5 @@
 """Trace a researcher's function on fake tensors: every aten op it runs, with its shapes,
-dtypes, strides, FLOPs and bytes (profile's formulas, speedlight.profile.costs), forward
+dtypes, strides, FLOPs and bytes (profile's formulas, speedlight.workloads.costs), forward
 and, for training, backward. Nothing is computed and no memory is allocated.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from speedlight.profile import costs
+from speedlight.workloads import costs
 from speedlight.registry import import_file
 from speedlight.spec import dtype_name, parse_dtype
 

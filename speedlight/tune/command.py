@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from speedlight import registry, results, tuning
-    from speedlight.inspect.compile import Compiler
+    from speedlight.inspect.compile import TritonCompiler
     from speedlight.spec import parse_dtype
     from speedlight.tune import display, sweep
 
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             progress.advance(bar)
 
         if args.ray is None:
-            rows = sweep.run_tasks(tasks, device, compiler=Compiler(jobs=args.jobs),
+            rows = sweep.run_tasks(tasks, device, compiler=TritonCompiler(jobs=args.jobs),
                                    on_task=advance)
         else:
             from speedlight.tune import on_cluster

@@ -26,11 +26,11 @@ def worker(payload: dict, device: str):
     import torch
 
     from speedlight import results
-    from speedlight.inspect.compile import Compiler
+    from speedlight.inspect.compile import TritonCompiler
     from speedlight.tune import sweep
 
     dev = torch.device(device)
-    compiler = Compiler(jobs=payload["jobs"])
+    compiler = TritonCompiler(jobs=payload["jobs"])
     env = results.environment(dev)
     return lambda task: [dict(env, **row) for row in sweep.run_task(task, dev, compiler=compiler)]
 

@@ -11,7 +11,7 @@ it (`run_task`) gives one row per configuration examined:
    capped sweep still moves every parameter. A candidate whose launches are exactly an
    earlier one's (same compiled kernel, same grid) is a duplicate, not compiled again.
 2. prune without a GPU: at most `max_compiles` distinct kernels are compiled for the
-   target's arch (inspect's Compiler: once per distinct specialisation, in worker
+   target's arch (inspect's TritonCompiler: once per distinct specialisation, in worker
    processes, Triton's disk cache behind it), and each is read as inspect reads it;
    a candidate is rejected, with inspect's own message, when a kernel does not compile,
    spills (unless its KernelDesign allows it), needs more shared memory than one block
@@ -42,7 +42,7 @@ import torch
 
 from speedlight import launch, registry, results, target as targets
 from speedlight.inspect import case_report, findings
-from speedlight.inspect.compile import Compiler
+from speedlight.inspect.compile import TritonCompiler
 from speedlight.inspect.launches import Launch, Recorder, intercept
 from speedlight.spec import Case, OpSpec
 from speedlight.tuning import Configs
@@ -278,8 +278,9 @@ def _finish(st: _Staged, compiled: dict) -> list[dict]:
     arch_name = st.tgt.arch_name
     rows, survivors = list(st.rows), []
     for cand, row in st.staged:
-        reports = [case_report.analyse_kernel(l, compiled[l.key(arch_name)], st.tgt, st.tgt.sku,
-                                              st.spec.design(l.kernel)) for l in cand.launches]
+        reports = [case_report.analyse_kernel(l, compiled[l.key(arch_name)], st.tgt,
+                                              st.tgt.sku, st.spec.design(l.kernel, st.tgt.arch))
+                   for l in cand.launches]
         row.update(_kernel_fields(reports))
         rejected = _rejections(reports, arch_name)
         if rejected:
@@ -303,14 +304,14 @@ def _finish(st: _Staged, compiled: dict) -> list[dict]:
 
 
 def run_task(task: Task, device: torch.device | str = "cpu", *,
-             compiler: Compiler | None = None) -> list[dict]:
+             compiler: TritonCompiler | None = None) -> list[dict]:
     """The rows of one task (see the module docstring): one per configuration examined,
     one counting those over the compile cap, or one saying why the shape was skipped."""
     device = torch.device(device)
     st = _prepare(task, device)
     if isinstance(st, list):
         return st
-    compiler = compiler or Compiler()
+    compiler = compiler or TritonCompiler()
     return _finish(st, compiler.compile(st.launches, st.tgt))
 
 
@@ -383,13 +384,13 @@ def _time_and_verify(spec: OpSpec, configs: Configs, case: Case, inputs: dict,
 
 
 def run_tasks(tasks_: Sequence[Task], device: torch.device | str = "cpu", *,
-              compiler: Compiler | None = None,
+              compiler: TritonCompiler | None = None,
               on_task: Callable[[Task, list[dict]], None] | None = None) -> list[dict]:
     """Every task's rows, as run_task gives them, run here: every task captured first,
     then all their kernels compiled in one batch (the compiler's worker processes in
     parallel; a kernel several shapes share compiles once), then each judged and timed."""
     device = torch.device(device)
-    compiler = compiler or Compiler()
+    compiler = compiler or TritonCompiler()
     # the tasks' shares, pooled: what a skipped shape (no launch) leaves goes to those after it
     budget, prepared = sum(t.max_compiles for t in tasks_), []
     for i, task in enumerate(tasks_):

@@ -25,19 +25,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     cluster.add_arguments(p)
 
 
-def default_max_bytes(device, max_gib: float | None = None) -> int:
-    """The memory a case may use: --max-gib, else half the free GPU memory, else 8 GiB."""
-    import torch
-
-    from speedlight.verify import harness
-
-    if max_gib is not None:
-        return int(max_gib * harness.GiB)
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0] // 2
-    return 8 * harness.GiB
-
-
 def verify_cases(specs, cases_of, device, out_path: Path, *, suite: str, target=None,
                  max_bytes: int | None = None, run_id: str | None = None,
                  on_case=None) -> list:
@@ -52,7 +39,7 @@ def verify_cases(specs, cases_of, device, out_path: Path, *, suite: str, target=
     from speedlight.verify import harness
 
     device = torch.device(device)
-    max_bytes = default_max_bytes(device) if max_bytes is None else max_bytes
+    max_bytes = harness.default_max_bytes(device) if max_bytes is None else max_bytes
     env = results.environment(device)
     if target is not None:
         env["target"] = target.sku.key
@@ -95,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"speedlight verify: --out {e}")
     tgt = arguments.resolve_target(args, "verify")
     device = torch.device(args.device)
-    max_bytes = default_max_bytes(device, args.max_gib)
+    max_bytes = harness.default_max_bytes(device, args.max_gib)
     seeds = list(range(args.seed, args.seed + args.seeds))
     if device.type == "cpu" and args.ray is None:
         console.print("[dim]No GPU in use: kernels run on CPU tensors through the Triton "
@@ -124,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                     out_path, suite=args.suite, target=tgt, max_bytes=max_bytes, on_case=on_case)
             else:
                 from speedlight.verify import on_cluster
-                all_results = on_cluster.verify_cases(
+                all_results = on_cluster.verify_on_ray(
                     specs, lambda s: harness.expand(s, args.suite, dtypes, seeds), out_path,
                     args, suite=args.suite, on_case=on_case, say=console.print,
                     on_total=lambda n: progress.update(task, total=n))

@@ -148,6 +148,15 @@ def estimate_bytes(spec: OpSpec, case: Case) -> int:
     return int(moved * (1 + 2 * 8 / case.dtype.itemsize))
 
 
+def default_max_bytes(device: torch.device, max_gib: float | None = None) -> int:
+    """The memory a case may use: --max-gib, else half the free GPU memory, else 8 GiB."""
+    if max_gib is not None:
+        return int(max_gib * GiB)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] // 2
+    return 8 * GiB
+
+
 def verify_case(spec: OpSpec, case: Case, device: torch.device | str, *,
                 max_bytes: int = 8 * GiB, impl: str | None = None) -> CaseResult:
     """One case of one implementation (`impl`, default the spec's first): pass, fail,

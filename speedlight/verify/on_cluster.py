@@ -25,12 +25,12 @@ def worker(payload: dict, device: str):
     import torch
 
     from speedlight import registry, results, target
-    from speedlight.verify import command, harness
+    from speedlight.verify import harness
 
     dev = torch.device(device)
     spec = registry.select([payload["op"]], payload["spec_files"],
                            include_builtin=payload["include_builtin"])[0]
-    max_bytes = command.default_max_bytes(dev, payload["max_gib"])
+    max_bytes = harness.default_max_bytes(dev, payload["max_gib"])
     env = results.environment(dev)
     env["target"] = target.resolve(payload["target"], payload["sku"], dev,
                                    env.get("driver")).sku.key
@@ -64,8 +64,8 @@ def groups(specs, cases_of, payload: dict) -> list[cluster.Group]:
     return list(out.values())
 
 
-def verify_cases(specs, cases_of, out_path: Path, args: argparse.Namespace, *, suite: str,
-                 run_id: str | None = None, on_case=None, say=print, on_total=None) -> list:
+def verify_on_ray(specs, cases_of, out_path: Path, args: argparse.Namespace, *, suite: str,
+                  run_id: str | None = None, on_case=None, say=print, on_total=None) -> list:
     """verify's command.verify_cases over the Ray cluster --ray names: the CaseResults, in
     the order they finished; each row appended to out_path as it arrives."""
     import torch

@@ -8,7 +8,7 @@ import torch
 
 from speedlight import cli, results
 from speedlight.bench import runner
-from speedlight.bench.baselines import Baselines, CompileOptions, Implementation
+from speedlight.bench.baselines import Baselines, CompileOptions, Contender
 from speedlight.bench.runner import Bench, Settings
 from speedlight.bench.timer import StopRule, clock_for
 from speedlight.spec import Case
@@ -101,7 +101,7 @@ def test_an_implementation_that_writes_its_inputs_gets_them_restored():
     bench = _bench(baselines=())
     case = TOY.cases("quick")[0]
     inputs = TOY.make_inputs(case, "cpu")
-    impl = Implementation("speedlight", clobber, mutates_inputs=True)
+    impl = Contender("speedlight", clobber, mutates_inputs=True)
     row = bench.timer.time(impl, TOY, case, "fwd", [inputs], TOY.make_inputs(case, "cpu"), [],
                        None, False)
     assert row["status"] == "ok"

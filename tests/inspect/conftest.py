@@ -3,7 +3,7 @@ once), and the guard table printed at the end of the run."""
 
 import pytest
 
-from speedlight.inspect.compile import Compiler
+from speedlight.inspect.compile import TritonCompiler
 from speedlight.target import resolve
 
 TARGET = resolve("sm_90a", sku="h100-sxm")
@@ -12,8 +12,8 @@ GUARD_TABLE: list[str] = []
 
 
 @pytest.fixture(scope="session")
-def compiler() -> Compiler:
-    return Compiler()
+def compiler() -> TritonCompiler:
+    return TritonCompiler()
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -7,6 +7,8 @@ import torch
 
 from speedlight import cli, results
 from speedlight.inspect.command import find_case
+from speedlight.inspect.run import inspect_cases
+from tests.inspect.conftest import TARGET
 from speedlight.ops import rms_norm
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -89,10 +91,50 @@ def test_an_op_that_raises_is_reported_and_fails_the_run(tmp_path, capsys):
     assert row["status"] == "error" and "RuntimeError" in row["reason"]
 
 
-def test_the_default_case_fits_a_cpu():
-    from speedlight import registry
-    from speedlight.inspect.command import REPRESENTATIVE_BYTES, representative
+def test_the_default_case_is_a_model_at_4096_tokens():
+    """Every op's default case is the first model it serves at 4096 tokens (attention: Llama
+    3 8B's 32 query and 8 key-value heads of 128, causal), whatever its size."""
+    from speedlight import registry, shapes
+    from speedlight.inspect.command import REPRESENTATIVE_TOKENS, representative
 
+    order = list(shapes.MODELS)
     for spec in registry.builtin_specs():
         case = representative(spec, torch.bfloat16)
-        assert spec.cost(case, "fwd").bytes <= REPRESENTATIVE_BYTES, case.id
+        first = min((c.model for c in spec.cases("model") if c.model in order),
+                    key=order.index)
+        assert case.model == first, case.id
+        # tokens: the case's rows, or its routed rows' tokens (an MoE's grouped GEMM)
+        assert REPRESENTATIVE_TOKENS in (spec.rows(case), case.flag("tokens")), case.id
+    attention = next(s for s in registry.builtin_specs() if s.name == "attention")
+    case = representative(attention, torch.bfloat16)
+    assert (case["heads"], case["kv_heads"], case["dim"], case["seq_q"]) == (32, 8, 128, 4096)
+    assert case.flag("causal")
+
+
+def test_dry_captures_a_real_size_case_on_meta_tensors():
+    """Compiling needs a launch's arguments, not its run: Llama 3 8B's lm_head and loss at
+    4096 tokens (a 1 GB weight, 4 TFLOP of matmuls on the host) are captured without data
+    (seconds, where CPU tensors took over ten minutes), and a size the interpreter cannot
+    run is not skipped in dry mode."""
+    from speedlight import registry
+    from speedlight.inspect.command import representative
+    from speedlight.inspect.launches import capture_case
+    from speedlight.launch import for_target
+
+    for name in ("linear_cross_entropy", "attention"):
+        spec = next(s for s in registry.builtin_specs() if s.name == name)
+        case = representative(spec, torch.bfloat16)
+        assert spec.skip(case, torch.device("cpu")), "expected a case too large to run here"
+        with for_target(TARGET):
+            capture = capture_case(spec, case, "meta", arch=90, mode="dry")
+        assert capture.launches and not any(l.measured for l in capture.launches)
+        assert {a.kind for l in capture.launches for a in l.args} >= {"tensor", "int"}
+        if name == "attention":
+            assert [l.kernel for l in capture.direction("bwd")] == [
+                "_attention_bwd_delta_kernel", "_attention_bwd_dkdv_kernel",
+                "_attention_bwd_dq_kernel"]
+    (report,) = inspect_cases([(spec, case)], TARGET, mode="dry", backward=False,
+                              smaller_case_bytes=False)  # attention's forward, compiled
+    assert not report.skipped and not report.error and report.note.startswith("dry")
+    assert [k.name for k in report.kernels] == ["_attention_fwd_kernel"]
+    assert report.kernels[0].mix.tensor_core.get("HGMMA")

@@ -23,9 +23,9 @@ TARGETS = {a: resolve(a) for a in ARCHS}
 
 
 @pytest.fixture(scope="module")
-def compiler() -> cuda_compile.Compiler:
+def compiler() -> cuda_compile.NvccCompiler:
     """One compile per source per arch per session (and the on-disk cache across them)."""
-    return cuda_compile.Compiler()
+    return cuda_compile.NvccCompiler()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -57,7 +57,7 @@ def test_cuda_kernels_hold_to_their_designs_on_aligned_cases(compiler, arch):
         for case in _guard_cases(spec):
             report = cuda.inspect_case(spec.name, spec.cuda, spec.kernels, case, target,
                                        target.sm_count, compiler)
-            held, info = cuda.judge(spec, report)
+            held, info = guard.judge(spec, report, target.sm_count)
             assert held == [], f"{case.id} on {arch}: {[str(s) for s in held]}"
             assert all(s.check != "compile" for s in info)
             fwd = [k for k in report.kernels if k.launch.direction == "fwd"]
@@ -131,7 +131,7 @@ def _bad_report(kernel: str, arch: str = "sm_90a"):
 
 def test_scalar_row_accesses_fail_the_vector_guard():
     (k,) = _bad_report("scalar_copy").kernels
-    checks = cuda.check(k)
+    checks = guard.check_kernel(k)
     assert {s.check for s in checks} == {"vector"}
     assert any("LDG.16" in s.text for s in checks) and any("STG.16" in s.text for s in checks)
     assert any("no 128-bit global load at all" in s.text for s in checks)
@@ -142,14 +142,14 @@ def test_scalar_row_accesses_fail_the_vector_guard():
 def test_local_memory_fails_the_spill_guard():
     (k,) = _bad_report("local_array").kernels
     assert k.mix.local, "the run-time indexed array should live in local memory"
-    assert "spill" in {s.check for s in cuda.check(k)}
+    assert "spill" in {s.check for s in guard.check_kernel(k)}
     assert any(f.code == "spill" for f in k.findings)
 
 
 def test_a_missing_kernel_and_a_compile_error_are_held():
     (k,) = _bad_report("no_such_kernel").kernels
     assert "no kernel no_such_kernel" in k.error and "scalar_copy" in k.error
-    assert [s.check for s in cuda.check(k)] == ["compile"]
+    assert [s.check for s in guard.check_kernel(k)] == ["compile"]
     target = TARGETS["sm_80"]
     broken = CudaKernels("__global__ void f(float* x) { x[0] = undefined_name; }\n",
                          lambda case, sms: [CudaLaunch("f")])
@@ -237,7 +237,7 @@ def test_all_with_impl_cuda_summarises_every_case_of_the_ops_with_cuda_kernels(t
                      "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "CUDA C++ kernels on sm_80" in out
+    assert "speedlight inspect for sm_80" in out and "(CUDA C++)" in out
     rows = results.read_jsonl(tmp_path / "inspect.jsonl")
     assert {r["op"] for r in rows} == {"rms_norm", "add_rms_norm"}
     assert len({r["case_id"] for r in rows}) > 6

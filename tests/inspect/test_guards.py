@@ -1,5 +1,6 @@
-"""CI guards: every built-in memory-bound kernel, compiled for sm_90a (no GPU needed) at
-aligned model shapes with the launches an H100 user gets, is held to its design
+"""CI guards: every built-in memory-bound kernel, compiled for sm_90a and sm_100a (no GPU
+needed) at aligned model shapes with the launches an H100 (a B200) user gets, is held to
+its design
 (spec.KernelDesign): 128-bit global loads and stores on its row data, no spills, the
 theoretical occupancy it was designed for; and the bytes each forward moves, counted
 under the interpreter, are within 5% of compulsory (or the declared two-pass ratio).
@@ -14,7 +15,10 @@ import torch
 from speedlight import registry
 from speedlight.inspect import guard
 from speedlight.inspect.run import inspect_cases
+from speedlight.target import resolve
 from tests.inspect.conftest import GUARD_TABLE, TARGET
+
+TARGETS = [pytest.param(TARGET, id="sm_90a"), pytest.param(resolve("sm_100a"), id="sm_100a")]
 
 DTYPE = torch.bfloat16
 FWD_BUDGET = 1200  # program-iterations of a full interpreter run (milliseconds each)
@@ -57,11 +61,12 @@ def _note_unmeasured(spec, direction, unaffordable, budget):
                            f"(budget {budget})")
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
-def test_kernels_compile_to_their_design(spec, compiler):
+def test_kernels_compile_to_their_design(spec, target, compiler):
     cases = guard.kernel_cases(surveyed(spec))
     assert cases, f"{spec.name}: no aligned case to compile"
-    reports = inspect_cases([(spec, c) for c in cases], TARGET, compiler=compiler,
+    reports = inspect_cases([(spec, c) for c in cases], target, compiler=compiler,
                             mode="sample")
     short, seen = [], set()
     for r in reports:
@@ -71,7 +76,8 @@ def test_kernels_compile_to_their_design(spec, compiler):
             if key not in seen:
                 seen.add(key)
                 GUARD_TABLE.append(
-                    f"{spec.name:9s} {k.launch.kernel:34s} {_config(k.launch):46s} "
+                    f"{target.arch_name} {spec.name:9s} {k.launch.kernel:34s} "
+                    f"{_config(k.launch):46s} "
                     f"regs {k.registers:3d} spill {k.spill_stores:3d} "
                     f"occ {k.occupancy.fraction:4.0%} (min {k.design.min_occupancy:.0%}) "
                     f"LDG {_widths(k.mix.global_loads)} | STG {_widths(k.mix.global_stores)}"

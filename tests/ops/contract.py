@@ -1,7 +1,13 @@
 """What the contract and fuzz tests know about every registered op, derived from its OpSpec
-alone: a new op is covered by registering it."""
+alone: a new op is covered by registering it. The ops are the built-in ones and the example
+of docs/adding-an-op.md, run from the page itself."""
 
 from __future__ import annotations
+
+import re
+import tempfile
+from functools import lru_cache
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,7 +15,30 @@ import torch
 from speedlight import registry
 from speedlight.spec import Case, OpSpec
 
-SPECS = registry.builtin_specs()
+RECIPE = Path(__file__).resolve().parent.parent.parent / "docs" / "adding-an-op.md"
+RECIPE_EXAMPLE = "## The example, whole: `scale_shift`"
+
+
+def recipe_code() -> str:
+    """The Python blocks of the recipe's example section, in order, as one file."""
+    text = RECIPE.read_text()
+    section = text[text.index(RECIPE_EXAMPLE):]
+    following = re.search(r"^## ", section[len(RECIPE_EXAMPLE):], re.M)
+    if following:
+        section = section[:len(RECIPE_EXAMPLE) + following.start()]
+    return "\n\n".join(re.findall(r"```python\n(.*?)```", section, re.S))
+
+
+@lru_cache(maxsize=None)
+def recipe_module():
+    """The recipe's example run as a module (written to a file first: Triton reads a
+    kernel's source from its file). Registers its op once per process."""
+    path = Path(tempfile.mkdtemp(prefix="speedlight-recipe-")) / "scale_shift.py"
+    path.write_text(recipe_code())
+    return registry.import_file(path, "speedlight_recipe_scale_shift")
+
+
+SPECS = registry.builtin_specs() + [recipe_module().SPEC]
 
 
 def by_op(specs=SPECS) -> list:

@@ -203,3 +203,32 @@ def test_a_declaration_that_cannot_work_is_refused_when_registered():
         registration.register_op("bad_grads", forward=fwd, outputs=("y",),
                                  fake=registration.like, backward=lambda dy: dy, grads=("w",),
                                  namespace="speedlight_tests")
+
+
+def test_needs_grad_tells_both_launchers_which_gradients_a_call_needs():
+    """A launcher parameter `needs_grad` gets one flag per entry of grads (the caller never
+    passes it); the autograd rule returns None for an input that needs none."""
+    seen = []
+
+    def fwd(x: torch.Tensor, w: torch.Tensor, needs_grad: list[bool]) -> torch.Tensor:
+        seen.append(("fwd", list(needs_grad)))
+        return x * w
+
+    def bwd(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, needs_grad: list[bool]):
+        seen.append(("bwd", list(needs_grad)))
+        return dy * w if needs_grad[0] else None, dy * x if needs_grad[1] else None
+
+    op = registration.register_op(
+        "toy_needs_grad", forward=fwd, outputs=("y",), fake=lambda x, w, needs_grad: registration.like(x),
+        backward=bwd, grads=("x", "w"), namespace="speedlight_tests")
+    schema = str(torch.ops.speedlight_tests.toy_needs_grad_bwd.default._schema)
+    assert "bool[] needs_grad" in schema
+    x = torch.randn(3, requires_grad=True)
+    frozen = torch.randn(3)
+    op(x, frozen).sum().backward()
+    assert seen == [("fwd", [True, False]), ("bwd", [True, False])]
+    torch.testing.assert_close(x.grad, frozen)
+    seen.clear()
+    with torch.no_grad():
+        op(x, frozen)
+    assert seen == [("fwd", [False, False])]

@@ -13,8 +13,8 @@ pytest.importorskip("transformers")
 from speedlight.patching import PatchWarning, patch
 from tests.patching.tiny_models import FAMILIES, MOE, NEW_FAMILIES, batch, build, vocab
 
-# the mixtures of experts read their routing on the host (experts.py) until the grouped
-# expert kernels replace that path; they join this list then
+# the mixtures of experts' forward (experts.py) still imports its op inside the call, a
+# graph break; they join this list once it does not
 COMPILED = [f for f in FAMILIES + NEW_FAMILIES if f not in MOE]
 FORMS = ("rows", "padded", "packed")
 

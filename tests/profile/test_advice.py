@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from speedlight import hardware
-from speedlight.profile import advice, models
+from speedlight.profile import advice
+from speedlight.workloads import models
 from speedlight.profile.patterns import Chain
 from tests.bench.toy_specs import TOY
 from tests.profile.util import profile_model

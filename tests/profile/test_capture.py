@@ -67,7 +67,7 @@ def test_forward_backward_and_optimizer_ops_land_where_they_ran():
 
 
 def test_default_model_ops_land_on_their_layer():
-    from speedlight.profile import models
+    from speedlight.workloads import models
     w = models.build(None, batch=1, seq=16, train=True, dtype=torch.float32, device=torch.device("cpu"))
     cap, res, _ = profile_model(w.model, w.inputs, loss_fn=lambda out: out.loss)
     rows = res["rows"]

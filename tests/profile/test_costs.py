@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from speedlight.profile import costs
+from speedlight.workloads import costs
 
 aten = torch.ops.aten
 F32, BF16, I64 = torch.float32, torch.bfloat16, torch.int64

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from torch.utils import flop_counter
 
-from speedlight.profile import costs, models
-from speedlight.profile.capture import Recorder
+from speedlight.workloads import costs, models
+from speedlight.profile.capture import OpRecorder
 
 aten = torch.ops.aten
 
@@ -32,7 +32,7 @@ class Net(nn.Module):
 
 
 def ours(fn) -> Counter:
-    rec = Recorder({}, {}, memory=None, timed=False)
+    rec = OpRecorder({}, {}, memory=None, timed=False)
     with rec:
         fn()
     found = Counter()

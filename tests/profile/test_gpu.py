@@ -9,8 +9,8 @@ import torch
 from torch.utils import flop_counter
 
 from speedlight import cli, hardware
-from speedlight.profile import models
-from speedlight.profile.capture import Recorder
+from speedlight.workloads import models
+from speedlight.profile.capture import OpRecorder
 from tests.conftest import needs_gpu
 from tests.profile.conftest import QUICK
 
@@ -50,7 +50,7 @@ def test_idle_time_and_memory(cuda_doc):
 def test_flops_match_flop_counter_on_cuda():
     w = models.build(None, batch=2, seq=64, train=True, dtype=torch.bfloat16, device=torch.device("cuda"))
     step = lambda: w.loss_fn(w.call()).backward()  # noqa: E731
-    rec = Recorder({}, {}, memory=None, timed=False)
+    rec = OpRecorder({}, {}, memory=None, timed=False)
     with rec:
         step()
     ours, causal = Counter(), set()

@@ -13,7 +13,8 @@ import torch
 from torch.utils import flop_counter
 
 from speedlight import shapes, target
-from speedlight.profile import capture, compare, models, project
+from speedlight.profile import capture, compare, project
+from speedlight.workloads import models
 from speedlight.profile.command import make_step
 
 transformers = pytest.importorskip("transformers")

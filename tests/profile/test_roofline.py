@@ -8,7 +8,7 @@ import torch
 
 from speedlight import hardware, target
 from speedlight.profile import capture, roofline
-from speedlight.profile.costs import OpCost
+from speedlight.workloads.costs import OpCost
 from speedlight.target import Target, peak_key
 
 H200 = hardware.roof_for(hardware.DEVICES["h200"])

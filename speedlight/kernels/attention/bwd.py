@@ -15,8 +15,9 @@ p = 0. A row whose softmax is NaN (lse = NaN) has p = NaN at every key, masked o
 included, as float64's softmax of that row: dq of the row and dk, dv of every key of its
 (batch, kv head) are NaN. The delta kernel writes one flag per block of rows (0, or NaN
 when a row's lse is NaN) and the dk/dv kernel adds its group's flags to every key, so the
-NaN reaches keys the row's window never visits. dk and dv of a kv head sum over its group of q heads inside one program, and dq is
-its own pass over keys: no atomics, the same bits on every run.
+NaN reaches keys the row's window never visits. dk and dv of a kv head sum over its group
+of q heads inside one program, and dq is its own pass over keys: no atomics, the same
+bits on every run.
 """
 
 import triton
@@ -159,7 +160,8 @@ def _attention_bwd_dkdv_kernel(
 @triton.jit
 def _attention_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr,
-    m_blocks, seq_q, seq_k, total_q, total_k, heads_q, group, head_dim, sm_scale, softcap, left, right,
+    m_blocks, seq_q, seq_k, total_q, total_k, heads_q, group, head_dim, sm_scale, softcap,
+    left, right,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,

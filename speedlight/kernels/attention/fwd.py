@@ -20,7 +20,8 @@ from speedlight.kernels.attention.common import (LOG2E, _block, _key_range, _loa
 @triton.jit
 def _attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, m_blocks,
-    seq_q, seq_k, total_q, total_k, heads_q, group, head_dim, sm_scale, softcap, left, right, split_span,
+    seq_q, seq_k, total_q, total_k, heads_q, group, head_dim, sm_scale, softcap, left, right,
+    split_span,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
