@@ -1,7 +1,9 @@
 """A patched model compiles whole: torch.compile(fullgraph=True) traces it in one graph
 with no break, for every family, in every form of input (plain rows, a 2-D padding mask,
-sequences packed in one row), counted with torch._dynamo's own counters; and a training
-step reads nothing on the host."""
+sequences packed in one row), counted with torch._dynamo's own counters; forward and backward through AOT autograd
+(backend "aot_eager", the graphs torch.compile hands inductor) for one family of each form
+of patched forward, against the eager patched model; and a training step reads nothing on
+the host."""
 
 import warnings
 
@@ -13,9 +15,15 @@ pytest.importorskip("transformers")
 from speedlight.patching import PatchWarning, patch
 from tests.patching.tiny_models import FAMILIES, MOE, NEW_FAMILIES, batch, build, vocab
 
+TOL = dict(rtol=2e-4, atol=2e-5)
 # the mixtures of experts' forward (experts.py) still imports its op inside the call, a
 # graph break; they join this list once it does not
 COMPILED = [f for f in FAMILIES + NEW_FAMILIES if f not in MOE]
+# one family per form of patched forward: Llama (pre-norm layer, split MLP, plain loss),
+# Gemma 2 (sandwich layer, GeGLU, sliding window and softcaps), Phi-3 (gate_up_proj MLP),
+# Granite (its layer kept, logits scaling), GLM-4 (interleaved RoPE), Qwen2-VL (multimodal
+# RoPE, its own output class), Falcon-H1 (attention beside a Mamba mixer, multipliers)
+TRACED = ["llama", "gemma2", "phi3", "granite", "glm4", "qwen2_vl", "falcon_h1"]
 FORMS = ("rows", "padded", "packed")
 
 
@@ -67,6 +75,23 @@ def test_dynamo_traces_every_family_in_one_graph_per_form(family):
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     _, graphs, breaks = _counted(compiled, model, FORMS, backward=False)
     assert breaks == {} and graphs == len(FORMS), (graphs, breaks)
+
+
+@pytest.mark.parametrize("family", TRACED)
+def test_forward_and_backward_compile_whole_and_match_eager(family):
+    model = patched(family)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    ours, graphs, breaks = _counted(compiled, model, FORMS, backward=True)
+    assert breaks == {} and graphs == len(FORMS), (graphs, breaks)
+    torch._dynamo.reset()
+    for form, (loss, grads) in zip(FORMS, ours):
+        out = model(**inputs(model, form))
+        expected = torch.autograd.grad(out.loss, list(model.parameters()), allow_unused=True)
+        torch.testing.assert_close(loss, out.loss.detach(), **TOL, msg=lambda m: f"{form}: {m}")
+        for (name, _), g, e in zip(model.named_parameters(), grads, expected):
+            assert (g is None) == (e is None), name
+            if e is not None:
+                torch.testing.assert_close(g, e, **TOL, msg=lambda m: f"{form} {name}: {m}")
 
 
 class _HostRead(Exception):
