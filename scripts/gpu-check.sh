@@ -330,6 +330,15 @@ else
   echo "model step skipped (--ops given or MODEL_STEP_S=0)" > "$OUT/model-step.log"
   STEPS+=("model-step|none|0|model-step.log")
 fi
+# --- the patched model under CUDA graphs (issue 28): torch.compile(mode="reduce-overhead",
+# fullgraph=True) of a 4-layer Llama with a padded batch, its loss against eager -----------
+if [ "$MODEL_STEP_S" != 0 ]; then
+  step compile compile.log timeout 240 "$PYTHON" "$REPO/scripts/compile_check.py" \
+    --out "$OUT/compile.json"
+else
+  echo "compile check skipped (--ops given or MODEL_STEP_S=0)" > "$OUT/compile.log"
+  STEPS+=("compile|none|0|compile.log")
+fi
 # --- CUDA C++ beside Triton -------------------------------------------------------------------
 # rms_norm and add_rms_norm at Llama's widths (4096, 8192) in bf16: each implementation's
 # GB/s and % of the measured copy bandwidth, and CUDA's speedup over Triton (the
