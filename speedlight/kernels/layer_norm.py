@@ -48,10 +48,10 @@ def _layer_norm_fwd_kernel(
         # [BM, BN] -> [BM]: the scale p, then the mean and variance of x / p
         p, inv_p = _pow2_scale(tl.max(tl.abs(x), axis=1), eps)
         xs = x * inv_p[:, None]
-        mean_s = tl.div_rn(tl.sum(xs, axis=1), tl.cast(n_cols, tl.float32))
+        mean_s = tl.sum(xs, axis=1) / n_cols
         xc = tl.where(mask, xs - mean_s[:, None], 0.0)
         # [BM, BN] -> [BM]
-        var_s = tl.div_rn(tl.sum(xc * xc, axis=1), tl.cast(n_cols, tl.float32))
+        var_s = tl.sum(xc * xc, axis=1) / n_cols
         rstd_s = 1.0 / tl.sqrt(var_s + eps * inv_p * inv_p)  # = rstd * p
         if STORE_STATS:  # first: p and 1/p are then dead while y is formed (registers)
             tl.store(mean_ptr + offs_m, mean_s * p, mask=mask_m)
@@ -96,7 +96,7 @@ def _layer_norm_fwd_looped_kernel(
         acc = acc * (p * inv_p_new) + x * inv_p_new
         p, inv_p = p_new, inv_p_new
     # [BN] -> scalar
-    mean_s = tl.div_rn(tl.sum(acc, axis=0), tl.cast(n_cols, tl.float32))
+    mean_s = tl.sum(acc, axis=0) / n_cols
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -105,7 +105,7 @@ def _layer_norm_fwd_looped_kernel(
         xc = tl.where(mask_n, x * inv_p - mean_s, 0.0)
         acc += xc * xc
     # [BN] -> scalar
-    rstd = inv_p / tl.sqrt(tl.div_rn(tl.sum(acc, axis=0), tl.cast(n_cols, tl.float32)) + eps * inv_p * inv_p)
+    rstd = inv_p / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps * inv_p * inv_p)
     mean = mean_s * p
     for start in range(0, n_cols, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -160,8 +160,8 @@ def _layer_norm_bwd_row_dot_kernel(
         acc1 += dxhat
         acc2 += dxhat * tl.where(mask_n, (x - mean) * r, 0.0)
     # [BN] -> scalar
-    tl.store(c1_ptr + row, tl.div_rn(tl.sum(acc1, axis=0), tl.cast(n_cols, tl.float32)))
-    tl.store(c2_ptr + row, tl.div_rn(tl.sum(acc2, axis=0), tl.cast(n_cols, tl.float32)))
+    tl.store(c1_ptr + row, tl.sum(acc1, axis=0) / n_cols)
+    tl.store(c2_ptr + row, tl.sum(acc2, axis=0) / n_cols)
 
 
 @triton.jit
@@ -218,8 +218,8 @@ def _layer_norm_bwd_kernel(
             c2 = tl.load(c2_ptr + offs_m, mask=mask_m, other=0.0)
         else:
             # [BM, BN] -> [BM]
-            c1 = tl.div_rn(tl.sum(dxhat, axis=1), tl.cast(n_cols, tl.float32))
-            c2 = tl.div_rn(tl.sum(dxhat * xhat, axis=1), tl.cast(n_cols, tl.float32))
+            c1 = tl.sum(dxhat, axis=1) / n_cols
+            c2 = tl.sum(dxhat * xhat, axis=1) / n_cols
         dx = (dxhat - c1[:, None] - xhat * c2[:, None]) * r[:, None]
         tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
                  dx.to(dx_ptr.dtype.element_ty), mask=mask)
