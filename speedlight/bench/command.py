@@ -358,7 +358,7 @@ def _model(args: argparse.Namespace) -> int:
     if args.warmup is not None and args.warmup < 0:
         _fail(f"--warmup must be at least 0, got {args.warmup}")
     if not 0 < args.lr < float("inf"):  # NaN too
-        _fail(f"--lr must be a finite number more than 0, got {args.lr:g}")
+        _fail(f"--lr must be more than 0 and finite, got {args.lr:g}")
     if args.budget_s is not None and args.budget_s <= 0:
         _fail(f"--budget-s must be more than 0, got {args.budget_s:g}")
     named = _list(args.variants) if args.variants else []
