@@ -1,8 +1,9 @@
 """Run a function on several gloo ranks in fresh processes, for the distributed tests.
 
 Each rank is a new interpreter (torch.multiprocessing's spawn), so TRITON_INTERPRET is in
-its environment before triton is first imported there; the ranks meet over a free local
-port. The function runs on every rank and returns a JSON-able value; rank 0's comes back.
+its environment before triton is first imported there; the ranks meet over a file store in
+a fresh temporary folder (no port to race for when two test modules spawn ranks at once).
+The function runs on every rank and returns a JSON-able value; rank 0's comes back.
 Spawning and importing cost seconds, so a test module runs all its checks in one call.
 """
 
@@ -11,18 +12,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import socket
 import tempfile
 import time
 import traceback
 
 import torch
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(target: str, world: int = 2, timeout_s: float = 300.0):
@@ -36,7 +30,8 @@ def run_ranks(target: str, world: int = 2, timeout_s: float = 300.0):
         os.environ["TRITON_INTERPRET"] = "1"
         try:
             ranks = torch.multiprocessing.start_processes(
-                _rank_main, args=(world, free_port(), target, out, timeout_s), nprocs=world,
+                _rank_main, args=(world, os.path.join(tmp, "store"), target, out, timeout_s),
+                nprocs=world,
                 join=False, start_method="spawn")
         finally:
             if before is None:
@@ -49,12 +44,12 @@ def run_ranks(target: str, world: int = 2, timeout_s: float = 300.0):
             return json.load(f)
 
 
-def _rank_main(rank: int, world: int, port: int, target: str, out: str, timeout_s: float):
+def _rank_main(rank: int, world: int, store: str, target: str, out: str, timeout_s: float):
     import datetime
 
     import torch.distributed as dist
     torch.set_num_threads(1)  # two ranks share a small CPU
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
     try:
         module, name = target.split(":")
