@@ -137,8 +137,9 @@ def moe_experts_fwd(hidden: torch.Tensor, top_k_index: torch.Tensor,
     n_experts = gate_up_proj.shape[0]
     order, offsets = expert_order(top_k_index, n_experts)
     if tokens == 0 or hidden.shape[1] == 0:
-        z = hidden.new_empty((tokens * k, gate_up_proj.shape[1]))
-        return hidden.new_empty(hidden.shape), z, order, offsets
+        # zeros, not garbage: with H = 0 the backward still reads z (its <g, h> is 0)
+        z = hidden.new_zeros((tokens * k, gate_up_proj.shape[1]))
+        return hidden.new_zeros(hidden.shape), z, order, offsets
     token = order // k
     x = hidden[token]  # [pairs, H], gathered in expert order
     z = grouped_matmul_fwd(x, gate_up_proj, offsets, gate_up_bias, check_offsets=False)[0]

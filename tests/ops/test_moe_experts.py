@@ -155,3 +155,15 @@ def test_no_host_sync_cuda_graph_and_repeatable_bits(device):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, first[0])
+
+
+def test_zero_width_hidden_gives_zero_weight_gradients(device):
+    """H = 0: an empty output, no launch, and the routing weights' gradient is exactly zero
+    (the saved gate_up output is zeros, not uninitialized memory)."""
+    inputs = _inputs(case(5, 0, 8, 3, 2), device)
+    counter = LaunchCounter()
+    with counter.active():
+        out = speedlight.moe_experts(**inputs)
+    assert out.shape == (5, 0) and counter.count == 0
+    out.sum().backward()
+    assert torch.equal(inputs["top_k_weights"].grad, torch.zeros_like(inputs["top_k_weights"]))
