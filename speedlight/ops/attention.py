@@ -142,7 +142,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     DTensor: q, k and v on one mesh with one placement, sharded over batch or heads
     (whole GQA groups per rank; packed, heads only), cu_seqlens whole on every rank.
     Differentiable in q, k and v (and through the lse); works under torch.compile(fullgraph=True).
+    Under torch.autocast, q, k and v are first cast to its dtype (as torch's
+    scaled_dot_product_attention is there: a model may hand over a q promoted to fp32 by
+    its q_norm beside a bf16 v), and o has that dtype.
     """
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type):
+        amp = torch.get_autocast_dtype(device_type)
+        q, k, v = (t.to(amp) if t.is_floating_point() else t for t in (q, k, v))
     left, right = check_arguments(
         q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,

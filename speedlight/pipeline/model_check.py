@@ -54,10 +54,15 @@ def _to64(x):
     return x
 
 
-def _outputs(model, inputs, loss_fn, train: bool) -> dict[str, torch.Tensor]:
-    """logits, loss and (with train) the gradient of every parameter, by name."""
+def _outputs(model, inputs, loss_fn, train: bool, amp: torch.dtype | None = None,
+             loss_scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """logits, loss and (with train) the gradient of every parameter, by name; under
+    torch.autocast in amp when given, the gradients those of loss * loss_scale divided by
+    loss_scale (what a gradient scaler's unscale gives)."""
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    with torch.set_grad_enabled(train):
+    device = next(model.parameters()).device.type
+    with torch.set_grad_enabled(train), torch.autocast(device, dtype=amp or torch.bfloat16,
+                                                       enabled=amp is not None):
         out = _call(model, inputs)
         loss = loss_fn(out)
         got = {}
@@ -75,18 +80,23 @@ def _outputs(model, inputs, loss_fn, train: bool) -> dict[str, torch.Tensor]:
             got["logits"] = logits.detach()
         got["loss"] = loss.detach().reshape(1)
         if train:
-            grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
-            got.update({f"grad:{n}": g for (n, _), g in zip(params, grads) if g is not None})
+            grads = torch.autograd.grad(loss * loss_scale if loss_scale != 1 else loss,
+                                        [p for _, p in params], allow_unused=True)
+            got.update({f"grad:{n}": g / loss_scale if loss_scale != 1 else g
+                        for (n, _), g in zip(params, grads) if g is not None})
     return got
 
 
 def check_models(original: torch.nn.Module, patched: torch.nn.Module, inputs, loss_fn, *,
-                 train: bool) -> dict:
-    dtype = next(original.parameters()).dtype
+                 train: bool, amp: torch.dtype | None = None, loss_scale: float = 1.0) -> dict:
+    """amp: both models run under torch.autocast in that dtype (the float64 copy without
+    it), judged with that dtype's tolerance; loss_scale: the factor a gradient scaler
+    multiplies the loss by before the backward (fp16), divided out of the gradients."""
+    dtype = amp or next(original.parameters()).dtype
     tol = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
     n_params = sum(p.numel() for p in original.parameters())
-    ours = _outputs(patched, inputs, loss_fn, train)
-    theirs = _outputs(original, inputs, loss_fn, train)
+    ours = _outputs(patched, inputs, loss_fn, train, amp, loss_scale)
+    theirs = _outputs(original, inputs, loss_fn, train, amp, loss_scale)
     if n_params <= MAX_FP64_PARAMS:
         ref_model = copy.deepcopy(original).double()
         if hasattr(ref_model, "set_experts_implementation"):

@@ -205,3 +205,19 @@ def test_bad_input_is_named_and_launches_nothing(call, error, match):
     with counter.active(), pytest.raises(error, match=match):
         call()
     assert counter.count == 0
+
+
+def test_autocast_casts_q_k_and_v_to_its_dtype(device):
+    """Under torch.autocast, as torch's SDPA there: an fp32 q (promoted by a model's q_norm)
+    beside bf16 k and v is attended in bf16, o in bf16, each gradient in its input's dtype."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 5, 16, generator=g).to(device).requires_grad_()
+    k, v = (torch.randn(1, 2, 5, 16, generator=g).to(device, torch.bfloat16).requires_grad_()
+            for _ in range(2))
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        o = speedlight.attention(q, k, v, causal=True)
+        expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert o.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(o, speedlight.attention(q.detach().bfloat16(), k, v, causal=True))
+    o.float().sum().backward()
+    assert (q.grad.dtype, k.grad.dtype) == (torch.float32, torch.bfloat16)

@@ -1,0 +1,63 @@
+"""Every patched family trains under torch.autocast on the CPU: bf16, and fp16 with a
+gradient scaler's loss scale (torch.amp.GradScaler("cpu")). One training step's logits,
+loss (the fused loss included: the patched model trains without logits) and every
+parameter gradient, against a float64 copy of the original, have at most k times the error
+the unpatched model has under the same autocast (the model check's rule, with the autocast
+dtype's tolerance). Attention, which casts q, k and v to the autocast dtype whichever it
+is, runs in the bf16 step only: its interpreter cost is half a step's."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from speedlight.patching import PatchWarning, patch
+from speedlight.pipeline.model_check import check_models
+from speedlight.verify.harness import LaunchCounter
+from tests.patching.tiny_models import FAMILIES, NEW_FAMILIES, batch, build, vocab
+
+
+
+def _settled_loss_scale(model, inputs) -> float:
+    """The loss scale a torch.amp.GradScaler("cpu") trains the unpatched model at: its
+    initial scale, times its backoff factor for each step whose fp16 gradients overflow
+    (a step the scaler skips)."""
+    scaler = torch.amp.GradScaler("cpu")
+    scale = scaler.get_scale()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for _ in range(32):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(**inputs).loss
+        grads = torch.autograd.grad(loss * scale, params, allow_unused=True)
+        if all(g is None or bool(torch.isfinite(g).all()) for g in grads):
+            return scale
+        scale *= scaler.get_backoff_factor()
+    raise AssertionError("the unpatched model's fp16 gradients overflow at every scale")
+
+
+@pytest.mark.parametrize("amp", [torch.bfloat16, torch.float16], ids=["bf16", "fp16-scaled"])
+@pytest.mark.parametrize("family", FAMILIES + NEW_FAMILIES)
+def test_one_autocast_step_matches_the_unpatched_model(family, amp):
+    base = build(family)
+    patched = copy.deepcopy(base)
+    with warnings.catch_warnings():  # the families that keep their layer say so
+        warnings.simplefilter("ignore", PatchWarning)
+        report = patch(patched, attention=amp == torch.bfloat16)
+    assert report.count("linear_cross_entropy") == 1
+    ids, labels = batch(vocab(base), seq=7)
+    inputs = {"input_ids": ids, "labels": labels}
+    scale = _settled_loss_scale(base, inputs) if amp == torch.float16 else 1.0
+    counter = LaunchCounter()
+    with counter.active():
+        doc = check_models(base, patched, inputs, lambda o: o.loss, train=True, amp=amp,
+                           loss_scale=scale)
+    assert doc["passed"], (doc["failed"], doc["worst"])
+    names = {c["name"] for c in doc["checks"]}
+    assert {"logits", "loss"} <= names and sum(n.startswith("grad:") for n in names) > 10
+    kernels = " ".join(counter.kernels)
+    for kernel in ("_rms_norm_", "_glu_", "_cross_entropy_fwd_kernel") + (
+            ("_attention_",) if amp == torch.bfloat16 else ()):
+        assert kernel in kernels, f"no {kernel} kernel ran"
