@@ -131,3 +131,17 @@ def test_a_kernel_that_does_not_compile_for_gfx942_is_a_finding(compiler):
         pytest.skip("rope compiles for gfx942 with this Triton: nothing to report")
     assert all("did not compile for gfx942" in f.text for f in errors)
     assert [s.check for s in guard.check(report)] == ["compile"] * len(report.kernels)
+
+
+def test_launches_sized_for_an_amd_target_use_waves_of_64():
+    from speedlight import launch
+
+    cpu = torch.device("cpu")
+    with launch.for_target(resolve("h200")):
+        assert (launch.planned_warp_size(cpu), launch.warps_for_tile(4096)) == (32, 8)
+    with launch.for_target(resolve("gfx942")):
+        assert (launch.planned_warp_size(cpu), launch.warps_for_tile(4096)) == (64, 4)
+        assert launch.target_programs(cpu) == 4 * 304  # persistent grids over the CUs
+        grid, block_m, block_n, warps = launch.persistent_row_grid(
+            10**6, 16384, cpu, max_block_n=65536, tile=16384, warps_per_sm=64)
+        assert (block_n, warps) == (16384, 16) and grid == (2 * 304,)  # 32 waves per CU
