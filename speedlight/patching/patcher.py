@@ -55,7 +55,7 @@ from typing import Callable
 
 import torch
 
-from speedlight.patching import forwards
+from speedlight.patching import forwards, planned
 from speedlight.patching.experts import experts_forward, experts_layout_problem
 from speedlight.patching.families import FAMILIES, Family
 
@@ -72,6 +72,8 @@ class PatchReport:
     patched: dict[str, list[str]] = field(default_factory=dict)  # kind -> module paths
     in_place: list[str] = field(default_factory=list)  # norms whose backward writes over dy
     not_patched: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
+    plan_note: str = ""  # which measured plan decided the kinds (planned.resolve)
+    plan: dict[str, str] = field(default_factory=dict)  # kind -> kept / dropped / unmeasured
 
     def count(self, kind: str) -> int:
         return len(self.patched.get(kind, []))
@@ -87,6 +89,9 @@ class PatchReport:
                          f"whose output feeds linear layers alone)")
         for what, why in self.not_patched:
             lines.append(f"  NOT patched {what}: {why}")
+        if self.plan_note:
+            lines.append(f"  plan: {self.plan_note}")
+        lines += [f"    {kind}: {status}" for kind, status in self.plan.items()]
         return "\n".join(lines)
 
 
@@ -147,12 +152,12 @@ class _Patching:
         self.record["forwards"].append((module, had))
         module.forward = types.MethodType(fn, module)
 
-    def note_once(self, what: str) -> Callable[[torch.nn.Module, str], None]:
-        """A function recording (what, reason) in the report once, for a fallback that a
-        forward takes at call time."""
+    def note_once(self, what: str, then: str = "") -> Callable[[torch.nn.Module, str], None]:
+        """A function recording (what, reason + then) in the report once, for a fallback
+        that a forward takes at call time (then: what runs instead)."""
         def note(_module, reason: str) -> None:
-            if (what, reason) not in self.report.not_patched:
-                self.report.not_patched.append((what, reason))
+            if (what, reason + then) not in self.report.not_patched:
+                self.report.not_patched.append((what, reason + then))
         return note
 
     def none_found(self, kind: str) -> None:
@@ -216,10 +221,9 @@ def _patch_mlps(job: _Patching) -> None:
                 else forwards.split_mlp_forward)(*act)
         problem = _fused_problem(module) if job.mlp == "fused" else None
         if job.mlp == "fused" and problem is None:
-            note = job.note_once(f"mlp {path} (fused)")
             job.set_forward(module, forwards.gated_matmul_forward(
-                *act, fallback=unit, note_fallback=lambda m, why: note(m, f"{why}; the gated "
-                                                                          "unit alone runs")))
+                *act, fallback=unit, note_fallback=job.note_once(f"mlp {path} (fused)",
+                                                                 "; the gated unit alone runs")))
             job.add("mlp", f"{path} (gated_matmul)")
             continue
         if problem is not None:
@@ -356,10 +360,10 @@ def _patch_causal_lm_forward(job: _Patching) -> None:
 
     kind, model = "linear_cross_entropy", job.model
     lm_head = getattr(model, "lm_head", None)
-    if not (hasattr(type(model), "loss_function") and isinstance(lm_head, torch.nn.Linear)
+    if not (hasattr(type(model), "loss_function") and isinstance(lm_head, torch.nn.Module)
             and isinstance(getattr(model, "model", None), torch.nn.Module)):
-        return job.refuse(kind, f"{type(model).__name__} is not a causal LM with a linear "
-                                "lm_head over its base model")
+        return job.refuse(kind, f"{type(model).__name__} is not a causal LM with an lm_head "
+                                "over its base model")
     if not _available(kind):
         return job.refuse(kind, "this install has no speedlight.linear_cross_entropy")
     problem = forwards.direct_weight_problem(lm_head)
@@ -406,7 +410,7 @@ def _base_model(model: torch.nn.Module) -> torch.nn.Module:
 def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
           rope: bool = True, cross_entropy: bool = True, attention: bool = True,
           norm_in_place: bool = True, linear_cross_entropy: bool = True,
-          decoder_layer: bool = True) -> PatchReport:
+          decoder_layer: bool = True, plan="auto") -> PatchReport:
     """Swap speedlight ops into `model` (a family of speedlight.patching.families.FAMILIES:
     Llama, Mistral, Ministral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, Falcon-H1,
     Granite, OLMo 2, GLM-4, SmolLM3, Qwen2-VL's text decoder, Mixtral, Qwen2-MoE,
@@ -428,6 +432,9 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     then the module's own down_proj (MLPs with biases, multipliers, or adapter or
     quantized projections keep the unfused path, reported); False leaves the MLPs alone.
 
+    plan: "auto", a plan file's path, a plan, or None: which kinds a measurement lets apply
+    (see planned.py; the report says per kind: kept, dropped, or applied unmeasured).
+
     Returns a PatchReport listing what was patched; anything asked for that could not be
     patched (an unknown architecture, an unsupported activation) is also warned about
     with a PatchWarning, never skipped silently. `unpatch(model)` undoes it exactly.
@@ -445,7 +452,11 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy,
               "attention": attention, "decoder_layer": decoder_layer,
               "linear_cross_entropy": linear_cross_entropy}
-    report = PatchReport(model_type)
+    chosen, note = planned.resolve(model, plan)
+    report = PatchReport(model_type, plan_note=note, plan=planned.statuses(wanted, chosen))
+    wanted = planned.wanted(wanted, chosen)
+    if note == planned.plans.HINT:
+        warnings.warn(note, planned.plans.PlanHint, stacklevel=2)
     job = _Patching(model, family, report, mlp, norm_in_place)
     for kind in KINDS:
         if not wanted[kind.name]:
