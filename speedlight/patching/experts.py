@@ -1,11 +1,27 @@
-"""A mixture of experts' <Prefix>Experts module (transformers 5.x) on speedlight's grouped
-GEMM and gated unit: the forward the patch gives it, and the layout it reads."""
+"""A mixture of experts' <Prefix>Experts module (transformers 5.x) on speedlight: the
+forward the patch gives it, the layout it reads, and how it is installed.
+
+Two ways in, chosen per module by `install`:
+  registry  transformers >= 5.25 dispatches an experts module decorated with
+            @use_experts_implementation through its experts-implementation registry
+            (`config._experts_implementation`, as attention has one): speedlight registers
+            itself there as "speedlight" and points the configs the experts read at it
+  module    older transformers (the GPU machines' 5.17), or a class without the decorator:
+            the instance's forward is replaced, as the other kinds are
+Either way the forward is built once at patch time (its ops imported then), so a call
+imports nothing and decides nothing outside torch.compile's reach.
+"""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import torch
+
+NAME = "speedlight"
+# the built forward of a patched experts module (registry path), held in its __dict__
+FORWARD_ATTR = "_speedlight_experts_forward"
 
 
 def expert_routing(top_k_index: torch.Tensor, n_experts: int
@@ -36,16 +52,17 @@ def experts_forward(op_name: str, op_kwargs: dict):
     past the last expert and contribute zeros, as the module's own loop skips them. No
     host sync anywhere; on fake tensors (the profile's projection) the grouped GEMMs cost
     every routed pair."""
+    from speedlight.ops.grouped_matmul import grouped_matmul
+    gated = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
+
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        from speedlight.ops.grouped_matmul import grouped_matmul
-        op = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
         k = top_k_index.shape[-1]
         with torch.no_grad():
             order, offsets = expert_routing(top_k_index, self.gate_up_proj.shape[0])
             token = order // k
         x = hidden_states[token].to(self.gate_up_proj.dtype)  # [pairs, H]
         gate_up = grouped_matmul(x, self.gate_up_proj, offsets, check_offsets=False)
-        h = op(gate_up, None, **op_kwargs)  # [pairs, 2I] -> [pairs, I]
+        h = gated(gate_up, None, **op_kwargs)  # [pairs, 2I] -> [pairs, I]
         out = grouped_matmul(h, self.down_proj, offsets, check_offsets=False)  # [pairs, H]
         out = out * top_k_weights.reshape(-1)[order, None]
         return torch.zeros_like(hidden_states).index_add_(0, token, out.to(hidden_states.dtype))
@@ -66,3 +83,79 @@ def experts_layout_problem(experts) -> str | None:
     if gate is not None and gate.__name__ != "_default_apply_gate":
         return "it has its own gating function (_apply_gate)"
     return None
+
+
+# --- transformers' experts-implementation registry --------------------------------------
+
+def experts_registry():
+    """transformers' experts-implementation registry (ALL_EXPERTS_FUNCTIONS, 5.25+), or
+    None where the installed transformers has none."""
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    except ImportError:
+        return None
+    return ALL_EXPERTS_FUNCTIONS
+
+
+def _dispatched(module) -> bool:
+    """Whether the module's class forward dispatches through the registry: decorated with
+    @use_experts_implementation (its forward wraps the class's own) and reading a config
+    that names an implementation."""
+    forward = type(module).forward
+    config = getattr(module, "config", None)
+    return (inspect.unwrap(forward) is not forward and hasattr(module, "is_concatenated")
+            and hasattr(config, "_experts_implementation_internal"))
+
+
+def registered_forward(self, hidden_states, top_k_index, top_k_weights):
+    """The "speedlight" entry of transformers' experts registry: the forward built for
+    this module at patch time (or, for a module the patch kept, the implementation its
+    config named before)."""
+    return self.__dict__[FORWARD_ATTR](self, hidden_states, top_k_index, top_k_weights)
+
+
+def _previous_forward(module, implementation: str | None):
+    """The forward the registry gave the module before its config named speedlight."""
+    registry = experts_registry()
+    original = inspect.unwrap(type(module).forward)
+    if implementation in (None, "eager"):
+        return original
+    return registry.get(implementation, original)
+
+
+def register(module, forward) -> bool:
+    """Give an experts module `forward` through transformers' registry, where the module
+    dispatches through one (the patch then replaces the instance's forward instead).
+    Whether it did; `switch_configs` then points the module's config at it."""
+    registry = experts_registry()
+    if registry is None or not _dispatched(module):
+        return False
+    if NAME not in registry:
+        registry.register(NAME, registered_forward)
+    module.__dict__[FORWARD_ATTR] = forward
+    return True
+
+
+def switch_configs(model: torch.nn.Module, class_name: str) -> list[tuple[object, object]]:
+    """Point every config read by a registry-patched experts module of `class_name` at
+    speedlight; the module of that class the patch kept (no FORWARD_ATTR) keeps the
+    implementation its config named, through registered_forward. Returns (config, previous
+    implementation) pairs for `restore_configs`."""
+    modules = [m for m in model.modules() if type(m).__name__ == class_name and _dispatched(m)]
+    configs = {id(m.config): m.config for m in modules if FORWARD_ATTR in m.__dict__}
+    previous = [(c, c._experts_implementation_internal) for c in configs.values()]
+    before = dict((id(c), impl) for c, impl in previous)
+    for m in modules:
+        if id(m.config) in configs and FORWARD_ATTR not in m.__dict__:
+            kept = _previous_forward(m, before[id(m.config)])
+            m.__dict__[FORWARD_ATTR] = kept
+    for c in configs.values():
+        c._experts_implementation_internal = NAME
+    return previous
+
+
+def restore_configs(model: torch.nn.Module, previous: list[tuple[object, object]]) -> None:
+    for config, implementation in previous:
+        config._experts_implementation_internal = implementation
+    for m in model.modules():
+        m.__dict__.pop(FORWARD_ATTR, None)

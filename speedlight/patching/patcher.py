@@ -56,7 +56,7 @@ from typing import Callable
 import torch
 
 from speedlight.patching import forwards
-from speedlight.patching.experts import experts_forward, experts_layout_problem
+from speedlight.patching import experts
 from speedlight.patching.families import FAMILIES, Family
 
 _RECORD = "_speedlight_patch"
@@ -117,7 +117,7 @@ class _Patching:
     mlp: bool | str
     norm_in_place: bool
     record: dict = field(default_factory=lambda: {"forwards": [], "loss": None,
-                                                  "attention": None})
+                                                  "attention": None, "experts": []})
 
     def add(self, kind: str, what: str) -> None:
         self.report.patched.setdefault(kind, []).append(what)
@@ -228,6 +228,8 @@ def _patch_mlps(job: _Patching) -> None:
         job.add("mlp", f"{path} ({act[0]})")
     for path, module in job.modules(family.experts_class):
         _patch_experts(job, path, module)
+    if family.experts_class is not None:
+        job.record["experts"] = experts.switch_configs(job.model, family.experts_class)
     job.none_found("mlp")
 
 
@@ -236,15 +238,18 @@ def _patch_experts(job: _Patching, path: str, module) -> None:
     act = _gated_unit(job, path, module)
     if act is None:
         return
-    problem = experts_layout_problem(module)
+    problem = experts.experts_layout_problem(module)
     if problem is not None:
         job.refuse(f"mlp {path}", problem)
         return
     if job.mlp == "fused":
         job.refuse(f"mlp {path} (fused)", "gated_matmul reads one weight pair, not 3-D expert "
                                           "weights; the gated unit alone is patched")
-    job.set_forward(module, experts_forward(*act))
-    job.add("mlp", f"{path} ({act[0]}, {module.gate_up_proj.shape[0]} experts)")
+    forward = experts.experts_forward(*act)
+    way = "registry" if experts.register(module, forward) else "module"
+    if way == "module":
+        job.set_forward(module, forward)
+    job.add("mlp", f"{path} ({act[0]}, {module.gate_up_proj.shape[0]} experts, {way})")
 
 
 def _patch_rope(job: _Patching) -> None:
@@ -472,6 +477,7 @@ def unpatch(model: torch.nn.Module) -> None:
             module.__dict__.pop("forward", None)
         else:
             module.forward = had
+    experts.restore_configs(model, record["experts"])
     if record["attention"] is not None:
         from speedlight.patching import hf_attention
         previous, layers = record["attention"]
