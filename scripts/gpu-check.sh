@@ -65,6 +65,21 @@
 #                                         tokens (GROUPED_CASES), fwd and fwd+bwd,
 #                                         against torch-grouped-mm and the per-expert loop
 #                                         (torch-eager), in grouped/
+#   MOE_BENCH_S         (env)             the MoE block section's bench budget (default 60; 0
+#                                         skips it, as does --ops unless it names moe_experts):
+#                                         moe_experts in bf16 at Mixtral-8x7B's and
+#                                         Qwen3-30B-A3B's shapes, uniform and skewed routing,
+#                                         fwd and fwd+bwd, against the per-expert loop
+#                                         (torch-eager), its chain on torch-grouped-mm,
+#                                         torch-compile of the loop and liger (MOE_BASELINES), in
+#                                         moe/: 8192 tokens verified first, then 32768 tokens
+#                                         with --no-verify (no float64 at that size). Targets
+#                                         (not asserted): fwd+bwd >= 1.5x torch-eager, peak
+#                                         memory <= torch-eager's. MOE_SUITE, MOE_CASES_8K,
+#                                         MOE_CASES_32K: its suite and case regexes (a CPU
+#                                         smoke test: MOE_SUITE=quick MOE_CASES_8K=tokens6
+#                                         MOE_CASES_32K=tokens8 with --device cpu --ops
+#                                         moe_experts)
 #   --tune-s N          TUNE_S            the tune section's time limit (default 60; 0 skips it,
 #                                         as does --ops): `speedlight tune` of matmul at
 #                                         Llama-3-8B's projections at 4096 tokens (TUNE_CASES)
@@ -117,6 +132,11 @@ GEMM_CASES="${GEMM_CASES:-^(matmul-m4096-n(14336-k4096|4096-k14336)-bf16-linear-
 FP8_BENCH_S="${FP8_BENCH_S:-25}"
 GROUPED_BENCH_S="${GROUPED_BENCH_S:-40}"
 GROUPED_CASES="${GROUPED_CASES:-groups128-bf16-proj(gate_up|down)-tokens32768-routing(uniform|skewed)\$}"
+MOE_BENCH_S="${MOE_BENCH_S:-60}"
+MOE_SUITE="${MOE_SUITE:-model}"
+MOE_CASES_8K="${MOE_CASES_8K:-tokens8192-}"
+MOE_CASES_32K="${MOE_CASES_32K:-tokens32768-}"
+MOE_BASELINES="${MOE_BASELINES:-torch-eager,torch-grouped-mm,liger,torch-compile}"
 FP8_CASES="${FP8_CASES:-^matmul-m4096-n(6144-k4096|4096-k4096|14336-k4096|4096-k14336)-fp8-linear-proj(qkv|o|up|down)\$}"
 ATTN_BUDGET_S="${ATTN_BUDGET_S:-45}"
 TUNE_S="${TUNE_S:-60}"
@@ -163,6 +183,7 @@ if [ -n "$OPS" ]; then
   GEMM_BENCH_S=0  # the ops asked for, through the general steps only
   FP8_BENCH_S=0
   GROUPED_BENCH_S=0
+  case ",$OPS," in *,moe_experts,*) ;; *) MOE_BENCH_S=0 ;; esac
   MODEL_STEP_S=0
   TUNE_S=0
   VERIFY_OPS="$OPS"
@@ -173,7 +194,7 @@ print(','.join(s.name for s in registry.builtin_specs()))" 2>/dev/null)"
   # every registered op but the GEMMs, which the GEMM section covers
   GENERAL_OPS="$("$PYTHON" -c "
 from speedlight import registry
-print(','.join(s.name for s in registry.builtin_specs() if s.name not in '$GEMM_OPS,grouped_matmul'.split(',')))" 2>/dev/null)"
+print(','.join(s.name for s in registry.builtin_specs() if s.name not in '$GEMM_OPS,grouped_matmul,moe_experts'.split(',')))" 2>/dev/null)"
   [ -n "$GENERAL_OPS" ] && OPS_ARG=(--ops "$GENERAL_OPS")
 fi
 STEPS=()
@@ -320,6 +341,23 @@ else
   echo "grouped GEMM section skipped (--ops given or GROUPED_BENCH_S=0)" > "$OUT/grouped.log"
   STEPS+=("grouped|none|0|grouped.log")
 fi
+# --- the MoE block whole (issue 31): moe_experts at Mixtral-8x7B and Qwen3-30B-A3B ----------
+# bf16, fwd and fwd+bwd, TFLOP/s and peak memory per row, in moe/. 8192 tokens are verified
+# (float64 reference) before timing; 32768 tokens are timed with --no-verify, so that no
+# float64 loop at that size spends the budget (their speedups are withheld as unverified).
+if [ "$MOE_BENCH_S" != 0 ]; then
+  step moe-bench moe.log timeout "$((MOE_BENCH_S + 120))" "$PYTHON" -m speedlight bench \
+    --device "$DEVICE" --suite "$MOE_SUITE" --ops moe_experts --dtypes bf16 \
+    --modes fwd,fwd+bwd --cases "$MOE_CASES_8K" --baselines "$MOE_BASELINES" \
+    --out "$OUT/moe" --budget-s "$((MOE_BENCH_S * 2 / 3))" --time-cap 0.3 --max-gib 64
+  step moe-bench-32k moe.log timeout "$((MOE_BENCH_S / 3 + 90))" "$PYTHON" -m speedlight \
+    bench --device "$DEVICE" --suite "$MOE_SUITE" --ops moe_experts --dtypes bf16 \
+    --modes fwd,fwd+bwd --cases "$MOE_CASES_32K" --baselines torch-eager,torch-grouped-mm \
+    --no-verify --out "$OUT/moe" --budget-s "$((MOE_BENCH_S / 3))" --time-cap 0.3 --max-gib 96
+else
+  echo "MoE block section skipped (--ops without moe_experts, or MOE_BENCH_S=0)" > "$OUT/moe.log"
+  STEPS+=("moe|none|0|moe.log")
+fi
 # --- the model step --------------------------------------------------------------------------
 # Llama-3-8B widths, 4 layers, bf16, 4 x 4096 tokens (bench model's GPU defaults, spelled out)
 if [ "$MODEL_STEP_S" != 0 ]; then
@@ -429,6 +467,11 @@ EOF2
     echo
     echo "attention headline (bf16, head dim 128, 8K tokens):"
     "$PYTHON" -m speedlight bench table "$OUT/attention" --include-cpu 2>&1
+  fi
+  if [ -f "$OUT/moe/bench.jsonl" ]; then
+    echo
+    echo "MoE block (moe_experts, bf16, Mixtral-8x7B and Qwen3-30B-A3B; 32768 tokens unverified):"
+    "$PYTHON" -m speedlight bench table "$OUT/moe" --include-cpu 2>&1
   fi
   if [ -f "$OUT/cuda-build.json" ]; then
     echo

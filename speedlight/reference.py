@@ -405,3 +405,45 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor
         start = end
     parts.append(x.new_zeros((x.shape[0] - start, w.shape[1]), dtype=dtype))
     return torch.cat(parts)
+
+
+def _moe_gate_unit(z: torch.Tensor, activation: str, interleaved: bool, gate_multiplier: float,
+                   down_multiplier: float, swiglu_alpha: float, swiglu_limit: float):
+    """The gate unit of one expert's gate_up output z [rows, 2 I], as the models write it."""
+    gate, up = (z[..., 0::2], z[..., 1::2]) if interleaved else z.chunk(2, dim=-1)
+    gate = gate * gate_multiplier
+    if activation == "clamped_swiglu":  # gpt-oss's GptOssExperts._apply_gate
+        gate = gate.clamp(min=None, max=swiglu_limit)
+        up = up.clamp(min=-swiglu_limit, max=swiglu_limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * swiglu_alpha)) * down_multiplier
+    act = {"silu": torch.nn.functional.silu,
+           "gelu_tanh": lambda g: torch.nn.functional.gelu(g, approximate="tanh"),
+           "gelu": torch.nn.functional.gelu}[activation]
+    return act(gate) * up * down_multiplier
+
+
+def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                gate_up_proj: torch.Tensor, down_proj: torch.Tensor, activation: str = "silu",
+                gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
+                interleaved: bool = False, gate_multiplier: float = 1.0,
+                down_multiplier: float = 1.0, swiglu_alpha: float = 1.702,
+                swiglu_limit: float = 7.0) -> torch.Tensor:
+    """A mixture of experts' routed experts as transformers 5.x's eager loop computes them:
+    for each expert, its tokens' rows through gate_up_proj [2 I, H], the gate unit and
+    down_proj [H, I] in the weights' dtype, times the routing weight, index_add_ into a
+    zeros tensor of hidden's dtype. Indices outside [0, E) are skipped (reads them on the
+    host)."""
+    out = torch.zeros_like(hidden)
+    for e in range(gate_up_proj.shape[0]):
+        token, slot = torch.where(top_k_index == e)
+        z = hidden[token] @ gate_up_proj[e].t()
+        if gate_up_bias is not None:
+            z = z + gate_up_bias[e]
+        h = _moe_gate_unit(z, activation, interleaved, gate_multiplier, down_multiplier,
+                           swiglu_alpha, swiglu_limit)
+        y = h @ down_proj[e].t()
+        if down_bias is not None:
+            y = y + down_bias[e]
+        y = y * top_k_weights[token, slot, None]
+        out = out.index_add(0, token, y.to(hidden.dtype))
+    return out

@@ -34,6 +34,7 @@ BUILTIN_OPS = (
     "attention",
     "linear_cross_entropy",
     "grouped_matmul",
+    "moe_experts",
 )
 BUILTIN_MODULES = tuple(f"speedlight.ops.{name}" for name in BUILTIN_OPS)
 

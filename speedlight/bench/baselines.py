@@ -19,9 +19,10 @@
                  fp8 matmul only (bench/gemm_baselines.py): torch._scaled_mm, and the same
                  GEMM in bf16 on cuBLAS; on a GPU only. Other ops and dtypes get no row.
   torch-grouped-mm
-                 grouped_matmul only (bench/moe_baselines.py): torch._grouped_mm, PyTorch's
-                 grouped GEMM (the reference is the per-expert loop; its torch.compile
-                 compiles with dynamic shapes, moe_baselines.COMPILE_OPTIONS).
+                 grouped_matmul and moe_experts only (bench/moe_baselines.py):
+                 torch._grouped_mm, PyTorch's grouped GEMM (alone, or in moe_experts' chain;
+                 the reference is the per-expert loop; its torch.compile compiles with
+                 dynamic shapes, moe_baselines.COMPILE_OPTIONS).
 
 A baseline that cannot run a case (not installed, no counterpart, unsupported dtype or
 layout, an error, or an output that differs from the reference) is kept as a row with
@@ -135,7 +136,7 @@ class Baselines:
             if name in gemm_baselines.NAMES and not gemm_baselines.applies(spec, case):
                 continue  # fp8 GEMM baselines: fp8 matmul cases only
             if name in moe_baselines.NAMES and not moe_baselines.applies(spec, case):
-                continue  # grouped GEMM baselines: grouped_matmul only
+                continue  # grouped GEMM baselines: grouped_matmul and moe_experts only
             impls.append(self._build(name, spec, case, inputs, torch.device(device)))
         return impls
 

@@ -10,9 +10,15 @@ group offsets) and torch.compile of it.
                     rows are unsupported). Runs where torch's kernel does (bf16; CUDA
                     sm_80+, and on CPU in recent torch).
 
-It applies to grouped_matmul only (other ops get no row for it). torch.compile of the
-per-expert loop compiles with dynamic shapes (COMPILE_OPTIONS): a static compile would
-compile once per distinct group size, a max-autotune one tune each.
+                    For moe_experts, the same chain as speedlight's on it: the pairs
+                    sorted by expert on the device, gathered, torch._grouped_mm for gate_up,
+                    the gate unit in eager, torch._grouped_mm for down, the routing weights
+                    and an index_add_ into the tokens (what transformers' "grouped_mm"
+                    experts implementation runs).
+
+It applies to grouped_matmul and moe_experts only (other ops get no row for it).
+torch.compile of the per-expert loop compiles with dynamic shapes (COMPILE_OPTIONS): a
+static compile would compile once per distinct group size, a max-autotune one tune each.
 """
 
 from __future__ import annotations
@@ -26,11 +32,12 @@ from speedlight.spec import Case, OpSpec
 
 GROUPED_MM = "torch-grouped-mm"
 NAMES = (GROUPED_MM,)
-OPS = ("grouped_matmul",)
+OPS = ("grouped_matmul", "moe_experts")
 
 # torch.compile options of the per-expert loop (the op's reference), by op: dynamic shapes,
 # torch's default mode
-COMPILE_OPTIONS = {"grouped_matmul": {"dynamic": True, "mode": None}}
+COMPILE_OPTIONS = {"grouped_matmul": {"dynamic": True, "mode": None},
+                   "moe_experts": {"dynamic": True, "mode": None}}
 
 
 def applies(spec: OpSpec, case: Case) -> bool:
@@ -50,6 +57,8 @@ def adapt(name: str, spec: OpSpec, case: Case, inputs: dict,
     if grouped_mm is None:
         raise Unsupported(f"torch {torch.__version__} has neither F.grouped_mm nor "
                           f"torch._grouped_mm")
+    if spec.name == "moe_experts":
+        return _moe_chain(grouped_mm, inputs)
     if case.flag("tail"):
         raise Unsupported("torch._grouped_mm leaves rows past the last group unwritten; "
                           "speedlight writes them as zeros")
@@ -69,4 +78,37 @@ def adapt(name: str, spec: OpSpec, case: Case, inputs: dict,
             y = torch.nn.functional.gelu(y, approximate="tanh" if activation == "gelu_tanh"
                                          else "none")
         return y.to(out_dtype) if out_dtype is not None else y
+    return fn
+
+
+def _moe_chain(grouped_mm: Callable, inputs: dict) -> Callable:
+    """moe_experts' chain on torch._grouped_mm (bf16 operands only)."""
+    if inputs["hidden"].dtype != torch.bfloat16:
+        raise Unsupported(f"torch._grouped_mm takes bfloat16 operands, not "
+                          f"{inputs['hidden'].dtype}")
+    from speedlight.ops.moe_experts import expert_order
+    from speedlight.reference import _moe_gate_unit
+
+    def fn(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation="silu",
+           gate_up_bias=None, down_bias=None, interleaved=False, gate_multiplier=1.0,
+           down_multiplier=1.0, swiglu_alpha=1.702, swiglu_limit=7.0):
+        n_experts, k = gate_up_proj.shape[0], top_k_index.shape[1]
+        with torch.no_grad():
+            order, offsets = expert_order(top_k_index, n_experts)
+            token = order // k
+            rows = torch.arange(order.numel(), device=order.device, dtype=offsets.dtype)
+            expert = torch.searchsorted(offsets, rows, right=True)  # E past the last end
+            routed = (expert < n_experts)[:, None]
+            expert = expert.clamp(max=max(n_experts - 1, 0))
+        z = grouped_mm(hidden[token], gate_up_proj.transpose(1, 2), offs=offsets)
+        if gate_up_bias is not None:
+            z = z + gate_up_bias[expert]
+        h = _moe_gate_unit(z, activation, interleaved, gate_multiplier, down_multiplier,
+                           swiglu_alpha, swiglu_limit)
+        y = grouped_mm(h, down_proj.transpose(1, 2), offs=offsets)
+        if down_bias is not None:
+            y = y + down_bias[expert]
+        # rows past the last end are left unwritten by torch._grouped_mm: masked here
+        y = torch.where(routed, y * top_k_weights.reshape(-1)[order, None], 0.0)
+        return torch.zeros_like(hidden).index_add_(0, token, y.to(hidden.dtype))
     return fn

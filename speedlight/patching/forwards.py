@@ -85,11 +85,10 @@ def gated_matmul_forward(op_name: str, op_kwargs: dict, fallback, note_fallback)
 
     def forward(self, *args, **kwargs):
         fused = hasattr(self, "gate_up_proj")
-        projections = (self.gate_up_proj,) if fused else (self.gate_proj, self.up_proj)
-        for projection in projections:
-            problem = direct_weight_problem(projection)
+        for name in ("gate_up_proj",) if fused else ("gate_proj", "up_proj"):
+            problem = direct_weight_problem(getattr(self, name))
             if problem is not None:
-                note_fallback(self, problem)
+                note_fallback(self, f"{name}: {problem}")
                 return fallback(self, *args, **kwargs)
         x = _the_input(args, kwargs)
         if fused:

@@ -147,12 +147,12 @@ class _Patching:
         self.record["forwards"].append((module, had))
         module.forward = types.MethodType(fn, module)
 
-    def note_once(self, what: str) -> Callable[[torch.nn.Module, str], None]:
-        """A function recording (what, reason) in the report once, for a fallback that a
-        forward takes at call time."""
+    def note_once(self, what: str, then: str = "") -> Callable[[torch.nn.Module, str], None]:
+        """A function recording (what, reason + then) in the report once, for a fallback
+        that a forward takes at call time (then: what runs instead)."""
         def note(_module, reason: str) -> None:
-            if (what, reason) not in self.report.not_patched:
-                self.report.not_patched.append((what, reason))
+            if (what, reason + then) not in self.report.not_patched:
+                self.report.not_patched.append((what, reason + then))
         return note
 
     def none_found(self, kind: str) -> None:
@@ -216,10 +216,9 @@ def _patch_mlps(job: _Patching) -> None:
                 else forwards.split_mlp_forward)(*act)
         problem = _fused_problem(module) if job.mlp == "fused" else None
         if job.mlp == "fused" and problem is None:
-            note = job.note_once(f"mlp {path} (fused)")
             job.set_forward(module, forwards.gated_matmul_forward(
-                *act, fallback=unit, note_fallback=lambda m, why: note(m, f"{why}; the gated "
-                                                                          "unit alone runs")))
+                *act, fallback=unit, note_fallback=job.note_once(f"mlp {path} (fused)",
+                                                                 "; the gated unit alone runs")))
             job.add("mlp", f"{path} (gated_matmul)")
             continue
         if problem is not None:
@@ -361,10 +360,10 @@ def _patch_causal_lm_forward(job: _Patching) -> None:
 
     kind, model = "linear_cross_entropy", job.model
     lm_head = getattr(model, "lm_head", None)
-    if not (hasattr(type(model), "loss_function") and isinstance(lm_head, torch.nn.Linear)
+    if not (hasattr(type(model), "loss_function") and isinstance(lm_head, torch.nn.Module)
             and isinstance(getattr(model, "model", None), torch.nn.Module)):
-        return job.refuse(kind, f"{type(model).__name__} is not a causal LM with a linear "
-                                "lm_head over its base model")
+        return job.refuse(kind, f"{type(model).__name__} is not a causal LM with an lm_head "
+                                "over its base model")
     if not _available(kind):
         return job.refuse(kind, "this install has no speedlight.linear_cross_entropy")
     problem = forwards.direct_weight_problem(lm_head)

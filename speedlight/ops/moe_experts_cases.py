@@ -1,0 +1,182 @@
+"""moe_experts' cases and cost: the suites, the inputs of a case (a router's choices drawn
+per token), the FLOPs and bytes of the ideal fused block, the model cases and the Case of a
+call. The OpSpec that uses them is declared in ops/moe_experts.py."""
+
+from __future__ import annotations
+
+import torch
+
+from speedlight import shapes
+from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
+from speedlight.spec import Case, Cost, generator, inject_nonfinite, rand_tensor
+
+# the models issue 31 benches the block at, and their token counts (bench's model suite)
+MOE_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b")
+MOE_TOKENS = (8192, 32768)
+# the clamped SwiGLU's limit in the quick suite's fp32 clamp test is lower, so that it clamps
+GPT_OSS = {"act": "clamped_swiglu", "interleaved": True, "bias": True}
+# FLOP per element of the gate unit (forward, backward) as kernels/moe.py computes it
+_GATE_FLOPS = {"silu": (5, 9), "gelu_tanh": (10, 13), "gelu": (6, 9), "clamped_swiglu": (9, 14)}
+# a case this large (tokens x hidden x intermediate) takes minutes or more under the
+# interpreter: the GPU's sizes
+CPU_MAX_WORK = 2 ** 24
+
+
+def _case(tokens, hidden, inter, experts, k, layout="contiguous", model=None, **flags) -> Case:
+    return Case("moe_experts", (("tokens", tokens), ("hidden", hidden), ("inter", inter),
+                                ("experts", experts), ("k", k)),
+                layout=layout, flags=flags, model=model)
+
+
+def _model_cases(tokens=MOE_TOKENS) -> list[Case]:
+    out = []
+    for name in MOE_MODELS:
+        cfg = shapes.MODELS[name]
+        for t in tokens:
+            for routing in ("uniform", "skewed"):
+                out.append(_case(t, cfg.hidden, cfg.intermediate, cfg.experts,
+                                 cfg.experts_per_token, model=cfg.name, routing=routing))
+    return out
+
+
+def cases(suite: str) -> list[Case]:
+    """quick: tiny shapes (a few experts, tens of tokens): every gate unit, gpt-oss's
+    options (interleaved, biases, weights as [E, H, 2 I] transposed), skewed routing,
+    sentinel indices with top-1 (a token routed nowhere), Falcon multipliers, an empty
+    batch; model: Mixtral-8x7B and
+    Qwen3-30B-A3B at 8192 and 32768 tokens, uniform and skewed routing (GPU sizes);
+    full: the model shapes at 8192 tokens, odd larger shapes and the 64-bit case."""
+    shapes.check_suite(suite)
+    if suite == "quick":
+        return [
+            _case(6, 16, 8, 3, 2), _case(9, 24, 12, 4, 2, "transposed", **GPT_OSS),
+            _case(7, 20, 10, 4, 3, "strided", routing="skewed", act="gelu", bias=True),
+            _case(8, 16, 8, 4, 1, act="gelu_tanh", sentinel=True, gate_multiplier=0.75,
+                  down_multiplier=2.5),
+            _case(0, 16, 8, 3, 2),
+        ]
+    out = _model_cases() if suite == "model" else _model_cases(tokens=MOE_TOKENS[:1])
+    if suite == "full":
+        out += [_case(257, 509, 383, 7, 2), _case(1031, 1024, 257, 64, 6, routing="skewed"),
+                _case(257, 509, 383, 7, 2, "transposed", **GPT_OSS),
+                _case(333, 256, 128, 16, 4, sentinel=True, act="gelu_tanh")]
+        # hidden past 2^31 elements: 64-bit offsets (skipped on a CPU)
+        out.append(_case(65537, 32771, 16, 2, 1, huge=True))
+    return out
+
+
+def top_k_choices(case: Case) -> torch.Tensor:
+    """The router's choices [tokens, k] int64 of a case, drawn from its seed: k distinct
+    experts per token, uniform or skewed (Zipf(1): expert 0 the hottest); with the
+    `sentinel` flag every 4th pair holds an index >= E (an expert held elsewhere)."""
+    tokens, experts, k = case["tokens"], case["experts"], case["k"]
+    weights = torch.ones(experts, dtype=torch.float64)
+    if case.flag("routing") == "skewed":
+        weights = 1.0 / torch.arange(1, experts + 1, dtype=torch.float64)
+    if tokens == 0:
+        return torch.zeros((0, k), dtype=torch.int64)
+    g = generator(case, salt=11)
+    index = torch.multinomial(weights.expand(tokens, experts), k, replacement=False,
+                              generator=g)
+    if case.flag("sentinel"):
+        flat = index.view(-1)
+        at = torch.arange(3, flat.numel(), 4)
+        flat[at] = experts + at % 3  # E, E + 1, E + 2
+    return index
+
+
+def sentinel_pairs(case: Case) -> int:
+    """How many of the case's pairs hold a sentinel index (top_k_choices)."""
+    return case["tokens"] * case["k"] // 4 if case.flag("sentinel") else 0
+
+
+def make_inputs(case: Case, device) -> dict:
+    """hidden [tokens, H] as the case lays it out; the router's choices and softmax
+    weights; gate_up_proj [E, 2 I, H] and down_proj [E, H, I] (transposed: gpt-oss's
+    [E, H, 2 I] and [E, I, H] tensors transposed; strided: rows padded, NaN in the
+    padding); the biases and gate unit the flags name."""
+    tokens, hidden, inter, experts, k = (case[p] for p in ("tokens", "hidden", "inter",
+                                                            "experts", "k"))
+    x = rand_tensor((tokens, hidden), case, device)
+    if case.flag("nonfinite"):
+        inject_nonfinite(x, case)
+    logits = rand_tensor((tokens, k), case, device, dtype=torch.float32, layout="contiguous",
+                         salt=5)
+    weights = torch.softmax(logits, -1).to(case.dtype)
+    gate_up = rand_tensor((experts, 2 * inter, hidden), case, device, salt=1,
+                          scale=hidden ** -0.5 if hidden else 1.0)
+    down = rand_tensor((experts, hidden, inter), case, device, salt=2,
+                       scale=inter ** -0.5 if inter else 1.0)
+    bias = case.flag("bias")
+    out = {"hidden": x, "top_k_index": top_k_choices(case).to(device), "top_k_weights": weights,
+           "gate_up_proj": gate_up, "down_proj": down,
+           "gate_up_bias": rand_tensor((experts, 2 * inter), case, device, salt=3,
+                                       layout="contiguous", scale=0.5) if bias else None,
+           "down_bias": rand_tensor((experts, hidden), case, device, salt=4,
+                                    layout="contiguous", scale=0.5) if bias else None,
+           "activation": case.flag("act") or "silu",
+           "interleaved": bool(case.flag("interleaved"))}
+    for name in ("gate_multiplier", "down_multiplier", "swiglu_limit"):
+        if case.flag(name) is not None:
+            out[name] = float(case.flag(name))
+    return out
+
+
+def cost(case: Case, mode: str) -> Cost:
+    """FLOPs of the routed pairs (sentinels excluded); bytes of the ideal fused block:
+    hidden, the routing and every expert's weights read once, the output written once (the
+    intermediates z and h stay on chip). The backward reads dout, hidden, the routing, the
+    weights and z (saved), and writes dhidden, the routing weights' and weights' gradients."""
+    tokens, hidden, inter, experts, k = (case[p] for p in ("tokens", "hidden", "inter",
+                                                            "experts", "k"))
+    e = case.dtype.itemsize
+    pairs = tokens * k - sentinel_pairs(case)
+    gemm = 2 * pairs * 3 * inter * hidden  # gate_up [2I, H] and down [H, I] per pair
+    act, dact = _GATE_FLOPS[case.flag("act") or "silu"]
+    weights = experts * 3 * inter * hidden * e
+    bias = experts * (2 * inter + hidden) * e if case.flag("bias") else 0
+    routing = tokens * k * (8 + e)  # int64 index, a weight per choice
+    if mode == "fwd":
+        # gate unit per [pair, I]; the weight and the sum over k per [pair, H]
+        return Cost(flops=gemm + act * pairs * inter + 2 * pairs * hidden,
+                    bytes=2 * tokens * hidden * e + weights + bias + routing)
+    # dx and dW of both GEMMs (twice the forward's); the gate unit's backward; <g, h>
+    return Cost(flops=2 * gemm + dact * pairs * inter + 2 * pairs * inter + 2 * pairs * hidden,
+                bytes=3 * tokens * hidden * e + 2 * (weights + bias) + routing + tokens * k * e
+                + pairs * 2 * inter * e)
+
+
+def skip(case: Case, device) -> str | None:
+    reason = skip_huge_on_cpu(case, device)
+    if reason or torch.device(device).type == "cuda":
+        return reason
+    if case["tokens"] * case["hidden"] * case["inter"] > CPU_MAX_WORK:
+        return ("GPU-size case (a model's expert block): minutes or more under the Triton "
+                "interpreter; it runs on a GPU")
+    return None
+
+
+def case_of(call: str, args) -> Case | None:
+    """The Case of one call of the registered op (profile costs it through `cost`): the
+    routing is not read (a host sync), so it is costed as uniform."""
+    if not is_call_of(call, "moe_experts"):
+        return None
+    x, index, w = args.get("hidden"), args.get("top_k_index"), args.get("gate_up_proj")
+    if x is None or index is None or w is None:
+        return None
+    flags = {"act": args.get("activation") if args.get("activation") != "silu" else None,
+             "bias": True if args.get("gate_up_bias") is not None else None,
+             "interleaved": True if args.get("interleaved") else None}
+    return Case("moe_experts", (("tokens", x.shape[0]), ("hidden", x.shape[1]),
+                                ("inter", w.shape[1] // 2), ("experts", w.shape[0]),
+                                ("k", index.shape[1])),
+                dtype=x.dtype, flags={k: v for k, v in flags.items() if v is not None})
+
+
+def for_model(cfg, batch: int, seq: int) -> list[Case]:
+    """The routed experts of an MoE model at batch x seq tokens (uniform routing); none
+    for a dense model."""
+    if not getattr(cfg, "experts", 0):
+        return []
+    return [_case(batch * seq, cfg.hidden, cfg.intermediate, cfg.experts,
+                  cfg.experts_per_token, model=cfg.name)]

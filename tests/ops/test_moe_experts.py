@@ -1,0 +1,169 @@
+"""What is particular to speedlight.moe_experts (tests/ops/test_contract.py runs its quick
+suite in every dtype, torch.compile, empty and non-finite inputs; tests/ops/test_fuzz.py
+every argument): gpt-oss's clamp where it bites, sentinel indices, the weights' gradients
+in their own layout, only the gradients asked for, autocast, named bad input, and on a GPU
+no host sync, a CUDA graph and bitwise-repeatable results."""
+
+import pytest
+import torch
+
+import speedlight
+from speedlight.ops import moe_experts as op
+from speedlight.verify.harness import LaunchCounter
+from tests.conftest import needs_gpu
+from tests.helpers import assert_rejected, assert_verified, case_maker
+
+SPEC = op.SPEC
+case = case_maker("moe_experts", "tokens", "hidden", "inter", "experts", "k")
+GRADS = ("hidden", "top_k_weights", "gate_up_proj", "down_proj")
+
+
+def _inputs(c, device, grads=GRADS):
+    inputs = SPEC.make_inputs(c, device)
+    for name in grads:
+        inputs[name] = inputs[name].detach().requires_grad_(True)
+    return inputs
+
+
+def test_clamped_swiglu_where_the_clamp_bites(device):
+    """gpt-oss's unit with a limit inside the values' range, so gate and up are clamped on
+    both sides (fp32: no rounding puts a value across the limit)."""
+    assert_verified(SPEC, case(10, 16, 8, 4, 2, layout="transposed", act="clamped_swiglu",
+                               interleaved=True, bias=True, swiglu_limit=0.5), device)
+
+
+def test_sentinel_pairs_add_nothing_and_get_no_weight_gradient(device):
+    """An index >= E (an expert-parallel sentinel) or < 0: the output is the output with
+    those weights zeroed, and their weights' gradient is exactly zero."""
+    c = case(8, 16, 8, 3, 2, sentinel=True)
+    inputs = _inputs(c, device, grads=("top_k_weights",))
+    index = inputs["top_k_index"]
+    index[0, 0] = -1
+    out = speedlight.moe_experts(**inputs)
+    out.sum().backward()
+    outside = (index < 0) | (index >= 3)
+    assert outside.sum() > 2
+    dw = inputs["top_k_weights"].grad
+    assert torch.equal(dw[outside], torch.zeros_like(dw[outside]))
+    assert (dw[~outside] != 0).all()
+    zeroed = dict(inputs, top_k_weights=torch.where(outside, 0.0, inputs["top_k_weights"]),
+                  top_k_index=index.clamp(0, 2))
+    torch.testing.assert_close(out, speedlight.moe_experts(**zeroed))
+
+
+def test_weight_gradients_lie_as_the_weights_do(device):
+    """gpt-oss's [E, H, 2 I] and [E, I, H] tensors passed transposed get gradients of the
+    same layout (no copy of a weight or its gradient)."""
+    inputs = _inputs(case(6, 16, 8, 3, 2, layout="transposed"), device)
+    speedlight.moe_experts(**inputs).sum().backward()
+    for name in ("gate_up_proj", "down_proj"):
+        w = inputs[name]
+        assert w.grad.stride() == w.stride(), name
+
+
+def test_only_the_gradients_asked_for_are_computed(device):
+    """With only the routing weights trainable, neither weight gradient nor dhidden is
+    launched: fewer launches than with every gradient."""
+    launches = {}
+    for grads in (GRADS, ("top_k_weights",)):
+        inputs = _inputs(case(6, 16, 8, 3, 2), device, grads)
+        out = speedlight.moe_experts(**inputs)
+        counter = LaunchCounter()
+        with counter.active():
+            out.sum().backward()
+        launches[grads] = counter.kernels
+        assert inputs["top_k_weights"].grad is not None
+    assert len(launches[("top_k_weights",)]) < len(launches[GRADS])
+    assert not any("dw" in k for k in launches[("top_k_weights",)])
+
+
+def test_autocast_runs_in_its_dtype_and_returns_hiddens(device):
+    """Under torch.autocast(bf16) with fp32 inputs the block runs in bf16 (as the eager
+    loop's matmuls would) and returns fp32; gradients reach the fp32 leaves."""
+    inputs = _inputs(case(6, 16, 8, 3, 2), device)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        out = speedlight.moe_experts(**inputs)
+    assert out.dtype == torch.float32
+    cast = {k: (v.detach().to(torch.bfloat16) if k in ("hidden", "gate_up_proj", "down_proj")
+                else v.detach() if isinstance(v, torch.Tensor) else v)
+            for k, v in inputs.items()}
+    torch.testing.assert_close(out, speedlight.moe_experts(**cast).float())
+    out.sum().backward()
+    assert inputs["gate_up_proj"].grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("change,error,match", [
+    pytest.param(lambda i: {"top_k_index": i["top_k_index"][:, :1]}, ValueError,
+                 "top_k_weights must have top_k_index's shape", id="k-mismatch"),
+    pytest.param(lambda i: {"top_k_index": i["top_k_index"].float()}, TypeError,
+                 "top_k_index must be a int64 or int32", id="float-index"),
+    pytest.param(lambda i: {"down_proj": i["down_proj"][:2]}, ValueError,
+                 r"down_proj must be \[E, H, I\] = \(3, 16, 8\)", id="experts-mismatch"),
+    pytest.param(lambda i: {"gate_up_proj": i["gate_up_proj"][:, :7]}, ValueError,
+                 r"gate_up_proj must be \[E, 2 I, H\]", id="odd-gate-up"),
+    pytest.param(lambda i: {"hidden": i["hidden"][None]}, ValueError, "hidden must be 2-D",
+                 id="3-D-hidden"),
+    pytest.param(lambda i: {"top_k_index": i["top_k_index"][:5]}, ValueError,
+                 "top_k_index must be \\[tokens, k\\] with hidden's 6 tokens", id="tokens"),
+    pytest.param(lambda i: {"down_proj": i["down_proj"].half()}, TypeError,
+                 "down_proj has dtype torch.float16", id="weight-dtype"),
+    pytest.param(lambda i: {"gate_up_bias": i["down_proj"][:, 0]}, ValueError,
+                 r"gate_up_bias must be \[E, 16\]", id="bias-shape"),
+    pytest.param(lambda i: {"activation": "relu"}, ValueError, "activation must be one of",
+                 id="activation"),
+    pytest.param(lambda i: {"swiglu_limit": float("inf")}, ValueError,
+                 "swiglu_limit must be finite", id="limit"),
+])
+def test_bad_input_is_named(change, error, match, device):
+    inputs = SPEC.make_inputs(case(6, 16, 8, 3, 2), device)
+    assert_rejected(lambda: speedlight.moe_experts(**dict(inputs, **change(inputs))), error,
+                    match)
+
+
+@needs_gpu("host syncs, CUDA graphs and run-to-run bits are a GPU's matter")
+def test_no_host_sync_cuda_graph_and_repeatable_bits(device):
+    """Forward and backward with CUDA's sync debug mode set to error (no .item, no
+    nonzero), captured in a CUDA graph and replayed, and bitwise equal run to run (the
+    combine sums each token's rows in a fixed order)."""
+    c = case(4096, 512, 256, 16, 4, torch.bfloat16, routing="skewed", sentinel=True)
+    inputs = _inputs(c, device)
+
+    def step():
+        for name in GRADS:
+            inputs[name].grad = None
+        out = speedlight.moe_experts(**inputs)
+        out.backward(torch.ones_like(out))
+        return [out.detach().clone()] + [inputs[n].grad.clone() for n in GRADS]
+
+    first = step()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        second = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    static = {k: v for k, v in inputs.items()}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        speedlight.moe_experts(**static)  # warm-up on the side stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        captured = speedlight.moe_experts(**static)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, first[0])
+
+
+def test_zero_width_hidden_gives_zero_weight_gradients(device):
+    """H = 0: an empty output, no launch, and the routing weights' gradient is exactly zero
+    (the saved gate_up output is zeros, not uninitialized memory)."""
+    inputs = _inputs(case(5, 0, 8, 3, 2), device)
+    counter = LaunchCounter()
+    with counter.active():
+        out = speedlight.moe_experts(**inputs)
+    assert out.shape == (5, 0) and counter.count == 0
+    out.sum().backward()
+    assert torch.equal(inputs["top_k_weights"].grad, torch.zeros_like(inputs["top_k_weights"]))
