@@ -14,7 +14,6 @@ imports nothing and decides nothing outside torch.compile's reach.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 import torch
@@ -24,48 +23,30 @@ NAME = "speedlight"
 FORWARD_ATTR = "_speedlight_experts_forward"
 
 
-def expert_routing(top_k_index: torch.Tensor, n_experts: int
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(order, group_offsets) of a router's choices [tokens, k]: the (token, slot) pairs
-    sorted by expert (stable: a token's pairs keep their order), and each expert's
-    cumulative end in that order, int32 [n_experts]. Indices outside [0, n_experts)
-    (expert-parallel sentinels) sort last, past the last expert's end, where
-    grouped_matmul writes zeros. Static shapes, no host sync (a CUDA graph can hold it)."""
-    flat = top_k_index.reshape(-1)
-    expert = torch.where((flat >= 0) & (flat < n_experts), flat, n_experts)
-    order = torch.argsort(expert, stable=True)
-    counts = torch.zeros(n_experts + 1, dtype=torch.int32, device=flat.device)
-    counts.scatter_add_(0, expert, torch.ones_like(expert, dtype=torch.int32))
-    return order, counts[:n_experts].cumsum(0, dtype=torch.int32)
+# speedlight's gated units (forwards.activation_of) -> moe_experts's activation names
+_MOE_ACTIVATIONS = {("swiglu", ()): "silu", ("geglu", (("approximate", "tanh"),)): "gelu_tanh",
+                    ("geglu", (("approximate", "none"),)): "gelu"}
 
 
-def experts_forward(op_name: str, op_kwargs: dict):
+def moe_activation(op_name: str, op_kwargs: dict) -> str | None:
+    """moe_experts's activation for a gated unit (forwards.activation_of), or None."""
+    return _MOE_ACTIVATIONS.get((op_name, tuple(sorted(op_kwargs.items()))))
+
+
+def experts_forward(activation: str):
     """A mixture of experts' forward (transformers 5.x's <Prefix>Experts: gate_up_proj
-    [E, 2I, H], down_proj [E, H, I]) on speedlight's grouped GEMM and gated unit.
-
-    The routing arrives as the module's arguments (top_k_index, top_k_weights [tokens, k])
-    and is used as it is: the (token, slot) pairs are sorted by expert on the device
-    (expert_routing), gathered, projected by every expert's gate_up_proj in one
-    grouped_matmul launch, the gated unit runs once over all of them ([pairs, 2I] ->
-    [pairs, I]), every expert's down_proj in a second launch, then the routing weights and
-    an index_add_ into the tokens. Indices >= num_experts (expert-parallel sentinels) sort
-    past the last expert and contribute zeros, as the module's own loop skips them. No
-    host sync anywhere; on fake tensors (the profile's projection) the grouped GEMMs cost
-    every routed pair."""
-    from speedlight.ops.grouped_matmul import grouped_matmul
-    gated = getattr(importlib.import_module(f"speedlight.ops.{op_name}"), op_name)
+    [E, 2I, H], down_proj [E, H, I]) as one speedlight.moe_experts call: the routing
+    arrives as the module's arguments (top_k_index, top_k_weights [tokens, k]) and is used
+    as it is; indices >= num_experts (expert-parallel sentinels) contribute zeros, as the
+    module's own loop skips them. No host sync; moe_experts is imported now, at patch time.
+    The input is cast to the weights' dtype and the output back to the input's, as
+    transformers' grouped_mm implementation does."""
+    from speedlight.ops.moe_experts import moe_experts
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        k = top_k_index.shape[-1]
-        with torch.no_grad():
-            order, offsets = expert_routing(top_k_index, self.gate_up_proj.shape[0])
-            token = order // k
-        x = hidden_states[token].to(self.gate_up_proj.dtype)  # [pairs, H]
-        gate_up = grouped_matmul(x, self.gate_up_proj, offsets, check_offsets=False)
-        h = gated(gate_up, None, **op_kwargs)  # [pairs, 2I] -> [pairs, I]
-        out = grouped_matmul(h, self.down_proj, offsets, check_offsets=False)  # [pairs, H]
-        out = out * top_k_weights.reshape(-1)[order, None]
-        return torch.zeros_like(hidden_states).index_add_(0, token, out.to(hidden_states.dtype))
+        out = moe_experts(hidden_states.to(self.gate_up_proj.dtype), top_k_index, top_k_weights,
+                          self.gate_up_proj, self.down_proj, activation=activation)
+        return out.to(hidden_states.dtype)
     return forward
 
 

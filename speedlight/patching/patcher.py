@@ -237,18 +237,26 @@ def _patch_experts(job: _Patching, path: str, module) -> None:
     act = _gated_unit(job, path, module)
     if act is None:
         return
-    problem = experts.experts_layout_problem(module)
+    activation = experts.moe_activation(*act)
+    problem = None
+    if not _available("moe_experts"):
+        problem = "this install has no speedlight.moe_experts"
+    elif activation is None:
+        problem = f"speedlight.moe_experts has no gate unit for {act[0]} {act[1]}"
+    if problem is None:
+        problem = experts.experts_layout_problem(module)
     if problem is not None:
         job.refuse(f"mlp {path}", problem)
         return
     if job.mlp == "fused":
         job.refuse(f"mlp {path} (fused)", "gated_matmul reads one weight pair, not 3-D expert "
                                           "weights; the gated unit alone is patched")
-    forward = experts.experts_forward(*act)
+    forward = experts.experts_forward(activation)
     way = "registry" if experts.register(module, forward) else "module"
     if way == "module":
         job.set_forward(module, forward)
-    job.add("mlp", f"{path} ({act[0]}, {module.gate_up_proj.shape[0]} experts, {way})")
+    job.add("mlp", f"{path} ({act[0]} by moe_experts, {way}: {module.gate_up_proj.shape[0]} "
+                   "experts)")
 
 
 def _patch_rope(job: _Patching) -> None:
