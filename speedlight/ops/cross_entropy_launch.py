@@ -8,9 +8,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from speedlight.kernels.cross_entropy import (
-    _cross_entropy_bwd_kernel,
-    _cross_entropy_fwd_kernel,
+from speedlight.kernels.cross_entropy import _cross_entropy_bwd_kernel, _cross_entropy_fwd_kernel
+from speedlight.kernels.cross_entropy_long import (
     _cross_entropy_fwd_looped_kernel,
     _cross_entropy_split_finish_kernel,
     _cross_entropy_split_stats_kernel,
