@@ -126,6 +126,21 @@ def planned_sm_count(device: torch.device | str) -> int | None:
     return None
 
 
+def planned_arch(device: torch.device | str) -> int | None:
+    """The compute capability a launch on `device` is compiled for, as an int (90 for
+    sm_90a): the launch context's target's, else the CUDA device's own, else None (the CPU
+    interpreter, which takes the path of the GPU that kernels are sized for by default)."""
+    target = _CONTEXT.get().target
+    if target is not None:
+        return target.arch
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        return 10 * major + minor
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(device_index: int) -> int:
     """The SM count of CUDA device `device_index`."""

@@ -55,7 +55,7 @@ from typing import Callable
 
 import torch
 
-from speedlight.patching import forwards
+from speedlight.patching import forwards, planned
 from speedlight.patching.experts import experts_forward, experts_layout_problem
 from speedlight.patching.families import FAMILIES, Family
 
@@ -72,6 +72,8 @@ class PatchReport:
     patched: dict[str, list[str]] = field(default_factory=dict)  # kind -> module paths
     in_place: list[str] = field(default_factory=list)  # norms whose backward writes over dy
     not_patched: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
+    plan_note: str = ""  # which measured plan decided the kinds (planned.resolve)
+    plan: dict[str, str] = field(default_factory=dict)  # kind -> kept / dropped / unmeasured
 
     def count(self, kind: str) -> int:
         return len(self.patched.get(kind, []))
@@ -87,6 +89,9 @@ class PatchReport:
                          f"whose output feeds linear layers alone)")
         for what, why in self.not_patched:
             lines.append(f"  NOT patched {what}: {why}")
+        if self.plan_note:
+            lines.append(f"  plan: {self.plan_note}")
+        lines += [f"    {kind}: {status}" for kind, status in self.plan.items()]
         return "\n".join(lines)
 
 
@@ -405,7 +410,7 @@ def _base_model(model: torch.nn.Module) -> torch.nn.Module:
 def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
           rope: bool = True, cross_entropy: bool = True, attention: bool = True,
           norm_in_place: bool = True, linear_cross_entropy: bool = True,
-          decoder_layer: bool = True) -> PatchReport:
+          decoder_layer: bool = True, plan="auto") -> PatchReport:
     """Swap speedlight ops into `model` (a family of speedlight.patching.families.FAMILIES:
     Llama, Mistral, Ministral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, Falcon-H1,
     Granite, OLMo 2, GLM-4, SmolLM3, Qwen2-VL's text decoder, Mixtral, Qwen2-MoE,
@@ -427,6 +432,9 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     then the module's own down_proj (MLPs with biases, multipliers, or adapter or
     quantized projections keep the unfused path, reported); False leaves the MLPs alone.
 
+    plan: "auto", a plan file's path, a plan, or None: which kinds a measurement lets apply
+    (see planned.py; the report says per kind: kept, dropped, or applied unmeasured).
+
     Returns a PatchReport listing what was patched; anything asked for that could not be
     patched (an unknown architecture, an unsupported activation) is also warned about
     with a PatchWarning, never skipped silently. `unpatch(model)` undoes it exactly.
@@ -444,7 +452,11 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy,
               "attention": attention, "decoder_layer": decoder_layer,
               "linear_cross_entropy": linear_cross_entropy}
-    report = PatchReport(model_type)
+    chosen, note = planned.resolve(model, plan)
+    report = PatchReport(model_type, plan_note=note, plan=planned.statuses(wanted, chosen))
+    wanted = planned.wanted(wanted, chosen)
+    if note == planned.plans.HINT:
+        warnings.warn(note, planned.plans.PlanHint, stacklevel=2)
     job = _Patching(model, family, report, mlp, norm_in_place)
     for kind in KINDS:
         if not wanted[kind.name]:
