@@ -282,7 +282,7 @@ def check_class_weight(weight, n_classes: int, device: torch.device,
 
 # --- OpSpec --------------------------------------------------------------------------------
 
-def _make_inputs(case: Case, device) -> dict:
+def make_inputs(case: Case, device) -> dict:
     tokens, vocab = case["tokens"], case["vocab"]
     softcap = case.flag("softcap")
     # logits a few units wide, as a trained LM's are; wider before a softcap so that the
@@ -316,7 +316,7 @@ def _make_inputs(case: Case, device) -> dict:
             "return_predicted_tokens": extras}
 
 
-def _cost(case: Case, mode: str) -> Cost:
+def cost(case: Case, mode: str) -> Cost:
     tokens, vocab, e = case["tokens"], case["vocab"], case.dtype.itemsize
     elems = tokens * vocab
     loss_bytes = tokens * e if case.flag("reduction") == "none" else e
@@ -337,7 +337,7 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=elems, bytes=2 * elems * e + loss_bytes)
 
 
-def _cases(suite: str) -> list[Case]:
+def cases(suite: str) -> list[Case]:
     def case(tokens, vocab, layout="contiguous", model=None, **flags):
         return Case("cross_entropy", (("tokens", tokens), ("vocab", vocab)), layout=layout,
                     flags=flags, model=model)
@@ -385,7 +385,7 @@ def _cases(suite: str) -> list[Case]:
     return out
 
 
-def _skip(case: Case, device) -> str | None:
+def skip(case: Case, device) -> str | None:
     if case.flag("huge") and torch.device(device).type != "cuda":
         return ("64-bit indexing case: tokens x vocab > 2^31 needs > 4 GiB per tensor and "
                 "hours under the interpreter; it runs on a GPU")
@@ -400,7 +400,7 @@ _SPLIT = ("fewer rows than SMs: each row is cut into spans, one program each; th
           "(3 row passes for a compulsory 2) plus 5 fp32 statistics per span")
 
 
-def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+def for_model(cfg, batch: int, seq: int) -> list[Case]:
     """A causal LM's loss: every token's logits against the next token (HF pads the
     shifted labels with ignore_index, so the last token of each sequence is ignored).
     Soft-capping, where a model has it, is applied by the model before its loss."""
@@ -410,7 +410,7 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
                  flags={"ignore": "some"}, model=cfg.name)]
 
 
-def _case_of(call: str, args) -> Case | None:
+def case_of(call: str, args) -> Case | None:
     """logits (dlogits, or the overwritten logits, in the backward) as [tokens, vocab],
     with the options that change the cost."""
     if not (is_call_of(call, "cross_entropy") or is_call_of(call, "cross_entropy_inplace")):
@@ -430,11 +430,11 @@ def _case_of(call: str, args) -> Case | None:
 
 SPEC = OpSpec(
     impl=cross_entropy,
-    make_inputs=_make_inputs,
-    cost=_cost,
-    suites=shapes.suites(_cases),
+    make_inputs=make_inputs,
+    cost=cost,
+    suites=shapes.suites(cases),
     grad_inputs=("logits",),
-    skip=_skip,
+    skip=skip,
     notes=("Loss and dlogits in one forward (the backward scales dlogits); vocab > 8192 "
            "reads each row twice (statistics, then gradient), the second read hitting L2 "
            "only while the rows in flight fit there. fwd bytes count the dlogits write."),
@@ -451,8 +451,8 @@ SPEC = OpSpec(
         # an elementwise scale
         "_cross_entropy_bwd_kernel": KernelDesign(min_occupancy=0.75),
     },
-    for_model=_for_model,
-    case_of=_case_of,
+    for_model=for_model,
+    case_of=case_of,
     fuses="log_softmax + nll_loss without the [tokens, vocab] log-probabilities",
     peers={"liger": "liger_cross_entropy"},
     patches="cross_entropy",

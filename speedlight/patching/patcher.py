@@ -10,9 +10,9 @@ the one table patch() walks):
                  nothing of the activations' size
   mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up)), with
                  Falcon-H1's mlp multipliers folded into the gated unit; every
-                 <Family>Experts' forward (Mixtral, Qwen2/3-MoE, GraniteMoE) -> the given
-                 routing, each expert's own projections, and one gated-unit launch over
-                 all routed tokens (experts.py);
+                 <Family>Experts (Mixtral, Qwen2/3-MoE, GraniteMoE) -> the given routing
+                 through one speedlight.moe_experts call, by transformers' experts
+                 registry where it has one, else the instance's forward (experts.py);
                  with mlp="fused" -> down_proj(gated_matmul(x, gate and up weights)): both
                  projections and the gated product in one GEMM kernel (off by default
                  until measured on a GPU; a projection that is an adapter or quantized
@@ -55,8 +55,7 @@ from typing import Callable
 
 import torch
 
-from speedlight.patching import forwards, planned
-from speedlight.patching.experts import experts_forward, experts_layout_problem
+from speedlight.patching import experts, forwards, planned
 from speedlight.patching.families import FAMILIES, Family
 
 _RECORD = "_speedlight_patch"
@@ -122,7 +121,7 @@ class _Patching:
     mlp: bool | str
     norm_in_place: bool
     record: dict = field(default_factory=lambda: {"forwards": [], "loss": None,
-                                                  "attention": None})
+                                                  "attention": None, "experts": []})
 
     def add(self, kind: str, what: str) -> None:
         self.report.patched.setdefault(kind, []).append(what)
@@ -232,6 +231,8 @@ def _patch_mlps(job: _Patching) -> None:
         job.add("mlp", f"{path} ({act[0]})")
     for path, module in job.modules(family.experts_class):
         _patch_experts(job, path, module)
+    if family.experts_class is not None:
+        job.record["experts"] = experts.switch_configs(job.model, family.experts_class)
     job.none_found("mlp")
 
 
@@ -240,15 +241,26 @@ def _patch_experts(job: _Patching, path: str, module) -> None:
     act = _gated_unit(job, path, module)
     if act is None:
         return
-    problem = experts_layout_problem(module)
+    activation = experts.moe_activation(*act)
+    problem = None
+    if not _available("moe_experts"):
+        problem = "this install has no speedlight.moe_experts"
+    elif activation is None:
+        problem = f"speedlight.moe_experts has no gate unit for {act[0]} {act[1]}"
+    if problem is None:
+        problem = experts.experts_layout_problem(module)
     if problem is not None:
         job.refuse(f"mlp {path}", problem)
         return
     if job.mlp == "fused":
         job.refuse(f"mlp {path} (fused)", "gated_matmul reads one weight pair, not 3-D expert "
                                           "weights; the gated unit alone is patched")
-    job.set_forward(module, experts_forward(*act))
-    job.add("mlp", f"{path} ({act[0]}, {module.gate_up_proj.shape[0]} experts)")
+    forward = experts.experts_forward(activation)
+    way = "registry" if experts.register(module, forward) else "module"
+    if way == "module":
+        job.set_forward(module, forward)
+    job.add("mlp", f"{path} ({act[0]} by moe_experts, {way}: {module.gate_up_proj.shape[0]} "
+                   "experts)")
 
 
 def _patch_rope(job: _Patching) -> None:
@@ -483,6 +495,7 @@ def unpatch(model: torch.nn.Module) -> None:
             module.__dict__.pop("forward", None)
         else:
             module.forward = had
+    experts.restore_configs(model, record["experts"])
     if record["attention"] is not None:
         from speedlight.patching import hf_attention
         previous, layers = record["attention"]
