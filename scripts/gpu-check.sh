@@ -86,6 +86,8 @@
 #                                         and of rms_norm at hidden 4096, a few compiles each;
 #                                         the table lands in $OUT/tune/tuned/<sku>.json, to
 #                                         commit as speedlight/tuned/<sku>.json
+#   PLAN_S              (env)             `speedlight plan` of one Llama-3-8B layer (default 90 s;
+#                                         0 skips it, as does --ops), in plan/
 #   --attention-s N     ATTN_BUDGET_S     the attention section's bench budget (default 45): its
 #                                         headline cases (bf16, head dim 128, 8K tokens, causal
 #                                         and not, forward and backward) against SDPA's flash,
@@ -142,6 +144,7 @@ ATTN_BUDGET_S="${ATTN_BUDGET_S:-45}"
 TUNE_S="${TUNE_S:-60}"
 TUNE_CASES="${TUNE_CASES:-m4096-n6144-k4096,m4096-n14336-k4096,m4096-n4096-k14336}"
 MODEL_STEP_S="${MODEL_STEP_S:-75}"
+PLAN_S="${PLAN_S:-90}"
 CUDA_BENCH_S="${CUDA_BENCH_S:-30}"
 TOTAL_S="${TOTAL_S:-450}"
 VERIFY_ARGS="${VERIFY_ARGS:---seeds 1}"
@@ -185,6 +188,7 @@ if [ -n "$OPS" ]; then
   GROUPED_BENCH_S=0
   case ",$OPS," in *,moe_experts,*) ;; *) MOE_BENCH_S=0 ;; esac
   MODEL_STEP_S=0
+  PLAN_S=0
   TUNE_S=0
   VERIFY_OPS="$OPS"
 else
@@ -367,6 +371,17 @@ if [ "$MODEL_STEP_S" != 0 ]; then
 else
   echo "model step skipped (--ops given or MODEL_STEP_S=0)" > "$OUT/model-step.log"
   STEPS+=("model-step|none|0|model-step.log")
+fi
+# --- speedlight plan (issue 33): each kind of patch timed on one Llama-3-8B layer (bf16,
+# 4 x 4096 tokens) against what it replaces, kept only when faster with confidence; the
+# plan in plan/plan.json (a cache of its own in plan/cache). Target: under a minute. ------------
+if [ "$PLAN_S" != 0 ]; then
+  step plan plan.log timeout "$PLAN_S" env SPEEDLIGHT_CACHE="$OUT/plan/cache" "$PYTHON" -m \
+    speedlight plan llama-3-8b --device "$DEVICE" --layers 1 --batch 4 --seq 4096 --dtype bf16 \
+    --out "$OUT/plan/plan.json"
+else
+  echo "plan skipped (--ops given or PLAN_S=0)" > "$OUT/plan.log"
+  STEPS+=("plan|none|0|plan.log")
 fi
 # --- the patched model under CUDA graphs (issue 28): torch.compile(mode="reduce-overhead",
 # fullgraph=True) of a 4-layer Llama with a padded batch, its loss against eager -----------

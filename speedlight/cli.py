@@ -25,17 +25,27 @@ COMMANDS = {
               "bound, layout advice, torch.compile's answer, a spec file"),
     "inspect": ("speedlight.inspect.command", "read the compiler's output for any GPU: "
                 "registers, spills, occupancy, SASS, bytes moved"),
+    "plan": ("speedlight.planning.command", "measure which of speedlight.patch's kinds are faster "
+             "on this GPU at a model's shapes; patch(plan='auto') applies that plan"),
     "tune": ("speedlight.tune.command", "choose an op's launch configuration per GPU and "
              "shape: prune by the compiled kernels, time on the GPU, write the tuned table"),
 }
 
 
-def _patch(model):
+def _patch(model, plan=None, example_inputs=None):
     """speedlight.patch, handed to the commands that compare a model with speedlight's ops
     swapped in (`profile --project`, `bench model`): no tool imports another, the CLI (a
-    composer) wires them."""
-    from speedlight.patching import patch
-    return patch(model)
+    composer) wires them. plan=None: every kind ("speedlight (all)"); "measure" with the
+    example inputs: the kinds speedlight.plan keeps ("speedlight (planned)"). The planning
+    composer is named by string, as the sub-commands are: a composer over a composer would
+    pass the longest import chain the floors allow."""
+    planning = importlib.import_module("speedlight.planning")
+    return planning.patch(model, plan=plan, example_inputs=example_inputs)
+
+
+def _plan(model, example_inputs, **options):
+    """speedlight.plan, handed to the report (`args.plan`), as _patch is."""
+    return importlib.import_module("speedlight.planning").plan(model, example_inputs, **options)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_common(p)
-        p.set_defaults(patch=_patch)
+        p.set_defaults(patch=_patch, plan=_plan)
         importlib.import_module(module).configure(p)
     return parser
 

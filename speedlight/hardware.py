@@ -37,6 +37,15 @@ class DeviceSpec:
     max_warps_per_sm: int = 64
     max_blocks_per_sm: int = 32
     sources: dict[str, str] = field(default_factory=dict)
+    # AMD: the LLVM target kernels compile for ("gfx942"; "" for NVIDIA), the wavefront
+    # size, and the memory-side last-level cache (Infinity Cache) beside the L2.
+    gfx: str = ""
+    warp_size: int = 32
+    l3_bytes: int = 0
+
+    @property
+    def vendor(self) -> str:
+        return "amd" if self.gfx else "nvidia"
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
@@ -58,6 +67,15 @@ _B200_BW = ("memory bus width (7680 bits) and memory clock (3996 MHz, double dat
             "7.672 TB/s; the HGX B200 datasheet rounds it to 8 TB/s")
 _L4_DS = "NVIDIA L4 Tensor Core GPU datasheet (dense = half the sparsity figures)"
 _CUDA_GUIDE = "CUDA C++ Programming Guide, table 'Technical Specifications per Compute Capability'"
+# AMD Instinct: CUs are the SMs of every figure (sm_count), LDS the shared memory, a
+# wavefront of 64 lanes the warp. Peaks are dense (the datasheets' "with structured
+# sparsity" figures halved).
+_MI300X_DS = "AMD Instinct MI300X data sheet (OAM, 750 W; dense peaks)"
+_MI355X_DS = "AMD Instinct MI355X data sheet (OAM, 1400 W; dense peaks)"
+_ROCM_SPECS = ("ROCm documentation, 'AMD GPU specifications' (reference/gpu-specs): compute "
+               "units, wavefront size, LDS, L2 and L3 (Infinity Cache), VGPR file per CU")
+_CDNA3_ISA = "AMD Instinct MI300 (CDNA3) Instruction Set Architecture reference guide"
+_CDNA4_ISA = "AMD Instinct MI355X/MI350X (CDNA4) Instruction Set Architecture reference guide"
 
 DEVICES: dict[str, DeviceSpec] = {
     d.key: d for d in [
@@ -119,6 +137,33 @@ DEVICES: dict[str, DeviceSpec] = {
             sources={"peak_flops": _L4_DS, "dram_bandwidth": _L4_DS + " (GDDR6)",
                      "memory_bytes": _L4_DS, "sm_count": "Ada AD104 in the L4 configuration (7424 CUDA cores / 128)",
                      "l2_bytes": "NVIDIA Ada Lovelace architecture whitepaper", "smem": _CUDA_GUIDE}),
+        DeviceSpec(
+            name="AMD Instinct MI300X", key="mi300x", compute_capability=(9, 4), sm_count=304,
+            peak_flops={"fp32": 163.4 * T, "tf32": 653.7 * T, "fp16": 1307.4 * T,
+                        "bf16": 1307.4 * T, "fp8": 2614.9 * T},
+            dram_bandwidth=5.3 * TB, memory_bytes=192 * 2**30, l2_bytes=32 * 2**20,
+            l3_bytes=256 * 2**20, smem_per_sm=64 * 1024, smem_per_block=64 * 1024,
+            regs_per_sm=512 * 1024 // 4, max_warps_per_sm=32, max_blocks_per_sm=16,
+            gfx="gfx942", warp_size=64,
+            sources={"peak_flops": _MI300X_DS, "dram_bandwidth": _MI300X_DS + " (HBM3)",
+                     "memory_bytes": _ROCM_SPECS, "sm_count": _ROCM_SPECS + " (38 per XCD)",
+                     "l2_bytes": _ROCM_SPECS + " (4 MB per XCD)", "l3_bytes": _ROCM_SPECS,
+                     "smem": _ROCM_SPECS + " (LDS)", "regs": _ROCM_SPECS + " (512 KB VGPRs)",
+                     "waves": _CDNA3_ISA}),
+        DeviceSpec(
+            name="AMD Instinct MI355X", key="mi355x", compute_capability=(9, 5), sm_count=256,
+            # CDNA4 has no TF32 matrix path: fp32 matmuls run at the fp32 matrix peak
+            peak_flops={"fp32": 157.3 * T, "fp16": 2516.6 * T, "bf16": 2516.6 * T,
+                        "fp8": 5033.2 * T},
+            dram_bandwidth=8.0 * TB, memory_bytes=288 * 2**30, l2_bytes=32 * 2**20,
+            l3_bytes=256 * 2**20, smem_per_sm=160 * 1024, smem_per_block=160 * 1024,
+            regs_per_sm=512 * 1024 // 4, max_warps_per_sm=32, max_blocks_per_sm=16,
+            gfx="gfx950", warp_size=64,
+            sources={"peak_flops": _MI355X_DS, "dram_bandwidth": _MI355X_DS + " (HBM3E)",
+                     "memory_bytes": _ROCM_SPECS, "sm_count": _ROCM_SPECS + " (32 per XCD)",
+                     "l2_bytes": _ROCM_SPECS + " (4 MB per XCD)", "l3_bytes": _ROCM_SPECS,
+                     "smem": _ROCM_SPECS + " (LDS)", "regs": _ROCM_SPECS + " (512 KB VGPRs)",
+                     "waves": _CDNA4_ISA}),
     ]
 }
 
@@ -180,8 +225,67 @@ ARCH_LIMITS: dict[tuple[int, int], ArchLimits] = {a.compute_capability: a for a 
 ]}
 
 
-def arch_limits(compute_capability: tuple[int, int] | int) -> ArchLimits:
-    """The SM limits of a compute capability: (9, 0) or 90."""
+_LLVM_OCC = ("LLVM AMDGPU backend's occupancy rules (AMDGPUBaseInfo / GCNSubtarget: waves per "
+             "EU from VGPRs in granules of 8 of a unified 512-entry VGPR+AGPR file on gfx90a "
+             "onwards, from SGPRs, from LDS; at most 16 multi-wave workgroups per CU)")
+_LLVM_USAGE = ("LLVM AMDGPUUsage, COMPUTE_PGM_RSRC2.LDS_SIZE: LDS is allocated per workgroup "
+               "in granules of 128 dwords (512 bytes) on GFX7 onwards")
+
+
+@dataclass(frozen=True)
+class AmdArchLimits:
+    """What one CU of an AMD Instinct architecture (an LLVM gfx target) can hold at once.
+
+    A CU has `simds` SIMDs (execution units), each holding at most `max_waves_per_simd`
+    wavefronts of `warp_size` lanes. A wave's VGPRs and AGPRs come from one file of
+    `vgprs_per_simd` entries per lane, allocated in granules of `vgpr_alloc_unit`; SGPRs
+    bound waves by `sgpr_waves` ((most SGPRs, waves) steps, LLVM's table); LDS (the shared
+    memory) is allocated per workgroup in units of `lds_alloc_unit` from `lds_per_cu`.
+    """
+
+    gfx: str
+    lds_per_cu: int
+    lds_per_workgroup: int
+    simds: int = 4
+    max_waves_per_simd: int = 8
+    warp_size: int = 64
+    vgprs_per_simd: int = 512
+    max_vgprs_per_wave: int = 512  # 256 architected VGPRs + 256 AGPRs
+    vgpr_alloc_unit: int = 8
+    sgpr_waves: tuple = ((80, 10), (88, 9), (100, 8), (112, 7))
+    max_workgroups_per_cu: int = 16
+    max_waves_per_workgroup: int = 16  # 1024 work-items
+    lds_alloc_unit: int = 512
+    sources: dict[str, str] = field(default_factory=lambda: {"limits": _ROCM_SPECS,
+                                                             "allocation": _LLVM_OCC,
+                                                             "lds": _LLVM_USAGE})
+
+    @property
+    def name(self) -> str:
+        return self.gfx
+
+    @property
+    def max_warps_per_sm(self) -> int:
+        return self.simds * self.max_waves_per_simd
+
+    @property
+    def smem_per_block(self) -> int:
+        return self.lds_per_workgroup
+
+
+AMD_ARCH_LIMITS: dict[str, AmdArchLimits] = {a.gfx: a for a in [
+    AmdArchLimits("gfx942", lds_per_cu=64 * 1024, lds_per_workgroup=64 * 1024),
+    AmdArchLimits("gfx950", lds_per_cu=160 * 1024, lds_per_workgroup=160 * 1024),
+]}
+
+
+def arch_limits(compute_capability: tuple[int, int] | int | str) -> ArchLimits | AmdArchLimits:
+    """The SM limits of a compute capability: (9, 0) or 90; a CU's of an AMD gfx target."""
+    if isinstance(compute_capability, str):
+        gfx = compute_capability.split(":")[0]
+        if gfx not in AMD_ARCH_LIMITS:
+            raise KeyError(f"no CU limits for {gfx}; known: {', '.join(AMD_ARCH_LIMITS)}")
+        return AMD_ARCH_LIMITS[gfx]
     if isinstance(compute_capability, int):
         compute_capability = divmod(compute_capability, 10)
     cc = tuple(compute_capability)
@@ -195,6 +299,7 @@ def arch_limits(compute_capability: tuple[int, int] | int) -> ArchLimits:
 ALIASES = {
     "a100": "a100-sxm", "a100-sxm4": "a100-sxm", "h100": "h100-sxm", "h100-sxm5": "h100-sxm",
     "gh100": "h100-sxm", "h200-sxm": "h200", "b200-sxm": "b200",
+    "mi300": "mi300x", "mi355": "mi355x",
 }
 
 
@@ -220,6 +325,9 @@ def spec_for_device_name(device_name: str) -> DeviceSpec:
         return DEVICES["b200"]
     if "l4" in n.split() or n.endswith(" l4"):
         return DEVICES["l4"]
+    for spec in DEVICES.values():  # AMD Instinct MI300X, AMD Instinct MI355X
+        if spec.vendor == "amd" and spec.key in n.replace(" ", "").replace("-", ""):
+            return spec
     raise KeyError(f"no DeviceSpec for {device_name!r}; known: {', '.join(DEVICES)}")
 
 

@@ -126,6 +126,21 @@ def planned_sm_count(device: torch.device | str) -> int | None:
     return None
 
 
+def planned_arch(device: torch.device | str) -> int | None:
+    """The compute capability a launch on `device` is compiled for, as an int (90 for
+    sm_90a): the launch context's target's, else the CUDA device's own, else None (the CPU
+    interpreter, which takes the path of the GPU that kernels are sized for by default)."""
+    target = _CONTEXT.get().target
+    if target is not None:
+        return target.arch
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        return 10 * major + minor
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(device_index: int) -> int:
     """The SM count of CUDA device `device_index`."""
@@ -215,27 +230,44 @@ def row_tile(n_cols: int, device: torch.device, *, max_block_n: int,
     if max_tile is None:
         max_tile = 4096 if gpu else 65536
     block_m = max(1, min(64 if gpu else 1024, max_tile // block_n))
-    return block_m, block_n, warps_for_tile(block_m * block_n)
+    return block_m, block_n, warps_for_tile(block_m * block_n, device)
 
 
-def warps_for_tile(tile: int) -> int:
-    """num_warps for a tile of `tile` elements: one warp per 512 (16 per thread, so every
-    thread moves whole 16-byte vectors of 16-bit data), 1 to 16 warps."""
-    return max(1, min(16, tile // 512))
+def planned_warp_size(device: torch.device | str | None = None) -> int:
+    """Lanes of a warp on the GPU launches are sized for: the launch context's target's
+    (64 on an AMD Instinct: a wavefront), else a ROCm device's own (64), else 32."""
+    target = _CONTEXT.get().target
+    if target is not None:
+        return getattr(target, "warp_size", 32)
+    if device is not None and torch.device(device).type == "cuda" and \
+            getattr(torch.version, "hip", None):
+        return 64
+    return 32
+
+
+def warps_for_tile(tile: int, device: torch.device | str | None = None) -> int:
+    """num_warps for a tile of `tile` elements: one warp per 16 elements a lane (512 for
+    32-lane warps, 1024 for AMD's 64-lane waves: planned_warp_size), so every lane moves
+    whole 16-byte vectors of 16-bit data; 1 to 16 warps (1024 lanes at most on AMD)."""
+    lanes = planned_warp_size(device)
+    return max(1, min(16 if lanes == 32 else 1024 // lanes, tile // (16 * lanes)))
 
 
 def persistent_row_grid(n_rows: int, n_cols: int, device: torch.device, *, max_block_n: int,
                         tile: int, warps_per_sm: int) -> tuple[tuple[int], int, int, int]:
     """(grid, BLOCK_M, BLOCK_N, num_warps) of a persistent kernel over whole rows: tiles
-    of BLOCK_M rows of ~`tile` elements on a GPU (16 values per thread, up to 32 warps for
-    a 16384-wide row), and as many programs as fit `warps_per_sm` resident warps per SM,
+    of BLOCK_M rows of ~`tile` elements on a GPU (16 values per lane, up to 32 warps of 32
+    lanes, 16 waves of 64 on AMD, for a 16384-wide row), and as many programs as fit `warps_per_sm` resident warps per SM,
     each walking tiles p, p + P, ... so what it loads once (a weight) is read P times, not
     once per tile. Under the interpreter, row_tile's large tiles and two programs."""
     gpu = planned_sm_count(device) is not None
     block_m, block_n, num_warps = row_tile(n_cols, device, max_block_n=max_block_n,
                                            max_tile=tile if gpu else None)
     if gpu:
-        num_warps = max(1, min(32, block_m * block_n // 512))
+        lanes = planned_warp_size(device)
+        num_warps = max(1, min(1024 // lanes, block_m * block_n // (16 * lanes)))
+        if lanes == 64:  # an AMD CU holds 32 waves (4 SIMDs x 8)
+            warps_per_sm = min(warps_per_sm, 32)
     per_sm = max(1, warps_per_sm // num_warps)
     grid = (min(triton.cdiv(n_rows, block_m), target_programs(device, per_sm=per_sm)),)
     return grid, block_m, block_n, num_warps

@@ -4,8 +4,9 @@ peak of the roof an op's arithmetic runs against.
 Every tool (verify, bench, inspect, profile and the report) resolves its target here, from
 the same two flags:
 
-  --target  a SKU (h200, h100-sxm, h100, a100, b200, l4), an arch (sm_90a, sm_80, sm_100a:
-            the arch's flagship SKU, see FLAGSHIP), or native (the GPU in use);
+  --target  a SKU (h200, h100-sxm, h100, a100, b200, l4, mi300x, mi355x), an arch (sm_90a,
+            sm_80, sm_100a, or AMD's gfx942, gfx950: the arch's flagship SKU, see
+            FLAGSHIP), or native (the GPU in use);
   --sku     with an arch, the SKU whose SM count sizes launches and whose roof the floors
             are on (sm_90a --sku h100-sxm); alone, that SKU.
 
@@ -30,7 +31,8 @@ from speedlight.hardware import DeviceSpec, Roof
 
 DEFAULT_SKU = "h200"
 # The SKU an arch names when --sku does not say: the largest part of that generation.
-FLAGSHIP = {(8, 0): "a100-sxm", (8, 9): "l4", (9, 0): "h200", (10, 0): "b200"}
+FLAGSHIP = {(8, 0): "a100-sxm", (8, 9): "l4", (9, 0): "h200", (10, 0): "b200",
+            "gfx942": "mi300x", "gfx950": "mi355x"}
 # Op families whose FLOPs run on tensor cores (OpSpec.family); every other op's FLOPs run
 # on the CUDA cores in fp32.
 TENSOR_CORE_FAMILIES = ("compute-bound", "matmul", "attention")
@@ -40,9 +42,18 @@ class TargetError(ValueError):
     """--target / --sku name no known GPU, or ask for one that is not here."""
 
 
-def arch_name(arch: int) -> str:
-    """sm_90a for 90: Triton compiles for the arch-specific variant from 9.0 on."""
+def arch_name(arch: int | str) -> str:
+    """sm_90a for 90: Triton compiles for the arch-specific variant from 9.0 on; an AMD
+    arch is its LLVM target already (gfx942)."""
+    if isinstance(arch, str):
+        return arch
     return f"sm_{arch}{'a' if arch >= 90 else ''}"
+
+
+def sku_arch(spec: DeviceSpec) -> int | str:
+    """The arch a SKU's kernels compile for: its compute capability as an int (90), or an
+    AMD SKU's gfx target ("gfx942")."""
+    return spec.gfx or 10 * spec.compute_capability[0] + spec.compute_capability[1]
 
 
 @dataclass(frozen=True)
@@ -50,15 +61,15 @@ class Target:
     """The GPU a tool talks about.
 
     sku: its datasheet (for a GPU in use with no datasheet here, what torch reports of it);
-    arch: the compute capability kernels are compiled for (90 for sm_90a), normally the
-    SKU's; roof: the ceilings floors are computed on (None: neither a datasheet nor a
+    arch: the compute capability kernels are compiled for (90 for sm_90a), or an AMD
+    GPU's gfx target ("gfx942"), normally the SKU's; roof: the ceilings floors are computed on (None: neither a datasheet nor a
     measurement exists); in_use: it is the GPU this process runs on, so times measured here
     are times on the target; native: inspect reads the binaries the GPU in use compiled;
     origin: how it was chosen ("--target h100", "the GPU in use", "the default").
     """
 
     sku: DeviceSpec
-    arch: int
+    arch: int | str
     roof: Roof | None
     in_use: bool
     origin: str
@@ -71,12 +82,34 @@ class Target:
         return arch_name(self.arch)
 
     @property
+    def vendor(self) -> str:
+        """amd for a gfx arch, else nvidia."""
+        return "amd" if isinstance(self.arch, str) else "nvidia"
+
+    @property
+    def warp_size(self) -> int:
+        """Lanes of a warp (NVIDIA, 32) or wavefront (AMD Instinct, 64)."""
+        return 64 if self.vendor == "amd" else 32
+
+    @property
+    def sm_word(self) -> str:
+        """What the target calls a multiprocessor: SM, or an AMD compute unit (CU)."""
+        return "CU" if self.vendor == "amd" else "SM"
+
+    @property
     def compute_capability(self) -> tuple[int, int]:
+        """(9, 0) for sm_90a; an AMD GPU's gfx major and minor as HIP reports them
+        ((9, 4) for gfx942), from its SKU."""
+        if self.vendor == "amd":
+            return self.sku.compute_capability
         return divmod(self.arch, 10)
 
     @property
-    def limits(self) -> hardware.ArchLimits:
-        """What one SM of the compiled arch holds (occupancy is computed from it)."""
+    def limits(self) -> hardware.ArchLimits | hardware.AmdArchLimits:
+        """What one SM (an AMD CU) of the compiled arch holds (occupancy is computed from
+        it)."""
+        if self.vendor == "amd":
+            return hardware.arch_limits(self.arch)
         return hardware.arch_limits(self.compute_capability)
 
     @property
@@ -91,7 +124,8 @@ class Target:
         """One line for a tool's output: which GPU, why, and where its roof comes from."""
         why = {"the default": "no GPU in use, so the default; --target picks another",
                "the GPU in use": "the GPU in use"}.get(self.origin, self.origin)
-        return (f"target {self.sku.name} ({self.arch_name}, {self.sku.sm_count} SMs; {why}); "
+        return (f"target {self.sku.name} ({self.arch_name}, {self.sku.sm_count} "
+                f"{self.sm_word}s; {why}); "
                 f"roof: {self.roof_note}")
 
     def to_json(self) -> dict:
@@ -133,6 +167,7 @@ def known() -> str:
     aliases = ", ".join(sorted(hardware.ALIASES))
     archs = ", ".join(arch_name(10 * a.compute_capability[0] + a.compute_capability[1])
                       for a in hardware.ARCH_LIMITS.values())
+    archs += ", " + ", ".join(hardware.AMD_ARCH_LIMITS)
     return (f"SKUs: {', '.join(hardware.DEVICES)} (aliases: {aliases}); archs: {archs}; "
             f"or native (the GPU in use)")
 
@@ -141,9 +176,13 @@ def _unknown(flag: str, name: str) -> TargetError:
     return TargetError(f"{flag} {name!r} is not a known GPU; {flag} takes {known()}")
 
 
-def _parse_arch(text: str) -> int | None:
+def _parse_arch(text: str) -> int | str | None:
+    """90 for sm_90a (sm90, sm_90); "gfx942" for gfx942 (gfx942:sramecc+:xnack-)."""
     m = re.fullmatch(r"sm_?(\d+)a?", text)
-    return int(m.group(1)) if m else None
+    if m:
+        return int(m.group(1))
+    m = re.fullmatch(r"(gfx[0-9a-f]+)(:.*)?", text)
+    return m.group(1) if m else None
 
 
 def _sku(flag: str, name: str) -> DeviceSpec:
@@ -153,27 +192,49 @@ def _sku(flag: str, name: str) -> DeviceSpec:
         raise _unknown(flag, name) from None
 
 
-def _gpu_in_use(device: torch.device) -> tuple[DeviceSpec, int] | None:
+def hip_arch(props) -> str | None:
+    """On a ROCm build of torch, the gfx target of a device's properties ("gfx942" of
+    gcnArchName "gfx942:sramecc+:xnack-"); None on a CUDA build."""
+    if not getattr(torch.version, "hip", None):
+        return None
+    return (getattr(props, "gcnArchName", "") or "").split(":")[0] or None
+
+
+def _gpu_in_use(device: torch.device) -> tuple[DeviceSpec, int | str] | None:
     """The DeviceSpec and arch of the GPU this process runs on (a spec built from what
-    torch reports when there is no datasheet for it), or None on the CPU."""
+    torch reports when there is no datasheet for it), or None on the CPU. On ROCm the arch
+    is the device's gfx target, and a device whose name no datasheet matches (a MI300X
+    whose name the driver leaves blank) is its gfx target's flagship when the CU count
+    agrees."""
     if device.type != "cuda":
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
-    arch = 10 * props.major + props.minor
+    gfx = hip_arch(props)
+    arch = gfx or 10 * props.major + props.minor
     try:
-        return hardware.spec_for_device_name(props.name), arch
+        spec = hardware.spec_for_device_name(props.name)
+        if gfx is None or spec.gfx == gfx:
+            return spec, arch
     except KeyError:
-        limits = hardware.ARCH_LIMITS.get((props.major, props.minor))
-        smem = limits.smem_per_sm if limits else 0
-        spec = DeviceSpec(
-            name=props.name, key=re.sub(r"[^a-z0-9]+", "-", props.name.lower()).strip("-"),
-            compute_capability=(props.major, props.minor), sm_count=props.multi_processor_count,
-            peak_flops={}, dram_bandwidth=0.0, memory_bytes=props.total_memory,
-            l2_bytes=getattr(props, "L2_cache_size", 0), smem_per_sm=smem,
-            smem_per_block=limits.smem_per_block if limits else 0,
-            sources={"all": "torch.cuda.get_device_properties (no datasheet in speedlight)"})
-        return spec, arch
+        pass
+    flagship = hardware.DEVICES.get(FLAGSHIP.get(gfx, ""))
+    if not props.name and flagship is not None and \
+            flagship.sm_count == props.multi_processor_count:
+        return flagship, arch
+    limits = hardware.AMD_ARCH_LIMITS.get(gfx) if gfx else \
+        hardware.ARCH_LIMITS.get((props.major, props.minor))
+    spec = DeviceSpec(
+        name=props.name or gfx, key=re.sub(r"[^a-z0-9]+", "-",
+                                           (props.name or gfx).lower()).strip("-"),
+        compute_capability=(props.major, props.minor), sm_count=props.multi_processor_count,
+        peak_flops={}, dram_bandwidth=0.0, memory_bytes=props.total_memory,
+        l2_bytes=getattr(props, "L2_cache_size", 0),
+        smem_per_sm=limits.smem_per_block if limits else 0,
+        smem_per_block=limits.smem_per_block if limits else 0, gfx=gfx or "",
+        warp_size=getattr(props, "warp_size", 64 if gfx else 32),
+        sources={"all": "torch.cuda.get_device_properties (no datasheet in speedlight)"})
+    return spec, arch
 
 
 def _ceilings(sku: DeviceSpec, in_use: bool, device: torch.device,
@@ -236,11 +297,14 @@ def resolve(target: str | None = None, sku: str | None = None,
             raise TargetError("--sku cannot change the GPU in use (--target native)")
     elif text is not None and _parse_arch(text) is not None:
         arch = _parse_arch(text)
-        cc = divmod(arch, 10)
-        if cc not in hardware.ARCH_LIMITS:
+        cc = arch if isinstance(arch, str) else divmod(arch, 10)
+        if cc not in hardware.ARCH_LIMITS and cc not in hardware.AMD_ARCH_LIMITS:
             raise _unknown("--target", target)
         if sku:
             spec = _sku("--sku", sku)
+            if (spec.vendor == "amd") != isinstance(arch, str):
+                raise TargetError(f"--sku {sku} is {spec.name}, which does not run "
+                                  f"{arch_name(arch)} code; give an SKU of that arch")
             origin = f"--target {target} --sku {sku}"
         elif cc in FLAGSHIP:
             spec = hardware.DEVICES[FLAGSHIP[cc]]
@@ -254,18 +318,18 @@ def resolve(target: str | None = None, sku: str | None = None,
             raise TargetError(f"--target {target} names a SKU already; --sku goes with an "
                               f"arch (--target sm_90a --sku {sku})")
         spec = _sku("--target", target)
-        arch = 10 * spec.compute_capability[0] + spec.compute_capability[1]
+        arch = sku_arch(spec)
         origin = f"--target {target}"
     elif sku:
         spec = _sku("--sku", sku)
-        arch = 10 * spec.compute_capability[0] + spec.compute_capability[1]
+        arch = sku_arch(spec)
         origin = f"--sku {sku}"
     elif here is not None:
         spec, arch = here
         native, origin = True, "the GPU in use"
     else:
         spec = hardware.DEVICES[DEFAULT_SKU]
-        arch = 10 * spec.compute_capability[0] + spec.compute_capability[1]
+        arch = sku_arch(spec)
         origin = "the default"
     in_use = here is not None and here[0].key == spec.key
     roof, note = _roof(spec, _ceilings(spec, in_use, device, driver))

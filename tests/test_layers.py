@@ -22,6 +22,7 @@ FLOORS = {
     "csrc": 1,
     # 2 description
     "spec": 2, "target": 2, "tuning": 2, "launch": 2, "arguments": 2, "cluster": 2,
+    "plans": 2,
     # 3 ops
     "ops": 3, "registry": 3,
     # 4 what the tools share about models
@@ -29,7 +30,7 @@ FLOORS = {
     # 5 tools, side by side
     "verify": 5, "bench": 5, "inspect": 5, "profile": 5, "patching": 5, "report": 5,
     # 6 composers
-    "pipeline": 6, "tune": 6, "shape": 6, "cli": 6,
+    "pipeline": 6, "tune": 6, "shape": 6, "cli": 6, "planning": 6,
 }
 TOOLS = ("verify", "bench", "inspect", "profile", "patching")
 COMPOSERS = tuple(p for p, f in FLOORS.items() if f == 6)

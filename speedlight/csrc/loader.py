@@ -81,6 +81,10 @@ def _nvcc() -> str | None:
 def unavailable(device: torch.device | str | None = None) -> str | None:
     """Why a CUDA C++ extension cannot run on `device` here (None: it can). Cheap: checks
     torch's build, the device and the compilers, builds nothing."""
+    if getattr(torch.version, "hip", None):
+        return (f"the CUDA C++ implementation (csrc/) needs an NVIDIA GPU and a CUDA build "
+                f"of torch; torch {torch.__version__} is a ROCm build (HIP "
+                f"{torch.version.hip}): use the Triton implementation (impl='triton')")
     if torch.version.cuda is None:
         return (f"the CUDA C++ implementation needs a CUDA build of torch; torch "
                 f"{torch.__version__} is a CPU build")

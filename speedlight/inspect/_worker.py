@@ -10,11 +10,13 @@ Each request names the kernel (file, module, qualname), the signature, constexpr
 attributes the runtime's binder derived, the launch options and the target; the worker
 compiles with triton.compile (ASTSource, GPUTarget), writes TTIR, TTGIR, LLIR, PTX, the
 cubin and its SASS (nvdisasm with line info) to the request's folder, and reads ptxas's
-resource report (registers, spills, stack) by running ptxas -v on the PTX.
+resource report (registers, spills, stack) by running ptxas -v on the PTX; for an AMD
+target (arch "gfx942"), the AMDGCN and HSACO, with the assembler's resource report.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -22,6 +24,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -114,17 +117,19 @@ def ptxas_report(ptx_path: Path, arch: int, fmad: bool) -> dict:
 
 def compile_one(req: dict) -> dict:
     import triton
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
+
+    from speedlight.inspect.specialise import gpu_target
 
     fn = load_function(req["file"], req["module"], req["qualname"])
     constexprs = {tuple(p): decode(v) for p, v in req["constexprs"]}
     attrs = {tuple(p): a for p, a in req["attrs"]}
-    target = GPUTarget("cuda", req["arch"], 32)
+    target = gpu_target(req["arch"])
     options = make_backend(target).parse_options(dict(req["options"]))
     src = ASTSource(fn, req["signature"], constexprs, attrs)
     kernel = triton.compile(src, target=target, options=options.__dict__)
-    files, meta = write_artifacts(kernel, Path(req["out"]), req["arch"])
+    write = write_amd_artifacts if target.backend == "hip" else write_artifacts
+    files, meta = write(kernel, Path(req["out"]), req["arch"])
     return {"key": req["key"], "files": files, "meta": meta}
 
 
@@ -158,6 +163,59 @@ def write_artifacts(kernel, out: Path, arch: int) -> tuple[dict, dict]:
     return files, keep
 
 
+def write_amd_artifacts(kernel, out: Path, arch: str) -> tuple[dict, dict]:
+    """Write a CompiledKernel's stages for an AMD target (TTIR, TTGIR, LLIR, AMDGCN and
+    the HSACO code object) under `out`; return the file paths and the metadata inspect
+    reads (LDS, warps, the assembler's resource report: amdgcn.resources)."""
+    from speedlight.inspect import amdgcn
+
+    out.mkdir(parents=True, exist_ok=True)
+    name = kernel.metadata.name
+    files = {}
+    for stage in ("ttir", "ttgir", "llir", "amdgcn"):
+        path = out / f"{name}.{stage}"
+        path.write_text(kernel.asm[stage])
+        files[stage] = str(path)
+    hsaco = out / f"{name}.hsaco"
+    hsaco.write_bytes(kernel.asm["hsaco"])
+    files["hsaco"] = str(hsaco)
+    meta = kernel.metadata._asdict()
+    keep = {k: meta[k] for k in ("name", "num_warps", "num_stages", "shared", "waves_per_eu",
+                                 "matrix_instr_nonkdim", "kpack", "warp_size") if k in meta}
+    keep["arch"] = arch
+    keep["resources"] = amdgcn.resources(kernel.asm["amdgcn"])
+    (out / "meta.json").write_text(json.dumps(keep, default=str, indent=1))
+    return files, keep
+
+
+@contextlib.contextmanager
+def _diagnostics():
+    """Inside, what the compiler's C++ passes print on stderr (MLIR diagnostics: why a
+    pass failed) goes to a file; yields a list that holds its text afterwards."""
+    said: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield said
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            said.append(log.read())
+
+
+def _first_error(said: list[str]) -> str:
+    """The first `error:` line of the compiler's diagnostics, shortened ('' for none)."""
+    for line in "".join(said).splitlines():
+        if "error:" in line:
+            text = line.split("error:", 1)[1].strip()
+            return text if len(text) <= 200 else text[:197] + "..."
+    return ""
+
+
 def main() -> int:
     """stdin: a JSON list of requests; argv[1]: the file results are written to, one JSON
     line per request (not stdout: a kernel's module or the compiler may print)."""
@@ -169,9 +227,12 @@ def main() -> int:
     with open(sys.argv[1], "w") as results:
         for req in requests:
             try:
-                result = compile_one(req)
+                with _diagnostics() as said:
+                    result = compile_one(req)
             except Exception as e:  # reported per kernel; the others still compile
-                result = {"key": req["key"], "error": f"{type(e).__name__}: {e}",
+                why = _first_error(said)
+                result = {"key": req["key"], "error": f"{type(e).__name__}: {e}"
+                          + (f" ({why})" if why else ""),
                           "traceback": traceback.format_exc(limit=6)}
             results.write(json.dumps(result, default=str) + "\n")
             results.flush()

@@ -5,7 +5,8 @@ per direction the bytes moved against the compulsory bytes; and the findings
 only this.
 
 Two compilers feed it: Triton (a launch captured from the op's run, compiled by
-compile.TritonCompiler; analyse_kernel below) and nvcc (an OpSpec's CUDA C++ launches,
+compile.TritonCompiler for an NVIDIA or AMD target; analyse_kernel below reads its SASS or
+AMDGCN) and nvcc (an OpSpec's CUDA C++ launches,
 compiled by cuda_compile.NvccCompiler; cuda.analyse)."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from speedlight.hardware import DeviceSpec
-from speedlight.inspect import sass
+from speedlight.inspect import amdgcn, sass
 from speedlight.inspect.compile import Compiled
 from speedlight.inspect.launches import Capture, Launch
 from speedlight.inspect.occupancy import Occupancy, Waves, occupancy
@@ -83,7 +84,10 @@ class KernelReport:
     function: object = None
     error: str = ""  # it did not compile for the target (or is not in the binary)
     num_warps: int = 0
-    registers: int = 0
+    registers: int = 0  # per thread (AMD: VGPRs per lane)
+    agprs: int = 0  # AMD: accumulation VGPRs per lane (MFMA results)
+    sgprs: int = 0  # AMD: scalar registers per wave
+    warp_size: int = 32  # lanes of a warp (64: an AMD wavefront)
     spill_stores: int = 0
     spill_loads: int = 0
     stack: int = 0
@@ -142,6 +146,8 @@ class KernelReport:
         out = {"direction": self.direction, "kernel": self.name, **self._launch_json(),
                "error": self.error or None}
         if self.ok:
+            if self.warp_size != 32:
+                out.update(agprs=self.agprs, sgprs=self.sgprs, warp_size=self.warp_size)
             out.update(registers=self.registers, spill_stores=self.spill_stores,
                        spill_loads=self.spill_loads, stack=self.stack, smem=self.smem,
                        occupancy=self.occupancy.to_json(), waves=self.waves.to_json(),
@@ -154,16 +160,24 @@ class KernelReport:
 def read_resources(report: KernelReport, resources: dict, smem: int, instrs: list,
                    target: Target, sm_count: int) -> None:
     """What every compiler's kernel reports alike: registers, spills and stack (ptxas's
-    resource report), shared memory, occupancy on the target's SM, waves of its grid on
-    `sm_count` SMs, and the instruction mix."""
+    resource report, or the AMDGCN assembler's), shared memory (LDS), occupancy on the
+    target's SM (CU), waves of its grid on `sm_count` SMs, and the instruction mix."""
     report.registers = resources.get("registers", 0)
     report.spill_stores = resources.get("spill_stores", 0)
     report.spill_loads = resources.get("spill_loads", 0)
     report.stack = resources.get("stack", 0)
     report.smem = smem
-    report.occupancy = occupancy(target.limits, report.num_warps, report.registers, smem)
+    if target.vendor == "amd":
+        report.agprs, report.sgprs = resources.get("agprs", 0), resources.get("sgprs", 0)
+        report.warp_size = target.warp_size
+        report.occupancy = amdgcn.occupancy(target.limits, report.num_warps,
+                                            resources.get("total_vgprs", report.registers),
+                                            report.sgprs, smem)
+        report.mix = amdgcn.mix(instrs)
+    else:
+        report.occupancy = occupancy(target.limits, report.num_warps, report.registers, smem)
+        report.mix = sass.mix(instrs)
     report.waves = Waves(report.programs, sm_count, report.occupancy.blocks_per_sm)
-    report.mix = sass.mix(instrs)
     report.smem_limit = target.limits.smem_per_block
 
 
@@ -247,13 +261,15 @@ def analyse_kernel(launch: Launch, compiled: Compiled, target: Target, device: D
     if compiled.error:
         return report
     report.num_warps = int(compiled.meta.get("num_warps", launch.num_warps))
-    instrs = sass.parse(compiled.text("sass"))
-    smem = int(compiled.meta.get("shared", 0) or 0) + compiled.ptxas.get("smem_static", 0)
-    read_resources(report, compiled.ptxas, smem, instrs, target, device.sm_count)
+    reader = amdgcn if target.vendor == "amd" else sass
+    instrs = reader.parse(compiled.text("amdgcn" if reader is amdgcn else "sass"))
+    resources = compiled.resources
+    smem = int(compiled.meta.get("shared", 0) or 0) + resources.get("smem_static", 0)
+    read_resources(report, resources, smem, instrs, target, device.sm_count)
     ttir = compiled.text("ttir")
     report.has_dot = "tt.dot" in ttir or "tt.dot_scaled" in ttir
     report.stages = pipeline_stages(compiled.text("ttgir"))
-    report.accesses = _join(launch, sass.accesses_by_line(instrs))
+    report.accesses = _join(launch, reader.accesses_by_line(instrs))
     return report
 
 
@@ -285,7 +301,7 @@ def _join(launch: Launch, by_line: dict) -> list[Access]:
         for key, acc in by_line.items():
             if first <= key[1] <= last and key[2] == site.kind and _same_file(key[0], site.file):
                 if match is None:
-                    match = sass.LineAccess(site.file, site.line, site.kind)
+                    match = type(acc)(site.file, site.line, site.kind)
                 match.widths.update(acc.widths)
                 used.add(key)
         arg = launch.arg(site.arg)

@@ -245,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[dim]No GPU in use: kernels are compiled for {target.arch_name} without "
                       f"one; launches are captured under the Triton interpreter (recorded "
                       f"on meta tensors, none run, where a case is too large for it), sized "
-                      f"for {sku.name} ({sku.sm_count} SMs).[/]")
+                      f"for {sku.name} ({sku.sm_count} {target.sm_word}s).[/]")
     if cuda_work:
         console.print(f"[dim]CUDA C++ kernels: compiled with nvcc for {target.arch_name}; launch "
                       f"geometry from each op's launch sizing for {sku.name} ({sku.sm_count} "
@@ -268,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
     reports += inspect_cuda_cases(cuda_work, target, backward=not args.no_backward)
 
     display.print_reports(reports, console, title=f"speedlight inspect for {target.arch_name} "
-                          f"(launches sized for {sku.name}, {sku.sm_count} SMs)")
+                          f"(launches sized for {sku.name}, {sku.sm_count} {target.sm_word}s)")
     env = results.environment(device)
     run_id = uuid.uuid4().hex[:12]
     out_path = Path(args.out) / "inspect.jsonl"

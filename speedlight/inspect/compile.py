@@ -32,7 +32,7 @@ class Compiled:
 
     name: str
     target: Target
-    files: dict = field(default_factory=dict)  # stage -> path (ttir, ttgir, llir, ptx, cubin, sass)
+    files: dict = field(default_factory=dict)  # stage -> path (ttir ... ptx, cubin, sass; amdgcn, hsaco)
     meta: dict = field(default_factory=dict)
     error: str = ""
 
@@ -43,6 +43,12 @@ class Compiled:
     @property
     def ptxas(self) -> dict:
         return self.meta.get("ptxas", {})
+
+    @property
+    def resources(self) -> dict:
+        """The compiler's resource report: ptxas's (NVIDIA) or the AMDGCN assembler's
+        (amdgcn.resources), both with registers, stack, spill_stores and spill_loads."""
+        return self.meta.get("resources") or self.ptxas
 
     def dump(self, folder: Path, stem: str) -> list[Path]:
         """Copy every stage to folder/stem.<stage>."""
@@ -112,7 +118,9 @@ class TritonCompiler:
             return Compiled(launch.kernel, target, error="the launch did not run compiled "
                             "(no CUDA runtime kernel to read)")
         try:
-            files, meta = _worker.write_artifacts(launch.compiled, self._folder(key), target.arch)
+            write = _worker.write_amd_artifacts if target.vendor == "amd" else \
+                _worker.write_artifacts
+            files, meta = write(launch.compiled, self._folder(key), target.arch)
         except Exception as e:
             return Compiled(launch.kernel, target, error=f"{type(e).__name__}: {e}")
         return Compiled(meta.get("name", launch.kernel), target, files, meta)

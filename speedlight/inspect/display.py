@@ -73,9 +73,10 @@ def kernel_table(reports: Sequence[CaseReport], *, title: str, with_case: bool) 
 
 
 def access_table(report: CaseReport) -> Table:
-    t = Table(title="global loads and stores (SASS per source line; 'possible' = the widest "
-                    "access the addresses allow)", title_justify="left", pad_edge=False)
-    for c in ("kernel", "line", "", "arg", "source", "SASS", "possible", "row data"):
+    code = "AMDGCN" if report.target.vendor == "amd" else "SASS"
+    t = Table(title=f"global loads and stores ({code} per source line; 'possible' = the "
+                    f"widest access the addresses allow)", title_justify="left", pad_edge=False)
+    for c in ("kernel", "line", "", "arg", "source", code, "possible", "row data"):
         t.add_column(c, overflow="fold" if c == "source" else "ellipsis")
     for k in report.kernels:
         for a in k.accesses:
@@ -143,7 +144,8 @@ def print_case(report: CaseReport, console: Console) -> None:
     what = (f" (CUDA C++, {os.path.basename(r.source)})" if r.impl == "cuda" and r.source
             else "")
     head = (f"speedlight inspect {r.op} {r.case.label} {dtype_name(r.case.dtype)}{what} for "
-            f"{r.target.arch_name} (launches sized for {r.device.name}, {r.sm_count} SMs)")
+            f"{r.target.arch_name} (launches sized for {r.device.name}, {r.sm_count} "
+            f"{r.target.sm_word}s)")
     if r.skipped:
         console.print(f"{head}: [yellow]skipped[/]: {r.skipped}")
         return

@@ -8,6 +8,7 @@ for every kernel inspect reads (Triton or CUDA C++: one KernelReport).
   no-wgmma        a matrix kernel without the target's matrix instructions (HGMMA on sm_90a,
                   tcgen05 MMA on sm_100a), or without tensor cores at all, or without the
                   family its design names (KernelDesign.mma)
+  no-mfma         the same on AMD: a matrix kernel without MFMA (v_mfma) instructions
   no-tma          a kernel designed for TMA loads (KernelDesign.tma) whose SASS has no UTMALDG
   shallow-pipeline  fewer pipeline stages in shared memory than the design's min_stages
   smem-limit      more shared memory per program than the target's SM allows (no launch)
@@ -63,7 +64,16 @@ def kernel_findings(k: KernelReport, target_name: str) -> list[Finding]:
             {"lines": lines, "scalar": True}))
     spilled = k.spill_stores + k.spill_loads
     local = sum(k.mix.local.values())
-    if spilled or local:
+    if (spilled or local) and k.warp_size == 64:
+        out.append(Finding(
+            "spill", WARN,
+            f"{k.spill_stores // 4} VGPRs spilled to scratch: {k.registers} VGPRs + "
+            f"{k.agprs} AGPRs per lane, {k.stack} bytes of scratch per lane, "
+            f"{k.mix.local.get('scratch_store', 0)} scratch stores / "
+            f"{k.mix.local.get('scratch_load', 0)} loads", name,
+            {"spill_stores": k.spill_stores, "registers": k.registers, "agprs": k.agprs,
+             "stack": k.stack, "local": dict(k.mix.local)}))
+    elif spilled or local:
         out.append(Finding(
             "spill", WARN,
             f"{k.spill_stores} bytes spilled to local memory ({k.spill_loads} bytes reloaded): "
@@ -74,7 +84,15 @@ def kernel_findings(k: KernelReport, target_name: str) -> list[Finding]:
     out += _matrix(k, target_name)
     out += _pipeline(k, target_name)
     occ = k.occupancy
-    if occ.fraction + 1e-9 < k.design.min_occupancy:
+    if occ.fraction + 1e-9 < k.design.min_occupancy and occ.per_simd:
+        out.append(Finding(
+            "occupancy", WARN,
+            f"theoretical occupancy {_pct(occ.fraction)} ({occ.per_simd:g} of "
+            f"{occ.max_warps_per_sm // 4} waves per SIMD, {occ.blocks_per_sm} workgroups of "
+            f"{k.num_warps} waves per CU), limited by {occ.limiter} ({k.registers} VGPRs + "
+            f"{k.agprs} AGPRs, {k.sgprs} SGPRs, {k.smem} bytes of LDS); designed for at "
+            f"least {_pct(k.design.min_occupancy)}", name, occ.to_json()))
+    elif occ.fraction + 1e-9 < k.design.min_occupancy:
         out.append(Finding(
             "occupancy", WARN,
             f"theoretical occupancy {_pct(occ.fraction)} ({occ.warps_per_sm} of "
@@ -116,7 +134,7 @@ def _narrow(k: KernelReport, a: Access) -> Finding | None:
     site = a.site
     if site is None or a.sass is None:
         return None
-    threads = 32 * k.num_warps
+    threads = k.warp_size * k.num_warps
     if bits >= want or a.block_bytes < 512 or a.parameter:
         return None
     arg = k.launch.arg(a.arg)
@@ -191,6 +209,16 @@ def _matrix(k: KernelReport, target_name: str) -> list[Finding]:
                             f"machine code has {got}", name, {"tensor_core": dict(tc)})]
         return []
     arch = k.compiled.target.arch
+    if isinstance(arch, str):  # AMD: MFMA
+        if not tc:
+            return [Finding("no-mfma", WARN, f"matrix kernel without MFMA on {target_name}: "
+                            f"tt.dot compiled to FMA (check dtypes and that every dot "
+                            f"dimension is at least 16)", name, {"tensor_core": {}})]
+        if want and not tc.get(want):
+            return [Finding("no-mfma", WARN, f"designed for {want} on {target_name}, but "
+                            f"tt.dot compiled to {', '.join(sorted(tc))}", name,
+                            {"tensor_core": dict(tc)})]
+        return []
     if not tc:
         return [Finding("no-wgmma", WARN, f"matrix kernel without tensor-core instructions on "
                         f"{target_name}: tt.dot compiled to FMA (check dtypes and that every "

@@ -1,9 +1,9 @@
 """Theoretical occupancy of a kernel on an SM, and how its grid fills the GPU in waves.
 
-Occupancy follows the CUDA occupancy calculator's rules (hardware.ArchLimits): registers
-are allocated per warp in units of 256 from four sub-partitions, shared memory per block in
-units of 128 bytes plus the 1 KB the driver reserves, and the SM's warp and block limits
-cap the rest. "Theoretical" means what the resources allow; the grid can allow fewer.
+Occupancy follows the CUDA occupancy calculator's rules (hardware.ArchLimits; an AMD CU's
+is amdgcn.occupancy's, from hardware.AmdArchLimits): registers are allocated per warp in
+units of 256 from four sub-partitions, shared memory per block in units of 128 bytes plus
+the 1 KB the driver reserves, and the SM's warp and block limits cap the rest. "Theoretical" means what the resources allow; the grid can allow fewer.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class Occupancy:
     limits: dict  # resource -> programs per SM it alone allows
     regs_per_warp: int  # allocated, after rounding
     smem_per_block: int  # allocated, after rounding and the reserve
+    per_simd: float = 0.0  # AMD: resident waves per SIMD (amdgcn.occupancy); 0 on NVIDIA
 
     @property
     def fraction(self) -> float:

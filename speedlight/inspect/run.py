@@ -188,6 +188,12 @@ def inspect_cuda_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
     compiler = compiler or NvccCompiler()
     out = []
     for spec, case in items:
+        if target.vendor != "nvidia":  # reported as the case's error, the others go on
+            out.append(case_report.CaseReport(
+                spec.name, case, target, target.sku, impl="cuda",
+                error=f"CUDA C++ kernels do not compile for {target.arch_name}: nvcc builds "
+                      f"for NVIDIA GPUs only (the Triton kernels compile for it)"))
+            continue
         kernels = spec.cuda
         if not backward:
             kernels = dataclasses.replace(kernels, launches=lambda c, n, f=kernels.launches: [

@@ -4,7 +4,8 @@ JITFunction.run binds a launch's arguments with a binder generated from the kern
 signature (create_function_from_signature over native_specialize_impl) and packs them
 into the signature, constexprs and attributes the compiler sees: 16-byte divisibility of
 pointers and integers (tt.divisibility = 16), integers equal to 1 made constexprs,
-do_not_specialize honoured. The same binder is built here for a CUDA backend of the target,
+do_not_specialize honoured. The same binder is built here for the target's backend (CUDA, or
+HIP for an AMD gfx target),
 so the kernel compiled for inspection is the one a user's launch compiles.
 """
 
@@ -72,21 +73,29 @@ def compile_function(kernel):
     raise TypeError(f"not a Triton kernel: {kernel!r}")
 
 
-def _binder(jit_fn, arch: int):
-    """The runtime's argument binder for `jit_fn`, built for a CUDA backend of `arch`."""
+def gpu_target(arch: int | str):
+    """Triton's GPUTarget of an arch: ("cuda", 90, 32) for sm_90a, ("hip", "gfx942", 64)
+    for an AMD gfx target."""
     from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("hip", arch, 64) if isinstance(arch, str) else GPUTarget("cuda", arch, 32)
+
+
+def _binder(jit_fn, arch: int | str):
+    """The runtime's argument binder for `jit_fn`, built for the backend of `arch` (CUDA,
+    or HIP for a gfx target)."""
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
     key = ("binder", id(jit_fn), arch)  # by identity: hashing a JITFunction walks its source
     if key not in _BINDERS:
-        backend = make_backend(GPUTarget("cuda", arch, 32))
+        backend = make_backend(gpu_target(arch))
         _BINDERS[key] = (backend, create_function_from_signature(jit_fn.signature, jit_fn.params,
                                                                  backend), jit_fn)
     return _BINDERS[key][:2]
 
 
-def specialise(jit_fn, args: tuple, kwargs: dict, arch: int):
+def specialise(jit_fn, args: tuple, kwargs: dict, arch: int | str):
     """(signature, constexprs, attrs, options) exactly as JITFunction.run derives them:
     pointers and ints divisible by 16 get tt.divisibility=16, ints equal to 1 become
     constexprs, and do_not_specialize is honoured."""

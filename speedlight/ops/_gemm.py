@@ -1,6 +1,7 @@
 """What speedlight's GEMM launchers share (ops/matmul.py, ops/gated_matmul.py): the
 configuration space and the rule that picks a point of it per shape, the persistent grid,
-and the operand paths (TMA tensor descriptors or pointers) with what selects them."""
+the operand paths (TMA tensor descriptors or pointers) with what selects them, and the fp8
+format with the output dtype a GEMM defaults to."""
 
 from __future__ import annotations
 
@@ -13,6 +14,16 @@ import triton
 from speedlight import launch, tuning
 from speedlight.launch import planned_sm_count
 from speedlight.spec import dtype_name
+
+# The fp8 format the GEMM kernels take: e4m3 (the forward's format; e5m2 is a gradient
+# format)
+FP8_DTYPES = (torch.float8_e4m3fn,)
+
+
+def default_out_dtype(dtype: torch.dtype) -> torch.dtype:
+    """A GEMM's output dtype when none is asked for: the operands' own, bf16 for fp8 (a
+    dtype without the range of a GEMM's sums)."""
+    return torch.bfloat16 if dtype in FP8_DTYPES else dtype
 
 # The configuration space of the GEMM kernels, named as the launchers pass them to the
 # kernel (`speedlight tune` sweeps it): tile sizes (BLOCK_M x BLOCK_N of c, BLOCK_K of the

@@ -27,7 +27,7 @@ from speedlight.ops.rms_norm import (
     rms_norm_bwd,
 )
 from speedlight.ops.rms_norm import _case_of as rms_norm_case_of
-from speedlight.ops.rms_norm import _cost as rms_norm_cost
+from speedlight.ops.rms_norm import cost as rms_norm_cost
 from speedlight.ops.rms_norm import make_inputs as rms_norm_inputs
 from speedlight.spec import Case, Cost, CudaKernels, KernelDesign, OpSpec, rand_tensor
 
@@ -158,7 +158,7 @@ def broadcast_residual(x: torch.Tensor, residual: torch.Tensor
 
 # --- OpSpec --------------------------------------------------------------------------------
 
-def _make_inputs(case: Case, device) -> dict:
+def make_inputs(case: Case, device) -> dict:
     # x, weight, eps and offset as the rms_norm spec draws them (see there), and a residual
     # stream larger than the block's output, as it grows through a model
     inputs = rms_norm_inputs(case, device)
@@ -167,7 +167,7 @@ def _make_inputs(case: Case, device) -> dict:
     return {**inputs, "residual": residual}
 
 
-def _cost(case: Case, mode: str) -> Cost:
+def cost(case: Case, mode: str) -> Cost:
     """RMSNorm's cost on h, plus the residual's: the forward also reads residual and
     writes h (1 FLOP per elem, the add); the backward also reads dh (1 FLOP, adding it)."""
     m, n = case["rows"], case["hidden"]
@@ -179,7 +179,7 @@ def _cost(case: Case, mode: str) -> Cost:
 _TWO_PASS_BWD = ("a row longer than 16384 is read twice (dy and h: the row dot, then dx "
                  "with dh) plus dw partial rows")
 
-def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+def for_model(cfg, batch: int, seq: int) -> list[Case]:
     """The residual stream of a pre-norm block: h = x + residual, then its RMSNorm."""
     if cfg.norm != "rms":
         return []
@@ -190,13 +190,13 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
 SPEC = OpSpec(
     impl=add_rms_norm,
     implementations=cuda.implementations(add_rms_norm, ADD_RMS_NORM),
-    for_model=_for_model,
+    for_model=for_model,
     case_of=lambda call, args: rms_norm_case_of("add_rms_norm", call, args),
     fuses="residual add + RMSNorm, returning both the sum and the norm",
     peers={"liger": "liger_fused_add_rms_norm"},
     patches="decoder_layer",
-    make_inputs=_make_inputs,
-    cost=_cost,
+    make_inputs=make_inputs,
+    cost=cost,
     suites=shapes.suites(lambda suite: norm_cases(
         "add_rms_norm", suite, model_flags=model_norm_flags,
         full_variants=[{"weight": False}, {"in_place": True}],

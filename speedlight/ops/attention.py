@@ -181,6 +181,10 @@ _FLASH = ("flash tiles: one 8-warp program per SM; k and v re-read per query blo
           "the operand tiles of the loop are copied to shared memory asynchronously "
           "(cp.async, pipelined: min_stages), and lse/delta are one fp32 per row (32-bit)")
 
+_FLASH_SM100 = ("flash tiles as on sm_90a; on sm_100a the K and V tiles of the loop arrive by "
+                "TMA (tensor descriptors made on the device per sequence and kv head, which "
+                "zero-fill rows past the sequence), q once per program by 128-bit loads")
+
 SPEC = OpSpec(
     impl=attention,
     make_inputs=cases.make_inputs,
@@ -204,9 +208,9 @@ SPEC = OpSpec(
         "_attention_fwd_kernel": KernelDesign(
             min_occupancy=0.125, mma="HGMMA", min_stages=2, vector_bits=0, why=_FLASH,
             # sm_100a: tcgen05 MMA (UTCHMMA), the scores and the output accumulated in
-            # tensor memory
-            per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", min_stages=2,
-                                         vector_bits=0, why=_FLASH)),)),
+            # tensor memory, K and V tiles loaded by TMA (device-made descriptors)
+            per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", tma=True,
+                                         vector_bits=0, why=_FLASH_SM100)),)),
         "_attention_bwd_delta_kernel": KernelDesign(per_arch=((100, KernelDesign(
             spills=True, why=_DELTA_SM100)),)),
         "_attention_bwd_dkdv_kernel": KernelDesign(

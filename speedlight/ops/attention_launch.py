@@ -21,7 +21,8 @@ import triton
 from speedlight.kernels.attention import (_attention_bwd_delta_kernel, _attention_bwd_dkdv_kernel,
                                           _attention_bwd_dq_kernel, _attention_combine_kernel,
                                           _attention_fwd_kernel)
-from speedlight.launch import planned_sm_count
+from speedlight.launch import planned_arch, planned_sm_count
+from speedlight.ops._gemm import ensure_allocator
 from speedlight.ops._checks import check_bool, check_same_device, check_same_dtype, check_tensor
 from speedlight.runtime import check_runtime, describe, is_interpreted
 
@@ -196,6 +197,20 @@ def _split_plan(n_programs: int, seq_k: int, block_n: int, device: torch.device,
     return triton.cdiv(max(seq_k, 1), span), span
 
 
+def _tma(pb: _Problem, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the forward loads K and V through tensor descriptors: on Blackwell (sm_100
+    and later, the launch context's target or the GPU's own), whose tcgen05 MMA is fed from
+    shared memory that TMA fills, when every descriptor is legal (each sequence's first row
+    and every row stride 16-byte aligned). Hopper and the interpreter's default take the
+    pointer path (cp.async), which measured on an H200 as the design holds."""
+    arch = planned_arch(k.device)
+    if arch is None or arch < 100:
+        return False
+    return all(t.data_ptr() % 16 == 0
+               and all(s * t.element_size() % 16 == 0 for s in pb.strides(t))
+               for t in (k, v))
+
+
 def _precision(dtype: torch.dtype) -> str:
     return "ieee"  # fp32 products exact (no TF32); ignored for fp16/bf16 operands
 
@@ -311,7 +326,9 @@ def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
     grid = (m_blocks * pb.batch * pb.heads_q, splits)
     flags = dict(VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
                  SPLIT=splits > 1, UPCAST=_upcast(_attention_fwd_kernel, q),
-                 PRECISION=_precision(q.dtype))
+                 PRECISION=_precision(q.dtype), TMA=_tma(pb, k, v))
+    if flags["TMA"]:
+        ensure_allocator()  # the descriptors are made on the device, in Triton's scratch
     common = (pb.cu_q, pb.cu_k, m_blocks, *pb.sizes(), pb.heads_q, pb.group,
               pb.head_dim, scale, float(softcap or 1.0), left, right, span,
               *pb.strides(q), *pb.strides(k), *pb.strides(v))

@@ -38,7 +38,8 @@ from speedlight.ops._gemm import (
     tma_layout,
     use_tma,
 )
-from speedlight.ops.matmul import ACTIVATIONS, DESIGN, MODEL_TOKENS, matmul_fwd
+from speedlight.ops.matmul import ACTIVATIONS, DESIGN, matmul_fwd
+from speedlight.ops.matmul_cases import MODEL_TOKENS
 from speedlight.ops.registration import register_op
 from speedlight.runtime import check_runtime, describe
 from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor

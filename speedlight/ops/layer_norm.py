@@ -216,7 +216,7 @@ def _normalized_dims(normalized_shape) -> tuple[int, ...]:
 
 # --- OpSpec --------------------------------------------------------------------------------
 
-def _make_inputs(case: Case, device) -> dict:
+def make_inputs(case: Case, device) -> dict:
     rows, hidden = case["rows"], case["hidden"]
     # a mean away from 0 checks that the variance is taken around it, as real activations
     # (GPT-2's residual stream) have
@@ -233,7 +233,7 @@ def _make_inputs(case: Case, device) -> dict:
             "eps": 1e-5}
 
 
-def _cost(case: Case, mode: str) -> Cost:
+def cost(case: Case, mode: str) -> Cost:
     m, n = case["rows"], case["hidden"]
     e = case.dtype.itemsize
     params = n * e * (case.flag("weight", True) + case.flag("bias", True))
@@ -247,14 +247,14 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=13 * m * n, bytes=3 * m * n * e + w + params + 8 * m)
 
 
-def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+def for_model(cfg, batch: int, seq: int) -> list[Case]:
     """The pre-attention and pre-MLP LayerNorms of a GPT-style block."""
     if cfg.norm != "layer":
         return []
     return [Case("layer_norm", (("rows", batch * seq), ("hidden", cfg.hidden)), model=cfg.name)]
 
 
-def _case_of(call: str, args) -> Case | None:
+def case_of(call: str, args) -> Case | None:
     if not is_call_of(call, "layer_norm"):
         return None
     return rows_case("layer_norm", args["x"], "hidden",
@@ -264,12 +264,12 @@ def _case_of(call: str, args) -> Case | None:
 
 SPEC = OpSpec(
     impl=layer_norm,
-    for_model=_for_model,
-    case_of=_case_of,
+    for_model=for_model,
+    case_of=case_of,
     fuses="LayerNorm in one kernel per direction",
     peers={"liger": "liger_layer_norm"},
-    make_inputs=_make_inputs,
-    cost=_cost,
+    make_inputs=make_inputs,
+    cost=cost,
     suites=shapes.suites(lambda suite: norm_cases(
         "layer_norm", suite, full_variants=[{"weight": False, "bias": False}],
         quick_variants=[(3, 7, {"weight": False, "bias": False}), (5, 781, {"bias": False}),

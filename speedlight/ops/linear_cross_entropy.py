@@ -295,7 +295,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
 
 # --- OpSpec --------------------------------------------------------------------------------
 
-def _make_inputs(case: Case, device) -> dict:
+def make_inputs(case: Case, device) -> dict:
     tokens, hidden_size, vocab = case["tokens"], case["hidden"], case["vocab"]
     softcap = case.flag("softcap")
     extras = bool(case.flag("extras"))
@@ -359,7 +359,7 @@ def _reference(hidden, weight, target, bias=None, *, chunk_size=None, **options)
     return reference.linear_cross_entropy(hidden, weight, target, bias, **options)
 
 
-def _cost(case: Case, mode: str) -> Cost:
+def cost(case: Case, mode: str) -> Cost:
     n, h, v, e = case["tokens"], case["hidden"], case["vocab"], case.dtype.itemsize
     bias = v if case.flag("bias") else 0
     none = case.flag("reduction") == "none"
@@ -385,7 +385,7 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=n * h + v * h + bias, bytes=2 * grads + e)
 
 
-def _cases(suite: str) -> list[Case]:
+def cases(suite: str) -> list[Case]:
     def case(tokens, hidden, vocab, model=None, **flags):
         return Case("linear_cross_entropy",
                     (("tokens", tokens), ("hidden", hidden), ("vocab", vocab)),
@@ -420,14 +420,14 @@ def _cases(suite: str) -> list[Case]:
     return out
 
 
-def _skip(case: Case, device) -> str | None:
+def skip(case: Case, device) -> str | None:
     if torch.device(device).type != "cuda" and case["tokens"] * case["vocab"] > 2 ** 22:
         return ("tokens x vocab > 4M logits: hours of matmuls and interpreted kernels on a "
                 "CPU; it runs on a GPU")
     return None
 
 
-def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+def for_model(cfg, batch: int, seq: int) -> list[Case]:
     """A causal LM's lm_head and loss over every token (the last of each sequence ignored)."""
     if not cfg.vocab:
         return []
@@ -443,7 +443,7 @@ _CALLS = ("linear_cross_entropy_fwd", "linear_cross_entropy_infer", "linear_cros
           "linear_cross_entropy_recompute_fwd", "linear_cross_entropy_recompute_bwd")
 
 
-def _case_of(call: str, args) -> Case | None:
+def case_of(call: str, args) -> Case | None:
     """[tokens, hidden] x [vocab, hidden] of a call, with the options that change the cost
     (the scaling backward reads the forward's gradients: d_hidden, d_weight)."""
     if call not in _CALLS:
@@ -470,19 +470,19 @@ def _case_of(call: str, args) -> Case | None:
 SPEC = OpSpec(
     impl=linear_cross_entropy,
     reference=_reference,
-    make_inputs=_make_inputs,
-    cost=_cost,
-    suites=shapes.suites(_cases),
+    make_inputs=make_inputs,
+    cost=cost,
+    suites=shapes.suites(cases),
     grad_inputs=("hidden", "weight", "bias"),
-    skip=_skip,
+    skip=skip,
     family="compute-bound",
     notes=("lm_head matmul + cross-entropy in chunks of tokens: one chunk's logits alive at "
            "a time, their gradient written over them by the cross-entropy kernel; d_weight "
            "accumulated in fp32. fwd counts the gradient matmuls (computed there); bwd only "
            "scales (reduction none and fp16: fwd the loss, bwd recomputes)."),
-    for_model=_for_model,
+    for_model=for_model,
     aligned=lambda case: case["hidden"] % 16 == 0 and case["vocab"] % 16 == 0,
-    case_of=_case_of,
+    case_of=case_of,
     fuses=("lm_head matmul + cross-entropy in chunks of tokens: the [tokens, vocab] logits "
            "and their gradient are never stored"),
     peers={"liger": "liger_fused_linear_cross_entropy", "torch": "linear_cross_entropy"},

@@ -30,11 +30,11 @@ import torch
 import triton
 
 from speedlight.launch import planned_sm_count
-from speedlight.ops.cross_entropy import (
-    _check_targets,
-    _divide,
-    _mean_divisor,
+from speedlight.ops.cross_entropy_launch import (
+    check_targets,
     cross_entropy_fwd,
+    divide_or_zero,
+    mean_divisor,
     reduce_extras,
 )
 
@@ -89,7 +89,7 @@ def _gradient_scale(reduction: str, divisor: torch.Tensor | None,
     (0-dim, or [tokens] for "none"; 1 when None), over a mean's divisor; None for 1."""
     if reduction == "mean":
         upstream = grad_loss if grad_loss is not None else torch.ones((), device=device)
-        return _divide(upstream, divisor)  # 0 for a mean over nothing counted
+        return divide_or_zero(upstream, divisor)  # 0 for a mean over nothing counted
     return grad_loss
 
 
@@ -117,7 +117,7 @@ def linear_cross_entropy_fwd(
     vocab = weight.shape[0]
     dev = hidden.device
     if check_target and n:
-        _check_targets(target, vocab, ignore_index)
+        check_targets(target, vocab, ignore_index)
     grad_h, grad_w, grad_b = (bool(f) for f in needs_grad)
     grad_b = grad_b and bias is not None
     any_grad = grad_h or grad_w or grad_b
@@ -135,7 +135,7 @@ def linear_cross_entropy_fwd(
         rows = (torch.empty(n, dtype=torch.float32, device=dev),
                 torch.empty(n, dtype=torch.float32, device=dev),
                 torch.empty(n, dtype=torch.int64, device=dev))
-    divisor = (_mean_divisor(target, vocab, ignore_index, class_weight)
+    divisor = (mean_divisor(target, vocab, ignore_index, class_weight)
                if reduction == "mean" else None)
     scale = _gradient_scale(reduction, divisor, grad_loss, dev) if any_grad else None
     opts = (ignore_index, "none", label_smoothing, z_loss, softcap)
@@ -170,7 +170,7 @@ def linear_cross_entropy_fwd(
         loss = loss_rows.to(out_dtype)
     else:
         total = loss_rows.sum()
-        loss = (total if reduction == "sum" else _divide(total, divisor)).to(out_dtype)
+        loss = (total if reduction == "sum" else divide_or_zero(total, divisor)).to(out_dtype)
     more = (reduce_extras(*rows, target, ignore_index, reduction, divisor, out_dtype)
             if rows else None)
     d_weight = acc_w.to(weight.dtype) if acc_w is not None else None

@@ -95,11 +95,10 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from speedlight import launch
+from speedlight.ops._custom_op import Launcher, build_custom_op
 
 NAMESPACE = "speedlight"
 NEEDS_GRAD = "needs_grad"  # the launcher parameter given which gradients a call needs
-
-Launcher = Callable[..., Any]
 
 
 def like(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -226,8 +225,8 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
     defaults = tuple(p.default for p in call_params
                      if p.default is not inspect.Parameter.empty)
 
-    fwd_op = _custom_op(f"{namespace}::{name}_fwd", forward, fake, params, hints,
-                        len(outputs), mutates)
+    fwd_op = build_custom_op(f"{namespace}::{name}_fwd", forward, fake, params, hints,
+                             len(outputs), mutates)
     unknown = [u for u in unverified if u not in forward]
     if unknown or (forward and set(forward) <= set(unverified)):
         raise ValueError(f"{name}: unverified {list(unverified)} must name some, not all, of "
@@ -257,8 +256,9 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
             picked = tuple(out[i] for i in public_at)
             return picked[0] if len(picked) == 1 else picked
 
-        op.inference_op = _custom_op(f"{namespace}::{name}_infer", inference, inference_fake,
-                                     call_params, hints, len(public_at), mutates)
+        op.inference_op = build_custom_op(f"{namespace}::{name}_infer", inference,
+                                          inference_fake, call_params, hints,
+                                          len(public_at), mutates)
 
     if backward is None:
         return op
@@ -275,8 +275,8 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
     if backward_fake is None:
         backward_fake = _default_backward_fake(name, bparams, targets, backward_mutates)
     used = [p for p in bparams if p.name in plan]
-    bwd_op = _custom_op(f"{namespace}::{name}_bwd", backward, backward_fake, used, bhints,
-                        n_grads, backward_mutates)
+    bwd_op = build_custom_op(f"{namespace}::{name}_bwd", backward, backward_fake, used,
+                             bhints, n_grads, backward_mutates)
     op.backward_op = bwd_op
     rule = _AutogradRule(name, in_names, outputs, stats, plan, [p.name for p in used],
                          targets, bwd_op, backward_mutates, optional_grads)
@@ -287,68 +287,12 @@ def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],
     return op
 
 
-# --- building the custom ops --------------------------------------------------------------
+# --- building the custom ops (ops/_custom_op.py) ------------------------------------------
 
 def _by_impl(f) -> dict[str, Launcher] | None:
     if f is None:
         return None
     return dict(f) if isinstance(f, Mapping) else {"triton": f}
-
-
-def _placeholder(args) -> torch.Tensor:
-    first = next(a for a in args if isinstance(a, torch.Tensor))
-    return first.new_empty((0,))
-
-
-def _tensors_only(out, n: int, args, op_name: str):
-    """A launcher's result as a custom op returns it: None -> an empty placeholder."""
-    if n == 0:
-        return None
-    out = out if isinstance(out, tuple) else (out,)
-    if len(out) != n:
-        raise RuntimeError(f"{op_name}: its launcher returned {len(out)} outputs, the "
-                           f"registration declares {n}")
-    out = tuple(_placeholder(args) if o is None else o for o in out)
-    return out[0] if n == 1 else out
-
-
-def _custom_op(op_name: str, impls: dict[str, Launcher], fake, params, hints, n_out: int,
-               mutates: Sequence[str]):
-    """A custom op `op_name` (namespace::name) over `params` (+ impl) that runs
-    impls[impl]."""
-    default = next(iter(impls))
-    n_args = len(params)
-
-    def split(args, kwargs):
-        """(the launcher's arguments, impl): torch may pass an argument with a default
-        by keyword, or leave it out."""
-        call = list(args[:n_args]) + [kwargs.get(p.name, p.default)
-                                      for p in params[len(args):]]
-        if len(args) > n_args:
-            return call, args[n_args]
-        return call, kwargs.get("impl", default)
-
-    def run(*args, **kwargs):
-        call, impl = split(args, kwargs)
-        return _tensors_only(impls[impl](*call), n_out, call, op_name)
-
-    def run_fake(*args, **kwargs):
-        call, _ = split(args, kwargs)
-        return _tensors_only(fake(*call), n_out, call, op_name)
-
-    sig_params = [p.replace(annotation=hints.get(p.name, p.annotation),
-                            kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params]
-    sig_params.append(inspect.Parameter("impl", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                        default=default, annotation=str))
-    returns = (None if n_out == 0 else torch.Tensor if n_out == 1
-               else tuple[(torch.Tensor,) * n_out])
-    run.__signature__ = inspect.Signature(sig_params, return_annotation=returns)
-    run.__name__ = op_name.split("::")[-1]
-    schema = torch.library.infer_schema(run, mutates_args=tuple(mutates))
-    op = torch.library.custom_op(op_name, run, mutates_args=tuple(mutates),
-                                 schema=schema)
-    op.register_fake(run_fake)
-    return op
 
 
 # --- autograd -----------------------------------------------------------------------------

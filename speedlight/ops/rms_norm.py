@@ -299,7 +299,7 @@ def make_inputs(case: Case, device) -> dict:
     return inputs
 
 
-def _cost(case: Case, mode: str) -> Cost:
+def cost(case: Case, mode: str) -> Cost:
     m, n = case["rows"], case["hidden"]
     e = case.dtype.itemsize
     w = n * e if case.flag("weight", True) else 0
@@ -310,7 +310,7 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=9 * m * n, bytes=3 * m * n * e + 2 * w + 4 * m)
 
 
-def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+def for_model(cfg, batch: int, seq: int) -> list[Case]:
     if cfg.norm != "rms":
         return []
     return [Case("rms_norm", (("rows", batch * seq), ("hidden", cfg.hidden)),
@@ -374,7 +374,7 @@ SPEC = OpSpec(
     impl=rms_norm,
     implementations=cuda.implementations(rms_norm, RMS_NORM),
     make_inputs=make_inputs,
-    cost=_cost,
+    cost=cost,
     suites=shapes.suites(lambda suite: norm_cases(
         "rms_norm", suite, model_flags=model_norm_flags,
         full_variants=[{"weight": False}, {"in_place": True}],
@@ -383,7 +383,7 @@ SPEC = OpSpec(
     grad_inputs=("x", "weight"),
     skip=skip_huge_on_cpu,
     notes="Normalizes the last dim; fp32 accumulation; dW reduced per program, then summed.",
-    for_model=_for_model,
+    for_model=for_model,
     case_of=lambda call, args: _case_of("rms_norm", call, args),
     fuses="RMSNorm in one kernel per direction",
     peers={"liger": "liger_rms_norm"},

@@ -277,7 +277,7 @@ def _angles_to_cos_sin(positions: torch.Tensor, rot_dim: int, case: Case, device
 
 
 def _qk(case: Case, device, heads: int, salt: int, fused: torch.Tensor | None, offset: int):
-    """q or k for a case, in the case's layout (see _make_inputs)."""
+    """q or k for a case, in the case's layout (see make_inputs)."""
     b, s, d = case["batch"], case["seq"], case["dim"]
     heads_first = not case.flag("bshd")
     if fused is not None:  # a slice of the [batch, seq, (heads + 2 kv) * dim] projection
@@ -290,7 +290,7 @@ def _qk(case: Case, device, heads: int, salt: int, fused: torch.Tensor | None, o
     return rand_tensor(logical, case, device, salt=salt)
 
 
-def _make_inputs(case: Case, device) -> dict:
+def make_inputs(case: Case, device) -> dict:
     """q, k in the case's layout: contiguous in their logical order ([batch, heads, seq,
     dim], or [batch, seq, heads, dim] with the bshd flag), transposed (the other memory
     order; HF's layout for bhsd), strided (the last dim padded with NaN), or with the fused
@@ -318,7 +318,7 @@ def _make_inputs(case: Case, device) -> dict:
             "unsqueeze_dim": 2 if case.flag("bshd") else 1, "interleaved": interleaved}
 
 
-def _cost(case: Case, mode: str) -> Cost:
+def cost(case: Case, mode: str) -> Cost:
     b, s, hq, hk, d, r = (case[n] for n in ("batch", "seq", "heads", "kv", "dim", "rot"))
     e = case.dtype.itemsize
     tokens = b * s
@@ -333,7 +333,7 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=3 * tokens * (hq + hk) * r, bytes=2 * heads_bytes + table)
 
 
-def _cases(suite: str) -> list[Case]:
+def cases(suite: str) -> list[Case]:
     def case(batch, seq, heads, kv, dim, rot, layout="contiguous", model=None, **flags):
         return Case("rope", (("batch", batch), ("seq", seq), ("heads", heads), ("kv", kv),
                              ("dim", dim), ("rot", rot)), layout=layout, model=model,
@@ -381,7 +381,7 @@ def _cases(suite: str) -> list[Case]:
     return out
 
 
-def _skip(case: Case, device) -> str | None:
+def skip(case: Case, device) -> str | None:
     if case.flag("huge") and torch.device(device).type != "cuda":
         return ("64-bit indexing case: q of > 2^31 elements needs > 4 GiB per tensor and "
                 "hours under the interpreter; it runs on a GPU")
@@ -399,7 +399,7 @@ def _aligned(case: Case) -> bool:
     return case.layout != "strided" and all(v % 16 == 0 for v in starts)
 
 
-def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+def for_model(cfg, batch: int, seq: int) -> list[Case]:
     """q and k as Hugging Face attention hands them over: [batch, heads, seq, head_dim]
     views of the projections' [batch, seq, heads, head_dim]."""
     if not cfg.rotary_dim:
@@ -410,7 +410,7 @@ def _for_model(cfg, batch: int, seq: int) -> list[Case]:
                  layout="transposed", flags=flags, model=cfg.name)]
 
 
-def _case_of(call: str, args) -> Case | None:
+def case_of(call: str, args) -> Case | None:
     """q and k ([batch, seq, heads, head_dim] as the registered op takes them; dq_rot and
     dk_rot in the backward), the cos/sin rows and whether position_ids index a cache."""
     if not is_call_of(call, "rope"):
@@ -427,11 +427,11 @@ def _case_of(call: str, args) -> Case | None:
 
 SPEC = OpSpec(
     impl=rope,
-    make_inputs=_make_inputs,
-    cost=_cost,
-    suites=shapes.suites(_cases),
+    make_inputs=make_inputs,
+    cost=cost,
+    suites=shapes.suites(cases),
     grad_inputs=("q", "k"),
-    skip=_skip,
+    skip=skip,
     notes=("q and k rotated in one launch through their strides; cos/sin per token or a "
            "cache read at position_ids; cos and sin take no gradient."),
     aligned=_aligned,
@@ -441,8 +441,8 @@ SPEC = OpSpec(
         # registers a thread or fewer, so at least 24 of an SM's 64 warps resident
         "_rope_kernel": KernelDesign(min_occupancy=0.375),
     },
-    for_model=_for_model,
-    case_of=_case_of,
+    for_model=for_model,
+    case_of=case_of,
     fuses="rotary position embedding applied in place of the slice/neg/cat chain",
     peers={"liger": "liger_rope"},
     patches="rope",

@@ -188,14 +188,14 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 # --- OpSpec --------------------------------------------------------------------------------
 
-def _make_inputs(case: Case, device) -> dict:
+def make_inputs(case: Case, device) -> dict:
     x = rand_tensor((case["rows"], case["cols"]), case, device, scale=2.0)
     if case.flag("nonfinite"):
         inject_nonfinite(x, case)
     return {"x": x, "dim": -1}
 
 
-def _cost(case: Case, mode: str) -> Cost:
+def cost(case: Case, mode: str) -> Cost:
     m, n, e = case["rows"], case["cols"], case.dtype.itemsize
     if mode == "fwd":
         # read x; write y. max, subtract, exp, sum, divide: 5 FLOP/elem.
@@ -204,7 +204,7 @@ def _cost(case: Case, mode: str) -> Cost:
     return Cost(flops=4 * m * n, bytes=3 * m * n * e)
 
 
-def _cases(suite: str) -> list[Case]:
+def cases(suite: str) -> list[Case]:
     def case(rows, cols, layout="contiguous", model=None, **flags):
         return Case("softmax", (("rows", rows), ("cols", cols)), layout=layout, flags=flags,
                     model=model)
@@ -223,14 +223,14 @@ def _cases(suite: str) -> list[Case]:
     return out
 
 
-def _for_model(cfg, batch: int, seq: int) -> list[Case]:
+def for_model(cfg, batch: int, seq: int) -> list[Case]:
     """Eager attention's softmax over the scores: [batch * heads * seq, seq]."""
     if not cfg.heads:
         return []
     return [Case("softmax", (("rows", batch * cfg.heads * seq), ("cols", seq)), model=cfg.name)]
 
 
-def _case_of(call: str, args) -> Case | None:
+def case_of(call: str, args) -> Case | None:
     """x (y in the backward) as [rows, cols] along dim."""
     if not is_call_of(call, "softmax"):
         return None
@@ -246,14 +246,14 @@ _TWO_PASS_BWD = ("a row longer than 16384 is read twice: y and dy for the row do
 
 SPEC = OpSpec(
     impl=softmax,
-    make_inputs=_make_inputs,
-    cost=_cost,
-    suites=shapes.suites(_cases),
+    make_inputs=make_inputs,
+    cost=cost,
+    suites=shapes.suites(cases),
     grad_inputs=("x",),
     skip=skip_huge_on_cpu,
     notes="Softmax over the last dim; rows longer than 16384 take the online kernels.",
-    for_model=_for_model,
-    case_of=_case_of,
+    for_model=for_model,
+    case_of=case_of,
     fuses="softmax with its casts folded in",
     peers={"liger": "liger_softmax"},
     kernels={

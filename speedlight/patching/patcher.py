@@ -10,9 +10,9 @@ the one table patch() walks):
                  nothing of the activations' size
   mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up)), with
                  Falcon-H1's mlp multipliers folded into the gated unit; every
-                 <Family>Experts' forward (Mixtral, Qwen2/3-MoE, GraniteMoE) -> the given
-                 routing, each expert's own projections, and one gated-unit launch over
-                 all routed tokens (experts.py);
+                 <Family>Experts (Mixtral, Qwen2/3-MoE, GraniteMoE) -> the given routing
+                 through one speedlight.moe_experts call, by transformers' experts
+                 registry where it has one, else the instance's forward (experts.py);
                  with mlp="fused" -> down_proj(gated_matmul(x, gate and up weights)): both
                  projections and the gated product in one GEMM kernel (off by default
                  until measured on a GPU; a projection that is an adapter or quantized
@@ -55,8 +55,7 @@ from typing import Callable
 
 import torch
 
-from speedlight.patching import forwards
-from speedlight.patching.experts import experts_forward, experts_layout_problem
+from speedlight.patching import experts, forwards, planned
 from speedlight.patching.families import FAMILIES, Family
 
 _RECORD = "_speedlight_patch"
@@ -72,6 +71,8 @@ class PatchReport:
     patched: dict[str, list[str]] = field(default_factory=dict)  # kind -> module paths
     in_place: list[str] = field(default_factory=list)  # norms whose backward writes over dy
     not_patched: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
+    plan_note: str = ""  # which measured plan decided the kinds (planned.resolve)
+    plan: dict[str, str] = field(default_factory=dict)  # kind -> kept / dropped / unmeasured
 
     def count(self, kind: str) -> int:
         return len(self.patched.get(kind, []))
@@ -87,6 +88,9 @@ class PatchReport:
                          f"whose output feeds linear layers alone)")
         for what, why in self.not_patched:
             lines.append(f"  NOT patched {what}: {why}")
+        if self.plan_note:
+            lines.append(f"  plan: {self.plan_note}")
+        lines += [f"    {kind}: {status}" for kind, status in self.plan.items()]
         return "\n".join(lines)
 
 
@@ -117,7 +121,7 @@ class _Patching:
     mlp: bool | str
     norm_in_place: bool
     record: dict = field(default_factory=lambda: {"forwards": [], "loss": None,
-                                                  "attention": None})
+                                                  "attention": None, "experts": []})
 
     def add(self, kind: str, what: str) -> None:
         self.report.patched.setdefault(kind, []).append(what)
@@ -227,6 +231,8 @@ def _patch_mlps(job: _Patching) -> None:
         job.add("mlp", f"{path} ({act[0]})")
     for path, module in job.modules(family.experts_class):
         _patch_experts(job, path, module)
+    if family.experts_class is not None:
+        job.record["experts"] = experts.switch_configs(job.model, family.experts_class)
     job.none_found("mlp")
 
 
@@ -235,15 +241,26 @@ def _patch_experts(job: _Patching, path: str, module) -> None:
     act = _gated_unit(job, path, module)
     if act is None:
         return
-    problem = experts_layout_problem(module)
+    activation = experts.moe_activation(*act)
+    problem = None
+    if not _available("moe_experts"):
+        problem = "this install has no speedlight.moe_experts"
+    elif activation is None:
+        problem = f"speedlight.moe_experts has no gate unit for {act[0]} {act[1]}"
+    if problem is None:
+        problem = experts.experts_layout_problem(module)
     if problem is not None:
         job.refuse(f"mlp {path}", problem)
         return
     if job.mlp == "fused":
         job.refuse(f"mlp {path} (fused)", "gated_matmul reads one weight pair, not 3-D expert "
                                           "weights; the gated unit alone is patched")
-    job.set_forward(module, experts_forward(*act))
-    job.add("mlp", f"{path} ({act[0]}, {module.gate_up_proj.shape[0]} experts)")
+    forward = experts.experts_forward(activation)
+    way = "registry" if experts.register(module, forward) else "module"
+    if way == "module":
+        job.set_forward(module, forward)
+    job.add("mlp", f"{path} ({act[0]} by moe_experts, {way}: {module.gate_up_proj.shape[0]} "
+                   "experts)")
 
 
 def _patch_rope(job: _Patching) -> None:
@@ -405,7 +422,7 @@ def _base_model(model: torch.nn.Module) -> torch.nn.Module:
 def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
           rope: bool = True, cross_entropy: bool = True, attention: bool = True,
           norm_in_place: bool = True, linear_cross_entropy: bool = True,
-          decoder_layer: bool = True) -> PatchReport:
+          decoder_layer: bool = True, plan="auto") -> PatchReport:
     """Swap speedlight ops into `model` (a family of speedlight.patching.families.FAMILIES:
     Llama, Mistral, Ministral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, Falcon-H1,
     Granite, OLMo 2, GLM-4, SmolLM3, Qwen2-VL's text decoder, Mixtral, Qwen2-MoE,
@@ -427,6 +444,9 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     then the module's own down_proj (MLPs with biases, multipliers, or adapter or
     quantized projections keep the unfused path, reported); False leaves the MLPs alone.
 
+    plan: "auto", a plan file's path, a plan, or None: which kinds a measurement lets apply
+    (see planned.py; the report says per kind: kept, dropped, or applied unmeasured).
+
     Returns a PatchReport listing what was patched; anything asked for that could not be
     patched (an unknown architecture, an unsupported activation) is also warned about
     with a PatchWarning, never skipped silently. `unpatch(model)` undoes it exactly.
@@ -444,7 +464,11 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy,
               "attention": attention, "decoder_layer": decoder_layer,
               "linear_cross_entropy": linear_cross_entropy}
-    report = PatchReport(model_type)
+    chosen, note = planned.resolve(model, plan)
+    report = PatchReport(model_type, plan_note=note, plan=planned.statuses(wanted, chosen))
+    wanted = planned.wanted(wanted, chosen)
+    if note == planned.plans.HINT:
+        warnings.warn(note, planned.plans.PlanHint, stacklevel=2)
     job = _Patching(model, family, report, mlp, norm_in_place)
     for kind in KINDS:
         if not wanted[kind.name]:
@@ -471,6 +495,7 @@ def unpatch(model: torch.nn.Module) -> None:
             module.__dict__.pop("forward", None)
         else:
             module.forward = had
+    experts.restore_configs(model, record["experts"])
     if record["attention"] is not None:
         from speedlight.patching import hf_attention
         previous, layers = record["attention"]

@@ -273,7 +273,8 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         coverage.update(patch_coverage(report))
         doc = {"model_type": report.model_type, "patched": report.patched,
                "not_patched": [{"what": a, "why": b} for a, b in report.not_patched],
-               "layer_fusion": coverage["layer_fusion"], "text": str(report)}
+               "layer_fusion": coverage["layer_fusion"], "text": str(report),
+               "plan_note": report.plan_note, "plan": report.plan}  # per kind: measured or not
         results.write_json(out / FILES["patch"], doc)
         return model
     patched = stages.run("patch", "patch a copy with speedlight's ops", do_patch)

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from speedlight.target import TENSOR_CORE_FAMILIES
+from speedlight.workloads.tensor_io import (bind, io_bytes, nbytes, out_elements, tensors,
+                                            total_io, unique_tensors, written_args)
 
 Tensor = torch.Tensor
 
@@ -40,85 +41,6 @@ class OpCost:
     detail: str  # the formula with its numbers, for a reader checking it
     tensor_core: bool = False  # FLOPs run on the matmul units (peak per dtype)
     kernel: bool = True  # the op launches device work (views and allocations do not)
-
-
-# ---------------------------------------------------------------------------------------
-# tensors and bytes
-# ---------------------------------------------------------------------------------------
-
-def tensors(x: Any) -> list[Tensor]:
-    """Every tensor in an argument, output or nested list of them, in order."""
-    return [t for t in tree_flatten(x)[0] if isinstance(t, Tensor)]
-
-
-def distinct_elements(t: Tensor) -> int:
-    """Elements a kernel must touch: a broadcast (stride-0) dimension counts once."""
-    if t.numel() == 0:
-        return 0
-    return math.prod(s for s, st in zip(t.shape, t.stride()) if st != 0)
-
-
-def nbytes(t: Tensor) -> int:
-    return distinct_elements(t) * t.element_size()
-
-
-def _unique(ts: list[Tensor]) -> list[Tensor]:
-    seen, out = set(), []
-    for t in ts:
-        if id(t) not in seen:
-            seen.add(id(t))
-            out.append(t)
-    return out
-
-
-def bind(func, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The op's arguments by schema name, defaults filled in."""
-    bound: dict[str, Any] = {}
-    positional = iter(args)
-    for a in func._schema.arguments:
-        if not a.kwarg_only:
-            try:
-                bound[a.name] = next(positional)
-                continue
-            except StopIteration:
-                pass
-        if a.name in kwargs:
-            bound[a.name] = kwargs[a.name]
-        elif a.has_default_value():
-            bound[a.name] = a.default_value
-    return bound
-
-
-def _written_args(func, bound: dict) -> list[Tensor]:
-    """Tensors the schema marks as written in place (`Tensor(a!)`)."""
-    out = []
-    for a in func._schema.arguments:
-        if a.alias_info is not None and a.alias_info.is_write and a.name in bound:
-            out += tensors(bound[a.name])
-    return out
-
-
-def io_bytes(func, args, kwargs, out, *, skip_read: tuple[str, ...] = ()) -> tuple[int, int]:
-    """(bytes read, bytes written): each distinct tensor input once, each output that is
-    not one of the inputs, and each argument written in place."""
-    bound = bind(func, args, kwargs)
-    inputs = _unique([t for name, v in bound.items() if name not in skip_read for t in tensors(v)])
-    input_ids = {id(t) for t in tensors(list(bound.values()))}
-    written = _unique([t for t in tensors(out) if id(t) not in input_ids] + _written_args(func, bound))
-    return sum(nbytes(t) for t in inputs), sum(nbytes(t) for t in written)
-
-
-def _total_io(func, args, kwargs, out, **kw) -> int:
-    return sum(io_bytes(func, args, kwargs, out, **kw))
-
-
-def _out_elements(func, args, kwargs, out) -> int:
-    """Elements an elementwise op produces: its new outputs, or what it writes in place."""
-    bound = bind(func, args, kwargs)
-    outs = _unique(tensors(out) + _written_args(func, bound))
-    if not outs:
-        outs = tensors(args)[:1]
-    return sum(t.numel() for t in outs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -147,11 +69,11 @@ def matmul(func, args, kwargs, out) -> OpCost:
     elif name in ("mv", "addmv"):
         m_ = b["self"] if name == "mv" else b["mat"]
         n, k = m_.shape
-        return OpCost(2 * n * k, _total_io(func, args, kwargs, out), "matmul",
+        return OpCost(2 * n * k, total_io(func, args, kwargs, out), "matmul",
                       f"2·M·K (M={n} K={k})", tensor_core=True)
     elif name in ("dot", "vdot"):
         k = b["self"].numel()
-        return OpCost(2 * k, _total_io(func, args, kwargs, out), "matmul", f"2·K (K={k})",
+        return OpCost(2 * k, total_io(func, args, kwargs, out), "matmul", f"2·K (K={k})",
                       tensor_core=True)
     else:
         raise KeyError(name)
@@ -160,7 +82,7 @@ def matmul(func, args, kwargs, out) -> OpCost:
     flops = 2 * batch * m * n * k
     dims = (f"B={batch} " if a_.dim() == 3 else "") + f"M={m} N={n} K={k}"
     formula = "2·B·M·N·K" if a_.dim() == 3 else "2·M·N·K"
-    return OpCost(flops, _total_io(func, args, kwargs, out), "matmul", f"{formula} ({dims})",
+    return OpCost(flops, total_io(func, args, kwargs, out), "matmul", f"{formula} ({dims})",
                   tensor_core=True)
 
 
@@ -184,7 +106,7 @@ def grouped_matmul(func, args, kwargs, out) -> OpCost:
         m, k = a_.shape
         n = w.shape[-1]
         flops, dims = 2 * m * k * n, f"M={m} K={k} N={n}"
-    return OpCost(flops, _total_io(func, args, kwargs, out), "matmul",
+    return OpCost(flops, total_io(func, args, kwargs, out), "matmul",
                   f"2·M·K·N, rows routed to groups ({dims})", tensor_core=True)
 
 
@@ -210,7 +132,7 @@ def attention(func, args, kwargs, out) -> OpCost:
     detail = (f"2·B·H·Sq·Sk·({'3·Dqk+2·Dv' if backward else 'Dqk+Dv'})"
               f"{' / 2 causal' if causal else ''} (B={batch} H={h} Sq={sq} Sk={sk} "
               f"Dqk={dqk} Dv={dv})")
-    return OpCost(flops, _total_io(func, args, kwargs, out), "attention", detail, tensor_core=True)
+    return OpCost(flops, total_io(func, args, kwargs, out), "attention", detail, tensor_core=True)
 
 
 def _conv_flops(x_shape, w_shape, out_shape, transposed: bool) -> int:
@@ -226,7 +148,7 @@ def convolution(func, args, kwargs, out) -> OpCost:
     x, w = b["input"], b["weight"]
     transposed = bool(b.get("transposed", False))
     flops = _conv_flops(list(x.shape), list(w.shape), list(tensors(out)[0].shape), transposed)
-    return OpCost(flops, _total_io(func, args, kwargs, out), "conv",
+    return OpCost(flops, total_io(func, args, kwargs, out), "conv",
                   f"2·N·Cout·Cin/g·prod(kernel)·prod(spatial) (x={list(x.shape)} "
                   f"w={list(w.shape)})", tensor_core=True)
 
@@ -239,15 +161,15 @@ def convolution_backward(func, args, kwargs, out) -> OpCost:
     mask = list(b["output_mask"])
     one = _conv_flops(list(x.shape), list(w.shape), list(grad_out.shape), transposed)
     n = int(mask[0]) + int(mask[1])
-    return OpCost(one * n, _total_io(func, args, kwargs, out), "conv",
+    return OpCost(one * n, total_io(func, args, kwargs, out), "conv",
                   f"{n} x forward convolution ({'dx ' if mask[0] else ''}{'dw' if mask[1] else ''})",
                   tensor_core=True)
 
 
 def pointwise(per_element: int, via: str = "") -> Formula:
     def formula(func, args, kwargs, out) -> OpCost:
-        n = _out_elements(func, args, kwargs, out)
-        return OpCost(per_element * n, _total_io(func, args, kwargs, out), "pointwise",
+        n = out_elements(func, args, kwargs, out)
+        return OpCost(per_element * n, total_io(func, args, kwargs, out), "pointwise",
                       f"{per_element} FLOP x {n} elements{via}")
     return formula
 
@@ -255,7 +177,7 @@ def pointwise(per_element: int, via: str = "") -> Formula:
 def reduction(per_element: int, via: str = "") -> Formula:
     def formula(func, args, kwargs, out) -> OpCost:
         n = sum(t.numel() for t in tensors(args)[:1])
-        return OpCost(per_element * n, _total_io(func, args, kwargs, out), "reduction",
+        return OpCost(per_element * n, total_io(func, args, kwargs, out), "reduction",
                       f"{per_element} FLOP x {n} input elements{via}")
     return formula
 
@@ -264,7 +186,7 @@ def per_input_element(per_element: int, label: str) -> Formula:
     """Norms and softmax: a fixed count per element of the first input."""
     def formula(func, args, kwargs, out) -> OpCost:
         n = tensors(args)[0].numel()
-        return OpCost(per_element * n, _total_io(func, args, kwargs, out), label,
+        return OpCost(per_element * n, total_io(func, args, kwargs, out), label,
                       f"{per_element} FLOP x {n} elements")
     return formula
 
@@ -275,7 +197,7 @@ def layer_norm_backward(func, args, kwargs, out) -> OpCost:
     n = b["grad_out"].numel()
     mask = list(b["output_mask"])
     per = 10 * mask[0] + 2 * mask[1] + 1 * mask[2]
-    return OpCost(per * n, _total_io(func, args, kwargs, out), "norm", f"{per} FLOP x {n} elements")
+    return OpCost(per * n, total_io(func, args, kwargs, out), "norm", f"{per} FLOP x {n} elements")
 
 
 def rms_norm_backward(func, args, kwargs, out) -> OpCost:
@@ -283,7 +205,7 @@ def rms_norm_backward(func, args, kwargs, out) -> OpCost:
     n = b["grad_out"].numel()
     mask = list(b["output_mask"])
     per = 7 * mask[0] + 2 * mask[1]
-    return OpCost(per * n, _total_io(func, args, kwargs, out), "norm", f"{per} FLOP x {n} elements")
+    return OpCost(per * n, total_io(func, args, kwargs, out), "norm", f"{per} FLOP x {n} elements")
 
 
 def copy(label: str = "copy", skip_read: tuple[str, ...] = ()) -> Formula:
@@ -297,7 +219,7 @@ def copy(label: str = "copy", skip_read: tuple[str, ...] = ()) -> Formula:
 def fill(func, args, kwargs, out) -> OpCost:
     """Creates or overwrites a tensor with values computed from nothing but its shape."""
     bound = bind(func, args, kwargs)
-    w = sum(nbytes(t) for t in _unique(tensors(out) + _written_args(func, bound)))
+    w = sum(nbytes(t) for t in unique_tensors(tensors(out) + written_args(func, bound)))
     return OpCost(0, w, "fill", f"write {w} B")
 
 
@@ -308,7 +230,7 @@ def gather_rows(func, args, kwargs, out) -> OpCost:
     name = func.overloadpacket.__name__
     index_names = {"embedding": "indices", "index_select": "index", "gather": "index",
                    "index": "indices", "_unsafe_index": "indices"}
-    idx = sum(nbytes(t) for t in _unique(tensors(b.get(index_names.get(name, "index")))))
+    idx = sum(nbytes(t) for t in unique_tensors(tensors(b.get(index_names.get(name, "index")))))
     outs = tensors(out)
     gathered = sum(t.numel() for t in outs) * outs[0].element_size()
     written = sum(nbytes(t) for t in outs)
@@ -365,7 +287,7 @@ def foreach(per_element: int) -> Formula:
     def formula(func, args, kwargs, out) -> OpCost:
         first = tensors(args[0]) if args else []
         n = sum(t.numel() for t in first)
-        return OpCost(per_element * n, _total_io(func, args, kwargs, out), "foreach",
+        return OpCost(per_element * n, total_io(func, args, kwargs, out), "foreach",
                       f"{per_element} FLOP x {n} elements over {len(first)} tensors")
     return formula
 
@@ -493,7 +415,7 @@ def _speedlight_op(func, args, kwargs, out) -> OpCost:
                           f"{spec.name} {direction} cost (its OpSpec) at {case.id}",
                           tensor_core=spec.family in TENSOR_CORE_FAMILIES)
     n = tensors(args)[0].numel()
-    return OpCost(8 * n, _total_io(func, args, kwargs, out), "fused",
+    return OpCost(8 * n, total_io(func, args, kwargs, out), "fused",
                   f"{call}: no OpSpec reads this call; its tensors read and written once, "
                   f"8 FLOP x {n} elements (estimate)")
 

@@ -3,7 +3,7 @@ the launches a B200 user gets, each is held to its sm_100a KernelDesign as
 test_matmul_guard and test_attention_design hold them on sm_90a. The GEMMs (bf16 and fp8,
 forward and the bf16 backward) and gated_matmul: TMA loads (UTMALDG) into at least 3
 pipeline stages, tcgen05 MMA (UTCHMMA; UTCQMMA for fp8) with the accumulator in tensor
-memory, no spills. Attention's forward: tcgen05 MMA, tensor memory, 2 stages, no spills;
+memory, no spills. Attention's forward: tcgen05 MMA, tensor memory, K and V by TMA, no spills;
 its backward is held to the shortfall its design records (the dk/dv pass spills on
 sm_100a, with the reason). Compile-only: the launches are captured dry.
 
@@ -71,6 +71,9 @@ def test_matrix_kernels_meet_their_sm100a_design(spec, case, backward, compiler)
             assert k.compiled.meta.get("tmem_size", 0) > 0, f"{k.name}: no tensor memory"
             if spec is not attention.SPEC:
                 assert (d.tma, d.min_stages) == (True, 3)
+            if d.tma:
+                assert k.mix.tma.get("UTMALDG"), f"{k.name}: designed for TMA, no UTMALDG"
+
         if d.spills:  # a recorded shortfall says why, and the kernel does spill
             assert d.why.startswith("a shortfall on sm_100a") and k.spill_stores > 0
         short += [str(s) for s in guard.check_kernel(k)]

@@ -13,16 +13,15 @@ import torch
 pytest.importorskip("transformers")
 
 from speedlight.patching import PatchWarning, patch
-from tests.patching.tiny_models import FAMILIES, MOE, NEW_FAMILIES, batch, build, vocab
+from tests.patching.tiny_models import FAMILIES, NEW_FAMILIES, batch, build, vocab
 
 TOL = dict(rtol=2e-4, atol=2e-5)
-# the mixtures of experts' forward (experts.py) still imports its op inside the call, a
-# graph break; they join this list once it does not
-COMPILED = [f for f in FAMILIES + NEW_FAMILIES if f not in MOE]
+COMPILED = FAMILIES + NEW_FAMILIES
 # one family per form of patched forward: Llama (pre-norm layer, split MLP, plain loss),
 # Gemma 2 (sandwich layer, GeGLU, sliding window and softcaps), Phi-3 (gate_up_proj MLP),
 # Granite (its layer kept, logits scaling), GLM-4 (interleaved RoPE), Qwen2-VL (multimodal
-# RoPE, its own output class), Falcon-H1 (attention beside a Mamba mixer, multipliers)
+# RoPE, its own output class), Falcon-H1 (attention beside a Mamba mixer, multipliers);
+# a mixture of experts' forward and backward: tests/patching/test_experts.py
 TRACED = ["llama", "gemma2", "phi3", "granite", "glm4", "qwen2_vl", "falcon_h1"]
 FORMS = ("rows", "padded", "packed")
 
@@ -98,12 +97,14 @@ class _HostRead(Exception):
     pass
 
 
-@pytest.mark.parametrize("form", FORMS)
-def test_a_training_step_reads_nothing_on_the_host(form, monkeypatch):
+@pytest.mark.parametrize("family,form", [("llama", f) for f in FORMS] + [
+    pytest.param("qwen3_moe", "padded", id="qwen3_moe-padded")])
+def test_a_training_step_reads_nothing_on_the_host(family, form, monkeypatch):
     """Tensor.item, tolist, nonzero, .cpu() and int/float of a tensor raise during a
     patched forward and backward (a host sync on a GPU, and a graph break or an
-    uncapturable CUDA graph under torch.compile)."""
-    model = patched("llama")
+    uncapturable CUDA graph under torch.compile); a mixture of experts' routed experts
+    (moe_experts) included."""
+    model = patched(family)
     args = inputs(model, form)
 
     def refuse(name):

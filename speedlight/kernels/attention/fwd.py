@@ -28,7 +28,7 @@ def _attention_fwd_kernel(
     stride_ob, stride_oh, stride_om, stride_os,
     stride_lb, stride_lh, stride_lm, stride_ls,
     VARLEN: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    SPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """One block of BLOCK_M query rows of one (batch, q head) against its visible keys.
@@ -47,8 +47,12 @@ def _attention_fwd_kernel(
     Constexprs: VARLEN reads cu_seqlens; WINDOW compiles the window tests in (causal is
     right = 0); SOFTCAP applies softcap * tanh(s / softcap); UPCAST turns bf16 tiles to fp32
     before tl.dot (the interpreter's bf16 dot is wrong; products of bf16 are exact in fp32);
-    PRECISION "ieee" keeps fp32 products exact (no TF32); BLOCK_D is head_dim rounded up
-    to a power of two, the rest masked.
+    PRECISION "ieee" keeps fp32 products exact (no TF32); TMA loads the K and V tiles
+    through tensor descriptors made on the device for this program's sequence and kv head
+    ([seq_k, head_dim] at row stride stride_kn / stride_vn: the hardware fills rows past
+    the sequence and columns past head_dim with zeros, so no tile reads another sequence's
+    or head's values), else by pointer (cp.async on sm_80+); BLOCK_D is head_dim rounded
+    up to a power of two, the rest masked.
     """
     pid_m, pid_b, pid_h = _program(tl.program_id(0), m_blocks, heads_q)
     pid_s = tl.program_id(1)
@@ -65,6 +69,14 @@ def _attention_fwd_kernel(
                    mask_m[:, None] & mask_d[None, :], stride_qb, stride_qh, stride_qm, UPCAST)
     k_base = k_ptr + pid_b.to(tl.int64) * stride_kb + pid_kv.to(tl.int64) * stride_kh
     v_base = v_ptr + pid_b.to(tl.int64) * stride_vb + pid_kv.to(tl.int64) * stride_vh
+    if TMA:  # one descriptor per operand over this sequence's rows (at least one row)
+        k_first = tl.full([], 0, tl.int64) + k_start
+        k_desc = tl.make_tensor_descriptor(k_base + k_first * stride_kn,
+                                           shape=[tl.maximum(seq_k, 1), head_dim],
+                                           strides=[stride_kn, 1], block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(v_base + k_first * stride_vn,
+                                           shape=[tl.maximum(seq_k, 1), head_dim],
+                                           strides=[stride_vn, 1], block_shape=[BLOCK_N, BLOCK_D])
 
     lo, hi = _key_range(m_lo, tl.minimum(m_lo + BLOCK_M, seq_q), seq_q, seq_k, left, right,
                         BLOCK_N)
@@ -77,11 +89,15 @@ def _attention_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n, mask_n = _block(start_n, hi, BLOCK_N)
-        rows_k = (k_start + offs_n).to(tl.int64)
-        k_t = tl.load(k_base + rows_k[None, :] * stride_kn + offs_d[:, None],
-                      mask=mask_n[None, :] & mask_d[:, None], other=0.0)
-        v = tl.load(v_base + rows_k[:, None] * stride_vn + offs_d[None, :],
-                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        if TMA:
+            k_t = tl.trans(k_desc.load([start_n, 0]))  # [BN, D] -> [D, BN]
+            v = v_desc.load([start_n, 0])
+        else:
+            rows_k = (k_start + offs_n).to(tl.int64)
+            k_t = tl.load(k_base + rows_k[None, :] * stride_kn + offs_d[:, None],
+                          mask=mask_n[None, :] & mask_d[:, None], other=0.0)
+            v = tl.load(v_base + rows_k[:, None] * stride_vn + offs_d[None, :],
+                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)
         if UPCAST:
             k_t = k_t.to(tl.float32)
             v = v.to(tl.float32)

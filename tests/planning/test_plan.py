@@ -1,0 +1,171 @@
+"""speedlight plan: the decision rule driven by a stand-in timer, the plan's cache key and
+staleness, patch(plan=...) applying a plan, and a real `speedlight plan` on a CPU, where
+nothing is timed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from speedlight import plans
+from speedlight.planning import decide
+from speedlight.planning.decide import Timing, Trial
+
+
+def _samples(median: float, n: int = 40, spread: float = 0.002) -> list[float]:
+    """n samples around median, evenly spread by +-spread (relative)."""
+    return [median * (1 + spread * (2 * i / (n - 1) - 1)) for i in range(n)]
+
+
+def _trial(kind: str, ours: float, theirs: float = 1.0, verified: bool = True,
+           spread: float = 0.002) -> Trial:
+    return Trial(kind, Timing(_samples(ours, spread=spread)), Timing(_samples(theirs, spread=spread)),
+                 verified, "" if verified else "rel L2 error 0.5 > 0.01")
+
+
+@pytest.mark.parametrize("ours, verdict, why", [
+    pytest.param(0.90, "kept", "faster with confidence", id="faster-kept"),
+    pytest.param(1.10, "dropped", "slower with confidence", id="slower-dropped"),
+    pytest.param(0.99, "dropped", "tie keeps the original", id="gain-under-2pct-tie"),
+    pytest.param(1.00, "dropped", "tie keeps the original", id="equal-tie"),
+])
+def test_a_time_kind_is_kept_only_when_faster_with_confidence(ours, verdict, why):
+    d = decide.decide(_trial("mlp", ours))
+    assert (d.verdict, d.purpose) == (verdict, "time")
+    assert why in d.reason
+    assert d.low < d.ratio < d.high
+    assert d.ratio == pytest.approx(ours)
+
+
+def test_a_wide_interval_holding_one_is_a_tie_even_at_a_5pct_gain():
+    d = decide.decide(_trial("rope", 0.95, spread=0.5))
+    assert d.verdict == "dropped" and d.low < 1 < d.high
+
+
+def test_a_kind_failing_verification_is_dropped_whatever_its_time():
+    d = decide.decide(_trial("attention", 0.2, verified=False))
+    assert d.verdict == "dropped" and d.reason.startswith("failed verification: rel L2")
+    assert d.ratio is None
+
+
+def test_the_fused_loss_is_kept_for_memory_unless_slower_than_the_margin():
+    assert decide.decide(_trial("linear_cross_entropy", 1.05)).verdict == "kept"
+    slow = decide.decide(_trial("linear_cross_entropy", 1.3))
+    assert slow.purpose == "memory" and slow.verdict == "dropped"
+
+
+def test_dependent_kinds_are_decided_together():
+    # decoder_layer wins on its own but fuses the norms rms_norm patches: dropped with it
+    out = decide.decide_all({"rms_norm": _trial("rms_norm", 1.2),
+                             "decoder_layer": _trial("decoder_layer", 0.8)})
+    assert out["rms_norm"].verdict == "dropped"
+    assert out["decoder_layer"].verdict == "dropped" and "rms_norm" in out["decoder_layer"].reason
+    # the fused loss is timed against the loss that stays: speedlight's cross_entropy (0.5)
+    trials = {"cross_entropy": _trial("cross_entropy", 0.5),
+              "linear_cross_entropy": _trial("linear_cross_entropy", 0.6)}
+    out = decide.decide_all(trials)
+    assert out["cross_entropy"].verdict == "kept"
+    assert out["linear_cross_entropy"].ratio == pytest.approx(0.6 / 0.5)
+    assert out["linear_cross_entropy"].verdict == "dropped"  # 20% slower than that loss
+
+
+# --- the plan's key, the cache and patch(plan=...) -------------------------------------------
+
+@pytest.fixture
+def tiny():
+    from speedlight.workloads import models
+    return models.build(None, batch=1, seq=8, train=True, dtype=torch.float32,
+                        device=torch.device("cpu"), layers=1)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEEDLIGHT_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def _plan(model, verdicts: dict[str, str], **key) -> plans.Plan:
+    decisions = {k: plans.Decision(k, v, "stand-in", ratio=0.9 if v != "unmeasured" else None,
+                                   low=0.85, high=0.95) for k, v in verdicts.items()}
+    return plans.Plan(dict(plans.key_for(model, batch=1, seq=8, compile_mode=None), **key),
+                      decisions, True, "stand-in", created="2026-01-01T00:00:00+00:00")
+
+
+def test_a_stale_plan_is_not_used(tiny, cache):
+    fresh = _plan(tiny.model, {"mlp": "dropped"})
+    plans.save(fresh)
+    assert plans.cached(tiny.model).key == fresh.key
+    other_versions = dict(fresh.key["versions"], torch="0.0.1")
+    for stale in ({"gpu": "NVIDIA H100 80GB HBM3"}, {"versions": other_versions}):
+        for p in cache.glob("plans/*.json"):
+            p.unlink()
+        path = plans.save(_plan(tiny.model, {"mlp": "dropped"}, **stale))
+        assert plans.cached(tiny.model) is None
+        assert next(iter(stale)) in plans.mismatch(plans.load(path), tiny.model)
+
+
+def test_patch_applies_a_plan_and_says_why_per_kind(tiny, cache):
+    import speedlight
+    from speedlight.patching import unpatch
+
+    path = plans.save(_plan(tiny.model, {"mlp": "dropped", "rms_norm": "kept",
+                                         "rope": "unmeasured"}), cache / "p.json")
+    report = speedlight.patch(tiny.model, plan=str(path), attention=False,
+                              linear_cross_entropy=False, cross_entropy=False)
+    try:
+        assert "mlp" not in report.patched and report.count("rms_norm") > 0
+        assert report.plan["mlp"].startswith("dropped by measurement (time x0.900")
+        assert report.plan["rms_norm"].startswith("kept by measurement")
+        assert report.plan["rope"].startswith("applied unmeasured")
+        assert report.plan["decoder_layer"] == "applied unmeasured (no measured plan)"
+        assert "plan:" in str(report)
+    finally:
+        unpatch(tiny.model)
+    stale = _plan(tiny.model, {"mlp": "dropped"}, gpu="another GPU")
+    report = speedlight.patch(tiny.model, plan=stale.to_json(), attention=False)
+    try:
+        assert report.count("mlp") > 0 and "not used" in report.plan_note
+    finally:
+        unpatch(tiny.model)
+    with pytest.raises(ValueError, match="example_inputs"):
+        speedlight.patch(tiny.model, plan="measure")
+
+
+def test_measuring_one_kind_for_real_with_a_stand_in_timer(tiny, cache):
+    """capture, patch one kind, verify against float64, unpatch: the stand-in timer says
+    speedlight's norm is 10% slower, so it is dropped; it still verified."""
+    import speedlight
+
+    sides = []
+
+    def timer(step, prepare, kind, side):
+        prepare(0)
+        step(0)
+        sides.append((kind, side))
+        return _samples(1.1 if side == "ours" else 1.0)
+
+    result = speedlight.plan(tiny.model, tiny.inputs, kinds=["rms_norm"], timer=timer)
+    d = result.decisions["rms_norm"]
+    assert sides == [("rms_norm", "theirs"), ("rms_norm", "ours")]
+    assert d.verified and d.verdict == "dropped" and "slower with confidence" in d.reason
+    assert d.module == "model.layers.0.input_layernorm"
+    assert not hasattr(tiny.model, "_speedlight_patch")  # unpatched again
+    assert json.loads(plans.path_for(result.key).read_text())["decisions"]["rms_norm"]["verdict"] == "dropped"
+
+
+def test_speedlight_plan_on_a_cpu_times_nothing_and_says_so(cache, capsys):
+    from speedlight import cli
+
+    out = cache / "plan.json"
+    assert cli.main(["plan", "--device", "cpu", "--batch", "1", "--seq", "8", "--layers", "1",
+                     "--out", str(out)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "nothing is timed" in printed and "projected" in printed
+    doc = json.loads(out.read_text())
+    assert doc["timed"] is False and doc["key"]["gpu"] == "cpu"
+    assert {d["verdict"] for d in doc["decisions"].values()} == {"unmeasured"}
+    assert all(d["ratio"] is None for d in doc["decisions"].values())
+    assert "projected" in doc["projected"]["label"] and doc["projected"]["floor_s"] > 0
+    assert list(cache.glob("plans/*.json"))  # written to the cache too
