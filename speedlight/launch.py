@@ -119,26 +119,31 @@ def planned_sm_count(device: torch.device | str) -> int | None:
     target = _CONTEXT.get().target
     if target is not None:
         return target.sm_count
-    device = torch.device(device)
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return sm_count(index)
-    return None
+    index = _cuda_index(device)
+    return None if index is None else sm_count(index)
 
 
 def planned_arch(device: torch.device | str) -> int | None:
-    """The compute capability a launch on `device` is compiled for, as an int (90 for
-    sm_90a): the launch context's target's, else the CUDA device's own, else None (the CPU
-    interpreter, which takes the path of the GPU that kernels are sized for by default)."""
+    """The NVIDIA compute capability a launch on `device` is compiled for, as an int (90
+    for sm_90a): the launch context's target's, else the CUDA device's own; None for an AMD
+    target or ROCm device (whose arch is a gfx name) and for the CPU interpreter, which
+    takes the path of the GPU that kernels are sized for by default."""
     target = _CONTEXT.get().target
     if target is not None:
-        return target.arch
+        return target.arch if isinstance(target.arch, int) else None
+    index = _cuda_index(device)
+    if index is None or getattr(torch.version, "hip", None):
+        return None
+    major, minor = torch.cuda.get_device_capability(index)
+    return 10 * major + minor
+
+
+def _cuda_index(device: torch.device | str) -> int | None:
+    """The index of a CUDA (or ROCm) device, None for any other."""
     device = torch.device(device)
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        major, minor = torch.cuda.get_device_capability(index)
-        return 10 * major + minor
-    return None
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 @functools.lru_cache(maxsize=None)

@@ -21,6 +21,17 @@ def test_for_target_sets_the_planned_sm_count():
     assert launch.planned_sm_count("cpu") is None
 
 
+@pytest.mark.parametrize("name,arch", [("sm_100a", 100), ("h100", 90), ("mi300x", None)])
+def test_planned_arch_is_the_targets_nvidia_compute_capability(name, arch):
+    """What Blackwell-only paths (attention's TMA loads) ask: an int for an NVIDIA target,
+    None for an AMD one (a gfx name, never compared with an int) and for the interpreter."""
+    from speedlight.target import resolve
+
+    assert launch.planned_arch("cpu") is None
+    with launch.for_target(resolve(name)):
+        assert launch.planned_arch("cpu") == arch
+
+
 @pytest.mark.parametrize("bad", [0, -3, 1.5, True, "132"])
 def test_for_target_rejects_what_is_not_an_sm_count(bad):
     with pytest.raises(ValueError, match="sm_count is a positive int"):
