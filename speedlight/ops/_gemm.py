@@ -12,7 +12,7 @@ import torch
 import triton
 
 from speedlight import launch, tuning
-from speedlight.launch import planned_sm_count
+from speedlight.launch import planned_arch, planned_sm_count
 from speedlight.spec import dtype_name
 
 # The fp8 format the GEMM kernels take: e4m3 (the forward's format; e5m2 is a gradient
@@ -133,6 +133,8 @@ def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
         fp8 (their partial sums are promoted into a second fp32 accumulator every
         BLOCK_K, which spills at 128 x 256); 128 x 128 with 3 stages for the gated
         kernel's two accumulators;
+      - on sm_100 and later (launch.planned_arch), a forward that stores act' or reads a
+        residual takes 128 x 64 tiles (4 stages): at 128 x 128 it spills on sm_100a;
       - GROUP_M 8: eight row tiles share each b column tile while it is in L2.
     Under the interpreter (CPU): tiles as large as the problem (up to 128), since every
     loop iteration costs milliseconds there whatever its size.
@@ -143,6 +145,11 @@ def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
     block_k = 128 // dtype.itemsize if dtype.itemsize <= 2 else 32
     if m <= 64:
         return LaunchConfig(64, 128, block_k, 8, 4, 4 if operands == 1 else 3)
+    if (residual or store_dact) and (planned_arch(device) or 0) >= 100:
+        # sm_100a: a second [BM, BN] tile (act' stored, or a residual read) beside a
+        # 128 x 128 accumulator moved out of tensor memory spills (act': 12 bytes at 128
+        # registers, 4 at 3 stages); 128 x 64 compiles to 75 registers, none
+        return LaunchConfig(128, 64, block_k, 8, 8, 4)
     out_size = (out_dtype or dtype).itemsize
     plain = out_size <= 2 and not residual and not store_dact
     if operands == 1 and n >= 256 and dtype.itemsize == 2 and plain:

@@ -7,10 +7,9 @@ memory, no spills. Attention's forward: tcgen05 MMA, tensor memory, K and V by T
 its backward is held to the shortfall its design records (the dk/dv pass spills on
 sm_100a, with the reason). Compile-only: the launches are captured dry.
 
-Not held yet: the forward that stores act' for its backward (bias + activation in
-training) compiles on sm_100a at 128 registers a thread and spills 12 bytes; the launch
-rule picks one tile for every arch until the launch context tells it the target's
-(docs/DESIGN-NOTES.md, issue 32)."""
+The forward that stores act' for its backward (bias + activation in training) takes 128 x 64
+tiles on sm_100a (launch.planned_arch), where 128 x 128 spills, and so does one that reads
+a residual: both held here without spills."""
 
 import pytest
 import torch
@@ -38,6 +37,10 @@ def _attention(sq, sk, d, **flags):
 ITEMS = [
     pytest.param(matmul.SPEC, _mm(512, 768, 768, bias=True), True,
                  id="matmul-prefill-bias-fwd-bwd"),
+    pytest.param(matmul.SPEC, _mm(512, 768, 768, bias=True, act="silu"), True,
+                 id="matmul-train-bias-silu-fwd-bwd"),
+    pytest.param(matmul.SPEC, _mm(512, 768, 768, residual=True), False,
+                 id="matmul-residual-fwd"),
     pytest.param(gated_matmul.SPEC, Case("gated_matmul", {"m": 512, "n": 1024, "k": 768},
                                          dtype=BF16), False, id="gated-prefill-fwd"),
     pytest.param(matmul.SPEC, _mm(512, 768, 768, FP8, rowscale=True), False,
