@@ -72,12 +72,12 @@
 #                                         fwd and fwd+bwd, against the per-expert loop
 #                                         (torch-eager), its chain on torch-grouped-mm,
 #                                         torch-compile of the loop and liger (MOE_BASELINES), in
-#                                         moe/: 8192 tokens verified first, then 32768 tokens
+#                                         moe/: 4096 tokens verified first, then 32768 tokens
 #                                         with --no-verify (no float64 at that size). Targets
 #                                         (not asserted): fwd+bwd >= 1.5x torch-eager, peak
-#                                         memory <= torch-eager's. MOE_SUITE, MOE_CASES_8K,
+#                                         memory <= torch-eager's. MOE_SUITE, MOE_CASES_4K,
 #                                         MOE_CASES_32K: its suite and case regexes (a CPU
-#                                         smoke test: MOE_SUITE=quick MOE_CASES_8K=tokens6
+#                                         smoke test: MOE_SUITE=quick MOE_CASES_4K=tokens6
 #                                         MOE_CASES_32K=tokens8 with --device cpu --ops
 #                                         moe_experts)
 #   --tune-s N          TUNE_S            the tune section's time limit (default 60; 0 skips it,
@@ -136,7 +136,7 @@ GROUPED_BENCH_S="${GROUPED_BENCH_S:-40}"
 GROUPED_CASES="${GROUPED_CASES:-groups128-bf16-proj(gate_up|down)-tokens32768-routing(uniform|skewed)\$}"
 MOE_BENCH_S="${MOE_BENCH_S:-60}"
 MOE_SUITE="${MOE_SUITE:-model}"
-MOE_CASES_8K="${MOE_CASES_8K:-tokens8192-}"
+MOE_CASES_4K="${MOE_CASES_4K:-tokens4096-}"
 MOE_CASES_32K="${MOE_CASES_32K:-tokens32768-}"
 MOE_BASELINES="${MOE_BASELINES:-torch-eager,torch-grouped-mm,liger,torch-compile}"
 FP8_CASES="${FP8_CASES:-^matmul-m4096-n(6144-k4096|4096-k4096|14336-k4096|4096-k14336)-fp8-linear-proj(qkv|o|up|down)\$}"
@@ -346,13 +346,13 @@ else
   STEPS+=("grouped|none|0|grouped.log")
 fi
 # --- the MoE block whole (issue 31): moe_experts at Mixtral-8x7B and Qwen3-30B-A3B ----------
-# bf16, fwd and fwd+bwd, TFLOP/s and peak memory per row, in moe/. 8192 tokens are verified
+# bf16, fwd and fwd+bwd, TFLOP/s and peak memory per row, in moe/. 4096 tokens are verified
 # (float64 reference) before timing; 32768 tokens are timed with --no-verify, so that no
 # float64 loop at that size spends the budget (their speedups are withheld as unverified).
 if [ "$MOE_BENCH_S" != 0 ]; then
   step moe-bench moe.log timeout "$((MOE_BENCH_S + 120))" "$PYTHON" -m speedlight bench \
     --device "$DEVICE" --suite "$MOE_SUITE" --ops moe_experts --dtypes bf16 \
-    --modes fwd,fwd+bwd --cases "$MOE_CASES_8K" --baselines "$MOE_BASELINES" \
+    --modes fwd,fwd+bwd --cases "$MOE_CASES_4K" --baselines "$MOE_BASELINES" \
     --out "$OUT/moe" --budget-s "$((MOE_BENCH_S * 2 / 3))" --time-cap 0.3 --max-gib 64
   step moe-bench-32k moe.log timeout "$((MOE_BENCH_S / 3 + 90))" "$PYTHON" -m speedlight \
     bench --device "$DEVICE" --suite "$MOE_SUITE" --ops moe_experts --dtypes bf16 \

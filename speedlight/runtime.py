@@ -37,6 +37,22 @@ def describe(t: torch.Tensor) -> str:
     return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
 
 
+# device types torch.autocast knows (asking about another, e.g. meta, raises)
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "ipu", "maia")
+
+
+def autocast_dtype(t) -> torch.dtype | None:
+    """The dtype torch.autocast computes in on `t`'s device now (a tensor or a device); None
+    outside autocast, for a device autocast does not know, or for anything not a tensor
+    (left to the op's argument checks to name)."""
+    device = t.device if isinstance(t, torch.Tensor) else t
+    if not isinstance(device, torch.device) or device.type not in _AUTOCAST_DEVICES:
+        return None
+    if not torch.is_autocast_enabled(device.type):
+        return None
+    return torch.get_autocast_dtype(device.type)
+
+
 def is_interpreted(kernel) -> bool:
     """True when `kernel` was built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
     from triton.runtime.interpreter import InterpretedFunction

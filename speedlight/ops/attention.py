@@ -19,6 +19,7 @@ from speedlight.ops._dtensor import local_rows
 from speedlight.ops.attention_launch import (MAX_HEAD_DIM, attention_bwd, attention_fwd,
                                              check_arguments, launch_bwd, launch_fwd)
 from speedlight.ops.registration import register_op
+from speedlight.runtime import autocast_dtype
 from speedlight.spec import KernelDesign, OpSpec
 
 __all__ = ["attention", "attention_fwd", "attention_bwd", "SPEC", "MAX_HEAD_DIM"]
@@ -146,10 +147,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     scaled_dot_product_attention is there: a model may hand over a q promoted to fp32 by
     its q_norm beside a bf16 v), and o has that dtype.
     """
-    device_type = q.device.type
-    if torch.is_autocast_enabled(device_type):
-        amp = torch.get_autocast_dtype(device_type)
-        q, k, v = (t.to(amp) if t.is_floating_point() else t for t in (q, k, v))
+    amp = autocast_dtype(q)
+    if amp is not None:
+        q, k, v = (t.to(amp) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                   for t in (q, k, v))
     left, right = check_arguments(
         q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,

@@ -43,7 +43,7 @@ from speedlight.ops.linear_cross_entropy_chunks import (  # noqa: F401 (the op's
     linear_cross_entropy_fwd,
 )
 from speedlight.ops.registration import register_op
-from speedlight.runtime import describe
+from speedlight.runtime import autocast_dtype, describe
 from speedlight.spec import Case, Cost, OpSpec, generator, inject_nonfinite, rand_tensor
 
 # --- registration ---------------------------------------------------------------------------
@@ -179,17 +179,6 @@ def check_gathered_weight(weight: torch.Tensor, hidden: torch.Tensor) -> None:
             f"tensor-parallel split) must be gathered first")
 
 
-# device types torch.autocast knows (asking about another raises)
-_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "ipu", "maia")
-
-
-def autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The dtype torch.autocast runs F.linear in on `device` now, or None outside autocast."""
-    if device.type not in _AUTOCAST_DEVICES or not torch.is_autocast_enabled(device.type):
-        return None
-    return torch.get_autocast_dtype(device.type)
-
-
 def _check_dtypes(hidden, weight, bias, under_autocast: bool) -> None:
     """Outside autocast weight and bias have hidden's dtype, as F.linear requires; under
     it any mix of float32/float16/bfloat16 is cast as F.linear's operands are."""
@@ -258,7 +247,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         raise ValueError(f"target must have shape {tuple(hidden.shape[:-1])} (hidden's shape "
                          f"without its last dim), got {describe(target)}")
     check_same_device(hidden=hidden, weight=weight, target=target, bias=bias)
-    amp_dtype = autocast_dtype(hidden.device)
+    amp_dtype = autocast_dtype(hidden)
     _check_dtypes(hidden, weight, bias, amp_dtype is not None)
     check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
     check_class_weight(class_weight, weight.shape[0], hidden.device, name="class_weight")

@@ -39,7 +39,7 @@ from speedlight.ops import moe_experts_cases as cases
 from speedlight.ops.grouped_matmul import (MAX_GROUPS, _like_weight, grouped_matmul_fwd,
                                            grouped_weight_grad)
 from speedlight.ops.registration import like, register_op
-from speedlight.runtime import check_runtime, describe
+from speedlight.runtime import autocast_dtype, check_runtime, describe
 from speedlight.spec import OpSpec
 
 # the gate units: act(gate) * up for the first three, gpt-oss's clamped SwiGLU last
@@ -356,9 +356,9 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
     dm = _check_number("down_multiplier", down_multiplier, "scales the unit's output")
     alpha = _check_number("swiglu_alpha", swiglu_alpha, "clamped_swiglu's sigmoid scale")
     limit = _check_number("swiglu_limit", swiglu_limit, "clamped_swiglu's clamp")
-    device_type = hidden.device.type
-    if torch.is_autocast_enabled(device_type):
-        amp = torch.get_autocast_dtype(device_type)
+    amp = autocast_dtype(hidden)
+    if amp is not None:
+        device_type = hidden.device.type
         out_dtype = hidden.dtype
         cast = [None if t is None else t.to(amp)
                 for t in (hidden, gate_up_proj, down_proj, gate_up_bias, down_bias)]

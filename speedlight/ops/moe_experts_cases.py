@@ -12,7 +12,7 @@ from speedlight.spec import Case, Cost, generator, inject_nonfinite, rand_tensor
 
 # the models issue 31 benches the block at, and their token counts (bench's model suite)
 MOE_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b")
-MOE_TOKENS = (8192, 32768)
+MOE_TOKENS = (4096, 32768)
 # the clamped SwiGLU's limit in the quick suite's fp32 clamp test is lower, so that it clamps
 GPT_OSS = {"act": "clamped_swiglu", "interleaved": True, "bias": True}
 # FLOP per element of the gate unit (forward, backward) as kernels/moe.py computes it
@@ -44,8 +44,8 @@ def cases(suite: str) -> list[Case]:
     options (interleaved, biases, weights as [E, H, 2 I] transposed), skewed routing,
     sentinel indices with top-1 (a token routed nowhere), Falcon multipliers, an empty
     batch; model: Mixtral-8x7B and
-    Qwen3-30B-A3B at 8192 and 32768 tokens, uniform and skewed routing (GPU sizes);
-    full: the model shapes at 8192 tokens, odd larger shapes and the 64-bit case."""
+    Qwen3-30B-A3B at 4096 and 32768 tokens, uniform and skewed routing (GPU sizes);
+    full: the model shapes at 4096 tokens, odd larger shapes and the 64-bit case."""
     shapes.check_suite(suite)
     if suite == "quick":
         return [
