@@ -5,7 +5,7 @@ Liger-Kernel; compare two runs; plot; render the README's performance table.
     speedlight bench compare OLD NEW [--threshold 0.05]      exit 1 on a significant regression
     speedlight bench plot RESULTS... [--out DIR]             GB/s or TFLOP/s against shape
     speedlight bench table [ROOT] [--readme README.md]       the README's table from ROOT
-    speedlight bench model [--model NAME] [--layers N] [--batch B --seq S]
+    speedlight bench model [--model NAME | --moe] [--layers N] [--batch B --seq S]
                                                              a model's training step against
                                                              HF, torch.compile, Liger
 """
@@ -89,6 +89,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="a name from speedlight.shapes.MODELS at its real widths (default "
                         "llama-3-8b on a GPU; on a CPU the small default model, and a name is "
                         "scaled down)")
+    m.add_argument("--moe", action="store_true",
+                   help="a mixture of experts instead of the dense default: Qwen3-30B-A3B's "
+                        "widths on a GPU (128 experts, top-8), its architecture with 8 experts "
+                        "(top-2) on a CPU; adds the hf-loop variant (HF's per-expert loop)")
     m.add_argument("--layers", type=int, default=None,
                    help="decoder layers (default 4 on a GPU, the model's 2 on a CPU)")
     m.add_argument("--batch", type=int, default=None, help="sequences per step (default 4 on a "
@@ -99,8 +103,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                                                  "fp32 on a CPU)")
     m.add_argument("--variants", default=None,
                    help="comma-separated, from hf,speedlight,hf-compile,speedlight-compile,"
-                        "liger (default: all; on a CPU the compiled ones and liger are skipped, with "
-                        "the reason, unless named)")
+                        "liger,hf-loop (default: all, hf-loop for a mixture of experts only; on a "
+                        "CPU the compiled ones and liger are skipped, with the reason, unless named)")
     m.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3 on a "
                                                             "GPU, 1 on a CPU)")
     m.add_argument("--steps", type=int, default=None, help="timed steps (default 10 on a GPU, 3 "
@@ -350,7 +354,11 @@ def _model(args: argparse.Namespace) -> int:
     if args.paths:
         _fail(f"model takes no paths (got {' '.join(args.paths)}); name it with --model")
     device = torch.device(args.device)
-    d = model_step.defaults(device)
+    moe = getattr(args, "moe", False)
+    if moe and args.model is not None:
+        _fail(f"--moe picks the mixture of experts ({model_step.MOE_MODEL}); with --model "
+              f"{args.model} leave --moe out")
+    d = model_step.defaults(device, moe=moe)
     for flag, value in (("--layers", args.layers), ("--batch", args.batch), ("--seq", args.seq),
                         ("--steps", args.steps)):
         if value is not None and value < 1:
@@ -380,7 +388,7 @@ def _model(args: argparse.Namespace) -> int:
         warmup=d["warmup"] if args.warmup is None else args.warmup,
         steps=args.steps or d["steps"], seed=args.seed, lr=args.lr,
         compile_backend=args.compile_backend, compile_mode=args.compile_mode,
-        budget_s=args.budget_s)
+        budget_s=args.budget_s, overrides=None if named_model else d["overrides"])
     try:
         model_step.check_model(s)
     except ModelError as e:
@@ -399,7 +407,7 @@ def _model(args: argparse.Namespace) -> int:
                 else f"{row['status']}: {row.get('reason')}")
         console.print(f"  {row['variant']}: {what}")
     try:
-        rows = model_step.run(s, named or model_step.VARIANTS, out_path, forced=named,
+        rows = model_step.run(s, named or model_step.variants_for(s), out_path, forced=named,
                               on_row=on_row, patch=getattr(args, "patch", None))
     except ModelError as e:
         _fail(str(e))

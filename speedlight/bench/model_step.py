@@ -12,6 +12,17 @@ same weights) and fed the same batches:
                       reason, unless named in --variants)
   speedlight          speedlight.patch(model)
   speedlight-compile  speedlight.patch(model), then torch.compile
+  hf-loop             a mixture of experts only: Hugging Face with its per-expert loop
+                      (experts_implementation="eager"), where transformers (5.25+) would
+                      otherwise run its grouped_mm implementation; skipped, with the reason,
+                      where hf runs the loop already (no experts registry) or the model has
+                      no experts
+
+A mixture of experts (`--moe`, or a MODELS name with experts) is benched the same way; each
+row says what its experts ran (`experts`: count, top-k, widths, implementation: loop,
+grouped_mm, speedlight...) and the speedlight rows what the patch replaced (`patched`). On
+a CPU `--moe` builds Qwen3-30B-A3B's architecture scaled down to CPU_MOE_EXPERTS experts (a
+token picks two): its rows check the harness, not any speed.
 
 Per variant: `warmup` untimed steps (the first compiles), then `steps` timed ones, each
 between two clock marks (CUDA events on a GPU, perf_counter on a CPU). A step is long
@@ -39,7 +50,12 @@ from typing import Callable, Sequence
 
 import torch
 
-VARIANTS = ("hf", "speedlight", "hf-compile", "speedlight-compile", "liger")
+VARIANTS = ("hf", "speedlight", "hf-compile", "speedlight-compile", "liger", "hf-loop")
+# what runs by default: hf-loop only for a mixture of experts (variants_for)
+DEFAULT_VARIANTS = VARIANTS[:5]
+MOE_MODEL = "qwen3-30b-a3b"
+# a CPU --moe model: Qwen3-30B-A3B's architecture, scaled down, with this many experts
+CPU_MOE_EXPERTS = {"num_experts": 8, "num_experts_per_tok": 2}
 DEFAULT = "hf"
 COMPILED = ("hf-compile", "speedlight-compile")
 # relative difference a step's loss may have from the hf variant's at the same step
@@ -72,22 +88,44 @@ class StepSettings:
     compile_mode: str | None = None
     budget_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    overrides: dict | None = None  # Hugging Face config fields set on the built model
 
 
-def defaults(device: torch.device) -> dict:
+def defaults(device: torch.device, moe: bool = False) -> dict:
     """What a bare `speedlight bench model` runs: Llama-3-8B's widths at 4 layers, bf16,
-    4 x 4096 tokens on a GPU; the tiny default model in fp32 on a CPU."""
+    4 x 4096 tokens on a GPU; the tiny default model in fp32 on a CPU. With `moe`: Qwen3-
+    30B-A3B's widths (128 experts, top-8) at 4 layers on a GPU; on a CPU its architecture
+    scaled down, one layer of CPU_MOE_EXPERTS experts."""
+    if moe and device.type == "cuda":
+        return dict(model=MOE_MODEL, layers=4, batch=4, seq=4096, dtype=torch.bfloat16,
+                    warmup=3, steps=10, overrides=None)
+    if moe:
+        return dict(model=MOE_MODEL, layers=1, batch=1, seq=32, dtype=torch.float32, warmup=1,
+                    steps=3, overrides=dict(CPU_MOE_EXPERTS))
     if device.type == "cuda":
         return dict(model="llama-3-8b", layers=4, batch=4, seq=4096, dtype=torch.bfloat16,
-                    warmup=3, steps=10)
-    return dict(model=None, layers=None, batch=1, seq=32, dtype=torch.float32, warmup=1, steps=3)
+                    warmup=3, steps=10, overrides=None)
+    return dict(model=None, layers=None, batch=1, seq=32, dtype=torch.float32, warmup=1, steps=3,
+                overrides=None)
+
+
+def is_moe(model: str | None) -> bool:
+    """Whether --model names a mixture of experts among speedlight.shapes.MODELS."""
+    from speedlight import shapes
+    return model in shapes.MODELS and bool(shapes.MODELS[model].experts)
+
+
+def variants_for(s: StepSettings) -> tuple[str, ...]:
+    """The variants a run without --variants times: hf-loop joins for a mixture of experts."""
+    return VARIANTS if is_moe(s.model) else DEFAULT_VARIANTS
 
 
 def _build(s: StepSettings):
     from speedlight.workloads import models
     size = "full" if s.device.type == "cuda" else "small"
     return models.build(s.model, batch=s.batch, seq=s.seq, train=True, dtype=s.dtype,
-                        device=s.device, size=size, layers=s.layers, seed=s.seed)
+                        device=s.device, size=size, layers=s.layers, seed=s.seed,
+                        overrides=s.overrides)
 
 
 def check_model(s: StepSettings) -> None:
@@ -138,9 +176,28 @@ def _liger(model) -> Callable[[], None]:
     fn(model=model)
 
 
+class Skip(Exception):
+    """A variant that does not apply to this model (the row says why)."""
+
+
+def _hf_loop(model) -> None:
+    """Run the model's experts as Hugging Face's per-expert loop; Skip where that is what
+    hf runs already, or there are no experts."""
+    from speedlight.workloads import moe
+
+    experts = moe.describe(model)
+    if experts is None:
+        raise Skip("hf-loop: the model has no experts (a mixture of experts' variant)")
+    if experts["implementation"] == ["loop"]:
+        raise Skip("hf-loop: hf runs the per-expert loop already (this transformers has no "
+                   "experts-implementation registry, or the config chose eager)")
+    model.set_experts_implementation("eager")
+
+
 def _prepare(variant: str, model, s: StepSettings,
-             patch: Callable | None) -> tuple[torch.nn.Module, list[str]]:
+             patch: Callable | None) -> tuple[torch.nn.Module, list[str], dict | None]:
     notes: list[str] = []
+    patched = None
     if variant.startswith("speedlight"):
         import warnings
 
@@ -149,14 +206,17 @@ def _prepare(variant: str, model, s: StepSettings,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             report = patch(model)
+        patched = {kind: len(paths) for kind, paths in report.patched.items()}
         if report.not_patched:
             notes.append("not patched: " + "; ".join(f"{a} ({b})" for a, b in report.not_patched))
     elif variant == "liger":
         _liger(model)
+    elif variant == "hf-loop":
+        _hf_loop(model)
     if variant in COMPILED:
         torch._dynamo.reset()
         model = torch.compile(model, backend=s.compile_backend, mode=s.compile_mode)
-    return model, notes
+    return model, notes, patched
 
 
 def _peak_reset(device: torch.device) -> None:
@@ -172,6 +232,7 @@ def run_variant(variant: str, s: StepSettings, patch: Callable | None = None) ->
     `patch` (speedlight.patch) makes the speedlight variants."""
     from speedlight.bench.stats import summarize
     from speedlight.bench.timer import clock_for
+    from speedlight.workloads import moe
 
     _peak_reset(s.device)
     w = _build(s)
@@ -181,7 +242,8 @@ def run_variant(variant: str, s: StepSettings, patch: Callable | None = None) ->
                if variant == "liger" and family else contextlib.nullcontext())
     with restore:
         model.train()
-        model, notes = _prepare(variant, model, s, patch)
+        model, notes, patched = _prepare(variant, model, s, patch)
+        experts = moe.describe(w.model)
         opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
         batches = _batches(s, w.model.config.vocab_size, s.warmup + s.steps)
         clock = clock_for(s.device)
@@ -219,6 +281,13 @@ def run_variant(variant: str, s: StepSettings, patch: Callable | None = None) ->
            "peak_method": ("torch.cuda.max_memory_allocated after reset_peak_memory_stats"
                            if peak is not None else "n/a: torch keeps no allocator peak on a CPU"),
            "losses": curve, "notes": notes + list(w.notes)}
+    if patched is not None:
+        row["patched"] = patched
+    if experts is not None:
+        row["experts"] = experts
+        if s.overrides:
+            row["notes"].append("experts scaled down: " + ", ".join(
+                f"{k}={v}" for k, v in s.overrides.items()))
     del model, opt, w
     _peak_reset(s.device)
     return row
@@ -273,6 +342,9 @@ def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Seq
         else:
             try:
                 row = run_variant(v, s, patch)
+            except Skip as e:
+                row = {"variant": v, "status": "skipped", "reason": str(e)}
+                _peak_reset(s.device)
             except Exception as e:  # recorded with the reason; the other variants still run
                 # a peer that cannot run here is unavailable, not speedlight's failure
                 row = {"variant": v, "status": "error" if v in OURS else "unavailable",

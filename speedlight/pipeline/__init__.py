@@ -351,7 +351,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
                 dtype=dtype, device=device, warmup=3, steps=10, seed=args.seed,
                 budget_s=args.model_step_budget)
             model_step.check_model(s)
-            return model_step.run(s, model_step.VARIANTS, out / FILES["model_step"], patch=patch)
+            return model_step.run(s, model_step.variants_for(s), out / FILES["model_step"], patch=patch)
         stages.run("model_step", step_title, do_model_step)
 
     if device.type == "cuda" or args.no_projection:

@@ -8,7 +8,12 @@ Estimates, per step, on the target's roof:
 - memory saved = the bytes of the chain's intermediates (not its outputs) autograd kept
   for backward (measured), less what the fused op keeps instead (rstd, logsumexp; for
   linear_cross_entropy, whose logits are never stored, one chunk of logits and, in
-  training with half-precision weights, d_weight's fp32 accumulator).
+  training with half-precision weights, d_weight's fp32 accumulator);
+- moe_experts (a mixture of experts' routed experts, the Hugging Face per-expert loop or a
+  grouped_mm chain) replaces GEMMs, not only traffic: its time saved is the sum of the
+  chain's op floors (forward and backward) less moe_experts' own floor, its OpSpec's cost
+  on the roof. Both count the expert GEMMs at the rows each expert got (the projection's
+  uniform routing, or the measured run's).
 
 The fused op's compulsory bytes are those of the speedlight op (read its inputs once,
 write its outputs once, as in its OpSpec's cost); they are written here from the chain's
@@ -23,6 +28,7 @@ import torch
 
 from speedlight import registry
 from speedlight.hardware import Roof
+from speedlight.target import peak_key
 from speedlight.profile.patterns import Chain, find_chains
 
 # Chains whose speedlight op is still to come (a registered op's OpSpec.fuses says what
@@ -122,13 +128,49 @@ def fused_bytes(c: Chain, train: bool) -> tuple[int, int]:
     raise KeyError(c.op)
 
 
+def moe_case(c: Chain):
+    """The moe_experts Case of an experts chain: its tokens, widths, experts and k, in the
+    weights' dtype (what the patched module runs it in)."""
+    from speedlight.spec import Case, parse_dtype
+
+    t = c.tensors
+    tokens, k = t["top_k_index"]["shape"]
+    experts, two_i, hidden = t["gate_up_proj"]["shape"]
+    return Case("moe_experts", (("tokens", tokens), ("hidden", hidden), ("inter", two_i // 2),
+                                ("experts", experts), ("k", k)),
+                dtype=parse_dtype(t["gate_up_proj"]["dtype"]))
+
+
+def replacement(c: Chain, roof: Roof, train: bool) -> tuple[int, float, int]:
+    """(bytes, floor seconds, bytes kept for backward) of the one op replacing a chain that
+    is more than a fusion (moe_experts: the expert GEMMs are most of its time): its OpSpec's
+    cost (forward, and backward when training) on the roof at the tensor cores' peak of its
+    dtype. moe_experts keeps z (2 I values per pair) and the sort (an int64 per pair)."""
+    case = moe_case(c)
+    spec = registry.builtin_spec("moe_experts")
+    key = peak_key(case.dtype, tensor_core=True)
+    costs = [spec.cost(case, "fwd")] + ([spec.cost(case, "bwd")] if train else [])
+    floor = sum(roof.floor_seconds(x.flops, x.bytes, key) for x in costs)
+    pairs = case["tokens"] * case["k"]
+    kept = pairs * (2 * case["inter"] * case.dtype.itemsize + 8) if train else 0
+    return sum(int(x.bytes) for x in costs), floor, kept
+
+
 def estimate(c: Chain, rows: list[dict], roof: Roof, train: bool) -> dict:
-    """Time and memory one chain instance would save."""
+    """Time and memory one chain instance would save. A fusion saves the traffic it
+    removes; moe_experts, which replaces GEMMs too, saves the chain's summed floors less its
+    own floor (every op's floor on the roof, so the expert GEMMs at their routed sizes)."""
     members = [rows[i] for i in sorted(c.fwd)]
     members += [r for r in rows if r["phase"] == "backward" and r["fwd_index"] in c.fwd]
     counted = [r for r in members if r["bytes"] is not None]
     unfused = sum(r["bytes"] for r in counted)
-    fused, kept = fused_bytes(c, train)
+    floors = {}
+    if c.op == "moe_experts":
+        fused, fused_floor, kept = replacement(c, roof, train)
+        unfused_floor = sum(r["floor_s"] for r in counted if r["floor_s"] is not None)
+        floors = {"unfused_floor_s": unfused_floor, "fused_floor_s": fused_floor}
+    else:
+        fused, kept = fused_bytes(c, train)
     removed = max(unfused - fused, 0)
     # what autograd kept of the chain's intermediates; its outputs stay kept when fused
     saved_acts = sum(rows[i]["saved_bytes"] for i in c.fwd if i not in c.external)
@@ -138,10 +180,12 @@ def estimate(c: Chain, rows: list[dict], roof: Roof, train: bool) -> dict:
         "module": c.module, "ops": len(members),
         "kernels": sum(1 for r in members if r["launches_kernel"]),
         "unfused_bytes": unfused, "fused_bytes": fused, "bytes_removed": removed,
-        "time_saved_s": removed / roof.bandwidth,
+        "time_saved_s": (max(floors["unfused_floor_s"] - floors["fused_floor_s"], 0.0) if floors
+                         else removed / roof.bandwidth),
         "memory_saved_bytes": max(saved_acts - kept, 0),
         "measured_time_s": sum(r["time_s"] for r in members),
         "uncounted_ops": len(members) - len(counted),
+        **floors,
     }
 
 
@@ -171,6 +215,8 @@ def advise(rows: list[dict], calls, roof: Roof, specs=None) -> list[dict]:
             "launches_removed": max(sum(e["kernels"] for e in est) - fused_kernels, 0),
             "measured_time_s": sum(e["measured_time_s"] for e in est),
             "uncounted_ops": sum(e["uncounted_ops"] for e in est),
+            **{f: sum(e[f] for e in est) for f in ("unfused_floor_s", "fused_floor_s")
+               if f in est[0]},
             "instances_detail": est,
         })
     out.sort(key=lambda a: -a["time_saved_s"])

@@ -112,14 +112,19 @@ def advice(doc: dict, console: Console) -> None:
     if not adv:
         console.print("advice: no chain speedlight replaces was found")
         return
-    t = fmt.table(f"what to fuse (estimates per step on {doc['target']['key']}: removed traffic / bandwidth)",
+    t = fmt.table(f"what to fuse (estimates per step on {doc['target']['key']}: removed traffic / "
+                  f"bandwidth; an op replacing GEMMs too: the chain's floors less its own)",
                   "speedlight op", "replaces", "instances", "time saved", "memory saved",
                   "launches removed", "status", "where",
                   right=("instances", "time saved", "memory saved", "launches removed"))
     for a in adv:
         where = ", ".join(fmt.place(m, doc["model"].get("class")) for m in a["modules"][:2])
         where += f" +{len(a['modules']) - 2}" if len(a["modules"]) > 2 else ""
-        t.add_row(a["op"], a["pattern"] + (f" [dim]({a['note']})[/]" if a["note"] else ""),
+        what = a["pattern"] + (f" [dim]({a['note']})[/]" if a["note"] else "")
+        if "fused_floor_s" in a:
+            what += (f" [dim](floors {fmt.seconds(a['unfused_floor_s'])} -> "
+                     f"{fmt.seconds(a['fused_floor_s'])})[/]")
+        t.add_row(a["op"], what,
                   str(a["instances"]), fmt.seconds(a["time_saved_s"]),
                   fmt.nbytes(a["memory_saved_bytes"]), str(a["launches_removed"]), a["status"], where)
     console.print(t)

@@ -306,9 +306,66 @@ def softmax(g: Graph, claimed: set[int]) -> list[Chain]:
     return chains
 
 
+def _gate_up_down(params: list[dict]) -> tuple[dict, dict] | None:
+    """(gate_up_proj, down_proj) among 3-D parameter metas: [E, 2 I, H] and [E, H, I]."""
+    for a in params:
+        for b in params:
+            (e, two_i, h), (e2, h2, i) = a["shape"], b["shape"]
+            if e == e2 and two_i == 2 * i and h == h2 and a is not b:
+                return a, b
+    return None
+
+
+def experts(g: Graph, calls) -> list[Chain]:
+    """A mixture of experts' routed experts run as many ops (transformers 5.x's
+    <Prefix>Experts: the per-expert loop, or a torch grouped_mm chain): a module call whose
+    own ops read a gate_up_proj [E, 2 I, H] / down_proj [E, H, I] parameter pair, with every
+    forward op under it (its act_fn too). A module already running speedlight's op is not
+    one."""
+    chains = []
+    own: dict[int, list[dict]] = {}
+    for r in g.fwd:
+        if r["call"] is not None:
+            own.setdefault(r["call"], []).append(r)
+    for call in calls:
+        params = {}
+        for r in own.get(call.id, []):
+            for t, p in zip(r["inputs"], r["producers"]):
+                if p is None and len(t["shape"]) == 3:
+                    params[tuple(t["shape"]), t["dtype"]] = t
+        pair = _gate_up_down(list(params.values()))
+        if pair is None:
+            continue
+        prefix = call.module
+        rows = [r for r in g.fwd if r["module"] is not None
+                and (r["module"] == prefix or r["module"].startswith(prefix + "."))]
+        if any(r["op"].startswith("speedlight.") for r in rows):
+            continue
+        fwd = {r["index"] for r in rows}
+        outside = [(t, p) for r in rows for t, p in zip(r["inputs"], r["producers"])
+                   if p is None or p not in fwd]
+        index = next((t for t, _ in outside if t["dtype"] == "int64" and len(t["shape"]) == 2
+                      and t["shape"][1] <= pair[0]["shape"][0]), None)
+        hidden = next((t for t, _ in outside if len(t["shape"]) == 2
+                       and t["shape"][-1] == pair[0]["shape"][2] and t["dtype"] != "int64"), None)
+        if index is None or hidden is None:
+            continue
+        how = "a torch grouped_mm chain" if any(r["name"] == "_grouped_mm" for r in rows) \
+            else "a per-expert loop"
+        chains.append(Chain("moe_experts", f"{call.module_class}: {how} in "
+                            f"{_kernel_ops(g, fwd)} kernel ops", fwd, prefix,
+                            {"hidden": hidden, "top_k_index": index, "gate_up_proj": pair[0],
+                             "down_proj": pair[1]}))
+    return chains
+
+
 def find_chains(rows: list[dict], calls) -> list[Chain]:
     g = Graph(rows)
-    chains = norms(g, calls) + glu(g) + rope(g) + cross_entropy(g)
+    moe = experts(g, calls)
+    in_experts = set().union(*(c.fwd for c in moe)) if moe else set()
+    # a gated unit inside an experts module is part of what moe_experts replaces
+    chains = norms(g, calls) + [c for c in glu(g) if not c.fwd & in_experts] + rope(g) \
+        + cross_entropy(g) + moe
     att = attention(g)
     claimed = set().union(*(c.fwd for c in att)) if att else set()
     chains += att + sdpa_attention(g) + softmax(g, claimed)

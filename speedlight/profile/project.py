@@ -25,6 +25,9 @@ Hugging Face's masks read one value a fake tensor does not have (whether positio
 pack several sequences into a row); the projection answers it from its own inputs (one
 sequence per row, as in the measured run) so the step keeps SDPA's is_causal path.
 MoE routing depends on data: the projection assumes uniform routing (stated in the notes).
+An experts module that would run Hugging Face's per-expert loop, whose `nonzero` a fake
+tensor cannot answer, runs the loop's ops at the rows uniform routing gives each expert
+(moe_loop.py), so the expert GEMMs are costed at tokens x k rows in all.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from speedlight import target as target_mod
-from speedlight.profile import roofline
+from speedlight.profile import moe_loop, roofline
 from speedlight.profile.capture import OpRecorder, StepCapture
 from speedlight.profile.memory import LiveMemory
 
@@ -276,6 +279,7 @@ class Projection:
     attention: list[dict]  # backend choices: backend, why, calls
     recipe: Recipe | None
     seconds: float  # wall time of the fake step
+    experts_loops: int = 0  # experts modules whose Hugging Face loop ran at uniform routing
 
 
 def fake_mode():
@@ -310,7 +314,8 @@ def project_step(workload, *, train: bool, recipe: Recipe | None, capability=(9,
         grad_hooks = [p.register_post_accumulate_grad_hook(memory.on_grad)
                       for p in model.parameters() if p.requires_grad] if train else []
         try:
-            with _one_sequence_per_row(), router, recorder.tracking_modules(), recorder, \
+            with _one_sequence_per_row(), moe_loop.projected_loops(model) as loops, router, \
+                    recorder.tracking_modules(), recorder, \
                     torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack):
                 memory.start()
                 if train:
@@ -336,7 +341,7 @@ def project_step(workload, *, train: bool, recipe: Recipe | None, capability=(9,
                for (b, w), n in getattr(router, "choices", {}).items()]
     cap = StepCapture(ops=recorder.ops, calls=recorder.calls, device="projected",
                       step_times=[], recorded_steps=1, gpu=None, memory=memory.summary(), notes=[])
-    return Projection(cap, dispatch, choices, recipe if train else None, seconds)
+    return Projection(cap, dispatch, choices, recipe if train else None, seconds, loops)
 
 
 def put_floors(cap: StepCapture, target: target_mod.Target) -> None:
@@ -370,10 +375,18 @@ def exact_state_bytes(model: torch.nn.Module, recipe: Recipe | None, train: bool
 # the projected profile document
 # ---------------------------------------------------------------------------------------
 
-MOE_NOTE = ("mixture of experts: routing depends on the data; the projection assumes uniform "
-            "routing (every expert gets tokens x top_k / experts tokens, so every expert's "
-            "weights are read); the experts' grouped-matmul FLOPs do not depend on the routing, "
-            "and load imbalance is not modelled")
+def moe_note(experts: dict, loops: int) -> str:
+    """What the projection assumed of a mixture of experts' routing, and how its experts ran."""
+    from speedlight.workloads import moe
+
+    note = (f"mixture of experts ({experts['experts']} experts, top-{experts['k']}; experts "
+            f"run as {', '.join(experts['implementation'])}): routing depends on the data; the "
+            f"projection assumes {moe.UNIFORM_ROUTING}; the expert GEMMs' FLOPs, 2 x tokens x k "
+            f"x 3 x H x I forward, do not depend on the routing")
+    if loops:
+        note += (f"; the Hugging Face per-expert loop ({loops} modules) ran op for op at those "
+                 f"rows, its nonzero as nonzero_static (its host syncs are not on the roof)")
+    return note
 
 
 def build_workload(spec: str | None, *, batch: int, seq: int, train: bool, recipe: Recipe,
@@ -420,8 +433,14 @@ def document(w, pj: Projection, target: target_mod.Target, *, train: bool, batch
     result = analysis(pj, target, top=max(top, 25))
     model_dtype = next((p.dtype for p in w.model.parameters()), torch.float32)
     notes = list(notes) + [n for n in w.notes if "scaled down" not in n]
-    if is_moe(w.model):
-        notes.append(MOE_NOTE)
+    from speedlight.workloads import moe
+
+    experts = moe.describe(w.model)
+    if experts is not None:
+        notes.append(moe_note(experts, pj.experts_loops))
+    elif is_moe(w.model):  # experts in another layout
+        notes.append(f"mixture of experts: routing depends on the data; the projection "
+                     f"assumes {moe.UNIFORM_ROUTING}")
     run = {"id": uuid.uuid4().hex[:12],
            "model": w.name, "mode": "train" if train else "infer", "batch": batch, "seq": seq,
            "dtype": dtype_name(model_dtype), "warmup": 0, "steps": 1, "device": "projected",
@@ -444,7 +463,7 @@ def document(w, pj: Projection, target: target_mod.Target, *, train: bool, batch
         "tokens": batch * seq,
         "tokens_per_s_at_floor": batch * seq / result["summary"]["floor_s"]
         if result["summary"]["floor_s"] else None,
-        "moe": is_moe(w.model),
+        "moe": dict(experts, loops=pj.experts_loops) if experts else is_moe(w.model),
         "seconds": round(pj.seconds, 2),
     }
     return doc

@@ -370,6 +370,8 @@ _FORMULAS.update({
     "embedding_dense_backward": embedding_backward,
     "index_put": index_put, "index_put_": index_put, "_index_put_impl_": index_put,
     "_local_scalar_dense": scalar_read,
+    # a device-side check of one value (one_hot's range check): read it, launch a kernel
+    "_assert_async": copy("check"),
     "copy_": copy(skip_read=("self",)),
     "fill_": fill, "zero_": fill, "zeros": fill, "ones": fill, "full": fill,
     "zeros_like": fill, "ones_like": fill, "full_like": fill, "new_zeros": fill,
@@ -382,7 +384,7 @@ _FORMULAS.update({
 for _n in ("_to_copy clone cat stack constant_pad_nd repeat repeat_interleave roll flip tril "
            "triu slice_backward select_backward expand_copy lift_fresh_copy scatter scatter_ "
            "scatter_add scatter_add_ index_add index_add_ masked_scatter masked_select "
-           "nonzero split_with_sizes_copy unbind_copy bernoulli "
+           "nonzero nonzero_static split_with_sizes_copy unbind_copy bernoulli "
            "view_copy permute_copy transpose_copy t_copy").split():
     _FORMULAS[_n] = copy()
 for _n in ("empty empty_like empty_strided new_empty new_empty_strided empty_permuted "

@@ -36,6 +36,44 @@ def test_default_model_on_cpu_hf_and_speedlight_agree_and_write_rows_and_chart(t
     assert (tmp_path / model_step.CHART).stat().st_size > 10_000
 
 
+def test_moe_on_cpu_runs_tiny_with_the_experts_patched_and_the_loop_beside(tmp_path):
+    """--moe on a CPU: Qwen3-30B-A3B's architecture scaled down to 8 experts, one layer;
+    the speedlight row runs the experts on moe_experts, hf-loop on HF's per-expert loop, and
+    both rows say so; the step agrees with the loop's."""
+    from speedlight.patching import patch
+
+    d = model_step.defaults(torch.device("cpu"), moe=True)
+    s = model_step.StepSettings(model=d["model"], layers=d["layers"], batch=1, seq=8,
+                                dtype=d["dtype"], device=torch.device("cpu"), warmup=0, steps=1,
+                                overrides=d["overrides"])
+    model_step.run(s, ["speedlight", "hf-loop"], tmp_path / "m.jsonl", patch=patch)
+    ours, loop = results.read_jsonl(tmp_path / "m.jsonl")
+    assert (loop["variant"], ours["variant"]) == ("hf-loop", "speedlight")
+    for r in (loop, ours):
+        assert r["status"] == "ok" and r["representative"] is False
+        assert r["model"] == "qwen3-30b-a3b-scaled" and r["layers"] == 1
+        assert r["experts"]["experts"] == 8 and r["experts"]["k"] == 2
+        assert r["experts"]["modules"] == 1 and len(r["losses"]) == 1
+        assert any("num_experts=8" in n for n in r["notes"])
+    assert loop["experts"]["implementation"] == ["loop"] and "patched" not in loop
+    assert ours["experts"]["implementation"] in (["speedlight"], ["replaced"])
+    assert ours["patched"]["mlp"] == 1 and ours["patched"]["rms_norm"] >= 1
+    assert ours["losses"][0] == pytest.approx(loop["losses"][0], rel=1e-3)
+
+
+def test_hf_loop_is_skipped_for_a_dense_model_and_moe_refuses_a_named_model(tmp_path):
+    s = model_step.StepSettings(model=None, layers=1, batch=1, seq=4, dtype=torch.float32,
+                                device=torch.device("cpu"), warmup=0, steps=1)
+    assert "hf-loop" not in model_step.variants_for(s)
+    assert "hf-loop" in model_step.variants_for(
+        model_step.StepSettings(**{**vars(s), "model": "mixtral-8x7b"}))
+    (row,) = model_step.run(s, ["hf-loop"], tmp_path / "m.jsonl")
+    assert row["status"] == "skipped" and "no experts" in row["reason"]
+    with pytest.raises(SystemExit, match="--moe picks the mixture of experts"):
+        cli.main(["bench", "model", "--moe", "--model", "llama-3-8b", "--device", "cpu",
+                  "--out", str(tmp_path / "o")])
+
+
 def _row(variant, losses, median=1.0, peak=None):
     return {"variant": variant, "status": "ok", "losses": losses, "median_s": median,
             "peak_bytes": peak}

@@ -210,3 +210,72 @@ def test_mixture_of_experts_projects_with_uniform_routing_stated(tmp_path):
     doc = project.document(w, pj, target.resolve("h200"), train=True, batch=1, seq=seq, seed=0,
                            top=5, notes=[])
     assert doc["projection"]["moe"] and any("uniform routing" in n for n in doc["notes"])
+    # the grouped_mm chain the installed transformers runs is what moe_experts replaces
+    (moe,) = [a for a in doc["advice"] if a["op"] == "moe_experts"]
+    assert "grouped_mm" in moe["pattern"] and moe["status"] == "available"
+
+
+def _expert_rows(pj, phase):
+    return [r for r in pj.capture.ops if r.name == "mm" and r.phase == phase
+            and (r.module or "").endswith("mlp.experts")]
+
+
+def test_hf_experts_loop_projects_at_routed_sizes_and_advice_names_moe_experts():
+    """Mixtral-8x7B's real widths (one layer, a small vocabulary) with the Hugging Face
+    per-expert loop, whose nonzero a fake tensor cannot answer: every expert's GEMMs get
+    the rows uniform routing gives (500 pairs over 8 experts: 63 x 4, 62 x 4), so the
+    expert GEMMs' FLOPs are 2 x tokens x k x 3 x H x I forward and twice that backward, and
+    the advice names moe_experts with its floor against the loop's."""
+    m = shapes.MODELS["mixtral-8x7b"]
+    tokens, k, hidden, inter = 250, m.experts_per_token, m.hidden, m.intermediate
+    w, mode = _fake("mixtral-8x7b", seq=tokens, layers=1, overrides={"vocab_size": 1024})
+    w.model.set_experts_implementation("eager")
+    pj = project.project_step(w, train=True, recipe=BF16, mode=mode)
+    assert pj.experts_loops == 1
+    assert [r.op for r in pj.capture.ops if r.cost is None] == []
+    fwd = _expert_rows(pj, "forward")
+    gate_up = sorted(r.inputs[0]["shape"][0] for r in fwd if r.outputs[0]["shape"][1] == 2 * inter)
+    assert gate_up == [62] * 4 + [63] * 4  # tokens x k rows in all, never all tokens per expert
+    gemm = 2 * tokens * k * 3 * hidden * inter
+    assert sum(r.cost.flops for r in fwd) == gemm
+    assert sum(r.cost.flops for r in _expert_rows(pj, "backward")) == 2 * gemm
+    h200 = target.resolve("h200")
+    doc = project.document(w, pj, h200, train=True, batch=1, seq=tokens, seed=0, top=5, notes=[])
+    assert any("uniform routing" in n and "per-expert loop" in n for n in doc["notes"])
+    assert doc["projection"]["moe"]["implementation"] == ["loop"]
+    (moe,) = [a for a in doc["advice"] if a["op"] == "moe_experts"]
+    assert moe["status"] == "available" and "per-expert loop" in moe["pattern"]
+    assert moe["instances"] == 1 and moe["launches_removed"] > 8 * 10
+    assert moe["time_saved_s"] == pytest.approx(moe["unfused_floor_s"] - moe["fused_floor_s"])
+    assert 3 * gemm / h200.roof.flops["bf16"] <= moe["fused_floor_s"] < moe["unfused_floor_s"]
+    # its gated units are moe_experts' to replace, not swiglu's
+    assert not any(a["op"] == "swiglu" and any("experts" in p for p in a["modules"])
+                   for a in doc["advice"])
+
+
+def test_uniform_routing_rows_and_what_an_experts_module_runs():
+    from speedlight.workloads import moe
+
+    assert moe.routed_rows(3, 2, 8) == [1] * 6 + [0] * 2  # fewer pairs than experts
+    assert moe.routed_rows(5, 2, 4) == [3, 3, 2, 2]
+    assert moe.expert_gemm_flops(5, 2, 7, 3) == 2 * 5 * 2 * 3 * 7 * 3
+    with pytest.raises(ValueError, match="k=3"):
+        moe.routed_rows(4, 3, 2)
+    with pytest.raises(TypeError, match="tokens"):
+        moe.routed_rows(4.0, 1, 2)
+
+    class Experts(torch.nn.Module):  # transformers 5.x's layout, its own loop (as in 5.17)
+        def __init__(self):
+            super().__init__()
+            self.gate_up_proj = torch.nn.Parameter(torch.empty(4, 6, 5, device="meta"))
+            self.down_proj = torch.nn.Parameter(torch.empty(4, 5, 3, device="meta"))
+            self.act_fn = torch.nn.SiLU()
+
+        def forward(self, hidden_states, top_k_index, top_k_weights):
+            raise AssertionError("not run")
+
+    e = Experts()
+    assert moe.layout(e) == (4, 5, 3, False) and moe.implementation(e) == "loop"
+    assert moe.layout(torch.nn.Linear(2, 2)) is None
+    e.forward = lambda *a: None  # speedlight.patch's module path
+    assert moe.implementation(e) == "replaced"
