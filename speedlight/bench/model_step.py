@@ -392,7 +392,10 @@ def table(rows: Sequence[dict]):
                       *[""] * 8)
             continue
         diff = r.get("loss_max_rel_diff")
-        t.add_row(r["variant"], f"{r['median_s'] * 1e3:.4g} ms", f"{100 * r['spread']:.1f}%",
+        experts = r.get("experts")
+        name = r["variant"] + (f" [dim](experts: {', '.join(experts['implementation'])})[/]"
+                               if experts else "")
+        t.add_row(name, f"{r['median_s'] * 1e3:.4g} ms", f"{100 * r['spread']:.1f}%",
                   f"{r['tokens_per_s']:.4g}", _x(r.get("speedup_vs_hf")),
                   _mib(r.get("peak_bytes")), _x(r.get("memory_vs_hf")),
                   f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}",
