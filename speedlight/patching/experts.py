@@ -1,7 +1,13 @@
 """A mixture of experts' <Prefix>Experts module (transformers 5.x) on speedlight: the
 forward the patch gives it, the layout it reads, and how it is installed.
 
-Two ways in, chosen per module by `install`:
+Two layouts (Family.experts): "standard" (gate_up_proj [E, 2I, H], gate rows first,
+down_proj [E, H, I], no bias, the module's act_fn: Mixtral, Qwen2/3-MoE, GraniteMoE,
+DeepSeek-V3's routed experts) and "gpt_oss" (GptOssExperts: [E, H, 2I] / [E, I, H], gate
+and up interleaved, biases, clamped SwiGLU, checked against the module's own _apply_gate).
+Anything else is reported with the field that differs (experts_layout_problem).
+
+Two ways in, chosen per module (`register`, else the patcher's set_forward):
   registry  transformers >= 5.25 dispatches an experts module decorated with
             @use_experts_implementation through its experts-implementation registry
             (`config._experts_implementation`, as attention has one): speedlight registers
@@ -50,19 +56,103 @@ def experts_forward(activation: str):
     return forward
 
 
-def experts_layout_problem(experts) -> str | None:
-    """Why an experts module's weights are not in the layout experts_forward reads, or None."""
-    if not all(isinstance(getattr(experts, n, None), torch.nn.Parameter) and
-               getattr(experts, n).dim() == 3 for n in ("gate_up_proj", "down_proj")):
+def gpt_oss_experts_forward(alpha: float, limit: float):
+    """gpt-oss's experts (GptOssExperts: gate_up_proj [E, H, 2I] with gate and up
+    interleaved, gate at the even columns; down_proj [E, I, H]; gate_up_proj_bias [E, 2I],
+    down_proj_bias [E, H]; the clamped SwiGLU (clamp(up, -limit, limit) + 1) * g *
+    sigmoid(alpha g), g = min(gate, limit)) as one speedlight.moe_experts call. The weights
+    pass as transposed views (moe_experts's [E, 2I, H] / [E, H, I]), so nothing is copied
+    and their gradients come back in the module's layout. The arguments keep the module's
+    own names (router_indices, routing_weights [tokens, k]); alpha and limit are the
+    module's, read at patch time."""
+    from speedlight.ops.moe_experts import moe_experts
+
+    def forward(self, hidden_states, router_indices=None, routing_weights=None):
+        out = moe_experts(hidden_states.to(self.gate_up_proj.dtype), router_indices,
+                          routing_weights, self.gate_up_proj.transpose(1, 2),
+                          self.down_proj.transpose(1, 2), activation="clamped_swiglu",
+                          gate_up_bias=self.gate_up_proj_bias, down_bias=self.down_proj_bias,
+                          interleaved=True, swiglu_alpha=alpha, swiglu_limit=limit)
+        return out.to(hidden_states.dtype)
+    return forward
+
+
+def forward_for(experts, layout: str, activation: str | None = None):
+    """The built forward of an experts module in `layout` (Family.experts), whose
+    experts_layout_problem is None."""
+    if layout == "gpt_oss":
+        return gpt_oss_experts_forward(float(experts.alpha), float(experts.limit))
+    return experts_forward(activation)
+
+
+# the decorator's flags (transformers 5.25) each layout reads; a module without a flag (an
+# older transformers) is judged by its weights' shapes alone
+_FLAGS = {"standard": (("has_bias", False), ("is_transposed", False), ("is_concatenated", True),
+                       ("has_gate", True), ("has_post_expert_norm", False)),
+          "gpt_oss": (("has_bias", True), ("is_transposed", True), ("is_concatenated", False),
+                      ("has_gate", True), ("has_post_expert_norm", False))}
+
+
+def _is_parameter(module, name: str, dims: int) -> bool:
+    p = getattr(module, name, None)
+    return isinstance(p, torch.nn.Parameter) and p.dim() == dims
+
+
+def experts_layout_problem(experts, layout: str = "standard") -> str | None:
+    """Why an experts module is not in the layout (Family.experts) its forward reads, or
+    None: the field, what it holds and what speedlight reads."""
+    if not all(_is_parameter(experts, n, 3) for n in ("gate_up_proj", "down_proj")):
         return "its weights are not 3-D gate_up_proj/down_proj parameters"
-    for flag, wanted in (("has_bias", False), ("is_transposed", False),
-                         ("is_concatenated", True), ("has_gate", True),
-                         ("has_post_expert_norm", False)):
-        if getattr(experts, flag, wanted) != wanted:
-            return f"its {flag} is {getattr(experts, flag)}; speedlight reads {flag}={wanted}"
+    gu, d = experts.gate_up_proj.shape, experts.down_proj.shape
+    if layout == "gpt_oss":
+        fits = gu[0] == d[0] and gu[1] == d[2] and gu[2] == 2 * d[1]
+        wanted = "gate_up_proj [E, H, 2I] and down_proj [E, I, H]"
+    else:
+        fits = gu[0] == d[0] and gu[1] == 2 * d[2] and gu[2] == d[1]
+        wanted = "gate_up_proj [E, 2I, H] and down_proj [E, H, I]"
+    if not fits:
+        return (f"its gate_up_proj {list(gu)} and down_proj {list(d)} are not {wanted}, "
+                "the layout speedlight reads")
+    for flag, want in _FLAGS[layout]:
+        if getattr(experts, flag, want) != want:
+            return f"its {flag} is {getattr(experts, flag)}; speedlight reads {flag}={want}"
+    if layout == "gpt_oss":
+        return _gpt_oss_problem(experts)
     gate = getattr(type(experts), "_apply_gate", None)
     if gate is not None and gate.__name__ != "_default_apply_gate":
         return "it has its own gating function (_apply_gate)"
+    return None
+
+
+def _gpt_oss_problem(experts) -> str | None:
+    """Why a gpt-oss experts module is not what gpt_oss_experts_forward computes, or None:
+    its biases, alpha and limit, and its own _apply_gate (where the installed transformers
+    has one) against the clamped SwiGLU on a probe spanning the clamps."""
+    gu, d = experts.gate_up_proj.shape, experts.down_proj.shape
+    for name, shape in (("gate_up_proj_bias", (gu[0], gu[2])), ("down_proj_bias", (d[0], d[2]))):
+        if not (_is_parameter(experts, name, 2) and tuple(getattr(experts, name).shape) == shape):
+            return f"its {name} is not a parameter of shape {list(shape)}"
+    for name in ("alpha", "limit"):
+        if not isinstance(getattr(experts, name, None), (int, float)):
+            return f"its {name} is not a number (the clamped SwiGLU's {name})"
+    gate = getattr(experts, "_apply_gate", None)
+    if gate is None:
+        return None
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    alpha, limit = float(experts.alpha), float(experts.limit)
+    with unset_fake_temporarily():
+        z = torch.linspace(-2 * limit - 1, 2 * limit + 1, 16, dtype=torch.float64)[None]
+        g, u = z[:, 0::2].clamp(max=limit), z[:, 1::2].clamp(-limit, limit)
+        expected = (u + 1) * g * torch.sigmoid(alpha * g)
+        try:
+            got = gate(z)
+        except Exception as e:  # noqa: BLE001 - any failure is the report's reason
+            return f"its _apply_gate fails on a float64 probe ({type(e).__name__}: {e})"
+        same = (isinstance(got, torch.Tensor) and got.shape == expected.shape
+                and torch.allclose(got, expected, rtol=1e-12, atol=0))
+    if not same:
+        return ("its _apply_gate is not the clamped SwiGLU on interleaved gate/up that "
+                "moe_experts computes (probed in float64)")
     return None
 
 
@@ -88,11 +178,12 @@ def _dispatched(module) -> bool:
             and hasattr(config, "_experts_implementation_internal"))
 
 
-def registered_forward(self, hidden_states, top_k_index, top_k_weights):
+def registered_forward(self, *args, **kwargs):
     """The "speedlight" entry of transformers' experts registry: the forward built for
     this module at patch time (or, for a module the patch kept, the implementation its
-    config named before)."""
-    return self.__dict__[FORWARD_ATTR](self, hidden_states, top_k_index, top_k_weights)
+    config named before), called with the arguments under the module's own names (gpt-oss
+    names its routing router_indices, routing_weights)."""
+    return self.__dict__[FORWARD_ATTR](self, *args, **kwargs)
 
 
 def _previous_forward(module, implementation: str | None):
@@ -117,12 +208,13 @@ def register(module, forward) -> bool:
     return True
 
 
-def switch_configs(model: torch.nn.Module, class_name: str) -> list[tuple[object, object]]:
-    """Point every config read by a registry-patched experts module of `class_name` at
-    speedlight; the module of that class the patch kept (no FORWARD_ATTR) keeps the
+def switch_configs(model: torch.nn.Module, class_names: tuple[str, ...]
+                   ) -> list[tuple[object, object]]:
+    """Point every config read by a registry-patched experts module of `class_names` at
+    speedlight; the module of those classes the patch kept (no FORWARD_ATTR) keeps the
     implementation its config named, through registered_forward. Returns (config, previous
     implementation) pairs for `restore_configs`."""
-    modules = [m for m in model.modules() if type(m).__name__ == class_name and _dispatched(m)]
+    modules = [m for m in model.modules() if type(m).__name__ in class_names and _dispatched(m)]
     configs = {id(m.config): m.config for m in modules if FORWARD_ATTR in m.__dict__}
     previous = [(c, c._experts_implementation_internal) for c in configs.values()]
     before = dict((id(c), impl) for c, impl in previous)

@@ -3,8 +3,9 @@
 A family is found by `model.config.model_type`; each entry names the classes whose
 instances speedlight swaps, and the modeling module whose `apply_rotary_pos_emb` the
 attention layers call. The names are those of transformers >= 4.52 and 5.x; the
-mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE) need 5.x, whose
-`<Prefix>Experts` module holds every expert's weights as two 3-D parameters.
+mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, gpt-oss,
+DeepSeek-V3) need 5.x, whose `<Prefix>Experts` module holds every expert's weights as two
+3-D parameters.
 """
 
 from __future__ import annotations
@@ -32,24 +33,42 @@ class Family:
     layer_note: str = ""
     # the MLP's class when it does not follow the prefix (Qwen2-VL's text MLP is Qwen2MLP)
     mlp_name: str | None = None
-    # a mixture of experts: <Prefix>Experts holds every expert's gate_up_proj [E, 2I, H] and
-    # down_proj [E, H, I] (transformers 5.x); its gated unit runs through speedlight
-    experts: bool = False
+    # False: the family has no dense gated MLP (gpt-oss's <Prefix>MLP is its expert block)
+    dense_mlp: bool = True
+    # a mixture of experts: <Prefix>Experts holds every expert's weights, read by
+    # speedlight.moe_experts in the layout named here (patching/experts.py): "standard"
+    # (transformers 5.x: gate_up_proj [E, 2I, H], gate rows first, down_proj [E, H, I], the
+    # module's act_fn) or "gpt_oss" ([E, H, 2I] / [E, I, H], gate and up interleaved,
+    # biases, clamped SwiGLU with the module's alpha and limit); None: no experts
+    experts: str | None = None
+    # earlier names of the <Prefix>Experts class in transformers 5.x (DeepSeek-V3's
+    # DeepseekV3NaiveMoe, the same module), patched alike
+    experts_aliases: tuple[str, ...] = ()
+    # kinds the family keeps as the model has them (kind, why), reported by name
+    kept: tuple[tuple[str, str], ...] = ()
     # GLM: apply_rotary_pos_emb rotates pairs (2i, 2i + 1), taking cos/sin's first half
     # repeat-interleaved; False: Llama's halves
     rope_interleaved: bool = False
+    # gpt-oss: cos/sin hold one angle per rotated pair (head_dim / 2 wide, halves rotated),
+    # not Llama's cat(freqs, freqs)
+    rope_half_table: bool = False
 
     @property
     def norm_class(self) -> str:
         return f"{self.prefix}RMSNorm"
 
     @property
-    def mlp_class(self) -> str:
-        return self.mlp_name or f"{self.prefix}MLP"
+    def mlp_class(self) -> str | None:
+        return (self.mlp_name or f"{self.prefix}MLP") if self.dense_mlp else None
 
     @property
     def experts_class(self) -> str | None:
         return f"{self.prefix}Experts" if self.experts else None
+
+    @property
+    def experts_classes(self) -> tuple[str, ...]:
+        """Every name the family's experts class has had (none without experts)."""
+        return (self.experts_class, *self.experts_aliases) if self.experts else ()
 
     @property
     def attention_class(self) -> str:
@@ -108,16 +127,39 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     # add, then post_attention_layernorm (the MLP's pre-norm), which is fused
     Family("glm4", "Glm4", "transformers.models.glm4.modeling_glm4", mlp="fused",
            rope_interleaved=True, layer_form="sandwich"),
-    # mixtures of experts: every expert's gated unit through speedlight, routing unchanged;
-    # Qwen2-MoE's shared expert is a <Prefix>MLP; Qwen3-MoE has per-head q_norm/k_norm
-    Family("mixtral", "Mixtral", "transformers.models.mixtral.modeling_mixtral", experts=True,
-           layer_form="pre_norm"),
+    # mixtures of experts: the routed experts through speedlight.moe_experts, routing
+    # unchanged; Qwen2-MoE's shared expert is a <Prefix>MLP; Qwen3-MoE has per-head
+    # q_norm/k_norm
+    Family("mixtral", "Mixtral", "transformers.models.mixtral.modeling_mixtral",
+           experts="standard", layer_form="pre_norm"),
     Family("qwen2_moe", "Qwen2Moe", "transformers.models.qwen2_moe.modeling_qwen2_moe",
-           experts=True, layer_form="pre_norm"),
+           experts="standard", layer_form="pre_norm"),
     Family("qwen3_moe", "Qwen3Moe", "transformers.models.qwen3_moe.modeling_qwen3_moe",
-           experts=True, layer_form="pre_norm"),
+           experts="standard", layer_form="pre_norm"),
     Family("granitemoe", "GraniteMoe", "transformers.models.granitemoe.modeling_granitemoe",
-           experts=True, layer_note=_RESIDUAL_SCALED),
+           experts="standard", layer_note=_RESIDUAL_SCALED),
+    # gpt-oss: its GptOssMLP is the expert block (router + GptOssExperts, no dense MLP);
+    # experts in its own layout (see Family.experts); RoPE over halves from a half-width
+    # cos/sin table; the norm casts after the weight ("input")
+    Family("gpt_oss", "GptOss", "transformers.models.gpt_oss.modeling_gpt_oss",
+           norm_out="input", dense_mlp=False, experts="gpt_oss", rope_half_table=True,
+           layer_form="pre_norm",
+           kept=(("attention", "its attention adds a learned sink logit per head (self.sinks, "
+                               "passed as s_aux) to every softmax; speedlight.attention has no "
+                               "sinks, so the model's own attention runs"),)),
+    # DeepSeek-V3: the first first_k_dense_replace layers have a dense DeepseekV3MLP, the
+    # rest DeepseekV3MoE (its group-limited router, the model's; the routed experts in the
+    # standard layout; the shared experts a DeepseekV3MLP)
+    Family("deepseek_v3", "DeepseekV3", "transformers.models.deepseek_v3.modeling_deepseek_v3",
+           experts="standard", experts_aliases=("DeepseekV3NaiveMoe",), layer_form="pre_norm",
+           kept=(("attention", "its multi-head latent attention gives k the head dim "
+                               "qk_nope_head_dim + qk_rope_head_dim and v v_head_dim (192 and "
+                               "128 in DeepSeek-V3); speedlight.attention takes k and v of one "
+                               "shape, so the model's own attention runs"),
+                 ("rope", "with config.rope_interleave (DeepSeek-V3's default) its attention "
+                          "rotates q and k by apply_rotary_pos_emb_interleave: pairs "
+                          "(2i, 2i + 1) rotated and written back as halves, a form "
+                          "speedlight.rope does not have; the model's own RoPE runs"))),
     # hybrid attention + Mamba-2 layers; its MLP (feed_forward) has mlp_multipliers. The
     # input norm feeds both mixers and stays out of place; the Mamba mixer's own gated norm
     # is another class, left as it is. Its layer is pre-norm: the two mixers' scaled outputs

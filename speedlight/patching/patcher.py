@@ -10,8 +10,9 @@ the one table patch() walks):
                  nothing of the activations' size
   mlp            every <Family>MLP's forward -> down_proj(swiglu/geglu(gate, up)), with
                  Falcon-H1's mlp multipliers folded into the gated unit; every
-                 <Family>Experts (Mixtral, Qwen2/3-MoE, GraniteMoE) -> the given routing
-                 through one speedlight.moe_experts call, by transformers' experts
+                 <Family>Experts (Mixtral, Qwen2/3-MoE, GraniteMoE, gpt-oss, DeepSeek-V3's
+                 routed experts) -> the given routing through one
+                 speedlight.moe_experts call, by transformers' experts
                  registry where it has one, else the instance's forward (experts.py);
                  with mlp="fused" -> down_proj(gated_matmul(x, gate and up weights)): both
                  projections and the gated product in one GEMM kernel (off by default
@@ -229,37 +230,41 @@ def _patch_mlps(job: _Patching) -> None:
             job.refuse(f"mlp {path} (fused)", f"{problem}; the gated unit alone is patched")
         job.set_forward(module, unit)
         job.add("mlp", f"{path} ({act[0]})")
-    for path, module in job.modules(family.experts_class):
-        _patch_experts(job, path, module)
-    if family.experts_class is not None:
-        job.record["experts"] = experts.switch_configs(job.model, family.experts_class)
+    for name in family.experts_classes:
+        for path, module in job.modules(name):
+            _patch_experts(job, path, module)
+    if family.experts_classes:
+        job.record["experts"] = experts.switch_configs(job.model, family.experts_classes)
     job.none_found("mlp")
 
 
 def _patch_experts(job: _Patching, path: str, module) -> None:
-    """A mixture of experts' <Prefix>Experts: every expert's gated unit through speedlight."""
-    act = _gated_unit(job, path, module)
-    if act is None:
-        return
-    activation = experts.moe_activation(*act)
+    """A mixture of experts' <Prefix>Experts: every expert through one moe_experts call,
+    in the family's layout (experts.py)."""
+    layout, activation, unit = job.family.experts, "clamped_swiglu", "clamped_swiglu"
+    if layout == "standard":
+        act = _gated_unit(job, path, module)
+        if act is None:
+            return
+        activation, unit = experts.moe_activation(*act), act[0]
     problem = None
     if not _available("moe_experts"):
         problem = "this install has no speedlight.moe_experts"
     elif activation is None:
         problem = f"speedlight.moe_experts has no gate unit for {act[0]} {act[1]}"
     if problem is None:
-        problem = experts.experts_layout_problem(module)
+        problem = experts.experts_layout_problem(module, layout)
     if problem is not None:
         job.refuse(f"mlp {path}", problem)
         return
     if job.mlp == "fused":
         job.refuse(f"mlp {path} (fused)", "gated_matmul reads one weight pair, not 3-D expert "
                                           "weights; the gated unit alone is patched")
-    forward = experts.experts_forward(activation)
+    forward = experts.forward_for(module, layout, activation)
     way = "registry" if experts.register(module, forward) else "module"
     if way == "module":
         job.set_forward(module, forward)
-    job.add("mlp", f"{path} ({act[0]} by moe_experts, {way}: {module.gate_up_proj.shape[0]} "
+    job.add("mlp", f"{path} ({unit} by moe_experts, {way}: {module.gate_up_proj.shape[0]} "
                    "experts)")
 
 
@@ -426,7 +431,9 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     """Swap speedlight ops into `model` (a family of speedlight.patching.families.FAMILIES:
     Llama, Mistral, Ministral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, Falcon-H1,
     Granite, OLMo 2, GLM-4, SmolLM3, Qwen2-VL's text decoder, Mixtral, Qwen2-MoE,
-    Qwen3-MoE, GraniteMoE), or into the base model of a PEFT wrapper of one.
+    Qwen3-MoE, GraniteMoE, gpt-oss, DeepSeek-V3), or into the base model of a PEFT wrapper
+    of one. A family may keep a kind as the model has it (Family.kept: gpt-oss's attention
+    with sinks, DeepSeek-V3's latent attention and RoPE), reported by name.
 
     decoder_layer: within each decoder layer, the residual add and the norm after it run
     as one speedlight.add_rms_norm (the family's Family.layer_form; Granite, GraniteMoE and
@@ -476,6 +483,8 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
         if family is None:
             job.refuse(kind.name, f"unknown architecture {model_type!r}; speedlight patches "
                                   f"{', '.join(sorted(FAMILIES))}")
+        elif kind.name in dict(family.kept):
+            job.refuse(kind.name, f"kept for {model_type}: {dict(family.kept)[kind.name]}")
         else:
             kind.apply(job)
     setattr(model, _RECORD, job.record)

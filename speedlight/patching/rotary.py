@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 import inspect
 
+import torch
+
 from speedlight.patching.recompile import recompile
 
 NAME = "apply_rotary_pos_emb"
@@ -36,11 +38,12 @@ def _unsqueeze_position(original) -> int | None:
     return None
 
 
-def speedlight_rope(original, interleaved: bool = False):
+def speedlight_rope(original, interleaved: bool = False, half_table: bool = False):
     """A function called as the family's apply_rotary_pos_emb(q, k, cos, sin, ...) that
     computes speedlight.rope. interleaved: GLM's form, pairs (2i, 2i + 1) rotated by the
     first half of cos/sin (cat(freqs, freqs) over the rotary dims) repeat-interleaved, as
-    its function does."""
+    its function does. half_table: gpt-oss's cos/sin, one angle per pair (head_dim / 2),
+    rotating halves: taken as cat(cos, cos), Llama's table of the same rotation."""
     from speedlight.ops.rope import rope
 
     at = _unsqueeze_position(original)
@@ -49,6 +52,8 @@ def speedlight_rope(original, interleaved: bool = False):
     def apply_rotary_pos_emb(q, k, cos, sin, *rest, unsqueeze_dim: int = 1, **_):
         if extra_at is not None and len(rest) > extra_at:
             unsqueeze_dim = rest[extra_at]
+        if half_table:
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
         if interleaved:
             half = cos.shape[-1] // 2
             cos = cos[..., :half].repeat_interleave(2, dim=-1)
@@ -62,9 +67,11 @@ def speedlight_rope(original, interleaved: bool = False):
 def attention_forward(cls: type, family):
     """The attention class's own forward with speedlight's RoPE, for binding to an instance
     (SourceError if its source cannot be recompiled)."""
-    key = (inspect.unwrap(cls.forward), family.module, family.rope_interleaved)
+    key = (inspect.unwrap(cls.forward), family.module, family.rope_interleaved,
+           family.rope_half_table)
     if key not in _MAKERS:
         make, _ = recompile(cls.forward, (NAME,))
         original = getattr(importlib.import_module(family.module), NAME)
-        _MAKERS[key] = make(speedlight_rope(original, family.rope_interleaved))
+        _MAKERS[key] = make(speedlight_rope(original, family.rope_interleaved,
+                                            family.rope_half_table))
     return _MAKERS[key]

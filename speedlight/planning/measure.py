@@ -54,13 +54,16 @@ def units(model: torch.nn.Module, family) -> dict[str, str]:
     in_place = [n for n in norms if n.rsplit(".", 1)[-1] in family.in_place_norms]
     if norms:
         found["rms_norm"] = f"{path}.{(in_place or norms)[0]}"
-    mlps = names.get(family.mlp_class) or names.get(family.experts_class or "", [])
+    mlps = names.get(family.mlp_class) or next(
+        (names[n] for n in family.experts_classes if names.get(n)), [])
     if mlps:
         found["mlp"] = f"{path}.{mlps[0]}"
     if names.get(family.attention_class):
         found["rope"] = found["attention"] = f"{path}.{names[family.attention_class][0]}"
     if isinstance(getattr(model, "lm_head", None), torch.nn.Linear):
         found["cross_entropy"] = found["linear_cross_entropy"] = LOSS
+    for kind, _ in family.kept:  # the family keeps the model's own (patch reports why)
+        found.pop(kind, None)
     return found
 
 

@@ -1,7 +1,8 @@
 """The mixtures of experts' routed experts on speedlight.moe_experts, by both ways in:
 transformers' experts-implementation registry (5.25+, this env) and the instance's forward
 (older transformers: forced here by hiding the registry); the router untouched; the whole
-model against float64; and a compile with no graph break on the module path."""
+model against float64 (gpt-oss and DeepSeek-V3 with every kind they take); and a compile
+with no graph break on the module path."""
 
 import copy
 import warnings
@@ -13,6 +14,7 @@ pytest.importorskip("transformers")
 
 from speedlight.patching import PatchWarning, experts, patch, unpatch
 from speedlight.pipeline.model_check import check_models
+from speedlight.verify.harness import LaunchCounter
 from tests.patching.tiny_models import batch, build, vocab
 
 TOL = dict(rtol=2e-4, atol=2e-5)
@@ -78,6 +80,58 @@ def test_patched_moe_matches_the_original_in_float64(family):
     assert any(n.endswith("experts.gate_up_proj") for n in checked), sorted(checked)
 
 
+# what each family keeps as the model has it, and a phrase its reason must hold
+KEPT = {"gpt_oss": {"attention": "sink"},
+        "deepseek_v3": {"attention": "v_head_dim", "rope": "apply_rotary_pos_emb_interleave"}}
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v3"])
+def test_gpt_oss_and_deepseek_v3_patched_whole_match_float64(family):
+    """Every kind each family takes, its routed experts by moe_experts (gpt-oss's own
+    layout and clamped SwiGLU; DeepSeek-V3's behind its group-limited router, beside its
+    shared expert), what it keeps named in the report: logits, loss (gpt-oss's with its
+    router's auxiliary loss) and every gradient, the routers' included, against a float64
+    copy of the original; the auxiliary loss equals the unpatched model's."""
+    base = build(family)
+    base.config._experts_implementation = "eager"
+    model = copy.deepcopy(base)
+    with pytest.warns(PatchWarning, match=f"kept for {family}"):
+        report = patch(model)
+    kept = dict(report.not_patched)
+    assert set(kept) == set(KEPT[family]), report.not_patched
+    for kind, phrase in KEPT[family].items():
+        assert phrase in kept[kind] and kind not in report.patched, kept[kind]
+    experts_paths = _experts_paths(report)
+    assert len(experts_paths) == (2 if family == "gpt_oss" else 1), report.patched["mlp"]
+    assert all("registry:" in p for p in experts_paths)
+    for kind in ("rms_norm", "decoder_layer", "cross_entropy", "linear_cross_entropy"):
+        assert report.count(kind) >= 1, kind
+    assert report.count("rope") == (2 if family == "gpt_oss" else 0)
+    ids, labels = batch(vocab(base))
+    inputs = {"input_ids": ids, "labels": labels}
+    if family == "gpt_oss":
+        inputs["output_router_logits"] = True
+    counter = LaunchCounter()
+    with counter.active():
+        doc = check_models(base, model, inputs, lambda o: o.loss, train=True)
+    assert "_moe_gate_fwd_kernel" in counter.kernels and "_moe_gate_bwd_kernel" in counter.kernels
+    assert not doc["failed"], (doc["failed"], doc["worst"])
+    checked = {c["name"] for c in doc["checks"]}
+    router = "mlp.router.weight" if family == "gpt_oss" else "mlp.gate.weight"
+    for name in ("logits", "experts.gate_up_proj", "experts.down_proj", router):
+        assert any(n.endswith(name) for n in checked), (name, sorted(checked))
+    if family == "gpt_oss":
+        assert any(n.endswith("experts.gate_up_proj_bias") for n in checked)
+        with torch.no_grad():
+            ours, theirs = model(**inputs), base(**inputs)
+        assert theirs.aux_loss is not None
+        torch.testing.assert_close(ours.aux_loss, theirs.aux_loss, **TOL)
+    unpatch(model)
+    assert model.config._experts_implementation == "eager"
+    assert not any("forward" in m.__dict__ or experts.FORWARD_ATTR in m.__dict__
+                   for m in model.modules())
+
+
 def test_module_path_compiles_whole(monkeypatch):
     """The instance-forward path (transformers without the registry) traces in one graph
     with no break, forward and backward (AOT autograd), and matches eager."""
@@ -101,3 +155,22 @@ def test_module_path_compiles_whole(monkeypatch):
     expected = torch.autograd.grad(eager, model.model.layers[0].mlp.experts.gate_up_proj)
     torch.testing.assert_close(loss, eager, **TOL)
     torch.testing.assert_close(grads[0], expected[0], **TOL)
+
+
+def test_gpt_oss_patched_traces_whole():
+    """gpt-oss patched (its experts by the registry, their transposed views and bias
+    arguments; its own attention with sinks) traces in one graph with no break."""
+    from torch._dynamo.utils import counters
+
+    model = build("gpt_oss")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PatchWarning)  # its attention is kept, and says so
+        patch(model)
+    ids, labels = batch(vocab(model))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    loss = compiled(input_ids=ids, labels=labels).loss
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    torch._dynamo.reset()
+    torch.testing.assert_close(loss, model(input_ids=ids, labels=labels).loss, **TOL)

@@ -10,6 +10,8 @@ import torch
 pytest.importorskip("transformers")
 
 from speedlight.patching import PatchWarning, patch
+from speedlight.patching import experts as experts_mod
+from speedlight.patching.families import FAMILIES
 from speedlight.verify.harness import LaunchCounter
 from tests.patching.tiny_models import NEW_FAMILIES, batch, build, vocab
 
@@ -88,6 +90,60 @@ def test_experts_follow_the_given_routing_and_skip_sentinels():
     for name, g0, g1 in zip(("x", "weights", "gate_up_proj", "down_proj"), grads0, grads1):
         torch.testing.assert_close(g1, g0, **TOL, msg=lambda m: f"{name}: {m}")
     assert grads1[3][n - 1].abs().sum() == 0  # expert 3: no token, no gradient
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v3"])
+def test_gpt_oss_and_deepseek_v3_experts_follow_their_own_loop(family, monkeypatch):
+    """The experts patched by the module path (the instance's forward: the GPU machines'
+    transformers 5.17, forced here by hiding the registry) against the installed module's
+    own loop on one routing with a sentinel slot and an expert no token picks: output and
+    the gradients of input, routing weights and every weight and bias. gpt-oss's forward
+    is called with its own keyword names, as its MLP may call it."""
+    monkeypatch.setattr(experts_mod, "experts_registry", lambda: None)
+    model = build(family)
+    model.config._experts_implementation = "eager"
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PatchWarning)  # the kinds the family keeps
+        report = patch(model, rms_norm=False, rope=False, cross_entropy=False,
+                       attention=False, linear_cross_entropy=False, decoder_layer=False)
+    assert any("by moe_experts, module:" in m for m in report.patched["mlp"]), report.patched
+    names = FAMILIES[family].experts_classes  # DeepSeek-V3's class had another name
+    ours = next(m for m in model.modules() if type(m).__name__ in names)
+    theirs = next(m for m in reference.modules() if type(m).__name__ in names)
+    assert "forward" in ours.__dict__
+    n, hidden = ours.gate_up_proj.shape[0], ours.down_proj.shape[2 if family == "gpt_oss" else 1]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, hidden, generator=g, requires_grad=True)
+    index = torch.tensor([[0, 2], [2, 0], [1, n], [0, 1], [2, 1], [1, 0]])  # expert n-1: none
+    weights = torch.rand(6, 2, generator=g).requires_grad_()
+    routed = index < n  # the reference: the sentinel's slot to expert 0 with weight 0
+    keywords = ["router_indices", "routing_weights"] if family == "gpt_oss" else None
+    outputs, grads = [], []
+    for module, idx, w in ((theirs, torch.where(routed, index, 0), weights * routed),
+                           (ours, index, weights)):
+        y = module(x, **dict(zip(keywords, (idx, w)))) if keywords else module(x, idx, w)
+        params = [p for _, p in sorted(module.named_parameters())]
+        outputs.append(y)
+        grads.append(torch.autograd.grad(y.square().sum(), [x, weights] + params))
+    torch.testing.assert_close(outputs[1], outputs[0], **TOL)
+    labels = ["x", "weights"] + [n for n, _ in sorted(ours.named_parameters())]
+    for name, g0, g1 in zip(labels, *grads, strict=True):
+        torch.testing.assert_close(g1, g0, **TOL, msg=lambda m: f"{name}: {m}")
+    assert grads[1][labels.index("down_proj")][n - 1].abs().sum() == 0  # no token, no gradient
+
+
+def test_gpt_oss_experts_with_another_gate_are_reported_not_patched():
+    """gpt-oss's _apply_gate is probed against the clamped SwiGLU moe_experts computes: a
+    module whose gate differs (here, up and gate swapped) keeps its own forward, and the
+    report names the field."""
+    model = build("gpt_oss")
+    for m in model.modules():
+        if type(m).__name__ == "GptOssExperts":
+            m._apply_gate = lambda z, m=m: type(m)._apply_gate(m, z.flip(-1))
+    with pytest.warns(PatchWarning, match="_apply_gate is not the clamped SwiGLU"):
+        report = patch(model, attention=False)
+    assert "mlp" not in report.patched and report.count("rms_norm") == 5
 
 
 def test_patched_experts_hold_no_host_sync(monkeypatch):

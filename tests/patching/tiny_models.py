@@ -76,6 +76,17 @@ def config(model_type: str):
         return tf.GraniteMoeConfig(**moe, num_local_experts=4, num_experts_per_tok=2,
                                    logits_scaling=4.0, residual_multiplier=0.5,
                                    embedding_multiplier=2.0, attention_multiplier=0.2)
+    if model_type == "gpt_oss":  # sinks, one sliding layer, biases, clamped SwiGLU experts
+        return tf.GptOssConfig(**moe, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                               sliding_window=8, router_aux_loss_coef=0.02,
+                               layer_types=["sliding_attention", "full_attention"],
+                               rope_parameters=dict(rope_type="default", rope_theta=10000.0))
+    if model_type == "deepseek_v3":  # one dense layer, then 8 routed experts in 2 groups
+        return tf.DeepseekV3Config(**{**moe, "num_key_value_heads": 4}, moe_intermediate_size=48,
+                                   n_routed_experts=8, n_group=2, topk_group=1,
+                                   num_experts_per_tok=2, n_shared_experts=1,
+                                   first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                                   qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12)
     raise KeyError(model_type)
 
 
