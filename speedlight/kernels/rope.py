@@ -153,20 +153,19 @@ def _rope_kernel(
     sa = sa[:, None, :]
     sb = sb[:, None, :]
     rot_dim = 2 * half
-    # q's heads, then k's, BLOCK_H at a time: one loop, so that q and k go through the same
-    # loads and stores (one tile shape, one access width).
+    # q's heads, then k's, BLOCK_H at a time, through the same loads and stores (one tile
+    # shape, one access width). Two loops, not one that picks q's or k's pointers with
+    # tl.where: on AMD, Triton 3.6's pointer canonicalisation (its buffer loads) cannot
+    # follow a select between two kernel arguments' pointers and the compile fails.
     x_q = q_ptr + b * stride_qb + s * stride_qs  # [BT] each token's row of heads
-    x_k = k_ptr + b * stride_kb + s * stride_ks
     y_q = q_out_ptr + b * stride_qob + s * stride_qos
+    for h0 in range(0, n_q_heads, BLOCK_H):
+        _rope_heads(x_q, y_q, h0, n_q_heads, stride_qh, stride_qd, stride_qoh, stride_qod,
+                    mask_t, dim_a, dim_b, mask_r, c1, c2, sa, sb, rot_dim, n_pass,
+                    INTERLEAVED, HAS_PASS, BLOCK_H, BLOCK_P)
+    x_k = k_ptr + b * stride_kb + s * stride_ks
     y_k = k_out_ptr + b * stride_kob + s * stride_kos
-    q_steps = tl.cdiv(n_q_heads, BLOCK_H)
-    for step in range(0, q_steps + tl.cdiv(n_k_heads, BLOCK_H)):
-        is_q = step < q_steps
-        _rope_heads(tl.where(is_q, x_q, x_k), tl.where(is_q, y_q, y_k),
-                    tl.where(is_q, step, step - q_steps) * BLOCK_H,
-                    tl.where(is_q, n_q_heads, n_k_heads),
-                    tl.where(is_q, stride_qh, stride_kh), tl.where(is_q, stride_qd, stride_kd),
-                    tl.where(is_q, stride_qoh, stride_koh),
-                    tl.where(is_q, stride_qod, stride_kod),
+    for h0 in range(0, n_k_heads, BLOCK_H):
+        _rope_heads(x_k, y_k, h0, n_k_heads, stride_kh, stride_kd, stride_koh, stride_kod,
                     mask_t, dim_a, dim_b, mask_r, c1, c2, sa, sb, rot_dim, n_pass,
                     INTERLEAVED, HAS_PASS, BLOCK_H, BLOCK_P)

@@ -21,7 +21,7 @@ import triton
 from speedlight.kernels.attention import (_attention_bwd_delta_kernel, _attention_bwd_dkdv_kernel,
                                           _attention_bwd_dq_kernel, _attention_combine_kernel,
                                           _attention_fwd_kernel)
-from speedlight.launch import planned_arch, planned_sm_count
+from speedlight.launch import planned_amd_arch, planned_arch, planned_sm_count
 from speedlight.ops._gemm import ensure_allocator
 from speedlight.ops._checks import check_bool, check_same_device, check_same_dtype, check_tensor
 from speedlight.runtime import check_runtime, describe, is_interpreted
@@ -161,7 +161,12 @@ def _blocks(direction: str, head_dim: int, seq_q: int, dtype: torch.dtype,
 
     On a GPU (or the launch context's target): FlashAttention-2's shapes for Hopper,
     smaller tiles for head dim 256 and for fp32 (whose IEEE products run on FMA units) so
-    no kernel spills; a forward of few queries (decode) takes 16-row blocks. Under the
+    no kernel spills; a forward of few queries (decode) takes 16-row blocks. On an AMD
+    target (launch.planned_amd_arch) the smaller tiles on every dtype, the forward on one
+    stage fewer (two at head dim 128: one K/V buffer in LDS) and the dk/dv pass on one: on
+    gfx942 the forward's three stages need 80 KB of LDS at head dim 128 (a workgroup may
+    have 64 KB), and the dk/dv pass spills at two stages (712 bytes of scratch with 64-key
+    tiles, 1.5 KB with 128), none at one (250 VGPRs). Under the
     interpreter every program costs milliseconds: the largest tiles that stay cheap.
     """
     block_d = max(16, triton.next_power_of_2(head_dim))
@@ -170,14 +175,16 @@ def _blocks(direction: str, head_dim: int, seq_q: int, dtype: torch.dtype,
         bm = min(64, few) if direction != "dkdv" else 32
         return dict(BLOCK_M=bm, BLOCK_N=64 if block_d <= 128 else 32, BLOCK_D=block_d,
                     num_warps=4)
-    wide = block_d > 128 or dtype == torch.float32
+    amd = planned_amd_arch(device) is not None
+    wide = block_d > 128 or dtype == torch.float32 or amd
     if direction == "fwd":
         bm = min(128 if not wide else 64, few)
+        stages = (3 if block_d <= 128 else 2) - (1 if amd else 0)
         return dict(BLOCK_M=bm, BLOCK_N=64 if block_d <= 128 else 32, BLOCK_D=block_d,
-                    num_warps=8 if bm >= 128 else 4, num_stages=3 if block_d <= 128 else 2)
+                    num_warps=8 if bm >= 128 else 4, num_stages=stages)
     if direction == "dkdv":
         return dict(BLOCK_M=32, BLOCK_N=128 if not wide else 64, BLOCK_D=block_d,
-                    num_warps=8, num_stages=2 if block_d <= 128 else 1)
+                    num_warps=8, num_stages=2 if block_d <= 128 and not amd else 1)
     return dict(BLOCK_M=128 if not wide else 64, BLOCK_N=32, BLOCK_D=block_d, num_warps=8,
                 num_stages=2 if block_d <= 128 else 1)
 

@@ -3,6 +3,10 @@
 A Task is one shape (a Case of the op's suite) and the op's configuration space; running
 it (`run_task`) gives one row per configuration examined:
 
+The space swept is the op's for the target (Configs.space_for): an AMD target's adds
+Triton's HIP knobs (waves_per_eu, matrix_instr_nonkdim, kpack for the GEMMs), ordered and
+pruned as every other parameter is; an NVIDIA target's is the declared space.
+
 1. capture: the op runs on the case's inputs with no launch executed (inspect's recorder,
    mode "dry"), sized for the target's SKU, once under the launch rule (what runs today,
    and the shape bucket the launcher asks a configuration for) and once per candidate,
@@ -124,12 +128,11 @@ def ordered(space: Mapping[str, Sequence[Any]], first: Mapping[str, Any]) -> lis
         return (len(changed), steps, changed)
 
     points = [dict(zip(names, values)) for values in itertools.product(*space.values())]
-    points.sort(key=rank)
+    ranked = sorted(((rank(p), p) for p in points), key=lambda rp: rp[0])  # each ranked once
     # within one distance, the parameters changed in turn: BLOCK_M, BLOCK_N, ..., BLOCK_M...
     turns: dict[tuple, int] = {}
     keyed = []
-    for p in points:
-        r = rank(p)
+    for r, p in ranked:
         group = (r[0], r[1], tuple(r[2]))
         turns[group] = turns.get(group, -1) + 1
         keyed.append(((r[0], r[1], turns[group], r[2]), p))
@@ -237,7 +240,7 @@ def _capture_candidates(task: Task, spec: OpSpec, configs: Configs, tgt: targets
     reason = spec.skip(task.case, device)
     if reason:
         return [dict(base, status="skip", reason=reason)]
-    space = dict(task.space) if task.space else dict(configs.space)
+    space = dict(task.space) if task.space else dict(configs.space_for(tgt.arch))
     inputs = spec.make_inputs(task.case, device)
     rule = _capture(spec, configs, inputs, None, tgt)
     if rule.error:
