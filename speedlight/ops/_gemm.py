@@ -49,7 +49,8 @@ AMD_RULE = {"waves_per_eu": 0, "matrix_instr_nonkdim": 0, "kpack": 1}
 
 
 def amd_space(gfx: str) -> dict[str, tuple[int, ...]]:
-    """The GEMM knobs of AMD arch `gfx` ("gfx942") that `speedlight tune` sweeps."""
+    """The knobs of AMD arch `gfx` ("gfx942") that `speedlight tune` sweeps (the GEMMs'
+    and attention's forward)."""
     return {"waves_per_eu": (0, 1, 2, 4), "matrix_instr_nonkdim": (0, 16, 32),
             "kpack": (1,) if gfx == "gfx950" else (1, 2)}
 

@@ -21,10 +21,12 @@ import triton
 from speedlight.kernels.attention import (_attention_bwd_delta_kernel, _attention_bwd_dkdv_kernel,
                                           _attention_bwd_dq_kernel, _attention_combine_kernel,
                                           _attention_fwd_kernel)
+from speedlight import launch, tuning
 from speedlight.launch import planned_amd_arch, planned_arch, planned_sm_count
-from speedlight.ops._gemm import ensure_allocator
+from speedlight.ops._gemm import AMD_RULE, amd_space, ensure_allocator
 from speedlight.ops._checks import check_bool, check_same_device, check_same_dtype, check_tensor
 from speedlight.runtime import check_runtime, describe, is_interpreted
+from speedlight.spec import dtype_name
 
 MAX_HEAD_DIM = 256
 # The largest window side: int32, as the kernels' positions (a longer side is unbounded in
@@ -189,6 +191,22 @@ def _blocks(direction: str, head_dim: int, seq_q: int, dtype: torch.dtype,
                 num_stages=2 if block_d <= 128 else 1)
 
 
+# The forward's configuration space: none on an NVIDIA GPU (its tiles are the rule's,
+# _blocks), Triton's HIP knobs on an AMD target (the GEMMs', ops/_gemm.amd_space), at
+# their defaults by rule; a tuned entry per head-dim block and dtype.
+ATTENTION_CONFIGS = tuning.Configs(
+    "attention", space={}, default=lambda key: dict(AMD_RULE),
+    bucket=lambda key: f"d{key[0]}-{dtype_name(key[1])}", amd=amd_space)
+
+
+def _fwd_knobs(block_d: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """The forward's HIP knobs on an AMD target (launch.config: forced, tuned or the rule's
+    defaults); none elsewhere (a CUDA launch refuses them)."""
+    if planned_amd_arch(device) is None:
+        return {}
+    return dict(launch.config(ATTENTION_CONFIGS, (block_d, dtype), device))
+
+
 def _split_plan(n_programs: int, seq_k: int, block_n: int, device: torch.device,
                 num_splits: int | None) -> tuple[int, int]:
     """(splits, keys per split) of the forward: num_splits when given; on a GPU, enough
@@ -336,6 +354,7 @@ def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
                  PRECISION=_precision(q.dtype), TMA=_tma(pb, k, v))
     if flags["TMA"]:
         ensure_allocator()  # the descriptors are made on the device, in Triton's scratch
+    blocks = {**blocks, **_fwd_knobs(blocks["BLOCK_D"], q.dtype, q.device)}
     common = (pb.cu_q, pb.cu_k, m_blocks, *pb.sizes(), pb.heads_q, pb.group,
               pb.head_dim, scale, float(softcap or 1.0), left, right, span,
               *pb.strides(q), *pb.strides(k), *pb.strides(v))

@@ -411,17 +411,18 @@ _GEMM = KernelDesign(min_occupancy=0.0, vector_bits=0, spills=False, mma="HGMMA"
                      min_stages=3, bytes_ratio=float("inf"),
                      why="a GEMM reads a once per column of tiles and b once per row of "
                          "tiles; grouped order serves those re-reads from L2")
-# On gfx942 (MI300X) the dots compile to MFMA (v_mfma) with no TMA: operands arrive by
+# On gfx942 (MI300X; gfx950 alike) the dots compile to MFMA (v_mfma) with no TMA: operands arrive by
 # global/buffer loads into one LDS buffer (num_stages 2, the AMD rule: the next k-step's
 # tiles wait in registers), so one stage in LDS is the design there.
 _GEMM_GFX942 = dataclasses.replace(_GEMM, mma="MFMA", tma=False, min_stages=1)
+_AMD = (("gfx942", _GEMM_GFX942), ("gfx950", _GEMM_GFX942))  # CDNA3 and CDNA4 alike
 DESIGN = dataclasses.replace(_GEMM, per_arch=((100, dataclasses.replace(_GEMM, mma="UTCHMMA")),
-                                              ("gfx942", _GEMM_GFX942)))
+                                              *_AMD))
 
 # The fp8 kernel: the same pipeline on fp8 wgmma (QGMMA) on sm_90a, fp8 tcgen05 (UTCQMMA)
-# on sm_100a; MFMA on gfx942
+# on sm_100a; MFMA on gfx942 and gfx950
 FP8_DESIGN = dataclasses.replace(_GEMM, mma="QGMMA", per_arch=(
-    (100, dataclasses.replace(_GEMM, mma="UTCQMMA")), ("gfx942", _GEMM_GFX942)))
+    (100, dataclasses.replace(_GEMM, mma="UTCQMMA")), *_AMD))
 
 SPEC = OpSpec(
     impl=matmul,

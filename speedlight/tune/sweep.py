@@ -82,13 +82,16 @@ class _Candidate:
     error: str = ""
 
 
-def configurable(spec: OpSpec) -> Configs:
-    """The configuration space `spec` declares (OpSpec.configs), or ValueError."""
+def configurable(spec: OpSpec, arch: int | str | None = None) -> Configs:
+    """The configuration space `spec` declares (OpSpec.configs) for `arch` (the target's:
+    an AMD target's may add knobs, Configs.space_for), or ValueError."""
     configs = spec.configs
-    if configs is None or not configs.space:
-        raise ValueError(f"op {spec.name} declares no configuration space to tune: give its "
-                         f"OpSpec configs=speedlight.tuning.Configs({spec.name!r}, space, "
-                         f"default, bucket), the space its launchers ask launch.config in")
+    if configs is None or not configs.space_for(arch):
+        where = f" on {targets.arch_name(arch)}" if arch is not None and configs else ""
+        raise ValueError(f"op {spec.name} declares no configuration space to tune{where}: "
+                         f"give its OpSpec configs=speedlight.tuning.Configs({spec.name!r}, "
+                         f"space, default, bucket), the space its launchers ask "
+                         f"launch.config in")
     if configs.op != spec.name:
         raise ValueError(f"op {spec.name}: its OpSpec's configs are op {configs.op!r}'s; the "
                          f"tuned tables are read and written under the op's own name")
@@ -102,7 +105,7 @@ def tasks(spec: OpSpec, cases: Sequence[Case], tgt: targets.Target, *,
     injected non-finite values are one shape); `max_compiles` is the whole sweep's
     budget, shared evenly (at least one compile per shape: the rule's). run_tasks pools
     the shares, so what a shape without a launch leaves goes to the shapes after it."""
-    configurable(spec)
+    configurable(spec, tgt.arch)
     seen, shapes = set(), []
     for case in cases:
         flags = tuple((k, v) for k, v in case.flags if k != "nonfinite")
@@ -227,8 +230,8 @@ def _prepare(task: Task, device: torch.device) -> _Staged | list[dict]:
     """Capture the rule and the candidates (the compile cap applied, duplicates found);
     the task's finished rows instead when the shape is skipped."""
     spec = _spec(task)
-    configs = configurable(spec)
     tgt = targets.resolve(task.target, task.sku, device)
+    configs = configurable(spec, tgt.arch)
     with launch.for_target(tgt):  # the launches a user of the target's SKU gets
         return _capture_candidates(task, spec, configs, tgt, device)
 

@@ -182,6 +182,8 @@ def test_the_amd_tuning_knobs_reach_the_compile(compiler):
     assert k.ok, k.compiled.error
     meta = k.compiled.meta
     assert (meta["waves_per_eu"], meta["matrix_instr_nonkdim"], meta["kpack"]) == (2, 16, 2)
+    assert k.to_json()["hip_options"] == {"waves_per_eu": 2, "matrix_instr_nonkdim": 16,
+                                          "kpack": 2}  # what inspect's JSON rows say
     assert k.mix.tensor_core.get("MFMA")
     assert any("16x16" in line for line in k.compiled.text("amdgcn").splitlines()
                if "v_mfma" in line)  # the 16x16 MFMA the knob asked for

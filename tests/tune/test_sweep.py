@@ -105,3 +105,18 @@ def test_an_amd_target_sweeps_its_knobs_too(device):
     assert row["rule"] and row["config"] == rule.config and set(rule.config) == set(space)
     assert {l.options.get("waves_per_eu") for l in rule.launches} == {rule.config["waves_per_eu"]}
     assert st.over == math.prod(len(v) for v in space.values()) - 1
+
+
+def test_attention_has_a_space_on_amd_targets_only(device):
+    # the forward's HIP knobs: nothing to tune on an NVIDIA target, the knobs on an AMD one
+    spec = registry.builtin_spec("attention")
+    with pytest.raises(ValueError, match="no configuration space to tune on sm_90a"):
+        sweep.tasks(spec, spec.cases("quick")[:1], target.resolve("h100-sxm", None, "cpu"))
+    tgt = target.resolve("mi300x", None, "cpu")
+    (task,) = sweep.tasks(spec, spec.cases("quick")[:1], tgt, max_compiles=1)
+    st = sweep._prepare(task, torch.device(device))
+    ((rule, row),) = st.staged
+    assert row["rule"] and rule.config == {"waves_per_eu": 0, "matrix_instr_nonkdim": 0, "kpack": 1}
+    (fwd,) = [l for l in rule.launches if l.kernel == "_attention_fwd_kernel"]
+    assert {k: fwd.options[k] for k in rule.config} == rule.config
+    assert st.over == 4 * 3 * 2 - 1 and row["bucket"].startswith("d")
