@@ -138,6 +138,22 @@ def planned_arch(device: torch.device | str) -> int | None:
     return 10 * major + minor
 
 
+def planned_amd_arch(device: torch.device | str | None = None) -> str | None:
+    """The LLVM gfx name ("gfx942") an AMD launch on `device` is compiled for: the launch
+    context's target's when it is AMD, else a ROCm device's own (its gcnArchName without
+    the feature flags); None for an NVIDIA target or device and for the CPU interpreter.
+    Launchers give Triton's HIP-only options (waves_per_eu, matrix_instr_nonkdim, kpack)
+    only where this names an arch: a CUDA launch refuses them."""
+    target = _CONTEXT.get().target
+    if target is not None:
+        return target.arch if isinstance(target.arch, str) else None
+    index = _cuda_index(device) if device is not None else None
+    if index is None or not getattr(torch.version, "hip", None):
+        return None
+    name = getattr(torch.cuda.get_device_properties(index), "gcnArchName", "") or ""
+    return name.split(":")[0] or None
+
+
 def _cuda_index(device: torch.device | str) -> int | None:
     """The index of a CUDA (or ROCm) device, None for any other."""
     device = torch.device(device)

@@ -149,7 +149,10 @@ def reload() -> None:
 @dataclass(frozen=True)
 class Configs:
     """The configuration space of op `op`'s kernels, for tuning: `space` maps each launch
-    parameter (BLOCK_M, num_warps, num_stages...) to its candidate values; `default(key)`
+    parameter (BLOCK_M, num_warps, num_stages...) to its candidate values (an NVIDIA
+    GPU's space whole); `amd(gfx)` gives the parameters an AMD target adds for its LLVM
+    arch ("gfx942": Triton's HIP options waves_per_eu, matrix_instr_nonkdim, kpack), so
+    that `space_for(arch)` is the space of either vendor's target; `default(key)`
     is the launcher's own choice for a key (the key: what the launcher knows of the launch,
     its shape, dtype and GPU); `bucket(key)` names the tuned tables' entry a key falls in
     (a string such as "m4096-n4096-k4096-bf16": shapes that share one configuration;
@@ -163,7 +166,16 @@ class Configs:
     space: Mapping[str, Sequence[Any]]
     default: Callable[[Any], Mapping[str, Any]] | None = None
     bucket: Callable[[Any], str] | None = None
+    amd: Callable[[str], Mapping[str, Sequence[Any]]] | None = None
     _warned: set = field(default_factory=set, compare=False, repr=False)
+
+    def space_for(self, arch: int | str | None) -> Mapping[str, Sequence[Any]]:
+        """The space launches for `arch` take: `space`, with `amd(arch)`'s parameters
+        after it for an AMD gfx name ("gfx942"); `space` alone for an NVIDIA compute
+        capability (90) or None."""
+        if isinstance(arch, str) and self.amd is not None:
+            return {**self.space, **self.amd(arch)}
+        return self.space
 
     def rule(self, key) -> Mapping[str, Any] | None:
         """The launcher's own choice for key (None without a default)."""
@@ -181,7 +193,8 @@ class Configs:
         return None
 
     def _usable(self, bucket: str, config: Mapping[str, Any], sku: str) -> bool:
-        space = self.space
+        gfx = getattr(hardware.DEVICES.get(sku), "gfx", "")  # an AMD SKU's arch
+        space = self.space_for(gfx or None)
         if set(config) == set(space) and all(config[k] in space[k] for k in space):
             return True
         if bucket not in self._warned:

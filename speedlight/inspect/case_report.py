@@ -146,8 +146,10 @@ class KernelReport:
         out = {"direction": self.direction, "kernel": self.name, **self._launch_json(),
                "error": self.error or None}
         if self.ok:
-            if self.warp_size != 32:
-                out.update(agprs=self.agprs, sgprs=self.sgprs, warp_size=self.warp_size)
+            if self.warp_size != 32:  # AMD: its registers, and the HIP knobs it compiled with
+                meta = self.compiled.meta
+                out.update(agprs=self.agprs, sgprs=self.sgprs, warp_size=self.warp_size,
+                           hip_options={k: meta[k] for k in HIP_OPTIONS if k in meta})
             out.update(registers=self.registers, spill_stores=self.spill_stores,
                        spill_loads=self.spill_loads, stack=self.stack, smem=self.smem,
                        occupancy=self.occupancy.to_json(), waves=self.waves.to_json(),
@@ -155,6 +157,10 @@ class KernelReport:
                        has_dot=self.has_dot, stages=self.stages, smem_limit=self.smem_limit)
         out["findings"] = [f.to_json() for f in self.findings]
         return out
+
+
+# The AMD tuning knobs a compiled kernel's metadata records (to_json's hip_options)
+HIP_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 
 
 def read_resources(report: KernelReport, resources: dict, smem: int, instrs: list,

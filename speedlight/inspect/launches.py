@@ -36,8 +36,11 @@ from speedlight.inspect.specialise import Arg, compile_function, describe, speci
 from speedlight.inspect.traffic import count, finish_sites
 from speedlight.spec import Case, OpSpec, grad_leaves, rand_tensor
 
+# The launch options a capture keeps (and the compile is given): CUDA's, and the HIP-only
+# knobs an AMD launch may add (waves_per_eu, matrix_instr_nonkdim, kpack)
 _OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion",
-                 "launch_cooperative_grid", "launch_pdl", "ptx_options", "debug")
+                 "launch_cooperative_grid", "launch_pdl", "ptx_options", "debug",
+                 "waves_per_eu", "matrix_instr_nonkdim", "kpack")
 
 
 # --- what a launch looked like ----------------------------------------------------------

@@ -82,7 +82,7 @@ def _rope_kernel(
     stride_pb, stride_ps,
     HAS_POS: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     HAS_PASS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, SPLIT_QK: tl.constexpr,
 ):
     """q_out, k_out = rope(q), rope(k) at BLOCK_T tokens per program, q and k in one launch.
 
@@ -95,7 +95,8 @@ def _rope_kernel(
     that token's rotated dims NaN. INTERLEAVED picks the pairs (2i, 2i + 1) over
     (i, i + half); BACKWARD computes the gradient (the rotation's transpose); HAS_PASS=False
     removes the pass-through copy when rot_dim == head_dim. BLOCK_R >= half,
-    BLOCK_P >= n_pass; heads go BLOCK_H at a time, q's then k's.
+    BLOCK_P >= n_pass; heads go BLOCK_H at a time, q's then k's, in one loop or with
+    SPLIT_QK in two (the form an AMD target compiles).
     """
     pid_t = tl.program_id(0)
     offs_t = pid_t.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -153,20 +154,35 @@ def _rope_kernel(
     sa = sa[:, None, :]
     sb = sb[:, None, :]
     rot_dim = 2 * half
-    # q's heads, then k's, BLOCK_H at a time: one loop, so that q and k go through the same
-    # loads and stores (one tile shape, one access width).
+    # q's heads, then k's, BLOCK_H at a time, through the same loads and stores (one tile
+    # shape, one access width): one loop that picks q's or k's pointers with tl.where, or
+    # with SPLIT_QK (AMD targets) two loops. Triton 3.6's AMD pointer canonicalisation (its
+    # buffer loads) cannot follow a select between two kernel arguments' pointers and the
+    # compile fails; on NVIDIA the one loop keeps fewer registers (two loops take 82 on
+    # sm_100a for interleaved pairs with a pass-through: 31% occupancy, under the design).
     x_q = q_ptr + b * stride_qb + s * stride_qs  # [BT] each token's row of heads
     x_k = k_ptr + b * stride_kb + s * stride_ks
     y_q = q_out_ptr + b * stride_qob + s * stride_qos
     y_k = k_out_ptr + b * stride_kob + s * stride_kos
-    q_steps = tl.cdiv(n_q_heads, BLOCK_H)
-    for step in range(0, q_steps + tl.cdiv(n_k_heads, BLOCK_H)):
-        is_q = step < q_steps
-        _rope_heads(tl.where(is_q, x_q, x_k), tl.where(is_q, y_q, y_k),
-                    tl.where(is_q, step, step - q_steps) * BLOCK_H,
-                    tl.where(is_q, n_q_heads, n_k_heads),
-                    tl.where(is_q, stride_qh, stride_kh), tl.where(is_q, stride_qd, stride_kd),
-                    tl.where(is_q, stride_qoh, stride_koh),
-                    tl.where(is_q, stride_qod, stride_kod),
-                    mask_t, dim_a, dim_b, mask_r, c1, c2, sa, sb, rot_dim, n_pass,
-                    INTERLEAVED, HAS_PASS, BLOCK_H, BLOCK_P)
+    if SPLIT_QK:
+        for h0 in range(0, n_q_heads, BLOCK_H):
+            _rope_heads(x_q, y_q, h0, n_q_heads, stride_qh, stride_qd, stride_qoh, stride_qod,
+                        mask_t, dim_a, dim_b, mask_r, c1, c2, sa, sb, rot_dim, n_pass,
+                        INTERLEAVED, HAS_PASS, BLOCK_H, BLOCK_P)
+        for h0 in range(0, n_k_heads, BLOCK_H):
+            _rope_heads(x_k, y_k, h0, n_k_heads, stride_kh, stride_kd, stride_koh, stride_kod,
+                        mask_t, dim_a, dim_b, mask_r, c1, c2, sa, sb, rot_dim, n_pass,
+                        INTERLEAVED, HAS_PASS, BLOCK_H, BLOCK_P)
+    else:
+        q_steps = tl.cdiv(n_q_heads, BLOCK_H)
+        for step in range(0, q_steps + tl.cdiv(n_k_heads, BLOCK_H)):
+            is_q = step < q_steps
+            _rope_heads(tl.where(is_q, x_q, x_k), tl.where(is_q, y_q, y_k),
+                        tl.where(is_q, step, step - q_steps) * BLOCK_H,
+                        tl.where(is_q, n_q_heads, n_k_heads),
+                        tl.where(is_q, stride_qh, stride_kh),
+                        tl.where(is_q, stride_qd, stride_kd),
+                        tl.where(is_q, stride_qoh, stride_koh),
+                        tl.where(is_q, stride_qod, stride_kod),
+                        mask_t, dim_a, dim_b, mask_r, c1, c2, sa, sb, rot_dim, n_pass,
+                        INTERLEAVED, HAS_PASS, BLOCK_H, BLOCK_P)

@@ -12,7 +12,7 @@ import torch
 import triton
 
 from speedlight import launch, tuning
-from speedlight.launch import planned_arch, planned_sm_count
+from speedlight.launch import planned_amd_arch, planned_arch, planned_sm_count
 from speedlight.spec import dtype_name
 
 # The fp8 format the GEMM kernels take: e4m3 (the forward's format; e5m2 is a gradient
@@ -39,6 +39,21 @@ CONFIG_SPACE = {
     "num_stages": (2, 3, 4, 5),
 }
 
+# What an AMD target adds (Triton's HIP compile options; a CUDA launch refuses them):
+# waves_per_eu, the waves per SIMD the register allocator aims for (0: no aim, the
+# compiler's default); matrix_instr_nonkdim, the M = N of the MFMA instruction the dots
+# take (16: 16x16xK, 32: 32x32xK; 0: the compiler picks); kpack, how many K-elements a
+# lane packs per MFMA operand load (2 is deprecated from gfx950 on, where Triton resets it
+# to 1). The rule takes each knob's default: what Triton does when not asked.
+AMD_RULE = {"waves_per_eu": 0, "matrix_instr_nonkdim": 0, "kpack": 1}
+
+
+def amd_space(gfx: str) -> dict[str, tuple[int, ...]]:
+    """The knobs of AMD arch `gfx` ("gfx942") that `speedlight tune` sweeps (the GEMMs'
+    and attention's forward)."""
+    return {"waves_per_eu": (0, 1, 2, 4), "matrix_instr_nonkdim": (0, 16, 32),
+            "kpack": (1,) if gfx == "gfx950" else (1, 2)}
+
 
 @dataclass(frozen=True)
 class LaunchConfig:
@@ -48,21 +63,29 @@ class LaunchConfig:
     group_m: int
     num_warps: int
     num_stages: int
+    amd: tuple[tuple[str, int], ...] = ()  # an AMD launch's knobs (AMD_RULE's names), sorted
 
     def as_config(self) -> dict[str, int]:
-        """This configuration as CONFIG_SPACE names it (a tuned table's "config")."""
+        """This configuration as the space names it (a tuned table's "config"): CONFIG_SPACE's
+        parameters, then an AMD launch's knobs."""
         return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k,
                 "GROUP_M": self.group_m, "num_warps": self.num_warps,
-                "num_stages": self.num_stages}
+                "num_stages": self.num_stages, **dict(self.amd)}
+
+    def options(self) -> dict[str, int]:
+        """The launch options the kernel is given: warps, stages and an AMD launch's knobs."""
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages, **dict(self.amd)}
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> "LaunchConfig":
-        """The LaunchConfig of a configuration named as CONFIG_SPACE names it."""
+        """The LaunchConfig of a configuration named as CONFIG_SPACE names it (with AMD_RULE's
+        knobs where it has them)."""
         missing = [k for k in CONFIG_SPACE if k not in config]
         if missing:
             raise ValueError(f"a GEMM configuration needs {', '.join(CONFIG_SPACE)}; "
                              f"{dict(config)} lacks {', '.join(missing)}")
-        return cls(*(int(config[k]) for k in CONFIG_SPACE))
+        amd = tuple(sorted((k, int(config[k])) for k in AMD_RULE if k in config))
+        return cls(*(int(config[k]) for k in CONFIG_SPACE), amd=amd)
 
 
 class GemmKey(NamedTuple):
@@ -96,8 +119,10 @@ def gemm_rule(key: GemmKey) -> dict[str, int]:
 
 def gemm_configs(op: str) -> tuning.Configs:
     """The configuration space of GEMM op `op` (its tuned tables are its own): CONFIG_SPACE,
-    gemm_rule's choice by default, gemm_bucket's entries."""
-    return tuning.Configs(op, CONFIG_SPACE, default=gemm_rule, bucket=gemm_bucket)
+    with amd_space's knobs on an AMD target; gemm_rule's choice by default, gemm_bucket's
+    entries."""
+    return tuning.Configs(op, CONFIG_SPACE, default=gemm_rule, bucket=gemm_bucket,
+                          amd=amd_space)
 
 
 def gemm_config(configs: tuning.Configs, m: int, n: int, k: int, dtype: torch.dtype,
@@ -135,26 +160,38 @@ def launch_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devi
         kernel's two accumulators;
       - on sm_100 and later (launch.planned_arch), a forward that stores act' or reads a
         residual takes 128 x 64 tiles (4 stages): at 128 x 128 it spills on sm_100a;
-      - GROUP_M 8: eight row tiles share each b column tile while it is in L2.
+      - GROUP_M 8: eight row tiles share each b column tile while it is in L2;
+      - on an AMD target (launch.planned_amd_arch) the same tiles with num_stages 2, HIP's
+        default: Triton's AMD pipeline keeps num_stages - 1 operand buffers in LDS (the next
+        k-step's tiles wait in registers), and at 3 or 4 stages these tiles pass the 64 KB
+        a gfx942 workgroup may have (64 x 128 at 4 stages: 72 KB); the knobs at AMD_RULE.
     Under the interpreter (CPU): tiles as large as the problem (up to 128), since every
     loop iteration costs milliseconds there whatever its size.
     """
     if planned_sm_count(device) is None:
         fit = lambda x: max(16, min(128, triton.next_power_of_2(max(x, 1))))  # noqa: E731
         return LaunchConfig(fit(m), fit(n), fit(k), 8, 4, 1)
+    amd = planned_amd_arch(device) is not None
+
+    def rule(block_m, block_n, block_k, group_m, num_warps, num_stages):
+        if amd:  # HIP's two stages and the AMD knobs' defaults (see the docstring)
+            return LaunchConfig(block_m, block_n, block_k, group_m, num_warps, 2,
+                                tuple(sorted(AMD_RULE.items())))
+        return LaunchConfig(block_m, block_n, block_k, group_m, num_warps, num_stages)
+
     block_k = 128 // dtype.itemsize if dtype.itemsize <= 2 else 32
     if m <= 64:
-        return LaunchConfig(64, 128, block_k, 8, 4, 4 if operands == 1 else 3)
+        return rule(64, 128, block_k, 8, 4, 4 if operands == 1 else 3)
     if (residual or store_dact) and (planned_arch(device) or 0) >= 100:
         # sm_100a: a second [BM, BN] tile (act' stored, or a residual read) beside a
         # 128 x 128 accumulator moved out of tensor memory spills (act': 12 bytes at 128
         # registers, 4 at 3 stages); 128 x 64 compiles to 75 registers, none
-        return LaunchConfig(128, 64, block_k, 8, 8, 4)
+        return rule(128, 64, block_k, 8, 8, 4)
     out_size = (out_dtype or dtype).itemsize
     plain = out_size <= 2 and not residual and not store_dact
     if operands == 1 and n >= 256 and dtype.itemsize == 2 and plain:
-        return LaunchConfig(128, 256, block_k, 8, 8, 3)
-    return LaunchConfig(128, 128, block_k, 8, 8, 4 if operands == 1 else 3)
+        return rule(128, 256, block_k, 8, 8, 3)
+    return rule(128, 128, block_k, 8, 8, 4 if operands == 1 else 3)
 
 
 def programs(num_tiles: int, device: torch.device) -> int:

@@ -16,8 +16,9 @@ from speedlight import shapes
 from speedlight.ops import attention_cases as cases
 from speedlight.ops._checks import check_bool
 from speedlight.ops._dtensor import local_rows
-from speedlight.ops.attention_launch import (MAX_HEAD_DIM, attention_bwd, attention_fwd,
-                                             check_arguments, launch_bwd, launch_fwd)
+from speedlight.ops.attention_launch import (ATTENTION_CONFIGS, MAX_HEAD_DIM, attention_bwd,
+                                             attention_fwd, check_arguments, launch_bwd,
+                                             launch_fwd)
 from speedlight.ops.registration import register_op
 from speedlight.runtime import autocast_dtype
 from speedlight.spec import KernelDesign, OpSpec
@@ -186,6 +187,13 @@ _FLASH_SM100 = ("flash tiles as on sm_90a; on sm_100a the K and V tiles of the l
                 "TMA (tensor descriptors made on the device per sequence and kv head, which "
                 "zero-fill rows past the sequence), q once per program by 128-bit loads")
 
+_FLASH_GFX942 = ("flash tiles sized for gfx942 (launch sizing on an AMD target: the tiles of "
+                 "fp32 or head dim 256 on every dtype, two stages, one operand buffer in LDS, "
+                 "so no kernel passes the 64 KB of LDS a workgroup may have or spills); the "
+                 "dots on MFMA, the operand tiles by global/buffer loads (no TMA)")
+# the matrix kernels on gfx942: MFMA, no TMA, one operand buffer in LDS
+_MFMA = KernelDesign(min_occupancy=0.125, mma="MFMA", vector_bits=0, why=_FLASH_GFX942)
+
 SPEC = OpSpec(
     impl=attention,
     make_inputs=cases.make_inputs,
@@ -202,6 +210,7 @@ SPEC = OpSpec(
     for_model=cases.for_model,
     count_rows=cases.count_rows,
     case_of=cases.case_of,
+    configs=ATTENTION_CONFIGS,  # the forward's HIP knobs: a space on AMD targets only
     fuses=("eager or SDPA attention: flash attention (scores never written to memory; causal, "
            "sliding window, softcap, GQA, variable length)"),
     patches="attention",
@@ -211,17 +220,20 @@ SPEC = OpSpec(
             # sm_100a: tcgen05 MMA (UTCHMMA), the scores and the output accumulated in
             # tensor memory, K and V tiles loaded by TMA (device-made descriptors)
             per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", tma=True,
-                                         vector_bits=0, why=_FLASH_SM100)),)),
+                                         vector_bits=0, why=_FLASH_SM100)),
+                      ("gfx942", _MFMA), ("gfx950", _MFMA))),
         "_attention_bwd_delta_kernel": KernelDesign(per_arch=((100, KernelDesign(
             spills=True, why=_DELTA_SM100)),)),
         "_attention_bwd_dkdv_kernel": KernelDesign(
             min_occupancy=0.125, mma="HGMMA", vector_bits=0, why=_FLASH,
             per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", vector_bits=0,
-                                         spills=True, why=_BWD_SM100)),)),
+                                         spills=True, why=_BWD_SM100)),
+                      ("gfx942", _MFMA), ("gfx950", _MFMA))),
         "_attention_bwd_dq_kernel": KernelDesign(
             min_occupancy=0.125, mma="HGMMA", vector_bits=0, why=_FLASH,
             per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", vector_bits=0,
-                                         why=_FLASH)),)),
+                                         why=_FLASH)),
+                      ("gfx942", _MFMA), ("gfx950", _MFMA))),
         "_attention_combine_kernel": KernelDesign(min_occupancy=0.25, vector_bits=32,
                                                   why="one query row per program: its fp32 "
                                                       "partials of one head row each"),

@@ -21,10 +21,12 @@ import triton
 from speedlight.kernels.attention import (_attention_bwd_delta_kernel, _attention_bwd_dkdv_kernel,
                                           _attention_bwd_dq_kernel, _attention_combine_kernel,
                                           _attention_fwd_kernel)
-from speedlight.launch import planned_arch, planned_sm_count
-from speedlight.ops._gemm import ensure_allocator
+from speedlight import launch, tuning
+from speedlight.launch import planned_amd_arch, planned_arch, planned_sm_count
+from speedlight.ops._gemm import AMD_RULE, amd_space, ensure_allocator
 from speedlight.ops._checks import check_bool, check_same_device, check_same_dtype, check_tensor
 from speedlight.runtime import check_runtime, describe, is_interpreted
+from speedlight.spec import dtype_name
 
 MAX_HEAD_DIM = 256
 # The largest window side: int32, as the kernels' positions (a longer side is unbounded in
@@ -161,7 +163,12 @@ def _blocks(direction: str, head_dim: int, seq_q: int, dtype: torch.dtype,
 
     On a GPU (or the launch context's target): FlashAttention-2's shapes for Hopper,
     smaller tiles for head dim 256 and for fp32 (whose IEEE products run on FMA units) so
-    no kernel spills; a forward of few queries (decode) takes 16-row blocks. Under the
+    no kernel spills; a forward of few queries (decode) takes 16-row blocks. On an AMD
+    target (launch.planned_amd_arch) the smaller tiles on every dtype, the forward on one
+    stage fewer (two at head dim 128: one K/V buffer in LDS) and the dk/dv pass on one: on
+    gfx942 the forward's three stages need 80 KB of LDS at head dim 128 (a workgroup may
+    have 64 KB), and the dk/dv pass spills at two stages (712 bytes of scratch with 64-key
+    tiles, 1.5 KB with 128), none at one (250 VGPRs). Under the
     interpreter every program costs milliseconds: the largest tiles that stay cheap.
     """
     block_d = max(16, triton.next_power_of_2(head_dim))
@@ -170,16 +177,34 @@ def _blocks(direction: str, head_dim: int, seq_q: int, dtype: torch.dtype,
         bm = min(64, few) if direction != "dkdv" else 32
         return dict(BLOCK_M=bm, BLOCK_N=64 if block_d <= 128 else 32, BLOCK_D=block_d,
                     num_warps=4)
-    wide = block_d > 128 or dtype == torch.float32
+    amd = planned_amd_arch(device) is not None
+    wide = block_d > 128 or dtype == torch.float32 or amd
     if direction == "fwd":
         bm = min(128 if not wide else 64, few)
+        stages = (3 if block_d <= 128 else 2) - (1 if amd else 0)
         return dict(BLOCK_M=bm, BLOCK_N=64 if block_d <= 128 else 32, BLOCK_D=block_d,
-                    num_warps=8 if bm >= 128 else 4, num_stages=3 if block_d <= 128 else 2)
+                    num_warps=8 if bm >= 128 else 4, num_stages=stages)
     if direction == "dkdv":
         return dict(BLOCK_M=32, BLOCK_N=128 if not wide else 64, BLOCK_D=block_d,
-                    num_warps=8, num_stages=2 if block_d <= 128 else 1)
+                    num_warps=8, num_stages=2 if block_d <= 128 and not amd else 1)
     return dict(BLOCK_M=128 if not wide else 64, BLOCK_N=32, BLOCK_D=block_d, num_warps=8,
                 num_stages=2 if block_d <= 128 else 1)
+
+
+# The forward's configuration space: none on an NVIDIA GPU (its tiles are the rule's,
+# _blocks), Triton's HIP knobs on an AMD target (the GEMMs', ops/_gemm.amd_space), at
+# their defaults by rule; a tuned entry per head-dim block and dtype.
+ATTENTION_CONFIGS = tuning.Configs(
+    "attention", space={}, default=lambda key: dict(AMD_RULE),
+    bucket=lambda key: f"d{key[0]}-{dtype_name(key[1])}", amd=amd_space)
+
+
+def _fwd_knobs(block_d: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """The forward's HIP knobs on an AMD target (launch.config: forced, tuned or the rule's
+    defaults); none elsewhere (a CUDA launch refuses them)."""
+    if planned_amd_arch(device) is None:
+        return {}
+    return dict(launch.config(ATTENTION_CONFIGS, (block_d, dtype), device))
 
 
 def _split_plan(n_programs: int, seq_k: int, block_n: int, device: torch.device,
@@ -329,6 +354,7 @@ def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
                  PRECISION=_precision(q.dtype), TMA=_tma(pb, k, v))
     if flags["TMA"]:
         ensure_allocator()  # the descriptors are made on the device, in Triton's scratch
+    blocks = {**blocks, **_fwd_knobs(blocks["BLOCK_D"], q.dtype, q.device)}
     common = (pb.cu_q, pb.cu_k, m_blocks, *pb.sizes(), pb.heads_q, pb.group,
               pb.head_dim, scale, float(softcap or 1.0), left, right, span,
               *pb.strides(q), *pb.strides(k), *pb.strides(v))

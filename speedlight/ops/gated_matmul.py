@@ -87,8 +87,7 @@ def gated_matmul_fwd(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor |
         wu.stride(0), wu.stride(1), out.stride(0), h1.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         TMA=tma, X_KMAJOR=x_lay == "row", W_KMAJOR=g_lay == "row", ACTIVATION=activation,
-        STORE_H=store_h, PRECISION=precision(x.dtype), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        STORE_H=store_h, PRECISION=precision(x.dtype), **cfg.options())
     return out, h
 
 

@@ -142,7 +142,7 @@ def grouped_matmul_fwd(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Te
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         BLOCK_G=group_block(n_groups), TMA=tma, X_KMAJOR=x_lay == "row", W_KMAJOR=w_lay == "row",
         HAS_BIAS=bias is not None, ACTIVATION=activation or "none", STORE_DACT=store_dact,
-        PRECISION=precision(x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        PRECISION=precision(x.dtype), **cfg.options())
     return out, dact
 
 
@@ -201,7 +201,7 @@ def grouped_weight_grad(dz: torch.Tensor, x: torch.Tensor, group_offsets: torch.
         BLOCK_P=cfg.block_m, BLOCK_Q=cfg.block_n, BLOCK_M=cfg.block_k, TMA=tma,
         A_PMAJOR=a_lay == "row", B_QMAJOR=b_lay == "row",
         BIAS_OF="" if bias is None else ("b" if flip else "a"), PRECISION=precision(x.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        **cfg.options())
     return dw, dbias.to(bias.dtype) if dbias is not None else None
 
 

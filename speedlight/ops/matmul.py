@@ -96,7 +96,7 @@ def matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
                  GROUP_M=cfg.group_m, TMA=tma, HAS_SCALE=scale is not None,
                  HAS_BIAS=bias is not None, ACTIVATION=act, HAS_RESIDUAL=residual is not None,
                  STORE_DACT=store_dact, STORE_AMAX=amax is not None,
-                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                 **cfg.options())
     bias_stride = bias.stride(0) if bias is not None else 0
     scale_f = float(scale if scale is not None else 1.0)
     if scale_a is None:
@@ -411,12 +411,18 @@ _GEMM = KernelDesign(min_occupancy=0.0, vector_bits=0, spills=False, mma="HGMMA"
                      min_stages=3, bytes_ratio=float("inf"),
                      why="a GEMM reads a once per column of tiles and b once per row of "
                          "tiles; grouped order serves those re-reads from L2")
-DESIGN = dataclasses.replace(_GEMM, per_arch=((100, dataclasses.replace(_GEMM, mma="UTCHMMA")),))
+# On gfx942 (MI300X; gfx950 alike) the dots compile to MFMA (v_mfma) with no TMA: operands arrive by
+# global/buffer loads into one LDS buffer (num_stages 2, the AMD rule: the next k-step's
+# tiles wait in registers), so one stage in LDS is the design there.
+_GEMM_GFX942 = dataclasses.replace(_GEMM, mma="MFMA", tma=False, min_stages=1)
+_AMD = (("gfx942", _GEMM_GFX942), ("gfx950", _GEMM_GFX942))  # CDNA3 and CDNA4 alike
+DESIGN = dataclasses.replace(_GEMM, per_arch=((100, dataclasses.replace(_GEMM, mma="UTCHMMA")),
+                                              *_AMD))
 
 # The fp8 kernel: the same pipeline on fp8 wgmma (QGMMA) on sm_90a, fp8 tcgen05 (UTCQMMA)
-# on sm_100a
+# on sm_100a; MFMA on gfx942 and gfx950
 FP8_DESIGN = dataclasses.replace(_GEMM, mma="QGMMA", per_arch=(
-    (100, dataclasses.replace(_GEMM, mma="UTCQMMA")),))
+    (100, dataclasses.replace(_GEMM, mma="UTCQMMA")), *_AMD))
 
 SPEC = OpSpec(
     impl=matmul,

@@ -16,7 +16,7 @@ import triton
 
 from speedlight import shapes
 from speedlight.kernels.rope import _rope_kernel
-from speedlight.launch import planned_sm_count
+from speedlight.launch import planned_amd_arch, planned_sm_count
 from speedlight.ops._checks import check_bool, check_same_device, check_same_dtype, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of
@@ -108,7 +108,7 @@ def _launch(q, k, cos, sin, position_ids, interleaved: bool, backward: bool):
         n_tokens, seq, q_heads, k_heads, half, n_pass, max_pos,
         *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(), *cos_strides, *pos_strides,
         HAS_POS=position_ids is not None, INTERLEAVED=interleaved, BACKWARD=backward,
-        HAS_PASS=n_pass > 0, **tiles)
+        HAS_PASS=n_pass > 0, SPLIT_QK=planned_amd_arch(q.device) is not None, **tiles)
     return q_out, k_out
 
 

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     tgt = arguments.resolve_target(args, "tune")
     try:
         spec = registry.select([args.op], args.spec, include_builtin=not args.only_spec)[0]
-        sweep.configurable(spec)
+        sweep.configurable(spec, tgt.arch)
         dtypes = [parse_dtype(d) for d in args.dtypes.split(",")]
         filters = [f.strip() for f in args.cases.split(",") if f.strip()] if args.cases else []
         cases = _select_cases(spec, args.suite, dtypes, filters)

@@ -3,6 +3,10 @@
 A Task is one shape (a Case of the op's suite) and the op's configuration space; running
 it (`run_task`) gives one row per configuration examined:
 
+The space swept is the op's for the target (Configs.space_for): an AMD target's adds
+Triton's HIP knobs (waves_per_eu, matrix_instr_nonkdim, kpack for the GEMMs), ordered and
+pruned as every other parameter is; an NVIDIA target's is the declared space.
+
 1. capture: the op runs on the case's inputs with no launch executed (inspect's recorder,
    mode "dry"), sized for the target's SKU, once under the launch rule (what runs today,
    and the shape bucket the launcher asks a configuration for) and once per candidate,
@@ -78,13 +82,16 @@ class _Candidate:
     error: str = ""
 
 
-def configurable(spec: OpSpec) -> Configs:
-    """The configuration space `spec` declares (OpSpec.configs), or ValueError."""
+def configurable(spec: OpSpec, arch: int | str | None = None) -> Configs:
+    """The configuration space `spec` declares (OpSpec.configs) for `arch` (the target's:
+    an AMD target's may add knobs, Configs.space_for), or ValueError."""
     configs = spec.configs
-    if configs is None or not configs.space:
-        raise ValueError(f"op {spec.name} declares no configuration space to tune: give its "
-                         f"OpSpec configs=speedlight.tuning.Configs({spec.name!r}, space, "
-                         f"default, bucket), the space its launchers ask launch.config in")
+    if configs is None or not configs.space_for(arch):
+        where = f" on {targets.arch_name(arch)}" if arch is not None and configs else ""
+        raise ValueError(f"op {spec.name} declares no configuration space to tune{where}: "
+                         f"give its OpSpec configs=speedlight.tuning.Configs({spec.name!r}, "
+                         f"space, default, bucket), the space its launchers ask "
+                         f"launch.config in")
     if configs.op != spec.name:
         raise ValueError(f"op {spec.name}: its OpSpec's configs are op {configs.op!r}'s; the "
                          f"tuned tables are read and written under the op's own name")
@@ -98,7 +105,7 @@ def tasks(spec: OpSpec, cases: Sequence[Case], tgt: targets.Target, *,
     injected non-finite values are one shape); `max_compiles` is the whole sweep's
     budget, shared evenly (at least one compile per shape: the rule's). run_tasks pools
     the shares, so what a shape without a launch leaves goes to the shapes after it."""
-    configurable(spec)
+    configurable(spec, tgt.arch)
     seen, shapes = set(), []
     for case in cases:
         flags = tuple((k, v) for k, v in case.flags if k != "nonfinite")
@@ -124,12 +131,11 @@ def ordered(space: Mapping[str, Sequence[Any]], first: Mapping[str, Any]) -> lis
         return (len(changed), steps, changed)
 
     points = [dict(zip(names, values)) for values in itertools.product(*space.values())]
-    points.sort(key=rank)
+    ranked = sorted(((rank(p), p) for p in points), key=lambda rp: rp[0])  # each ranked once
     # within one distance, the parameters changed in turn: BLOCK_M, BLOCK_N, ..., BLOCK_M...
     turns: dict[tuple, int] = {}
     keyed = []
-    for p in points:
-        r = rank(p)
+    for r, p in ranked:
         group = (r[0], r[1], tuple(r[2]))
         turns[group] = turns.get(group, -1) + 1
         keyed.append(((r[0], r[1], turns[group], r[2]), p))
@@ -224,8 +230,8 @@ def _prepare(task: Task, device: torch.device) -> _Staged | list[dict]:
     """Capture the rule and the candidates (the compile cap applied, duplicates found);
     the task's finished rows instead when the shape is skipped."""
     spec = _spec(task)
-    configs = configurable(spec)
     tgt = targets.resolve(task.target, task.sku, device)
+    configs = configurable(spec, tgt.arch)
     with launch.for_target(tgt):  # the launches a user of the target's SKU gets
         return _capture_candidates(task, spec, configs, tgt, device)
 
@@ -237,7 +243,7 @@ def _capture_candidates(task: Task, spec: OpSpec, configs: Configs, tgt: targets
     reason = spec.skip(task.case, device)
     if reason:
         return [dict(base, status="skip", reason=reason)]
-    space = dict(task.space) if task.space else dict(configs.space)
+    space = dict(task.space) if task.space else dict(configs.space_for(tgt.arch))
     inputs = spec.make_inputs(task.case, device)
     rule = _capture(spec, configs, inputs, None, tgt)
     if rule.error:

@@ -6,6 +6,10 @@
            warp: 256 values per thread cannot fit 255 registers, so ptxas spills
   matmul   c = a @ b in fp16 with tl.dot; num_warps decides whether sm_90a gets wgmma
            (HGMMA needs a warp group: num_warps a multiple of 4)
+  pick     y = x then z, through one load that picks x's or z's pointers with tl.where:
+           compiles for NVIDIA; Triton 3.6 does not compile it for an AMD target (its
+           pointer canonicalisation cannot follow a select between two arguments' pointers,
+           which rope's kernel once did)
 """
 
 from __future__ import annotations
@@ -129,4 +133,29 @@ MATMUL = OpSpec(
 )
 
 
-SPECS = [COPY, SPILL, MATMUL]  # so `speedlight inspect --spec tests/inspect/kernels.py` finds them
+@triton.jit
+def _pick_kernel(x_ptr, z_ptr, y_ptr, BLOCK: tl.constexpr):
+    """y[:BLOCK] = x[:BLOCK], y[BLOCK:] = z[:BLOCK]: x_ptr, z_ptr [BLOCK], y_ptr [2 BLOCK]."""
+    offs = tl.arange(0, BLOCK)
+    for step in range(0, 2):
+        v = tl.load(tl.where(step == 0, x_ptr + offs, z_ptr + offs))
+        tl.store(y_ptr + step * BLOCK + offs, v)
+
+
+def pick(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    y = torch.empty(2 * x.numel(), dtype=x.dtype, device=x.device)
+    _pick_kernel[(1,)](x, z, y, BLOCK=x.numel())
+    return y
+
+
+PICK = OpSpec(
+    name="pick",
+    impl=pick,
+    reference=lambda x, z: torch.cat([x, z]),
+    make_inputs=lambda case, device: {"x": rand_tensor((case["n"],), case, device),
+                                      "z": rand_tensor((case["n"],), case, device, salt=1)},
+    cost=lambda case, mode: Cost(0, 4 * case["n"] * case.dtype.itemsize),
+    suites={"quick": lambda: [Case("pick", {"n": 64}, dtype=torch.float32)]},
+)
+
+SPECS = [COPY, SPILL, MATMUL, PICK]  # so `speedlight inspect --spec tests/inspect/kernels.py` finds them

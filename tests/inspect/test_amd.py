@@ -2,7 +2,8 @@
 other target, the GPU in use recognised on a ROCm build of torch (stand-ins for
 torch.version.hip and the device's properties), and the one inspect flow reading AMDGCN:
 resources, occupancy against the compiler's own figure, the instruction mix, global
-accesses tied to their source lines, and a compiler error reported as a finding."""
+accesses tied to their source lines, and a compiler error reported as a finding; the AMD
+tuning knobs reaching the compile."""
 
 from types import SimpleNamespace
 
@@ -120,17 +121,20 @@ def test_inspect_reads_gfx942_kernels_through_the_one_flow(compiler):
 
 
 def test_a_kernel_that_does_not_compile_for_gfx942_is_a_finding(compiler):
-    """rope does not compile for gfx942 with Triton 3.6 (an MLIR pass fails): inspect
-    reports the compiler's error as a finding and goes on."""
-    spec = _spec("rope")
-    case = spec.cases("quick")[0].with_(dtype=torch.bfloat16)
-    (report,) = inspect_cases([(spec, case)], resolve("gfx942"), compiler=compiler,
+    """A load through tl.where between two arguments' pointers compiles for NVIDIA but not
+    for gfx942 with Triton 3.6 (the AMD pointer canonicalisation fails; rope's kernel was
+    written without it): inspect reports the compiler's error as the case's finding, and
+    the guard as a compile shortfall, instead of crashing."""
+    from tests.inspect.kernels import PICK
+
+    case = PICK.cases("quick")[0]
+    (report,) = inspect_cases([(PICK, case)], resolve("gfx942"), compiler=compiler,
                               mode="dry", backward=False)
-    errors = [f for f in report.all_findings if f.code == "compile-error"]
-    if not errors:
-        pytest.skip("rope compiles for gfx942 with this Triton: nothing to report")
-    assert all("did not compile for gfx942" in f.text for f in errors)
-    assert [s.check for s in guard.check(report)] == ["compile"] * len(report.kernels)
+    (k,) = report.kernels
+    assert not k.ok and "PassManager::run failed" in k.compiled.error
+    (error,) = [f for f in report.all_findings if f.code == "compile-error"]
+    assert error.text.startswith("_pick_kernel did not compile for gfx942: RuntimeError")
+    assert [s.check for s in guard.check(report)] == ["compile"]
 
 
 def test_launches_sized_for_an_amd_target_use_waves_of_64():
@@ -145,3 +149,41 @@ def test_launches_sized_for_an_amd_target_use_waves_of_64():
         grid, block_m, block_n, warps = launch.persistent_row_grid(
             10**6, 16384, cpu, max_block_n=65536, tile=16384, warps_per_sm=64)
         assert (block_n, warps) == (16384, 16) and grid == (2 * 304,)  # 32 waves per CU
+
+
+def test_the_amd_tuning_knobs_reach_the_compile(compiler):
+    """waves_per_eu, matrix_instr_nonkdim and kpack are points of the GEMMs' space on an
+    AMD target only; a forced configuration that sets them is compiled with them (read back
+    from the compiled kernel's metadata), as tune's candidates are."""
+    from speedlight import launch
+    from speedlight.ops import _gemm as gemm, matmul
+    from speedlight.spec import Case
+
+    configs = matmul.MATMUL_CONFIGS
+    assert configs.space_for(90) == gemm.CONFIG_SPACE == configs.space
+    space = configs.space_for("gfx942")
+    assert set(space) - set(gemm.CONFIG_SPACE) == {"waves_per_eu", "matrix_instr_nonkdim", "kpack"}
+    assert configs.space_for("gfx950")["kpack"] == (1,)  # Triton resets kpack to 1 there
+    target, cpu = resolve("gfx942"), torch.device("cpu")
+    with launch.for_target(target):
+        rule = gemm.launch_config(128, 128, 128, torch.bfloat16, cpu).as_config()
+    assert set(rule) == set(space) and rule["waves_per_eu"] == 0
+    with launch.for_target(resolve("h200")):  # a CUDA launch is never given them
+        assert set(gemm.launch_config(128, 128, 128, torch.bfloat16, cpu).as_config()) == \
+            set(gemm.CONFIG_SPACE)
+    forced = dict(rule, num_stages=2, waves_per_eu=2, matrix_instr_nonkdim=16, kpack=2)
+    case = Case("matmul", {"m": 128, "n": 128, "k": 128}, dtype=torch.bfloat16,
+                flags={"linear": True})
+    with launch.forcing("matmul", forced) as asked:
+        (report,) = inspect_cases([(matmul.SPEC, case)], target, compiler=compiler,
+                                  mode="dry", backward=False)
+    assert asked and not report.error
+    (k,) = report.kernels
+    assert k.ok, k.compiled.error
+    meta = k.compiled.meta
+    assert (meta["waves_per_eu"], meta["matrix_instr_nonkdim"], meta["kpack"]) == (2, 16, 2)
+    assert k.to_json()["hip_options"] == {"waves_per_eu": 2, "matrix_instr_nonkdim": 16,
+                                          "kpack": 2}  # what inspect's JSON rows say
+    assert k.mix.tensor_core.get("MFMA")
+    assert any("16x16" in line for line in k.compiled.text("amdgcn").splitlines()
+               if "v_mfma" in line)  # the 16x16 MFMA the knob asked for

@@ -56,6 +56,22 @@ def test_gpu_sized_launches_match_float64(shape, layout, flags, device):
             assert_verified(SPEC, case(*shape, dtype=dtype, layout=layout, **flags), device)
 
 
+@pytest.mark.parametrize("shape,layout,flags", [
+    pytest.param((1, 5, 6, 2, 64, 64), "transposed", {"pos": True}, id="gqa-masked-head-steps-pos"),
+    pytest.param((2, 3, 4, 2, 64, 32), "contiguous", {"interleaved": True},
+                 id="interleaved-pass-through"),
+])
+def test_amd_sized_launches_match_float64(shape, layout, flags, device):
+    """On an AMD target the kernel takes q's heads and k's in two loops (SPLIT_QK: gfx942
+    does not compile the one loop's pointer select): verified under the interpreter with
+    the launches an MI300X gets."""
+    from speedlight.launch import for_target
+    from speedlight.target import resolve
+
+    with for_target(resolve("gfx942")):
+        assert_verified(SPEC, case(*shape, dtype=torch.bfloat16, layout=layout, **flags), device)
+
+
 def _hf_llama_rotary(head_dim, device, dtype, batch, seq):
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding

@@ -2,6 +2,8 @@
 kernels compiled for sm_90a, each rejection with its reason; the CLI lists them and writes
 the rows. Compiles are what cost here (1-3 s each): every test caps them at two or three."""
 
+import math
+
 import pytest
 import torch
 
@@ -88,3 +90,33 @@ def test_timing_then_verification_picks_a_verified_best(device):
     assert best[0]["rule_us"] == next(r["median_us"] for r in rows if r["rule"])
     entry = sweep.winners(rows)["h100-sxm"]["matmul"]["m64-n64-k64-bf16"]
     assert entry["config"] == best[0]["config"] and entry["verified"]
+
+
+def test_an_amd_target_sweeps_its_knobs_too(device):
+    # captured only (nothing compiled): the rule's point and the space counted past the cap
+    spec = registry.builtin_spec("matmul")
+    case = next(c for c in spec.cases("quick") if c.label == "m64-n64-k64-linear")
+    tgt = target.resolve("mi300x", None, "cpu")
+    (task,) = sweep.tasks(spec, [case.with_(dtype=torch.bfloat16)], tgt, max_compiles=1)
+    st = sweep._prepare(task, torch.device(device))
+    space = spec.configs.space_for("gfx942")
+    assert set(space) == set(CONFIG_SPACE) | {"waves_per_eu", "matrix_instr_nonkdim", "kpack"}
+    ((rule, row),) = st.staged
+    assert row["rule"] and row["config"] == rule.config and set(rule.config) == set(space)
+    assert {l.options.get("waves_per_eu") for l in rule.launches} == {rule.config["waves_per_eu"]}
+    assert st.over == math.prod(len(v) for v in space.values()) - 1
+
+
+def test_attention_has_a_space_on_amd_targets_only(device):
+    # the forward's HIP knobs: nothing to tune on an NVIDIA target, the knobs on an AMD one
+    spec = registry.builtin_spec("attention")
+    with pytest.raises(ValueError, match="no configuration space to tune on sm_90a"):
+        sweep.tasks(spec, spec.cases("quick")[:1], target.resolve("h100-sxm", None, "cpu"))
+    tgt = target.resolve("mi300x", None, "cpu")
+    (task,) = sweep.tasks(spec, spec.cases("quick")[:1], tgt, max_compiles=1)
+    st = sweep._prepare(task, torch.device(device))
+    ((rule, row),) = st.staged
+    assert row["rule"] and rule.config == {"waves_per_eu": 0, "matrix_instr_nonkdim": 0, "kpack": 1}
+    (fwd,) = [l for l in rule.launches if l.kernel == "_attention_fwd_kernel"]
+    assert {k: fwd.options[k] for k in rule.config} == rule.config
+    assert st.over == 4 * 3 * 2 - 1 and row["bucket"].startswith("d")
