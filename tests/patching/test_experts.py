@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 from speedlight.patching import PatchWarning, experts, patch, unpatch
 from speedlight.pipeline.model_check import check_models
 from speedlight.verify.harness import LaunchCounter
-from tests.patching.tiny_models import batch, build, vocab
+from tests.patching.tiny_models import KEEPING_FAMILIES, batch, build, vocab
 
 TOL = dict(rtol=2e-4, atol=2e-5)
 EXPERTS_ONLY = dict(rms_norm=False, rope=False, cross_entropy=False, attention=False,
@@ -157,12 +157,15 @@ def test_module_path_compiles_whole(monkeypatch):
     torch.testing.assert_close(grads[0], expected[0], **TOL)
 
 
-def test_gpt_oss_patched_traces_whole():
+@pytest.mark.parametrize("family", KEEPING_FAMILIES)
+def test_gpt_oss_and_deepseek_v3_patched_trace_whole(family):
     """gpt-oss patched (its experts by the registry, their transposed views and bias
-    arguments; its own attention with sinks) traces in one graph with no break."""
+    arguments; its own attention with sinks) and DeepSeek-V3 (its latent attention and
+    RoPE kept) trace in one graph with no break (tests/patching/test_compile.py holds the
+    other families)."""
     from torch._dynamo.utils import counters
 
-    model = build("gpt_oss")
+    model = build(family)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PatchWarning)  # its attention is kept, and says so
         patch(model)

@@ -14,7 +14,8 @@ import torch
 pytest.importorskip("transformers")
 
 from speedlight.patching import PatchWarning, patch
-from tests.patching.tiny_models import FAMILIES, NEW_FAMILIES, batch, build, vocab
+from tests.patching.tiny_models import (FAMILIES, KEEPING_FAMILIES, NEW_FAMILIES, batch, build,
+                                        vocab)
 
 
 def _patched(model):
@@ -23,7 +24,7 @@ def _patched(model):
         return patch(model)
 
 
-@pytest.mark.parametrize("family", FAMILIES + NEW_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + NEW_FAMILIES + KEEPING_FAMILIES)
 def test_every_patched_forward_keeps_the_signature_it_replaces(family):
     """The causal LM's forward: the original's parameters, in order, kinds, defaults and
     annotations, with speedlight's keyword-only skip_logits before **kwargs; every other

@@ -95,6 +95,11 @@ FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "fa
 NEW_FAMILIES = ["gemma3_text", "olmo2", "glm4", "smollm3", "ministral", "qwen2_vl", "mixtral",
                 "qwen2_moe", "qwen3_moe", "granitemoe"]
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "granitemoe")
+# the families whose experts have a layout of their own or whose attention is kept
+# (gpt-oss: transposed, interleaved, biased experts, attention with sinks; DeepSeek-V3:
+# latent attention, group-limited router): in the signature, autocast and trace tests, the
+# float64 model check in tests/patching/test_experts.py
+KEEPING_FAMILIES = ["gpt_oss", "deepseek_v3"]
 
 
 def build(model_type: str, seed: int = 0, dtype=torch.float32):
