@@ -57,6 +57,68 @@ def _group_bounds(offs_ptr, G, M, BLOCK_G: tl.constexpr):
 
 
 @triton.jit
+def _group_tiles(offs_ptr, G, M, num_pid_n, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr):
+    """What a program needs to find any tile's group: the lanes gs, each group's rows as
+    one int64 (start in the high half, end in the low), one past each group's last tile,
+    and the number of tiles (every group's row tiles times num_pid_n, the rows past the
+    last group's last)."""
+    gs, starts, ends = _group_bounds(offs_ptr, G, M, BLOCK_G)
+    tiles = tl.cdiv(ends - starts, BLOCK_M) * num_pid_n
+    last_of = tl.cumsum(tiles, 0)  # one past each group's last tile
+    bounds = (starts.to(tl.int64) << 32) | ends.to(tl.int64)
+    return gs, bounds, last_of, tl.sum(tiles, 0)
+
+
+@triton.jit
+def _group_tile(tile, gs, bounds, last_of, num_pid_n, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(g, end, off_m, off_n) of tile `tile`: its group (G past the last), the group's end
+    row, the tile's first row and column. Three lane reductions; row tiles start at the
+    group's first row, GROUP_M of them sharing a column of w's tiles."""
+    g = tl.sum((last_of <= tile).to(tl.int32), 0)  # the group holding the tile
+    span = tl.sum(tl.where(gs == g, bounds, 0), 0)
+    start = (span >> 32).to(tl.int32)
+    end = (span & 0xFFFFFFFF).to(tl.int32)
+    m_tiles = tl.cdiv(end - start, BLOCK_M)
+    g_first = tl.sum(tl.where(gs == g, last_of, 0), 0) - m_tiles * num_pid_n
+    pid_m, pid_n = _tile_coords(tile - g_first, m_tiles, num_pid_n, GROUP_M)
+    return g, end, start + pid_m * BLOCK_M, pid_n * BLOCK_N
+
+
+@triton.jit
+def _weight_desc(w_ptr, G, N, K, stride_wg, stride_wn, stride_wk, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, W_KMAJOR: tl.constexpr):
+    """One 3-D descriptor over every group's weight: [G, N, K] tiles [1, BN, BK] when its
+    K stride is 1, else over its [G, K, N] memory, tiles [1, BK, BN]."""
+    if W_KMAJOR:
+        return tl.make_tensor_descriptor(w_ptr, shape=[G, N, K], strides=[stride_wg, stride_wn, 1],
+                                         block_shape=[1, BLOCK_N, BLOCK_K])
+    else:
+        return tl.make_tensor_descriptor(w_ptr, shape=[G, K, N], strides=[stride_wg, stride_wk, 1],
+                                         block_shape=[1, BLOCK_K, BLOCK_N])
+
+
+@triton.jit
+def _load_weight(w_desc, w_ptr, g, off_n, off_k, N, K, stride_wg, stride_wn, stride_wk,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
+                 W_KMAJOR: tl.constexpr):
+    """The [BLOCK_K, BLOCK_N] tile of w[g]^T at (off_k, off_n), zero past N and K (w[g]'s
+    own edges: a tail never reads the next group's weights; by TMA, or masked pointers)."""
+    if TMA:
+        if W_KMAJOR:
+            b = tl.trans(w_desc.load([g, off_n, off_k]).reshape(BLOCK_N, BLOCK_K))
+        else:
+            b = w_desc.load([g, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
+        if INTERPRETED and b.dtype == tl.bfloat16:
+            b = b.to(tl.float32)
+    else:
+        w_g = w_ptr + g.to(tl.int64) * stride_wg
+        b = _load_operand(w_g, w_g, off_k, off_n, K, N, stride_wk, stride_wn, BLOCK_K,
+                          BLOCK_N, False, False)
+    return b
+
+
+@triton.jit
 def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, offs_ptr, M, N, K, G,
                            stride_xm, stride_xk, stride_wg, stride_wn, stride_wk, stride_om,
                            stride_bg, stride_bn,
@@ -85,52 +147,26 @@ def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, offs_ptr, 
     """
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    gs, starts, ends = _group_bounds(offs_ptr, G, M, BLOCK_G)
-    tiles = tl.cdiv(ends - starts, BLOCK_M) * num_pid_n
-    last_of = tl.cumsum(tiles, 0)  # one past each group's last tile
-    # a group's rows as one int64: start in the high half, end in the low
-    bounds = (starts.to(tl.int64) << 32) | ends.to(tl.int64)
+    gs, bounds, last_of, num_tiles = _group_tiles(offs_ptr, G, M, num_pid_n, BLOCK_M, BLOCK_G)
     if TMA:
         x_desc = _operand_desc(x_ptr, M, K, stride_xm, stride_xk, BLOCK_M, BLOCK_K, X_KMAJOR)
-        if W_KMAJOR:  # w [G, N, K], tiles [1, BN, BK]
-            w_desc = tl.make_tensor_descriptor(w_ptr, shape=[G, N, K],
-                                               strides=[stride_wg, stride_wn, 1],
-                                               block_shape=[1, BLOCK_N, BLOCK_K])
-        else:  # w's memory [G, K, N], tiles [1, BK, BN]
-            w_desc = tl.make_tensor_descriptor(w_ptr, shape=[G, K, N],
-                                               strides=[stride_wg, stride_wk, 1],
-                                               block_shape=[1, BLOCK_K, BLOCK_N])
+        w_desc = _weight_desc(w_ptr, G, N, K, stride_wg, stride_wn, stride_wk, BLOCK_N,
+                              BLOCK_K, W_KMAJOR)
     else:
         x_desc = x_ptr
         w_desc = w_ptr
-    for tile in tl.range(tl.program_id(0), tl.sum(tiles, 0), tl.num_programs(0)):
-        g = tl.sum((last_of <= tile).to(tl.int32), 0)  # the group holding the tile
-        span = tl.sum(tl.where(gs == g, bounds, 0), 0)
-        start = (span >> 32).to(tl.int32)
-        end = (span & 0xFFFFFFFF).to(tl.int32)
-        m_tiles = tl.cdiv(end - start, BLOCK_M)
-        g_first = tl.sum(tl.where(gs == g, last_of, 0), 0) - m_tiles * num_pid_n
-        pid_m, pid_n = _tile_coords(tile - g_first, m_tiles, num_pid_n, GROUP_M)
-        off_m = start + pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        g, end, off_m, off_n = _group_tile(tile, gs, bounds, last_of, num_pid_n, BLOCK_M,
+                                           BLOCK_N, GROUP_M)
         in_group = g < G
         g_w = tl.minimum(g, G - 1)
-        w_g = w_ptr + g_w.to(tl.int64) * stride_wg
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for ki in range(tl.where(in_group, k_tiles, 0)):  # past the last group: zeros
             off_k = ki * BLOCK_K
             a = _load_operand(x_desc, x_ptr, off_m, off_k, M, K, stride_xm, stride_xk,
                               BLOCK_M, BLOCK_K, TMA, X_KMAJOR)
-            if TMA:
-                if W_KMAJOR:
-                    b = tl.trans(w_desc.load([g_w, off_n, off_k]).reshape(BLOCK_N, BLOCK_K))
-                else:
-                    b = w_desc.load([g_w, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
-                if INTERPRETED and b.dtype == tl.bfloat16:
-                    b = b.to(tl.float32)
-            else:
-                b = _load_operand(w_g, w_g, off_k, off_n, K, N, stride_wk, stride_wn,
-                                  BLOCK_K, BLOCK_N, False, False)
+            b = _load_weight(w_desc, w_ptr, g_w, off_n, off_k, N, K, stride_wg, stride_wn,
+                             stride_wk, BLOCK_N, BLOCK_K, TMA, W_KMAJOR)
             # [BM, BK] @ [BK, BN] -> [BM, BN]
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
         offs_n = off_n + tl.arange(0, BLOCK_N)

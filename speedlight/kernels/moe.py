@@ -1,10 +1,7 @@
 """Triton kernels of speedlight's mixture-of-experts block (ops/moe_experts.py) around its
-two grouped GEMMs (kernels/grouped_matmul.py):
+two grouped GEMMs (kernels/moe_gate_up.py, whose epilogue applies the gate unit _moe_gate,
+and kernels/grouped_matmul.py):
 
-  _moe_gate_fwd_kernel   h = gate unit of the gate_up projection's output z, per routed
-                         (token, slot) pair: act(m_g * gate) * up * m_d, or gpt-oss's
-                         clamped SwiGLU; gate and up are two strided views of z (its two
-                         halves, or its even and odd columns).
   _moe_gate_bwd_kernel   recomputes h from z and, from g = dout_pair @ w_down[e] (the down
                          projection's input gradient before the routing weight), writes
                          h, dz = d(gate unit) of w_pair * g, and the routing weight's
@@ -47,29 +44,6 @@ def _moe_gate(a, u, ACTIVATION: tl.constexpr, alpha, limit):
     return h, d_a, d_u
 
 
-@triton.jit
-def _moe_gate_fwd_kernel(gate_ptr, up_ptr, h_ptr, n_rows, n_cols, stride_zm, stride_zn,
-                         stride_hm, gate_multiplier, down_multiplier, alpha, limit,
-                         ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr):
-    """h = gate_unit(m_g * gate, up) * m_d, in fp32, rounded once to h's dtype.
-
-    gate_ptr, up_ptr [n_rows, n_cols]: two views of z [pairs, 2 I] with z's row stride
-    stride_zm and column stride stride_zn (1: its halves; 2: its even and odd columns);
-    h_ptr [n_rows, n_cols] (row stride stride_hm, unit column stride). Grid (row blocks,
-    column blocks). ACTIVATION: silu, gelu_tanh, gelu or clamped_swiglu (alpha, limit
-    read only by it)."""
-    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m < n_rows)[:, None] & (offs_n < n_cols)[None, :]
-    z_at = offs_m[:, None] * stride_zm + offs_n.to(tl.int64)[None, :] * stride_zn
-    g = tl.load(gate_ptr + z_at, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(up_ptr + z_at, mask=mask, other=0.0).to(tl.float32)
-    h, _, _ = _moe_gate(g * gate_multiplier, u, ACTIVATION, alpha, limit)
-    tl.store(h_ptr + offs_m[:, None] * stride_hm + offs_n[None, :],
-             (h * down_multiplier).to(h_ptr.dtype.element_ty), mask=mask)
-
-
 # Backward of y_pair = w_pair * (h @ w_down[e]^T + b_down[e]), h = gate_unit(m_g gate, up) m_d,
 # given g = dout_pair @ w_down[e] ([pairs, I], before the routing weight):
 #   d w_pair = <dout_pair, y_pair / w_pair> = <g, h> + <dout_pair, b_down[e]>  (bias: host)
@@ -86,7 +60,8 @@ def _moe_gate_bwd_kernel(g_ptr, gate_ptr, up_ptr, w_pair_ptr, h_ptr, dgate_ptr, 
     dw_pair = <g, h> (fp32 [n_rows], h as the forward rounded it).
 
     g_ptr [n_rows, n_cols] (row stride stride_gm, unit column stride, any float dtype);
-    gate_ptr, up_ptr as _moe_gate_fwd_kernel's; w_pair_ptr [n_rows] the routing weight of
+    gate_ptr, up_ptr [n_rows, n_cols]: two views of z [pairs, 2 I] with z's row stride
+    stride_zm and column stride stride_zn (1: its halves; 2: its even and odd columns); w_pair_ptr [n_rows] the routing weight of
     each sorted pair; dgate_ptr, dup_ptr two views of dz [pairs, 2 I] (row stride
     stride_dzm, column stride stride_dzn). One program per BLOCK_M rows walks their
     columns BLOCK_N at a time, so each row's dot is one program's fp32 sum."""

@@ -1,7 +1,8 @@
 """A mixture of experts' expert block, whole: routing sort, the gate_up grouped GEMM, the
 gate unit, the down grouped GEMM, the routing weights and the combine back into tokens.
 
-Host code of kernels/moe.py and kernels/grouped_matmul.py: the launchers
+Host code of kernels/moe_gate_up.py, kernels/moe.py and kernels/grouped_matmul.py: the
+launchers
 `moe_experts_fwd` / `moe_experts_bwd` (usable without autograd), the registration
 (custom ops `speedlight::moe_experts_fwd / _infer / _bwd`), the public
 `speedlight.moe_experts`, and the OpSpec (its cases and cost in moe_experts_cases.py).
@@ -12,16 +13,19 @@ last expert, where the grouped GEMM writes zeros and the combine adds nothing): 
 shapes, no host sync, so a CUDA graph can hold the whole block. Per sorted pair p of
 token t, slot j and expert e:
     z[p]  = hidden[t] @ gate_up_proj[e]^T + gate_up_bias[e]          [pairs, 2 I]
-    h[p]  = gate_unit(z[p])                                           [pairs, I]
+    h[p]  = gate_unit(z[p])   (in the gate_up GEMM's epilogue)        [pairs, I]
     y[p]  = h[p] @ down_proj[e]^T + down_bias[e]                      [pairs, H]
     out[t] = sum over j (in slot order, fp32) of top_k_weights[t, j] * y[pair of (t, j)]
 Backward (g[p] = dout[t] @ down_proj[e], before the weight):
     d top_k_weights[t, j] = <dout[t], y[p]> = <g[p], h[p]> + <dout[t], down_bias[e]>
     dh[p] = w[t, j] g[p];  dz = d gate_unit(dh);  dhidden[t] = sum over j of dz[p] @ gate_up_proj[e]
     d down_proj[e] = sum over p of e of (w dout[t])^T h[p];  d gate_up_proj[e] = dz^T hidden[t]
-Saved for the backward: z (2 I values per pair, in hidden's dtype: 2 k I per token) and the
-sort (one int64 per pair); h is recomputed from z in the backward's gate kernel, y is never
-needed (its dot with dout comes from g and h).
+Saved for the backward: z (2 I values per pair in hidden's dtype: 2 k I values, 4 k I bytes
+in bf16, per token), written by the gate_up kernel only when a gradient is needed, and the
+sort (one int64 per pair: 8 k bytes per token; the E int32 ends per call). h is recomputed
+from z in the backward's gate kernel (elementwise, against re-running the gate_up GEMM that
+saving h alone would cost: z cannot be had from h), y is never needed (its dot with dout
+comes from g and h).
 """
 
 from __future__ import annotations
@@ -33,17 +37,24 @@ import torch
 import triton
 
 from speedlight import launch, shapes
-from speedlight.kernels.moe import _moe_combine_kernel, _moe_gate_bwd_kernel, _moe_gate_fwd_kernel
+from speedlight.kernels.moe import _moe_combine_kernel, _moe_gate_bwd_kernel
+from speedlight.kernels.moe_gate_up import _moe_gate_up_kernel
 from speedlight.ops._checks import check_bool, check_choice, check_same_device, check_same_dtype, check_tensor
 from speedlight.ops import moe_experts_cases as cases
-from speedlight.ops.grouped_matmul import (MAX_GROUPS, _like_weight, grouped_matmul_fwd,
-                                           grouped_weight_grad)
+from speedlight.ops._gemm import (ensure_allocator, gemm_config, gemm_configs, precision,
+                                  programs, tma_layout, use_tma)
+from speedlight.ops.grouped_matmul import (MAX_GROUPS, _like_weight, _w_tma, group_block,
+                                           grouped_matmul_fwd, grouped_weight_grad)
+from speedlight.ops.matmul import DESIGN
 from speedlight.ops.registration import like, register_op
 from speedlight.runtime import autocast_dtype, check_runtime, describe
 from speedlight.spec import OpSpec
 
 # the gate units: act(gate) * up for the first three, gpt-oss's clamped SwiGLU last
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "clamped_swiglu")
+# the fused gate_up GEMM's space and rule (two b tiles per k-step: gate and up), with
+# tuned tables of its own (speedlight tune sweeps it)
+MOE_GATE_UP_CONFIGS = gemm_configs("moe_experts")
 
 
 # --- launchers (usable without autograd) --------------------------------------------------
@@ -80,22 +91,44 @@ def _gate_views(z: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch
     return z[:, :n], z[:, n:]
 
 
-def gate_unit_fwd(z: torch.Tensor, activation: str, interleaved: bool,
-                  gate_multiplier: float, down_multiplier: float, alpha: float,
-                  limit: float) -> torch.Tensor:
-    """h [pairs, I] = the gate unit of z [pairs, 2 I] (unit column stride), in z's dtype."""
-    gate, up = _gate_views(z, interleaved)
-    h = torch.empty(gate.shape, dtype=z.dtype, device=z.device)
+def gate_up_fwd(x: torch.Tensor, gate_up_proj: torch.Tensor, offsets: torch.Tensor,
+                gate_up_bias: torch.Tensor | None, activation: str, interleaved: bool,
+                gate_multiplier: float, down_multiplier: float, alpha: float, limit: float,
+                store_z: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(h [M, I], z [M, 2 I] or None) for x [M, H] in expert order: the gate_up grouped
+    GEMM with the gate unit in its epilogue (kernels/moe_gate_up.py), z written only when
+    store_z (a backward reads it); rows past the last expert's end are zeros in both."""
+    m, k = x.shape
+    n_experts, n_inter = gate_up_proj.shape[0], gate_up_proj.shape[1] // 2
+    h = torch.empty((m, n_inter), dtype=x.dtype, device=x.device)
+    z = torch.empty((m, 2 * n_inter), dtype=x.dtype, device=x.device) if store_z else None
     if h.numel() == 0:
-        return h
-    check_runtime(z, _moe_gate_fwd_kernel)
-    rows, cols = gate.shape
-    block_m, block_n, warps = _tile(rows, cols, z.device)
-    _moe_gate_fwd_kernel[(triton.cdiv(rows, block_m), triton.cdiv(cols, block_n))](
-        gate, up, h, rows, cols, z.stride(0), gate.stride(1), h.stride(0), gate_multiplier,
-        down_multiplier, alpha, limit, ACTIVATION=activation, BLOCK_M=block_m,
-        BLOCK_N=block_n, num_warps=warps)
-    return h
+        return h, z
+    if k == 0 or n_experts == 0:  # no launch: caught before (moe_experts_fwd)
+        raise ValueError(f"gate_up_fwd needs H > 0 and experts, got x {describe(x)}, "
+                         f"gate_up_proj {describe(gate_up_proj)}")
+    check_runtime(x, _moe_gate_up_kernel)
+    cfg = gemm_config(MOE_GATE_UP_CONFIGS, max(1, m // n_experts), n_inter, k, x.dtype,
+                      x.device, operands=2, store_dact=store_z)
+    x_lay, w_lay = tma_layout(x), _w_tma(gate_up_proj)
+    tma = use_tma(x.device) and x_lay is not None and w_lay is not None
+    if tma and x.device.type == "cuda":
+        ensure_allocator()
+    # every group adds at most one partial row tile, the rows past the last group one more
+    most_tiles = (triton.cdiv(m, cfg.block_m) + n_experts + 1) * triton.cdiv(n_inter,
+                                                                            cfg.block_n)
+    bias = gate_up_bias if gate_up_bias is not None else h
+    zt = z if z is not None else h
+    _moe_gate_up_kernel[(programs(most_tiles, x.device),)](
+        x, gate_up_proj, h, zt, bias, offsets, m, n_inter, k, n_experts, x.stride(0),
+        x.stride(1), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2),
+        h.stride(0), zt.stride(0), bias.stride(0), bias.stride(1), gate_multiplier,
+        down_multiplier, alpha, limit, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, BLOCK_G=group_block(n_experts), TMA=tma,
+        X_KMAJOR=x_lay == "row", W_KMAJOR=w_lay == "row", INTERLEAVED=interleaved,
+        HAS_BIAS=gate_up_bias is not None, ACTIVATION=activation, STORE_Z=store_z,
+        PRECISION=precision(x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return h, z
 
 
 def combine(y: torch.Tensor, pos: torch.Tensor, top_k_index: torch.Tensor,
@@ -124,6 +157,29 @@ def _inverse(order: torch.Tensor) -> torch.Tensor:
         order.numel(), device=order.device, dtype=order.dtype))
 
 
+def _forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+             gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+             gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
+             activation: str, interleaved: bool, gate_multiplier: float,
+             down_multiplier: float, swiglu_alpha: float, swiglu_limit: float, store_z: bool
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """(out, z (None unless store_z), order, group_offsets)."""
+    tokens, k = top_k_index.shape
+    n_experts = gate_up_proj.shape[0]
+    order, offsets = expert_order(top_k_index, n_experts)
+    if tokens == 0 or hidden.shape[1] == 0 or n_experts == 0:
+        # zeros, not garbage: with H = 0 the backward still reads z (its <g, h> is 0)
+        z = hidden.new_zeros((tokens * k, gate_up_proj.shape[1]))
+        return hidden.new_zeros(hidden.shape), z, order, offsets
+    token = order // k
+    x = hidden[token]  # [pairs, H], gathered in expert order
+    h, z = gate_up_fwd(x, gate_up_proj, offsets, gate_up_bias, activation, interleaved,
+                       gate_multiplier, down_multiplier, swiglu_alpha, swiglu_limit, store_z)
+    y = grouped_matmul_fwd(h, down_proj, offsets, down_bias, check_offsets=False)[0]
+    out = combine(y, _inverse(order), top_k_index, top_k_weights, n_experts, hidden.dtype)
+    return out, z, order, offsets
+
+
 def moe_experts_fwd(hidden: torch.Tensor, top_k_index: torch.Tensor,
                     top_k_weights: torch.Tensor, gate_up_proj: torch.Tensor,
                     down_proj: torch.Tensor, gate_up_bias: torch.Tensor | None,
@@ -133,21 +189,9 @@ def moe_experts_fwd(hidden: torch.Tensor, top_k_index: torch.Tensor,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out [tokens, H] in hidden's dtype, z [pairs, 2 I], order [pairs], group_offsets
     [E]): the block's output and what its backward reads."""
-    tokens, k = top_k_index.shape
-    n_experts = gate_up_proj.shape[0]
-    order, offsets = expert_order(top_k_index, n_experts)
-    if tokens == 0 or hidden.shape[1] == 0:
-        # zeros, not garbage: with H = 0 the backward still reads z (its <g, h> is 0)
-        z = hidden.new_zeros((tokens * k, gate_up_proj.shape[1]))
-        return hidden.new_zeros(hidden.shape), z, order, offsets
-    token = order // k
-    x = hidden[token]  # [pairs, H], gathered in expert order
-    z = grouped_matmul_fwd(x, gate_up_proj, offsets, gate_up_bias, check_offsets=False)[0]
-    h = gate_unit_fwd(z, activation, interleaved, gate_multiplier, down_multiplier,
-                      swiglu_alpha, swiglu_limit)
-    y = grouped_matmul_fwd(h, down_proj, offsets, down_bias, check_offsets=False)[0]
-    out = combine(y, _inverse(order), top_k_index, top_k_weights, n_experts, hidden.dtype)
-    return out, z, order, offsets
+    return _forward(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                    gate_up_bias, down_bias, activation, interleaved, gate_multiplier,
+                    down_multiplier, swiglu_alpha, swiglu_limit, store_z=True)
 
 
 def _infer_fwd(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
@@ -156,10 +200,10 @@ def _infer_fwd(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: t
                activation: str, interleaved: bool, gate_multiplier: float,
                down_multiplier: float, swiglu_alpha: float, swiglu_limit: float
                ) -> torch.Tensor:
-    """The output alone (nothing kept for a backward)."""
-    return moe_experts_fwd(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
-                           gate_up_bias, down_bias, activation, interleaved, gate_multiplier,
-                           down_multiplier, swiglu_alpha, swiglu_limit)[0]
+    """The output alone (z is not written: nothing kept for a backward)."""
+    return _forward(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                    gate_up_bias, down_bias, activation, interleaved, gate_multiplier,
+                    down_multiplier, swiglu_alpha, swiglu_limit, store_z=False)[0]
 
 
 def moe_experts_bwd(dout: torch.Tensor, hidden: torch.Tensor, top_k_index: torch.Tensor,
@@ -342,9 +386,11 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
     No host sync (the pairs are sorted by expert on the device; a CUDA graph can hold the
     call); the combine is deterministic (each token sums its k rows in slot order, fp32).
     Differentiable in hidden, top_k_weights (d w[t, j] = <dout[t], y of (t, j)>), both
-    weights and both biases; only the gradients asked for are computed. Saved for the
-    backward: the gate_up output z (2 k I values per token, hidden's dtype) and the sort
-    (k int64 per token); the gate unit is recomputed from z. Works under
+    weights and both biases; only the gradients asked for are computed. The gate unit runs
+    in the gate_up GEMM's epilogue. Saved for the backward: the gate_up output z (2 k I
+    values per token in hidden's dtype: 4 k I bytes in bf16; not written without a
+    gradient) and the sort (k int64 per token: 8 k bytes); the gate unit is recomputed
+    from z. Works under
     torch.compile(fullgraph=True); under torch.autocast the block runs in autocast's dtype
     and returns hidden's.
     """
@@ -384,11 +430,15 @@ SPEC = OpSpec(
     for_model=cases.for_model,
     fuses="per-expert loop (sort, gather, gate_up matmul, gated activation, down matmul, "
           "routing weight, index_add_)",
-    notes="the routed experts whole: a device-side sort by expert (no host sync), the two "
-          "grouped GEMMs with the gate unit between them, a deterministic combine; backward "
+    notes="the routed experts whole: a device-side sort by expert (no host sync), the "
+          "gate_up grouped GEMM with the gate unit in its epilogue, the down grouped GEMM, a "
+          "deterministic combine; backward "
           "recomputes the gate unit from the saved gate_up output and gets the routing "
           "weights' gradient from the down projection's input gradient.",
     family="compute-bound",
+    kernels={"_moe_gate_up_kernel": DESIGN, "_grouped_matmul_kernel": DESIGN,
+             "_grouped_matmul_dw_kernel": DESIGN},
+    configs=MOE_GATE_UP_CONFIGS,
     count_rows=lambda case: case["tokens"],
     aligned=lambda case: case.layout != "strided" and all(
         case[p] % 16 == 0 for p in ("hidden", "inter")),

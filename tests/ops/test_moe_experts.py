@@ -77,6 +77,23 @@ def test_only_the_gradients_asked_for_are_computed(device):
     assert not any("dw" in k for k in launches[("top_k_weights",)])
 
 
+@pytest.mark.parametrize("c", [
+    pytest.param(case(9, 16, 8, 3, 2, torch.bfloat16), id="halves-silu-bf16"),
+    pytest.param(case(9, 16, 12, 3, 2, torch.bfloat16, layout="transposed",
+                      **op.cases.GPT_OSS), id="gpt-oss-interleaved-bf16"),
+])
+def test_inference_and_training_outputs_are_the_same_bits(c, device):
+    """The gate unit in the gate_up GEMM's epilogue reads z as rounded (what the backward
+    reads back), so the inference forward (z not written) and the training forward give
+    one output, bit for bit."""
+    inputs = _inputs(c, device)
+    trained = speedlight.moe_experts(**inputs)
+    with torch.no_grad():
+        inferred = speedlight.moe_experts(**inputs)
+    assert trained.requires_grad and not inferred.requires_grad
+    assert torch.equal(trained.detach(), inferred)
+
+
 def test_autocast_runs_in_its_dtype_and_returns_hiddens(device):
     """Under torch.autocast(bf16) with fp32 inputs the block runs in bf16 (as the eager
     loop's matmuls would) and returns fp32; gradients reach the fp32 leaves."""
