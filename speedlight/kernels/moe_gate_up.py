@@ -24,34 +24,37 @@ bit. z is stored only for a backward (STORE_Z); inference writes h alone.
 import triton
 import triton.language as tl
 
-from speedlight.kernels.grouped_matmul import (_group_tile, _group_tiles, _load_weight,
-                                               _weight_desc)
+from speedlight.kernels.grouped_matmul import (_gathered_rows, _group_tile, _group_tiles,
+                                               _load_gathered, _load_weight, _weight_desc)
 from speedlight.kernels.matmul import _load_operand, _operand_desc, _store_tile
 from speedlight.kernels.moe import _moe_gate
 
 
 @triton.jit
-def _moe_gate_up_kernel(x_ptr, w_ptr, h_ptr, z_ptr, bias_ptr, offs_ptr, M, I, K, G,
-                        stride_xm, stride_xk, stride_wg, stride_wn, stride_wk, stride_hm,
+def _moe_gate_up_kernel(x_ptr, rows_ptr, w_ptr, h_ptr, z_ptr, bias_ptr, offs_ptr, M, I, K,
+                        G, rows_div, stride_xm, stride_xk, stride_wg, stride_wn, stride_wk, stride_hm,
                         stride_zm, stride_bg, stride_bn, gate_multiplier, down_multiplier,
                         alpha, limit,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_M: tl.constexpr, BLOCK_G: tl.constexpr, TMA: tl.constexpr,
                         X_KMAJOR: tl.constexpr, W_KMAJOR: tl.constexpr,
-                        INTERLEAVED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        GATHER: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_BIAS: tl.constexpr,
                         ACTIVATION: tl.constexpr, STORE_Z: tl.constexpr,
                         PRECISION: tl.constexpr):
     """h = gate_unit(z) with z = x @ w[g]^T + bias[g] on the rows of each group g; zeros on
     rows past the last group (z = 0 there, and every gate unit of zeros is 0).
 
     x_ptr [M, K] rows in expert order (any strides; with TMA, X_KMAJOR says its K stride is
-    1, else its M stride is); w_ptr [G, 2 I, K] (group stride stride_wg; with TMA,
+    1, else its M stride is), or with GATHER the tokens' hidden [tokens, K] whose row
+    rows[r] // rows_div is row r's (rows_ptr [M] the sort order of the (token, slot) pairs,
+    rows_div the router's k: the gather is the A load's, no gathered copy exists); w_ptr [G, 2 I, K] (group stride stride_wg; with TMA,
     W_KMAJOR says its K stride is 1, else its 2 I stride is: gpt-oss's [G, K, 2 I] tensor
     transposed); h_ptr [M, I] (row stride stride_hm), z_ptr [M, 2 I] (row stride
     stride_zm), both with unit column stride in h's dtype; bias_ptr [G, 2 I]; offs_ptr [G]
     int32 cumulative group ends. fp32 accumulators; gate unit in fp32 on z as rounded.
     Constexprs: the tile BLOCK_M x BLOCK_N (of h) x BLOCK_K; GROUP_M; BLOCK_G a power of
-    two above G; TMA the operand path; INTERLEAVED gate/up at even/odd rows of w (one
+    two above G; TMA the operand path (w's; x's too unless GATHER, whose rows come by
+    pointers); INTERLEAVED gate/up at even/odd rows of w (one
     [BM, 2 BN] accumulator) or its two halves (two [BM, BN] ones); HAS_BIAS; ACTIVATION
     silu, gelu_tanh, gelu or clamped_swiglu (alpha, limit read only by it); STORE_Z z
     written for a backward; PRECISION tl.dot's input_precision for fp32.
@@ -60,12 +63,14 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, h_ptr, z_ptr, bias_ptr, offs_ptr, M, I, K,
     num_pid_n = tl.cdiv(I, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     gs, bounds, last_of, num_tiles = _group_tiles(offs_ptr, G, M, num_pid_n, BLOCK_M, BLOCK_G)
-    if TMA:
+    if TMA and not GATHER:
         x_desc = _operand_desc(x_ptr, M, K, stride_xm, stride_xk, BLOCK_M, BLOCK_K, X_KMAJOR)
+    else:
+        x_desc = x_ptr
+    if TMA:
         w_desc = _weight_desc(w_ptr, G, 2 * I, K, stride_wg, stride_wn, stride_wk, N,
                               BLOCK_K, W_KMAJOR)
     else:
-        x_desc = x_ptr
         w_desc = w_ptr
     out_ty = h_ptr.dtype.element_ty
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
@@ -78,10 +83,15 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, h_ptr, z_ptr, bias_ptr, offs_ptr, M, I, K,
         off_w = 2 * off_n if INTERLEAVED else off_n
         acc = tl.zeros([BLOCK_M, N], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if GATHER:
+            src = _gathered_rows(rows_ptr, rows_div, off_m, end, BLOCK_M)
         for ki in range(tl.where(in_group, k_tiles, 0)):  # past the last group: zeros
             off_k = ki * BLOCK_K
-            a = _load_operand(x_desc, x_ptr, off_m, off_k, M, K, stride_xm, stride_xk,
-                              BLOCK_M, BLOCK_K, TMA, X_KMAJOR)
+            if GATHER:
+                a = _load_gathered(x_ptr, src, off_k, K, stride_xm, stride_xk, BLOCK_K)
+            else:
+                a = _load_operand(x_desc, x_ptr, off_m, off_k, M, K, stride_xm, stride_xk,
+                                  BLOCK_M, BLOCK_K, TMA, X_KMAJOR)
             b = _load_weight(w_desc, w_ptr, g_w, off_w, off_k, 2 * I, K, stride_wg,
                              stride_wn, stride_wk, N, BLOCK_K, TMA, W_KMAJOR)
             # [BM, BK] @ [BK, N] -> [BM, N]

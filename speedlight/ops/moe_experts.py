@@ -94,23 +94,29 @@ def _gate_views(z: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch
 def gate_up_fwd(x: torch.Tensor, gate_up_proj: torch.Tensor, offsets: torch.Tensor,
                 gate_up_bias: torch.Tensor | None, activation: str, interleaved: bool,
                 gate_multiplier: float, down_multiplier: float, alpha: float, limit: float,
-                store_z: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(h [M, I], z [M, 2 I] or None) for x [M, H] in expert order: the gate_up grouped
-    GEMM with the gate unit in its epilogue (kernels/moe_gate_up.py), z written only when
-    store_z (a backward reads it); rows past the last expert's end are zeros in both."""
-    m, k = x.shape
+                store_z: bool, order: torch.Tensor | None = None, k: int = 1
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(h [M, I], z [M, 2 I] or None): the gate_up grouped GEMM with the gate unit in its
+    epilogue (kernels/moe_gate_up.py) on M rows in expert order, z written only when
+    store_z (a backward reads it); rows past the last expert's end are zeros in both.
+    The rows are x [M, H] itself, or with `order` (the sort of the (token, slot) pairs, M
+    of them) the tokens x [tokens, H] gathered in the kernel's loads: row r is x[order[r]
+    // k], and no gathered copy is made."""
+    m = x.shape[0] if order is None else order.numel()
     n_experts, n_inter = gate_up_proj.shape[0], gate_up_proj.shape[1] // 2
     h = torch.empty((m, n_inter), dtype=x.dtype, device=x.device)
     z = torch.empty((m, 2 * n_inter), dtype=x.dtype, device=x.device) if store_z else None
     if h.numel() == 0:
         return h, z
-    if k == 0 or n_experts == 0:  # no launch: caught before (moe_experts_fwd)
+    if x.shape[1] == 0 or n_experts == 0:  # no launch: caught before (moe_experts_fwd)
         raise ValueError(f"gate_up_fwd needs H > 0 and experts, got x {describe(x)}, "
                          f"gate_up_proj {describe(gate_up_proj)}")
     check_runtime(x, _moe_gate_up_kernel)
-    cfg = gemm_config(MOE_GATE_UP_CONFIGS, max(1, m // n_experts), n_inter, k, x.dtype,
-                      x.device, operands=2, store_dact=store_z)
-    x_lay, w_lay = tma_layout(x), _w_tma(gate_up_proj)
+    cfg = gemm_config(MOE_GATE_UP_CONFIGS, max(1, m // n_experts), n_inter, x.shape[1],
+                      x.dtype, x.device, operands=2, store_dact=store_z)
+    # gathered rows come by pointers, whatever x's layout; w by TMA where it can
+    x_lay = tma_layout(x) if order is None else "row"
+    w_lay = _w_tma(gate_up_proj)
     tma = use_tma(x.device) and x_lay is not None and w_lay is not None
     if tma and x.device.type == "cuda":
         ensure_allocator()
@@ -120,12 +126,14 @@ def gate_up_fwd(x: torch.Tensor, gate_up_proj: torch.Tensor, offsets: torch.Tens
     bias = gate_up_bias if gate_up_bias is not None else h
     zt = z if z is not None else h
     _moe_gate_up_kernel[(programs(most_tiles, x.device),)](
-        x, gate_up_proj, h, zt, bias, offsets, m, n_inter, k, n_experts, x.stride(0),
+        x, order if order is not None else offsets, gate_up_proj, h, zt, bias, offsets, m,
+        n_inter, x.shape[1], n_experts, k, x.stride(0),
         x.stride(1), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2),
         h.stride(0), zt.stride(0), bias.stride(0), bias.stride(1), gate_multiplier,
         down_multiplier, alpha, limit, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, BLOCK_G=group_block(n_experts), TMA=tma,
-        X_KMAJOR=x_lay == "row", W_KMAJOR=w_lay == "row", INTERLEAVED=interleaved,
+        X_KMAJOR=x_lay == "row", W_KMAJOR=w_lay == "row", GATHER=order is not None,
+        INTERLEAVED=interleaved,
         HAS_BIAS=gate_up_bias is not None, ACTIVATION=activation, STORE_Z=store_z,
         PRECISION=precision(x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return h, z
@@ -171,10 +179,10 @@ def _forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: tor
         # zeros, not garbage: with H = 0 the backward still reads z (its <g, h> is 0)
         z = hidden.new_zeros((tokens * k, gate_up_proj.shape[1]))
         return hidden.new_zeros(hidden.shape), z, order, offsets
-    token = order // k
-    x = hidden[token]  # [pairs, H], gathered in expert order
-    h, z = gate_up_fwd(x, gate_up_proj, offsets, gate_up_bias, activation, interleaved,
-                       gate_multiplier, down_multiplier, swiglu_alpha, swiglu_limit, store_z)
+    # hidden's rows gathered in expert order by the gate_up kernel's loads (no copy)
+    h, z = gate_up_fwd(hidden, gate_up_proj, offsets, gate_up_bias, activation, interleaved,
+                       gate_multiplier, down_multiplier, swiglu_alpha, swiglu_limit, store_z,
+                       order=order, k=k)
     y = grouped_matmul_fwd(h, down_proj, offsets, down_bias, check_offsets=False)[0]
     out = combine(y, _inverse(order), top_k_index, top_k_weights, n_experts, hidden.dtype)
     return out, z, order, offsets
