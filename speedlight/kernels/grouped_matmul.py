@@ -141,23 +141,26 @@ def _load_gathered(x_ptr, src, off_k, K, stride_xm, stride_xk, BLOCK_K: tl.const
 
 
 @triton.jit
-def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, offs_ptr, M, N, K, G,
-                           stride_xm, stride_xk, stride_wg, stride_wn, stride_wk, stride_om,
-                           stride_bg, stride_bn,
+def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, scale_ptr, offs_ptr,
+                           M, N, K, G, stride_xm, stride_xk, stride_wg, stride_wn, stride_wk,
+                           stride_om, stride_bg, stride_bn,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                            BLOCK_G: tl.constexpr, TMA: tl.constexpr,
                            X_KMAJOR: tl.constexpr, W_KMAJOR: tl.constexpr,
                            HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-                           STORE_DACT: tl.constexpr, PRECISION: tl.constexpr):
-    """out = act(z), z = x @ w[g]^T + bias[g] on the rows of each group g; zeros on rows
-    past the last group; dact = act'(z) (STORE_DACT, for the backward).
+                           STORE_DACT: tl.constexpr, ROW_SCALE: tl.constexpr,
+                           PRECISION: tl.constexpr):
+    """out = act(z) (times scale[row] with ROW_SCALE), z = x @ w[g]^T + bias[g] on the rows
+    of each group g; zeros on rows past the last group; dact = act'(z) (STORE_DACT, for
+    the backward; never scaled).
 
     x_ptr [M, K] (any strides; with TMA, X_KMAJOR says its K stride is 1, else its M
     stride is); w_ptr [G, N, K] (group stride stride_wg; with TMA, W_KMAJOR says its K
     stride is 1, else its N stride is: a [G, K, N] tensor transposed); out_ptr, dact_ptr
     [M, N] with row stride stride_om, unit column stride, dact in out's dtype; bias_ptr
-    [G, N]; offs_ptr [G] int32 cumulative group ends. Accumulates in fp32.
+    [G, N]; scale_ptr [M] (fp32 or any float: a mixture of experts' routing weight of
+    each sorted pair); offs_ptr [G] int32 cumulative group ends. Accumulates in fp32.
     Tiles are numbered group by group (row tiles from each group's first row, GROUP_M of
     them sharing a column of w's tiles in L2), the rows past the last group last. Each
     program reads every group's bounds once ([BLOCK_G] lanes, one scan for the tile
@@ -165,7 +168,8 @@ def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, offs_ptr, 
     group's last row (a TMA store clips only at the tensor's edge).
     Constexprs: the tile BLOCK_M x BLOCK_N x BLOCK_K; GROUP_M; BLOCK_G a power of two
     above G; TMA the operand path; HAS_BIAS, ACTIVATION (none, silu, gelu_tanh, gelu),
-    STORE_DACT the epilogue compiled in; PRECISION tl.dot's input_precision for fp32.
+    STORE_DACT, ROW_SCALE the epilogue compiled in; PRECISION tl.dot's input_precision for
+    fp32.
     """
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -202,6 +206,10 @@ def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, offs_ptr, 
             dact = tl.full(acc.shape, 1.0, tl.float32)
         else:
             y, dact = _glu_activation(acc, ACTIVATION)
+        if ROW_SCALE:
+            offs_m = off_m + tl.arange(0, BLOCK_M)
+            scale = tl.load(scale_ptr + offs_m, mask=offs_m < end, other=0.0)
+            y = y * scale.to(tl.float32)[:, None]
         # masked at the group's last row: the next group's rows are another tile's
         _store_tile(out_ptr, out_ptr, y, off_m, off_n, end, N, stride_om, 1, BLOCK_M,
                     BLOCK_N, False)

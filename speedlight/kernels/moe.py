@@ -6,10 +6,11 @@ and kernels/grouped_matmul.py):
                          projection's input gradient before the routing weight), writes
                          h, dz = d(gate unit) of w_pair * g, and the routing weight's
                          gradient <g, h> per pair (fp32, over the whole row).
-  _moe_combine_kernel    out[t] = sum over j of w[t, j] * y[pos[t, j]]: each token sums
-                         its k rows in slot order in fp32, rounded once (no atomics, the
-                         same bits on every run); a pair whose expert index is outside
-                         [0, E) (an expert-parallel sentinel) adds nothing.
+  _moe_combine_kernel    out[t] = sum over j of y[pos[t, j]] (rows already weighted by the
+                         down GEMM's epilogue): each token sums its k rows in slot order
+                         in fp32, rounded once (no atomics, the same bits on every run); a
+                         pair whose expert index is outside [0, E) (an expert-parallel
+                         sentinel) adds nothing.
 """
 
 import triton
@@ -90,17 +91,17 @@ def _moe_gate_bwd_kernel(g_ptr, gate_ptr, up_ptr, w_pair_ptr, h_ptr, dgate_ptr, 
 
 
 @triton.jit
-def _moe_combine_kernel(y_ptr, pos_ptr, index_ptr, w_ptr, out_ptr, n_tokens, n_cols,
-                        n_experts, stride_ym, stride_it, stride_ij, stride_wt, stride_wj,
-                        stride_om, K: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+def _moe_combine_kernel(y_ptr, pos_ptr, index_ptr, out_ptr, n_tokens, n_cols, n_experts,
+                        stride_ym, stride_it, stride_ij, stride_om, K: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[t] = sum_{j < K} [0 <= index[t, j] < E] * w[t, j] * y[pos[t, j]], in slot order.
+    """out[t] = sum_{j < K} [0 <= index[t, j] < E] * y[pos[t, j]], in slot order.
 
-    y_ptr [pairs, n_cols] (row stride stride_ym, unit column stride); pos_ptr [n_tokens * K]
-    int64, the row of y holding pair (t, j); index_ptr, w_ptr [n_tokens, K] (own strides);
-    out_ptr [n_tokens, n_cols] (row stride stride_om, unit column stride). fp32 sums,
-    rounded once. K (the router's top-k) is unrolled; HAS_WEIGHT False sums the rows
-    unweighted (the gradient of the gathered input). Grid (token blocks, column blocks)."""
+    y_ptr [pairs, n_cols] (row stride stride_ym, unit column stride; the forward's rows
+    already carry their routing weight, applied in the down GEMM's epilogue); pos_ptr
+    [n_tokens * K] int64, the row of y holding pair (t, j); index_ptr [n_tokens, K] (own
+    strides); out_ptr [n_tokens, n_cols] (row stride stride_om, unit column stride). fp32
+    sums, rounded once. K (the router's top-k) is unrolled. Grid (token blocks, column
+    blocks)."""
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     mask_m = offs_m < n_tokens
@@ -112,10 +113,6 @@ def _moe_combine_kernel(y_ptr, pos_ptr, index_ptr, w_ptr, out_ptr, n_tokens, n_c
         row = tl.load(pos_ptr + offs_m * K + j, mask=valid, other=0)
         y = tl.load(y_ptr + row[:, None] * stride_ym + offs_n[None, :],
                     mask=valid[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
-        if HAS_WEIGHT:
-            w = tl.load(w_ptr + offs_m * stride_wt + j * stride_wj, mask=valid,
-                        other=0.0).to(tl.float32)
-            y = y * w[:, None]
         acc += tl.where(valid[:, None], y, 0.0)
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])

@@ -2,8 +2,7 @@
 gate unit, the down grouped GEMM, the routing weights and the combine back into tokens.
 
 Host code of kernels/moe_gate_up.py, kernels/moe.py and kernels/grouped_matmul.py: the
-launchers
-`moe_experts_fwd` / `moe_experts_bwd` (usable without autograd), the registration
+launchers `moe_experts_fwd` / `moe_experts_bwd` (usable without autograd), the registration
 (custom ops `speedlight::moe_experts_fwd / _infer / _bwd`), the public
 `speedlight.moe_experts`, and the OpSpec (its cases and cost in moe_experts_cases.py).
 
@@ -14,10 +13,11 @@ shapes, no host sync, so a CUDA graph can hold the whole block. Per sorted pair 
 token t, slot j and expert e:
     z[p]  = hidden[t] @ gate_up_proj[e]^T + gate_up_bias[e]          [pairs, 2 I]
     h[p]  = gate_unit(z[p])   (in the gate_up GEMM's epilogue)        [pairs, I]
-    y[p]  = h[p] @ down_proj[e]^T + down_bias[e]                      [pairs, H]
-    out[t] = sum over j (in slot order, fp32) of top_k_weights[t, j] * y[pair of (t, j)]
+    e[p]  = h[p] @ down_proj[e]^T + down_bias[e]  (the expert's output)
+    y[p]  = w[t, j] e[p]   (w = top_k_weights: in the down GEMM's epilogue, fp32) [pairs, H]
+    out[t] = sum over j (in slot order, fp32) of y[pair of (t, j)]
 Backward (g[p] = dout[t] @ down_proj[e], before the weight):
-    d top_k_weights[t, j] = <dout[t], y[p]> = <g[p], h[p]> + <dout[t], down_bias[e]>
+    d top_k_weights[t, j] = <dout[t], e[p]> = <g[p], h[p]> + <dout[t], down_bias[e]>
     dh[p] = w[t, j] g[p];  dz = d gate_unit(dh);  dhidden[t] = sum over j of dz[p] @ gate_up_proj[e]
     d down_proj[e] = sum over p of e of (w dout[t])^T h[p];  d gate_up_proj[e] = dz^T hidden[t]
 Saved for the backward: z (2 I values per pair in hidden's dtype: 2 k I values, 4 k I bytes
@@ -139,23 +139,20 @@ def gate_up_fwd(x: torch.Tensor, gate_up_proj: torch.Tensor, offsets: torch.Tens
     return h, z
 
 
-def combine(y: torch.Tensor, pos: torch.Tensor, top_k_index: torch.Tensor,
-            top_k_weights: torch.Tensor | None, n_experts: int, out_dtype: torch.dtype
-            ) -> torch.Tensor:
-    """out [tokens, n_cols]: each token's k rows of y (at pos) summed in slot order in fp32,
-    times top_k_weights unless None; pairs of an index outside [0, n_experts) add nothing."""
+def combine(y: torch.Tensor, pos: torch.Tensor, top_k_index: torch.Tensor, n_experts: int,
+            out_dtype: torch.dtype) -> torch.Tensor:
+    """out [tokens, n_cols]: each token's k rows of y (at pos) summed in slot order in fp32;
+    pairs of an index outside [0, n_experts) add nothing."""
     tokens, k = top_k_index.shape
     out = torch.empty((tokens, y.shape[1]), dtype=out_dtype, device=y.device)
     if out.numel() == 0:
         return out
     check_runtime(y, _moe_combine_kernel)
     block_m, block_n, warps = _tile(tokens, y.shape[1], y.device)
-    w = top_k_weights if top_k_weights is not None else top_k_index
     _moe_combine_kernel[(triton.cdiv(tokens, block_m), triton.cdiv(y.shape[1], block_n))](
-        y, pos, top_k_index, w, out, tokens, y.shape[1], n_experts, y.stride(0),
-        top_k_index.stride(0), top_k_index.stride(1), w.stride(0), w.stride(1), out.stride(0),
-        K=k, HAS_WEIGHT=top_k_weights is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=warps)
+        y, pos, top_k_index, out, tokens, y.shape[1], n_experts, y.stride(0),
+        top_k_index.stride(0), top_k_index.stride(1), out.stride(0), K=k, BLOCK_M=block_m,
+        BLOCK_N=block_n, num_warps=warps)
     return out
 
 
@@ -183,8 +180,12 @@ def _forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: tor
     h, z = gate_up_fwd(hidden, gate_up_proj, offsets, gate_up_bias, activation, interleaved,
                        gate_multiplier, down_multiplier, swiglu_alpha, swiglu_limit, store_z,
                        order=order, k=k)
-    y = grouped_matmul_fwd(h, down_proj, offsets, down_bias, check_offsets=False)[0]
-    out = combine(y, _inverse(order), top_k_index, top_k_weights, n_experts, hidden.dtype)
+    # y = w_pair * (h @ down_proj[e]^T + down_bias[e]): the weight in the down GEMM's
+    # epilogue (fp32, one rounding), so the combine only sums each token's k rows
+    w_pair = top_k_weights.reshape(-1)[order]
+    y = grouped_matmul_fwd(h, down_proj, offsets, down_bias, check_offsets=False,
+                           row_scale=w_pair)[0]
+    out = combine(y, _inverse(order), top_k_index, n_experts, hidden.dtype)
     return out, z, order, offsets
 
 
@@ -265,7 +266,7 @@ def moe_experts_bwd(dout: torch.Tensor, hidden: torch.Tensor, top_k_index: torch
         # dx_pair = dz @ gate_up_proj[e]: [pairs, 2I] @ [2I, H] -> [pairs, H]
         dx = grouped_matmul_fwd(dz, gate_up_proj.transpose(1, 2), offsets,
                                 check_offsets=False)[0]
-        d_hidden = combine(dx, _inverse(order), top_k_index, None, n_experts, dtype)
+        d_hidden = combine(dx, _inverse(order), top_k_index, n_experts, dtype)
     if want_gu or want_gub:
         d_gate_up, d_gate_up_bias = grouped_weight_grad(dz, hidden[token], offsets,
                                                         gate_up_proj, gate_up_bias)
