@@ -120,21 +120,24 @@ def _load_weight(w_desc, w_ptr, g, off_n, off_k, N, K, stride_wg, stride_wn, str
 
 @triton.jit
 def _gathered_rows(rows_ptr, rows_div, off_m, end, BLOCK_M: tl.constexpr):
-    """The source rows (int64 [BLOCK_M]) of a tile's rows off_m.. of a gathered operand:
-    rows[r] // rows_div (a router's sort order over (token, slot) pairs divided by k gives
-    each pair's token), 0 past the group's end (a row whose product is never stored)."""
+    """(src, mask_m): the source rows (int64 [BLOCK_M]) of a tile's rows off_m.. of a
+    gathered operand, rows[r] // rows_div (a router's sort order over (token, slot) pairs
+    divided by k gives each pair's token), and which of them lie before the group's end
+    (src 0 past it)."""
     offs_m = off_m + tl.arange(0, BLOCK_M)
-    src = tl.load(rows_ptr + offs_m, mask=offs_m < end, other=0)
-    return src.to(tl.int64) // rows_div
+    mask_m = offs_m < end
+    src = tl.load(rows_ptr + offs_m, mask=mask_m, other=0)
+    return src.to(tl.int64) // rows_div, mask_m
 
 
 @triton.jit
-def _load_gathered(x_ptr, src, off_k, K, stride_xm, stride_xk, BLOCK_K: tl.constexpr):
-    """The [BLOCK_M, BLOCK_K] tile of rows src of x at column off_k (zero past K), by
-    pointers: the gather happens in the GEMM's operand load, never as a copy of x."""
+def _load_gathered(x_ptr, src, mask_m, off_k, K, stride_xm, stride_xk, BLOCK_K: tl.constexpr):
+    """The [BLOCK_M, BLOCK_K] tile of rows src of x at column off_k, zero past K and on
+    rows outside mask_m, by pointers: the gather happens in the GEMM's operand load, never
+    as a copy of x."""
     offs_k = off_k + tl.arange(0, BLOCK_K)
     a = tl.load(x_ptr + src[:, None] * stride_xm + offs_k.to(tl.int64)[None, :] * stride_xk,
-                mask=(offs_k < K)[None, :], other=0.0)
+                mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
     if INTERPRETED and a.dtype == tl.bfloat16:
         a = a.to(tl.float32)
     return a

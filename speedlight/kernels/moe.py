@@ -4,8 +4,9 @@ and kernels/grouped_matmul.py):
 
   _moe_gate_bwd_kernel   recomputes h from z and, from g = dout_pair @ w_down[e] (the down
                          projection's input gradient before the routing weight), writes
-                         h, dz = d(gate unit) of w_pair * g, and the routing weight's
-                         gradient <g, h> per pair (fp32, over the whole row).
+                         w_pair * h (the down weight gradient's operand), dz = d(gate
+                         unit) of w_pair * g, and the routing weight's gradient <g, h> per
+                         pair (fp32, over the whole row).
   _moe_combine_kernel    out[t] = sum over j of y[pos[t, j]] (rows already weighted by the
                          down GEMM's epilogue): each token sums its k rows in slot order
                          in fp32, rounded once (no atomics, the same bits on every run); a
@@ -48,24 +49,28 @@ def _moe_gate(a, u, ACTIVATION: tl.constexpr, alpha, limit):
 # Backward of y_pair = w_pair * (h @ w_down[e]^T + b_down[e]), h = gate_unit(m_g gate, up) m_d,
 # given g = dout_pair @ w_down[e] ([pairs, I], before the routing weight):
 #   d w_pair = <dout_pair, y_pair / w_pair> = <g, h> + <dout_pair, b_down[e]>  (bias: host)
+#   d w_down[e] = sum over pairs p of e of dout_p^T (w_p h_p)   (w h written here)
 #   dh       = w_pair * g
 #   dgate    = dh * m_d * dh/da * m_g;   dup = dh * m_d * dh/du
 
 @triton.jit
-def _moe_gate_bwd_kernel(g_ptr, gate_ptr, up_ptr, w_pair_ptr, h_ptr, dgate_ptr, dup_ptr,
+def _moe_gate_bwd_kernel(g_ptr, gate_ptr, up_ptr, w_pair_ptr, wh_ptr, dgate_ptr, dup_ptr,
                          dw_pair_ptr, n_rows, n_cols, stride_gm, stride_zm, stride_zn,
                          stride_hm, stride_dzm, stride_dzn, gate_multiplier,
                          down_multiplier, alpha, limit, ACTIVATION: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """h (recomputed, h's dtype), dgate and dup (into dz's two views, dz's dtype) and
-    dw_pair = <g, h> (fp32 [n_rows], h as the forward rounded it).
+    """wh = w_pair * h (h recomputed and rounded to wh's dtype as the forward rounded it,
+    times the weight in fp32, rounded once), dgate and dup (into dz's two views, dz's
+    dtype) and dw_pair = <g, h> (fp32 [n_rows]).
 
     g_ptr [n_rows, n_cols] (row stride stride_gm, unit column stride, any float dtype);
     gate_ptr, up_ptr [n_rows, n_cols]: two views of z [pairs, 2 I] with z's row stride
-    stride_zm and column stride stride_zn (1: its halves; 2: its even and odd columns); w_pair_ptr [n_rows] the routing weight of
-    each sorted pair; dgate_ptr, dup_ptr two views of dz [pairs, 2 I] (row stride
-    stride_dzm, column stride stride_dzn). One program per BLOCK_M rows walks their
-    columns BLOCK_N at a time, so each row's dot is one program's fp32 sum."""
+    stride_zm and column stride stride_zn (1: its halves; 2: its even and odd columns);
+    w_pair_ptr [n_rows] the routing weight of each sorted pair; wh_ptr [n_rows, n_cols]
+    (row stride stride_hm, unit column stride); dgate_ptr, dup_ptr two views of dz
+    [pairs, 2 I] (row stride stride_dzm, column stride stride_dzn). One program per
+    BLOCK_M rows walks their columns BLOCK_N at a time, so each row's dot is one program's
+    fp32 sum."""
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n_rows
     w = tl.load(w_pair_ptr + offs_m, mask=mask_m, other=0.0).to(tl.float32)
@@ -79,9 +84,10 @@ def _moe_gate_bwd_kernel(g_ptr, gate_ptr, up_ptr, w_pair_ptr, h_ptr, dgate_ptr, 
         g = tl.load(g_ptr + offs_m[:, None] * stride_gm + offs_n[None, :], mask=mask,
                     other=0.0).to(tl.float32)
         h, d_a, d_u = _moe_gate(a, u, ACTIVATION, alpha, limit)
-        h = (h * down_multiplier).to(h_ptr.dtype.element_ty)
-        tl.store(h_ptr + offs_m[:, None] * stride_hm + offs_n[None, :], h, mask=mask)
-        dot += tl.sum(tl.where(mask, g * h.to(tl.float32), 0.0), axis=1)  # [BM, BN] -> [BM]
+        h = (h * down_multiplier).to(wh_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(wh_ptr + offs_m[:, None] * stride_hm + offs_n[None, :],
+                 (h * w[:, None]).to(wh_ptr.dtype.element_ty), mask=mask)
+        dot += tl.sum(tl.where(mask, g * h, 0.0), axis=1)  # [BM, BN] -> [BM]
         dh = g * w[:, None] * down_multiplier
         dz_at = offs_m[:, None] * stride_dzm + offs_n[None, :] * stride_dzn
         tl.store(dgate_ptr + dz_at, (dh * d_a * gate_multiplier).to(

@@ -32,9 +32,9 @@ from speedlight.kernels.moe import _moe_gate
 
 @triton.jit
 def _moe_gate_up_kernel(x_ptr, rows_ptr, w_ptr, h_ptr, z_ptr, bias_ptr, offs_ptr, M, I, K,
-                        G, rows_div, stride_xm, stride_xk, stride_wg, stride_wn, stride_wk, stride_hm,
-                        stride_zm, stride_bg, stride_bn, gate_multiplier, down_multiplier,
-                        alpha, limit,
+                        G, rows_div, stride_xm, stride_xk, stride_wg, stride_wn, stride_wk,
+                        stride_hm, stride_zm, stride_bg, stride_bn, gate_multiplier,
+                        down_multiplier, alpha, limit,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_M: tl.constexpr, BLOCK_G: tl.constexpr, TMA: tl.constexpr,
                         X_KMAJOR: tl.constexpr, W_KMAJOR: tl.constexpr,
@@ -46,15 +46,16 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, w_ptr, h_ptr, z_ptr, bias_ptr, offs_ptr
 
     x_ptr [M, K] rows in expert order (any strides; with TMA, X_KMAJOR says its K stride is
     1, else its M stride is), or with GATHER the tokens' hidden [tokens, K] whose row
-    rows[r] // rows_div is row r's (rows_ptr [M] the sort order of the (token, slot) pairs,
-    rows_div the router's k: the gather is the A load's, no gathered copy exists); w_ptr [G, 2 I, K] (group stride stride_wg; with TMA,
-    W_KMAJOR says its K stride is 1, else its 2 I stride is: gpt-oss's [G, K, 2 I] tensor
-    transposed); h_ptr [M, I] (row stride stride_hm), z_ptr [M, 2 I] (row stride
-    stride_zm), both with unit column stride in h's dtype; bias_ptr [G, 2 I]; offs_ptr [G]
-    int32 cumulative group ends. fp32 accumulators; gate unit in fp32 on z as rounded.
+    rows[r] // rows_div is row r's (rows_ptr [M] the sort order of the (token, slot)
+    pairs, rows_div the router's k: the gather is the A load's, no gathered copy exists);
+    w_ptr [G, 2 I, K] (group stride stride_wg; with TMA, W_KMAJOR says its K stride is 1,
+    else its 2 I stride is: gpt-oss's [G, K, 2 I] tensor transposed); h_ptr [M, I] (row
+    stride stride_hm), z_ptr [M, 2 I] (row stride stride_zm), both with unit column stride
+    in h's dtype; bias_ptr [G, 2 I]; offs_ptr [G] int32 cumulative group ends. fp32
+    accumulators; gate unit in fp32 on z as rounded.
     Constexprs: the tile BLOCK_M x BLOCK_N (of h) x BLOCK_K; GROUP_M; BLOCK_G a power of
     two above G; TMA the operand path (w's; x's too unless GATHER, whose rows come by
-    pointers); INTERLEAVED gate/up at even/odd rows of w (one
+    pointers); GATHER x's rows by index; INTERLEAVED gate/up at even/odd rows of w (one
     [BM, 2 BN] accumulator) or its two halves (two [BM, BN] ones); HAS_BIAS; ACTIVATION
     silu, gelu_tanh, gelu or clamped_swiglu (alpha, limit read only by it); STORE_Z z
     written for a backward; PRECISION tl.dot's input_precision for fp32.
@@ -84,11 +85,12 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, w_ptr, h_ptr, z_ptr, bias_ptr, offs_ptr
         acc = tl.zeros([BLOCK_M, N], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if GATHER:
-            src = _gathered_rows(rows_ptr, rows_div, off_m, end, BLOCK_M)
+            src, mask_src = _gathered_rows(rows_ptr, rows_div, off_m, end, BLOCK_M)
         for ki in range(tl.where(in_group, k_tiles, 0)):  # past the last group: zeros
             off_k = ki * BLOCK_K
             if GATHER:
-                a = _load_gathered(x_ptr, src, off_k, K, stride_xm, stride_xk, BLOCK_K)
+                a = _load_gathered(x_ptr, src, mask_src, off_k, K, stride_xm, stride_xk,
+                                   BLOCK_K)
             else:
                 a = _load_operand(x_desc, x_ptr, off_m, off_k, M, K, stride_xm, stride_xk,
                                   BLOCK_M, BLOCK_K, TMA, X_KMAJOR)

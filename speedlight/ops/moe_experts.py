@@ -229,24 +229,28 @@ def moe_experts_bwd(dout: torch.Tensor, hidden: torch.Tensor, top_k_index: torch
     tokens, k = top_k_index.shape
     n_experts, n_inter = gate_up_proj.shape[0], down_proj.shape[2]
     dtype = hidden.dtype
+    pairs = order.numel()
+    dout = dout.to(dtype)
     token = order // k
-    dout_pairs = dout[token].to(dtype)  # [pairs, H]
+    # dout's rows by expert, a copy: the down weight gradient's reduction reads them (a
+    # gathered operand there pipelines 2 deep on sm_90a, not 3; see DESIGN-NOTES)
+    dout_pairs = dout[token]  # [pairs, H]
     w_pair = top_k_weights.reshape(-1)[order]
     # g = dout_pair @ down_proj[e]: [pairs, H] @ [H, I] -> [pairs, I], fp32
     g = grouped_matmul_fwd(dout_pairs, down_proj.transpose(1, 2), offsets,
                            out_dtype=torch.float32, check_offsets=False)[0]
-    h = torch.empty((order.numel(), n_inter), dtype=dtype, device=hidden.device)
+    wh = torch.empty((pairs, n_inter), dtype=dtype, device=hidden.device)  # w_pair * h
     dz = torch.empty_like(z)
-    dw_pair = torch.zeros(order.numel(), dtype=torch.float32, device=hidden.device)
-    if h.numel():
+    dw_pair = torch.zeros(pairs, dtype=torch.float32, device=hidden.device)
+    if wh.numel():
         check_runtime(z, _moe_gate_bwd_kernel)
         gate, up = _gate_views(z, interleaved)
         dgate, dup = _gate_views(dz, interleaved)
-        block_m, block_n, warps = _tile(order.numel(), n_inter, z.device)
+        block_m, block_n, warps = _tile(pairs, n_inter, z.device)
         block_m = max(1, min(block_m, 16))
-        _moe_gate_bwd_kernel[(triton.cdiv(order.numel(), block_m),)](
-            g, gate, up, w_pair, h, dgate, dup, dw_pair, order.numel(), n_inter, g.stride(0),
-            z.stride(0), gate.stride(1), h.stride(0), dz.stride(0), dgate.stride(1),
+        _moe_gate_bwd_kernel[(triton.cdiv(pairs, block_m),)](
+            g, gate, up, w_pair, wh, dgate, dup, dw_pair, pairs, n_inter, g.stride(0),
+            z.stride(0), gate.stride(1), wh.stride(0), dz.stride(0), dgate.stride(1),
             gate_multiplier, down_multiplier, swiglu_alpha, swiglu_limit,
             ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
     else:
@@ -254,14 +258,26 @@ def moe_experts_bwd(dout: torch.Tensor, hidden: torch.Tensor, top_k_index: torch
     valid = (top_k_index >= 0) & (top_k_index < n_experts)
     d_weights = d_gate_up = d_down = d_gate_up_bias = d_down_bias = d_hidden = None
     if want_w:
-        if down_bias is not None and n_experts:
-            expert = top_k_index.reshape(-1)[order].clamp(0, n_experts - 1)
-            dw_pair = dw_pair + (dout_pairs.float() * down_bias.float()[expert]).sum(1)
         per_slot = dw_pair[_inverse(order)].view(tokens, k)
+        if down_bias is not None and n_experts:
+            # <dout[t], down_bias[e]> for every (t, e): one [tokens, H] @ [H, E] product
+            to_bias = dout.float() @ down_bias.float().t()
+            expert = top_k_index.long().clamp(0, n_experts - 1)
+            per_slot = per_slot + to_bias.gather(1, expert)
         d_weights = torch.where(valid, per_slot, 0.0).to(top_k_weights.dtype)
-    if want_d or want_db:
-        dy = (dout_pairs.float() * w_pair.float()[:, None]).to(dtype)
-        d_down, d_down_bias = grouped_weight_grad(dy, h, offsets, down_proj, down_bias)
+    if want_d:
+        # d down_proj[e] = sum over its pairs of dout[t]^T (w h): the weight rides on h
+        # (the gate kernel's wh), so dout's rows need no weighted copy
+        d_down = grouped_weight_grad(dout_pairs, wh, offsets, down_proj)[0]
+    if want_db:
+        # d down_bias[e] = sum over t of w[t, j] dout[t] where index[t, j] = e: R^T @ dout
+        # with the routing matrix R [tokens, E] built slot by slot (no atomics)
+        experts = torch.arange(n_experts, device=hidden.device)
+        routing = torch.zeros((tokens, n_experts), dtype=torch.float32, device=hidden.device)
+        for j in range(k):
+            routing += torch.where(top_k_index[:, j:j + 1] == experts,
+                                   top_k_weights[:, j:j + 1].float(), 0.0)
+        d_down_bias = (routing.t() @ dout.float()).to(down_bias.dtype)
     if want_x:
         # dx_pair = dz @ gate_up_proj[e]: [pairs, 2I] @ [2I, H] -> [pairs, H]
         dx = grouped_matmul_fwd(dz, gate_up_proj.transpose(1, 2), offsets,
