@@ -57,23 +57,113 @@ def _group_bounds(offs_ptr, G, M, BLOCK_G: tl.constexpr):
 
 
 @triton.jit
-def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, offs_ptr, M, N, K, G,
-                           stride_xm, stride_xk, stride_wg, stride_wn, stride_wk, stride_om,
-                           stride_bg, stride_bn,
+def _group_tiles(offs_ptr, G, M, num_pid_n, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr):
+    """What a program needs to find any tile's group: the lanes gs, each group's rows as
+    one int64 (start in the high half, end in the low), one past each group's last tile,
+    and the number of tiles (every group's row tiles times num_pid_n, the rows past the
+    last group's last)."""
+    gs, starts, ends = _group_bounds(offs_ptr, G, M, BLOCK_G)
+    tiles = tl.cdiv(ends - starts, BLOCK_M) * num_pid_n
+    last_of = tl.cumsum(tiles, 0)  # one past each group's last tile
+    bounds = (starts.to(tl.int64) << 32) | ends.to(tl.int64)
+    return gs, bounds, last_of, tl.sum(tiles, 0)
+
+
+@triton.jit
+def _group_tile(tile, gs, bounds, last_of, num_pid_n, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(g, end, off_m, off_n) of tile `tile`: its group (G past the last), the group's end
+    row, the tile's first row and column. Three lane reductions; row tiles start at the
+    group's first row, GROUP_M of them sharing a column of w's tiles."""
+    g = tl.sum((last_of <= tile).to(tl.int32), 0)  # the group holding the tile
+    span = tl.sum(tl.where(gs == g, bounds, 0), 0)
+    start = (span >> 32).to(tl.int32)
+    end = (span & 0xFFFFFFFF).to(tl.int32)
+    m_tiles = tl.cdiv(end - start, BLOCK_M)
+    g_first = tl.sum(tl.where(gs == g, last_of, 0), 0) - m_tiles * num_pid_n
+    pid_m, pid_n = _tile_coords(tile - g_first, m_tiles, num_pid_n, GROUP_M)
+    return g, end, start + pid_m * BLOCK_M, pid_n * BLOCK_N
+
+
+@triton.jit
+def _weight_desc(w_ptr, G, N, K, stride_wg, stride_wn, stride_wk, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, W_KMAJOR: tl.constexpr):
+    """One 3-D descriptor over every group's weight: [G, N, K] tiles [1, BN, BK] when its
+    K stride is 1, else over its [G, K, N] memory, tiles [1, BK, BN]."""
+    if W_KMAJOR:
+        return tl.make_tensor_descriptor(w_ptr, shape=[G, N, K], strides=[stride_wg, stride_wn, 1],
+                                         block_shape=[1, BLOCK_N, BLOCK_K])
+    else:
+        return tl.make_tensor_descriptor(w_ptr, shape=[G, K, N], strides=[stride_wg, stride_wk, 1],
+                                         block_shape=[1, BLOCK_K, BLOCK_N])
+
+
+@triton.jit
+def _load_weight(w_desc, w_ptr, g, off_n, off_k, N, K, stride_wg, stride_wn, stride_wk,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
+                 W_KMAJOR: tl.constexpr):
+    """The [BLOCK_K, BLOCK_N] tile of w[g]^T at (off_k, off_n), zero past N and K (w[g]'s
+    own edges: a tail never reads the next group's weights; by TMA, or masked pointers)."""
+    if TMA:
+        if W_KMAJOR:
+            b = tl.trans(w_desc.load([g, off_n, off_k]).reshape(BLOCK_N, BLOCK_K))
+        else:
+            b = w_desc.load([g, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
+        if INTERPRETED and b.dtype == tl.bfloat16:
+            b = b.to(tl.float32)
+    else:
+        w_g = w_ptr + g.to(tl.int64) * stride_wg
+        b = _load_operand(w_g, w_g, off_k, off_n, K, N, stride_wk, stride_wn, BLOCK_K,
+                          BLOCK_N, False, False)
+    return b
+
+
+@triton.jit
+def _gathered_rows(rows_ptr, rows_div, off_m, end, BLOCK_M: tl.constexpr):
+    """(src, mask_m): the source rows (int64 [BLOCK_M]) of a tile's rows off_m.. of a
+    gathered operand, rows[r] // rows_div (a router's sort order over (token, slot) pairs
+    divided by k gives each pair's token), and which of them lie before the group's end
+    (src 0 past it)."""
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < end
+    src = tl.load(rows_ptr + offs_m, mask=mask_m, other=0)
+    return src.to(tl.int64) // rows_div, mask_m
+
+
+@triton.jit
+def _load_gathered(x_ptr, src, mask_m, off_k, K, stride_xm, stride_xk, BLOCK_K: tl.constexpr):
+    """The [BLOCK_M, BLOCK_K] tile of rows src of x at column off_k, zero past K and on
+    rows outside mask_m, by pointers: the gather happens in the GEMM's operand load, never
+    as a copy of x."""
+    offs_k = off_k + tl.arange(0, BLOCK_K)
+    a = tl.load(x_ptr + src[:, None] * stride_xm + offs_k.to(tl.int64)[None, :] * stride_xk,
+                mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
+    if INTERPRETED and a.dtype == tl.bfloat16:
+        a = a.to(tl.float32)
+    return a
+
+
+@triton.jit
+def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, scale_ptr, offs_ptr,
+                           M, N, K, G, stride_xm, stride_xk, stride_wg, stride_wn, stride_wk,
+                           stride_om, stride_bg, stride_bn,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                            BLOCK_G: tl.constexpr, TMA: tl.constexpr,
                            X_KMAJOR: tl.constexpr, W_KMAJOR: tl.constexpr,
                            HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-                           STORE_DACT: tl.constexpr, PRECISION: tl.constexpr):
-    """out = act(z), z = x @ w[g]^T + bias[g] on the rows of each group g; zeros on rows
-    past the last group; dact = act'(z) (STORE_DACT, for the backward).
+                           STORE_DACT: tl.constexpr, ROW_SCALE: tl.constexpr,
+                           PRECISION: tl.constexpr):
+    """out = act(z) (times scale[row] with ROW_SCALE), z = x @ w[g]^T + bias[g] on the rows
+    of each group g; zeros on rows past the last group; dact = act'(z) (STORE_DACT, for
+    the backward; never scaled).
 
     x_ptr [M, K] (any strides; with TMA, X_KMAJOR says its K stride is 1, else its M
     stride is); w_ptr [G, N, K] (group stride stride_wg; with TMA, W_KMAJOR says its K
     stride is 1, else its N stride is: a [G, K, N] tensor transposed); out_ptr, dact_ptr
     [M, N] with row stride stride_om, unit column stride, dact in out's dtype; bias_ptr
-    [G, N]; offs_ptr [G] int32 cumulative group ends. Accumulates in fp32.
+    [G, N]; scale_ptr [M] (fp32 or any float: a mixture of experts' routing weight of
+    each sorted pair); offs_ptr [G] int32 cumulative group ends. Accumulates in fp32.
     Tiles are numbered group by group (row tiles from each group's first row, GROUP_M of
     them sharing a column of w's tiles in L2), the rows past the last group last. Each
     program reads every group's bounds once ([BLOCK_G] lanes, one scan for the tile
@@ -81,56 +171,31 @@ def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, offs_ptr, 
     group's last row (a TMA store clips only at the tensor's edge).
     Constexprs: the tile BLOCK_M x BLOCK_N x BLOCK_K; GROUP_M; BLOCK_G a power of two
     above G; TMA the operand path; HAS_BIAS, ACTIVATION (none, silu, gelu_tanh, gelu),
-    STORE_DACT the epilogue compiled in; PRECISION tl.dot's input_precision for fp32.
+    STORE_DACT, ROW_SCALE the epilogue compiled in; PRECISION tl.dot's input_precision for
+    fp32.
     """
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    gs, starts, ends = _group_bounds(offs_ptr, G, M, BLOCK_G)
-    tiles = tl.cdiv(ends - starts, BLOCK_M) * num_pid_n
-    last_of = tl.cumsum(tiles, 0)  # one past each group's last tile
-    # a group's rows as one int64: start in the high half, end in the low
-    bounds = (starts.to(tl.int64) << 32) | ends.to(tl.int64)
+    gs, bounds, last_of, num_tiles = _group_tiles(offs_ptr, G, M, num_pid_n, BLOCK_M, BLOCK_G)
     if TMA:
         x_desc = _operand_desc(x_ptr, M, K, stride_xm, stride_xk, BLOCK_M, BLOCK_K, X_KMAJOR)
-        if W_KMAJOR:  # w [G, N, K], tiles [1, BN, BK]
-            w_desc = tl.make_tensor_descriptor(w_ptr, shape=[G, N, K],
-                                               strides=[stride_wg, stride_wn, 1],
-                                               block_shape=[1, BLOCK_N, BLOCK_K])
-        else:  # w's memory [G, K, N], tiles [1, BK, BN]
-            w_desc = tl.make_tensor_descriptor(w_ptr, shape=[G, K, N],
-                                               strides=[stride_wg, stride_wk, 1],
-                                               block_shape=[1, BLOCK_K, BLOCK_N])
+        w_desc = _weight_desc(w_ptr, G, N, K, stride_wg, stride_wn, stride_wk, BLOCK_N,
+                              BLOCK_K, W_KMAJOR)
     else:
         x_desc = x_ptr
         w_desc = w_ptr
-    for tile in tl.range(tl.program_id(0), tl.sum(tiles, 0), tl.num_programs(0)):
-        g = tl.sum((last_of <= tile).to(tl.int32), 0)  # the group holding the tile
-        span = tl.sum(tl.where(gs == g, bounds, 0), 0)
-        start = (span >> 32).to(tl.int32)
-        end = (span & 0xFFFFFFFF).to(tl.int32)
-        m_tiles = tl.cdiv(end - start, BLOCK_M)
-        g_first = tl.sum(tl.where(gs == g, last_of, 0), 0) - m_tiles * num_pid_n
-        pid_m, pid_n = _tile_coords(tile - g_first, m_tiles, num_pid_n, GROUP_M)
-        off_m = start + pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        g, end, off_m, off_n = _group_tile(tile, gs, bounds, last_of, num_pid_n, BLOCK_M,
+                                           BLOCK_N, GROUP_M)
         in_group = g < G
         g_w = tl.minimum(g, G - 1)
-        w_g = w_ptr + g_w.to(tl.int64) * stride_wg
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for ki in range(tl.where(in_group, k_tiles, 0)):  # past the last group: zeros
             off_k = ki * BLOCK_K
             a = _load_operand(x_desc, x_ptr, off_m, off_k, M, K, stride_xm, stride_xk,
                               BLOCK_M, BLOCK_K, TMA, X_KMAJOR)
-            if TMA:
-                if W_KMAJOR:
-                    b = tl.trans(w_desc.load([g_w, off_n, off_k]).reshape(BLOCK_N, BLOCK_K))
-                else:
-                    b = w_desc.load([g_w, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
-                if INTERPRETED and b.dtype == tl.bfloat16:
-                    b = b.to(tl.float32)
-            else:
-                b = _load_operand(w_g, w_g, off_k, off_n, K, N, stride_wk, stride_wn,
-                                  BLOCK_K, BLOCK_N, False, False)
+            b = _load_weight(w_desc, w_ptr, g_w, off_n, off_k, N, K, stride_wg, stride_wn,
+                             stride_wk, BLOCK_N, BLOCK_K, TMA, W_KMAJOR)
             # [BM, BK] @ [BK, BN] -> [BM, BN]
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
         offs_n = off_n + tl.arange(0, BLOCK_N)
@@ -144,6 +209,10 @@ def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, offs_ptr, 
             dact = tl.full(acc.shape, 1.0, tl.float32)
         else:
             y, dact = _glu_activation(acc, ACTIVATION)
+        if ROW_SCALE:
+            offs_m = off_m + tl.arange(0, BLOCK_M)
+            scale = tl.load(scale_ptr + offs_m, mask=offs_m < end, other=0.0)
+            y = y * scale.to(tl.float32)[:, None]
         # masked at the group's last row: the next group's rows are another tile's
         _store_tile(out_ptr, out_ptr, y, off_m, off_n, end, N, stride_om, 1, BLOCK_M,
                     BLOCK_N, False)

@@ -1,18 +1,17 @@
 """Triton kernels of speedlight's mixture-of-experts block (ops/moe_experts.py) around its
-two grouped GEMMs (kernels/grouped_matmul.py):
+two grouped GEMMs (kernels/moe_gate_up.py, whose epilogue applies the gate unit _moe_gate,
+and kernels/grouped_matmul.py):
 
-  _moe_gate_fwd_kernel   h = gate unit of the gate_up projection's output z, per routed
-                         (token, slot) pair: act(m_g * gate) * up * m_d, or gpt-oss's
-                         clamped SwiGLU; gate and up are two strided views of z (its two
-                         halves, or its even and odd columns).
   _moe_gate_bwd_kernel   recomputes h from z and, from g = dout_pair @ w_down[e] (the down
                          projection's input gradient before the routing weight), writes
-                         h, dz = d(gate unit) of w_pair * g, and the routing weight's
-                         gradient <g, h> per pair (fp32, over the whole row).
-  _moe_combine_kernel    out[t] = sum over j of w[t, j] * y[pos[t, j]]: each token sums
-                         its k rows in slot order in fp32, rounded once (no atomics, the
-                         same bits on every run); a pair whose expert index is outside
-                         [0, E) (an expert-parallel sentinel) adds nothing.
+                         w_pair * h (the down weight gradient's operand), dz = d(gate
+                         unit) of w_pair * g, and the routing weight's gradient <g, h> per
+                         pair (fp32, over the whole row).
+  _moe_combine_kernel    out[t] = sum over j of y[pos[t, j]] (rows already weighted by the
+                         down GEMM's epilogue): each token sums its k rows in slot order
+                         in fp32, rounded once (no atomics, the same bits on every run); a
+                         pair whose expert index is outside [0, E) (an expert-parallel
+                         sentinel) adds nothing.
 """
 
 import triton
@@ -47,49 +46,31 @@ def _moe_gate(a, u, ACTIVATION: tl.constexpr, alpha, limit):
     return h, d_a, d_u
 
 
-@triton.jit
-def _moe_gate_fwd_kernel(gate_ptr, up_ptr, h_ptr, n_rows, n_cols, stride_zm, stride_zn,
-                         stride_hm, gate_multiplier, down_multiplier, alpha, limit,
-                         ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr):
-    """h = gate_unit(m_g * gate, up) * m_d, in fp32, rounded once to h's dtype.
-
-    gate_ptr, up_ptr [n_rows, n_cols]: two views of z [pairs, 2 I] with z's row stride
-    stride_zm and column stride stride_zn (1: its halves; 2: its even and odd columns);
-    h_ptr [n_rows, n_cols] (row stride stride_hm, unit column stride). Grid (row blocks,
-    column blocks). ACTIVATION: silu, gelu_tanh, gelu or clamped_swiglu (alpha, limit
-    read only by it)."""
-    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m < n_rows)[:, None] & (offs_n < n_cols)[None, :]
-    z_at = offs_m[:, None] * stride_zm + offs_n.to(tl.int64)[None, :] * stride_zn
-    g = tl.load(gate_ptr + z_at, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(up_ptr + z_at, mask=mask, other=0.0).to(tl.float32)
-    h, _, _ = _moe_gate(g * gate_multiplier, u, ACTIVATION, alpha, limit)
-    tl.store(h_ptr + offs_m[:, None] * stride_hm + offs_n[None, :],
-             (h * down_multiplier).to(h_ptr.dtype.element_ty), mask=mask)
-
-
 # Backward of y_pair = w_pair * (h @ w_down[e]^T + b_down[e]), h = gate_unit(m_g gate, up) m_d,
 # given g = dout_pair @ w_down[e] ([pairs, I], before the routing weight):
 #   d w_pair = <dout_pair, y_pair / w_pair> = <g, h> + <dout_pair, b_down[e]>  (bias: host)
+#   d w_down[e] = sum over pairs p of e of dout_p^T (w_p h_p)   (w h written here)
 #   dh       = w_pair * g
 #   dgate    = dh * m_d * dh/da * m_g;   dup = dh * m_d * dh/du
 
 @triton.jit
-def _moe_gate_bwd_kernel(g_ptr, gate_ptr, up_ptr, w_pair_ptr, h_ptr, dgate_ptr, dup_ptr,
+def _moe_gate_bwd_kernel(g_ptr, gate_ptr, up_ptr, w_pair_ptr, wh_ptr, dgate_ptr, dup_ptr,
                          dw_pair_ptr, n_rows, n_cols, stride_gm, stride_zm, stride_zn,
                          stride_hm, stride_dzm, stride_dzn, gate_multiplier,
                          down_multiplier, alpha, limit, ACTIVATION: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """h (recomputed, h's dtype), dgate and dup (into dz's two views, dz's dtype) and
-    dw_pair = <g, h> (fp32 [n_rows], h as the forward rounded it).
+    """wh = w_pair * h (h recomputed and rounded to wh's dtype as the forward rounded it,
+    times the weight in fp32, rounded once), dgate and dup (into dz's two views, dz's
+    dtype) and dw_pair = <g, h> (fp32 [n_rows]).
 
     g_ptr [n_rows, n_cols] (row stride stride_gm, unit column stride, any float dtype);
-    gate_ptr, up_ptr as _moe_gate_fwd_kernel's; w_pair_ptr [n_rows] the routing weight of
-    each sorted pair; dgate_ptr, dup_ptr two views of dz [pairs, 2 I] (row stride
-    stride_dzm, column stride stride_dzn). One program per BLOCK_M rows walks their
-    columns BLOCK_N at a time, so each row's dot is one program's fp32 sum."""
+    gate_ptr, up_ptr [n_rows, n_cols]: two views of z [pairs, 2 I] with z's row stride
+    stride_zm and column stride stride_zn (1: its halves; 2: its even and odd columns);
+    w_pair_ptr [n_rows] the routing weight of each sorted pair; wh_ptr [n_rows, n_cols]
+    (row stride stride_hm, unit column stride); dgate_ptr, dup_ptr two views of dz
+    [pairs, 2 I] (row stride stride_dzm, column stride stride_dzn). One program per
+    BLOCK_M rows walks their columns BLOCK_N at a time, so each row's dot is one program's
+    fp32 sum."""
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n_rows
     w = tl.load(w_pair_ptr + offs_m, mask=mask_m, other=0.0).to(tl.float32)
@@ -103,9 +84,10 @@ def _moe_gate_bwd_kernel(g_ptr, gate_ptr, up_ptr, w_pair_ptr, h_ptr, dgate_ptr, 
         g = tl.load(g_ptr + offs_m[:, None] * stride_gm + offs_n[None, :], mask=mask,
                     other=0.0).to(tl.float32)
         h, d_a, d_u = _moe_gate(a, u, ACTIVATION, alpha, limit)
-        h = (h * down_multiplier).to(h_ptr.dtype.element_ty)
-        tl.store(h_ptr + offs_m[:, None] * stride_hm + offs_n[None, :], h, mask=mask)
-        dot += tl.sum(tl.where(mask, g * h.to(tl.float32), 0.0), axis=1)  # [BM, BN] -> [BM]
+        h = (h * down_multiplier).to(wh_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(wh_ptr + offs_m[:, None] * stride_hm + offs_n[None, :],
+                 (h * w[:, None]).to(wh_ptr.dtype.element_ty), mask=mask)
+        dot += tl.sum(tl.where(mask, g * h, 0.0), axis=1)  # [BM, BN] -> [BM]
         dh = g * w[:, None] * down_multiplier
         dz_at = offs_m[:, None] * stride_dzm + offs_n[None, :] * stride_dzn
         tl.store(dgate_ptr + dz_at, (dh * d_a * gate_multiplier).to(
@@ -115,17 +97,17 @@ def _moe_gate_bwd_kernel(g_ptr, gate_ptr, up_ptr, w_pair_ptr, h_ptr, dgate_ptr, 
 
 
 @triton.jit
-def _moe_combine_kernel(y_ptr, pos_ptr, index_ptr, w_ptr, out_ptr, n_tokens, n_cols,
-                        n_experts, stride_ym, stride_it, stride_ij, stride_wt, stride_wj,
-                        stride_om, K: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+def _moe_combine_kernel(y_ptr, pos_ptr, index_ptr, out_ptr, n_tokens, n_cols, n_experts,
+                        stride_ym, stride_it, stride_ij, stride_om, K: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[t] = sum_{j < K} [0 <= index[t, j] < E] * w[t, j] * y[pos[t, j]], in slot order.
+    """out[t] = sum_{j < K} [0 <= index[t, j] < E] * y[pos[t, j]], in slot order.
 
-    y_ptr [pairs, n_cols] (row stride stride_ym, unit column stride); pos_ptr [n_tokens * K]
-    int64, the row of y holding pair (t, j); index_ptr, w_ptr [n_tokens, K] (own strides);
-    out_ptr [n_tokens, n_cols] (row stride stride_om, unit column stride). fp32 sums,
-    rounded once. K (the router's top-k) is unrolled; HAS_WEIGHT False sums the rows
-    unweighted (the gradient of the gathered input). Grid (token blocks, column blocks)."""
+    y_ptr [pairs, n_cols] (row stride stride_ym, unit column stride; the forward's rows
+    already carry their routing weight, applied in the down GEMM's epilogue); pos_ptr
+    [n_tokens * K] int64, the row of y holding pair (t, j); index_ptr [n_tokens, K] (own
+    strides); out_ptr [n_tokens, n_cols] (row stride stride_om, unit column stride). fp32
+    sums, rounded once. K (the router's top-k) is unrolled. Grid (token blocks, column
+    blocks)."""
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     mask_m = offs_m < n_tokens
@@ -137,10 +119,6 @@ def _moe_combine_kernel(y_ptr, pos_ptr, index_ptr, w_ptr, out_ptr, n_tokens, n_c
         row = tl.load(pos_ptr + offs_m * K + j, mask=valid, other=0)
         y = tl.load(y_ptr + row[:, None] * stride_ym + offs_n[None, :],
                     mask=valid[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
-        if HAS_WEIGHT:
-            w = tl.load(w_ptr + offs_m * stride_wt + j * stride_wj, mask=valid,
-                        other=0.0).to(tl.float32)
-            y = y * w[:, None]
         acc += tl.where(valid[:, None], y, 0.0)
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])

@@ -105,13 +105,15 @@ def _w_tma(w: torch.Tensor) -> str | None:
 def grouped_matmul_fwd(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor,
                        bias: torch.Tensor | None = None, activation: str | None = None,
                        out_dtype: torch.dtype | None = None, store_dact: bool = False,
-                       check_offsets: bool = True
+                       check_offsets: bool = True, row_scale: torch.Tensor | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(out, dact) for x [M, K], w [G, N, K] (any strides), group_offsets [G] int32
     cumulative row ends: out [M, N] contiguous in out_dtype (x's by default), act(x_g @
     w[g]^T + bias[g]) on group g's rows and zeros past the last group; dact = act'(z) in
     out's dtype when store_dact (else None). check_offsets: the offsets' values are
-    checked first (a host sync on CUDA)."""
+    checked first (a host sync on CUDA). row_scale [M] (contiguous): each row's output
+    times row_scale[row] in fp32 before its one rounding (dact unscaled; a mixture of
+    experts' routing weights); not with K = 0 or no group."""
     m, k = x.shape
     n_groups, n = w.shape[0], w.shape[1]
     out_dtype = out_dtype or x.dtype
@@ -122,6 +124,8 @@ def grouped_matmul_fwd(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Te
     if check_offsets:
         check_offset_values(group_offsets, m)
     if k == 0 or n_groups == 0:
+        if row_scale is not None:
+            raise ValueError("grouped_matmul_fwd: row_scale needs K > 0 and a group")
         return _without_launch(x, w, group_offsets, bias, activation, out_dtype, dact)
     check_runtime(x, _grouped_matmul_kernel)
     cfg = gemm_config(GROUPED_MATMUL_CONFIGS, max(1, m // n_groups), n, k, x.dtype, x.device,
@@ -135,14 +139,15 @@ def grouped_matmul_fwd(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Te
     most_tiles = (triton.cdiv(m, cfg.block_m) + n_groups + 1) * triton.cdiv(n, cfg.block_n)
     d = dact if dact is not None else out
     bias_arg = bias if bias is not None else out
+    scale_arg = row_scale if row_scale is not None else out
     _grouped_matmul_kernel[(programs(most_tiles, x.device),)](
-        x, w, out, d, bias_arg, offs, m, n, k, n_groups, x.stride(0), x.stride(1),
+        x, w, out, d, bias_arg, scale_arg, offs, m, n, k, n_groups, x.stride(0), x.stride(1),
         w.stride(0), w.stride(1), w.stride(2), out.stride(0),
         bias.stride(0) if bias is not None else 0, bias.stride(1) if bias is not None else 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         BLOCK_G=group_block(n_groups), TMA=tma, X_KMAJOR=x_lay == "row", W_KMAJOR=w_lay == "row",
         HAS_BIAS=bias is not None, ACTIVATION=activation or "none", STORE_DACT=store_dact,
-        PRECISION=precision(x.dtype), **cfg.options())
+        ROW_SCALE=row_scale is not None, PRECISION=precision(x.dtype), **cfg.options())
     return out, dact
 
 

@@ -1,8 +1,8 @@
 """A mixture of experts' expert block, whole: routing sort, the gate_up grouped GEMM, the
 gate unit, the down grouped GEMM, the routing weights and the combine back into tokens.
 
-Host code of kernels/moe.py and kernels/grouped_matmul.py: the launchers
-`moe_experts_fwd` / `moe_experts_bwd` (usable without autograd), the registration
+Host code of kernels/moe_gate_up.py, kernels/moe.py and kernels/grouped_matmul.py: the
+launchers `moe_experts_fwd` / `moe_experts_bwd` (usable without autograd), the registration
 (custom ops `speedlight::moe_experts_fwd / _infer / _bwd`), the public
 `speedlight.moe_experts`, and the OpSpec (its cases and cost in moe_experts_cases.py).
 
@@ -12,16 +12,20 @@ last expert, where the grouped GEMM writes zeros and the combine adds nothing): 
 shapes, no host sync, so a CUDA graph can hold the whole block. Per sorted pair p of
 token t, slot j and expert e:
     z[p]  = hidden[t] @ gate_up_proj[e]^T + gate_up_bias[e]          [pairs, 2 I]
-    h[p]  = gate_unit(z[p])                                           [pairs, I]
-    y[p]  = h[p] @ down_proj[e]^T + down_bias[e]                      [pairs, H]
-    out[t] = sum over j (in slot order, fp32) of top_k_weights[t, j] * y[pair of (t, j)]
+    h[p]  = gate_unit(z[p])   (in the gate_up GEMM's epilogue)        [pairs, I]
+    e[p]  = h[p] @ down_proj[e]^T + down_bias[e]  (the expert's output)
+    y[p]  = w[t, j] e[p]   (w = top_k_weights: in the down GEMM's epilogue, fp32) [pairs, H]
+    out[t] = sum over j (in slot order, fp32) of y[pair of (t, j)]
 Backward (g[p] = dout[t] @ down_proj[e], before the weight):
-    d top_k_weights[t, j] = <dout[t], y[p]> = <g[p], h[p]> + <dout[t], down_bias[e]>
+    d top_k_weights[t, j] = <dout[t], e[p]> = <g[p], h[p]> + <dout[t], down_bias[e]>
     dh[p] = w[t, j] g[p];  dz = d gate_unit(dh);  dhidden[t] = sum over j of dz[p] @ gate_up_proj[e]
     d down_proj[e] = sum over p of e of (w dout[t])^T h[p];  d gate_up_proj[e] = dz^T hidden[t]
-Saved for the backward: z (2 I values per pair, in hidden's dtype: 2 k I per token) and the
-sort (one int64 per pair); h is recomputed from z in the backward's gate kernel, y is never
-needed (its dot with dout comes from g and h).
+Saved for the backward: z (2 I values per pair in hidden's dtype: 2 k I values, 4 k I bytes
+in bf16, per token), written by the gate_up kernel only when a gradient is needed, and the
+sort (one int64 per pair: 8 k bytes per token; the E int32 ends per call). h is recomputed
+from z in the backward's gate kernel (elementwise, against re-running the gate_up GEMM that
+saving h alone would cost: z cannot be had from h), y is never needed (its dot with dout
+comes from g and h).
 """
 
 from __future__ import annotations
@@ -33,11 +37,14 @@ import torch
 import triton
 
 from speedlight import launch, shapes
-from speedlight.kernels.moe import _moe_combine_kernel, _moe_gate_bwd_kernel, _moe_gate_fwd_kernel
+from speedlight.kernels.moe import _moe_combine_kernel, _moe_gate_bwd_kernel
+from speedlight.kernels.moe_gate_up import _moe_gate_up_kernel
 from speedlight.ops._checks import check_bool, check_choice, check_same_device, check_same_dtype, check_tensor
 from speedlight.ops import moe_experts_cases as cases
-from speedlight.ops.grouped_matmul import (MAX_GROUPS, _like_weight, grouped_matmul_fwd,
-                                           grouped_weight_grad)
+from speedlight.ops._gemm import (ensure_allocator, gemm_config, gemm_configs, precision,
+                                  programs, tma_layout, use_tma)
+from speedlight.ops.grouped_matmul import (MAX_GROUPS, _like_weight, _w_tma, group_block,
+                                           grouped_matmul_fwd, grouped_weight_grad)
 from speedlight.ops.matmul import DESIGN as GEMM_DESIGN
 from speedlight.ops.registration import like, register_op
 from speedlight.runtime import autocast_dtype, check_runtime, describe
@@ -45,6 +52,9 @@ from speedlight.spec import OpSpec
 
 # the gate units: act(gate) * up for the first three, gpt-oss's clamped SwiGLU last
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "clamped_swiglu")
+# the fused gate_up GEMM's space and rule (two b tiles per k-step: gate and up), with
+# tuned tables of its own (speedlight tune sweeps it)
+MOE_GATE_UP_CONFIGS = gemm_configs("moe_experts")
 
 
 # --- launchers (usable without autograd) --------------------------------------------------
@@ -81,41 +91,68 @@ def _gate_views(z: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch
     return z[:, :n], z[:, n:]
 
 
-def gate_unit_fwd(z: torch.Tensor, activation: str, interleaved: bool,
-                  gate_multiplier: float, down_multiplier: float, alpha: float,
-                  limit: float) -> torch.Tensor:
-    """h [pairs, I] = the gate unit of z [pairs, 2 I] (unit column stride), in z's dtype."""
-    gate, up = _gate_views(z, interleaved)
-    h = torch.empty(gate.shape, dtype=z.dtype, device=z.device)
+def gate_up_fwd(x: torch.Tensor, gate_up_proj: torch.Tensor, offsets: torch.Tensor,
+                gate_up_bias: torch.Tensor | None, activation: str, interleaved: bool,
+                gate_multiplier: float, down_multiplier: float, alpha: float, limit: float,
+                store_z: bool, order: torch.Tensor | None = None, k: int = 1
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(h [M, I], z [M, 2 I] or None): the gate_up grouped GEMM with the gate unit in its
+    epilogue (kernels/moe_gate_up.py) on M rows in expert order, z written only when
+    store_z (a backward reads it); rows past the last expert's end are zeros in both.
+    The rows are x [M, H] itself, or with `order` (the sort of the (token, slot) pairs, M
+    of them) the tokens x [tokens, H] gathered in the kernel's loads: row r is x[order[r]
+    // k], and no gathered copy is made."""
+    m = x.shape[0] if order is None else order.numel()
+    n_experts, n_inter = gate_up_proj.shape[0], gate_up_proj.shape[1] // 2
+    h = torch.empty((m, n_inter), dtype=x.dtype, device=x.device)
+    z = torch.empty((m, 2 * n_inter), dtype=x.dtype, device=x.device) if store_z else None
     if h.numel() == 0:
-        return h
-    check_runtime(z, _moe_gate_fwd_kernel)
-    rows, cols = gate.shape
-    block_m, block_n, warps = _tile(rows, cols, z.device)
-    _moe_gate_fwd_kernel[(triton.cdiv(rows, block_m), triton.cdiv(cols, block_n))](
-        gate, up, h, rows, cols, z.stride(0), gate.stride(1), h.stride(0), gate_multiplier,
-        down_multiplier, alpha, limit, ACTIVATION=activation, BLOCK_M=block_m,
-        BLOCK_N=block_n, num_warps=warps)
-    return h
+        return h, z
+    if x.shape[1] == 0 or n_experts == 0:  # no launch: caught before (moe_experts_fwd)
+        raise ValueError(f"gate_up_fwd needs H > 0 and experts, got x {describe(x)}, "
+                         f"gate_up_proj {describe(gate_up_proj)}")
+    check_runtime(x, _moe_gate_up_kernel)
+    cfg = gemm_config(MOE_GATE_UP_CONFIGS, max(1, m // n_experts), n_inter, x.shape[1],
+                      x.dtype, x.device, operands=2, store_dact=store_z)
+    # gathered rows come by pointers, whatever x's layout; w by TMA where it can
+    x_lay = tma_layout(x) if order is None else "row"
+    w_lay = _w_tma(gate_up_proj)
+    tma = use_tma(x.device) and x_lay is not None and w_lay is not None
+    if tma and x.device.type == "cuda":
+        ensure_allocator()
+    # every group adds at most one partial row tile, the rows past the last group one more
+    most_tiles = (triton.cdiv(m, cfg.block_m) + n_experts + 1) * triton.cdiv(n_inter,
+                                                                            cfg.block_n)
+    bias = gate_up_bias if gate_up_bias is not None else h
+    zt = z if z is not None else h
+    _moe_gate_up_kernel[(programs(most_tiles, x.device),)](
+        x, order if order is not None else offsets, gate_up_proj, h, zt, bias, offsets, m,
+        n_inter, x.shape[1], n_experts, k, x.stride(0),
+        x.stride(1), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2),
+        h.stride(0), zt.stride(0), bias.stride(0), bias.stride(1), gate_multiplier,
+        down_multiplier, alpha, limit, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, BLOCK_G=group_block(n_experts), TMA=tma,
+        X_KMAJOR=x_lay == "row", W_KMAJOR=w_lay == "row", GATHER=order is not None,
+        INTERLEAVED=interleaved,
+        HAS_BIAS=gate_up_bias is not None, ACTIVATION=activation, STORE_Z=store_z,
+        PRECISION=precision(x.dtype), **cfg.options())
+    return h, z
 
 
-def combine(y: torch.Tensor, pos: torch.Tensor, top_k_index: torch.Tensor,
-            top_k_weights: torch.Tensor | None, n_experts: int, out_dtype: torch.dtype
-            ) -> torch.Tensor:
-    """out [tokens, n_cols]: each token's k rows of y (at pos) summed in slot order in fp32,
-    times top_k_weights unless None; pairs of an index outside [0, n_experts) add nothing."""
+def combine(y: torch.Tensor, pos: torch.Tensor, top_k_index: torch.Tensor, n_experts: int,
+            out_dtype: torch.dtype) -> torch.Tensor:
+    """out [tokens, n_cols]: each token's k rows of y (at pos) summed in slot order in fp32;
+    pairs of an index outside [0, n_experts) add nothing."""
     tokens, k = top_k_index.shape
     out = torch.empty((tokens, y.shape[1]), dtype=out_dtype, device=y.device)
     if out.numel() == 0:
         return out
     check_runtime(y, _moe_combine_kernel)
     block_m, block_n, warps = _tile(tokens, y.shape[1], y.device)
-    w = top_k_weights if top_k_weights is not None else top_k_index
     _moe_combine_kernel[(triton.cdiv(tokens, block_m), triton.cdiv(y.shape[1], block_n))](
-        y, pos, top_k_index, w, out, tokens, y.shape[1], n_experts, y.stride(0),
-        top_k_index.stride(0), top_k_index.stride(1), w.stride(0), w.stride(1), out.stride(0),
-        K=k, HAS_WEIGHT=top_k_weights is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=warps)
+        y, pos, top_k_index, out, tokens, y.shape[1], n_experts, y.stride(0),
+        top_k_index.stride(0), top_k_index.stride(1), out.stride(0), K=k, BLOCK_M=block_m,
+        BLOCK_N=block_n, num_warps=warps)
     return out
 
 
@@ -123,6 +160,33 @@ def _inverse(order: torch.Tensor) -> torch.Tensor:
     """pos[pair] = where `pair` sits in the sorted order (order's inverse permutation)."""
     return torch.empty_like(order).scatter_(0, order, torch.arange(
         order.numel(), device=order.device, dtype=order.dtype))
+
+
+def _forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+             gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+             gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
+             activation: str, interleaved: bool, gate_multiplier: float,
+             down_multiplier: float, swiglu_alpha: float, swiglu_limit: float, store_z: bool
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """(out, z (None unless store_z), order, group_offsets)."""
+    tokens, k = top_k_index.shape
+    n_experts = gate_up_proj.shape[0]
+    order, offsets = expert_order(top_k_index, n_experts)
+    if tokens == 0 or hidden.shape[1] == 0 or n_experts == 0:
+        # zeros, not garbage: with H = 0 the backward still reads z (its <g, h> is 0)
+        z = hidden.new_zeros((tokens * k, gate_up_proj.shape[1]))
+        return hidden.new_zeros(hidden.shape), z, order, offsets
+    # hidden's rows gathered in expert order by the gate_up kernel's loads (no copy)
+    h, z = gate_up_fwd(hidden, gate_up_proj, offsets, gate_up_bias, activation, interleaved,
+                       gate_multiplier, down_multiplier, swiglu_alpha, swiglu_limit, store_z,
+                       order=order, k=k)
+    # y = w_pair * (h @ down_proj[e]^T + down_bias[e]): the weight in the down GEMM's
+    # epilogue (fp32, one rounding), so the combine only sums each token's k rows
+    w_pair = top_k_weights.reshape(-1)[order]
+    y = grouped_matmul_fwd(h, down_proj, offsets, down_bias, check_offsets=False,
+                           row_scale=w_pair)[0]
+    out = combine(y, _inverse(order), top_k_index, n_experts, hidden.dtype)
+    return out, z, order, offsets
 
 
 def moe_experts_fwd(hidden: torch.Tensor, top_k_index: torch.Tensor,
@@ -134,21 +198,9 @@ def moe_experts_fwd(hidden: torch.Tensor, top_k_index: torch.Tensor,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out [tokens, H] in hidden's dtype, z [pairs, 2 I], order [pairs], group_offsets
     [E]): the block's output and what its backward reads."""
-    tokens, k = top_k_index.shape
-    n_experts = gate_up_proj.shape[0]
-    order, offsets = expert_order(top_k_index, n_experts)
-    if tokens == 0 or hidden.shape[1] == 0:
-        # zeros, not garbage: with H = 0 the backward still reads z (its <g, h> is 0)
-        z = hidden.new_zeros((tokens * k, gate_up_proj.shape[1]))
-        return hidden.new_zeros(hidden.shape), z, order, offsets
-    token = order // k
-    x = hidden[token]  # [pairs, H], gathered in expert order
-    z = grouped_matmul_fwd(x, gate_up_proj, offsets, gate_up_bias, check_offsets=False)[0]
-    h = gate_unit_fwd(z, activation, interleaved, gate_multiplier, down_multiplier,
-                      swiglu_alpha, swiglu_limit)
-    y = grouped_matmul_fwd(h, down_proj, offsets, down_bias, check_offsets=False)[0]
-    out = combine(y, _inverse(order), top_k_index, top_k_weights, n_experts, hidden.dtype)
-    return out, z, order, offsets
+    return _forward(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                    gate_up_bias, down_bias, activation, interleaved, gate_multiplier,
+                    down_multiplier, swiglu_alpha, swiglu_limit, store_z=True)
 
 
 def _infer_fwd(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
@@ -157,10 +209,10 @@ def _infer_fwd(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: t
                activation: str, interleaved: bool, gate_multiplier: float,
                down_multiplier: float, swiglu_alpha: float, swiglu_limit: float
                ) -> torch.Tensor:
-    """The output alone (nothing kept for a backward)."""
-    return moe_experts_fwd(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
-                           gate_up_bias, down_bias, activation, interleaved, gate_multiplier,
-                           down_multiplier, swiglu_alpha, swiglu_limit)[0]
+    """The output alone (z is not written: nothing kept for a backward)."""
+    return _forward(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                    gate_up_bias, down_bias, activation, interleaved, gate_multiplier,
+                    down_multiplier, swiglu_alpha, swiglu_limit, store_z=False)[0]
 
 
 def moe_experts_bwd(dout: torch.Tensor, hidden: torch.Tensor, top_k_index: torch.Tensor,
@@ -177,24 +229,32 @@ def moe_experts_bwd(dout: torch.Tensor, hidden: torch.Tensor, top_k_index: torch
     tokens, k = top_k_index.shape
     n_experts, n_inter = gate_up_proj.shape[0], down_proj.shape[2]
     dtype = hidden.dtype
+    pairs = order.numel()
+    dout = dout.to(dtype)
     token = order // k
-    dout_pairs = dout[token].to(dtype)  # [pairs, H]
+    # dout's rows by expert, a copy: the down weight gradient's reduction reads them (a
+    # gathered operand there pipelines 2 deep on sm_90a, not 3; see DESIGN-NOTES)
+    dout_pairs = dout[token]  # [pairs, H]
     w_pair = top_k_weights.reshape(-1)[order]
     # g = dout_pair @ down_proj[e]: [pairs, H] @ [H, I] -> [pairs, I], fp32
     g = grouped_matmul_fwd(dout_pairs, down_proj.transpose(1, 2), offsets,
                            out_dtype=torch.float32, check_offsets=False)[0]
-    h = torch.empty((order.numel(), n_inter), dtype=dtype, device=hidden.device)
+    wh = torch.empty((pairs, n_inter), dtype=dtype, device=hidden.device)  # w_pair * h
     dz = torch.empty_like(z)
-    dw_pair = torch.zeros(order.numel(), dtype=torch.float32, device=hidden.device)
-    if h.numel():
+    dw_pair = torch.zeros(pairs, dtype=torch.float32, device=hidden.device)
+    if wh.numel():
         check_runtime(z, _moe_gate_bwd_kernel)
         gate, up = _gate_views(z, interleaved)
         dgate, dup = _gate_views(dz, interleaved)
-        block_m, block_n, warps = _tile(order.numel(), n_inter, z.device)
+        block_m, block_n, warps = _tile(pairs, n_inter, z.device)
         block_m = max(1, min(block_m, 16))
-        _moe_gate_bwd_kernel[(triton.cdiv(order.numel(), block_m),)](
-            g, gate, up, w_pair, h, dgate, dup, dw_pair, order.numel(), n_inter, g.stride(0),
-            z.stride(0), gate.stride(1), h.stride(0), dz.stride(0), dgate.stride(1),
+        if activation == "clamped_swiglu" and launch.planned_sm_count(z.device) is not None:
+            # its clamps keep about twice the live values per element: 8 a lane, not 16
+            # (sm_90a: 221 registers at 16, an eighth of the SM's warps resident)
+            block_n = max(1, block_n // 2)
+        _moe_gate_bwd_kernel[(triton.cdiv(pairs, block_m),)](
+            g, gate, up, w_pair, wh, dgate, dup, dw_pair, pairs, n_inter, g.stride(0),
+            z.stride(0), gate.stride(1), wh.stride(0), dz.stride(0), dgate.stride(1),
             gate_multiplier, down_multiplier, swiglu_alpha, swiglu_limit,
             ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
     else:
@@ -202,19 +262,31 @@ def moe_experts_bwd(dout: torch.Tensor, hidden: torch.Tensor, top_k_index: torch
     valid = (top_k_index >= 0) & (top_k_index < n_experts)
     d_weights = d_gate_up = d_down = d_gate_up_bias = d_down_bias = d_hidden = None
     if want_w:
-        if down_bias is not None and n_experts:
-            expert = top_k_index.reshape(-1)[order].clamp(0, n_experts - 1)
-            dw_pair = dw_pair + (dout_pairs.float() * down_bias.float()[expert]).sum(1)
         per_slot = dw_pair[_inverse(order)].view(tokens, k)
+        if down_bias is not None and n_experts:
+            # <dout[t], down_bias[e]> for every (t, e): one [tokens, H] @ [H, E] product
+            to_bias = dout.float() @ down_bias.float().t()
+            expert = top_k_index.long().clamp(0, n_experts - 1)
+            per_slot = per_slot + to_bias.gather(1, expert)
         d_weights = torch.where(valid, per_slot, 0.0).to(top_k_weights.dtype)
-    if want_d or want_db:
-        dy = (dout_pairs.float() * w_pair.float()[:, None]).to(dtype)
-        d_down, d_down_bias = grouped_weight_grad(dy, h, offsets, down_proj, down_bias)
+    if want_d:
+        # d down_proj[e] = sum over its pairs of dout[t]^T (w h): the weight rides on h
+        # (the gate kernel's wh), so dout's rows need no weighted copy
+        d_down = grouped_weight_grad(dout_pairs, wh, offsets, down_proj)[0]
+    if want_db:
+        # d down_bias[e] = sum over t of w[t, j] dout[t] where index[t, j] = e: R^T @ dout
+        # with the routing matrix R [tokens, E] built slot by slot (no atomics)
+        experts = torch.arange(n_experts, device=hidden.device)
+        routing = torch.zeros((tokens, n_experts), dtype=torch.float32, device=hidden.device)
+        for j in range(k):
+            routing += torch.where(top_k_index[:, j:j + 1] == experts,
+                                   top_k_weights[:, j:j + 1].float(), 0.0)
+        d_down_bias = (routing.t() @ dout.float()).to(down_bias.dtype)
     if want_x:
         # dx_pair = dz @ gate_up_proj[e]: [pairs, 2I] @ [2I, H] -> [pairs, H]
         dx = grouped_matmul_fwd(dz, gate_up_proj.transpose(1, 2), offsets,
                                 check_offsets=False)[0]
-        d_hidden = combine(dx, _inverse(order), top_k_index, None, n_experts, dtype)
+        d_hidden = combine(dx, _inverse(order), top_k_index, n_experts, dtype)
     if want_gu or want_gub:
         d_gate_up, d_gate_up_bias = grouped_weight_grad(dz, hidden[token], offsets,
                                                         gate_up_proj, gate_up_bias)
@@ -343,9 +415,11 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
     No host sync (the pairs are sorted by expert on the device; a CUDA graph can hold the
     call); the combine is deterministic (each token sums its k rows in slot order, fp32).
     Differentiable in hidden, top_k_weights (d w[t, j] = <dout[t], y of (t, j)>), both
-    weights and both biases; only the gradients asked for are computed. Saved for the
-    backward: the gate_up output z (2 k I values per token, hidden's dtype) and the sort
-    (k int64 per token); the gate unit is recomputed from z. Works under
+    weights and both biases; only the gradients asked for are computed. The gate unit runs
+    in the gate_up GEMM's epilogue. Saved for the backward: the gate_up output z (2 k I
+    values per token in hidden's dtype: 4 k I bytes in bf16; not written without a
+    gradient) and the sort (k int64 per token: 8 k bytes); the gate unit is recomputed
+    from z. Works under
     torch.compile(fullgraph=True); under torch.autocast the block runs in autocast's dtype
     and returns hidden's.
     """
@@ -385,13 +459,15 @@ SPEC = OpSpec(
     for_model=cases.for_model,
     fuses="per-expert loop (sort, gather, gate_up matmul, gated activation, down matmul, "
           "routing weight, index_add_)",
-    notes="the routed experts whole: a device-side sort by expert (no host sync), the two "
-          "grouped GEMMs with the gate unit between them, a deterministic combine; backward "
+    notes="the routed experts whole: a device-side sort by expert (no host sync), the "
+          "gate_up grouped GEMM with the gate unit in its epilogue, the down grouped GEMM, a "
+          "deterministic combine; backward "
           "recomputes the gate unit from the saved gate_up output and gets the routing "
           "weights' gradient from the down projection's input gradient.",
     family="compute-bound",
-    # the grouped GEMMs are grouped_matmul's kernels, held to its design
-    kernels={"_grouped_matmul_kernel": GEMM_DESIGN, "_grouped_matmul_dw_kernel": GEMM_DESIGN},
+    kernels={"_moe_gate_up_kernel": GEMM_DESIGN, "_grouped_matmul_kernel": GEMM_DESIGN,
+             "_grouped_matmul_dw_kernel": GEMM_DESIGN},
+    configs=MOE_GATE_UP_CONFIGS,
     count_rows=lambda case: case["tokens"],
     aligned=lambda case: case.layout != "strided" and all(
         case[p] % 16 == 0 for p in ("hidden", "inter")),

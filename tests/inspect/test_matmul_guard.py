@@ -15,7 +15,9 @@ at prefill and decode. Its backward runs the bf16 kernel (HGMMA).
 
 The grouped GEMM (mixtures of experts) is held to the same design: its forward kernel
 (also dx, through w's transpose) and its per-group weight-gradient kernel, at
-Qwen3-30B-A3B's expert shapes.
+Qwen3-30B-A3B's expert shapes; so is moe_experts' gate_up kernel with the gate unit in
+its epilogue (two accumulators for transformers' halves, one double-width accumulator
+split in the epilogue for gpt-oss's interleaved rows).
 """
 
 import pytest
@@ -23,7 +25,7 @@ import torch
 
 from speedlight.inspect import guard
 from speedlight.inspect.run import inspect_cases
-from speedlight.ops import gated_matmul, grouped_matmul, matmul
+from speedlight.ops import gated_matmul, grouped_matmul, matmul, moe_experts
 from speedlight.spec import Case
 from tests.inspect.conftest import GUARD_TABLE, SKU, TARGET
 
@@ -45,6 +47,12 @@ def grouped(m, n, k, groups, **flags):
                 flags=flags)
 
 
+def moe(tokens, hidden, inter, experts, k, layout="contiguous", **flags):
+    return Case("moe_experts", {"tokens": tokens, "hidden": hidden, "inter": inter,
+                                "experts": experts, "k": k}, dtype=BF16, layout=layout,
+                flags=flags)
+
+
 ITEMS = [
     pytest.param(matmul.SPEC, mm(512, 768, 768, bias=True, act="silu"), True,
                  id="matmul-prefill-bias-silu-fwd-bwd"),
@@ -60,6 +68,14 @@ ITEMS = [
                  id="grouped-qwen3-gate_up-fwd-bwd"),
     pytest.param(grouped_matmul.SPEC, grouped(4096, 768, 2048, 16, bias=True, act="silu"),
                  False, id="grouped-bias-silu-fwd"),
+    # the whole expert block at Qwen3-30B-A3B's widths (8 experts, 256 pairs each): the
+    # fused gate_up kernel (halves), the down grouped GEMM; and gpt-oss's interleaved,
+    # biased, clamped unit on [E, H, 2 I] weights transposed
+    pytest.param(moe_experts.SPEC, moe(512, 2048, 768, 8, 4), False,
+                 id="moe-qwen3-gate_up-unit-fwd"),
+    pytest.param(moe_experts.SPEC, moe(512, 2048, 768, 8, 4, "transposed",
+                                       act="clamped_swiglu", interleaved=True, bias=True),
+                 False, id="moe-gpt-oss-interleaved-fwd"),
 ]
 
 
@@ -75,7 +91,8 @@ FP8_ITEMS = [
 def test_bf16_gemm_kernels_meet_their_sm90a_design(spec, case, backward, compiler):
     _check_gemm_kernels(spec, case, backward, compiler, {
         "_matmul_kernel": "HGMMA", "_gated_matmul_kernel": "HGMMA",
-        "_grouped_matmul_kernel": "HGMMA", "_grouped_matmul_dw_kernel": "HGMMA"})
+        "_grouped_matmul_kernel": "HGMMA", "_grouped_matmul_dw_kernel": "HGMMA",
+        "_moe_gate_up_kernel": "HGMMA"})
 
 
 @pytest.mark.parametrize("case,backward", FP8_ITEMS)
