@@ -49,7 +49,7 @@ def decode(v):
             name = v["dtype"]
             return getattr(tl, name) if hasattr(tl, name) else tl.str_to_ty(name, None)
         if "fn" in v:
-            return load_function(*v["fn"])
+            return load_jit_function(*v["fn"])
         if "tuple" in v:
             return tuple(decode(x) for x in v["tuple"])
     return v
@@ -58,7 +58,7 @@ def decode(v):
 _MODULES: dict[str, object] = {}
 
 
-def load_function(file: str, module: str, qualname: str):
+def load_jit_function(file: str, module: str, qualname: str):
     """The JITFunction `qualname` of the module at `file` (imported by name when that
     resolves to the same file, else loaded from the path)."""
     from triton.runtime.jit import JITFunction
@@ -121,7 +121,7 @@ def compile_one(req: dict) -> dict:
 
     from speedlight.inspect.specialise import gpu_target
 
-    fn = load_function(req["file"], req["module"], req["qualname"])
+    fn = load_jit_function(req["file"], req["module"], req["qualname"])
     constexprs = {tuple(p): decode(v) for p, v in req["constexprs"]}
     attrs = {tuple(p): a for p, a in req["attrs"]}
     target = gpu_target(req["arch"])

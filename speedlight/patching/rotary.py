@@ -59,7 +59,7 @@ def speedlight_rope(original, interleaved: bool = False):
     return apply_rotary_pos_emb
 
 
-def attention_forward(cls: type, family):
+def forward_with_rope(cls: type, family):
     """The attention class's own forward with speedlight's RoPE, for binding to an instance
     (SourceError if its source cannot be recompiled)."""
     key = (inspect.unwrap(cls.forward), family.module, family.rope_interleaved)

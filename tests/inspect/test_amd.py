@@ -130,7 +130,7 @@ def test_a_kernel_that_does_not_compile_for_gfx942_is_a_finding(compiler):
     if not errors:
         pytest.skip("rope compiles for gfx942 with this Triton: nothing to report")
     assert all("did not compile for gfx942" in f.text for f in errors)
-    assert [s.check for s in guard.check(report)] == ["compile"] * len(report.kernels)
+    assert [s.check for s in guard.check_report(report)] == ["compile"] * len(report.kernels)
 
 
 def test_launches_sized_for_an_amd_target_use_waves_of_64():
