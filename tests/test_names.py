@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 from collections import defaultdict
+from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "speedlight"
@@ -49,31 +50,33 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 }
 # Still to rename: both sides sit in files other branches were editing when this list was
 # written (profile/, report/, planning/, plans.py, tuning.py, bench/model*).
-STILL_TO_RENAME: dict[str, tuple[str, ...]] = {
-    **{op: ("profile/patterns.py",) for op in (  # profile's matchers, named by the op they find
-        "attention", "cross_entropy", "glu", "rope", "softmax")},
-    "glu": ("ops/glu.py", "profile/patterns.py"),
-    "describe": ("runtime.py", "profile/advice.py"),
-    "estimate": ("workloads/costs.py", "profile/advice.py"),
-    "capture": ("planning/measure.py", "profile/capture.py"),
-    "document": ("profile/project.py", "profile/schema.py"),
-    "failures": ("bench/model_step.py", "report/load.py"),
-    "load": ("csrc/loader.py", "plans.py", "report/load.py"),
-    "patch": ("patching/patcher.py", "planning/__init__.py"),
-    "place": ("profile/analyze.py", "profile/fmt.py"),
-    "render": ("bench/table.py", "profile/html.py", "report/render.py"),
-    "rows": ("inspect/command.py", "planning/display.py"),
-    "speedups": ("bench/metrics.py", "report/charts.py"),
-    "summarize": ("bench/stats.py", "profile/analyze.py"),
-    "summary": ("profile/display.py", "profile/project_render.py"),
-    "table": ("bench/model_step.py", "planning/display.py", "profile/fmt.py"),
-    "top_ops": ("profile/analyze.py", "profile/display.py"),
-    "write": ("profile/html.py", "tuning.py"),
-}
-for _name, _modules in STILL_TO_RENAME.items():
-    ALLOWED[_name] = ALLOWED.get(_name, ()) + _modules
+STILL_TO_RENAME = """
+attention cross_entropy rope softmax: profile/patterns.py (profile's matchers, named by the op)
+glu: ops/glu.py profile/patterns.py
+describe: runtime.py profile/advice.py
+estimate: workloads/costs.py profile/advice.py
+capture: planning/measure.py profile/capture.py
+document: profile/project.py profile/schema.py
+failures: bench/model_step.py report/load.py
+load: csrc/loader.py plans.py report/load.py
+patch: patching/patcher.py planning/__init__.py
+place: profile/analyze.py profile/fmt.py
+top_ops: profile/analyze.py profile/display.py
+summarize: bench/stats.py profile/analyze.py
+render: bench/table.py profile/html.py report/render.py
+rows: inspect/command.py planning/display.py
+speedups: bench/metrics.py report/charts.py
+summary: profile/display.py profile/project_render.py
+table: bench/model_step.py planning/display.py profile/fmt.py
+write: profile/html.py tuning.py
+"""
+for _line in STILL_TO_RENAME.strip().splitlines():
+    _names, _modules = _line.split("(")[0].split(":")
+    for _name in _names.split():
+        ALLOWED[_name] = ALLOWED.get(_name, ()) + tuple(_modules.split())
 
 
+@lru_cache(maxsize=None)
 def _definitions() -> dict[str, list[str]]:
     where: dict[str, list[str]] = defaultdict(list)
     for path in sorted(PACKAGE.rglob("*.py")):
