@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"address within SECONDS (default {CONNECT_TIMEOUT_S:g})")
 
 
-def check_arguments(args: argparse.Namespace, tool: str) -> None:
+def check_ray_flags(args: argparse.Namespace, tool: str) -> None:
     """The --ray flags' values, before any work: SystemExit naming the flag."""
     timeout = getattr(args, "ray_timeout", CONNECT_TIMEOUT_S)
     if args.ray is None:
@@ -210,7 +210,7 @@ def worker_device(requested: str) -> str:
     return "cuda" if gpus else "cpu"
 
 
-def describe(device: str, cpus: int) -> str:
+def describe_cluster(device: str, cpus: int) -> str:
     res = _ray().cluster_resources()
     nodes = sum(1 for n in _ray().nodes() if n.get("Alive"))
     if device == "cuda":
@@ -303,10 +303,10 @@ def _fits(resources: dict, device: str, cpus: int, gpu_model: str | None) -> str
     return ""
 
 
-def run(worker: str, groups: Sequence[Group], *, device: str, cpus: int = 1,
-        on_item: Callable[[Group, Any, Any], Any],
-        on_lost: Callable[[Group, Any, str], Any],
-        env: dict[str, str] | None = None, check_every_s: float = 30.0) -> None:
+def run_on_ray(worker: str, groups: Sequence[Group], *, device: str, cpus: int = 1,
+               on_item: Callable[[Group, Any, Any], Any],
+               on_lost: Callable[[Group, Any, str], Any],
+               env: dict[str, str] | None = None, check_every_s: float = 30.0) -> None:
     """Run every group as a Ray task on `device` ('cuda': one whole GPU each, of the group's
     gpu_model when it names one; 'cpu': `cpus` CPUs each, under the interpreter);
     on_item(group, item, value) for every value a worker yields, on_lost(group, item, reason)

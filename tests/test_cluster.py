@@ -129,9 +129,9 @@ def test_a_worker_whose_set_up_raises_gives_error_rows_with_its_reason(ray_clust
     cases = [c.with_(dtype=torch.float32) for c in
                    registry.builtin_spec("softmax").cases("quick")[:2]]
     lost = []
-    cluster.run(verify_on_cluster.WORKER, [cluster.Group("g", _payload(op="nope"), cases)],
-                device="cpu", on_item=lambda *a: pytest.fail("the set-up cannot succeed"),
-                on_lost=lambda group, case, reason: lost.append((case.id, reason)))
+    cluster.run_on_ray(verify_on_cluster.WORKER, [cluster.Group("g", _payload(op="nope"), cases)],
+                       device="cpu", on_item=lambda *a: pytest.fail("the set-up cannot succeed"),
+                       on_lost=lambda group, case, reason: lost.append((case.id, reason)))
     assert [case_id for case_id, _ in lost] == [c.id for c in cases]
     for _, reason in lost:
         assert reason.startswith("its worker failed on both tries (ValueError: unknown op(s) nope")
@@ -146,9 +146,9 @@ def test_each_gpu_model_runs_every_case_and_a_model_the_cluster_lacks_is_not_wai
     groups = cluster.on_each([cluster.Group("g", _payload(), [case])], [MODEL, "NOPE"])
     assert [g.gpu_model for g in groups] == [MODEL, "NOPE"]
     ran, lost = [], []
-    cluster.run(verify_on_cluster.WORKER, groups, device="cpu",
-                on_item=lambda group, c, value: ran.append((group.gpu_model, value[1].status)),
-                on_lost=lambda group, c, reason: lost.append((group.gpu_model, reason)))
+    cluster.run_on_ray(verify_on_cluster.WORKER, groups, device="cpu",
+                       on_item=lambda group, c, value: ran.append((group.gpu_model, value[1].status)),
+                       on_lost=lambda group, c, reason: lost.append((group.gpu_model, reason)))
     assert ran == [(MODEL, "pass")]
     assert lost == [("NOPE", "not run: the cluster has no NOPE GPU left")]
     with pytest.raises(SystemExit, match="--ray-gpu picks GPU models, but the tasks run on CPU"):
@@ -171,8 +171,8 @@ def test_ctrl_c_cancels_the_sweep_and_keeps_the_rows_written(ray_cluster, tmp_pa
 
     groups = [cluster.Group(c.id, _payload(), [c]) for c in cases]
     with pytest.raises(KeyboardInterrupt):
-        cluster.run(verify_on_cluster.WORKER, groups, device="cpu", on_item=on_item,
-                    on_lost=lambda *a: pytest.fail("nothing was lost"))
+        cluster.run_on_ray(verify_on_cluster.WORKER, groups, device="cpu", on_item=on_item,
+                           on_lost=lambda *a: pytest.fail("nothing was lost"))
     assert len(got) == 1
 
 

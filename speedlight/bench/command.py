@@ -165,7 +165,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.paths:
         _fail(f"run takes no paths (got {' '.join(args.paths)}); did you mean compare or plot?")
     device = torch.device(args.device)
-    console = display.make_console()
+    console = results.make_console(display.CONSOLE_WIDTH)
     modes = tuple(_list(args.modes))
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
@@ -191,7 +191,7 @@ def _run(args: argparse.Namespace) -> int:
             _fail(f"{flag} must be more than {least:g}, got {value:g}")
     if args.graph_max_mib < 0:
         _fail(f"--graph-max-mib must be at least 0, got {args.graph_max_mib:g}")
-    cluster.check_arguments(args, "bench")
+    cluster.check_ray_flags(args, "bench")
     if args.ray is not None and args.budget_s is not None:
         _fail("--budget-s shares one machine's time among the ops; with --ray, leave it out "
               "(or bound the sweep with --limit and --cases)")
@@ -259,12 +259,13 @@ def _run(args: argparse.Namespace) -> int:
 # --- compare ------------------------------------------------------------------------------------
 
 def _compare(args: argparse.Namespace) -> int:
+    from speedlight import results
     from speedlight.bench import compare, display
 
     if len(args.paths) != 2:
         _fail("compare takes two paths: OLD NEW (results files or folders)")
     try:
-        old, new = (compare.load(p) for p in args.paths)
+        old, new = (compare.load_bench_rows(p) for p in args.paths)
         for side, path, rows in (("OLD", args.paths[0], old), ("NEW", args.paths[1], new)):
             if not rows:
                 _fail(f"{side} {str(path)!r} holds no bench rows (bench*.jsonl files "
@@ -273,7 +274,7 @@ def _compare(args: argparse.Namespace) -> int:
                                 implementations=None if args.impls == "all" else _list(args.impls))
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
-    console = display.make_console()
+    console = results.make_console(display.CONSOLE_WIDTH)
     title = display.title_for(old + new, "speedlight bench compare") + (
         f": regression = slower by > {100 * args.threshold:g}% and one-sided Mann-Whitney U "
         f"p < {args.alpha:g}")
@@ -297,7 +298,7 @@ def _plot(args: argparse.Namespace) -> int:
     if not args.paths:
         _fail("plot takes one or more results files or folders")
     try:
-        rows = compare.load(args.paths)
+        rows = compare.load_bench_rows(args.paths)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     first = Path(args.paths[0])
@@ -397,7 +398,7 @@ def _model(args: argparse.Namespace) -> int:
         out_dir = results.writable_folder(args.out or "speedlight-results")
     except ValueError as e:
         _fail(f"--out {e}")
-    console = display.make_console()
+    console = results.make_console(display.CONSOLE_WIDTH)
     if device.type == "cpu":
         console.print(f"[bold yellow]{display.NOT_REPRESENTATIVE}[/]")
     out_path = out_dir / model_step.FILE

@@ -48,7 +48,7 @@ def bench_files(path: str | Path) -> list[Path]:
     raise FileNotFoundError(f"no results file or folder at {str(path)!r}")
 
 
-def load(paths: str | Path | Iterable[str | Path]) -> list[dict]:
+def load_bench_rows(paths: str | Path | Iterable[str | Path]) -> list[dict]:
     if isinstance(paths, (str, Path)):
         paths = [paths]
     rows = []

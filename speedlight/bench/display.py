@@ -18,8 +18,7 @@ _SHORT = {"torch-eager": "x eager", "torch-compile": "x compile", "liger": "x Li
           "torch-fused": "x torch fused"}
 
 
-def make_console() -> Console:
-    return results.make_console(width=170)
+CONSOLE_WIDTH = 170  # bench's table has a column per baseline
 
 
 def title_for(rows: Sequence[dict], what: str = "speedlight bench") -> str:
@@ -29,7 +28,7 @@ def title_for(rows: Sequence[dict], what: str = "speedlight bench") -> str:
     return f"{what} ({', '.join(devices)})"
 
 
-def fmt_us(us: float | None) -> str:
+def fmt_latency_us(us: float | None) -> str:
     """A latency in the unit that reads best: 850 ns, 12.3 us, 4.56 ms, 1.23 s."""
     if us is None:
         return "-"
@@ -54,7 +53,7 @@ def _sol(row: dict) -> str:
     return "-" if row.get("sol_pct") is None else f"{row['sol_pct']:.1f}%"
 
 
-def op_label(row: dict) -> str:
+def row_op_label(row: dict) -> str:
     """The op, with the implementation when it is not the op's first: rms_norm (cuda,
     unverified)."""
     if row["implementation"] == SPEEDLIGHT:
@@ -77,7 +76,7 @@ def results_table(rows: Sequence[dict], title: str) -> Table:
         if not is_speedlight(r["implementation"]):
             continue
         label = r.get("case_label") or r["case_id"]
-        op = op_label(r)
+        op = row_op_label(r)
         if r.get("status") != "ok":
             t.add_row(op, label, r["dtype"], r["mode"], f"[yellow]{r['status']}[/]", "", "", "",
                       "", *["" for _ in baselines])
@@ -87,8 +86,8 @@ def results_table(rows: Sequence[dict], title: str) -> Table:
         for b in baselines:
             v = (r.get("speedup") or {}).get(b)
             ups.append(f"{v:.2f}x" if v is not None else "[dim]n/a[/]")
-        t.add_row(op, label, r["dtype"], r["mode"], fmt_us(r["median_us"]),
-                  f"{fmt_us(r['p20_us'])} - {fmt_us(r['p80_us'])}", _throughput(r), _sol(r), ver, *ups)
+        t.add_row(op, label, r["dtype"], r["mode"], fmt_latency_us(r["median_us"]),
+                  f"{fmt_latency_us(r['p20_us'])} - {fmt_latency_us(r['p80_us'])}", _throughput(r), _sol(r), ver, *ups)
     return t
 
 
@@ -124,7 +123,7 @@ def notes(rows: Sequence[dict], most: int = 12) -> list[str]:
 
 
 def print_bench(rows: Sequence[dict], console: Console | None = None) -> None:
-    console = console or make_console()
+    console = console or results.make_console(CONSOLE_WIDTH)
     console.print(results_table(rows, title_for(rows)))
     ok = [r for r in rows if r["implementation"] == SPEEDLIGHT and r.get("status") == "ok"]
     roofs = sorted({f"{r['sol_roof']} ceilings" for r in ok if r.get("sol_roof")})
@@ -150,7 +149,7 @@ def compare_table(comparisons, title: str) -> Table:
         for c in grouped.get(verdict, []):
             change = "-" if c.change is None else f"{100 * c.change:+.1f}%"
             p = "-" if c.p_value is None else f"{c.p_value:.2g}"
-            t.add_row(c.op, c.implementation, c.case_id, c.mode, fmt_us(c.old_us),
-                      fmt_us(c.new_us), change, p, f"[{style[verdict]}]{verdict}[/]"
+            t.add_row(c.op, c.implementation, c.case_id, c.mode, fmt_latency_us(c.old_us),
+                      fmt_latency_us(c.new_us), change, p, f"[{style[verdict]}]{verdict}[/]"
                       + (f" [dim]({c.note})[/]" if c.note else ""))
     return t

@@ -64,7 +64,7 @@ def bench_on_ray(specs, cases_of, out_path: Path, args: argparse.Namespace, *, s
     say(cluster.connect(args.ray, getattr(args, "ray_timeout", cluster.CONNECT_TIMEOUT_S)))
     device = cluster.worker_device(getattr(args, "requested_device", args.device))
     models = cluster.chosen_gpu_models(getattr(args, "ray_gpu", None), device)
-    say(cluster.describe(device, args.ray_cpus))
+    say(cluster.describe_cluster(device, args.ray_cpus))
     payload = {"spec_files": [str(Path(f).resolve()) for f in args.spec],
                "include_builtin": not args.only_spec, "target": args.target, "sku": args.sku,
                "settings": dataclasses.replace(settings, rule=None), "rule": rule_overrides,
@@ -96,6 +96,6 @@ def bench_on_ray(specs, cases_of, out_path: Path, args: argparse.Namespace, *, s
 
     if on_total is not None:  # each case once per GPU model named
         on_total(sum(len(g.items) for g in groups))
-    cluster.run(WORKER, groups, device=device, cpus=args.ray_cpus, on_item=on_item,
-                on_lost=on_lost)
+    cluster.run_on_ray(WORKER, groups, device=device, cpus=args.ray_cpus, on_item=on_item,
+                       on_lost=on_lost)
     return rows

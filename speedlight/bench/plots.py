@@ -31,7 +31,7 @@ def _metric(rows: Sequence[dict]) -> str:
     return "tflops" if bounds.count("compute") > len(bounds) / 2 else "gbps"
 
 
-def groups(rows: Sequence[dict]) -> "OrderedDict[tuple, list[dict]]":
+def plot_groups(rows: Sequence[dict]) -> "OrderedDict[tuple, list[dict]]":
     out: OrderedDict = OrderedDict()
     for r in rows:
         if r.get("tool") == "bench" and r.get("status") == "ok":
@@ -90,7 +90,7 @@ def plot(rows: Sequence[dict], out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for (op, dtype, mode), rs in groups(rows).items():
+    for (op, dtype, mode), rs in plot_groups(rows).items():
         device = rs[0].get("device", "")
         fig = figure(rs, f"{op} {dtype} {mode} on {device}")
         path = out_dir / f"{op}-{dtype}-{mode.replace('+', '_')}.png"

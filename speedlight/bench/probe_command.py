@@ -30,9 +30,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from rich.table import Table
 
-    from speedlight import hardware
+    from speedlight import hardware, results
     from speedlight.bench import probe
-    from speedlight.bench.display import make_console
+    from speedlight.bench.display import CONSOLE_WIDTH
 
     device = torch.device(args.device)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     ceilings, readings = probe.probe(device, copy_bytes=copy_bytes, matmul_n=args.matmul_n,
                                      dtypes=dtypes)
     spec = hardware.current_device_spec()
-    console = make_console()
+    console = results.make_console(CONSOLE_WIDTH)
     t = Table(title=f"speedlight probe: {ceilings.device_name}, driver {ceilings.driver}",
               title_justify="left", pad_edge=False)
     for col in ("ceiling", "measured", "datasheet", "measured / datasheet", "size", "note"):

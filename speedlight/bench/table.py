@@ -33,7 +33,7 @@ def collect(root: str | Path) -> list[dict]:
     root = Path(root)
     if not root.exists():
         return []
-    return compare.load(root)
+    return compare.load_bench_rows(root)
 
 
 def render(rows: Sequence[dict], source: str = "benchmarks/results", *,

@@ -49,7 +49,7 @@ def decode(v):
             name = v["dtype"]
             return getattr(tl, name) if hasattr(tl, name) else tl.str_to_ty(name, None)
         if "fn" in v:
-            return load_function(*v["fn"])
+            return load_jit_function(*v["fn"])
         if "tuple" in v:
             return tuple(decode(x) for x in v["tuple"])
     return v
@@ -58,7 +58,7 @@ def decode(v):
 _MODULES: dict[str, object] = {}
 
 
-def load_function(file: str, module: str, qualname: str):
+def load_jit_function(file: str, module: str, qualname: str):
     """The JITFunction `qualname` of the module at `file` (imported by name when that
     resolves to the same file, else loaded from the path)."""
     from triton.runtime.jit import JITFunction
@@ -121,7 +121,7 @@ def compile_one(req: dict) -> dict:
 
     from speedlight.inspect.specialise import gpu_target
 
-    fn = load_function(req["file"], req["module"], req["qualname"])
+    fn = load_jit_function(req["file"], req["module"], req["qualname"])
     constexprs = {tuple(p): decode(v) for p, v in req["constexprs"]}
     attrs = {tuple(p): a for p, a in req["attrs"]}
     target = gpu_target(req["arch"])
@@ -133,20 +133,27 @@ def compile_one(req: dict) -> dict:
     return {"key": req["key"], "files": files, "meta": meta}
 
 
-def write_artifacts(kernel, out: Path, arch: int) -> tuple[dict, dict]:
-    """Write a CompiledKernel's stages, cubin and SASS under `out`; return the file paths
-    and the metadata inspect reads (shared memory, warps, ptxas's resource report)."""
+def _write_stages(kernel, out: Path, stages, binary: str) -> tuple[str, dict]:
+    """Write a CompiledKernel's text `stages` and its `binary` code object under `out`:
+    (the kernel's name, stage -> path)."""
     out.mkdir(parents=True, exist_ok=True)
     name = kernel.metadata.name
     files = {}
-    for stage in STAGES:
+    for stage in stages:
         path = out / f"{name}.{stage}"
         path.write_text(kernel.asm[stage])
         files[stage] = str(path)
-    cubin = out / f"{name}.cubin"
-    cubin.write_bytes(kernel.asm["cubin"])
-    files["cubin"] = str(cubin)
-    sass = subprocess.run([tool("nvdisasm"), "-c", "-gi", str(cubin)], capture_output=True,
+    path = out / f"{name}.{binary}"
+    path.write_bytes(kernel.asm[binary])
+    files[binary] = str(path)
+    return name, files
+
+
+def write_artifacts(kernel, out: Path, arch: int) -> tuple[dict, dict]:
+    """Write a CompiledKernel's stages, cubin and SASS under `out`; return the file paths
+    and the metadata inspect reads (shared memory, warps, ptxas's resource report)."""
+    name, files = _write_stages(kernel, out, STAGES, "cubin")
+    sass = subprocess.run([tool("nvdisasm"), "-c", "-gi", files["cubin"]], capture_output=True,
                           text=True, timeout=300)
     if sass.returncode != 0:
         raise RuntimeError(f"nvdisasm failed: {sass.stderr.strip()}")
@@ -169,16 +176,7 @@ def write_amd_artifacts(kernel, out: Path, arch: str) -> tuple[dict, dict]:
     reads (LDS, warps, the assembler's resource report: amdgcn.resources)."""
     from speedlight.inspect import amdgcn
 
-    out.mkdir(parents=True, exist_ok=True)
-    name = kernel.metadata.name
-    files = {}
-    for stage in ("ttir", "ttgir", "llir", "amdgcn"):
-        path = out / f"{name}.{stage}"
-        path.write_text(kernel.asm[stage])
-        files[stage] = str(path)
-    hsaco = out / f"{name}.hsaco"
-    hsaco.write_bytes(kernel.asm["hsaco"])
-    files["hsaco"] = str(hsaco)
+    _, files = _write_stages(kernel, out, ("ttir", "ttgir", "llir", "amdgcn"), "hsaco")
     meta = kernel.metadata._asdict()
     keep = {k: meta[k] for k in ("name", "num_warps", "num_stages", "shared", "waves_per_eu",
                                  "matrix_instr_nonkdim", "kpack", "warp_size") if k in meta}

@@ -288,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
 
         held, info = [], []
         for r in reports:
-            h, i = guard.judge(by_name[r.op], r, r.sm_count)
+            h, i = guard.triage(by_name[r.op], r, r.sm_count)
             held += [(r, s) for s in h]
             info += [(r, s) for s in i]
         for r, s in info:

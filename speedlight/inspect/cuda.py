@@ -4,7 +4,7 @@ CaseReport as a Triton kernel (case_report.py); findings, the guard, the rows an
 tables are then the ones every kernel goes through.
 
     report = inspect_case("rms_norm", spec.cuda, spec.kernels, case, target, sm_count)
-    held, info = guard.judge(spec, report, sm_count)      # what --check fails on
+    held, info = guard.triage(spec, report, sm_count)      # what --check fails on
 
 Launch geometry is not captured from a run (a CPU machine cannot run the kernels): the
 OpSpec's CudaKernels.launches(case, sm_count) returns what its launcher would launch (the

@@ -184,14 +184,14 @@ def _arg_spec(a) -> str:
 
 
 def print_reports(reports: Sequence[CaseReport], console: Console, *, title: str) -> None:
-    """One case in full (print_case), several as one summary (print_summary)."""
+    """One case in full (print_case), several as one table (print_cases_table)."""
     if len(reports) == 1:
         print_case(reports[0], console)
     elif reports:
-        print_summary(reports, console, title=title)
+        print_cases_table(reports, console, title=title)
 
 
-def print_summary(reports: Sequence[CaseReport], console: Console, *, title: str) -> None:
+def print_cases_table(reports: Sequence[CaseReport], console: Console, *, title: str) -> None:
     done = [r for r in reports if r.kernels]
     console.print(kernel_table(done, title=title, with_case=True))
     table = bytes_table(done, with_case=True)

@@ -112,7 +112,7 @@ def check_direction(d: DirectionBytes) -> list[Shortfall]:
                       f"compulsory bytes, designed for at most {d.allowed:.2f}x")]
 
 
-def check(report: CaseReport) -> list[Shortfall]:
+def check_report(report: CaseReport) -> list[Shortfall]:
     """Every shortfall of a case: its error (the op raised while captured, or its source
     did not compile), each kernel's, each direction's bytes."""
     if report.error:
@@ -127,7 +127,7 @@ def check(report: CaseReport) -> list[Shortfall]:
 AMORTISED_ROWS_PER_SM = 4
 
 
-def applies(spec: OpSpec, case: Case, shortfall: Shortfall, sm_count: int) -> bool:
+def design_applies(spec: OpSpec, case: Case, shortfall: Shortfall, sm_count: int) -> bool:
     """Whether a design covers this case, so that falling short of it is a regression: a
     compile error always; on aligned cases (aligned() below) the vector width, spills and
     occupancy, and the bytes from AMORTISED_ROWS_PER_SM rows per SM (an error of the
@@ -143,13 +143,13 @@ def applies(spec: OpSpec, case: Case, shortfall: Shortfall, sm_count: int) -> bo
     return True
 
 
-def judge(spec: OpSpec, report: CaseReport, sm_count: int) -> tuple[list[Shortfall], list[Shortfall]]:
+def triage(spec: OpSpec, report: CaseReport, sm_count: int) -> tuple[list[Shortfall], list[Shortfall]]:
     """(held, informational): the report's shortfalls where its designs apply, and the rest
     (bytes measured on a smaller case than the one reported are information)."""
     held, info = [], []
     elsewhere = any(d.measured_on for d in report.directions)
-    for s in check(report):
-        holds = applies(spec, report.case, s, sm_count) and not (elsewhere and s.check == "bytes")
+    for s in check_report(report):
+        holds = design_applies(spec, report.case, s, sm_count) and not (elsewhere and s.check == "bytes")
         (held if holds else info).append(s)
     return held, info
 

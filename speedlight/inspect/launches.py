@@ -32,8 +32,8 @@ import numpy as np
 import torch
 import torch.utils._python_dispatch
 
-from speedlight.inspect.specialise import Arg, compile_function, describe, specialise
-from speedlight.inspect.traffic import count, finish_sites
+from speedlight.inspect.specialise import Arg, compile_function, describe_arg, specialise
+from speedlight.inspect.traffic import count_access, finish_sites
 from speedlight.spec import Case, OpSpec, grad_leaves, rand_tensor
 
 # The launch options a capture keeps (and the compile is given): CUDA's, and the HIP-only
@@ -158,7 +158,7 @@ class Recorder:
         bound, specialization, signature, constexprs, attrs, options = specialise(
             jit_fn, args, kwargs, self.arch)
         names = list(bound)
-        described = [describe(n, bound[n], s) for n, s in zip(names, specialization)]
+        described = [describe_arg(n, bound[n], s) for n, s in zip(names, specialization)]
         if callable(grid):
             grid = grid(bound)
         grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
@@ -213,13 +213,13 @@ def intercept(recorder: Recorder):
 
     def masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
         if _STATE.launch is not None:
-            count(_STATE.launch, "load", ptrs, mask)
+            count_access(_STATE.launch, "load", ptrs, mask)
         return originals[(InterpreterBuilder, "create_masked_load")](
             self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)
 
     def masked_store(self, ptrs, value, mask, cache_modifier, eviction_policy):
         if _STATE.launch is not None:
-            count(_STATE.launch, "store", ptrs, mask)
+            count_access(_STATE.launch, "store", ptrs, mask)
         return originals[(InterpreterBuilder, "create_masked_store")](
             self, ptrs, value, mask, cache_modifier, eviction_policy)
 
@@ -345,7 +345,7 @@ def _on_meta():
         yield
 
 
-def input_bytes(spec: OpSpec, case: Case) -> int:
+def meta_input_bytes(spec: OpSpec, case: Case) -> int:
     """What the case's inputs occupy, from their shapes alone (made on meta tensors)."""
     with _on_meta():
         inputs = spec.make_inputs(case, META)

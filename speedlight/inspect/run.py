@@ -10,7 +10,7 @@ import torch
 
 from speedlight.hardware import DeviceSpec
 from speedlight.inspect import case_report, findings
-from speedlight.inspect.launches import Capture, capture_case, input_bytes, interpreter_work
+from speedlight.inspect.launches import Capture, capture_case, interpreter_work, meta_input_bytes
 from speedlight.inspect.compile import TritonCompiler
 from speedlight.inspect.cuda_compile import NvccCompiler
 from speedlight.launch import for_target
@@ -57,7 +57,7 @@ def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, sku
         mode = "run"
     if device.type != "cuda" and mode in ("auto", "dry"):
         if mode == "dry" or spec.skip(case, device) or \
-                input_bytes(spec, case) > SAMPLE_INPUT_BYTES:
+                meta_input_bytes(spec, case) > SAMPLE_INPUT_BYTES:
             return _dry(spec, case, target, sku, backward), "dry"
         with _sized(target):
             sample = capture_case(spec, case, device, arch=target.arch, mode="sample",

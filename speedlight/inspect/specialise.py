@@ -118,7 +118,7 @@ def _alignment(ptr: int) -> int:
     return 1
 
 
-def describe(name: str, value, spec_entry):
+def describe_arg(name: str, value, spec_entry):
     """The bound argument as an Arg: tensors with dtype, shape, strides, alignment and address
     range; ints with their value and whether the runtime specialised them."""
     kind_, attr = spec_entry

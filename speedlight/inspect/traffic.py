@@ -66,7 +66,7 @@ def _caller_line() -> tuple[str, int]:
     return os.path.abspath(f.f_code.co_filename), f.f_lineno
 
 
-def count(launch, kind: str, ptrs, mask) -> None:
+def count_access(launch, kind: str, ptrs, mask) -> None:
     addr = np.asarray(ptrs.data).astype(np.int64, copy=False)
     live = np.broadcast_to(np.asarray(mask.data).astype(bool, copy=False), addr.shape)
     itemsize = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)

@@ -10,10 +10,11 @@ from speedlight import shapes
 from speedlight.spec import Case
 
 
-def skip_huge_on_cpu(case, device) -> str | None:
-    """The OpSpec skip of an op whose only CPU-impossible cases are flagged `huge`."""
+def skip_huge_on_cpu(case, device, what: str = "rows x stride > 2^31") -> str | None:
+    """The OpSpec skip of an op whose only CPU-impossible cases are flagged `huge`; `what`
+    says in the reason what passes 2^31."""
     if case.flag("huge") and torch.device(device).type != "cuda":
-        return ("64-bit indexing case: rows x stride > 2^31 needs > 4 GiB per tensor and "
+        return (f"64-bit indexing case: {what} needs > 4 GiB per tensor and "
                 "hours under the interpreter; it runs on a GPU")
     return None
 

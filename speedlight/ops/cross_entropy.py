@@ -14,7 +14,7 @@ import torch
 from speedlight import shapes
 from speedlight.ops._checks import check_bool, check_dense, check_choice, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_reduction_refused, local_rows
-from speedlight.ops._suites import is_call_of, rows_case
+from speedlight.ops._suites import is_call_of, rows_case, skip_huge_on_cpu
 from speedlight.ops.cross_entropy_launch import (  # noqa: F401 (the op's launcher API)
     cross_entropy_bwd,
     cross_entropy_fwd,
@@ -282,6 +282,24 @@ def check_class_weight(weight, n_classes: int, device: torch.device,
 
 # --- OpSpec --------------------------------------------------------------------------------
 
+def ignore_and_class_weight(case: Case, target: torch.Tensor, g: torch.Generator, vocab: int,
+                            device) -> torch.Tensor | None:
+    """A loss case's flags on its targets (ignore="all" or "some": -100 in every or about
+    30% of the places, drawn from g) and its class weights (weight: in [0, 2), every
+    seventh class weighed 0), shared by cross_entropy's and linear_cross_entropy's inputs."""
+    ignore = case.flag("ignore")
+    if ignore == "all":
+        target.fill_(-100)
+    elif ignore == "some":
+        target[torch.rand(target.shape, generator=g) < 0.3] = -100
+    if not case.flag("weight"):
+        return None
+    weight = rand_tensor((vocab,), case.with_(layout="contiguous"), device,
+                         dist="uniform", scale=2.0, salt=3)
+    weight[::7] = 0.0
+    return weight
+
+
 def make_inputs(case: Case, device) -> dict:
     tokens, vocab = case["tokens"], case["vocab"]
     softcap = case.flag("softcap")
@@ -297,16 +315,7 @@ def make_inputs(case: Case, device) -> dict:
         inject_nonfinite(logits, case)
     g = generator(case, salt=2)
     target = torch.randint(0, max(vocab, 1), tuple(logits.shape[:-1]), generator=g)
-    ignore = case.flag("ignore")
-    if ignore == "all":
-        target.fill_(-100)
-    elif ignore == "some":
-        target[torch.rand(target.shape, generator=g) < 0.3] = -100
-    weight = None
-    if case.flag("weight"):  # class weights in [0, 2), a few classes weighed 0
-        weight = rand_tensor((vocab,), case.with_(layout="contiguous"), device,
-                             dist="uniform", scale=2.0, salt=3)
-        weight[::7] = 0.0
+    weight = ignore_and_class_weight(case, target, g, vocab, device)
     extras = bool(case.flag("extras"))
     return {"logits": logits, "target": target.to(device), "ignore_index": -100,
             "reduction": case.flag("reduction", "mean"),
@@ -386,10 +395,7 @@ def cases(suite: str) -> list[Case]:
 
 
 def skip(case: Case, device) -> str | None:
-    if case.flag("huge") and torch.device(device).type != "cuda":
-        return ("64-bit indexing case: tokens x vocab > 2^31 needs > 4 GiB per tensor and "
-                "hours under the interpreter; it runs on a GPU")
-    return None
+    return skip_huge_on_cpu(case, device, "tokens x vocab > 2^31")
 
 
 _TWO_PASS = ("a row longer than 8192 does not fit registers: its logits are read twice, for "

@@ -34,6 +34,7 @@ from speedlight.ops.cross_entropy import (
     TARGET_DTYPES,
     CrossEntropyOutput,
     check_class_weight,
+    ignore_and_class_weight,
     check_options,
 )
 from speedlight.ops.linear_cross_entropy_chunks import (  # noqa: F401 (the op's launcher API)
@@ -302,16 +303,7 @@ def make_inputs(case: Case, device) -> dict:
     target = torch.randint(0, max(vocab, 1), (tokens,), generator=g)
     if extras and tokens and vocab:
         _plant_argmax(hidden, weight, target, g)
-    ignore = case.flag("ignore")
-    if ignore == "all":
-        target.fill_(-100)
-    elif ignore == "some":
-        target[torch.rand(target.shape, generator=g) < 0.3] = -100
-    class_weight = None
-    if case.flag("weight"):  # class weights in [0, 2), a few classes weighed 0
-        class_weight = rand_tensor((vocab,), case.with_(layout="contiguous"), device,
-                                   dist="uniform", scale=2.0, salt=3)
-        class_weight[::7] = 0.0
+    class_weight = ignore_and_class_weight(case, target, g, vocab, device)
     return {"hidden": hidden, "weight": weight, "target": target.to(device), "bias": bias,
             "ignore_index": -100, "reduction": case.flag("reduction", "mean"),
             "label_smoothing": float(case.flag("smoothing", 0.0)),

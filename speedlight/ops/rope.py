@@ -19,7 +19,7 @@ from speedlight.kernels.rope import _rope_kernel
 from speedlight.launch import planned_amd_arch, planned_sm_count
 from speedlight.ops._checks import check_bool, check_same_device, check_same_dtype, check_tensor
 from speedlight.ops._dtensor import local_rows
-from speedlight.ops._suites import is_call_of
+from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
 from speedlight.ops.registration import register_op
 from speedlight.runtime import check_runtime, describe
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, generator, rand_tensor
@@ -382,10 +382,7 @@ def cases(suite: str) -> list[Case]:
 
 
 def skip(case: Case, device) -> str | None:
-    if case.flag("huge") and torch.device(device).type != "cuda":
-        return ("64-bit indexing case: q of > 2^31 elements needs > 4 GiB per tensor and "
-                "hours under the interpreter; it runs on a GPU")
-    return None
+    return skip_huge_on_cpu(case, device, "q of > 2^31 elements")
 
 
 def _aligned(case: Case) -> bool:

@@ -36,7 +36,7 @@ NAME = "speedlight"
 REPORT_ATTR = "_speedlight_attention_report"
 
 
-def register() -> None:
+def register_attention() -> None:
     """Register "speedlight" with transformers' attention and mask interfaces (idempotent)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface

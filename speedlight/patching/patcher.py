@@ -72,7 +72,7 @@ class PatchReport:
     patched: dict[str, list[str]] = field(default_factory=dict)  # kind -> module paths
     in_place: list[str] = field(default_factory=list)  # norms whose backward writes over dy
     not_patched: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
-    plan_note: str = ""  # which measured plan decided the kinds (planned.resolve)
+    plan_note: str = ""  # which measured plan decided the kinds (planned.resolve_plan)
     plan: dict[str, str] = field(default_factory=dict)  # kind -> kept / dropped / unmeasured
 
     def count(self, kind: str) -> int:
@@ -280,7 +280,7 @@ def _patch_rope(job: _Patching) -> None:
             job.refuse(f"rope {path}", f"its forward does not call {rotary.NAME}")
             continue
         try:
-            forward = rotary.attention_forward(type(module), job.family)
+            forward = rotary.forward_with_rope(type(module), job.family)
         except SourceError as e:
             job.refuse(f"rope {path}", str(e))
             continue
@@ -358,7 +358,7 @@ def _patch_attention(job: _Patching) -> None:
     if not layers:
         return job.refuse(kind, f"no attention module of the {job.family.model_type} family "
                                 "found")
-    hf_attention.register()
+    hf_attention.register_attention()
     # the configs the attention layers (and their model's mask builder) read: the model's
     # own, or a sub-config (Qwen2-VL's text_config); set there alone, so that a vision
     # tower's attention, which reads another sub-config, keeps its implementation
@@ -471,7 +471,7 @@ def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = Tr
     wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy,
               "attention": attention, "decoder_layer": decoder_layer,
               "linear_cross_entropy": linear_cross_entropy}
-    chosen, note = planned.resolve(model, plan)
+    chosen, note = planned.resolve_plan(model, plan)
     report = PatchReport(model_type, plan_note=note, plan=planned.statuses(wanted, chosen))
     wanted = planned.wanted(wanted, chosen)
     if note == planned.plans.HINT:

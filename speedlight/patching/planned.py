@@ -24,7 +24,7 @@ def _on_gpu(model: torch.nn.Module) -> bool:
     return first is not None and first.device.type == "cuda"
 
 
-def resolve(model: torch.nn.Module, plan) -> tuple[plans.Plan | None, str]:
+def resolve_plan(model: torch.nn.Module, plan) -> tuple[plans.Plan | None, str]:
     """The plan patch applies to `model` (None: today's kinds) and a note for the report
     saying where it came from, or why none is used."""
     if plan is None:

@@ -64,7 +64,7 @@ def speedlight_rope(original, interleaved: bool = False, half_table: bool = Fals
     return apply_rotary_pos_emb
 
 
-def attention_forward(cls: type, family):
+def forward_with_rope(cls: type, family):
     """The attention class's own forward with speedlight's RoPE, for binding to an instance
     (SourceError if its source cannot be recompiled)."""
     key = (inspect.unwrap(cls.forward), family.module, family.rope_interleaved,

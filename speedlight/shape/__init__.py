@@ -81,7 +81,7 @@ def shape(fn: Callable, *example_inputs, target=None, train: bool = False,
         "outputs": tr.outputs,
         "grads": tr.grads,
         "phases": phases,
-        "advice": analysis.advise(tr, phases, tgt.roof),
+        "advice": analysis.layout_advice(tr, phases, tgt.roof),
         "inductor": (compiled.inductor(fn, inputs, train=train, target=tgt,
                                        fused_bytes={p["phase"]: p["fused"]["bytes"] for p in phases})
                      if compile else {"status": "skipped", "reason": "not asked (--no-compile)"}),
@@ -93,8 +93,8 @@ def shape(fn: Callable, *example_inputs, target=None, train: bool = False,
             if file is None:
                 raise ValueError("shape: spec_path needs a function defined in a file")
             source = (Path(file).resolve(), fn.__name__)
-        doc["spec_file"] = str(specfile.write(Path(spec_path), source[0], source[1], inputs,
-                                              train=train, summary=summary_lines(doc), fn=fn))
+        doc["spec_file"] = str(specfile.write_spec_file(Path(spec_path), source[0], source[1], inputs,
+                                                        train=train, summary=summary_lines(doc), fn=fn))
     return doc
 
 

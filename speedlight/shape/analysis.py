@@ -252,7 +252,9 @@ def _short(itemsize: int) -> str:
     return {8: "fp64", 4: "fp32", 2: "bf16", 1: "fp8"}[itemsize]
 
 
-def advise(tr: Trace, phases: list[dict], roof) -> list[dict]:
+def layout_advice(tr: Trace, phases: list[dict], roof) -> list[dict]:
+    """What the trace says about layout and dtypes: strided reductions, alignment, saved
+    intermediates and the dtype choices for this roof."""
     return strided_reductions(tr) + alignment(tr) + intermediates(tr) + dtype_choices(tr, phases[0], roof)
 
 

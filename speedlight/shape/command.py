@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as e:
         raise SystemExit(f"speedlight shape: {e}")
     doc["environment"] = results.environment("cpu")
-    render.print_summary(doc, console, top=args.top)
+    render.print_shaping(doc, console, top=args.top)
     results.write_json(out / "shape.json", doc)
     console.print(f"[dim]wrote {out / 'shape.json'}[/]")
     if not args.no_html:

@@ -9,7 +9,8 @@ from speedlight.profile.fmt import FLOP_UNITS, scaled
 TEMPLATE = "shape.html.j2"
 
 
-def seconds(s: float | None) -> str:
+# the shaping's numbers: three significant digits, decimal units, blank for None
+def seconds_3g(s: float | None) -> str:
     if s is None:
         return ""
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
@@ -18,11 +19,11 @@ def seconds(s: float | None) -> str:
     return f"{s / 1e-9:.3g} ns"
 
 
-def nbytes(n: float | None) -> str:
+def bytes_3g(n: float | None) -> str:
     return scaled(n, (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)), "B", spec=".3g", none="")
 
 
-def flops(n: float | None) -> str:
+def flops_3g(n: float | None) -> str:
     return scaled(n, FLOP_UNITS, "FLOP", spec=".3g", none="")
 
 
@@ -58,12 +59,12 @@ def print_inductor(doc: dict, console) -> None:
         t.add_row(k["phase"][:3], k["kernel"], "x".join(map(str, k["grid"])),
                   ", ".join(f"{n}={v}" for n, v in k["config"].items()) + f", {k['num_warps']} warps",
                   str(k["registers"]), str(k["spill_bytes"]), f"{k['occupancy']['fraction']:.0%}",
-                  narrowest(k["accesses"]), nbytes(k["read_bytes"]), nbytes(k["written_bytes"]))
+                  narrowest(k["accesses"]), bytes_3g(k["read_bytes"]), bytes_3g(k["written_bytes"]))
     console.print(t)
     for phase, p in ind["phases"].items():
-        over = (f" = [bold]{p['bytes_over_floor']:.2f}x[/] the fused floor's {nbytes(p['fused_floor_bytes'])}"
+        over = (f" = [bold]{p['bytes_over_floor']:.2f}x[/] the fused floor's {bytes_3g(p['fused_floor_bytes'])}"
                 if p["bytes_over_floor"] else "")
-        console.print(f"  {phase}: {p['launches']} launches moving {nbytes(p['bytes'])}{over}")
+        console.print(f"  {phase}: {p['launches']} launches moving {bytes_3g(p['bytes'])}{over}")
     if ind.get("extern_calls"):
         console.print("  plus library kernels inductor calls, not generated (not read here): "
                       + ", ".join(f"{n} x{c}" for n, c in ind["extern_calls"].items()))
@@ -81,7 +82,7 @@ def narrowest(accesses: list[dict]) -> str:
     return f"{a['bits']}-bit {a['kind']} (128 possible), line {a['line']}"
 
 
-def print_summary(doc: dict, console, top: int = 30) -> None:
+def print_shaping(doc: dict, console, top: int = 30) -> None:
     from rich.table import Table
 
     ins = ", ".join(f"{i['name']}={i['shape']}:{i['dtype']}" for i in doc["inputs"])
@@ -102,10 +103,10 @@ def print_summary(doc: dict, console, top: int = 30) -> None:
         f.add_column(col, justify="left" if col in ("phase", "", "bound") else "right")
     for p in doc["phases"]:
         fu, e = p["fused"], p["eager"]
-        f.add_row(p["phase"], "fused (one kernel)", flops(fu["flops"]), nbytes(fu["bytes"]),
-                  seconds(fu["floor_s"]), seconds(max(fu["floor_s"], doc["launch_s"])), "1", fu["bound"])
-        f.add_row("", "eager (sum of ops)", flops(e["flops"]), nbytes(e["bytes"]), seconds(e["floor_s"]),
-                  seconds(e["with_launch_s"]), str(e["launches"]), e["bound"])
+        f.add_row(p["phase"], "fused (one kernel)", flops_3g(fu["flops"]), bytes_3g(fu["bytes"]),
+                  seconds_3g(fu["floor_s"]), seconds_3g(max(fu["floor_s"], doc["launch_s"])), "1", fu["bound"])
+        f.add_row("", "eager (sum of ops)", flops_3g(e["flops"]), bytes_3g(e["bytes"]), seconds_3g(e["floor_s"]),
+                  seconds_3g(e["with_launch_s"]), str(e["launches"]), e["bound"])
         f.add_row("", "[bold]fusion could gain[/]", "", f"{p['bytes_ratio']:.2f}x fewer", "",
                   f"[bold]{p['gain']:.2f}x[/]", "", "")
     console.print(f)
@@ -130,5 +131,5 @@ def render_html(doc: dict) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]),
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(seconds=seconds, nbytes=nbytes, flops=flops, shapes=_shape_text, narrowest=narrowest)
+    env.filters.update(seconds=seconds_3g, nbytes=bytes_3g, flops=flops_3g, shapes=_shape_text, narrowest=narrowest)
     return env.get_template(TEMPLATE).render(doc=doc)

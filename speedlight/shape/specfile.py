@@ -62,7 +62,7 @@ def _traces(fn, inputs: Sequence[InputSpec], params: dict[str, int]) -> bool:
 STEPS = (1, 2, 4, 8, 16)  # a function may need a dim divisible by these (chunk, heads...)
 
 
-def suites(inputs: Sequence[InputSpec], fn=None) -> tuple[dict[str, list[dict]], list[str]]:
+def suite_values(inputs: Sequence[InputSpec], fn=None) -> tuple[dict[str, list[dict]], list[str]]:
     """Parameter values of each suite's cases, and notes on the cases left out.
 
     quick: small stand-ins for the large dims (odd first), and their neighbours; model: the
@@ -120,8 +120,8 @@ def suites(inputs: Sequence[InputSpec], fn=None) -> tuple[dict[str, list[dict]],
     return {"quick": quick or [given], "model": [given], "full": full}, notes
 
 
-def write(path: Path, fn_file: Path, fn_name: str, inputs: Sequence[InputSpec], *,
-          train: bool, summary: str, fn=None) -> Path:
+def write_spec_file(path: Path, fn_file: Path, fn_name: str, inputs: Sequence[InputSpec], *,
+                    train: bool, summary: str, fn=None) -> Path:
     """Write the spec file at `path` and return it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,7 @@ def write(path: Path, fn_file: Path, fn_name: str, inputs: Sequence[InputSpec], 
     dtypes = ["torch.float32", "torch.float16", "torch.bfloat16"]
     grads = tuple(s.name for s in inputs if s.dtype.is_floating_point and s.dtype.itemsize >= 2) if train else ()
     name = fn_name
-    values, notes = suites(inputs, fn)
+    values, notes = suite_values(inputs, fn)
     noted = "".join(f"\n# left out: {n}" for n in notes)
     text = f'''"""{name}: the spec `speedlight shape` wrote for {fn_file.name}:{fn_name}.
 

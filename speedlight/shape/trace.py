@@ -138,7 +138,7 @@ class TracedOp:
 
 def _meta(t: torch.Tensor) -> dict:
     return {"shape": list(t.shape), "dtype": dtype_name(t.dtype), "stride": list(t.stride()),
-            "bytes": costs.nbytes(t)}
+            "bytes": costs.tensor_bytes(t)}
 
 
 class _Recorder(TorchDispatchMode):
@@ -239,5 +239,5 @@ def trace(fn: Callable, inputs: Sequence[InputSpec], *, train: bool = False) -> 
         used = sorted({in_ids[i] for op in rec.ops if op.phase == "forward" for i in op.in_ids
                        if i in in_ids}, key=[s.name for s in inputs].index)
         return Trace(inputs=list(inputs), ops=rec.ops, outputs=[_meta(o) for o in outs],
-                     grads=grads, input_bytes={s.name: costs.nbytes(t) for t, s in zip(ts, inputs)},
+                     grads=grads, input_bytes={s.name: costs.tensor_bytes(t) for t, s in zip(ts, inputs)},
                      used_inputs=used, train=train, out_ids={id(o) for o in outs}, in_ids=in_ids)

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{args.max_compiles}")
     if args.jobs is not None and args.jobs < 1:
         raise SystemExit(f"speedlight tune: --jobs must be at least 1, got {args.jobs}")
-    cluster.check_arguments(args, "tune")
+    cluster.check_ray_flags(args, "tune")
     device = torch.device(args.device)
     tgt = arguments.resolve_target(args, "tune")
     try:
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             from speedlight.tune import on_cluster
             try:
-                rows, timing = on_cluster.run_tasks(
+                rows, timing = on_cluster.tune_on_ray(
                     tasks, args, on_task=advance, say=console.print,
                     on_total=lambda n: progress.update(bar, total=n))
             except cluster.ClusterError as e:

@@ -35,14 +35,14 @@ def worker(payload: dict, device: str):
     return lambda task: [dict(env, **row) for row in sweep.run_task(task, dev, compiler=compiler)]
 
 
-def run_tasks(tasks, args: argparse.Namespace, *, on_task=None, say=print,
-              on_total=None) -> tuple[list[dict], bool]:
+def tune_on_ray(tasks, args: argparse.Namespace, *, on_task=None, say=print,
+                on_total=None) -> tuple[list[dict], bool]:
     """sweep.run_tasks over the Ray cluster --ray names: (the rows, in the order the tasks
     finished; whether they were timed)."""
     say(cluster.connect(args.ray, getattr(args, "ray_timeout", cluster.CONNECT_TIMEOUT_S)))
     device = cluster.worker_device(getattr(args, "requested_device", args.device))
     models = cluster.chosen_gpu_models(getattr(args, "ray_gpu", None), device)
-    say(cluster.describe(device, args.ray_cpus))
+    say(cluster.describe_cluster(device, args.ray_cpus))
     timed = device == "cuda" and args.target is None
     if timed:  # each worker tunes for, and times on, the GPU it was given
         tasks = [dataclasses.replace(t, target="native", sku=None, time=True) for t in tasks]
@@ -67,6 +67,6 @@ def run_tasks(tasks, args: argparse.Namespace, *, on_task=None, say=print,
                                "case": task.case.to_json(), "sku": task.sku,
                                "target": task.target, "status": "error", "reason": reason}])
 
-    cluster.run(WORKER, groups, device=device, cpus=args.ray_cpus, on_item=on_item,
-                on_lost=on_lost)
+    cluster.run_on_ray(WORKER, groups, device=device, cpus=args.ray_cpus, on_item=on_item,
+                       on_lost=on_lost)
     return rows, timed

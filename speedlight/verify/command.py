@@ -64,12 +64,12 @@ def run(args: argparse.Namespace) -> int:
     from speedlight.spec import parse_dtype
     from speedlight.verify import display, harness
 
-    console = display.make_console()
+    console = results.make_console()
     if args.seeds < 1:
         raise SystemExit("speedlight verify: --seeds must be at least 1")
     if args.max_gib is not None and args.max_gib <= 0:
         raise SystemExit(f"speedlight verify: --max-gib must be more than 0, got {args.max_gib:g}")
-    cluster.check_arguments(args, "verify")
+    cluster.check_ray_flags(args, "verify")
     names = [n.strip() for n in args.ops.split(",")] if args.ops else None
     try:
         dtypes = [parse_dtype(d) for d in args.dtypes.split(",") if d.strip()]

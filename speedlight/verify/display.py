@@ -8,7 +8,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from speedlight import results
+from speedlight.results import make_console
 from speedlight.spec import dtype_name
 from speedlight.verify.harness import CaseResult
 
@@ -31,14 +31,14 @@ def group(results: Sequence[CaseResult]) -> "OrderedDict[tuple, list[CaseResult]
     return groups
 
 
-def summary(results: Sequence[CaseResult]) -> dict[str, int]:
+def status_counts(results: Sequence[CaseResult]) -> dict[str, int]:
     counts = {"pass": 0, "fail": 0, "error": 0, "skip": 0}
     for r in results:
         counts[r.status] += 1
     return counts
 
 
-def table(results: Sequence[CaseResult], *, title: str, only_problems: bool = False) -> Table:
+def case_table(results: Sequence[CaseResult], *, title: str, only_problems: bool = False) -> Table:
     t = Table(title=title, title_justify="left", show_lines=False, pad_edge=False)
     for col, kw in [("op", {}), ("case", {"overflow": "fold"}), ("dtype", {}),
                     ("worst check", {}), ("rel L2 err", {"justify": "right"}),
@@ -61,10 +61,6 @@ def table(results: Sequence[CaseResult], *, title: str, only_problems: bool = Fa
     return t
 
 
-def make_console() -> Console:
-    return results.make_console(width=160)
-
-
 def op_table(results: Sequence[CaseResult], *, title: str) -> Table:
     """One row per (op, dtype): how many runs passed, and the worst ratio to PyTorch."""
     t = Table(title=title, title_justify="left", pad_edge=False)
@@ -75,7 +71,7 @@ def op_table(results: Sequence[CaseResult], *, title: str) -> Table:
     for r in results:
         by.setdefault((op_label(r), dtype_name(r.case.dtype)), []).append(r)
     for (op, dt), rs in by.items():
-        c = summary(rs)
+        c = status_counts(rs)
         scored = [r for r in rs if r.worst is not None and r.worst.ours is not None]
         worst = max(scored, key=lambda r: r.worst.ratio) if scored else None
         bad = c["fail"] + c["error"]
@@ -93,8 +89,8 @@ def print_results(results: Sequence[CaseResult], console: Console | None = None,
     console.print(op_table(results, title=title + ": ratio = our error / PyTorch's, same dtype"))
     if not only_problems or any(r.status != "pass" for r in results):
         label = "all cases" if not only_problems else "cases that did not pass"
-        console.print(table(results, title=label, only_problems=only_problems))
-    c = summary(results)
+        console.print(case_table(results, title=label, only_problems=only_problems))
+    c = status_counts(results)
     console.print(f"[green]{c['pass']} passed[/], [red]{c['fail']} failed[/], "
                   f"[red]{c['error']} errors[/], [yellow]{c['skip']} skipped[/] "
                   f"({len(results)} case x dtype x seed runs)")

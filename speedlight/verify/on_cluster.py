@@ -48,7 +48,7 @@ def _implementations(spec) -> list:
     return list(getattr(spec, "implementations", None) or [None])
 
 
-def groups(specs, cases_of, payload: dict) -> list[cluster.Group]:
+def case_groups(specs, cases_of, payload: dict) -> list[cluster.Group]:
     """One group per (op, implementation, kernel specialisation): the cases of one
     implementation that differ only by seed."""
     out: dict[tuple, cluster.Group] = {}
@@ -76,7 +76,7 @@ def verify_on_ray(specs, cases_of, out_path: Path, args: argparse.Namespace, *, 
     say(cluster.connect(args.ray, getattr(args, "ray_timeout", cluster.CONNECT_TIMEOUT_S)))
     device = cluster.worker_device(getattr(args, "requested_device", args.device))
     models = cluster.chosen_gpu_models(getattr(args, "ray_gpu", None), device)
-    say(cluster.describe(device, args.ray_cpus))
+    say(cluster.describe_cluster(device, args.ray_cpus))
     payload = {"spec_files": [str(Path(f).resolve()) for f in args.spec],
                "include_builtin": not args.only_spec, "max_gib": args.max_gib,
                "target": args.target, "sku": args.sku, "suite": suite,
@@ -107,9 +107,9 @@ def verify_on_ray(specs, cases_of, out_path: Path, args: argparse.Namespace, *, 
         if on_case is not None:
             on_case(by_name[r.op], r)
 
-    sweep = cluster.on_each(groups(specs, cases_of, payload), models)
+    sweep = cluster.on_each(case_groups(specs, cases_of, payload), models)
     if on_total is not None:  # each case once per GPU model named
         on_total(sum(len(g.items) for g in sweep))
-    cluster.run(WORKER, sweep, device=device, cpus=args.ray_cpus, on_item=on_item,
-                on_lost=on_lost)
+    cluster.run_on_ray(WORKER, sweep, device=device, cpus=args.ray_cpus, on_item=on_item,
+                       on_lost=on_lost)
     return done

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 
 from speedlight.target import TENSOR_CORE_FAMILIES
-from speedlight.workloads.tensor_io import (bind, io_bytes, nbytes, out_elements, tensors,
+from speedlight.workloads.tensor_io import (bind, io_bytes, tensor_bytes, out_elements, tensors,
                                             total_io, unique_tensors, written_args)
 
 Tensor = torch.Tensor
@@ -54,7 +54,7 @@ def _mm_dims(a: Tensor, b: Tensor) -> tuple[int, int, int]:
     return a.shape[-2], b.shape[-1], a.shape[-1]
 
 
-def matmul(func, args, kwargs, out) -> OpCost:
+def matmul_formula(func, args, kwargs, out) -> OpCost:
     """mm, addmm, bmm, baddbmm, _scaled_mm: 2·B·M·N·K; mv/addmv 2·M·N; dot 2·N."""
     name = func.overloadpacket.__name__
     b = bind(func, args, kwargs)
@@ -86,7 +86,7 @@ def matmul(func, args, kwargs, out) -> OpCost:
                   tensor_core=True)
 
 
-def grouped_matmul(func, args, kwargs, out) -> OpCost:
+def grouped_matmul_formula(func, args, kwargs, out) -> OpCost:
     """_grouped_mm (mixture-of-experts layers): every routed row meets one group's matrix,
     so the FLOPs do not depend on how rows are routed: [M, K] x [G, K, N] -> [M, N] is
     2·M·K·N; [M, K] x [K, N] grouped along K -> [G, M, N] (weight gradients) is 2·M·K·N;
@@ -116,7 +116,7 @@ def _attention_dims(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int
     return q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]
 
 
-def attention(func, args, kwargs, out) -> OpCost:
+def attention_formula(func, args, kwargs, out) -> OpCost:
     """Fused scaled-dot-product attention: QKᵀ and PV, 2·B·H·Sq·Sk·(Dqk + Dv);
     the backward recomputes QKᵀ and forms dP, dV, dQ, dK: 2·B·H·Sq·Sk·(3·Dqk + 2·Dv).
     Causal counts half. Bytes: q, k, v (at their own head count), mask, outputs."""
@@ -219,7 +219,7 @@ def copy(label: str = "copy", skip_read: tuple[str, ...] = ()) -> Formula:
 def fill(func, args, kwargs, out) -> OpCost:
     """Creates or overwrites a tensor with values computed from nothing but its shape."""
     bound = bind(func, args, kwargs)
-    w = sum(nbytes(t) for t in unique_tensors(tensors(out) + written_args(func, bound)))
+    w = sum(tensor_bytes(t) for t in unique_tensors(tensors(out) + written_args(func, bound)))
     return OpCost(0, w, "fill", f"write {w} B")
 
 
@@ -230,10 +230,10 @@ def gather_rows(func, args, kwargs, out) -> OpCost:
     name = func.overloadpacket.__name__
     index_names = {"embedding": "indices", "index_select": "index", "gather": "index",
                    "index": "indices", "_unsafe_index": "indices"}
-    idx = sum(nbytes(t) for t in unique_tensors(tensors(b.get(index_names.get(name, "index")))))
+    idx = sum(tensor_bytes(t) for t in unique_tensors(tensors(b.get(index_names.get(name, "index")))))
     outs = tensors(out)
     gathered = sum(t.numel() for t in outs) * outs[0].element_size()
-    written = sum(nbytes(t) for t in outs)
+    written = sum(tensor_bytes(t) for t in outs)
     return OpCost(0, idx + gathered + written, "gather",
                   f"read indices {idx} B + gathered {gathered} B, write {written} B")
 
@@ -251,15 +251,15 @@ def index_put(func, args, kwargs, out) -> OpCost:
     them first when accumulating)."""
     b = bind(func, args, kwargs)
     values = b["values"]
-    idx = sum(nbytes(t) for t in tensors(b["indices"]))
+    idx = sum(tensor_bytes(t) for t in tensors(b["indices"]))
     n = values.numel()
     for t in tensors(b["indices"]):
         n = max(n, t.numel())
     write = n * b["self"].element_size()
     acc = bool(b.get("accumulate", False))
-    total = idx + nbytes(values) + write * (2 if acc else 1)
+    total = idx + tensor_bytes(values) + write * (2 if acc else 1)
     if func.overloadpacket.__name__ == "index_put":  # functional: copies self first
-        total += 2 * nbytes(b["self"])
+        total += 2 * tensor_bytes(b["self"])
     return OpCost(n if acc else 0, total, "scatter", f"{n} elements written"
                   f"{' and accumulated' if acc else ''}")
 
@@ -270,16 +270,16 @@ def nll_loss(func, args, kwargs, out) -> OpCost:
     b = bind(func, args, kwargs)
     target = b["target"]
     n = target.numel()
-    t_bytes = nbytes(target) + sum(nbytes(t) for t in tensors(b.get("weight")))
+    t_bytes = tensor_bytes(target) + sum(tensor_bytes(t) for t in tensors(b.get("weight")))
     if func.overloadpacket.__name__.endswith("_backward"):
-        written = sum(nbytes(t) for t in tensors(out))
-        small = sum(nbytes(t) for t in tensors(b["grad_output"]) + tensors(b["total_weight"]))
+        written = sum(tensor_bytes(t) for t in tensors(out))
+        small = sum(tensor_bytes(t) for t in tensors(b["grad_output"]) + tensors(b["total_weight"]))
         return OpCost(n, t_bytes + small + written, "loss",
-                      f"write grad {written} B, read targets {nbytes(target)} B")
+                      f"write grad {written} B, read targets {tensor_bytes(target)} B")
     picked = n * b["self"].element_size()
-    written = sum(nbytes(t) for t in tensors(out))
+    written = sum(tensor_bytes(t) for t in tensors(out))
     return OpCost(n, t_bytes + picked + written, "loss",
-                  f"read targets {nbytes(target)} B + {n} picked values, write {written} B")
+                  f"read targets {tensor_bytes(target)} B + {n} picked values, write {written} B")
 
 
 def foreach(per_element: int) -> Formula:
@@ -331,14 +331,14 @@ for _k, _names in _POINTWISE_FLOPS.items():
         _FORMULAS[_n] = pointwise(_k)
 
 for _n in "mm addmm bmm baddbmm mv addmv dot vdot _scaled_mm _int_mm".split():
-    _FORMULAS[_n] = matmul
+    _FORMULAS[_n] = matmul_formula
 for _n in ("_scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention "
            "_scaled_dot_product_cudnn_attention _scaled_dot_product_flash_attention_for_cpu "
            "_scaled_dot_product_fused_attention_overrideable").split():
-    _FORMULAS[_n] = attention
-    _FORMULAS[_n + "_backward"] = attention
+    _FORMULAS[_n] = attention_formula
+    _FORMULAS[_n + "_backward"] = attention_formula
 _FORMULAS["convolution"] = convolution
-_FORMULAS["_grouped_mm"] = grouped_matmul
+_FORMULAS["_grouped_mm"] = grouped_matmul_formula
 _FORMULAS["convolution_backward"] = convolution_backward
 
 for _n, _k in {"sum": 1, "mean": 1, "amax": 1, "amin": 1, "max": 1, "min": 1, "prod": 1,

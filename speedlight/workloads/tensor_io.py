@@ -25,7 +25,8 @@ def distinct_elements(t: Tensor) -> int:
     return math.prod(s for s, st in zip(t.shape, t.stride()) if st != 0)
 
 
-def nbytes(t: Tensor) -> int:
+def tensor_bytes(t: Tensor) -> int:
+    """The bytes a kernel must move for `t`: its distinct elements (see above)."""
     return distinct_elements(t) * t.element_size()
 
 
@@ -72,7 +73,7 @@ def io_bytes(func, args, kwargs, out, *, skip_read: tuple[str, ...] = ()) -> tup
     inputs = unique_tensors([t for name, v in bound.items() if name not in skip_read for t in tensors(v)])
     input_ids = {id(t) for t in tensors(list(bound.values()))}
     written = unique_tensors([t for t in tensors(out) if id(t) not in input_ids] + written_args(func, bound))
-    return sum(nbytes(t) for t in inputs), sum(nbytes(t) for t in written)
+    return sum(tensor_bytes(t) for t in inputs), sum(tensor_bytes(t) for t in written)
 
 
 def total_io(func, args, kwargs, out, **kw) -> int:

@@ -134,7 +134,7 @@ def test_a_kernel_that_does_not_compile_for_gfx942_is_a_finding(compiler):
     assert not k.ok and "PassManager::run failed" in k.compiled.error
     (error,) = [f for f in report.all_findings if f.code == "compile-error"]
     assert error.text.startswith("_pick_kernel did not compile for gfx942: RuntimeError")
-    assert [s.check for s in guard.check(report)] == ["compile"]
+    assert [s.check for s in guard.check_report(report)] == ["compile"]
 
 
 def test_launches_sized_for_an_amd_target_use_waves_of_64():

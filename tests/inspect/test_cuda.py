@@ -57,7 +57,7 @@ def test_cuda_kernels_hold_to_their_designs_on_aligned_cases(compiler, arch):
         for case in _guard_cases(spec):
             report = cuda.inspect_case(spec.name, spec.cuda, spec.kernels, case, target,
                                        target.sm_count, compiler)
-            held, info = guard.judge(spec, report, target.sm_count)
+            held, info = guard.triage(spec, report, target.sm_count)
             assert held == [], f"{case.id} on {arch}: {[str(s) for s in held]}"
             assert all(s.check != "compile" for s in info)
             fwd = [k for k in report.kernels if k.launch.direction == "fwd"]

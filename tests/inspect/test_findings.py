@@ -63,7 +63,7 @@ def test_aligned_rows_compile_to_128_bit_accesses_and_no_finding(reports):
     rows = [a for k in r.kernels for a in k.accesses if a.row_data]
     assert {a.arg for a in rows} >= {"x_ptr", "y_ptr", "dy_ptr", "dx_ptr"}
     assert all(a.bits == 128 for a in rows), [(a.arg, a.sass.describe()) for a in rows]
-    assert not [s for s in guard.check(r) if s.check == "vector"]
+    assert not [s for s in guard.check_report(r) if s.check == "vector"]
 
 
 def test_a_row_stride_not_a_multiple_of_8_gives_narrow_loads(reports):
@@ -96,7 +96,7 @@ def test_a_forced_spill_is_reported_with_its_bytes(reports):
     assert f.evidence["spill_stores"] > 0 and f.evidence["registers"] == 255
     assert f.evidence["local"].get("STL", 0) > 0
     assert f"{f.evidence['spill_stores']} bytes spilled to local memory" in f.text
-    assert [s for s in guard.check(reports["spill"]) if s.check == "spill"]
+    assert [s for s in guard.check_report(reports["spill"]) if s.check == "spill"]
 
 
 def test_a_matrix_kernel_without_a_warp_group_gets_no_wgmma(reports):

@@ -156,7 +156,7 @@ def test_spec_suites_keep_a_dimension_the_function_needs_even():
     from speedlight.shape import specfile
 
     inputs = parse_shapes("x=[4096,28672]:bf16")
-    values, notes = specfile.suites(inputs, _fn("mish_glu"))  # chunk(2) needs an even width
+    values, notes = specfile.suite_values(inputs, _fn("mish_glu"))  # chunk(2) needs an even width
     assert values["model"] == [{"a": 4096, "b": 28672}]
     assert all(c["b"] % 2 == 0 for s in values.values() for c in s)
     assert {c["a"] for c in values["full"]} == {4095, 4096, 4097}  # rows stay odd neighbours

@@ -1,0 +1,106 @@
+"""Names once: each public top-level class or function name of speedlight/ is defined in one
+module, so a name means one thing (issue 26, item 6).
+
+Read with `ast` (nothing is imported). A name in ALLOWED may be defined in the modules it
+lists and no others; each entry says why."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from functools import lru_cache
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "speedlight"
+
+OPS = "ops/*"  # any module of speedlight/ops
+COMMANDS = ("*/command.py", "bench/probe_command.py", "pipeline/__init__.py")
+ISA = ("inspect/sass.py", "inspect/amdgcn.py")
+
+ALLOWED: dict[str, tuple[str, ...]] = {
+    # One role, one implementation per module, reached through the module chosen for it:
+    # an OpSpec's parts, named as the fields they fill (DESIGN-NOTES, "Files split, names once")
+    **{part: (OPS,) for part in ("make_inputs", "cost", "cases", "skip", "for_model", "case_of")},
+    # each subcommand's module: configure(parser) and run(args); verify.run is the public harness
+    "configure": COMMANDS,
+    "run": COMMANDS + ("verify/harness.py",
+                       "bench/model_step.py"),  # to rename when the model-bench branch lands
+    # the function a Ray task calls, named by "<module>:worker" (cluster.run_on_ray)
+    "worker": ("*/on_cluster.py",),
+    # a baseline module's hooks (bench/baselines.py): adapt the inputs, whether it applies
+    "adapt": ("bench/*baselines.py", "bench/liger.py"),
+    "applies": ("bench/*baselines.py",),
+    # SASS and AMDGCN read into one report: the same parser interface per instruction set
+    # (amdgcn.LineAccess subclasses sass.LineAccess); occupancy.py is NVIDIA's occupancy
+    **{n: ISA for n in ("Instr", "LineAccess", "accesses_by_line", "mix")},
+    "parse": ISA + ("tuning.py",),  # tuning's: to rename when the tuning branch lands
+    "occupancy": ("inspect/amdgcn.py", "inspect/occupancy.py"),
+    # reference.py's float64 references carry the name of the op they check
+    **{op: (f"ops/{op}.py", "reference.py") for op in (
+        "rms_norm", "add_rms_norm", "layer_norm", "softmax", "cross_entropy", "rope",
+        "swiglu", "geglu", "matmul", "gated_matmul", "grouped_matmul", "moe_experts",
+        "attention", "linear_cross_entropy")},
+    # the CUDA C++ launchers stand in for the Triton ones under the same names
+    **{launcher: ("ops/rms_norm.py", "ops/add_rms_norm.py", "ops/rms_norm_cuda.py") for launcher in (
+        "rms_norm_fwd", "rms_norm_infer", "rms_norm_residual_fwd", "rms_norm_bwd",
+        "rms_norm_inplace_bwd", "add_rms_norm_fwd", "add_rms_norm_infer", "add_rms_norm_bwd",
+        "add_rms_norm_inplace_bwd")},
+    # a process's entry point: the CLI and inspect's compile worker (python -m)
+    "main": ("cli.py", "inspect/_worker.py"),
+}
+# Still to rename: both sides sit in files other branches were editing when this list was
+# written (profile/, report/, planning/, plans.py, tuning.py, bench/model*).
+STILL_TO_RENAME = """
+attention cross_entropy rope softmax: profile/patterns.py (profile's matchers, named by the op)
+glu: ops/glu.py profile/patterns.py
+describe: runtime.py profile/advice.py
+estimate: workloads/costs.py profile/advice.py
+capture: planning/measure.py profile/capture.py
+document: profile/project.py profile/schema.py
+failures: bench/model_step.py report/load.py
+load: csrc/loader.py plans.py report/load.py
+patch: patching/patcher.py planning/__init__.py
+place: profile/analyze.py profile/fmt.py
+top_ops: profile/analyze.py profile/display.py
+summarize: bench/stats.py profile/analyze.py
+render: bench/table.py profile/html.py report/render.py
+rows: inspect/command.py planning/display.py
+speedups: bench/metrics.py report/charts.py
+summary: profile/display.py profile/project_render.py
+table: bench/model_step.py planning/display.py profile/fmt.py
+write: profile/html.py tuning.py
+"""
+for _line in STILL_TO_RENAME.strip().splitlines():
+    _names, _modules = _line.split("(")[0].split(":")
+    for _name in _names.split():
+        ALLOWED[_name] = ALLOWED.get(_name, ()) + tuple(_modules.split())
+
+
+@lru_cache(maxsize=None)
+def _definitions() -> dict[str, list[str]]:
+    where: dict[str, list[str]] = defaultdict(list)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                    and not node.name.startswith("_"):
+                where[node.name].append(path.relative_to(PACKAGE).as_posix())
+    return where
+
+
+def _allowed(name: str, module: str) -> bool:
+    return any(Path(module).match(pattern) if "*" in pattern else module == pattern
+               for pattern in ALLOWED.get(name, ()))
+
+
+def test_each_public_name_is_defined_once():
+    twice = {name: modules for name, modules in _definitions().items()
+             if len(modules) > 1 and not all(_allowed(name, m) for m in modules)}
+    assert not twice, ("public names defined in more than one module of speedlight/ (rename "
+                       "the less central one to say what it is, or import the one): "
+                       + "; ".join(f"{n}: {', '.join(ms)}" for n, ms in sorted(twice.items())))
+
+
+def test_the_scan_finds_a_second_definition():
+    assert _definitions()["make_inputs"][1:], "the scan reads every module"
+    assert not _allowed("check_report", "verify/compare.py")
+    assert not _allowed("make_inputs", "bench/runner.py") and _allowed("make_inputs", "ops/rope.py")
