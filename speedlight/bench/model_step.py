@@ -10,8 +10,14 @@ same weights) and fed the same batches:
                       when liger-kernel is installed and has that family (its kernels do
                       not run under the Triton interpreter: skipped on a CPU, with that
                       reason, unless named in --variants)
-  speedlight          speedlight.patch(model)
-  speedlight-compile  speedlight.patch(model), then torch.compile
+  speedlight          "speedlight (all)": speedlight.patch(model, plan=None), every kind
+  speedlight-planned  "speedlight (planned)": speedlight.patch(model, plan=...), only the
+                      kinds a measured plan keeps (speedlight.plans): a plan file or its
+                      JSON, "auto" (the cached plan), or "measure" (the default: the plan is
+                      measured on the variant's own model and first batch before its warm-up;
+                      on a CPU nothing is timed, every kind is applied unmeasured, so the
+                      variant is skipped there, with that reason, unless named in --variants)
+  speedlight-compile  speedlight.patch(model, plan=None), then torch.compile
 
 Per variant: `warmup` untimed steps (the first compiles), then `steps` timed ones, each
 between two clock marks (CUDA events on a GPU, perf_counter on a CPU). A step is long
@@ -24,7 +30,11 @@ or 0.1% (fp32) of the hf variant's at the same step; the row says whether it is.
 
 The model comes from speedlight.workloads (the builder the tools share); the speedlight
 variants' patch is handed in (`patch`, speedlight.patch from the CLI or the report), since
-no tool imports another.
+no tool imports another; a plan reaches bench as data (a path or JSON) or as
+plan="measure", which that handed-in patch measures, so bench never imports the planning
+composer. A speedlight variant's row says which kinds it patched and, per kind, what the
+plan decided. Peak memory is reset after a variant is prepared (its plan measured, its
+patch applied), so it is the training steps' peak, weights and optimizer state included.
 """
 
 from __future__ import annotations
@@ -39,7 +49,8 @@ from typing import Callable, Sequence
 
 import torch
 
-VARIANTS = ("hf", "speedlight", "hf-compile", "speedlight-compile", "liger")
+VARIANTS = ("hf", "speedlight", "speedlight-planned", "hf-compile", "speedlight-compile", "liger")
+PLANNED = "speedlight-planned"
 DEFAULT = "hf"
 COMPILED = ("hf-compile", "speedlight-compile")
 # relative difference a step's loss may have from the hf variant's at the same step
@@ -50,10 +61,13 @@ CPU_LIGER_REASON = ("Liger-Kernel on a CPU: its Triton kernels do not run under 
                     "interpreter (an InterpreterError in its kernels); name the variant in "
                     "--variants to try anyway")
 # variants whose failure fails the run: the reference and speedlight's own
-OURS = ("hf", "speedlight", "speedlight-compile")
+OURS = ("hf", "speedlight", "speedlight-compile", PLANNED)
 CPU_COMPILE_REASON = ("torch.compile on a CPU: inductor's C++ build of a whole training step "
                       "takes a minute or more even for the small model and says nothing "
                       "about a GPU; name the variant in --variants to run it anyway")
+CPU_PLANNED_REASON = ("a plan on a CPU: nothing is timed there, so a measured plan keeps every "
+                      "kind (the speedlight variant again); name the variant in --variants, "
+                      "with --plan FILE to apply a plan measured on a GPU")
 
 
 @dataclass
@@ -72,6 +86,8 @@ class StepSettings:
     compile_mode: str | None = None
     budget_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    # speedlight-planned's plan: "measure", "auto", a plan file's path or a plan's JSON dict
+    plan: str | dict = "measure"
 
 
 def defaults(device: torch.device) -> dict:
@@ -138,9 +154,12 @@ def _liger(model) -> Callable[[], None]:
     fn(model=model)
 
 
-def _prepare(variant: str, model, s: StepSettings,
-             patch: Callable | None) -> tuple[torch.nn.Module, list[str]]:
+def _prepare(variant: str, model, s: StepSettings, patch: Callable | None,
+             example: dict) -> tuple[torch.nn.Module, list[str], dict]:
+    """The variant's model, its notes, and for a speedlight variant what its patch did:
+    the kinds patched (with counts) and, per kind, what the plan decided."""
     notes: list[str] = []
+    patched: dict = {}
     if variant.startswith("speedlight"):
         import warnings
 
@@ -148,15 +167,25 @@ def _prepare(variant: str, model, s: StepSettings,
             raise ValueError("the speedlight variants need speedlight.patch, handed in as patch=")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            report = patch(model)
+            if variant != PLANNED:
+                report = patch(model, plan=None)
+            elif isinstance(s.plan, str) and s.plan == "measure":
+                report = patch(model, plan="measure", example_inputs=example)
+            else:
+                report = patch(model, plan=s.plan)
         if report.not_patched:
             notes.append("not patched: " + "; ".join(f"{a} ({b})" for a, b in report.not_patched))
+        if variant == PLANNED:
+            dropped = [k for k, st in report.plan.items() if st.startswith("dropped")]
+            notes.append(f"plan: {report.plan_note}; dropped: {', '.join(dropped) or 'none'}")
+        patched = {"patched": {k: len(v) for k, v in report.patched.items()},
+                   "plan": dict(report.plan), "plan_note": report.plan_note}
     elif variant == "liger":
         _liger(model)
     if variant in COMPILED:
         torch._dynamo.reset()
         model = torch.compile(model, backend=s.compile_backend, mode=s.compile_mode)
-    return model, notes
+    return model, notes, patched
 
 
 def _peak_reset(device: torch.device) -> None:
@@ -181,9 +210,12 @@ def run_variant(variant: str, s: StepSettings, patch: Callable | None = None) ->
                if variant == "liger" and family else contextlib.nullcontext())
     with restore:
         model.train()
-        model, notes = _prepare(variant, model, s, patch)
-        opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
         batches = _batches(s, w.model.config.vocab_size, s.warmup + s.steps)
+        example = {"input_ids": batches[0], "labels": batches[0], "use_cache": False}
+        model, notes, patched = _prepare(variant, model, s, patch, example)
+        del example
+        _peak_reset(s.device)  # a plan measured in _prepare is no part of the step's peak
+        opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
         clock = clock_for(s.device)
         losses, marks = [], []
 
@@ -218,7 +250,7 @@ def run_variant(variant: str, s: StepSettings, patch: Callable | None = None) ->
            "peak_bytes": peak,
            "peak_method": ("torch.cuda.max_memory_allocated after reset_peak_memory_stats"
                            if peak is not None else "n/a: torch keeps no allocator peak on a CPU"),
-           "losses": curve, "notes": notes + list(w.notes)}
+           "losses": curve, "notes": notes + list(w.notes), **patched}
     del model, opt, w
     _peak_reset(s.device)
     return row
@@ -267,6 +299,8 @@ def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Seq
             row = {"variant": v, "status": "skipped", "reason": CPU_COMPILE_REASON}
         elif v == "liger" and s.device.type != "cuda" and v not in forced:
             row = {"variant": v, "status": "skipped", "reason": CPU_LIGER_REASON}
+        elif v == PLANNED and s.device.type != "cuda" and v not in forced:
+            row = {"variant": v, "status": "skipped", "reason": CPU_PLANNED_REASON}
         elif s.budget_s is not None and time.perf_counter() - start > s.budget_s:
             row = {"variant": v, "status": "skipped",
                    "reason": f"not started: the {s.budget_s:g} s budget was spent"}
@@ -310,7 +344,9 @@ def table(rows: Sequence[dict]):
              f"(forward, backward, AdamW) on {first.get('device')}")
     if rows and not rows[0].get("representative"):
         title += f" ({NOT_REPRESENTATIVE})"
-    t = Table(title=title)
+    planned = [n for r in rows if r["variant"] == PLANNED for n in r.get("notes", [])
+               if n.startswith("plan: ")]
+    t = Table(title=title, caption=f"{PLANNED}: {planned[0][6:]}" if planned else None)
     for c in ("variant", "step (median)", "spread", "tokens/s", "vs hf", "peak memory",
               "vs hf mem", "loss (first -> last)", "max loss diff", "agrees"):
         t.add_column(c, justify="left" if c in ("variant", "agrees") else "right")
