@@ -152,6 +152,7 @@ def test_measuring_one_kind_for_real_with_a_stand_in_timer(tiny, cache):
     assert d.verified and d.verdict == "dropped" and "slower with confidence" in d.reason
     assert d.module == "model.layers.0.input_layernorm"
     assert not hasattr(tiny.model, "_speedlight_patch")  # unpatched again
+    assert all(p.grad is None for p in tiny.model.parameters())  # no gradient left behind
     assert json.loads(plans.path_for(result.key).read_text())["decisions"]["rms_norm"]["verdict"] == "dropped"
 
 
