@@ -16,7 +16,8 @@
 #   >= 0.95x cuBLAS, gated MLP >= 1.15x cuBLAS + eager SwiGLU. The model step: `speedlight
 #   bench model`, a training step (forward, backward, AdamW) of Llama-3-8B's widths at 4
 #   layers, bf16, batch 4 x 4096 tokens, for HF eager (SDPA), HF + torch.compile, Liger,
-#   speedlight.patch and patch + torch.compile, in model-step/. Targets (not asserted):
+#   speedlight.patch (all kinds), patch + torch.compile, and speedlight (planned): patch with
+#   the kinds the plan step kept (plan/plan.json), in model-step/. Targets (not asserted):
 #   speedlight >= 1.3x HF eager tokens/s at <= 0.6x its peak memory, >= 1.1x HF compiled.
 #
 # The machine needs python3 with torch and triton (no internet; nothing is pip-installed
@@ -362,16 +363,6 @@ else
   echo "MoE block section skipped (--ops without moe_experts, or MOE_BENCH_S=0)" > "$OUT/moe.log"
   STEPS+=("moe|none|0|moe.log")
 fi
-# --- the model step --------------------------------------------------------------------------
-# Llama-3-8B widths, 4 layers, bf16, 4 x 4096 tokens (bench model's GPU defaults, spelled out)
-if [ "$MODEL_STEP_S" != 0 ]; then
-  step model-step model-step.log timeout "$((MODEL_STEP_S + 120))" "$PYTHON" -m speedlight bench \
-    model --device "$DEVICE" --model llama-3-8b --layers 4 --batch 4 --seq 4096 --dtype bf16 \
-    --out "$OUT/model-step" --budget-s "$MODEL_STEP_S"
-else
-  echo "model step skipped (--ops given or MODEL_STEP_S=0)" > "$OUT/model-step.log"
-  STEPS+=("model-step|none|0|model-step.log")
-fi
 # --- speedlight plan (issue 33): each kind of patch timed on one Llama-3-8B layer (bf16,
 # 4 x 4096 tokens) against what it replaces, kept only when faster with confidence; the
 # plan in plan/plan.json (a cache of its own in plan/cache). Target: under a minute. ------------
@@ -382,6 +373,22 @@ if [ "$PLAN_S" != 0 ]; then
 else
   echo "plan skipped (--ops given or PLAN_S=0)" > "$OUT/plan.log"
   STEPS+=("plan|none|0|plan.log")
+fi
+# --- the model step --------------------------------------------------------------------------
+# Llama-3-8B widths, 4 layers, bf16, 4 x 4096 tokens (bench model's GPU defaults, spelled out);
+# "speedlight (planned)" (run last, so the budget cuts it first) applies the plan above, and
+# is left out when there is none rather than measuring one again
+PLANNED_ARGS=(--variants hf,speedlight,hf-compile,speedlight-compile,liger)
+if [ -f "$OUT/plan/plan.json" ]; then
+  PLANNED_ARGS=(--plan "$OUT/plan/plan.json")
+fi
+if [ "$MODEL_STEP_S" != 0 ]; then
+  step model-step model-step.log timeout "$((MODEL_STEP_S + 120))" "$PYTHON" -m speedlight bench \
+    model --device "$DEVICE" --model llama-3-8b --layers 4 --batch 4 --seq 4096 --dtype bf16 \
+    --out "$OUT/model-step" --budget-s "$MODEL_STEP_S" "${PLANNED_ARGS[@]}"
+else
+  echo "model step skipped (--ops given or MODEL_STEP_S=0)" > "$OUT/model-step.log"
+  STEPS+=("model-step|none|0|model-step.log")
 fi
 # --- the patched model under CUDA graphs (issue 28): torch.compile(mode="reduce-overhead",
 # fullgraph=True) of a 4-layer Llama with a padded batch, its loss against eager -----------

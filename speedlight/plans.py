@@ -128,10 +128,17 @@ def bucket(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
+# config fields that say nothing about one decoder layer's shapes: a plan times the first
+# layer's units, so a plan measured on a 2-layer build applies to the 32-layer model
+UNKEYED = ("transformers_version", "architectures", "attn_implementation", "torch_dtype", "dtype",
+           "num_hidden_layers")
+
+
 def _config_digest(config) -> str:
     raw = config.to_dict() if hasattr(config, "to_dict") else dict(vars(config))
-    raw = {k: v for k, v in raw.items() if not k.startswith("_") and k not in (
-        "transformers_version", "architectures", "attn_implementation", "torch_dtype", "dtype")}
+    raw = {k: v for k, v in raw.items() if not k.startswith("_") and k not in UNKEYED}
+    if isinstance(raw.get("layer_types"), list):  # one entry per layer: keep which types occur
+        raw["layer_types"] = sorted(set(map(str, raw["layer_types"])))
     text = json.dumps(raw, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -162,6 +169,22 @@ def mismatch(plan: Plan, model: torch.nn.Module) -> str | None:
         if plan.key.get(name) != here[name]:
             return f"{name} {plan.key.get(name)!r} != {here[name]!r} here"
     return None
+
+
+def projected_estimate(doc: dict) -> dict:
+    """The only estimate a plan has without a GPU: the step's floors, without and with
+    speedlight's ops, from a `profile --project` document (projected_profile with patch),
+    labelled projected."""
+    ours = doc.get("with_speedlight") or {}
+    target = doc.get("target") or {}
+    run = doc.get("run") or {}
+    return {"label": f"projected floors of {run.get('model')} ({run.get('mode')}, batch "
+                     f"{run.get('batch')} x seq {run.get('seq')}) on {target.get('name')} (fake "
+                     "tensors, no GPU): an estimate, not a measurement",
+            "target": target.get("key"), "model": run.get("model"),
+            "floor_s": (doc.get("summary") or {}).get("floor_s"),
+            "with_speedlight_floor_s": ours.get("floor_s"),
+            "saved_s": ours.get("saved_s"), "saved_bytes": ours.get("saved_bytes")}
 
 
 # --- the cache -------------------------------------------------------------------------------

@@ -5,9 +5,10 @@ Liger-Kernel; compare two runs; plot; render the README's performance table.
     speedlight bench compare OLD NEW [--threshold 0.05]      exit 1 on a significant regression
     speedlight bench plot RESULTS... [--out DIR]             GB/s or TFLOP/s against shape
     speedlight bench table [ROOT] [--readme README.md]       the README's table from ROOT
-    speedlight bench model [--model NAME | --moe] [--layers N] [--batch B --seq S]
+    speedlight bench model [--model NAME | --moe] [--layers N] [--batch B --seq S] [--plan FILE]
                                                              a model's training step against
-                                                             HF, torch.compile, Liger
+                                                             HF, torch.compile, Liger;
+                                                             speedlight (all) and (planned)
 """
 
 from __future__ import annotations
@@ -102,9 +103,16 @@ def configure(p: argparse.ArgumentParser) -> None:
     m.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default bf16 on a GPU, "
                                                  "fp32 on a CPU)")
     m.add_argument("--variants", default=None,
-                   help="comma-separated, from hf,speedlight,hf-compile,speedlight-compile,"
-                        "liger,hf-loop (default: all, hf-loop for a mixture of experts only; on a "
-                        "CPU the compiled ones and liger are skipped, with the reason, unless named)")
+                   help="comma-separated, from hf,speedlight,speedlight-planned,hf-compile,"
+                        "speedlight-compile,liger,hf-loop (default: all, hf-loop for a mixture of "
+                        "experts only; on a CPU the compiled ones, liger and speedlight-planned are "
+                        "skipped, with the reason, unless named)")
+    # dest step_plan: args.plan is speedlight.plan, handed in by the CLI to every command
+    m.add_argument("--plan", dest="step_plan", default="measure", metavar="measure|auto|FILE",
+                   help="the plan of speedlight-planned (speedlight (planned), beside "
+                        "speedlight (all)): measure it on the variant's model and first batch "
+                        "(default), the cached plan (auto), or a plan file from `speedlight plan "
+                        "--out`")
     m.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3 on a "
                                                             "GPU, 1 on a CPU)")
     m.add_argument("--steps", type=int, default=None, help="timed steps (default 10 on a GPU, 3 "
@@ -380,6 +388,13 @@ def _model(args: argparse.Namespace) -> int:
         _fail(f"--dtype: {e}")
     if dtype not in model_step.LOSS_TOLERANCE:
         _fail(f"--dtype takes fp32, bf16 or fp16; got {args.dtype!r}")
+    plan = args.step_plan
+    if plan not in ("measure", "auto"):
+        from speedlight import plans
+        try:
+            plan = plans.load(plan).to_json()
+        except (ValueError, KeyError, TypeError) as e:
+            _fail(f"--plan: {e}")
     named_model = args.model is not None
     s = model_step.StepSettings(
         model=args.model if named_model else d["model"],
@@ -389,7 +404,7 @@ def _model(args: argparse.Namespace) -> int:
         warmup=d["warmup"] if args.warmup is None else args.warmup,
         steps=args.steps or d["steps"], seed=args.seed, lr=args.lr,
         compile_backend=args.compile_backend, compile_mode=args.compile_mode,
-        budget_s=args.budget_s, overrides=None if named_model else d["overrides"])
+        budget_s=args.budget_s, overrides=None if named_model else d["overrides"], plan=plan)
     try:
         model_step.check_model(s)
     except ModelError as e:

@@ -10,8 +10,14 @@ same weights) and fed the same batches:
                       when liger-kernel is installed and has that family (its kernels do
                       not run under the Triton interpreter: skipped on a CPU, with that
                       reason, unless named in --variants)
-  speedlight          speedlight.patch(model)
-  speedlight-compile  speedlight.patch(model), then torch.compile
+  speedlight          "speedlight (all)": speedlight.patch(model, plan=None), every kind
+  speedlight-planned  "speedlight (planned)": speedlight.patch(model, plan=...), only the
+                      kinds a measured plan keeps (speedlight.plans): a plan file or its
+                      JSON, "auto" (the cached plan), or "measure" (the default: the plan is
+                      measured on the variant's own model and first batch before its warm-up;
+                      on a CPU nothing is timed, every kind is applied unmeasured, so the
+                      variant is skipped there, with that reason, unless named in --variants)
+  speedlight-compile  speedlight.patch(model, plan=None), then torch.compile
   hf-loop             a mixture of experts only: Hugging Face with its per-expert loop
                       (experts_implementation="eager"), where transformers (5.25+) would
                       otherwise run its grouped_mm implementation; skipped, with the reason,
@@ -35,7 +41,11 @@ or 0.1% (fp32) of the hf variant's at the same step; the row says whether it is.
 
 The model comes from speedlight.workloads (the builder the tools share); the speedlight
 variants' patch is handed in (`patch`, speedlight.patch from the CLI or the report), since
-no tool imports another.
+no tool imports another; a plan reaches bench as data (a path or JSON) or as
+plan="measure", which that handed-in patch measures, so bench never imports the planning
+composer. A speedlight variant's row says which kinds it patched and, per kind, what the
+plan decided. Peak memory is reset after a variant is prepared (its plan measured, its
+patch applied), so it is the training steps' peak, weights and optimizer state included.
 """
 
 from __future__ import annotations
@@ -50,9 +60,12 @@ from typing import Callable, Sequence
 
 import torch
 
-VARIANTS = ("hf", "speedlight", "hf-compile", "speedlight-compile", "liger", "hf-loop")
+# in the order they run (hf first); the planned variant last, so a budget cuts it first
+VARIANTS = ("hf", "speedlight", "hf-compile", "speedlight-compile", "liger", "hf-loop",
+            "speedlight-planned")
+PLANNED = "speedlight-planned"
 # what runs by default: hf-loop only for a mixture of experts (variants_for)
-DEFAULT_VARIANTS = VARIANTS[:5]
+DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != "hf-loop")
 MOE_MODEL = "qwen3-30b-a3b"
 # a CPU --moe model: Qwen3-30B-A3B's architecture, scaled down, with this many experts
 CPU_MOE_EXPERTS = {"num_experts": 8, "num_experts_per_tok": 2}
@@ -66,10 +79,13 @@ CPU_LIGER_REASON = ("Liger-Kernel on a CPU: its Triton kernels do not run under 
                     "interpreter (an InterpreterError in its kernels); name the variant in "
                     "--variants to try anyway")
 # variants whose failure fails the run: the reference and speedlight's own
-OURS = ("hf", "speedlight", "speedlight-compile")
+OURS = ("hf", "speedlight", "speedlight-compile", PLANNED)
 CPU_COMPILE_REASON = ("torch.compile on a CPU: inductor's C++ build of a whole training step "
                       "takes a minute or more even for the small model and says nothing "
                       "about a GPU; name the variant in --variants to run it anyway")
+CPU_PLANNED_REASON = ("a plan on a CPU: nothing is timed there, so a measured plan keeps every "
+                      "kind (the speedlight variant again); name the variant in --variants, "
+                      "with --plan FILE to apply a plan measured on a GPU")
 
 
 @dataclass
@@ -89,6 +105,8 @@ class StepSettings:
     budget_s: float | None = None
     notes: list[str] = field(default_factory=list)
     overrides: dict | None = None  # Hugging Face config fields set on the built model
+    # speedlight-planned's plan: "measure", "auto", a plan file's path or a plan's JSON dict
+    plan: str | dict = "measure"
 
 
 def defaults(device: torch.device, moe: bool = False) -> dict:
@@ -194,10 +212,12 @@ def _hf_loop(model) -> None:
     model.set_experts_implementation("eager")
 
 
-def _prepare(variant: str, model, s: StepSettings,
-             patch: Callable | None) -> tuple[torch.nn.Module, list[str], dict | None]:
+def _prepare(variant: str, model, s: StepSettings, patch: Callable | None,
+             example: dict) -> tuple[torch.nn.Module, list[str], dict]:
+    """The variant's model, its notes, and for a speedlight variant what its patch did:
+    the kinds patched (with counts) and, per kind, what the plan decided."""
     notes: list[str] = []
-    patched = None
+    patched: dict = {}
     if variant.startswith("speedlight"):
         import warnings
 
@@ -205,10 +225,19 @@ def _prepare(variant: str, model, s: StepSettings,
             raise ValueError("the speedlight variants need speedlight.patch, handed in as patch=")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            report = patch(model)
-        patched = {kind: len(paths) for kind, paths in report.patched.items()}
+            if variant != PLANNED:
+                report = patch(model, plan=None)
+            elif isinstance(s.plan, str) and s.plan == "measure":
+                report = patch(model, plan="measure", example_inputs=example)
+            else:
+                report = patch(model, plan=s.plan)
         if report.not_patched:
             notes.append("not patched: " + "; ".join(f"{a} ({b})" for a, b in report.not_patched))
+        if variant == PLANNED:
+            dropped = [k for k, st in report.plan.items() if st.startswith("dropped")]
+            notes.append(f"plan: {report.plan_note}; dropped: {', '.join(dropped) or 'none'}")
+        patched = {"patched": {k: len(v) for k, v in report.patched.items()},
+                   "plan": dict(report.plan), "plan_note": report.plan_note}
     elif variant == "liger":
         _liger(model)
     elif variant == "hf-loop":
@@ -242,10 +271,13 @@ def run_variant(variant: str, s: StepSettings, patch: Callable | None = None) ->
                if variant == "liger" and family else contextlib.nullcontext())
     with restore:
         model.train()
-        model, notes, patched = _prepare(variant, model, s, patch)
+        batches = _batches(s, w.model.config.vocab_size, s.warmup + s.steps)
+        example = {"input_ids": batches[0], "labels": batches[0], "use_cache": False}
+        model, notes, patched = _prepare(variant, model, s, patch, example)
+        del example
+        _peak_reset(s.device)  # a plan measured in _prepare is no part of the step's peak
         experts = moe.describe(w.model)
         opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
-        batches = _batches(s, w.model.config.vocab_size, s.warmup + s.steps)
         clock = clock_for(s.device)
         losses, marks = [], []
 
@@ -280,9 +312,7 @@ def run_variant(variant: str, s: StepSettings, patch: Callable | None = None) ->
            "peak_bytes": peak,
            "peak_method": ("torch.cuda.max_memory_allocated after reset_peak_memory_stats"
                            if peak is not None else "n/a: torch keeps no allocator peak on a CPU"),
-           "losses": curve, "notes": notes + list(w.notes)}
-    if patched is not None:
-        row["patched"] = patched
+           "losses": curve, "notes": notes + list(w.notes), **patched}
     if experts is not None:
         row["experts"] = experts
         if s.overrides:
@@ -336,6 +366,8 @@ def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Seq
             row = {"variant": v, "status": "skipped", "reason": CPU_COMPILE_REASON}
         elif v == "liger" and s.device.type != "cuda" and v not in forced:
             row = {"variant": v, "status": "skipped", "reason": CPU_LIGER_REASON}
+        elif v == PLANNED and s.device.type != "cuda" and v not in forced:
+            row = {"variant": v, "status": "skipped", "reason": CPU_PLANNED_REASON}
         elif s.budget_s is not None and time.perf_counter() - start > s.budget_s:
             row = {"variant": v, "status": "skipped",
                    "reason": f"not started: the {s.budget_s:g} s budget was spent"}
@@ -382,7 +414,9 @@ def table(rows: Sequence[dict]):
              f"(forward, backward, AdamW) on {first.get('device')}")
     if rows and not rows[0].get("representative"):
         title += f" ({NOT_REPRESENTATIVE})"
-    t = Table(title=title)
+    planned = [n for r in rows if r["variant"] == PLANNED for n in r.get("notes", [])
+               if n.startswith("plan: ")]
+    t = Table(title=title, caption=f"{PLANNED}: {planned[0][6:]}" if planned else None)
     for c in ("variant", "step (median)", "spread", "tokens/s", "vs hf", "peak memory",
               "vs hf mem", "loss (first -> last)", "max loss diff", "agrees"):
         t.add_column(c, justify="left" if c in ("variant", "agrees") else "right")

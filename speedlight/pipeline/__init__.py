@@ -14,12 +14,17 @@ index.html and summary.md:
   5 bench.jsonl          the same cases timed against PyTorch (and torch.compile, Liger)
   6 inspect.json         the kernels of those cases compiled for the target GPU
   7 profile-after.json   profile the patched model
-  8 model-step.jsonl     on a GPU only: the model's training step (forward, backward,
-                         AdamW) timed for HF, torch.compile, Liger, speedlight.patch and
-                         patch + compile (`speedlight bench model`), at --layers (default 4)
-  9 profile-projected.json  without a GPU: the real-size configuration of the model's
+  8 profile-projected.json  without a GPU: the real-size configuration of the model's
                          family (Llama-3-8B by default) at 4096 tokens, projected onto
                          several GPUs (and profile-projected.html, its page)
+  9 plan.json            which of patch's kinds to keep (speedlight.plan, handed in by the
+                         CLI as args.plan): on a GPU each kind timed on the model's first
+                         decoder layer against what it replaces; without one nothing is timed
+                         and the plan carries the projection's floors, labelled projected
+ 10 model-step.jsonl     on a GPU only: the model's training step (forward, backward,
+                         AdamW) timed for HF, torch.compile, Liger, speedlight.patch (all
+                         kinds, and the kinds plan.json keeps) and patch + compile
+                         (`speedlight bench model`), at --layers (default 4)
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ MANIFEST = "manifest.json"
 FILES = {"profile_before": "profile-before.json", "patch": "patch.json",
          "model_check": "model-check.json", "verify": "verify.jsonl", "bench": "bench.jsonl",
          "inspect": "inspect.json", "profile_after": "profile-after.json",
-         "model_step": "model-step.jsonl", "projection": "profile-projected.json"}
+         "model_step": "model-step.jsonl", "projection": "profile-projected.json",
+         "plan": "plan.json"}
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -61,6 +67,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="without a GPU, the real-size model projected beside the small measured one "
                         "(default: the measured model's family, Llama-3-8B for the default model)")
     p.add_argument("--no-projection", action="store_true", help="skip the real-size projection")
+    p.add_argument("--no-plan", action="store_true",
+                   help="skip the plan (on a GPU it times each kind of patch on one decoder "
+                        "layer, about a minute for an 8B-class layer)")
     arguments.add_out(p, "speedlight-report", "the report folder")
 
 
@@ -108,8 +117,10 @@ class Stages:
         return value
 
     def skip(self, name: str, title: str, reason: str) -> None:
+        from speedlight import results
         self.manifest["stages"][name] = {"title": title, "file": FILES.get(name),
                                          "status": "skipped", "reason": reason}
+        results.write_json(self.out / MANIFEST, self.manifest)  # a last stage skipped is kept
 
 
 # what a report folder holds, all written by speedlight: the stage files, the manifest,
@@ -334,6 +345,39 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     else:
         stages.skip("profile_after", "profile the patched model", "patch failed")
 
+    projection = None
+    if device.type == "cuda" or args.no_projection:
+        stages.skip("projection", "project the real-size model onto several GPUs",
+                    "--no-projection" if args.no_projection else "measured on a GPU")
+    else:
+        def do_projection():
+            from speedlight.pipeline.projection_stage import family_of, project_family
+            name = args.projection or family_of(args.model, cfg.hf_model_type if cfg else None)
+            doc = project_family(name, train=train, target=tgt)
+            results.write_json(out / FILES["projection"], doc)
+            try:
+                from speedlight.profile import html
+                html.write(doc, out / "profile-projected.html")
+            except RuntimeError:
+                pass
+            return doc
+        projection = stages.run("projection", "project the real-size model onto several GPUs",
+                                do_projection)
+
+    plan_title = "plan which kinds of patch to keep (timed on a GPU only)"
+    planned = None
+    if args.no_plan:
+        stages.skip("plan", plan_title, "--no-plan")
+    else:
+        def do_plan():
+            from speedlight import plans
+            # without a GPU nothing is timed: the projection above is the only estimate
+            estimate = plans.projected_estimate(projection) if projection else None
+            result = args.plan(pristine, w.inputs, save=False, projected=estimate)
+            results.write_json(out / FILES["plan"], result.to_json())
+            return result
+        planned = stages.run("plan", plan_title, do_plan)
+
     step_title = "time the training step against HF, torch.compile and Liger"
     callable_model = bool(args.model) and ":" in args.model and not args.model.endswith(".json")
     if device.type != "cuda" or args.no_model_step or callable_model:
@@ -351,25 +395,11 @@ def _run(args: argparse.Namespace, out: Path) -> int:
                 dtype=dtype, device=device, warmup=3, steps=10, seed=args.seed,
                 budget_s=args.model_step_budget)
             model_step.check_model(s)
-            return model_step.run(s, model_step.variants_for(s), out / FILES["model_step"], patch=patch)
+            variants = [v for v in model_step.variants_for(s) if v != model_step.PLANNED or planned is not None]
+            if planned is not None:
+                s.plan = planned.to_json()  # "speedlight (planned)": the plan stage's kinds
+            return model_step.run(s, variants, out / FILES["model_step"], patch=patch)
         stages.run("model_step", step_title, do_model_step)
-
-    if device.type == "cuda" or args.no_projection:
-        stages.skip("projection", "project the real-size model onto several GPUs",
-                    "--no-projection" if args.no_projection else "measured on a GPU")
-    else:
-        def do_projection():
-            from speedlight.pipeline.projection_stage import family_of, project_family
-            name = args.projection or family_of(args.model, cfg.hf_model_type if cfg else None)
-            doc = project_family(name, train=train, target=tgt)
-            results.write_json(out / FILES["projection"], doc)
-            try:
-                from speedlight.profile import html
-                html.write(doc, out / "profile-projected.html")
-            except RuntimeError:
-                pass
-            return doc
-        stages.run("projection", "project the real-size model onto several GPUs", do_projection)
 
     from speedlight.report import render
     render.render(out)

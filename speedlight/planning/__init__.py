@@ -77,11 +77,16 @@ def plan(model: torch.nn.Module, example_inputs, *, compile_mode: str | None = N
         todo = [k for k in asked if k in units and (units[k] != measure.LOSS or has_labels)]
         captured = measure.capture(model, example_inputs, {units[k] for k in todo})
         trials = {}
-        for kind in todo:
-            c = captured[units[kind]]
-            shapes[units[kind]] = [list(t.shape) for t in c.args if torch.is_tensor(t)]
-            trials[kind] = measure.trial(model, example_inputs, kind, units[kind], c, timer,
-                                         compile_mode=compile_mode)
+        grads = {p: p.grad for p in model.parameters()}  # the timed steps leave gradients
+        try:
+            for kind in todo:
+                c = captured[units[kind]]
+                shapes[units[kind]] = [list(t.shape) for t in c.args if torch.is_tensor(t)]
+                trials[kind] = measure.trial(model, example_inputs, kind, units[kind], c,
+                                             timer, compile_mode=compile_mode)
+        finally:  # the model's gradients as they were: a training step after it starts clean
+            for p, g in grads.items():
+                p.grad = g
         decisions = decide.decide_all(trials)
         for k in asked:
             decisions.setdefault(k, plans.Decision(k, "unmeasured", "no unit of this kind in "

@@ -35,6 +35,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def projected(args: argparse.Namespace, patch) -> dict | None:
     """`profile --project`'s floors of the step, without and with speedlight's ops, on the
     default target: the only estimate without a GPU, labelled projected."""
+    from speedlight import plans
     from speedlight import target as target_mod
     from speedlight.profile.project_command import projected_profile
 
@@ -44,13 +45,7 @@ def projected(args: argparse.Namespace, patch) -> dict | None:
                             size=args.size or "small", layers=args.layers, seed=args.seed,
                             top=5, recipe=None, targets=None, shard=None, vary=None,
                             device="cpu", project=True)
-    doc = projected_profile(ns, tgt, patch=patch)
-    ours = doc.get("with_speedlight") or {}
-    before = (doc.get("summary") or {}).get("floor_s")
-    return {"label": f"projected floors on {tgt.sku.name} (fake tensors, no GPU): an "
-                     "estimate, not a measurement", "target": tgt.sku.key,
-            "floor_s": before, "with_speedlight_floor_s": ours.get("floor_s"),
-            "saved_s": ours.get("saved_s"), "saved_bytes": ours.get("saved_bytes")}
+    return plans.projected_estimate(projected_profile(ns, tgt, patch=patch))
 
 
 def run(args: argparse.Namespace) -> int:

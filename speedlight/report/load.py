@@ -2,7 +2,8 @@
 
 Every number the report shows is computed here from the stage files the pipeline wrote
 (profile-before.json, patch.json, model-check.json, verify.jsonl, bench.jsonl,
-inspect.json, profile-after.json, manifest.json); nothing is measured or typed here.
+inspect.json, profile-after.json, model-step.jsonl, profile-projected.json, plan.json,
+manifest.json); nothing is measured or typed here.
 """
 
 from __future__ import annotations
@@ -132,6 +133,25 @@ def _projection(doc: dict | None) -> dict | None:
             "by_type": doc["by_type"][:8], "advice": doc.get("advice", [])[:6]}
 
 
+def _plan(doc: dict | None) -> dict | None:
+    """The plan's table: per kind its verdict (kept, dropped, unmeasured), the time ratio
+    with its 95% interval, each side's median time and peak memory, as plan.json holds
+    them. A plan that timed nothing (no GPU) has no ratio to show, only its projection."""
+    if not doc:
+        return None
+    rows = [{"kind": kind, "verdict": d.get("verdict"), "purpose": d.get("purpose"),
+             "ratio": _num(d.get("ratio")), "low": _num(d.get("low")),
+             "high": _num(d.get("high")), "ours_s": _num(d.get("ours_s")),
+             "theirs_s": _num(d.get("theirs_s")), "ours_peak": _num(d.get("ours_peak")),
+             "theirs_peak": _num(d.get("theirs_peak")), "verified": d.get("verified"),
+             "unit": d.get("module") or "", "reason": d.get("reason", "")}
+            for kind, d in (doc.get("decisions") or {}).items()]
+    counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("kept", "dropped", "unmeasured")}
+    return {"timed": bool(doc.get("timed")), "note": doc.get("note", ""), "key": doc.get("key", {}),
+            "projected": doc.get("projected"), "rows": rows, "counts": counts,
+            "shapes": doc.get("shapes", {})}
+
+
 def _inspect_table(doc: dict | None) -> list[dict]:
     if not doc:
         return []
@@ -161,7 +181,7 @@ def load(folder: str | Path) -> dict:
         "inspect": _json(get("inspect")), "inspect_kernels": _inspect_table(_json(get("inspect"))),
         "advice": (before or {}).get("advice", []),
         "projection": _projection(_json(get("projection"))),
-        "model_step": _jsonl(get("model_step")),
+        "model_step": _jsonl(get("model_step")), "plan": _plan(_json(get("plan"))),
         "verify_counts": {s: sum(1 for v in verify if v["status"] == s)
                           for s in ("pass", "fail", "error", "skip")},
     }

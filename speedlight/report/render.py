@@ -50,13 +50,19 @@ def fmt_pct(x) -> str:
     return "-" if _missing(x) else f"{x:.1f}%"
 
 
+def fmt_ratio(x) -> str:
+    """A time ratio (speedlight / original) or an end of its interval."""
+    return "-" if _missing(x) else f"{x:.3f}"
+
+
 def change(before, after) -> str:
     if _missing(before) or before == 0 or _missing(after):
         return "-"
     return f"{after / before:.2f}x"
 
 
-FILTERS = {"t": fmt_time, "us": fmt_us, "b": fmt_bytes, "x": fmt_x, "n": fmt_num, "pct": fmt_pct}
+FILTERS = {"t": fmt_time, "us": fmt_us, "b": fmt_bytes, "x": fmt_x, "n": fmt_num, "pct": fmt_pct,
+           "r": fmt_ratio}
 
 
 def _env():
@@ -71,6 +77,7 @@ def _env():
                              trim_blocks=True, lstrip_blocks=True)
     env.filters.update(FILTERS)
     env.globals["change"] = change
+    env.globals["plan_line"] = plan_line
     return env
 
 
@@ -130,5 +137,20 @@ def print_summary(folder: str | Path, console) -> None:
         console.print(f"  geomean speedup over {name}: " +
                       ", ".join(f"{m} {fmt_x(v)}" for m, v in modes.items()) +
                       ("" if d["representative"] else " (interpreter: not representative)"))
+    pl = d["plan"]
+    if pl:
+        console.print(f"  plan: {plan_line(pl)}")
     for f in failures(d):
         console.print(f"  [red]{f}[/]")
+
+
+def plan_line(pl: dict) -> str:
+    """The plan in one line: what was kept and dropped, or that nothing was timed."""
+    c = pl["counts"]
+    if not pl["timed"]:
+        return (f"not timed ({pl['note']}); {c['unmeasured']} kinds applied unmeasured"
+                + ("; projected floors only" if pl.get("projected") else ""))
+    kept = [r["kind"] for r in pl["rows"] if r["verdict"] == "kept"]
+    dropped = [r["kind"] for r in pl["rows"] if r["verdict"] == "dropped"]
+    return (f"timed on {pl['key'].get('gpu')}: kept {', '.join(kept) or 'none'}; dropped "
+            f"{', '.join(dropped) or 'none'}; {c['unmeasured']} unmeasured")

@@ -110,14 +110,16 @@ def test_a_shorter_curve_does_not_agree():
     assert rows[1]["loss_agrees"] is False
 
 
-def test_compiled_variants_and_liger_are_skipped_on_cpu_with_the_reason(tmp_path):
+def test_compiled_variants_liger_and_the_plan_are_skipped_on_cpu_with_the_reason(tmp_path):
     s = model_step.StepSettings(model=None, layers=None, batch=1, seq=8, dtype=torch.float32,
                                 device=torch.device("cpu"), warmup=0, steps=1)
-    rows = model_step.run(s, ["hf-compile", "speedlight-compile", "liger"], tmp_path / "m.jsonl")
-    assert [r["status"] for r in rows] == ["skipped"] * 3
+    rows = model_step.run(s, ["hf-compile", "speedlight-compile", "liger", "speedlight-planned"],
+                          tmp_path / "m.jsonl")
+    assert [r["status"] for r in rows] == ["skipped"] * 4
     assert all("torch.compile on a CPU" in r["reason"] for r in rows[:2])
     assert "Triton interpreter" in rows[2]["reason"]
-    assert len(results.read_jsonl(tmp_path / "m.jsonl")) == 3
+    assert "nothing is timed there" in rows[3]["reason"]  # a CPU plan keeps every kind
+    assert len(results.read_jsonl(tmp_path / "m.jsonl")) == 4
     assert model_step.failures(rows) == []
 
 
@@ -138,6 +140,8 @@ def test_a_peer_that_fails_is_unavailable_and_ours_is_an_error():
     pytest.param(["--model", "no-such-model"], "--model 'no-such-model'", id="model-unknown"),
     pytest.param(["--lr", "-1"], "--lr must be more than 0", id="lr-negative"),
     pytest.param(["extra.jsonl"], "model takes no paths", id="path"),
+    pytest.param(["--plan", "no-such-plan.json"], "--plan: plan='no-such-plan.json': cannot read",
+                 id="plan-missing"),
 ])
 def test_bad_arguments_are_one_line_errors_before_any_work(tmp_path, argv, says):
     with pytest.raises(SystemExit) as e:

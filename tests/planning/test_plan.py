@@ -152,6 +152,7 @@ def test_measuring_one_kind_for_real_with_a_stand_in_timer(tiny, cache):
     assert d.verified and d.verdict == "dropped" and "slower with confidence" in d.reason
     assert d.module == "model.layers.0.input_layernorm"
     assert not hasattr(tiny.model, "_speedlight_patch")  # unpatched again
+    assert all(p.grad is None for p in tiny.model.parameters())  # no gradient left behind
     assert json.loads(plans.path_for(result.key).read_text())["decisions"]["rms_norm"]["verdict"] == "dropped"
 
 
@@ -169,3 +170,78 @@ def test_speedlight_plan_on_a_cpu_times_nothing_and_says_so(cache, capsys):
     assert all(d["ratio"] is None for d in doc["decisions"].values())
     assert "projected" in doc["projected"]["label"] and doc["projected"]["floor_s"] > 0
     assert list(cache.glob("plans/*.json"))  # written to the cache too
+
+
+def test_a_plan_measured_on_fewer_layers_applies_to_the_deeper_model(tiny):
+    """Only the first decoder layer's units are timed: the layer count is not in the key."""
+    from speedlight.workloads import models
+    deeper = models.build(None, batch=1, seq=8, train=True, dtype=torch.float32,
+                          device=torch.device("cpu"), layers=2)
+    assert deeper.model.config.num_hidden_layers != tiny.model.config.num_hidden_layers
+    assert plans.mismatch(_plan(tiny.model, {"mlp": "dropped"}), deeper.model) is None
+    deeper.model.config.intermediate_size += 64  # a layer's own width still tells them apart
+    assert plans.mismatch(_plan(tiny.model, {"mlp": "dropped"}), deeper.model).startswith("config")
+
+
+# --- the plan in the report and in `bench model` ----------------------------------------------
+
+def _gpu_plan(model) -> plans.Plan:
+    """A stand-in for a plan timed on a GPU: rms_norm kept, mlp dropped, rope unmeasured."""
+    mib = 2 ** 20
+    d = {"rms_norm": plans.Decision("rms_norm", "kept", "faster with confidence, 10.0% gain",
+                                    ratio=0.9, low=0.85, high=0.95, ours_s=0.9e-3, theirs_s=1e-3,
+                                    ours_peak=3 * mib, theirs_peak=4 * mib, verified=True,
+                                    module="model.layers.0.input_layernorm"),
+         "mlp": plans.Decision("mlp", "dropped", "slower with confidence: the original stays",
+                               ratio=1.1, low=1.05, high=1.15, ours_s=2.2e-3, theirs_s=2e-3,
+                               ours_peak=8 * mib, theirs_peak=8 * mib, verified=True,
+                               module="model.layers.0.mlp"),
+         "rope": plans.Decision("rope", "unmeasured", "no unit of this kind")}
+    key = dict(plans.key_for(model, batch=1, seq=8, compile_mode=None), gpu="NVIDIA H200")
+    return plans.Plan(key, d, True, "timed on NVIDIA H200: one decoder layer's units",
+                      created="2026-01-01T00:00:00+00:00")
+
+
+def test_the_report_renders_the_plan_table_from_plan_json(tiny, tmp_path):
+    pytest.importorskip("jinja2")
+    from speedlight import results
+    from speedlight.pipeline import FILES, MANIFEST
+    from speedlight.report import render
+
+    results.write_json(tmp_path / FILES["plan"], _gpu_plan(tiny.model).to_json())
+    results.write_json(tmp_path / MANIFEST, {"stages": {}, "files": FILES, "run": {}})
+    render.render(tmp_path)
+    md = (tmp_path / "summary.md").read_text()
+    assert "## Which kinds to patch: the plan" in md and "timed on NVIDIA H200" in md
+    assert ("| rms_norm | kept | 0.900 | [0.850, 0.950] | 900 us | 1 ms | 3 MiB / 4 MiB | "
+            "faster with confidence, 10.0% gain |") in md
+    assert "| mlp | dropped | 1.100 | [1.050, 1.150] | 2.2 ms | 2 ms | 8 MiB / 8 MiB |" in md
+    assert "| rope | unmeasured | - | - | - | - | - / - | no unit of this kind |" in md
+    assert "- Plan: timed on NVIDIA H200: kept rms_norm; dropped mlp; 1 unmeasured." in md
+    html = (tmp_path / "index.html").read_text()
+    assert 'id="plan"' in html and '<td class="dropped">dropped</td>' in html
+    assert "[1.050, 1.150]" in html and "plan.json" in html and "not timed" not in html
+
+
+def test_bench_model_s_planned_variant_patches_exactly_the_kinds_the_plan_keeps(tiny, tmp_path):
+    """speedlight (planned) beside speedlight (all): with a stand-in plan that drops mlp, the
+    planned variant patches every kind the all variant does but mlp, and its row says so."""
+    import speedlight
+    from speedlight.bench import model_step
+    from speedlight.patching import unpatch
+
+    everything = set(speedlight.patch(tiny.model, plan=None).patched)
+    unpatch(tiny.model)
+    plan = _gpu_plan(tiny.model)
+    plan.key["gpu"] = "cpu"  # the plan applies where it runs: this CPU
+    s = model_step.StepSettings(model=None, layers=1, batch=1, seq=8, dtype=torch.float32,
+                                device=torch.device("cpu"), warmup=0, steps=1,
+                                plan=plan.to_json())
+    row, = model_step.run(s, [model_step.PLANNED], tmp_path / "m.jsonl",
+                          forced=[model_step.PLANNED], patch=speedlight.patch)
+    assert row["status"] == "ok", row.get("reason")
+    assert "mlp" in everything and set(row["patched"]) == everything - {"mlp"}
+    assert row["plan"]["mlp"].startswith("dropped by measurement (time x1.100")
+    assert row["plan"]["rms_norm"].startswith("kept by measurement")
+    assert row["plan"]["rope"].startswith("applied unmeasured")
+    assert "the plan given" in row["plan_note"] and "dropped: mlp" in " ".join(row["notes"])

@@ -172,3 +172,17 @@ def test_cpu_report_adds_the_real_size_projection_of_the_family(report_dir):
     page = (out / "index.html").read_text()
     assert "At real size: llama-3-8b" in page and "projected floor" in page
     assert (out / "profile-projected.html").exists()
+
+    # the plan on a CPU: nothing timed, every kind unmeasured, the projection's floors its
+    # only estimate, labelled projected; no ratio anywhere
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["timed"] is False and plan["key"]["gpu"] == "cpu"
+    assert {d["verdict"] for d in plan["decisions"].values()} == {"unmeasured"}
+    assert all(d["ratio"] is None and d["ours_s"] is None for d in plan["decisions"].values())
+    assert plan["projected"]["floor_s"] == doc["summary"]["floor_s"]
+    assert "projected" in plan["projected"]["label"] and "llama-3-8b" in plan["projected"]["label"]
+    assert [r["kind"] for r in data["plan"]["rows"]] == list(plan["decisions"])
+    assert "<b>Not timed.</b>" in page and '<td class="unmeasured">unmeasured</td>' in page
+    md = (out / "summary.md").read_text()
+    assert "**Not timed**" in md and "| rms_norm | unmeasured | not timed | - |" in md
+    assert plan["projected"]["label"] in md
