@@ -29,6 +29,16 @@ def results():
     return run_ranks("tests.distributed.training_ranks:training", world=2)
 
 
+def test_every_rank_applies_rank_0s_plan(results):
+    """Under torch.distributed the plan is rank 0's on every rank (broadcast), so replicas
+    patch the same kinds; rank 1, which had none, drops what rank 0's plan dropped."""
+    result = results["plan"]
+    assert "error" not in result, result.get("error")
+    expected = {"note": "stand-in timed on rank 0",
+                "kinds": {"mlp": False, "rms_norm": True, "rope": True}}
+    assert result["ranks"] == [expected, expected]
+
+
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_patched_model_trains_as_unpatched_under_wrapping(results, setting):
     result = results[setting]

@@ -111,8 +111,30 @@ def _compare(rank: int, wrapping: str, checkpointing: str | None) -> dict:
             "losses": losses[1].tolist(), "n_grads": len(grads0)}
 
 
+def _shared_plan(rank: int) -> dict:
+    """Rank 0 holds a measured plan (mlp dropped), rank 1 none, as after rank 0 alone
+    measured or found one in its cache: speedlight.plans.shared gives every rank rank 0's,
+    and patch then applies the same kinds on each. What each rank received, gathered."""
+    from speedlight import plans
+    from speedlight.patching.planned import wanted
+
+    model = build("llama")
+    mine = None
+    if rank == 0:
+        mine = plans.Plan(plans.key_for(model, batch=1, seq=8, compile_mode=None),
+                          {"mlp": plans.Decision("mlp", "dropped", "stand-in: slower"),
+                           "rms_norm": plans.Decision("rms_norm", "kept", "stand-in: faster")},
+                          True, "stand-in timed on rank 0", created="2026-01-01T00:00:00+00:00")
+    got = plans.shared(mine)
+    kinds = wanted({"mlp": True, "rms_norm": True, "rope": True}, got)
+    seen = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, {"note": got.note if got else None, "kinds": kinds})
+    return {"ranks": seen}
+
+
 def training(rank: int, world: int) -> dict:
     results: dict = {}
     for name, (wrapping, checkpointing) in SETTINGS.items():
         check(results, name, lambda: _compare(rank, wrapping, checkpointing))
+    check(results, "plan", lambda: _shared_plan(rank))
     return results
