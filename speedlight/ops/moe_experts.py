@@ -38,6 +38,7 @@ from speedlight.ops._checks import check_bool, check_choice, check_same_device, 
 from speedlight.ops import moe_experts_cases as cases
 from speedlight.ops.grouped_matmul import (MAX_GROUPS, _like_weight, grouped_matmul_fwd,
                                            grouped_weight_grad)
+from speedlight.ops.grouped_matmul import SPEC as GROUPED_MATMUL
 from speedlight.ops.registration import like, register_op
 from speedlight.runtime import autocast_dtype, check_runtime, describe
 from speedlight.spec import OpSpec
@@ -389,6 +390,8 @@ SPEC = OpSpec(
           "recomputes the gate unit from the saved gate_up output and gets the routing "
           "weights' gradient from the down projection's input gradient.",
     family="compute-bound",
+    # the grouped GEMMs it launches keep grouped_matmul's designs (HGMMA / UTCHMMA, TMA)
+    kernels=dict(GROUPED_MATMUL.kernels),
     count_rows=lambda case: case["tokens"],
     aligned=lambda case: case.layout != "strided" and all(
         case[p] % 16 == 0 for p in ("hidden", "inter")),
