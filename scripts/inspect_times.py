@@ -28,8 +28,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _revision() -> str:
+    """The checkout's commit, with -dirty when files differ from it."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                             capture_output=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, text=True, capture_output=True).stdout.strip()
+    except OSError:
+        return "unknown"
+    return rev + ("-dirty" if dirty else "")
+
+
 def _kernels(rows: list[dict]) -> dict:
-    """Kernels reported per direction, and which case rows say the op was not inspected."""
+    """The kernels reported, per direction ("(error)" after one that did not compile)."""
     out = {"fwd": [], "bwd": []}
     for r in rows:
         if r.get("level") == "kernel":
@@ -69,7 +81,7 @@ def time_op(op: str, target: str | None, extra: list[str]) -> dict:
                   for d in directions],
         "note": next((r.get("note") for r in rows if r.get("level") == "kernel"), None),
         "stderr_tail": proc.stderr.strip().splitlines()[-3:] if proc.returncode else [],
-        "host": platform.node(), "cpus": os.cpu_count(),
+        "git": _revision(), "host": platform.node(), "cpus": os.cpu_count(),
         "load_1min": round(os.getloadavg()[0], 2),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -25,8 +25,10 @@ RUN_WORK_LIMIT = 2000
 # (launches recorded at its real size, nothing run: compiling needs a launch's arguments,
 # not its run), and its bytes measured on a smaller case with the same kernels.
 SAMPLE_INPUT_BYTES = 64 * 2**20
-# The smaller cases tried for those bytes: at most this many, each at most this large and
-# run in at most this many program-iterations (seconds: a GEMM's ran 24 s of CPU at 2000).
+# The smaller cases tried for those bytes: at most this many from each source, each at most
+# this large; the case itself halved is run in at most this many program-iterations (a
+# GEMM's iterations cost the most: its old smaller case, at 1392, took 24 s of CPU), a
+# suite case in at most RUN_WORK_LIMIT.
 SMALLER_CASES, SMALLER_CASE_BYTES, SMALLER_CASE_WORK = 6, 16 * 2**20, 800
 # A case's own shape halved for those bytes keeps every parameter of at most this value: a
 # count of heads, a head's dim, a batch, experts; the sizes (tokens, widths) are halved.
@@ -115,10 +117,11 @@ def bytes_on_a_smaller_case(spec: OpSpec, case: Case, capture: Capture, target: 
                             sku: DeviceSpec, backward: bool) -> list[case_report.DirectionBytes]:
     """For a case too large to run under the interpreter: per direction, its compulsory bytes
     (OpSpec.cost at its size) beside the bytes the same kernels moved on a smaller case
-    that the interpreter runs in seconds (at most SMALLER_CASE_WORK program-iterations):
-    the case itself with its shape halved (_halvings: the same flags and proportions),
-    else the largest of the op's quick and model cases with the same dtype, layout and
-    flags (at most SMALLER_CASE_BYTES) that launches them; [] when neither is found."""
+    that the interpreter runs in seconds: the case itself with its shape halved
+    (_halvings: the same flags and proportions) in at most SMALLER_CASE_WORK
+    program-iterations, else the largest of the op's quick and model cases with the same
+    dtype, layout and flags (at most SMALLER_CASE_BYTES) that launches them, in at most
+    RUN_WORK_LIMIT; [] when neither is found."""
     plan = _plan(capture)
     found = [c.with_(dtype=case.dtype) for suite in ("model", "quick") if suite in spec.suites
              for c in spec.cases(suite)]
@@ -132,18 +135,17 @@ def bytes_on_a_smaller_case(spec: OpSpec, case: Case, capture: Capture, target: 
             if _plan(_dry(spec, c, target, sku, backward)) == plan:
                 yield c
 
-    tried = 0
-    for source in (_halvings(spec, case, plan, target, sku, backward), suite_cases()):
-        for c in source:
-            if tried >= SMALLER_CASES:
-                return []
-            tried += 1
+    for source, work in ((_halvings(spec, case, plan, target, sku, backward),
+                          SMALLER_CASE_WORK), (suite_cases(), RUN_WORK_LIMIT)):
+        for tried, c in enumerate(source):
+            if tried >= SMALLER_CASES:  # each source tries this many, then the next
+                break
             if spec.skip(c, torch.device("cpu")):
                 continue
             with _sized(target):
                 sample = capture_case(spec, c, "cpu", arch=target.arch, mode="sample",
                                       backward=backward)
-                if interpreter_work(sample) > SMALLER_CASE_WORK:
+                if interpreter_work(sample) > work:
                     continue
                 ran = capture_case(spec, c, "cpu", arch=target.arch, mode="run",
                                    backward=backward)
@@ -220,9 +222,9 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
                     d, size_compulsory=spec.cost(c, d.direction).bytes) for d in smaller[key]]
                 if not smaller[key]:
                     size = ", ".join(f"{d} {spec.cost(c, d).bytes:,}" for d in _plan(capture))
-                    report.note += (f" (no smaller case launches the same kernels in under "
-                                    f"{SMALLER_CASE_WORK} interpreted program-iterations: "
-                                    f"nothing measured; compulsory bytes at this size: {size})")
+                    report.note += (f" (no smaller case launches the same kernels in a few "
+                                    f"seconds under the interpreter: nothing measured; "
+                                    f"compulsory bytes at this size: {size})")
             except Exception as e:  # the bytes are extra: the kernels are still reported
                 report.note += f" (bytes on a smaller case failed: {type(e).__name__}: {e})"
         findings.case_findings(report)
