@@ -334,7 +334,16 @@ class _MetaRun(torch.utils._python_dispatch.TorchDispatchMode):
             return args[0]
         if "device" in kwargs:
             kwargs["device"] = META
-        return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except NotImplementedError:
+            # no meta kernel: an op whose output's size depends on its input's values (a
+            # routing's torch.bincount). Run on the host on zeros of its inputs' shapes, as
+            # a host read of a value reads 0; the result stays on the host (it is read there).
+            host = torch.utils._pytree.tree_map(
+                lambda a: torch.zeros(a.shape, dtype=a.dtype)
+                if isinstance(a, torch.Tensor) and a.device == META else a, (args, kwargs))
+            return func(*host[0], **host[1])
 
 
 @contextlib.contextmanager

@@ -25,8 +25,14 @@ RUN_WORK_LIMIT = 2000
 # (launches recorded at its real size, nothing run: compiling needs a launch's arguments,
 # not its run), and its bytes measured on a smaller case with the same kernels.
 SAMPLE_INPUT_BYTES = 64 * 2**20
-# The smaller cases tried for those bytes: at most this many, each at most this large.
-SMALLER_CASES, SMALLER_CASE_BYTES = 4, 16 * 2**20
+# The smaller cases tried for those bytes: at most this many from each source, each at most
+# this large; the case itself halved is run in at most this many program-iterations (a
+# GEMM's iterations cost the most: its old smaller case, at 1392, took 24 s of CPU), a
+# suite case in at most RUN_WORK_LIMIT.
+SMALLER_CASES, SMALLER_CASE_BYTES, SMALLER_CASE_WORK = 6, 16 * 2**20, 800
+# A case's own shape halved for those bytes keeps every parameter of at most this value: a
+# count of heads, a head's dim, a batch, experts; the sizes (tokens, widths) are halved.
+KEPT_PARAM = 128
 
 
 def _sized(target: Target):
@@ -71,40 +77,83 @@ def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, sku
 
 
 def _plan(capture: Capture) -> dict:
-    return {d: [l.kernel for l in capture.direction(d)] for d in ("fwd", "bwd")
-            if capture.direction(d)}
+    """Per direction, the kernels launched in order, a run of one kernel counted once (a
+    loop's chunks: linear_cross_entropy launches its kernel once per chunk of tokens)."""
+    plan = {}
+    for d in ("fwd", "bwd"):
+        kernels = [l.kernel for l in capture.direction(d)]
+        if kernels:
+            plan[d] = [k for i, k in enumerate(kernels) if i == 0 or kernels[i - 1] != k]
+    return plan
+
+
+def _halvings(spec: OpSpec, case: Case, plan: dict, target: Target, sku: DeviceSpec,
+              backward: bool):
+    """The case itself at smaller sizes, its proportions kept: each round halves every
+    shape parameter over KEPT_PARAM together, while the op still launches the same kernels
+    (a dry capture on meta: a moment) and the rows stay aligned as the case's are. Yields
+    each round's case that fits SMALLER_CASE_BYTES (the first, then smaller ones, should
+    the interpreter find it too long to run)."""
+    aligned = spec.aligned_rows(case)
+    current = case
+    while True:
+        params = tuple((k, (v + 1) // 2 if isinstance(v, int) and v > KEPT_PARAM else v)
+                       for k, v in current.params)
+        if params == current.params:
+            return
+        current = current.with_(params=params, model=None)
+        if spec.aligned_rows(current) != aligned:
+            return
+        try:
+            if _plan(_dry(spec, current, target, sku, backward)) != plan:
+                return
+        except Exception:  # the op refuses the shape
+            return
+        if spec.cost(current, "fwd").bytes <= SMALLER_CASE_BYTES:
+            yield current
 
 
 def bytes_on_a_smaller_case(spec: OpSpec, case: Case, capture: Capture, target: Target,
                             sku: DeviceSpec, backward: bool) -> list[case_report.DirectionBytes]:
     """For a case too large to run under the interpreter: per direction, its compulsory bytes
-    (OpSpec.cost at its size) beside the bytes the same kernels moved on the largest of the
-    op's smaller cases (quick and model suites, same dtype, layout and flags, at most
-    SMALLER_CASE_BYTES) that launch them and that the interpreter can run; [] when none."""
+    (OpSpec.cost at its size) beside the bytes the same kernels moved on a smaller case
+    that the interpreter runs in seconds: the case itself with its shape halved
+    (_halvings: the same flags and proportions) in at most SMALLER_CASE_WORK
+    program-iterations, else the largest of the op's quick and model cases with the same
+    dtype, layout and flags (at most SMALLER_CASE_BYTES) that launches them, in at most
+    RUN_WORK_LIMIT; [] when neither is found."""
     plan = _plan(capture)
     found = [c.with_(dtype=case.dtype) for suite in ("model", "quick") if suite in spec.suites
              for c in spec.cases(suite)]
     found = [c for c in found if c.layout == case.layout and c.flags == case.flags
              and spec.cost(c, "fwd").bytes <= SMALLER_CASE_BYTES and c.id != case.id
              and not spec.skip(c, torch.device("cpu"))]
-    tried = 0
-    for c in sorted(found, key=lambda c: (-spec.rows(c), spec.cost(c, "fwd").bytes)):
-        if tried >= SMALLER_CASES:
-            break
-        if _plan(_dry(spec, c, target, sku, backward)) != plan:
-            continue
-        tried += 1
-        with _sized(target):
-            sample = capture_case(spec, c, "cpu", arch=target.arch, mode="sample",
-                                  backward=backward)
-            if interpreter_work(sample) > RUN_WORK_LIMIT:
+    found.sort(key=lambda c: (-spec.rows(c), spec.cost(c, "fwd").bytes))
+
+    def suite_cases():
+        for c in found:
+            if _plan(_dry(spec, c, target, sku, backward)) == plan:
+                yield c
+
+    for source, work in ((_halvings(spec, case, plan, target, sku, backward),
+                          SMALLER_CASE_WORK), (suite_cases(), RUN_WORK_LIMIT)):
+        for tried, c in enumerate(source):
+            if tried >= SMALLER_CASES:  # each source tries this many, then the next
+                break
+            if spec.skip(c, torch.device("cpu")):
                 continue
-            ran = capture_case(spec, c, "cpu", arch=target.arch, mode="run", backward=backward)
-        out = case_report.direction_bytes(spec, ran)
-        for d in out:
-            d.measured_on = c.label
-            d.size_compulsory = spec.cost(case, d.direction).bytes
-        return out
+            with _sized(target):
+                sample = capture_case(spec, c, "cpu", arch=target.arch, mode="sample",
+                                      backward=backward)
+                if interpreter_work(sample) > work:
+                    continue
+                ran = capture_case(spec, c, "cpu", arch=target.arch, mode="run",
+                                   backward=backward)
+            out = case_report.direction_bytes(spec, ran)
+            for d in out:
+                d.measured_on = c.label
+                d.size_compulsory = spec.cost(case, d.direction).bytes
+            return out
     return []
 
 
@@ -171,6 +220,11 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
                                                            backward)
                 report.directions = [dataclasses.replace(
                     d, size_compulsory=spec.cost(c, d.direction).bytes) for d in smaller[key]]
+                if not smaller[key]:
+                    size = ", ".join(f"{d} {spec.cost(c, d).bytes:,}" for d in _plan(capture))
+                    report.note += (f" (no smaller case launches the same kernels in a few "
+                                    f"seconds under the interpreter: nothing measured; "
+                                    f"compulsory bytes at this size: {size})")
             except Exception as e:  # the bytes are extra: the kernels are still reported
                 report.note += f" (bytes on a smaller case failed: {type(e).__name__}: {e})"
         findings.case_findings(report)

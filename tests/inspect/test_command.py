@@ -138,3 +138,33 @@ def test_dry_captures_a_real_size_case_on_meta_tensors():
     assert not report.skipped and not report.error and report.note.startswith("dry")
     assert [k.name for k in report.kernels] == ["_attention_fwd_kernel"]
     assert report.kernels[0].mix.tensor_core.get("HGMMA")
+
+
+def test_a_case_not_run_measures_its_bytes_on_itself_halved():
+    """A case too large for the interpreter takes its bytes from itself at a smaller size:
+    its sizes halved together (same flags and proportions; heads and a head's dim kept)
+    while it launches the same kernels. Softmax's looped kernel at a 128256-token
+    vocabulary has no such size under SMALLER_CASE_BYTES (fewer rows than SMs split each
+    row), nor a suite case: no bytes, rather than another kernel's."""
+    from speedlight import registry
+    from speedlight.inspect import run
+    from speedlight.inspect.command import representative
+
+    specs = {s.name: s for s in registry.builtin_specs()}
+    for name in ("matmul", "attention"):
+        spec = specs[name]
+        case = representative(spec, torch.bfloat16)
+        plan = run._plan(run._dry(spec, case, TARGET, TARGET.sku, True))
+        smaller = next(run._halvings(spec, case, plan, TARGET, TARGET.sku, True))
+        assert spec.cost(smaller, "fwd").bytes <= run.SMALLER_CASE_BYTES < spec.cost(
+            case, "fwd").bytes
+        assert (smaller.flags, smaller.dtype, smaller.layout) == (case.flags, case.dtype,
+                                                                   case.layout)
+        halved = {k: case[k] // v for k, v in smaller.params if case[k] != v}
+        assert halved and len(set(halved.values())) == 1, smaller.label  # one factor for all
+        assert all(v <= run.KEPT_PARAM for k, v in case.params if k not in halved)
+    assert set(halved) == {"seq_q", "seq_k"}  # attention: Llama's heads, kv heads and dim kept
+    softmax = specs["softmax"]
+    case = representative(softmax, torch.bfloat16)
+    capture = run._dry(softmax, case, TARGET, TARGET.sku, True)
+    assert run.bytes_on_a_smaller_case(softmax, case, capture, TARGET, TARGET.sku, True) == []
