@@ -127,7 +127,7 @@ def defaults(device: torch.device, moe: bool = False) -> dict:
                 overrides=None)
 
 
-def is_moe(model: str | None) -> bool:
+def names_moe(model: str | None) -> bool:
     """Whether --model names a mixture of experts among speedlight.shapes.MODELS."""
     from speedlight import shapes
     return model in shapes.MODELS and bool(shapes.MODELS[model].experts)
@@ -135,7 +135,7 @@ def is_moe(model: str | None) -> bool:
 
 def variants_for(s: StepSettings) -> tuple[str, ...]:
     """The variants a run without --variants times: hf-loop joins for a mixture of experts."""
-    return VARIANTS if is_moe(s.model) else DEFAULT_VARIANTS
+    return VARIANTS if names_moe(s.model) else DEFAULT_VARIANTS
 
 
 def _build(s: StepSettings):
@@ -203,7 +203,7 @@ def _hf_loop(model) -> None:
     hf runs already, or there are no experts."""
     from speedlight.workloads import moe
 
-    experts = moe.describe(model)
+    experts = moe.experts_summary(model)
     if experts is None:
         raise Skip("hf-loop: the model has no experts (a mixture of experts' variant)")
     if experts["implementation"] == ["loop"]:
@@ -276,7 +276,7 @@ def run_variant(variant: str, s: StepSettings, patch: Callable | None = None) ->
         model, notes, patched = _prepare(variant, model, s, patch, example)
         del example
         _peak_reset(s.device)  # a plan measured in _prepare is no part of the step's peak
-        experts = moe.describe(w.model)
+        experts = moe.experts_summary(w.model)
         opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
         clock = clock_for(s.device)
         losses, marks = [], []

@@ -403,7 +403,7 @@ def build_workload(spec: str | None, *, batch: int, seq: int, train: bool, recip
     return w
 
 
-def is_moe(model) -> bool:
+def has_experts(model) -> bool:
     cfg = getattr(model, "config", None)
     return any(getattr(cfg, k, None) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
 
@@ -435,10 +435,10 @@ def document(w, pj: Projection, target: target_mod.Target, *, train: bool, batch
     notes = list(notes) + [n for n in w.notes if "scaled down" not in n]
     from speedlight.workloads import moe
 
-    experts = moe.describe(w.model)
+    experts = moe.experts_summary(w.model)
     if experts is not None:
         notes.append(moe_note(experts, pj.experts_loops))
-    elif is_moe(w.model):  # experts in another layout
+    elif has_experts(w.model):  # experts in another layout
         notes.append(f"mixture of experts: routing depends on the data; the projection "
                      f"assumes {moe.UNIFORM_ROUTING}")
     run = {"id": uuid.uuid4().hex[:12],
@@ -463,7 +463,7 @@ def document(w, pj: Projection, target: target_mod.Target, *, train: bool, batch
         "tokens": batch * seq,
         "tokens_per_s_at_floor": batch * seq / result["summary"]["floor_s"]
         if result["summary"]["floor_s"] else None,
-        "moe": dict(experts, loops=pj.experts_loops) if experts else is_moe(w.model),
+        "moe": dict(experts, loops=pj.experts_loops) if experts else has_experts(w.model),
         "seconds": round(pj.seconds, 2),
     }
     return doc

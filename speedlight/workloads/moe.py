@@ -86,7 +86,7 @@ def implementation(module: torch.nn.Module) -> str:
     return str(chosen)
 
 
-def describe(model: torch.nn.Module) -> dict | None:
+def experts_summary(model: torch.nn.Module) -> dict | None:
     """The routed experts of a model as one line of results: experts, k, widths, how many
     experts modules and what their forward runs (implementation); None for a dense model."""
     found = [(m, layout(m)) for m in model.modules()]
