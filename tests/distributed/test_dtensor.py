@@ -68,7 +68,7 @@ REFUSED = {  # case -> what the message must say
 pytestmark = pytest.mark.xdist_group("distributed-dtensor")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, however its tests interleave
 def results():
     return run_ranks("tests.distributed.dtensor_ranks:dtensor", world=2)
 

@@ -24,7 +24,7 @@ KERNELS = ("_rms_norm_", "_rope_", "_glu_", "_attention_", "_cross_entropy_")
 pytestmark = pytest.mark.xdist_group("distributed-training")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, however its tests interleave
 def results():
     return run_ranks("tests.distributed.training_ranks:training", world=2)
 

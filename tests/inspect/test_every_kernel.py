@@ -43,7 +43,11 @@ def test_every_op_is_guarded_on_both_targets():
         assert not missing, f"{arch}: no CI guard compiles {sorted(missing)}"
 
 
-@pytest.fixture(scope="module")
+# one compile of every kernel serves every test here: keep them on one xdist worker
+pytestmark = pytest.mark.xdist_group("every-kernel")
+
+
+@pytest.fixture(scope="session")  # once per worker, however its tests interleave
 def compiled(compiler) -> dict:
     """Every item's launches, captured dry, then compiled in one batch per target (each
     batch starts its worker processes once)."""

@@ -26,7 +26,7 @@ def copy(rows, cols, **flags):
 pytestmark = pytest.mark.xdist_group("findings")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, however its tests interleave
 def reports(compiler):
     items = {
         "aligned": (rms_norm.SPEC, rms(8, 4096)),

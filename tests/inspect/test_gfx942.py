@@ -85,7 +85,11 @@ def _capture(spec, case, mode, backward):
     return capture_case(spec, case, "cpu", arch=TARGET.arch, mode=mode, backward=backward)
 
 
-@pytest.fixture(scope="module")
+# one compile of every kernel serves every test here: keep them on one xdist worker
+pytestmark = pytest.mark.xdist_group("gfx942")
+
+
+@pytest.fixture(scope="session")  # once per worker, however its tests interleave
 def compiled(compiler):
     """{op: [(case label, KernelReport)]}: each op's kernel functions, each compiled once
     for gfx942 in one batch (a function several ops launch is reported under each)."""

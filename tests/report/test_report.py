@@ -17,14 +17,16 @@ from speedlight import cli
 from speedlight.report import render
 from speedlight.report.load import load
 
-# one report run (the module fixture) serves every test here: keep them on one xdist worker
+# one report run serves every test here: keep them on one xdist worker, and the run for the
+# whole session there (a module fixture is torn down and made again, four minutes of CPU,
+# whenever the worker runs another module's test between two of these)
 pytestmark = pytest.mark.xdist_group("report")
 
 USER_SPEC = Path(__file__).resolve().parents[2] / "examples" / "relu_squared.py"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def report_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     code = cli.main(["report", "--out", str(out), "--steps", "1", "--bench-budget", "20",
