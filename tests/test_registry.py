@@ -61,13 +61,13 @@ def test_the_registry_is_the_one_list_of_ops():
     assert [s.name for s in specs] == list(registry.BUILTIN_OPS)
     for s in specs:
         assert getattr(speedlight, s.name).__module__ == f"speedlight.ops.{s.name}"
-        assert s.fuses and advice.describe(s.name) == (s.fuses, "available")
+        assert s.fuses and advice.describe_op(s.name) == (s.fuses, "available")
     assert set(registry.BUILTIN_OPS) <= set(speedlight.__all__)
     # norm_in_place is an option of the rms_norm kind and plan chooses among the kinds:
     # neither is a kind
     assert set(patcher.kinds()) == set(inspect.signature(patcher.patch).parameters) - {
         "model", "norm_in_place", "plan"}
     # the chain once planned as fused_linear_cross_entropy is the op linear_cross_entropy
-    assert advice.describe("linear_cross_entropy")[1] == "available"
+    assert advice.describe_op("linear_cross_entropy")[1] == "available"
     with pytest.raises(ValueError, match="unknown op 'nope'; known: rms_norm"):
         registry.builtin_spec("nope")

@@ -36,7 +36,7 @@ from speedlight.profile.patterns import Chain, find_chains
 PLANNED: dict[str, str] = {}
 
 
-def describe(op: str, specs=None) -> tuple[str, str]:
+def describe_op(op: str, specs=None) -> tuple[str, str]:
     """(what the op does, its status: available | planned | not in this install). `specs`:
     the OpSpecs of this run (built-in and --spec files); an op among them is available,
     a team's own op too."""
@@ -156,7 +156,7 @@ def replacement(c: Chain, roof: Roof, train: bool) -> tuple[int, float, int]:
     return sum(int(x.bytes) for x in costs), floor, kept
 
 
-def estimate(c: Chain, rows: list[dict], roof: Roof, train: bool) -> dict:
+def savings(c: Chain, rows: list[dict], roof: Roof, train: bool) -> dict:
     """Time and memory one chain instance would save. A fusion saves the traffic it
     removes; moe_experts, which replaces GEMMs too, saves the chain's summed floors less its
     own floor (every op's floor on the roof, so the expert GEMMs at their routed sizes)."""
@@ -195,12 +195,12 @@ def advise(rows: list[dict], calls, roof: Roof, specs=None) -> list[dict]:
     train = any(r["phase"] == "backward" for r in rows)
     grouped: dict[str, list] = {}
     for c in find_chains(rows, calls):
-        grouped.setdefault(c.op, []).append((c, estimate(c, rows, roof, train)))
+        grouped.setdefault(c.op, []).append((c, savings(c, rows, roof, train)))
     out = []
     for op, items in grouped.items():
         est = [e for _, e in items]
         fused_kernels = len(items) * (2 if train else 1)
-        what, status = describe(op, specs)
+        what, status = describe_op(op, specs)
         modules = sorted({e["module"] for e in est if e["module"] is not None})
         out.append({
             "op": op, "what": what, "pattern": items[0][0].pattern, "instances": len(items),

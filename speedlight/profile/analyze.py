@@ -92,7 +92,7 @@ def _shape_sig(r: dict) -> str:
     return " ".join("x".join(map(str, t["shape"])) or "scalar" for t in r["inputs"])
 
 
-def top_ops(rows: list[dict], n: int) -> list[dict]:
+def top_op_groups(rows: list[dict], n: int) -> list[dict]:
     """The most expensive ops, identical calls (same op, input shapes and phase, as repeated
     layers make) grouped into one line."""
     groups: dict = defaultdict(list)
@@ -143,7 +143,7 @@ def module_totals(rows: list[dict]) -> list[dict]:
                    for m, t in total.items()), key=lambda g: g["module"])
 
 
-def summarize(rows: list[dict], cap: StepCapture, target: Target) -> dict:
+def step_summary(rows: list[dict], cap: StepCapture, target: Target) -> dict:
     op_time = sum(r["time_s"] for r in rows)
     kernel_rows = [r for r in rows if r["launches_kernel"]]
     unknown = [r for r in rows if r["formula"] is None]
@@ -190,12 +190,12 @@ def analyze(cap: StepCapture, target: Target, top: int = 15) -> dict:
     d = target.in_use and cap.device == "cuda"
     return {
         "rows": rows,
-        "summary": summarize(rows, cap, target),
+        "summary": step_summary(rows, cap, target),
         "by_type": _group(rows, lambda r: r["op"], d),
         "by_module": _group(rows, lambda r: r["place"], d),
         "by_class": _group(rows, lambda r: r["module_class"] or r["place"], d),
         "by_phase": _group(rows, lambda r: r["phase"], d),
         "by_bound": _group(rows, lambda r: r["bound"], d),
         "module_tree": module_totals(rows),
-        "top_ops": top_ops(rows, top),
+        "top_ops": top_op_groups(rows, top),
     }

@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_html:
         from speedlight.profile import html
         try:
-            written.append(str(html.write(doc, out / f"{stem}.html")))
+            written.append(str(html.write_page(doc, out / f"{stem}.html")))
         except RuntimeError as e:
             console.print(f"[yellow]no HTML page[/]: {e}")
     console.print("wrote " + ", ".join(written))

@@ -66,7 +66,8 @@ def top_ops(doc: dict, console: Console, n: int) -> None:
                   "floor", "bound", "where",
                   right=("calls", "time", "share", "FLOPs", "bytes", "floor"))
     for g in doc["top_ops"][:n]:
-        where = fmt.place(g["place"], root) + (f" +{g['places'] - 1}" if g["places"] > 1 else "")
+        where = fmt.module_label(g["place"], root) \
+            + (f" +{g['places'] - 1}" if g["places"] > 1 else "")
         shapes = g["shapes"] if len(g["shapes"]) <= 64 else g["shapes"][:61] + "..."  # foreach lists
         t.add_row(g["name"], g["phase"], shapes, str(g["calls"]), fmt.seconds(g["time_s"]),
                   fmt.share(g["time_share"]), fmt.flops(g["flops"]), fmt.nbytes(g["bytes"]),
@@ -80,7 +81,7 @@ def groups(doc: dict, key: str, title: str, console: Console, n: int) -> None:
     cols = ["group", "calls", "time", "share", "FLOPs", "bytes", "floor"] + (["vs floor"] if measured else [])
     t = fmt.table(title, *cols, "bound", right=("calls", "time", "share", "FLOPs", "bytes", "floor", "vs floor"))
     for g in doc[key][:n]:
-        name = fmt.place(g["key"], root) if key == "by_module" else str(g["key"])
+        name = fmt.module_label(g["key"], root) if key == "by_module" else str(g["key"])
         cells = [name, str(g["calls"]), fmt.seconds(g["time_s"]), fmt.share(g["time_share"]),
                  fmt.flops(g["flops"]), fmt.nbytes(g["bytes"]), fmt.seconds(g["floor_s"])]
         t.add_row(*cells, *([fmt.ratio(g["distance"])] if measured else []), _bound(g["bound"]))
@@ -102,7 +103,8 @@ def memory(doc: dict, console: Console) -> None:
     acts = m["activations_by_module"][:8]
     if acts:
         console.print("saved for backward, by module: " + ", ".join(
-            f"{fmt.place(a['module'], doc['model'].get('class'))} {fmt.nbytes(a['bytes'])}" for a in acts))
+            f"{fmt.module_label(a['module'], doc['model'].get('class'))} {fmt.nbytes(a['bytes'])}"
+            for a in acts))
     for n in m["notes"]:
         console.print(f"[dim]{n}[/]")
 
@@ -118,7 +120,7 @@ def advice(doc: dict, console: Console) -> None:
                   "launches removed", "status", "where",
                   right=("instances", "time saved", "memory saved", "launches removed"))
     for a in adv:
-        where = ", ".join(fmt.place(m, doc["model"].get("class")) for m in a["modules"][:2])
+        where = ", ".join(fmt.module_label(m, doc["model"].get("class")) for m in a["modules"][:2])
         where += f" +{len(a['modules']) - 2}" if len(a["modules"]) > 2 else ""
         what = a["pattern"] + (f" [dim]({a['note']})[/]" if a["note"] else "")
         if "fused_floor_s" in a:
@@ -156,7 +158,7 @@ def print_profile(doc: dict, console: Console | None = None, top: int = 15) -> N
     projected = doc["measured"]["time"] == "projected"
     if projected:
         from speedlight.profile import project_render
-        project_render.summary(doc, console)
+        project_render.projected_summary(doc, console)
         project_render.comparison(doc, console)
         project_render.variations(doc, console)
     else:

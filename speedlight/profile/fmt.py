@@ -52,7 +52,7 @@ def ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}x"
 
 
-def place(module: str | None, root: str | None = None) -> str:
+def module_label(module: str | None, root: str | None = None) -> str:
     """A module path for display: the root module by its class."""
     if module == "":
         return f"{root or 'model'} (root)"

@@ -21,11 +21,11 @@ def _jinja():
                              trim_blocks=True, lstrip_blocks=True)
     env.filters.update(seconds=fmt.seconds, nbytes=fmt.nbytes, flops=fmt.flops, share=fmt.share,
                        ratio=fmt.ratio, count=fmt.count)
-    env.globals["place"] = fmt.place
+    env.globals["module_label"] = fmt.module_label
     return env
 
 
-def render(doc: dict, top: int = 25) -> str:
+def render_page(doc: dict, top: int = 25) -> str:
     env = _jinja()
     uncounted: dict[str, list] = {}
     for r in doc["rows"]:
@@ -44,5 +44,5 @@ def render(doc: dict, top: int = 25) -> str:
         uncounted=sorted(uncounted.items(), key=lambda kv: -sum(r["time_s"] for r in kv[1])))
 
 
-def write(doc: dict, path: str | Path, top: int = 25) -> Path:
-    return results.write_atomic(path, render(doc, top))
+def write_page(doc: dict, path: str | Path, top: int = 25) -> Path:
+    return results.write_atomic(path, render_page(doc, top))

@@ -91,7 +91,7 @@ def _name(g: Graph, i: int | None) -> str | None:
     return g.row(i)["name"] if i is not None else None
 
 
-def norms(g: Graph, calls) -> list[Chain]:
+def match_norms(g: Graph, calls) -> list[Chain]:
     """RMSNorm / LayerNorm module calls done in several ops, with the residual add that
     feeds them when there is one (add_rms_norm)."""
     chains = []
@@ -127,7 +127,7 @@ def norms(g: Graph, calls) -> list[Chain]:
     return chains
 
 
-def glu(g: Graph) -> list[Chain]:
+def match_glu(g: Graph) -> list[Chain]:
     """act(gate) * up with act SiLU (swiglu) or GELU (geglu)."""
     chains = []
     for r in g.fwd:
@@ -149,7 +149,7 @@ def glu(g: Graph) -> list[Chain]:
     return chains
 
 
-def rope(g: Graph) -> list[Chain]:
+def match_rope(g: Graph) -> list[Chain]:
     """x * cos + rotate(x) * sin, rotate being slices, neg and cat (or stack)."""
     chains = []
     for r in g.fwd:
@@ -179,7 +179,7 @@ def rope(g: Graph) -> list[Chain]:
     return chains
 
 
-def cross_entropy(g: Graph) -> list[Chain]:
+def match_cross_entropy(g: Graph) -> list[Chain]:
     """(upcast) log_softmax + nll_loss, and the logits matmul before it (for the fused
     linear cross-entropy)."""
     chains = []
@@ -211,7 +211,7 @@ def cross_entropy(g: Graph) -> list[Chain]:
 _SCORE_OPS = ("add", "mul", "div", "masked_fill", "_to_copy", "tanh", "where", "sub")
 
 
-def attention(g: Graph) -> list[Chain]:
+def match_attention(g: Graph) -> list[Chain]:
     """Eager attention: QKᵀ matmul, score ops (scale, mask, softcap), softmax, PV matmul."""
     chains = []
     for r in g.fwd:
@@ -257,7 +257,7 @@ _SDPA_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficie
              "_scaled_dot_product_fused_attention_overrideable")
 
 
-def sdpa_attention(g: Graph) -> list[Chain]:
+def match_sdpa_attention(g: Graph) -> list[Chain]:
     """PyTorch's fused SDPA: already one kernel, so the bytes it saves are few; what
     speedlight.attention offers is its speed, which `speedlight bench --ops attention`
     measures against each SDPA backend."""
@@ -273,7 +273,7 @@ def sdpa_attention(g: Graph) -> list[Chain]:
     return chains
 
 
-def softmax(g: Graph, claimed: set[int]) -> list[Chain]:
+def match_softmax(g: Graph, claimed: set[int]) -> list[Chain]:
     """A softmax with its casts, or spelled out as exp / sum / div, outside attention."""
     chains = []
     for r in g.fwd:
@@ -316,7 +316,7 @@ def _gate_up_down(params: list[dict]) -> tuple[dict, dict] | None:
     return None
 
 
-def experts(g: Graph, calls) -> list[Chain]:
+def match_experts(g: Graph, calls) -> list[Chain]:
     """A mixture of experts' routed experts run as many ops (transformers 5.x's
     <Prefix>Experts: the per-expert loop, or a torch grouped_mm chain): a module call whose
     own ops read a gate_up_proj [E, 2 I, H] / down_proj [E, H, I] parameter pair, with every
@@ -361,14 +361,14 @@ def experts(g: Graph, calls) -> list[Chain]:
 
 def find_chains(rows: list[dict], calls) -> list[Chain]:
     g = Graph(rows)
-    moe = experts(g, calls)
+    moe = match_experts(g, calls)
     in_experts = set().union(*(c.fwd for c in moe)) if moe else set()
     # a gated unit inside an experts module is part of what moe_experts replaces
-    chains = norms(g, calls) + [c for c in glu(g) if not c.fwd & in_experts] + rope(g) \
-        + cross_entropy(g) + moe
-    att = attention(g)
+    chains = match_norms(g, calls) + [c for c in match_glu(g) if not c.fwd & in_experts] \
+        + match_rope(g) + match_cross_entropy(g) + moe
+    att = match_attention(g)
     claimed = set().union(*(c.fwd for c in att)) if att else set()
-    chains += att + sdpa_attention(g) + softmax(g, claimed)
+    chains += att + match_sdpa_attention(g) + match_softmax(g, claimed)
     for c in chains:
         c.external = {i for i in c.fwd if not g.is_view(i)
                       and (not g.uses(i) or any(u not in c.fwd for u in g.uses(i)))}

@@ -422,8 +422,8 @@ def label_note(target: target_mod.Target) -> str:
             f"nothing was run on a GPU")
 
 
-def document(w, pj: Projection, target: target_mod.Target, *, train: bool, batch: int, seq: int,
-             seed: int, top: int, notes: list[str]) -> dict:
+def projected_document(w, pj: Projection, target: target_mod.Target, *, train: bool, batch: int,
+                       seq: int, seed: int, top: int, notes: list[str]) -> dict:
     """The profile document (schema.py) of a projection, labelled projected throughout,
     with a `projection` section saying how it was made."""
     from speedlight import results

@@ -53,8 +53,8 @@ def projected_profile(args: argparse.Namespace, tgt=None, *, patch=None) -> dict
         notes.append(f"recipe {recipe.name}: {recipe.text}")
     if why:
         notes.append(why)
-    doc = project.document(w, pj, target, train=train, batch=args.batch, seq=args.seq,
-                           seed=args.seed, top=args.top, notes=notes)
+    doc = project.projected_document(w, pj, target, train=train, batch=args.batch,
+                                     seq=args.seq, seed=args.seed, top=args.top, notes=notes)
     patched = None
     if patch is not None and not getattr(args, "no_patch", False):
         patched = _patched(args, train, recipe, dtype, target, patch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from speedlight.profile import fmt
 
 
-def summary(doc: dict, console) -> None:
+def projected_summary(doc: dict, console) -> None:
     s, tg, pj = doc["summary"], doc["target"], doc["projection"]
     t = fmt.table(f"projected step on {tg['name']} (floors, not step times)", "what", "value",
                   "how it was found", right=("value",))

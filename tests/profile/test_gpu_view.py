@@ -56,5 +56,5 @@ def test_distances_idle_and_speed_of_light():
     display.print_profile(doc, console)
     text = console.export_text()
     assert "vs floor" in text and "GPU idle between kernels" in text and "speed of light" in text
-    page = html.render(doc)
+    page = html.render_page(doc)
     assert "FLOP/s reached (measured)" in page and "GPU idle between kernels" in page

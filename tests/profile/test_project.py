@@ -207,8 +207,8 @@ def test_mixture_of_experts_projects_with_uniform_routing_stated(tmp_path):
     experts = sum(r.cost.flops for r in pj.capture.ops if r.name == "_grouped_mm")
     per_token = cfg["num_experts_per_tok"] * 3 * cfg["hidden_size"] * cfg["intermediate_size"]
     assert experts == 6 * per_token * seq  # whatever the routing: rows x one expert's matrices
-    doc = project.document(w, pj, target.resolve("h200"), train=True, batch=1, seq=seq, seed=0,
-                           top=5, notes=[])
+    doc = project.projected_document(w, pj, target.resolve("h200"), train=True, batch=1, seq=seq,
+                                     seed=0, top=5, notes=[])
     assert doc["projection"]["moe"] and any("uniform routing" in n for n in doc["notes"])
     # the grouped_mm chain the installed transformers runs is what moe_experts replaces
     (moe,) = [a for a in doc["advice"] if a["op"] == "moe_experts"]
@@ -240,7 +240,8 @@ def test_hf_experts_loop_projects_at_routed_sizes_and_advice_names_moe_experts()
     assert sum(r.cost.flops for r in fwd) == gemm
     assert sum(r.cost.flops for r in _expert_rows(pj, "backward")) == 2 * gemm
     h200 = target.resolve("h200")
-    doc = project.document(w, pj, h200, train=True, batch=1, seq=tokens, seed=0, top=5, notes=[])
+    doc = project.projected_document(w, pj, h200, train=True, batch=1, seq=tokens, seed=0, top=5,
+                                     notes=[])
     assert any("uniform routing" in n and "per-expert loop" in n for n in doc["notes"])
     assert doc["projection"]["moe"]["implementation"] == ["loop"]
     (moe,) = [a for a in doc["advice"] if a["op"] == "moe_experts"]
