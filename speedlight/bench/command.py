@@ -326,8 +326,8 @@ def _table(args: argparse.Namespace) -> int:
     root = args.paths[0] if args.paths else "benchmarks/results"
     if len(args.paths) > 1:
         _fail("table takes one results root")
-    body = table.render(table.collect(root), source=str(root).rstrip("/"),
-                        include_cpu=args.include_cpu)
+    body = table.markdown(table.collect(root), source=str(root).rstrip("/"),
+                          include_cpu=args.include_cpu)
     if args.include_cpu and args.readme:
         _fail("--include-cpu is for a smoke run's summary; the README takes GPU rows only")
     if not args.readme:
@@ -423,21 +423,22 @@ def _model(args: argparse.Namespace) -> int:
                 else f"{row['status']}: {row.get('reason')}")
         console.print(f"  {row['variant']}: {what}")
     try:
-        rows = model_step.run(s, named or model_step.variants_for(s), out_path, forced=named,
-                              on_row=on_row, patch=getattr(args, "patch", None))
+        rows = model_step.run_variants(s, named or model_step.variants_for(s), out_path,
+                                       forced=named, on_row=on_row,
+                                       patch=getattr(args, "patch", None))
     except ModelError as e:
         _fail(str(e))
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted: the rows of the variants finished are in "
                       f"{out_path}[/]")
         return 130
-    console.print(model_step.table(rows))
+    console.print(model_step.step_table(rows))
     console.print(f"results: {out_path}")
     try:
         console.print(f"chart: {model_step.chart(rows, out_dir / model_step.CHART)}")
     except RuntimeError as e:
         console.print(f"[yellow]no chart: {e}[/]")
-    problems = model_step.failures(rows)
+    problems = model_step.step_failures(rows)
     for p in problems:
         console.print(f"[red]{p}[/]")
     return 1 if problems else 0

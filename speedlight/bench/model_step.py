@@ -344,8 +344,9 @@ def agree(rows: list[dict], dtype: torch.dtype) -> None:
             r["memory_vs_hf"] = r["peak_bytes"] / ref["peak_bytes"]
 
 
-def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Sequence[str] = (),
-        on_row: Callable[[dict], None] | None = None, patch: Callable | None = None) -> list[dict]:
+def run_variants(s: StepSettings, variants: Sequence[str], out_path: Path, *,
+                 forced: Sequence[str] = (), on_row: Callable[[dict], None] | None = None,
+                 patch: Callable | None = None) -> list[dict]:
     """Every variant's row, each appended to out_path (JSON lines) as it finishes, hf first
     (the others' loss agreement is judged against its row), so a run killed part way keeps
     the rows it finished. A variant that raises is an error row with the reason;
@@ -392,7 +393,7 @@ def run(s: StepSettings, variants: Sequence[str], out_path: Path, *, forced: Seq
     return rows
 
 
-def failures(rows: Sequence[dict]) -> list[str]:
+def step_failures(rows: Sequence[dict]) -> list[str]:
     """What makes the run fail: hf or a speedlight variant that errored (a peer that cannot
     run is recorded as unavailable), a loss curve off the hf one."""
     out = [f"{r['variant']}: {r.get('reason')}" for r in rows if r["status"] == "error"]
@@ -404,7 +405,7 @@ def failures(rows: Sequence[dict]) -> list[str]:
 
 # --- display and chart ------------------------------------------------------------------------
 
-def table(rows: Sequence[dict]):
+def step_table(rows: Sequence[dict]):
     from rich.table import Table
 
     from speedlight.bench.display import NOT_REPRESENTATIVE

@@ -36,8 +36,8 @@ def collect(root: str | Path) -> list[dict]:
     return compare.load_bench_rows(root)
 
 
-def render(rows: Sequence[dict], source: str = "benchmarks/results", *,
-           include_cpu: bool = False) -> str:
+def markdown(rows: Sequence[dict], source: str = "benchmarks/results", *,
+             include_cpu: bool = False) -> str:
     """The Markdown summary; rows timed on the CPU interpreter only with include_cpu (a
     smoke run's summary), each device heading then saying they are not representative."""
     gpu = [r for r in rows if (r.get("representative") or include_cpu)

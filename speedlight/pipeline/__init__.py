@@ -357,7 +357,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
             results.write_json(out / FILES["projection"], doc)
             try:
                 from speedlight.profile import html
-                html.write(doc, out / "profile-projected.html")
+                html.write_page(doc, out / "profile-projected.html")
             except RuntimeError:
                 pass
             return doc
@@ -398,7 +398,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
             variants = [v for v in model_step.variants_for(s) if v != model_step.PLANNED or planned is not None]
             if planned is not None:
                 s.plan = planned.to_json()  # "speedlight (planned)": the plan stage's kinds
-            return model_step.run(s, variants, out / FILES["model_step"], patch=patch)
+            return model_step.run_variants(s, variants, out / FILES["model_step"], patch=patch)
         stages.run("model_step", step_title, do_model_step)
 
     from speedlight.report import render

@@ -80,7 +80,7 @@ def roofline(data: dict) -> str | None:
     return _svg(fig)
 
 
-def speedups(data: dict) -> str | None:
+def speedups_by_op(data: dict) -> str | None:
     """speedlight's speedup over each baseline per op and mode (verified cases only)."""
     rows = [b for b in data["bench"] if b["verified"] and b["speedup"]]
     if not rows:

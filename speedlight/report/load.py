@@ -158,7 +158,7 @@ def _inspect_table(doc: dict | None) -> list[dict]:
     return doc.get("kernels", [])
 
 
-def load(folder: str | Path) -> dict:
+def load_report(folder: str | Path) -> dict:
     folder = Path(folder)
     manifest = _json(folder / MANIFEST) or {"stages": {}, "files": {}}
     files = manifest.get("files", {})

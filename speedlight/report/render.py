@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from speedlight.report import charts
-from speedlight.report.load import failures, load
+from speedlight.report.load import failures, load_report
 from speedlight.results import write_atomic
 
 
@@ -84,7 +84,7 @@ def _env():
 def _charts(data: dict) -> dict:
     out = {}
     for name, fn in (("time_by_type", charts.time_by_type), ("roofline", charts.roofline),
-                     ("speedups", charts.speedups)):
+                     ("speedups", charts.speedups_by_op)):
         try:
             out[name] = fn(data)
         except RuntimeError as e:  # matplotlib missing: say so in the page
@@ -95,7 +95,7 @@ def _charts(data: dict) -> dict:
 
 def render(folder: str | Path) -> dict[str, Path]:
     folder = Path(folder)
-    data = load(folder)
+    data = load_report(folder)
     data["failures"] = failures(data)
     env = _env()
     html = env.get_template("report.html.j2").render(d=data, charts=_charts(data))
@@ -105,11 +105,11 @@ def render(folder: str | Path) -> dict[str, Path]:
 
 
 def has_failures(folder: str | Path) -> bool:
-    return bool(failures(load(folder)))
+    return bool(failures(load_report(folder)))
 
 
 def print_summary(folder: str | Path, console) -> None:
-    d = load(folder)
+    d = load_report(folder)
     b, a = d["before"], d["after"]
     where = ("measured on " + d["environment"].get("device", "?") if d["representative"]
              else "CPU through the Triton interpreter: times are not representative")

@@ -52,7 +52,8 @@ def test_moe_on_cpu_runs_tiny_with_the_experts_patched_and_the_loop_beside(tmp_p
     s = model_step.StepSettings(model=d["model"], layers=d["layers"], batch=1, seq=8,
                                 dtype=d["dtype"], device=torch.device("cpu"), warmup=0, steps=1,
                                 overrides=d["overrides"])
-    model_step.run(s, ["speedlight", "hf-loop"], tmp_path / "m.jsonl", patch=experts_only)
+    model_step.run_variants(s, ["speedlight", "hf-loop"], tmp_path / "m.jsonl",
+                            patch=experts_only)
     ours, loop = results.read_jsonl(tmp_path / "m.jsonl")
     assert (loop["variant"], ours["variant"]) == ("hf-loop", "speedlight")
     for r in (loop, ours):
@@ -73,7 +74,7 @@ def test_hf_loop_is_skipped_for_a_dense_model_and_moe_refuses_a_named_model(tmp_
     assert "hf-loop" not in model_step.variants_for(s)
     assert "hf-loop" in model_step.variants_for(
         model_step.StepSettings(**{**vars(s), "model": "mixtral-8x7b"}))
-    (row,) = model_step.run(s, ["hf-loop"], tmp_path / "m.jsonl")
+    (row,) = model_step.run_variants(s, ["hf-loop"], tmp_path / "m.jsonl")
     assert row["status"] == "skipped" and "no experts" in row["reason"]
     with pytest.raises(SystemExit, match="--moe picks the mixture of experts"):
         cli.main(["bench", "model", "--moe", "--model", "llama-3-8b", "--device", "cpu",
@@ -101,7 +102,7 @@ def test_loss_agreement_is_judged_step_by_step(dtype, off, agrees):
     assert rows[1]["loss_max_rel_diff"] == pytest.approx(off)
     assert rows[1]["speedup_vs_hf"] == 2.0 and rows[1]["memory_vs_hf"] == 0.5
     assert "loss_agrees" not in rows[2]
-    assert bool(model_step.failures(rows)) is not agrees
+    assert bool(model_step.step_failures(rows)) is not agrees
 
 
 def test_a_shorter_curve_does_not_agree():
@@ -113,20 +114,20 @@ def test_a_shorter_curve_does_not_agree():
 def test_compiled_variants_liger_and_the_plan_are_skipped_on_cpu_with_the_reason(tmp_path):
     s = model_step.StepSettings(model=None, layers=None, batch=1, seq=8, dtype=torch.float32,
                                 device=torch.device("cpu"), warmup=0, steps=1)
-    rows = model_step.run(s, ["hf-compile", "speedlight-compile", "liger", "speedlight-planned"],
-                          tmp_path / "m.jsonl")
+    rows = model_step.run_variants(
+        s, ["hf-compile", "speedlight-compile", "liger", "speedlight-planned"], tmp_path / "m.jsonl")
     assert [r["status"] for r in rows] == ["skipped"] * 4
     assert all("torch.compile on a CPU" in r["reason"] for r in rows[:2])
     assert "Triton interpreter" in rows[2]["reason"]
     assert "nothing is timed there" in rows[3]["reason"]  # a CPU plan keeps every kind
     assert len(results.read_jsonl(tmp_path / "m.jsonl")) == 4
-    assert model_step.failures(rows) == []
+    assert model_step.step_failures(rows) == []
 
 
 def test_a_peer_that_fails_is_unavailable_and_ours_is_an_error():
     rows = [{"variant": "liger", "status": "unavailable", "reason": "x"},
             {"variant": "speedlight", "status": "error", "reason": "RuntimeError: y"}]
-    assert model_step.failures(rows) == ["speedlight: RuntimeError: y"]
+    assert model_step.step_failures(rows) == ["speedlight: RuntimeError: y"]
 
 
 @pytest.mark.parametrize("argv,says", [

@@ -20,7 +20,7 @@ def _row(case, up, sol=80.0, device="NVIDIA H200", **extra):
 
 def test_the_readme_section_is_what_the_committed_files_give():
     readme = (ROOT / "README.md").read_text()
-    body = table.render(table.collect(ROOT / "benchmarks" / "results"))
+    body = table.markdown(table.collect(ROOT / "benchmarks" / "results"))
     assert table.replace_section(readme, body) == readme, (
         "README's performance table is stale: run "
         "`python -m speedlight bench table benchmarks/results --readme README.md`")
@@ -28,15 +28,15 @@ def test_the_readme_section_is_what_the_committed_files_give():
 
 def test_without_gpu_results_it_says_so():
     cpu_only = [_row("a", 2.0, representative=False)]
-    text = table.render(cpu_only)
+    text = table.markdown(cpu_only)
     assert text.startswith("No GPU results are committed yet")
-    assert "NOT representative" in table.render(cpu_only, include_cpu=True)
+    assert "NOT representative" in table.markdown(cpu_only, include_cpu=True)
 
 
 def test_geometric_means_and_median_sol_from_the_rows():
     rows = [_row("a", 2.0, 70.0), _row("b", 8.0, 90.0), _row("c", 1.0, status="error"),
             _row("d", 3.0, device="NVIDIA H100 80GB HBM3")]
-    text = table.render(rows)
+    text = table.markdown(rows)
     assert "**NVIDIA H200**" in text and "**NVIDIA H100 80GB HBM3**" in text
     h200 = text.split("**NVIDIA H100")[0]
     assert "| rms_norm | fwd | bf16 | 2 of 3 | 80% | 4.00x (2) | 2.00x (2) | - |" in h200
@@ -48,7 +48,7 @@ def test_a_heterogeneous_cluster_gives_one_section_per_gpu_model():
     rows = [_row("a", 2.0, device="NVIDIA H200", host="node1"),
             _row("b", 4.0, device="NVIDIA H200", host="node2"),
             _row("a", 3.0, device="NVIDIA H100 80GB HBM3", host="node3")]
-    text = table.render(rows)
+    text = table.markdown(rows)
     h200, h100 = text.split("**NVIDIA H100 80GB HBM3**")
     assert "**NVIDIA H200**" in h200
     assert "| rms_norm | fwd | bf16 | 2 of 2 | 80% | 2.83x (2) |" in h200

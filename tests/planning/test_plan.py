@@ -237,8 +237,8 @@ def test_bench_model_s_planned_variant_patches_exactly_the_kinds_the_plan_keeps(
     s = model_step.StepSettings(model=None, layers=1, batch=1, seq=8, dtype=torch.float32,
                                 device=torch.device("cpu"), warmup=0, steps=1,
                                 plan=plan.to_json())
-    row, = model_step.run(s, [model_step.PLANNED], tmp_path / "m.jsonl",
-                          forced=[model_step.PLANNED], patch=speedlight.patch)
+    row, = model_step.run_variants(s, [model_step.PLANNED], tmp_path / "m.jsonl",
+                                   forced=[model_step.PLANNED], patch=speedlight.patch)
     assert row["status"] == "ok", row.get("reason")
     assert "mlp" in everything and set(row["patched"]) == everything - {"mlp"}
     assert row["plan"]["mlp"].startswith("dropped by measurement (time x1.100")

@@ -15,7 +15,7 @@ pytest.importorskip("matplotlib")
 
 from speedlight import cli
 from speedlight.report import render
-from speedlight.report.load import load
+from speedlight.report.load import load_report
 
 # one report run serves every test here: keep them on one xdist worker, and the run for the
 # whole session there (a module fixture is torn down and made again, four minutes of CPU,
@@ -92,7 +92,7 @@ def test_numbers_come_from_the_stage_files(report_dir):
     assert floors.group(1) == render.fmt_time(before["summary"]["floor_s"])
     verify_rows = [json.loads(l) for l in (out / "verify.jsonl").read_text().splitlines()]
     passed = {r["case"]["id"] for r in verify_rows if r["status"] == "pass"}
-    d = load(out)
+    d = load_report(out)
     assert d["verify_counts"]["pass"] == len(passed) and passed
     bench_rows = [json.loads(l) for l in (out / "bench.jsonl").read_text().splitlines()]
     ours = [r for r in bench_rows if r["implementation"] == "speedlight" and r.get("median_us")]
@@ -169,7 +169,7 @@ def test_cpu_report_adds_the_real_size_projection_of_the_family(report_dir):
     assert doc["measured"]["time"] == "projected" and doc["run"]["mode"] == "train"
     assert [r["target"] for r in doc["comparison"]["rows"]] == ["h100-sxm", "h200", "b200"]
     assert doc["target"]["key"] == "h200"  # the report's own target, as in every stage
-    data = load(out)
+    data = load_report(out)
     assert data["projection"]["floor_s"] == doc["summary"]["floor_s"]
     page = (out / "index.html").read_text()
     assert "At real size: llama-3-8b" in page and "projected floor" in page
