@@ -17,8 +17,9 @@ _EXPORTS = {name: f"speedlight.ops.{name}" for name in BUILTIN_OPS}
 # speedlight.shape is a callable module (speedlight/shape/__init__.py): speedlight.shape(fn, x).
 # speedlight.patch(model) is a function: the package that holds it is speedlight.patching,
 # since a submodule named patch would replace the function on first import.
-# speedlight.patch is the planning composer's: it passes through to speedlight.patching.patch
-# and, for plan="measure", measures first (patching cannot import the composer).
+# speedlight.patch is the planning composer's: it passes through to
+# speedlight.patching.apply_kinds and, for plan="measure", measures first (patching cannot
+# import the composer).
 _EXPORTS.update({"patch": "speedlight.planning", "unpatch": "speedlight.patching",
                  "plan": "speedlight.planning"})
 _SUBMODULES = ("nn", "spec", "shapes", "shape", "hardware", "reference", "registry", "results",

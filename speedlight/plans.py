@@ -204,7 +204,7 @@ def save(plan: Plan, path: str | os.PathLike | None = None) -> Path:
     return results.write_json(path or path_for(plan.key), plan.to_json())
 
 
-def load(path: str | os.PathLike) -> Plan:
+def load_plan(path: str | os.PathLike) -> Plan:
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -221,7 +221,7 @@ def cached(model: torch.nn.Module) -> Plan | None:
     found = []
     for path in here.glob("*.json"):
         try:
-            plan = load(path)
+            plan = load_plan(path)
         except (ValueError, KeyError, TypeError):
             continue
         if plan.timed and mismatch(plan, model) is None:

@@ -65,7 +65,7 @@ def test_the_registry_is_the_one_list_of_ops():
     assert set(registry.BUILTIN_OPS) <= set(speedlight.__all__)
     # norm_in_place is an option of the rms_norm kind and plan chooses among the kinds:
     # neither is a kind
-    assert set(patcher.kinds()) == set(inspect.signature(patcher.patch).parameters) - {
+    assert set(patcher.kinds()) == set(inspect.signature(patcher.apply_kinds).parameters) - {
         "model", "norm_in_place", "plan"}
     # the chain once planned as fused_linear_cross_entropy is the op linear_cross_entropy
     assert advice.describe_op("linear_cross_entropy")[1] == "available"

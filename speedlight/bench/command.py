@@ -392,7 +392,7 @@ def _model(args: argparse.Namespace) -> int:
     if plan not in ("measure", "auto"):
         from speedlight import plans
         try:
-            plan = plans.load(plan).to_json()
+            plan = plans.load_plan(plan).to_json()
         except (ValueError, KeyError, TypeError) as e:
             _fail(f"--plan: {e}")
     named_model = args.model is not None

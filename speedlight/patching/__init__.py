@@ -2,6 +2,6 @@
 speedlight.unpatch(model)."""
 
 from speedlight.patching.causal_lm import causal_lm_loss
-from speedlight.patching.patcher import PatchReport, PatchWarning, patch, unpatch
+from speedlight.patching.patcher import PatchReport, PatchWarning, apply_kinds, unpatch
 
-__all__ = ["PatchReport", "PatchWarning", "causal_lm_loss", "patch", "unpatch"]
+__all__ = ["PatchReport", "PatchWarning", "apply_kinds", "causal_lm_loss", "unpatch"]

@@ -2,7 +2,7 @@
 
 What is swapped, per module instance (the class, parameters and state-dict stay as they
 are, so weights load unchanged and optimizers keep their references), kind by kind (KINDS,
-the one table patch() walks):
+the one table apply_kinds() walks):
   rms_norm       every <Family>RMSNorm's forward -> speedlight.rms_norm (offset 1 for Gemma);
                  in_place=True for the norms whose output feeds linear layers alone
                  (Family.in_place_norms: pre-norms and the final norm, never a post-norm
@@ -113,7 +113,7 @@ _WRAPPED = "its forward is already wrapped (e.g. by accelerate hooks); speedligh
 
 @dataclass
 class _Patching:
-    """One patch() call: the model, its family and options, the report, and what unpatch
+    """One apply_kinds() call: the model, its family and options, the report, and what unpatch
     restores (record)."""
 
     model: torch.nn.Module
@@ -400,7 +400,7 @@ def _patch_causal_lm_forward(job: _Patching) -> None:
 
 @dataclass(frozen=True)
 class Kind:
-    """One kind of swap: patch()'s keyword of that name turns it on; apply patches every
+    """One kind of swap: apply_kinds()'s keyword of that name turns it on; apply patches every
     module of the kind in the model, writing what it did and did not to the report."""
 
     name: str
@@ -424,7 +424,7 @@ def _base_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def patch(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
+def apply_kinds(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | str = True,
           rope: bool = True, cross_entropy: bool = True, attention: bool = True,
           norm_in_place: bool = True, linear_cross_entropy: bool = True,
           decoder_layer: bool = True, plan="auto") -> PatchReport:

@@ -46,7 +46,7 @@ def resolve_plan(model: torch.nn.Module, plan) -> tuple[plans.Plan | None, str]:
     elif isinstance(plan, dict):
         found = plans.Plan.from_json(plan)
     elif isinstance(plan, (str, os.PathLike)):
-        found = plans.load(plan)
+        found = plans.load_plan(plan)
     else:
         raise TypeError(f"plan must be 'auto', 'measure', None, a plan file's path, a "
                         f"speedlight.plans.Plan or its JSON dict; got {type(plan).__name__}")

@@ -275,12 +275,12 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     coverage: dict = {}  # what the patch stage swapped, for the model check's record
 
     def do_patch():
-        from speedlight.patching import patch
+        from speedlight.patching import apply_kinds
         from speedlight.pipeline.model_check import patch_coverage
         model = copy.deepcopy(pristine)
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
-            report = patch(model)
+            report = apply_kinds(model)
         coverage.update(patch_coverage(report))
         doc = {"model_type": report.model_type, "patched": report.patched,
                "not_patched": [{"what": a, "why": b} for a, b in report.not_patched],
@@ -389,7 +389,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     else:
         def do_model_step():
             from speedlight.bench import model_step
-            from speedlight.patching import patch
+            from speedlight.patching import apply_kinds
             s = model_step.StepSettings(
                 model=args.model, layers=args.layers or 4, batch=args.batch, seq=args.seq,
                 dtype=dtype, device=device, warmup=3, steps=10, seed=args.seed,
@@ -398,7 +398,8 @@ def _run(args: argparse.Namespace, out: Path) -> int:
             variants = [v for v in model_step.variants_for(s) if v != model_step.PLANNED or planned is not None]
             if planned is not None:
                 s.plan = planned.to_json()  # "speedlight (planned)": the plan stage's kinds
-            return model_step.run_variants(s, variants, out / FILES["model_step"], patch=patch)
+            return model_step.run_variants(s, variants, out / FILES["model_step"],
+                                           patch=apply_kinds)
         stages.run("model_step", step_title, do_model_step)
 
     from speedlight.report import render

@@ -27,7 +27,7 @@ def family_of(model: str | None, model_type: str | None) -> str:
 def project_family(name: str, *, train: bool, target, targets: str = TARGETS) -> dict:
     """`speedlight profile --project --targets` on the family's real size: floors on the
     report's `target` (a speedlight.target.Target), compared with it across `targets`."""
-    from speedlight.patching import patch
+    from speedlight.patching import apply_kinds
     from speedlight.profile.project_command import projected_profile
 
     keys = [k for k in targets.split(",") if k]
@@ -36,4 +36,4 @@ def project_family(name: str, *, train: bool, target, targets: str = TARGETS) ->
                               target=target.sku.key, sku=None, dtype=None, size="full",
                               layers=None, seed=0, top=15, recipe=None, targets=",".join(keys),
                               shard=None, vary=None, device="cpu", project=True)
-    return projected_profile(args, target, patch=patch)
+    return projected_profile(args, target, patch=apply_kinds)

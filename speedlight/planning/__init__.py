@@ -75,7 +75,7 @@ def plan(model: torch.nn.Module, example_inputs, *, compile_mode: str | None = N
         units = measure.units(model, family)
         has_labels = measure.labels_of(example_inputs) is not None
         todo = [k for k in asked if k in units and (units[k] != measure.LOSS or has_labels)]
-        captured = measure.capture(model, example_inputs, {units[k] for k in todo})
+        captured = measure.capture_arguments(model, example_inputs, {units[k] for k in todo})
         trials = {}
         grads = {p: p.grad for p in model.parameters()}  # the timed steps leave gradients
         try:
@@ -106,12 +106,12 @@ def patch(model: torch.nn.Module, *, plan="auto", example_inputs=None, compile_m
           **kinds):
     """speedlight.patch, which also measures: plan="measure" runs speedlight.plan(model,
     example_inputs) first and applies what it kept; every other plan (auto, a path, a
-    plan, None) and keyword go to speedlight.patching.patch as they are."""
-    from speedlight.patching import patch as apply
+    plan, None) and keyword go to speedlight.patching.apply_kinds as they are."""
+    from speedlight.patching import apply_kinds
 
     if isinstance(plan, str) and plan == "measure":
         if example_inputs is None:
             raise ValueError("plan='measure' needs example_inputs: what the model is called "
                              "with (a dict of keyword arguments, a tuple, or token ids)")
         plan = _measured(model, example_inputs, compile_mode=compile_mode)
-    return apply(model, plan=plan, **kinds)
+    return apply_kinds(model, plan=plan, **kinds)

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     w.model.train()
     result = plan(w.model, w.inputs, compile_mode=args.compile, projected=estimate,
                   autocast=None)
-    console.print(display.table(result))
+    console.print(display.plan_table(result))
     console.print(f"plan: {plans.path_for(result.key)}")
     if args.out:
         console.print(f"plan: {plans.save(result, args.out)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from speedlight import plans
 
 
-def rows(plan: plans.Plan) -> list[dict]:
+def plan_rows(plan: plans.Plan) -> list[dict]:
     """One row per kind, as the terminal and the report show it."""
     out = []
     for kind, d in plan.decisions.items():
@@ -18,7 +18,7 @@ def rows(plan: plans.Plan) -> list[dict]:
     return out
 
 
-def table(plan: plans.Plan):
+def plan_table(plan: plans.Plan):
     from rich.table import Table
 
     k = plan.key
@@ -28,7 +28,7 @@ def table(plan: plans.Plan):
     for col in ("kind", "verdict", "ratio", "95% interval", "speedlight ms", "original ms",
                 "unit", "why"):
         t.add_column(col)
-    for r in rows(plan):
+    for r in plan_rows(plan):
         color = {"kept": "green", "dropped": "red"}.get(r["verdict"], "yellow")
         t.add_row(r["kind"], f"[{color}]{r['verdict']}", r["ratio"] or "-", r["interval"] or "-",
                   r["ours_ms"] or "-", r["theirs_ms"] or "-", r["unit"], r["reason"])

@@ -73,7 +73,7 @@ def _call(model, inputs):
     return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
 
 
-def capture(model: torch.nn.Module, inputs, paths: set[str]) -> dict[str, Captured]:
+def capture_arguments(model: torch.nn.Module, inputs, paths: set[str]) -> dict[str, Captured]:
     """The arguments each module in `paths` (LOSS: the lm_head) is called with in one
     forward of the model, detached."""
     modules = dict(model.named_modules())
@@ -251,11 +251,11 @@ class _Patched:
     def __enter__(self):
         import warnings
 
-        from speedlight.patching import patch
+        from speedlight.patching import apply_kinds
         from speedlight.patching.patcher import kinds
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            patch(self.model, plan=None, **({k: False for k in kinds()} | self.on))
+            apply_kinds(self.model, plan=None, **({k: False for k in kinds()} | self.on))
         return self.model
 
     def __exit__(self, *exc):
@@ -316,7 +316,7 @@ def trial(model, inputs, kind: str, path: str, captured: Captured, timer: Timer,
         with _Patched(model, on):
             c = captured
             if kind == "attention" and side == "ours":  # its mask is built for it
-                c = capture(model, inputs, {path})[path]
+                c = capture_arguments(model, inputs, {path})[path]
             fused = kind == "linear_cross_entropy" and side == "ours"
             fn, params = _side_fn(model, kind, path, labels, compile_mode, fused)
             if path == LOSS:

@@ -43,9 +43,9 @@ def test_moe_on_cpu_runs_tiny_with_the_experts_patched_and_the_loop_beside(tmp_p
     alone: the other kinds' interpreter time says nothing more here.)"""
     import functools
 
-    from speedlight.patching import patch
+    from speedlight.patching import apply_kinds
 
-    experts_only = functools.partial(patch, rms_norm=False, rope=False, cross_entropy=False,
+    experts_only = functools.partial(apply_kinds, rms_norm=False, rope=False, cross_entropy=False,
                                      attention=False, linear_cross_entropy=False,
                                      decoder_layer=False)
     d = model_step.defaults(torch.device("cpu"), moe=True)

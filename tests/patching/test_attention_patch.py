@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from speedlight.patching import patch, unpatch
+from speedlight.patching import apply_kinds, unpatch
 from speedlight.verify.harness import LaunchCounter
 from tests.patching.tiny_models import batch, build
 
@@ -26,7 +26,7 @@ def test_padding_mask_runs_as_variable_length(family):
     match the original's (Gemma 2: softcap and a sliding window of 8 over 11 tokens)."""
     base = build(family)
     patched = copy.deepcopy(base)
-    patch(patched, rms_norm=False, mlp=False, rope=False, cross_entropy=False)
+    apply_kinds(patched, rms_norm=False, mlp=False, rope=False, cross_entropy=False)
     ids, _ = batch(base.config.vocab_size)
     mask = torch.ones_like(ids)
     mask[0, 8:] = 0  # right padding
@@ -49,7 +49,7 @@ def test_sequences_packed_by_position_ids_run_as_variable_length():
     """One row holding two sequences (positions restart at 0) gives each sequence the
     logits it has alone."""
     model = build("llama")
-    patch(model, rms_norm=False, mlp=False, rope=False, cross_entropy=False)
+    apply_kinds(model, rms_norm=False, mlp=False, rope=False, cross_entropy=False)
     ids, _ = batch(model.config.vocab_size)
     a, b = ids[0, :7], ids[1, :4]
     packed = torch.cat([a, b])[None]
@@ -62,7 +62,7 @@ def test_sequences_packed_by_position_ids_run_as_variable_length():
 def test_a_4d_mask_falls_back_and_says_why():
     base = build("qwen2")
     patched = copy.deepcopy(base)
-    report = patch(patched, rms_norm=False, mlp=False, rope=False, cross_entropy=False)
+    report = apply_kinds(patched, rms_norm=False, mlp=False, rope=False, cross_entropy=False)
     ids, _ = batch(base.config.vocab_size)
     seq = ids.shape[1]
     allowed = torch.tril(torch.ones(seq, seq, dtype=torch.bool))
@@ -78,7 +78,7 @@ def test_dropout_in_training_names_the_config_field():
     model.config.attention_dropout = 0.1
     for layer in model.model.layers:
         layer.self_attn.attention_dropout = 0.1
-    patch(model, rms_norm=False, mlp=False, rope=False, cross_entropy=False)
+    apply_kinds(model, rms_norm=False, mlp=False, rope=False, cross_entropy=False)
     model.train()
     ids, _ = batch(model.config.vocab_size)
     with pytest.raises(ValueError, match="config.attention_dropout"):

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from speedlight.patching import PatchWarning, families, patch
+from speedlight.patching import PatchWarning, apply_kinds, families
 from speedlight.pipeline.model_check import check_models
 from speedlight.verify.harness import LaunchCounter
 from tests.patching.tiny_models import (FAMILIES, KEEPING_FAMILIES, NEW_FAMILIES, batch, build,
@@ -53,7 +53,7 @@ def test_one_autocast_step_matches_the_unpatched_model(family, amp):
     patched = copy.deepcopy(base)
     with warnings.catch_warnings():  # the families that keep their layer say so
         warnings.simplefilter("ignore", PatchWarning)
-        report = patch(patched, attention=amp == torch.bfloat16)
+        report = apply_kinds(patched, attention=amp == torch.bfloat16)
     assert report.count("linear_cross_entropy") == 1
     ids, labels = batch(vocab(base), seq=7)
     inputs = {"input_ids": ids, "labels": labels}

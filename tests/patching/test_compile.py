@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from speedlight.patching import PatchWarning, patch
+from speedlight.patching import PatchWarning, apply_kinds
 from tests.patching.tiny_models import FAMILIES, NEW_FAMILIES, batch, build, vocab
 
 TOL = dict(rtol=2e-4, atol=2e-5)
@@ -30,7 +30,7 @@ def patched(family: str):
     model = build(family)
     with warnings.catch_warnings():  # the families that keep their layer say so
         warnings.simplefilter("ignore", PatchWarning)
-        patch(model)
+        apply_kinds(model)
     return model
 
 

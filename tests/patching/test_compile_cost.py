@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from speedlight.patching import PatchWarning, patch
+from speedlight.patching import PatchWarning, apply_kinds
 from tests.patching.tiny_models import batch, build, vocab
 
 LIMIT = 1.5
@@ -59,7 +59,7 @@ def test_compiling_the_patched_model_costs_at_most_1_5x_the_original(monkeypatch
     model = build("llama")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PatchWarning)
-        patch(model)
+        apply_kinds(model)
     patched = _compile_seconds(model)
     original = _compile_seconds(build("llama"))
     torch._dynamo.reset()

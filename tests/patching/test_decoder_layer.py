@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("transformers")
 
-from speedlight.patching import PatchWarning, families, patch, unpatch
+from speedlight.patching import PatchWarning, apply_kinds, families, unpatch
 from speedlight.pipeline.model_check import check_models
 from speedlight.patching.decoder_layer import layer_modules
 from tests.patching.tiny_models import FAMILIES, MOE, NEW_FAMILIES, batch, build, vocab
@@ -71,7 +71,7 @@ def test_fused_layers_match_the_original_in_float64(family):
     the rms_norm of the norm it fuses."""
     base = build(family)
     fused = copy.deepcopy(base)
-    report = patch(fused, **NORMS_ONLY)
+    report = apply_kinds(fused, **NORMS_ONLY)
     layers = len(layer_modules(base, families.FAMILIES[family]))
     assert layers == 2 and report.count("decoder_layer") == layers and not report.not_patched, \
         str(report)
@@ -133,8 +133,8 @@ def test_fused_and_module_patched_models_agree(family):
     the layer calls it)."""
     base = build(family)
     modules, fused = copy.deepcopy(base), copy.deepcopy(base)
-    patch(modules, **NORMS_ONLY, decoder_layer=False)
-    assert patch(fused, **NORMS_ONLY).count("decoder_layer") == 2
+    apply_kinds(modules, **NORMS_ONLY, decoder_layer=False)
+    assert apply_kinds(fused, **NORMS_ONLY).count("decoder_layer") == 2
     ids, labels = batch(vocab(base))
     logits0, loss0, grads0 = _run(modules, ids, labels)
     with OpCounter() as counter:
@@ -154,7 +154,7 @@ def test_the_fused_forward_keeps_the_installed_signature_and_unpatches_exactly()
     model = build("llama")
     ids, labels = batch(model.config.vocab_size)
     before = model(input_ids=ids, labels=labels)
-    patch(model, **NORMS_ONLY, rms_norm=False)
+    apply_kinds(model, **NORMS_ONLY, rms_norm=False)
     layer = model.model.layers[0]
     assert inspect.signature(layer.forward) == inspect.signature(
         LlamaDecoderLayer.forward.__get__(layer))
@@ -174,7 +174,7 @@ def test_the_fused_forward_keeps_the_installed_signature_and_unpatches_exactly()
 
 def test_a_hook_on_the_fused_norm_still_sees_its_call():
     model = build("qwen2")
-    patch(model, **NORMS_ONLY)
+    apply_kinds(model, **NORMS_ONLY)
     seen = []
     norm = model.model.layers[1].post_attention_layernorm
     handle = norm.register_forward_hook(lambda m, args, out: seen.append(tuple(out.shape)))
@@ -218,7 +218,7 @@ def test_a_layer_whose_forward_differs_is_kept_with_the_reason(case, monkeypatch
     if case == "other-forward":
         monkeypatch.setattr(type(model.model.layers[0]), "forward", _olmo2_like_forward)
     with pytest.warns(PatchWarning, match="NOT patched decoder_layer model.layers.0"):
-        report = patch(model, **NORMS_ONLY)
+        report = apply_kinds(model, **NORMS_ONLY)
     assert "decoder_layer" not in report.patched
     reasons = [why for what, why in report.not_patched if what.startswith("decoder_layer")]
     assert len(reasons) == 2
@@ -232,7 +232,7 @@ def test_granite_keeps_its_layer_and_says_why():
     model = build("granite")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PatchWarning)
-        report = patch(model, **NORMS_ONLY)
+        report = apply_kinds(model, **NORMS_ONLY)
     assert report.not_patched == [("decoder_layer", "granite: "
                                    + families.FAMILIES["granite"].layer_note)]
     assert "NOT patched decoder_layer: granite: its layer scales" in str(report)

@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from speedlight.patching import PatchWarning, experts, patch, unpatch
+from speedlight.patching import PatchWarning, apply_kinds, experts, unpatch
 from speedlight.pipeline.model_check import check_models
 from speedlight.verify.harness import LaunchCounter
 from tests.patching.tiny_models import KEEPING_FAMILIES, batch, build, vocab
@@ -39,7 +39,7 @@ def test_both_ways_in_run_moe_experts_keep_the_router_and_unpatch(way, monkeypat
     base = build("mixtral")
     model = copy.deepcopy(base)
     before = model.config._experts_implementation
-    report = patch(model, **EXPERTS_ONLY)
+    report = apply_kinds(model, **EXPERTS_ONLY)
     paths = _experts_paths(report)
     assert len(paths) == 2 and all(f"{way}:" in p for p in paths), report.patched["mlp"]
     layer_experts = model.model.layers[0].mlp.experts
@@ -69,7 +69,7 @@ def test_patched_moe_matches_the_original_in_float64(family):
     base = build(family)
     base.config._experts_implementation = "eager"
     model = copy.deepcopy(base)
-    report = patch(model, **EXPERTS_ONLY)
+    report = apply_kinds(model, **EXPERTS_ONLY)
     assert len(_experts_paths(report)) == 2, str(report)
     ids, labels = batch(vocab(base))
     doc = check_models(base, model, {"input_ids": ids, "labels": labels}, lambda o: o.loss,
@@ -96,7 +96,7 @@ def test_gpt_oss_and_deepseek_v3_patched_whole_match_float64(family):
     base.config._experts_implementation = "eager"
     model = copy.deepcopy(base)
     with pytest.warns(PatchWarning, match=f"kept for {family}"):
-        report = patch(model)
+        report = apply_kinds(model)
     kept = dict(report.not_patched)
     assert set(kept) == set(KEPT[family]), report.not_patched
     for kind, phrase in KEPT[family].items():
@@ -141,7 +141,7 @@ def test_module_path_compiles_whole(monkeypatch):
     model = build("qwen3_moe")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PatchWarning)
-        report = patch(model, attention=False)
+        report = apply_kinds(model, attention=False)
     assert all("module:" in p for p in _experts_paths(report))
     ids, labels = batch(vocab(model))
     torch._dynamo.reset()
@@ -168,7 +168,7 @@ def test_gpt_oss_and_deepseek_v3_patched_trace_whole(family):
     model = build(family)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PatchWarning)  # its attention is kept, and says so
-        patch(model)
+        apply_kinds(model)
     ids, labels = batch(vocab(model))
     torch._dynamo.reset()
     counters.clear()

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from speedlight.patching import PatchWarning, patch
+from speedlight.patching import PatchWarning, apply_kinds
 from speedlight.patching import experts as experts_mod
 from speedlight.patching.families import FAMILIES
 from speedlight.verify.harness import LaunchCounter
@@ -32,7 +32,7 @@ def test_training_steps_give_matching_loss_curves(family):
     for do_patch in (False, True):
         model = build(family, seed=11)
         if do_patch:
-            patch(model, attention=False)
+            apply_kinds(model, attention=False)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         losses = []
         ids, labels = batch(vocab(model), batch=1, seq=8, seed=100)
@@ -105,7 +105,7 @@ def test_gpt_oss_and_deepseek_v3_experts_follow_their_own_loop(family, monkeypat
     reference = copy.deepcopy(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PatchWarning)  # the kinds the family keeps
-        report = patch(model, rms_norm=False, rope=False, cross_entropy=False,
+        report = apply_kinds(model, rms_norm=False, rope=False, cross_entropy=False,
                        attention=False, linear_cross_entropy=False, decoder_layer=False)
     assert any("by moe_experts, module:" in m for m in report.patched["mlp"]), report.patched
     names = FAMILIES[family].experts_classes  # DeepSeek-V3's class had another name
@@ -142,7 +142,7 @@ def test_gpt_oss_experts_with_another_gate_are_reported_not_patched():
         if type(m).__name__ == "GptOssExperts":
             m._apply_gate = lambda z, m=m: type(m)._apply_gate(m, z.flip(-1))
     with pytest.warns(PatchWarning, match="_apply_gate is not the clamped SwiGLU"):
-        report = patch(model, attention=False)
+        report = apply_kinds(model, attention=False)
     assert "mlp" not in report.patched and report.count("rms_norm") == 5
 
 
@@ -174,7 +174,7 @@ def test_experts_in_another_layout_are_reported_not_patched():
         if type(m).__name__.endswith("Experts"):
             m.is_transposed = True
     with pytest.warns(PatchWarning, match="is_transposed is True"):
-        report = patch(model)
+        report = apply_kinds(model)
     assert [m for m in report.patched["mlp"] if "experts" in m] == []
     assert report.count("mlp") == 2  # the shared experts still are
 
@@ -187,7 +187,7 @@ def test_load_balancing_loss_is_added_on_the_fused_path():
     model = copy.deepcopy(base)
     with warnings.catch_warnings():
         warnings.simplefilter("error", PatchWarning)
-        patch(model)
+        apply_kinds(model)
     ids, labels = batch(vocab(model))
     ours = model(input_ids=ids, labels=labels, output_router_logits=True)
     theirs = base(input_ids=ids, labels=labels, output_router_logits=True)
@@ -208,7 +208,7 @@ def test_qwen2_vl_patches_its_text_decoder_alone():
     model = build("qwen2_vl")
     text, vision = model.config.text_config, model.config.vision_config
     before = (text._attn_implementation, vision._attn_implementation)
-    report = patch(model)
+    report = apply_kinds(model)
     assert text._attn_implementation == "speedlight"
     assert vision._attn_implementation == before[1]
     assert not any(p.startswith("model.visual") for paths in report.patched.values()
@@ -232,7 +232,7 @@ def test_the_projection_builds_and_runs_the_patched_family(name):
     assert [x.gate_up_proj.shape[0] for x in experts] == ([m.experts] if m.experts else [])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PatchWarning)
-        report = patch(w.model)
+        report = apply_kinds(w.model)
     assert report.count("mlp") >= 1 and report.count("rms_norm") == 3
     pj = project.project_step(w, train=True, recipe=project.RECIPES["bf16"], mode=mode)
     gated = "moe_experts" if m.experts else "glu"

@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("transformers")
 
 import speedlight
-from speedlight.patching import PatchWarning, patch, unpatch
+from speedlight.patching import PatchWarning, apply_kinds, unpatch
 from speedlight.verify.harness import LaunchCounter
 from tests.patching.tiny_models import FAMILIES, MOE, NEW_FAMILIES, batch, build, vocab
 
@@ -46,7 +46,7 @@ def test_patched_logits_loss_and_every_gradient_match(family):
     patched = copy.deepcopy(base)
     with warnings.catch_warnings():  # a family without a layer form warns of its layer
         warnings.simplefilter("ignore" if family in KEPT else "error", PatchWarning)
-        report = patch(patched)
+        report = apply_kinds(patched)
     assert report.count("rms_norm") == NORMS.get(family, 2 * 2 + 1)
     assert report.count("mlp") == MLPS.get(family, 2) and report.count("rope") == 2
     if family in MOE:  # every layer's experts (Qwen3-MoE's second layer is dense)
@@ -84,7 +84,7 @@ def test_fused_mlp_runs_gated_matmul_and_matches(family):
     gated_matmul kernel (Phi-3's [2I, H] gate_up_proj read in place), then down_proj."""
     base = build(family)
     patched = copy.deepcopy(base)
-    report = patch(patched, rms_norm=False, rope=False, cross_entropy=False, mlp="fused")
+    report = apply_kinds(patched, rms_norm=False, rope=False, cross_entropy=False, mlp="fused")
     assert report.count("mlp") == 2 and not report.not_patched
     assert all("(gated_matmul)" in m for m in report.patched["mlp"]), report.patched["mlp"]
     ids, labels = batch(base.config.vocab_size)
@@ -99,7 +99,7 @@ def test_fused_mlp_runs_gated_matmul_and_matches(family):
         if g0 is not None:
             torch.testing.assert_close(g1, g0, **TOL, msg=lambda m: f"{name}: {m}")
     with pytest.raises(ValueError, match="mlp must be"):
-        patch(copy.deepcopy(base), mlp="yes")
+        apply_kinds(copy.deepcopy(base), mlp="yes")
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"] + NEW_FAMILIES)
@@ -117,7 +117,7 @@ def test_unpatch_restores_the_original_exactly(family):
     original_rope = mod.apply_rotary_pos_emb
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PatchWarning)
-        patch(model)
+        apply_kinds(model)
     assert mod.apply_rotary_pos_emb is original_rope
     unpatch(model)
     assert mod.apply_rotary_pos_emb is original_rope
@@ -135,7 +135,7 @@ def test_unpatch_restores_the_original_exactly(family):
 def test_state_dicts_load_unchanged():
     base = build("llama")
     patched = copy.deepcopy(build("llama", seed=5))
-    patch(patched)
+    apply_kinds(patched)
     assert patched.state_dict().keys() == base.state_dict().keys()
     patched.load_state_dict(base.state_dict())
     ids, labels = batch(base.config.vocab_size)
@@ -144,7 +144,7 @@ def test_state_dicts_load_unchanged():
 
 def test_choose_which_ops():
     model = build("llama")
-    report = patch(model, mlp=False, rope=False, cross_entropy=False, attention=False,
+    report = apply_kinds(model, mlp=False, rope=False, cross_entropy=False, attention=False,
                    linear_cross_entropy=False, decoder_layer=False)
     assert set(report.patched) == {"rms_norm"}
     assert "forward" not in model.__dict__
@@ -153,9 +153,9 @@ def test_choose_which_ops():
 
 def test_patching_twice_is_refused():
     model = build("qwen2")
-    patch(model)
+    apply_kinds(model)
     with pytest.raises(ValueError, match="already patched"):
-        patch(model)
+        apply_kinds(model)
     unpatch(model)
 
 
@@ -163,7 +163,7 @@ def test_unknown_architecture_says_what_was_not_patched():
     import transformers as tf
     gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
     with pytest.warns(PatchWarning, match=r"unknown architecture 'gpt2'.*\n.*NOT patched"):
-        report = patch(gpt2)
+        report = apply_kinds(gpt2)
     assert not report.patched and {w for w, _ in report.not_patched} == {
         "rms_norm", "mlp", "rope", "cross_entropy", "attention", "decoder_layer",
         "linear_cross_entropy"}
@@ -172,7 +172,7 @@ def test_unknown_architecture_says_what_was_not_patched():
 
 def test_an_unpatched_model_of_the_same_family_keeps_pytorchs_rope():
     patched, plain = build("llama"), build("llama", seed=3)
-    patch(patched)
+    apply_kinds(patched)
     ids, _ = batch(plain.config.vocab_size)
     counter = LaunchCounter()
     with counter.active():
@@ -183,7 +183,7 @@ def test_an_unpatched_model_of_the_same_family_keeps_pytorchs_rope():
 
 def test_patch_rejects_non_modules():
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
-        patch("llama")
+        apply_kinds("llama")
 
 
 def test_twenty_training_steps_give_matching_loss_curves():
@@ -194,7 +194,7 @@ def test_twenty_training_steps_give_matching_loss_curves():
     for do_patch in (False, True):
         model = build("llama", seed=11)
         if do_patch:  # attention's interpreter cost over 20 steps is minutes; its model
-            patch(model, attention=False)  # match is checked per family above
+            apply_kinds(model, attention=False)  # match is checked per family above
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         g = torch.Generator().manual_seed(0)
         losses = []
@@ -223,7 +223,7 @@ def test_fused_loss_without_logits_and_the_normal_path(family):
     model = copy.deepcopy(base)
     with warnings.catch_warnings():  # Granite keeps its decoder layer (its layer_note)
         warnings.simplefilter("ignore", PatchWarning)
-        patch(model)
+        apply_kinds(model)
     ids, labels = batch(vocab(model))
     fused = model(input_ids=ids, labels=labels)
     # the output class the family's own forward returns (Qwen2-VL's carries rope_deltas)
@@ -267,7 +267,7 @@ def test_norm_backward_in_place_only_where_its_gradient_is_its_own(monkeypatch):
     runs = {}
     for name, kwargs in [("out_of_place", dict(norm_in_place=False)), ("patched", {})]:
         model = copy.deepcopy(base)
-        report = patch(model, rope=False, attention=False, **kwargs)
+        report = apply_kinds(model, rope=False, attention=False, **kwargs)
         runs[name] = (_run(model, ids, labels), report)
     # the pre-norms' gradients (their linear layers') are written over; the final norm's
     # is the one linear_cross_entropy computed in its forward and still holds: copied
@@ -288,7 +288,7 @@ def test_norm_backward_in_place_only_where_its_gradient_is_its_own(monkeypatch):
     monkeypatch.setitem(families.FAMILIES, "gemma2", dataclasses.replace(
         families.FAMILIES["gemma2"], in_place_norms=everywhere))
     model = copy.deepcopy(base)
-    patch(model, rope=False, attention=False)
+    apply_kinds(model, rope=False, attention=False)
     _, _, grads2 = _run(model, ids, labels)
     for (name, _), g0, g2 in zip(base.named_parameters(), grads0, grads2):
         assert torch.equal(g0, g2), name

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from speedlight.patching import PatchWarning, patch
+from speedlight.patching import PatchWarning, apply_kinds
 from speedlight.verify.harness import LaunchCounter
 from tests.patching.tiny_models import batch, build, vocab
 
@@ -59,12 +59,12 @@ def test_lora_model_trains_as_unpatched_and_no_adapter_is_bypassed(when):
     if when == "after-wrapping":
         model = _lora(copy.deepcopy(base))
         with pytest.warns(PatchWarning, match=LORA_LAYER):
-            report = patch(model, **KINDS)
+            report = apply_kinds(model, **KINDS)
     else:
         inner = copy.deepcopy(base)
         with warnings.catch_warnings():
             warnings.simplefilter("error", PatchWarning)
-            report = patch(inner, **KINDS)
+            report = apply_kinds(inner, **KINDS)
         assert not report.not_patched
         model = _lora(inner)
     counter = LaunchCounter()
@@ -95,7 +95,7 @@ def test_lora_on_attention_projections_keeps_every_kind():
     model = _lora(build("llama"), targets=("q_proj", "v_proj"))
     with warnings.catch_warnings():
         warnings.simplefilter("error", PatchWarning)
-        report = patch(model, mlp="fused")
+        report = apply_kinds(model, mlp="fused")
     assert report.count("linear_cross_entropy") == 1
     assert all("(gated_matmul)" in m for m in report.patched["mlp"])
 
@@ -117,7 +117,7 @@ def test_a_quantized_layer_is_refused_naming_it():
         new.weight = old.weight
         setattr(module, name, new)
     with pytest.warns(PatchWarning):
-        report = patch(model, mlp="fused", attention=False)
+        report = apply_kinds(model, mlp="fused", attention=False)
     refused = dict(report.not_patched)
     assert "_DequantizingLinear" in refused["linear_cross_entropy"]
     assert "_DequantizingLinear" in refused["mlp model.layers.0.mlp (fused)"]

@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from speedlight.patching import PatchWarning, patch
+from speedlight.patching import PatchWarning, apply_kinds
 from tests.patching.tiny_models import (FAMILIES, KEEPING_FAMILIES, NEW_FAMILIES, batch, build,
                                         vocab)
 
@@ -21,7 +21,7 @@ from tests.patching.tiny_models import (FAMILIES, KEEPING_FAMILIES, NEW_FAMILIES
 def _patched(model):
     with warnings.catch_warnings():  # the families that keep their layer say so
         warnings.simplefilter("ignore", PatchWarning)
-        return patch(model)
+        return apply_kinds(model)
 
 
 @pytest.mark.parametrize("family", FAMILIES + NEW_FAMILIES + KEEPING_FAMILIES)

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
 trl = pytest.importorskip("trl")
 
-from speedlight.patching import PatchWarning, patch
+from speedlight.patching import PatchWarning, apply_kinds
 from speedlight.spec import TOLERANCES
 from speedlight.verify.compare import judge
 from speedlight.verify.harness import LaunchCounter
@@ -94,7 +94,7 @@ def test_trainer_with_its_defaults_trains_the_patched_model(tmp_path):
     for name, model in (("theirs", copy.deepcopy(base)), ("truth", copy.deepcopy(base).double()),
                         ("ours", copy.deepcopy(base))):
         if name == "ours":
-            report = patch(model, **LOSS_KINDS)
+            report = apply_kinds(model, **LOSS_KINDS)
             assert report.count("linear_cross_entropy") == 1 and not report.not_patched
             seen = _items_seen(model)
         trainer = transformers.Trainer(model=model, args=_arguments(
@@ -138,12 +138,12 @@ def test_sft_trainer_with_its_defaults_trains_the_patched_model(tmp_path):
     for name in ("theirs", "ours", "ours-after"):
         model = copy.deepcopy(base)
         if name == "ours":
-            patch(model, **LOSS_KINDS)
+            apply_kinds(model, **LOSS_KINDS)
         trainer = trl.SFTTrainer(model=model, args=_arguments(trl.SFTConfig, tmp_path / name),
                                  train_dataset=data, processing_class=_tokenizer(vocab(base)))
         assert trainer.args.remove_unused_columns
         if name == "ours-after":
-            patch(model, **LOSS_KINDS)
+            apply_kinds(model, **LOSS_KINDS)
         counter = LaunchCounter()
         with counter.active():
             trainer.train()
@@ -165,7 +165,7 @@ def test_a_call_asking_for_trls_fused_head_takes_the_forward_it_wraps():
     model = copy.deepcopy(base)
     with warnings.catch_warnings():
         warnings.simplefilter("error", PatchWarning)
-        patch(model, **LOSS_KINDS)
+        apply_kinds(model, **LOSS_KINDS)
     ids = torch.randint(1, vocab(model), (2, 5))
     out = model(input_ids=ids, labels=ids, fused_lm_head=True)
     expected = base(input_ids=ids, labels=ids, fused_lm_head=True)

@@ -33,11 +33,11 @@ def test_a_wrong_patched_model_fails_on_the_tensor_that_differs():
 
 
 def test_a_model_patched_with_the_fused_loss_is_checked_on_both_paths():
-    from speedlight.patching import patch
+    from speedlight.patching import apply_kinds
 
     model = build("gemma2")
     patched = copy.deepcopy(model)
-    patch(patched)
+    apply_kinds(patched)
     doc = check_models(model, patched, _inputs(model), lambda o: o.loss, train=True)
     assert doc["passed"], doc["failed"]
     names = {c["name"] for c in doc["checks"]}
@@ -50,13 +50,13 @@ def test_a_patched_moe_model_is_checked_against_its_float64_copy(family):
     """The experts' grouped_mm takes no float64: the reference copy loops over experts."""
     import warnings
 
-    from speedlight.patching import patch
+    from speedlight.patching import apply_kinds
 
     model = build(family)
     patched = copy.deepcopy(model)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # every layer of these families is patched, fused too
-        report = patch(patched)
+        report = apply_kinds(patched)
     assert report.count("decoder_layer") == 2
     doc = check_models(model, patched, _inputs(model), lambda o: o.loss, train=True)
     assert doc["reference"].startswith("float64")
