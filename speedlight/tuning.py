@@ -64,7 +64,7 @@ def user_path(sku: str) -> Path:
 
 # --- reading ------------------------------------------------------------------------------
 
-def parse(doc: Any, where: str = "table") -> dict[str, dict[str, dict]]:
+def checked_entries(doc: Any, where: str = "table") -> dict[str, dict[str, dict]]:
     """The entries of a parsed table ({op: {bucket: entry}}), or TunedTableError saying
     what is wrong with it."""
     if not isinstance(doc, dict):
@@ -91,7 +91,7 @@ def read(path: Path) -> dict[str, dict[str, dict]]:
     if not path.is_file():
         return {}
     try:
-        return parse(json.loads(path.read_text()), str(path))
+        return checked_entries(json.loads(path.read_text()), str(path))
     except TunedTableError as e:
         why = str(e)
     except (OSError, ValueError) as e:  # unreadable, or not JSON
