@@ -23,8 +23,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     **{part: (OPS,) for part in ("make_inputs", "cost", "cases", "skip", "for_model", "case_of")},
     # each subcommand's module: configure(parser) and run(args); verify.run is the public harness
     "configure": COMMANDS,
-    "run": COMMANDS + ("verify/harness.py",
-                       "bench/model_step.py"),  # to rename when the model-bench branch lands
+    "run": COMMANDS + ("verify/harness.py",),
     # the function a Ray task calls, named by "<module>:worker" (cluster.run_on_ray)
     "worker": ("*/on_cluster.py",),
     # a baseline module's hooks (bench/baselines.py): adapt the inputs, whether it applies
@@ -32,8 +31,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "applies": ("bench/*baselines.py",),
     # SASS and AMDGCN read into one report: the same parser interface per instruction set
     # (amdgcn.LineAccess subclasses sass.LineAccess); occupancy.py is NVIDIA's occupancy
-    **{n: ISA for n in ("Instr", "LineAccess", "accesses_by_line", "mix")},
-    "parse": ISA + ("tuning.py",),  # tuning's: to rename when the tuning branch lands
+    **{n: ISA for n in ("Instr", "LineAccess", "accesses_by_line", "mix", "parse")},
     "occupancy": ("inspect/amdgcn.py", "inspect/occupancy.py"),
     # reference.py's float64 references carry the name of the op they check
     **{op: (f"ops/{op}.py", "reference.py") for op in (
@@ -48,32 +46,6 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # a process's entry point: the CLI and inspect's compile worker (python -m)
     "main": ("cli.py", "inspect/_worker.py"),
 }
-# Still to rename: both sides sit in files other branches were editing when this list was
-# written (profile/, report/, planning/, plans.py, tuning.py, bench/model*).
-STILL_TO_RENAME = """
-attention cross_entropy rope softmax: profile/patterns.py (profile's matchers, named by the op)
-glu: ops/glu.py profile/patterns.py
-describe: runtime.py profile/advice.py
-estimate: workloads/costs.py profile/advice.py
-capture: planning/measure.py profile/capture.py
-document: profile/project.py profile/schema.py
-failures: bench/model_step.py report/load.py
-load: csrc/loader.py plans.py report/load.py
-patch: patching/patcher.py planning/__init__.py
-place: profile/analyze.py profile/fmt.py
-top_ops: profile/analyze.py profile/display.py
-summarize: bench/stats.py profile/analyze.py
-render: bench/table.py profile/html.py report/render.py
-rows: inspect/command.py planning/display.py
-speedups: bench/metrics.py report/charts.py
-summary: profile/display.py profile/project_render.py
-table: bench/model_step.py planning/display.py profile/fmt.py
-write: profile/html.py tuning.py
-"""
-for _line in STILL_TO_RENAME.strip().splitlines():
-    _names, _modules = _line.split("(")[0].split(":")
-    for _name in _names.split():
-        ALLOWED[_name] = ALLOWED.get(_name, ()) + tuple(_modules.split())
 
 
 @lru_cache(maxsize=None)
