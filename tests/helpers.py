@@ -51,6 +51,12 @@ EXTREME_SCALES = [pytest.param(1e20, 1e-6, id="x1e20"), pytest.param(1e30, 1e-6,
                   pytest.param(1e36, 1e-6, id="x1e36"), pytest.param(1e-25, 0.0, id="x1e-25-eps0")]
 
 
+def assert_module_matches(ours, ref, x) -> None:
+    """ours, given ref's state dict, gives ref's output on x (to 1e-5)."""
+    ours.load_state_dict(ref.state_dict())
+    torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
 def assert_rejected(call, error, match: str) -> None:
     """call() raises `error` matching `match` and launches no kernel."""
     from speedlight.verify.harness import LaunchCounter
