@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -65,6 +67,27 @@ def assert_rejected(call, error, match: str) -> None:
     with counter.active(), pytest.raises(error, match=match):
         call()
     assert counter.count == 0, f"launched {counter.kernels} before rejecting the input"
+
+
+@contextlib.contextmanager
+def triton_launches(record):
+    """Inside, record(kernel, args, kwargs) is called at every Triton launch, compiled or
+    interpreted, before the kernel runs."""
+    from unittest import mock
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    def recording(orig):
+        def run(self, *args, **kwargs):
+            record(self, args, kwargs)
+            return orig(self, *args, **kwargs)
+        return run
+
+    with contextlib.ExitStack() as patched:
+        for cls in (JITFunction, InterpretedFunction):
+            patched.enter_context(mock.patch.object(cls, "run", recording(cls.run)))
+        yield
 
 
 class FreshGradient(torch.autograd.Function):
