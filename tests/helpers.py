@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -51,6 +53,12 @@ EXTREME_SCALES = [pytest.param(1e20, 1e-6, id="x1e20"), pytest.param(1e30, 1e-6,
                   pytest.param(1e36, 1e-6, id="x1e36"), pytest.param(1e-25, 0.0, id="x1e-25-eps0")]
 
 
+def assert_module_matches(ours, ref, x) -> None:
+    """ours, given ref's state dict, gives ref's output on x (to 1e-5)."""
+    ours.load_state_dict(ref.state_dict())
+    torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
 def assert_rejected(call, error, match: str) -> None:
     """call() raises `error` matching `match` and launches no kernel."""
     from speedlight.verify.harness import LaunchCounter
@@ -59,6 +67,27 @@ def assert_rejected(call, error, match: str) -> None:
     with counter.active(), pytest.raises(error, match=match):
         call()
     assert counter.count == 0, f"launched {counter.kernels} before rejecting the input"
+
+
+@contextlib.contextmanager
+def triton_launches(record):
+    """Inside, record(kernel, args, kwargs) is called at every Triton launch, compiled or
+    interpreted, before the kernel runs."""
+    from unittest import mock
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    def recording(orig):
+        def run(self, *args, **kwargs):
+            record(self, args, kwargs)
+            return orig(self, *args, **kwargs)
+        return run
+
+    with contextlib.ExitStack() as patched:
+        for cls in (JITFunction, InterpretedFunction):
+            patched.enter_context(mock.patch.object(cls, "run", recording(cls.run)))
+        yield
 
 
 class FreshGradient(torch.autograd.Function):

@@ -151,14 +151,17 @@ WRONG_OPTIONS = {
                    "bogus": ("bogus", ValueError)},
 }
 
+def _wrong_options(target, function, label: str) -> list:
+    """(target, option, its annotation, a WRONG_OPTIONS key) for each wrong value of each
+    bool and enum option of function's signature, with the id <label>-<option>-<key>."""
+    return [pytest.param(target, param.name, str(param.annotation), what,
+                         id=f"{label}-{param.name}-{what}")
+            for param in inspect.signature(function).parameters.values()
+            for what in WRONG_OPTIONS.get(str(param.annotation), ())]
+
+
 def options() -> list:
-    out = []
-    for spec in SPECS:
-        for param in inspect.signature(spec.impl).parameters.values():
-            for what in WRONG_OPTIONS.get(str(param.annotation), ()):
-                out.append(pytest.param(spec, param.name, str(param.annotation), what,
-                                        id=f"{spec.name}-{param.name}-{what}"))
-    return out
+    return [p for spec in SPECS for p in _wrong_options(spec, spec.impl, spec.name)]
 
 
 @pytest.mark.parametrize("spec,name,kind,what", options())
@@ -180,16 +183,9 @@ _MODULE_SIZES = {"normalized_shape": 8, "hidden_size": 8, "intermediate_size": 1
 def module_options() -> list:
     import speedlight.nn as snn
 
-    out = []
-    for cls in vars(snn).values():
-        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)
-                and cls.__module__ == snn.__name__):
-            continue
-        for param in inspect.signature(cls.__init__).parameters.values():
-            for what in WRONG_OPTIONS.get(str(param.annotation), ()):
-                out.append(pytest.param(cls, param.name, str(param.annotation), what,
-                                        id=f"{cls.__name__}-{param.name}-{what}"))
-    return out
+    modules = [cls for cls in vars(snn).values() if isinstance(cls, type)
+               and issubclass(cls, torch.nn.Module) and cls.__module__ == snn.__name__]
+    return [p for cls in modules for p in _wrong_options(cls, cls.__init__, cls.__name__)]
 
 
 @pytest.mark.parametrize("cls,name,kind,what", module_options())

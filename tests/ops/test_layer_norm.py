@@ -4,7 +4,8 @@ import torch
 import speedlight
 import speedlight.nn as snn
 from speedlight import reference
-from tests.helpers import EXTREME_SCALES, assert_rejected, relative_error, seeded
+from tests.helpers import (EXTREME_SCALES, assert_module_matches, assert_rejected, relative_error,
+                           seeded)
 
 
 @pytest.mark.parametrize("hidden", [pytest.param(512, id="hidden512"),
@@ -68,10 +69,7 @@ def test_module_matches_torch_and_shares_state_dict(kwargs, device):
 
 def test_module_multidim_shape(device):
     ref = torch.nn.LayerNorm((4, 32)).to(device)
-    ours = snn.LayerNorm((4, 32)).to(device)
-    ours.load_state_dict(ref.state_dict())
-    x = seeded((5, 4, 32), device=device)
-    torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert_module_matches(snn.LayerNorm((4, 32)).to(device), ref, seeded((5, 4, 32), device=device))
 
 
 @pytest.mark.parametrize("call,error,match", [

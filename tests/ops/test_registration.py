@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import speedlight
 from speedlight import launch
 from speedlight.ops import add_rms_norm, cross_entropy, layer_norm, registration, rms_norm
+from tests.helpers import triton_launches
 
 
 class _Calls(TorchDispatchMode):
@@ -29,27 +30,14 @@ class _Calls(TorchDispatchMode):
 @contextlib.contextmanager
 def _stat_switches():
     """The STORE_RSTD / STORE_STATS switch of every norm kernel launched inside."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
     seen = []
-    originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
 
-    def recording(orig):
-        def run(self, *args, **kwargs):
-            for key in ("STORE_RSTD", "STORE_STATS"):
-                if key in kwargs:
-                    seen.append((getattr(self, "__name__", str(self)), kwargs[key]))
-            return orig(self, *args, **kwargs)
-        return run
+    def record(kernel, args, kwargs):
+        seen.extend((getattr(kernel, "__name__", str(kernel)), kwargs[key])
+                    for key in ("STORE_RSTD", "STORE_STATS") if key in kwargs)
 
-    for cls, orig in originals.items():
-        cls.run = recording(orig)
-    try:
+    with triton_launches(record):
         yield seen
-    finally:
-        for cls, orig in originals.items():
-            cls.run = orig
 
 
 def _saved_tensors(fn) -> int:

@@ -6,8 +6,8 @@ import speedlight.nn as snn
 from speedlight import reference
 from speedlight.ops import rms_norm as op
 from tests.conftest import gpu_target
-from tests.helpers import (EXTREME_SCALES, FreshGradient, assert_rejected, assert_verified, case_maker,
-                           relative_error, seeded)
+from tests.helpers import (EXTREME_SCALES, FreshGradient, assert_module_matches, assert_rejected,
+                           assert_verified, case_maker, relative_error, seeded)
 
 SPEC = op.SPEC
 
@@ -37,19 +37,15 @@ def test_module_matches_torch_and_shares_state_dict(device):
     with torch.no_grad():
         ref.weight.copy_(seeded((384,), device=device, seed=5))
     ours = snn.RMSNorm(384, eps=1e-5).to(device)
-    ours.load_state_dict(ref.state_dict())
+    assert_module_matches(ours, ref, seeded((3, 11, 384), device=device))
     assert set(ours.state_dict()) == set(ref.state_dict()) == {"weight"}
-    x = seeded((3, 11, 384), device=device)
-    torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
     assert isinstance(ours, torch.nn.RMSNorm)
 
 
 def test_module_default_eps_and_multidim_shape(device):
     ref = torch.nn.RMSNorm((4, 32)).to(device)
-    ours = snn.RMSNorm((4, 32)).to(device)
-    ours.load_state_dict(ref.state_dict())
     x = seeded((5, 4, 32), device=device)
-    torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert_module_matches(snn.RMSNorm((4, 32)).to(device), ref, x)
     no_affine = snn.RMSNorm(32, elementwise_affine=False).to(device)
     torch.testing.assert_close(no_affine(x), torch.nn.RMSNorm(32, elementwise_affine=False)(x),
                                rtol=1e-5, atol=1e-5)

@@ -6,7 +6,7 @@ import torch
 import speedlight
 import speedlight.nn as snn
 from speedlight import reference
-from tests.helpers import assert_rejected, seeded
+from tests.helpers import assert_rejected, seeded, triton_launches
 
 
 def test_concatenated_equals_split_halves(device):
@@ -24,23 +24,10 @@ def test_concatenated_equals_split_halves(device):
 @contextlib.contextmanager
 def launched_tensors():
     """The tensor arguments of every Triton launch inside, in launch order."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-    seen, originals = [], {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
-
-    def wrap(orig):
-        def run(self, *args, **kwargs):
-            seen.append([a for a in args if isinstance(a, torch.Tensor)])
-            return orig(self, *args, **kwargs)
-        return run
-
-    for cls, orig in originals.items():
-        cls.run = wrap(orig)
-    try:
+    seen = []
+    with triton_launches(lambda kernel, args, kwargs: seen.append(
+            [a for a in args if isinstance(a, torch.Tensor)])):
         yield seen
-    finally:
-        for cls, orig in originals.items():
-            cls.run = orig
 
 
 def test_strided_and_concatenated_inputs_are_read_in_place(device):

@@ -13,7 +13,8 @@ import torch
 pytest.importorskip("transformers")
 
 from speedlight.patching import PatchWarning, apply_kinds
-from tests.patching.tiny_models import FAMILIES, NEW_FAMILIES, batch, build, vocab
+from tests.patching.tiny_models import (FAMILIES, NEW_FAMILIES, assert_same_gradients, batch, build,
+                                        vocab)
 
 TOL = dict(rtol=2e-4, atol=2e-5)
 COMPILED = FAMILIES + NEW_FAMILIES
@@ -53,44 +54,41 @@ def inputs(model, form: str) -> dict:
                 max_length_k=max(lengths))
 
 
-def _counted(compiled, model, forms, backward: bool):
-    """Run `compiled` on each form; the losses and gradients, and dynamo's counts."""
+def _assert_one_graph_per_form(family: str, backend: str, backward: bool):
+    """The patched model of `family`, compiled with fullgraph=True and `backend`, run on
+    every form: asserts dynamo counted one graph per form and no break; the model, and
+    each form's loss and gradients."""
     from torch._dynamo.utils import counters
 
+    model = patched(family)
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
     torch._dynamo.reset()
     counters.clear()
     results = []
-    for form in forms:
+    for form in FORMS:
         out = compiled(**inputs(model, form))
         grads = torch.autograd.grad(out.loss, list(model.parameters()), allow_unused=True) \
             if backward else ()
         results.append((out.loss.detach(), grads))
-    return results, counters["stats"]["unique_graphs"], dict(counters["graph_break"])
+    graphs, breaks = counters["stats"]["unique_graphs"], dict(counters["graph_break"])
+    assert breaks == {} and graphs == len(FORMS), (graphs, breaks)
+    return model, results
 
 
 @pytest.mark.parametrize("family", COMPILED)
 def test_dynamo_traces_every_family_in_one_graph_per_form(family):
-    model = patched(family)
-    compiled = torch.compile(model, fullgraph=True, backend="eager")
-    _, graphs, breaks = _counted(compiled, model, FORMS, backward=False)
-    assert breaks == {} and graphs == len(FORMS), (graphs, breaks)
+    _assert_one_graph_per_form(family, "eager", backward=False)
 
 
 @pytest.mark.parametrize("family", TRACED)
 def test_forward_and_backward_compile_whole_and_match_eager(family):
-    model = patched(family)
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    ours, graphs, breaks = _counted(compiled, model, FORMS, backward=True)
-    assert breaks == {} and graphs == len(FORMS), (graphs, breaks)
+    model, ours = _assert_one_graph_per_form(family, "aot_eager", backward=True)
     torch._dynamo.reset()
     for form, (loss, grads) in zip(FORMS, ours):
         out = model(**inputs(model, form))
         expected = torch.autograd.grad(out.loss, list(model.parameters()), allow_unused=True)
         torch.testing.assert_close(loss, out.loss.detach(), **TOL, msg=lambda m: f"{form}: {m}")
-        for (name, _), g, e in zip(model.named_parameters(), grads, expected):
-            assert (g is None) == (e is None), name
-            if e is not None:
-                torch.testing.assert_close(g, e, **TOL, msg=lambda m: f"{form} {name}: {m}")
+        assert_same_gradients(model, grads, expected, TOL, where=f"{form} ")
 
 
 class _HostRead(Exception):

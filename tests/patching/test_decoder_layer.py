@@ -19,7 +19,8 @@ pytest.importorskip("transformers")
 from speedlight.patching import PatchWarning, apply_kinds, families, unpatch
 from speedlight.pipeline.model_check import check_models
 from speedlight.patching.decoder_layer import layer_modules
-from tests.patching.tiny_models import FAMILIES, MOE, NEW_FAMILIES, batch, build, vocab
+from tests.patching.tiny_models import (FAMILIES, MOE, NEW_FAMILIES, assert_same_step, batch, build,
+                                        vocab)
 
 TOL = dict(rtol=2e-5, atol=2e-6)
 FUSED = [f for f in FAMILIES + NEW_FAMILIES if families.FAMILIES[f].layer_form is not None]
@@ -136,16 +137,11 @@ def test_fused_and_module_patched_models_agree(family):
     apply_kinds(modules, **NORMS_ONLY, decoder_layer=False)
     assert apply_kinds(fused, **NORMS_ONLY).count("decoder_layer") == 2
     ids, labels = batch(vocab(base))
-    logits0, loss0, grads0 = _run(modules, ids, labels)
+    expected = _run(modules, ids, labels)
     with OpCounter() as counter:
-        logits1, loss1, grads1 = _run(fused, ids, labels)
+        got = _run(fused, ids, labels)
     assert counter.count("add_rms_norm") == counter.count("add_rms_norm", "bwd") == 2
-    torch.testing.assert_close(logits1, logits0, **TOL)
-    torch.testing.assert_close(loss1, loss0, **TOL)
-    for (name, _), g0, g1 in zip(base.named_parameters(), grads0, grads1):
-        assert (g0 is None) == (g1 is None), name
-        if g0 is not None:
-            torch.testing.assert_close(g1, g0, **TOL, msg=lambda m: f"{name}: {m}")
+    assert_same_step(base, got, expected, TOL)
 
 
 def test_the_fused_forward_keeps_the_installed_signature_and_unpatches_exactly():

@@ -10,7 +10,8 @@ pytest.importorskip("transformers")
 import speedlight
 from speedlight.patching import PatchWarning, apply_kinds, unpatch
 from speedlight.verify.harness import LaunchCounter
-from tests.patching.tiny_models import FAMILIES, MOE, NEW_FAMILIES, batch, build, vocab
+from tests.patching.tiny_models import (FAMILIES, MOE, NEW_FAMILIES, assert_same_step, batch, build,
+                                        vocab)
 
 TOL = dict(rtol=2e-4, atol=2e-5)
 
@@ -60,22 +61,17 @@ def test_patched_logits_loss_and_every_gradient_match(family):
         assert report.count("decoder_layer") == 2 and not report.not_patched
     assert report.count("linear_cross_entropy") == 1 and "logits are None" in str(report)
     ids, labels = batch(vocab(base))
-    logits0, loss0, grads0 = _run(base, ids, labels)
+    expected = _run(base, ids, labels)
     counter = LaunchCounter()
     with counter.active():
-        logits1, loss1, grads1 = _run(patched, ids, labels)
+        got = _run(patched, ids, labels)
     kernels = " ".join(counter.kernels)
     for name in ("rms_norm", "rope", "cross_entropy", "moe_gate" if family in MOE else "glu",
                  "attention"):
         assert f"_{name}_" in kernels, f"no {name} kernel ran in the patched {family} model"
     gated = "geglu" if family.startswith("gemma") else "swiglu"
     assert all(f"({gated}" in m for m in report.patched["mlp"]), report.patched["mlp"]
-    torch.testing.assert_close(logits1, logits0, **TOL)
-    torch.testing.assert_close(loss1, loss0, **TOL)
-    for (name, _), g0, g1 in zip(base.named_parameters(), grads0, grads1):
-        assert (g0 is None) == (g1 is None), name
-        if g0 is not None:
-            torch.testing.assert_close(g1, g0, **TOL, msg=lambda m: f"{name}: {m}")
+    assert_same_step(base, got, expected, TOL)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2", "phi3"])
@@ -88,16 +84,12 @@ def test_fused_mlp_runs_gated_matmul_and_matches(family):
     assert report.count("mlp") == 2 and not report.not_patched
     assert all("(gated_matmul)" in m for m in report.patched["mlp"]), report.patched["mlp"]
     ids, labels = batch(base.config.vocab_size)
-    logits0, loss0, grads0 = _run(base, ids, labels)
+    expected = _run(base, ids, labels)
     counter = LaunchCounter()
     with counter.active():
-        logits1, loss1, grads1 = _run(patched, ids, labels)
+        got = _run(patched, ids, labels)
     assert "_gated_matmul_kernel" in counter.kernels
-    torch.testing.assert_close(logits1, logits0, **TOL)
-    torch.testing.assert_close(loss1, loss0, **TOL)
-    for (name, _), g0, g1 in zip(base.named_parameters(), grads0, grads1):
-        if g0 is not None:
-            torch.testing.assert_close(g1, g0, **TOL, msg=lambda m: f"{name}: {m}")
+    assert_same_step(base, got, expected, TOL)
     with pytest.raises(ValueError, match="mlp must be"):
         apply_kinds(copy.deepcopy(base), mlp="yes")
 

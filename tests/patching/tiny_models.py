@@ -119,6 +119,23 @@ def build(model_type: str, seed: int = 0, dtype=torch.float32):
     return model
 
 
+def assert_same_gradients(model, got, expected, tol: dict, where: str = "") -> None:
+    """got and expected (gradients of model's parameters, in order) are None for the same
+    parameters and close within tol for the others; a mismatch names its parameter."""
+    for (name, _), g, e in zip(model.named_parameters(), got, expected):
+        assert (g is None) == (e is None), f"{where}{name}"
+        if e is not None:
+            torch.testing.assert_close(g, e, **tol, msg=lambda m: f"{where}{name}: {m}")
+
+
+def assert_same_step(model, got, expected, tol: dict) -> None:
+    """got and expected, each the (logits, loss, gradients) of a training step of model or
+    a copy of it, are close within tol."""
+    torch.testing.assert_close(got[0], expected[0], **tol)
+    torch.testing.assert_close(got[1], expected[1], **tol)
+    assert_same_gradients(model, got[2], expected[2], tol)
+
+
 def vocab(model) -> int:
     """The vocabulary of a causal LM (Qwen2-VL's sits in its text config)."""
     return model.config.get_text_config().vocab_size
