@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from speedlight.kernels.norm_scale import _pow2_scale
-from speedlight.kernels.row_tile import _load_tile, _row_block
+from speedlight.kernels.row_tile import _load_chunk, _load_tile, _row_block, _row_chunk
 
 
 @triton.jit
@@ -81,15 +81,13 @@ def _layer_norm_fwd_looped_kernel(
     Pointers as in _layer_norm_fwd_kernel; the grid is (n_rows,).
     """
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_xm
     y_row = y_ptr + row * stride_ym
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     max_abs = tl.full([], 0.0, tl.float32)
     p, inv_p = _pow2_scale(max_abs, eps)  # acc holds sum(x / p)
     for start in range(0, n_cols, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=offs_n < n_cols,
-                    other=0.0).to(tl.float32)
+        offs_n, mask_n, cols = _row_chunk(start, n_cols, BLOCK_N)
+        x = _load_chunk(x_ptr, row, cols, stride_xm, stride_xn, mask_n)
         # [BN] -> scalar: a larger max moves acc to the new scale (a power of two, exact)
         max_abs = tl.maximum(max_abs, tl.max(tl.abs(x), axis=0))
         p_new, inv_p_new = _pow2_scale(max_abs, eps)
@@ -99,18 +97,16 @@ def _layer_norm_fwd_looped_kernel(
     mean_s = tl.sum(acc, axis=0) / n_cols
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < n_cols
-        x = tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=mask_n, other=0.0).to(tl.float32)
+        offs_n, mask_n, cols = _row_chunk(start, n_cols, BLOCK_N)
+        x = _load_chunk(x_ptr, row, cols, stride_xm, stride_xn, mask_n)
         xc = tl.where(mask_n, x * inv_p - mean_s, 0.0)
         acc += xc * xc
     # [BN] -> scalar
     rstd = inv_p / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps * inv_p * inv_p)
     mean = mean_s * p
     for start in range(0, n_cols, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < n_cols
-        x = tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=mask_n, other=0.0).to(tl.float32)
+        offs_n, mask_n, cols = _row_chunk(start, n_cols, BLOCK_N)
+        x = _load_chunk(x_ptr, row, cols, stride_xm, stride_xn, mask_n)
         y = (x - mean) * rstd
         if HAS_WEIGHT:
             y = y * tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -148,13 +144,9 @@ def _layer_norm_bwd_row_dot_kernel(
     acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < n_cols
-        cols = offs_n.to(tl.int64)
-        dxhat = tl.load(dy_ptr + row * stride_dym + cols * stride_dyn, mask=mask_n,
-                        other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=mask_n,
-                    other=0.0).to(tl.float32)
+        offs_n, mask_n, cols = _row_chunk(start, n_cols, BLOCK_N)
+        dxhat = _load_chunk(dy_ptr, row, cols, stride_dym, stride_dyn, mask_n)
+        x = _load_chunk(x_ptr, row, cols, stride_xm, stride_xn, mask_n)
         if HAS_WEIGHT:
             dxhat = dxhat * tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         acc1 += dxhat

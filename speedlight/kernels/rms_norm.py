@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from speedlight.kernels.norm_scale import _pow2_scale
-from speedlight.kernels.row_tile import _load_tile, _row_block
+from speedlight.kernels.row_tile import _load_chunk, _load_tile, _row_block, _row_chunk
 
 
 @triton.jit
@@ -87,19 +87,15 @@ def _rms_norm_fwd_looped_kernel(
     Pointers as in _rms_norm_fwd_kernel; the grid is (n_rows,).
     """
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_xm
     y_row = y_ptr + row * stride_ym
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     max_abs = tl.full([], 0.0, tl.float32)
     p, inv_p = _pow2_scale(max_abs, eps)  # acc holds sum((x / p)^2)
     for start in range(0, n_cols, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < n_cols
-        cols = offs_n.to(tl.int64)
-        x = tl.load(x_row + cols * stride_xn, mask=mask_n, other=0.0).to(tl.float32)
+        offs_n, mask_n, cols = _row_chunk(start, n_cols, BLOCK_N)
+        x = _load_chunk(x_ptr, row, cols, stride_xm, stride_xn, mask_n)
         if HAS_RESIDUAL:
-            res = tl.load(res_ptr + row * stride_rm + cols * stride_rn, mask=mask_n,
-                          other=0.0).to(tl.float32)
+            res = _load_chunk(res_ptr, row, cols, stride_rm, stride_rn, mask_n)
             h = (x + res).to(h_ptr.dtype.element_ty)
             tl.store(h_ptr + row * stride_ym + cols, h, mask=mask_n)
             x = h.to(tl.float32)
@@ -115,13 +111,11 @@ def _rms_norm_fwd_looped_kernel(
     if HAS_RESIDUAL:
         tl.debug_barrier()
     for start in range(0, n_cols, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < n_cols
+        offs_n, mask_n, cols = _row_chunk(start, n_cols, BLOCK_N)
         if HAS_RESIDUAL:
-            x = tl.load(h_ptr + row * stride_ym + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+            x = _load_chunk(h_ptr, row, cols, stride_ym, 1, mask_n)
         else:
-            x = tl.load(x_row + offs_n.to(tl.int64) * stride_xn, mask=mask_n,
-                        other=0.0).to(tl.float32)
+            x = _load_chunk(x_ptr, row, cols, stride_xm, stride_xn, mask_n)
         y = x * rstd
         if HAS_WEIGHT:
             w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -232,13 +226,9 @@ def _rms_norm_bwd_row_dot_kernel(
     r = tl.load(rstd_ptr + row)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < n_cols
-        cols = offs_n.to(tl.int64)
-        dy = tl.load(dy_ptr + row * stride_dym + cols * stride_dyn, mask=mask_n,
-                     other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + row * stride_xm + cols * stride_xn, mask=mask_n,
-                    other=0.0).to(tl.float32)
+        offs_n, mask_n, cols = _row_chunk(start, n_cols, BLOCK_N)
+        dy = _load_chunk(dy_ptr, row, cols, stride_dym, stride_dyn, mask_n)
+        x = _load_chunk(x_ptr, row, cols, stride_xm, stride_xn, mask_n)
         if HAS_WEIGHT:
             dy = dy * (tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32) + offset)
         acc += dy * (x * r)  # xhat first: dy * x alone overflows for |x| ~ 1e30

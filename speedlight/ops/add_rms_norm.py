@@ -17,47 +17,20 @@ from speedlight.ops._checks import check_bool, check_same_device, check_same_dty
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import norm_cases, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
-from speedlight.ops.rms_norm import (
-    CUDA_DESIGNS,
-    CUDA_SOURCE,
-    check_norm_args,
-    cuda_launches,
-    model_norm_flags,
-    rms_norm_residual_fwd,
-    rms_norm_bwd,
-)
+from speedlight.ops.rms_norm import (CUDA_DESIGNS, CUDA_SOURCE, LAUNCHERS, check_norm_args,
+                                     cuda_launches, model_norm_flags)
 from speedlight.ops.rms_norm import _case_of as rms_norm_case_of
 from speedlight.ops.rms_norm import cost as rms_norm_cost
 from speedlight.ops.rms_norm import make_inputs as rms_norm_inputs
 from speedlight.spec import Case, Cost, CudaKernels, KernelDesign, OpSpec, rand_tensor
 
 
-# --- launchers (usable without autograd) --------------------------------------------------
+# --- launchers (usable without autograd): RMSNorm's, with the residual ---------------------
 
-def add_rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
-                     eps: float, offset: float
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """y and h (x's shape and dtype, contiguous) and rstd ([rows] fp32)."""
-    return rms_norm_residual_fwd(x, residual, weight, eps, offset)
-
-
-def add_rms_norm_infer(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
-                       eps: float, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """y and h alone: the forward when no gradient is wanted (rstd is not written)."""
-    y, h, _ = rms_norm_residual_fwd(x, residual, weight, eps, offset, store_rstd=False)
-    return y, h
-
-
-def add_rms_norm_bwd(dy: torch.Tensor | None, dh: torch.Tensor | None, h: torch.Tensor,
-                     weight: torch.Tensor | None, rstd: torch.Tensor, offset: float
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """dh_total (the gradient of x and of residual alike; h's shape and dtype) and dw.
-
-    dy or dh may be None when that output took no gradient.
-    """
-    if dy is None:  # only h was used: the norm passes nothing back
-        dy = torch.zeros_like(h)
-    return rms_norm_bwd(dy, h, weight, rstd, offset, dh=dh)
+add_rms_norm_fwd = LAUNCHERS.add_rms_norm_fwd
+add_rms_norm_infer = LAUNCHERS.add_rms_norm_infer
+add_rms_norm_bwd = LAUNCHERS.add_rms_norm_bwd
+add_rms_norm_inplace_bwd = LAUNCHERS.add_rms_norm_inplace_bwd
 
 
 # --- registration: custom ops, fakes and autograd -----------------------------------------
@@ -84,15 +57,6 @@ ADD_RMS_NORM = register_op(
     optional_grads=True,  # h alone, or y alone, may be used
 )
 
-
-
-def add_rms_norm_inplace_bwd(dy: torch.Tensor, dh: torch.Tensor, h: torch.Tensor,
-                             weight: torch.Tensor | None, rstd: torch.Tensor,
-                             offset: float) -> torch.Tensor | None:
-    """dw (None without a weight); dh_total, the gradient of x and residual, is written
-    over dy. dh is only read: it is the residual stream's gradient, which the next block
-    also handed to its own input."""
-    return rms_norm_bwd(dy, h, weight, rstd, offset, dh=dh, out=dy)[1]
 
 
 # The in-place backward writes over dy, the gradient of the norm's output (not dh: the

@@ -29,15 +29,8 @@ from speedlight.kernels.matmul import _gated_matmul_kernel
 from speedlight.ops._checks import check_choice, check_same_device, check_tensor
 from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
 from speedlight.ops.glu import glu_bwd
-from speedlight.ops._gemm import (
-    ensure_allocator,
-    gemm_config,
-    gemm_configs,
-    precision,
-    programs,
-    tma_layout,
-    use_tma,
-)
+from speedlight.ops._gemm import (ensure_allocator, gemm_config, gemm_configs, precision, programs,
+                                  tma_layout, use_tma)
 from speedlight.ops.matmul import ACTIVATIONS, DESIGN, matmul_fwd
 from speedlight.ops.matmul_cases import MODEL_TOKENS
 from speedlight.ops.registration import register_op

@@ -29,15 +29,8 @@ from speedlight import shapes
 from speedlight.kernels.grouped_matmul import _grouped_matmul_dw_kernel, _grouped_matmul_kernel
 from speedlight.ops._checks import (FLOAT_DTYPES, check_bool, check_choice, check_same_device,
                                    check_same_dtype, check_tensor)
-from speedlight.ops._gemm import (
-    ensure_allocator,
-    gemm_config,
-    gemm_configs,
-    precision,
-    programs,
-    tma_layout,
-    use_tma,
-)
+from speedlight.ops._gemm import (ensure_allocator, gemm_config, gemm_configs, precision, programs,
+                                  tma_layout, use_tma)
 from speedlight.ops.grouped_matmul_cases import (case_of, cases, cost, for_model, make_inputs,
                                                  skip)
 from speedlight.ops.matmul import ACTIVATIONS, DESIGN, _torch_activation, _torch_dact

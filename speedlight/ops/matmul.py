@@ -28,17 +28,8 @@ import triton
 from speedlight import shapes
 from speedlight.kernels.matmul import _matmul_fp8_kernel, _matmul_kernel
 from speedlight.ops import matmul_cases as cases
-from speedlight.ops._gemm import (
-    FP8_DTYPES,
-    default_out_dtype,
-    ensure_allocator,
-    gemm_config,
-    gemm_configs,
-    precision,
-    programs,
-    tma_layout,
-    use_tma,
-)
+from speedlight.ops._gemm import (FP8_DTYPES, default_out_dtype, ensure_allocator, gemm_config,
+                                  gemm_configs, precision, programs, tma_layout, use_tma)
 from speedlight.ops._checks import (FLOAT_DTYPES, check_bool, check_choice, check_same_device,
                                     check_tensor)
 from speedlight.ops._dtensor import local_rows

@@ -35,6 +35,7 @@ from speedlight.launch import (
 from speedlight.ops import rms_norm_cuda as cuda
 from speedlight.ops._checks import check_bool, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_rows
+from speedlight.ops._rms_norm_launchers import RmsNormLaunchers
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.runtime import check_runtime
@@ -57,20 +58,6 @@ RMS_NORM_CONFIGS = Configs(
 
 
 # --- launchers (usable without autograd) --------------------------------------------------
-
-def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
-                 offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """y (x's shape and dtype, contiguous) and rstd ([rows] fp32)."""
-    y, _, rstd = rms_norm_residual_fwd(x, None, weight, eps, offset)
-    return y, rstd
-
-
-def rms_norm_infer(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
-                   offset: float) -> torch.Tensor:
-    """y alone: the forward when no gradient is wanted (rstd is not written)."""
-    y, _, _ = rms_norm_residual_fwd(x, None, weight, eps, offset, store_rstd=False)
-    return y
-
 
 def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
                           weight: torch.Tensor | None, eps: float, offset: float,
@@ -176,6 +163,14 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     return dx, dw
 
 
+# rms_norm_fwd, rms_norm_infer, rms_norm_inplace_bwd (and add_rms_norm's launchers) from
+# the two above, as the CUDA C++ implementation makes its own from its two
+LAUNCHERS = RmsNormLaunchers(rms_norm_residual_fwd, rms_norm_bwd)
+rms_norm_fwd = LAUNCHERS.rms_norm_fwd
+rms_norm_infer = LAUNCHERS.rms_norm_infer
+rms_norm_inplace_bwd = LAUNCHERS.rms_norm_inplace_bwd
+
+
 # --- registration: custom ops, fakes and autograd -----------------------------------------
 
 # What the plain and the in-place op share: they differ only in the backward.
@@ -195,13 +190,6 @@ RMS_NORM = register_op(
     **_RMS_NORM_OP,
     backward={"triton": rms_norm_bwd, "cuda": cuda.rms_norm_bwd},
 )
-
-
-
-def rms_norm_inplace_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
-                         rstd: torch.Tensor, offset: float) -> torch.Tensor | None:
-    """dw (None without a weight); dx is written over dy (contiguous, x's dtype)."""
-    return rms_norm_bwd(dy, x, weight, rstd, offset, out=dy)[1]
 
 
 # The in-place backward: dx is written over the incoming gradient dy (mutation declared to

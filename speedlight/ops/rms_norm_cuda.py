@@ -19,6 +19,7 @@ import torch
 
 from speedlight.csrc import loader
 from speedlight.ops._checks import check_choice
+from speedlight.ops._rms_norm_launchers import RmsNormLaunchers
 from speedlight.launch import (
     as_rows,
     cuda_column_launch,
@@ -121,46 +122,14 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
 
 # --- the launchers registered beside the Triton ones (same signatures) ---------------------
 
-def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
-                 offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    y, _, rstd = rms_norm_residual_fwd(x, None, weight, eps, offset)
-    return y, rstd
-
-
-def rms_norm_infer(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
-                   offset: float) -> torch.Tensor:
-    return rms_norm_residual_fwd(x, None, weight, eps, offset, store_rstd=False)[0]
-
-
-def rms_norm_inplace_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
-                         rstd: torch.Tensor, offset: float) -> torch.Tensor | None:
-    return rms_norm_bwd(dy, x, weight, rstd, offset, out=dy)[1]
-
-
-def add_rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
-                     eps: float, offset: float
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return rms_norm_residual_fwd(x, residual, weight, eps, offset)
-
-
-def add_rms_norm_infer(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
-                       eps: float, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    y, h, _ = rms_norm_residual_fwd(x, residual, weight, eps, offset, store_rstd=False)
-    return y, h
-
-
-def add_rms_norm_bwd(dy: torch.Tensor | None, dh: torch.Tensor | None, h: torch.Tensor,
-                     weight: torch.Tensor | None, rstd: torch.Tensor, offset: float
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if dy is None:  # only h was used: the norm passes nothing back
-        dy = torch.zeros_like(h)
-    return rms_norm_bwd(dy, h, weight, rstd, offset, dh=dh)
-
-
-def add_rms_norm_inplace_bwd(dy: torch.Tensor, dh: torch.Tensor, h: torch.Tensor,
-                             weight: torch.Tensor | None, rstd: torch.Tensor,
-                             offset: float) -> torch.Tensor | None:
-    return rms_norm_bwd(dy, h, weight, rstd, offset, dh=dh, out=dy)[1]
+LAUNCHERS = RmsNormLaunchers(rms_norm_residual_fwd, rms_norm_bwd)
+rms_norm_fwd = LAUNCHERS.rms_norm_fwd
+rms_norm_infer = LAUNCHERS.rms_norm_infer
+rms_norm_inplace_bwd = LAUNCHERS.rms_norm_inplace_bwd
+add_rms_norm_fwd = LAUNCHERS.add_rms_norm_fwd
+add_rms_norm_infer = LAUNCHERS.add_rms_norm_infer
+add_rms_norm_bwd = LAUNCHERS.add_rms_norm_bwd
+add_rms_norm_inplace_bwd = LAUNCHERS.add_rms_norm_inplace_bwd
 
 
 # --- the OpSpec side -------------------------------------------------------------------------

@@ -23,9 +23,9 @@ bits on every run.
 import triton
 import triton.language as tl
 
-from speedlight.kernels.attention.common import (LOG2E, _block, _dscores, _key_range, _load_rows,
-                                                 _operand, _probs, _program, _query_range,
-                                                 _sequence)
+from speedlight.kernels.attention.common import (LOG2E, _block, _dscores, _key_range, _load_cols,
+                                                 _load_rows, _operand, _probs, _program,
+                                                 _query_range, _sequence)
 
 
 @triton.jit
@@ -125,15 +125,10 @@ def _attention_bwd_dkdv_kernel(
             offs_m, mask_m = _block(start_m, hi, BLOCK_M)
             rows_q = (q_start + offs_m).to(tl.int64)
             mask_dm = mask_d[:, None] & mask_m[None, :]
-            q_t = tl.load(q_base + rows_q[None, :] * stride_qm + offs_d[:, None], mask=mask_dm,
-                          other=0.0)
-            do_t = tl.load(do_base + rows_q[None, :] * stride_dm + offs_d[:, None],
-                           mask=mask_dm, other=0.0)
+            q_t = _load_cols(q_base, rows_q, offs_d, mask_dm, stride_qm, UPCAST)
+            do_t = _load_cols(do_base, rows_q, offs_d, mask_dm, stride_dm, UPCAST)
             lse = tl.load(lse_ptr + l_base + rows_q * stride_lm, mask=mask_m, other=0.0)
             delta = tl.load(delta_ptr + l_base + rows_q * stride_lm, mask=mask_m, other=0.0)
-            if UPCAST:
-                q_t = q_t.to(tl.float32)
-                do_t = do_t.to(tl.float32)
             lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # no key: p = 0
             # [BN, D] @ [D, BM] -> [BN, BM]
             p_t, dcap_t = _probs(k, q_t, offs_m[None, :], offs_n[:, None], mask_m[None, :],
@@ -205,13 +200,8 @@ def _attention_bwd_dq_kernel(
         offs_n, mask_n = _block(start_n, hi, BLOCK_N)
         rows_k = (k_start + offs_n).to(tl.int64)
         mask_dn = mask_d[:, None] & mask_n[None, :]
-        k_t = tl.load(k_base + rows_k[None, :] * stride_kn + offs_d[:, None], mask=mask_dn,
-                      other=0.0)
-        v_t = tl.load(v_base + rows_k[None, :] * stride_vn + offs_d[:, None], mask=mask_dn,
-                      other=0.0)
-        if UPCAST:
-            k_t = k_t.to(tl.float32)
-            v_t = v_t.to(tl.float32)
+        k_t = _load_cols(k_base, rows_k, offs_d, mask_dn, stride_kn, UPCAST)
+        v_t = _load_cols(v_base, rows_k, offs_d, mask_dn, stride_vn, UPCAST)
         # [BM, D] @ [D, BN] -> [BM, BN]
         p, dcap = _probs(q, k_t, offs_m[:, None], offs_n[None, :], mask_n[None, :],
                          lse2[:, None], seq_q, seq_k, left, right, sm_scale, softcap,

@@ -120,6 +120,16 @@ def _load_rows(ptr, pid_b, pid_h, rows, offs_d, mask, stride_b, stride_h, stride
 
 
 @triton.jit
+def _load_cols(base, rows, offs_d, mask, stride_row, UPCAST: tl.constexpr):
+    """The transposed tile [BLOCK_D, len(rows)] of one head (base: its first element) at
+    int64 row indices `rows` (last dim contiguous), masked positions 0; fp32 when UPCAST."""
+    x = tl.load(base + rows[None, :] * stride_row + offs_d[:, None], mask=mask, other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
 def _operand(x, dtype, UPCAST: tl.constexpr):
     """x rounded to `dtype`, as the GPU's tl.dot sees it; back in fp32 when UPCAST (the
     interpreter's bf16 dot is wrong, and products of bf16 are exact in fp32)."""
