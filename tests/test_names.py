@@ -38,11 +38,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "rms_norm", "add_rms_norm", "layer_norm", "softmax", "cross_entropy", "rope",
         "swiglu", "geglu", "matmul", "gated_matmul", "grouped_matmul", "moe_experts",
         "attention", "linear_cross_entropy")},
-    # the CUDA C++ launchers stand in for the Triton ones under the same names
-    **{launcher: ("ops/rms_norm.py", "ops/add_rms_norm.py", "ops/rms_norm_cuda.py") for launcher in (
-        "rms_norm_fwd", "rms_norm_infer", "rms_norm_residual_fwd", "rms_norm_bwd",
-        "rms_norm_inplace_bwd", "add_rms_norm_fwd", "add_rms_norm_infer", "add_rms_norm_bwd",
-        "add_rms_norm_inplace_bwd")},
+    # the CUDA C++ implementation's two launchers stand in for the Triton ones under the same
+    # names (the others are made from these two: ops/_rms_norm_launchers.py)
+    **{launcher: ("ops/rms_norm.py", "ops/rms_norm_cuda.py")
+       for launcher in ("rms_norm_residual_fwd", "rms_norm_bwd")},
     # a process's entry point: the CLI and inspect's compile worker (python -m)
     "main": ("cli.py", "inspect/_worker.py"),
 }
