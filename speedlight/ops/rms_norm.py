@@ -27,6 +27,7 @@ from speedlight.launch import (
     cuda_row_launch,
     cuda_shared_dw_bytes,
     planned_sm_count,
+    planned_warp_size,
     partial_sum_programs,
     persistent_row_grid,
     row_tile,
@@ -156,9 +157,12 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
             HAS_WEIGHT=has_weight, BLOCK_N=LOOP_BLOCK_N, num_warps=8)
         block_n = 1024
         grid = (n_programs, triton.cdiv(n_cols, block_n))
+        # 128 lanes (4 warps of 32, 2 waves of 64): 8 values of a 1024-wide row of w each,
+        # one 128-bit load in bf16
         _rms_norm_bwd_dx_kernel[grid](
             dy2, x2, w, rstd, c, dh2, dx2, dw_partial, n_rows, n_cols, rows_per_program,
-            *strides, offset, **switches, BLOCK_M=4, BLOCK_N=block_n, num_warps=4)
+            *strides, offset, **switches, BLOCK_M=4, BLOCK_N=block_n,
+            num_warps=128 // planned_warp_size(x.device))
     dw = dw_partial.sum(0).to(weight.dtype) if has_weight else None
     return dx, dw
 

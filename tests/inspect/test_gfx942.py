@@ -9,10 +9,16 @@ Budget (one compile batch, one worker pool): each op runs one small case, its
 memory-bound kernels sampled under the interpreter (a few programs: the access widths), the
 matrix ops captured dry at shapes that reach their GPU tiles; each kernel function is
 compiled once, at the first launch of it met (ops in registry order, forward first). The
-long-row variants (looped and split kernels) are compiled for sm_90a and sm_100a by
-test_guards, not here. A shortfall the design records for gfx942 is held exactly (it must
-still be there, with its reason), so a change that fixes or adds one fails here.
+long-row variants (looped and split kernels) come from each memory-bound op's quick cases
+wider than a fused kernel holds, their width rounded up to a multiple of 64 (aligned, as a
+model's would be), with their few rows (the split variants) and with 4096 (the looped
+ones), captured dry. A shortfall the design records for gfx942 is held
+exactly (it must still be there, with its reason), so a change that fixes or adds one fails
+here.
 """
+
+import ast
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,7 +47,11 @@ DRY = {
     "gated_matmul": [(Case("gated_matmul", {"m": 256, "n": 256, "k": 128}, dtype=BF16), True)],
     "attention": [(Case("attention", (("batch", 1), ("heads", 2), ("kv_heads", 1),
                                       ("seq_q", 256), ("seq_k", 256), ("dim", 128)),
-                        dtype=BF16, flags={"causal": True}), True)],
+                        dtype=BF16, flags={"causal": True}), True),
+                  # one query row against a long cache: the split key range and its combine
+                  (Case("attention", (("batch", 1), ("heads", 2), ("kv_heads", 1),
+                                      ("seq_q", 1), ("seq_k", 8192), ("dim", 128)),
+                        dtype=BF16, flags={"causal": True}), False)],
 }
 
 # Narrow accesses of the small cases, recorded as what they are: a 64-lane wave spreads a
@@ -63,15 +73,41 @@ EXPECTED: dict[str, dict[str, str]] = {
 }
 
 
+LONG_ROW = 16384  # the widest row a fused memory-bound kernel holds (MAX_FUSED_N)
+LONG_ROWS = 4096  # enough rows that the launchers take the looped kernels, not the split
+
+
+def _bf16(spec, case):
+    return case.with_(dtype=BF16) if case.dtype != BF16 and BF16 in spec.dtypes else case
+
+
+def _long_rows(spec):
+    """The op's first quick case of each last width past LONG_ROW, contiguous and rounded
+    up to a multiple of 64 so its rows are aligned: as it is (few rows: the split
+    variants) and at LONG_ROWS rows (the looped ones)."""
+    out = {}
+    for c in spec.cases("quick"):
+        (rows_name, _), *mid, (name, width) = c.params
+        if isinstance(width, int) and width > LONG_ROW:
+            width = -(-width // 64) * 64
+            for rows in (dict(c.params)[rows_name], LONG_ROWS):
+                wide = c.with_(params=((rows_name, rows), *mid, (name, width)),
+                               layout="contiguous")
+                if guard.aligned(spec, wide):
+                    out.setdefault((rows, width), _bf16(spec, wide))
+    return list(out.values())
+
+
 def _cases(spec):
     """(case, mode, backward) of one op: DRY's, else its first aligned quick case in bf16
-    (its first quick case when none is aligned), sampled."""
+    (its first quick case when none is aligned), sampled, then its long rows."""
     if spec.name in DRY:
         return [(c, "dry", bwd) for c, bwd in DRY[spec.name]]
     quick = spec.cases("quick")
     case = next((c for c in quick if guard.aligned(spec, c)), quick[0])
-    return [(case.with_(dtype=BF16) if case.dtype != BF16 and BF16 in spec.dtypes else case,
-             "sample", True)]
+    long_rows = _long_rows(spec) if spec.family == "memory-bound" else []
+    # the long rows captured dry (their sizes are for the launchers' choice of variant)
+    return [(_bf16(spec, case), "sample", True)] + [(c, "dry", True) for c in long_rows]
 
 
 def _capture(spec, case, mode, backward):
@@ -93,6 +129,10 @@ pytestmark = pytest.mark.xdist_group("gfx942")
 def compiled(compiler):
     """{op: [(case label, KernelReport)]}: each op's kernel functions, each compiled once
     for gfx942 in one batch (a function several ops launch is reported under each)."""
+    return _compile_batch(compiler)
+
+
+def _compile_batch(compiler):
     launched, first = {}, {}
     with launch.for_target(TARGET):
         for spec in SPECS:
@@ -137,3 +177,25 @@ def test_every_kernel_compiles_for_gfx942_to_its_design(spec, compiled):
         + [f"gone (update EXPECTED): {s}: {why}" for s, why in expected.items() if s not in short])
     if spec.name in ("matmul", "gated_matmul", "grouped_matmul", "moe_experts", "attention"):
         assert matrix, f"{spec.name}: no matrix kernel held to MFMA"
+
+
+KERNELS = Path(registry.__file__).resolve().parent / "kernels"
+
+
+def _package_kernels() -> set[str]:
+    """Every Triton kernel function speedlight/kernels defines (a @triton.jit function whose
+    name ends in _kernel; the helpers they call are compiled into them)."""
+    out = set()
+    for path in KERNELS.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel") and any(
+                    "jit" in ast.unparse(d) for d in node.decorator_list):
+                out.add(node.name)
+    return out
+
+
+def test_every_kernel_of_the_package_is_compiled_for_gfx942(compiled):
+    """Item 5 of the AMD targets: CI compiles every kernel for gfx942, the long-row
+    variants included (a kernel the cases above never launch fails here, by name)."""
+    seen = {k.launch.kernel for kernels in compiled.values() for _, k in kernels}
+    assert _package_kernels() <= seen, sorted(_package_kernels() - seen)
