@@ -312,17 +312,22 @@ def _attention_dense(q, k, v, causal, scale, window, softcap, budget):
             s = torch.tanh(s / softcap) * softcap
         x = s.to(_opmath(s))
         vis = attention_visible(sq, sk, rows, causal, window)
-        m = x.masked_fill(~vis, float("-inf")).amax(-1, keepdim=True).detach()
-        # a row whose visible scores hold a NaN has a NaN softmax over every key, masked
-        # ones included, as the math backend's softmax of that row (so its gradient
-        # reaches every key); any other masked pair contributes nothing
-        vis = vis | torch.isnan(m)
+        # the mask added as SDPA's math backend adds it: a hidden score minus inf is -inf,
+        # or NaN for a NaN or +inf score, and a hidden pair's zero probability times a
+        # non-finite value or gradient is NaN, so a fault anywhere in the sequence
+        # reaches the rows that cannot see it
+        x = torch.where(vis, x, x - float("inf"))
+        m = x.amax(-1, keepdim=True).detach()
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        e = torch.where(vis, torch.exp(torch.where(vis, x, m) - m), torch.zeros_like(x))
+        e = torch.exp(x - m)
         den = e.sum(-1, keepdim=True)
-        p = e / torch.where(den != 0, den, torch.ones_like(den))
+        # a +inf score (den +inf): torch's softmax, its max subtracted, is NaN at every key
+        p = e / torch.where(den == 0, torch.ones_like(den),
+                            torch.where(den == float("inf"), float("nan"), den))
         outs.append(torch.matmul(p.to(q.dtype), vg))
-        lses.append((torch.log(den) + m).squeeze(-1))
+        # a row that saw no key (den 0, no fault): lse -inf, a constant (no NaN gradient)
+        lse = torch.log(torch.where(den == 0, torch.ones_like(den), den)) + m
+        lses.append(torch.where(den == 0, float("-inf"), lse).squeeze(-1))
     o = torch.cat(outs, dim=3) if outs else q.new_zeros(b, hkv, g, 0, d)
     lse = (torch.cat(lses, dim=3) if lses else
            torch.zeros(b, hkv, g, 0, dtype=_opmath(q), device=q.device))
@@ -347,9 +352,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     float64 inputs. GQA without repeating k and v; queries are taken in chunks so no more
     than `budget` scores exist at once. max_seqlen_*, num_splits and check_seqlens only
     tell a kernel how to divide the work and do not change the result.
-    NaN: a row whose visible scores hold a NaN gets o and lse NaN, and its probabilities
-    are NaN at every key (their gradients reach every key of its kv head); a +inf score
-    gives o NaN and lse +inf; a NaN at a pair the row cannot see does not reach it.
+    Faults as SDPA's math backend has them, the mask added to the scores: a row with a
+    NaN score, or a +inf score at a key it cannot see, gets o and lse NaN (its
+    probabilities NaN at every key, so its gradients reach every key of its kv head); a
+    visible +inf score gives o NaN and lse +inf; a hidden key's zero probability times a
+    non-finite value (or a non-finite gradient) is NaN.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if cu_seqlens_q is None:

@@ -1,6 +1,6 @@
 """Flash attention: the custom op, `speedlight.attention` and the op's SPEC (at the
-bottom). The checks and launchers are in ops/attention_launch.py, the cases and cost in
-ops/attention_cases.py.
+bottom). The checks are in ops/attention_checks.py, the launchers in
+ops/attention_launch.py, the cases and cost in ops/attention_cases.py.
 
 Layouts: q [batch, heads_q, seq_q, dim] and k, v [batch, heads_kv, seq_k, dim], or packed
 [total, heads, dim] with int32 cu_seqlens_q/k [batch + 1]; see attention_launch.
@@ -16,9 +16,9 @@ from speedlight import shapes
 from speedlight.ops import attention_cases as cases
 from speedlight.ops._checks import check_bool
 from speedlight.ops._dtensor import local_rows
-from speedlight.ops.attention_launch import (ATTENTION_CONFIGS, MAX_HEAD_DIM, attention_bwd,
-                                             attention_fwd, check_arguments, launch_bwd,
-                                             launch_fwd)
+from speedlight.ops.attention_checks import MAX_HEAD_DIM, check_arguments
+from speedlight.ops.attention_launch import (ATTENTION_CONFIGS, attention_bwd, attention_fwd,
+                                             launch_bwd, launch_fwd)
 from speedlight.ops.registration import register_op
 from speedlight.runtime import autocast_dtype
 from speedlight.spec import KernelDesign, OpSpec
@@ -175,9 +175,6 @@ _BWD_SM100 = ("a shortfall on sm_100a: Triton 3.6 lowers the dk/dv pass's dots t
               "[BLOCK_N, D] tiles between tensor memory and registers for the softmax "
               "gradient runs at the 255-register cap and spills (about 200 bytes at head dim "
               "128); the sm_90a tiles are kept until a B200 can time smaller ones")
-_DELTA_SM100 = ("a shortfall on sm_100a: ptxas (Triton 3.6's, for sm_100a) gives the 4-warp "
-                "delta kernel 48 registers a thread and spills about 20 bytes, where sm_90a "
-                "takes 34 and none")
 _FLASH = ("flash tiles: one 8-warp program per SM; k and v re-read per query block (and q, "
           "do per key block backward), as the cost model counts; no access width is held: "
           "the operand tiles of the loop are copied to shared memory asynchronously "
@@ -193,6 +190,12 @@ _FLASH_GFX942 = ("flash tiles sized for gfx942 (launch sizing on an AMD target: 
                  "dots on MFMA, the operand tiles by global/buffer loads (no TMA)")
 # the matrix kernels on gfx942: MFMA, no TMA, one operand buffer in LDS
 _MFMA = KernelDesign(min_occupancy=0.125, mma="MFMA", vector_bits=0, why=_FLASH_GFX942)
+# The fault kernels (kernels/attention/faults.py): each program returns after one load
+# unless an input holds a NaN or inf; then it walks every pair of its rows or keys once.
+_FAULTS = KernelDesign(min_occupancy=0.125, vector_bits=0,
+                       why="a check that returns at once on finite inputs; on a fault, one "
+                           "unpipelined pass over every key (or query) of its tile, NaN "
+                           "written only where the math backend has it (masked stores)")
 
 SPEC = OpSpec(
     impl=attention,
@@ -222,8 +225,6 @@ SPEC = OpSpec(
             per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", tma=True,
                                          vector_bits=0, why=_FLASH_SM100)),
                       ("gfx942", _MFMA), ("gfx950", _MFMA))),
-        "_attention_bwd_delta_kernel": KernelDesign(per_arch=((100, KernelDesign(
-            spills=True, why=_DELTA_SM100)),)),
         "_attention_bwd_dkdv_kernel": KernelDesign(
             min_occupancy=0.125, mma="HGMMA", vector_bits=0, why=_FLASH,
             per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", vector_bits=0,
@@ -234,6 +235,9 @@ SPEC = OpSpec(
             per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", vector_bits=0,
                                          why=_FLASH)),
                       ("gfx942", _MFMA), ("gfx950", _MFMA))),
+        "_attention_fwd_faults_kernel": _FAULTS,
+        "_attention_bwd_dkdv_faults_kernel": _FAULTS,
+        "_attention_bwd_dq_faults_kernel": _FAULTS,
         "_attention_combine_kernel": KernelDesign(min_occupancy=0.25, vector_bits=32,
                                                   why="one query row per program: its fp32 "
                                                       "partials of one head row each"),

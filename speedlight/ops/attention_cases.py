@@ -11,7 +11,7 @@ import torch
 
 from speedlight import shapes
 from speedlight.ops._suites import is_call_of
-from speedlight.ops.attention_launch import window_sides
+from speedlight.ops.attention_checks import window_sides
 from speedlight.spec import Case, Cost, rand_tensor
 
 # The query block and key block the cost model counts re-reads by (the GPU forward's and

@@ -1,6 +1,7 @@
-"""Attention's host side: the argument checks, the packed lengths, launch sizing and the
-forward and backward launchers (usable without autograd). `speedlight.attention` and the
-op's registration are in ops/attention.py, its cases and cost in ops/attention_cases.py.
+"""Attention's host side: launch sizing and the forward and backward launchers (usable
+without autograd). The argument checks and packed lengths are in ops/attention_checks.py,
+`speedlight.attention` and the op's registration in ops/attention.py, its cases and cost
+in ops/attention_cases.py.
 
 Layouts: q [batch, heads_q, seq_q, dim] and k, v [batch, heads_kv, seq_k, dim] (Hugging
 Face's order) with any strides whose last dim is contiguous, so a [batch, seq, heads, dim]
@@ -12,147 +13,21 @@ unbounded); causal is right = 0.
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 import triton
 
-from speedlight.kernels.attention import (_attention_bwd_delta_kernel, _attention_bwd_dkdv_kernel,
+from speedlight.kernels.attention import (_attention_bwd_delta_kernel,
+                                          _attention_bwd_dkdv_faults_kernel,
+                                          _attention_bwd_dkdv_kernel,
+                                          _attention_bwd_dq_faults_kernel,
                                           _attention_bwd_dq_kernel, _attention_combine_kernel,
-                                          _attention_fwd_kernel)
+                                          _attention_fwd_faults_kernel, _attention_fwd_kernel)
 from speedlight import launch, tuning
 from speedlight.launch import planned_amd_arch, planned_arch, planned_sm_count
 from speedlight.ops._gemm import AMD_RULE, amd_space, ensure_allocator
-from speedlight.ops._checks import check_bool, check_same_device, check_same_dtype, check_tensor
-from speedlight.runtime import check_runtime, describe, is_interpreted
+from speedlight.ops.attention_checks import check_arguments, packed_lengths
+from speedlight.runtime import check_runtime, is_interpreted
 from speedlight.spec import dtype_name
-
-MAX_HEAD_DIM = 256
-# The largest window side: int32, as the kernels' positions (a longer side is unbounded in
-# effect, since cu_seqlens are int32 too).
-MAX_WINDOW = 2 ** 31 - 1
-
-
-# --- checks (run once, by the public function or launcher) --------------------------------
-
-def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
-def _is_int(v) -> bool:
-    """An int (a SymInt too: a shape under torch.compile's dynamic shapes), not a bool."""
-    return isinstance(v, (numbers.Integral, torch.SymInt)) and not isinstance(v, bool)
-
-
-def window_sides(causal: bool, window) -> tuple[int, int]:
-    """(left, right) of the mask, -1 for an unbounded side; causal makes right 0."""
-    if window is None:
-        left, right = -1, -1
-    else:
-        if (not isinstance(window, (tuple, list)) or len(window) != 2
-                or not all(_is_int(w) for w in window)):
-            raise TypeError(f"window must be a (left, right) pair of ints, got {window!r}")
-        left, right = int(window[0]), int(window[1])
-        if not (-1 <= left <= MAX_WINDOW and -1 <= right <= MAX_WINDOW):
-            raise ValueError(f"window sides must be >= -1 (-1 = unbounded) and <= {MAX_WINDOW}, "
-                             f"got {window!r}")
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    return left, right
-
-
-def check_arguments(q, k, v, *, causal, scale, window, softcap, cu_seqlens_q, cu_seqlens_k,
-                    max_seqlen_q, max_seqlen_k, num_splits, check_seqlens) -> tuple[int, int]:
-    """Every check that needs no tensor's values (so it runs under torch.compile): types,
-    shapes, dtypes and devices; returns the window's (left, right). The values of packed
-    cu_seqlens are checked where the kernels launch (packed_lengths)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t)
-    check_same_dtype(q=q, k=k, v=v)
-    check_bool("causal", causal)
-    check_bool("check_seqlens", check_seqlens)
-    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    if varlen:
-        if cu_seqlens_q is None or cu_seqlens_k is None:
-            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (packed "
-                             "variable-length inputs)")
-        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-            check_tensor(name, cu, dtypes=(torch.int32,), expected="int32")
-            if cu.dim() != 1 or cu.shape[0] < 2:
-                raise ValueError(f"{name} must be 1-D [batch + 1] with batch >= 1, got "
-                                 f"{describe(cu)}")
-        if cu_seqlens_q.shape != cu_seqlens_k.shape:
-            raise ValueError(f"cu_seqlens_q ({describe(cu_seqlens_q)}) and cu_seqlens_k "
-                             f"({describe(cu_seqlens_k)}) must have the same length")
-    check_same_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if n is None:
-            continue
-        if not _is_int(n):
-            raise TypeError(f"{name} must be an int or None, got {n!r}")
-        if n < 0:
-            raise ValueError(f"{name} must be >= 0, got {n}")
-        if not varlen:
-            raise ValueError(f"{name} applies to packed inputs (cu_seqlens given) only")
-    want = 3 if varlen else 4
-    layout = ("packed [total, heads, dim] (cu_seqlens given)" if varlen else
-              "[batch, heads, seq, dim]")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != want:
-            raise ValueError(f"{name} must be {layout}, got {describe(t)}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got k {describe(k)} and "
-                         f"v {describe(v)}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same head dim, got q {describe(q)} and "
-                         f"k {describe(k)}")
-    if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
-        raise ValueError(f"head dim must be 1 to {MAX_HEAD_DIM}, got q {describe(q)}")
-    heads_q, heads_kv = q.shape[1], k.shape[1]
-    if heads_kv == 0 or heads_q % heads_kv:
-        raise ValueError(f"kv heads ({heads_kv}, k {describe(k)}) must divide q heads "
-                         f"({heads_q}, q {describe(q)})")
-    if not varlen and q.shape[0] != k.shape[0]:
-        raise ValueError(f"q and k must have the same batch, got q {describe(q)} and "
-                         f"k {describe(k)}")
-    if scale is not None and not (_is_real(scale) and math.isfinite(scale)):
-        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
-    if softcap is not None and not (_is_real(softcap) and 0 < softcap < math.inf):
-        raise ValueError(f"softcap must be a positive finite float or None, got {softcap!r}")
-    if num_splits is not None and (not _is_int(num_splits) or num_splits < 1):
-        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
-    return window_sides(causal, window)
-
-
-def packed_lengths(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int,
-                   max_seqlen_q: int | None, max_seqlen_k: int | None, check: bool
-                   ) -> tuple[int, int]:
-    """The longest query and key sequence the launch covers (its max_seqlen), packed.
-
-    check: read both cu_seqlens on the host (one sync) and raise ValueError unless each
-    starts at 0, never decreases and ends at the packed length, and a given max_seqlen is
-    at least the longest sequence; the bound is then the longest. Without the check
-    nothing is read: the bound is max_seqlen, or the packed length when it is None. Either
-    way the kernels clamp every sequence into the tensors, and a bound past the packed
-    length is the packed length."""
-    given = (max_seqlen_q, max_seqlen_k)
-    totals = (total_q, total_k)
-    if not check:
-        return tuple(t if n is None else min(n, t) for n, t in zip(given, totals))
-    out = []
-    values = torch.stack([cu_q, cu_k]).tolist()  # the one host sync
-    for side, vals, total, n in zip("qk", values, totals, given):
-        lengths = [b - a for a, b in zip(vals, vals[1:])]
-        if vals[0] != 0 or min(lengths) < 0 or vals[-1] != total:
-            raise ValueError(f"cu_seqlens_{side} must start at 0, never decrease and end at "
-                             f"the packed length {total} ({side}'s first dim), got {vals} "
-                             f"(check_seqlens=False skips this read, e.g. for CUDA graphs)")
-        if n is not None and n < max(lengths):
-            raise ValueError(f"max_seqlen_{side} ({n}) is below the longest sequence of "
-                             f"cu_seqlens_{side} ({max(lengths)})")
-        out.append(max(lengths))
-    return out[0], out[1]
 
 
 # --- launch sizing ----------------------------------------------------------------------------
@@ -361,6 +236,7 @@ def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
     if splits == 1:
         _attention_fwd_kernel[grid](q, k, v, o, lse, *common, *pb.strides(o), 0,
                                     *pb.lse_strides(lse), 0, **flags, **blocks)
+        _fwd_faults(pb, q, k, v, o, lse, scale, softcap, left, right, m_blocks, blocks)
         return o, lse
     # split key range: normalised fp32 partials per split, then one combine per query row
     part_o = pb.new((splits, *o.shape), q)
@@ -376,7 +252,39 @@ def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
         *pb.strides(part_o[0]), part_o.stride(0), *pb.lse_strides(part_lse[0]),
         part_lse.stride(0), *pb.strides(o), *pb.lse_strides(lse),
         BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=blocks["BLOCK_D"], num_warps=1)
+    _fwd_faults(pb, q, k, v, o, lse, scale, softcap, left, right, m_blocks, blocks)
     return o, lse
+
+
+def _hides_keys(pb: _Problem, left: int, right: int) -> bool:
+    """Whether the mask may hide a key from a query row (causal over more than one query, a
+    window narrower than the keys): a sequence's bounds decide it, with no host read."""
+    return pb.seq_k > 0 and ((0 <= left < pb.seq_k - 1) or (0 <= right < pb.seq_q - 1))
+
+
+def _fault_flag(*tensors: torch.Tensor) -> torch.Tensor:
+    """fp32 [1]: the sum of the tensors' sums, NaN or +-inf when one holds a non-finite
+    value (or when finite sums overflow: the fault kernels then find nothing), on the
+    device with no host sync."""
+    flag = tensors[0].sum(dtype=torch.float32)
+    for t in tensors[1:]:
+        flag = flag + t.sum(dtype=torch.float32)
+    return flag.reshape(1)
+
+
+def _fwd_faults(pb, q, k, v, o, lse, scale, softcap, left, right, m_blocks, blocks) -> None:
+    """NaN over o and lse where a key the mask hides makes them NaN (kernels/attention/
+    faults.py); nothing to launch when no key is hidden."""
+    if not _hides_keys(pb, left, right):
+        return
+    _attention_fwd_faults_kernel[(m_blocks * pb.batch * pb.heads_q,)](
+        q, k, v, o, lse, _fault_flag(q, k, v), pb.cu_q, pb.cu_k, m_blocks, *pb.sizes(),
+        pb.heads_q, pb.group, pb.head_dim, scale, float(softcap or 1.0), left, right,
+        *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(o), *pb.lse_strides(lse),
+        VARLEN=pb.varlen, SOFTCAP=softcap is not None,
+        UPCAST=_upcast(_attention_fwd_faults_kernel, q), PRECISION=_precision(q.dtype),
+        # 32 keys a step: with the forward's 64 it spills on sm_100a
+        **_tiles(blocks, BLOCK_N=32), num_warps=blocks["num_warps"])
 
 
 def attention_bwd(do, q, k, v, o, lse, *, dlse=None, causal: bool = False,
@@ -442,7 +350,27 @@ def launch_bwd(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, scale, sof
         q, k, v, do, lse, delta, dq, pb.cu_q, pb.cu_k, m_blocks,
         *_with_heads(common, pb.heads_q),
         *pb.strides(dq), **flags, **d_blocks)
+    if _hides_keys(pb, left, right):  # NaN where a hidden pair makes it (faults.py)
+        flag = _fault_flag(q, k, v, o, do, *(() if dlse is None else (dlse,)))
+        fault_flags = dict(VARLEN=pb.varlen, UPCAST=flags["UPCAST"],
+                           PRECISION=flags["PRECISION"])
+        _attention_bwd_dkdv_faults_kernel[(n_blocks * pb.batch * pb.heads_kv,)](
+            q, v, do, lse, delta, dk, dv, flag, pb.cu_q, pb.cu_k, n_blocks, *pb.sizes(),
+            pb.heads_kv, pb.group, pb.head_dim, left, right, *pb.strides(q), *pb.strides(v),
+            *pb.strides(do), *pb.lse_strides(lse), *pb.strides(dk), *pb.strides(dv),
+            **fault_flags, **_tiles(kv_blocks), num_warps=kv_blocks["num_warps"])
+        _attention_bwd_dq_faults_kernel[(m_blocks * pb.batch * pb.heads_q,)](
+            k, v, do, lse, delta, dq, flag, pb.cu_q, pb.cu_k, m_blocks, *pb.sizes(),
+            pb.heads_q, pb.group, pb.head_dim, left, right, *pb.strides(k), *pb.strides(v),
+            *pb.strides(do), *pb.lse_strides(lse), *pb.strides(dq),
+            **fault_flags, **_tiles(d_blocks), num_warps=d_blocks["num_warps"])
     return dq, dk, dv
+
+
+def _tiles(blocks: dict, **override) -> dict:
+    """The block sizes of a launch's sizing, without its warps and stages, any of them
+    overridden (a fault kernel's tiles)."""
+    return {**{name: blocks[name] for name in ("BLOCK_M", "BLOCK_N", "BLOCK_D")}, **override}
 
 
 def _with_heads(common: tuple, heads: int) -> tuple:

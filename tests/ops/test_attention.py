@@ -111,7 +111,8 @@ def test_split_kv_matches_one_pass(device):
     o1, lse1 = attention_fwd(q, k, v, causal=True, num_splits=1)
     with counter.active():
         o4, lse4 = attention_fwd(q, k, v, causal=True, num_splits=4)
-    assert counter.kernels == ["_attention_fwd_kernel", "_attention_combine_kernel"]
+    assert counter.kernels == ["_attention_fwd_kernel", "_attention_combine_kernel",
+                               "_attention_fwd_faults_kernel"]
     torch.testing.assert_close(o4, o1, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(lse4, lse1, rtol=1e-5, atol=1e-6)
 
@@ -172,7 +173,7 @@ def test_transposed_view_is_read_in_place(device):
     counter = LaunchCounter()
     with counter.active():
         o = speedlight.attention(q, q, q, causal=True)
-    assert counter.count == 1
+    assert counter.kernels == ["_attention_fwd_kernel", "_attention_fwd_faults_kernel"]
     assert o.transpose(1, 2).is_contiguous()
     torch.testing.assert_close(o, reference.attention(q, q, q, causal=True), rtol=1e-5, atol=1e-6)
 

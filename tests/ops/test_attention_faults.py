@@ -1,6 +1,6 @@
 """Attention on values that lie and scores that are not finite: packed cu_seqlens and
-max_seqlen checked by default and memory-safe without the check, a NaN row against SDPA's
-math backend, and options of the wrong type."""
+max_seqlen checked by default and memory-safe without the check, NaN and inf against SDPA's
+math backend (visible or hidden by the mask), and options of the wrong type."""
 
 import pytest
 import torch
@@ -133,15 +133,76 @@ def test_nan_row_is_nan_where_sdpa_math_is(where, causal, splits, device):
     assert torch.equal(torch.isnan(lse), torch.isnan(o).all(-1))
 
 
-def test_nan_a_row_cannot_see_does_not_reach_it(device):
-    """A NaN key hidden by the causal mask leaves the rows before it finite (SDPA's math
-    backend, adding a -inf mask to a NaN score, makes them NaN too)."""
+def _inject(tensors, where, value, index):
+    tensors[where][index] = float(value)
+
+
+@pytest.mark.parametrize("splits", [None, 2], ids=["one-pass", "split"])
+@pytest.mark.parametrize("where,value", [(w, v) for w in ("q", "k", "v", "do")
+                                         for v in ("nan", "inf", "-inf")])
+def test_fault_the_mask_hides_is_nan_where_sdpa_math_is(where, value, splits, device):
+    """A NaN or inf at row or key 9 of 12, which the causal mask hides from the rows
+    before it: o, dq, dk and dv NaN exactly where SDPA's math backend has NaN (it adds the
+    mask to the scores, so a hidden NaN or +inf score makes its row NaN, and a hidden
+    pair's zero weight times a non-finite value or gradient is NaN); the flash kernels
+    never visit those pairs, the fault kernels find them on the device."""
+    t = {"q": seeded((1, 4, 12, 16), device=device, seed=0),
+         "k": seeded((1, 2, 12, 16), device=device, seed=1),
+         "v": seeded((1, 2, 12, 16), device=device, seed=2),
+         "do": seeded((1, 4, 12, 16), device=device, seed=7)}
+    _inject(t, where, value, (0, 0, 9, 5))
+    q, k, v = (t[n].requires_grad_() for n in "qkv")
+    o = speedlight.attention(q, k, v, causal=True, num_splits=splits)
+    o.backward(t["do"])
+    want = _sdpa_math(q, k, v, True, t["do"])
+    assert bool(torch.isnan(want[0]).any() | torch.isnan(want[3]).any())
+    for name, got, w in zip(("o", "dq", "dk", "dv"), (o, q.grad, k.grad, v.grad), want):
+        assert torch.equal(torch.isnan(got), torch.isnan(w)), f"{name}: NaN positions"
+
+
+@pytest.mark.parametrize("where", ["k", "v", "do"])
+@pytest.mark.parametrize("options", [
+    pytest.param(dict(window=(3, 1)), id="window"),
+    pytest.param(dict(causal=True, cu_seqlens_q=_cu(0, 5, 20), cu_seqlens_k=_cu(0, 5, 20)),
+                 id="packed"),
+])
+def test_fault_outside_a_window_or_in_a_packed_sequence(where, options, device):
+    """Windows and packed sequences against the float64 reference, which adds the mask as
+    the math backend does: a fault outside a row's window reaches it; one in another
+    packed sequence does not (that sequence is another matrix)."""
+    packed = "cu_seqlens_q" in options
+    shape = (lambda h: (20, h, 16)) if packed else (lambda h: (1, h, 20, 16))
+    t = {"q": seeded(shape(2), device=device, seed=0), "k": seeded(shape(1), device=device, seed=1),
+         "v": seeded(shape(1), device=device, seed=2), "do": seeded(shape(2), device=device, seed=3)}
+    _inject(t, where, "nan", (12, 0, 4) if packed else (0, 0, 12, 4))
+    options = {n: (x.to(device) if torch.is_tensor(x) else x) for n, x in options.items()}
+    q, k, v = (t[n].requires_grad_() for n in "qkv")
+    o, lse = speedlight.attention(q, k, v, return_lse=True, **options)
+    o.backward(t["do"])
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    o64, lse64 = reference.attention(q64, k64, v64, return_lse=True, **options)
+    o64.backward(t["do"].double())
+    for name, got, w in zip(("o", "lse", "dq", "dk", "dv"), (o, lse, q.grad, k.grad, v.grad),
+                            (o64, lse64, q64.grad, k64.grad, v64.grad)):
+        assert torch.equal(torch.isnan(got), torch.isnan(w)), f"{name}: NaN positions"
+    if packed:  # the first sequence (rows 0-4) never sees the fault
+        assert bool(torch.isfinite(o[:5]).all() and torch.isfinite(q.grad[:5]).all())
+    else:  # rows 0-4 (keys 0-4 for do's fault) lie outside the window of position 12
+        reached = k.grad[0, 0, :5] if where == "do" else o[0, :, :5]
+        assert bool(torch.isnan(reached).any())
+
+
+def test_finite_inputs_stay_finite_through_the_fault_pass(device):
+    """A causal call launches the fault kernel after the flash kernel; on finite inputs
+    its flag is finite, so it writes nothing: o and lse finite and as the reference."""
     q, k, v = (seeded((1, 2, 12, 16), device=device, seed=i) for i in range(3))
-    k[0, 0, 6, 0] = float("nan")
-    o = speedlight.attention(q, k, v, causal=True)
-    assert bool(torch.isfinite(o[0, 0, :6]).all()) and bool(torch.isnan(o[0, 0, 6:]).all())
-    want = reference.attention(q.double(), k.double(), v.double(), causal=True)
-    assert torch.equal(torch.isnan(o), torch.isnan(want))
+    counter = LaunchCounter()
+    with counter.active():
+        o, lse = speedlight.attention(q, k, v, causal=True, return_lse=True)
+    assert counter.kernels == ["_attention_fwd_kernel", "_attention_fwd_faults_kernel"]
+    assert bool(torch.isfinite(o).all() and torch.isfinite(lse).all())
+    torch.testing.assert_close(o, reference.attention(q, k, v, causal=True), rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_plus_inf_score_gives_nan_output_and_inf_lse(device):

@@ -11,11 +11,14 @@ upstream gradients do (and dlse when the log-sum-exp was an output too):
 
 (d lse_i / d s_ij = p_ij, so an upstream dlse only shifts delta.) Each kernel recomputes p
 from q, k and the saved fp32 lse; masked pairs and rows that saw no key (lse = -inf) get
-p = 0. A row whose softmax is NaN (lse = NaN) has p = NaN at every key, masked ones
-included, as float64's softmax of that row: dq of the row and dk, dv of every key of its
-(batch, kv head) are NaN. The delta kernel writes one flag per block of rows (0, or NaN
-when a row's lse is NaN) and the dk/dv kernel adds its group's flags to every key, so the
-NaN reaches keys the row's window never visits. dk and dv of a kv head sum over its group
+p = 0. A row whose softmax is NaN (lse = NaN, or +inf: torch's softmax subtracts the
++inf max) has p = NaN at every key, masked ones included, as the math backend's softmax
+of that row: dq of the row and dk, dv of every key of its (batch, kv head) are NaN. The
+delta kernel writes one flag per block of rows (0, or NaN when a row's lse is NaN or
++inf) and the dk/dv kernel adds its group's flags to every key, so the NaN reaches keys
+the row's window never visits. A row whose do holds a NaN or inf gets delta NaN (the math
+backend's ds is NaN at every key of it). Other faults at pairs the mask hides are
+faults.py's, launched after these kernels. dk and dv of a kv head sum over its group
 of q heads inside one program, and dq is its own pass over keys: no atomics, the same
 bits on every run.
 """
@@ -23,8 +26,9 @@ bits on every run.
 import triton
 import triton.language as tl
 
-from speedlight.kernels.attention.common import (LOG2E, _block, _dscores, _key_range, _load_cols,
-                                                 _load_rows, _operand, _probs, _program,
+from speedlight.kernels.attention.common import (LOG2E, _any_per_row, _block, _dscores,
+                                                 _key_range, _load_cols, _load_rows,
+                                                 _nonfinite, _operand, _probs, _program,
                                                  _query_range, _sequence)
 
 
@@ -38,7 +42,7 @@ def _attention_bwd_delta_kernel(
     VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """delta = rowsum(do * o) - dlse, fp32, for BLOCK_M query rows of one (batch, head),
-    and the block's NaN flag: 0, or NaN when the lse of one of its rows is NaN.
+    and the block's NaN flag: 0, or NaN when the lse of one of its rows is NaN or +inf.
 
     grid (m_blocks * batch * heads_q,), m_blocks = cdiv(max seq_q, BLOCK_M). o, do [batch,
     heads_q, seq_q, head_dim] by their strides (packed [total, heads, head_dim] with VARLEN); lse,
@@ -57,12 +61,17 @@ def _attention_bwd_delta_kernel(
     do = _load_rows(do_ptr, pid_b, pid_h, rows, offs_d, mask, stride_db, stride_dh, stride_dm,
                     False)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # [BM, D] -> [BM]
+    # a non-finite upstream gradient: the math backend's sum_j p_ij dp_ij is NaN (an inf dp
+    # at every key, of either sign, or times a hidden key's zero p), so is every ds_ij
+    delta = tl.where(_any_per_row(_nonfinite(do)), float("nan"), delta)
     lse_offs = pid_b.to(tl.int64) * stride_lb + pid_h.to(tl.int64) * stride_lh + rows * stride_lm
     if HAS_DLSE:
         delta -= tl.load(dlse_ptr + lse_offs, mask=mask_m, other=0.0)
     tl.store(delta_ptr + lse_offs, delta, mask=mask_m)
     lse = tl.load(lse_ptr + lse_offs, mask=mask_m, other=0.0)
-    flag = tl.sum(tl.where(lse != lse, float("nan"), 0.0), 0)  # [BM] -> one: a sum keeps NaN
+    # [BM] -> one, a sum keeping NaN: a NaN lse, or +inf (torch's softmax of a row with a
+    # +inf score, its max subtracted, is NaN at every key)
+    flag = tl.sum(tl.where((lse != lse) | (lse == float("inf")), float("nan"), 0.0), 0)
     tl.store(nan_ptr + (pid_b.to(tl.int64) * heads_q + pid_h) * m_blocks + pid_m, flag)
 
 

@@ -79,6 +79,34 @@ def _visible(rows, keys, seq_q, seq_k, left, right, WINDOW: tl.constexpr):
 
 
 @triton.jit
+def _hidden(rows, keys, seq_q, seq_k, left, right):
+    """Mask of the pairs of a sequence's dense [seq_q, seq_k] matrix that the mask hides
+    (both in range, the key outside the row's window), broadcast as in _visible."""
+    inside = (rows < seq_q) & (keys < seq_k)
+    return inside & ~_visible(rows, keys, seq_q, seq_k, left, right, True)
+
+
+@triton.jit
+def _nonfinite(x):
+    """True where x is NaN or +-inf (x * 0 is NaN there, 0 elsewhere)."""
+    return x.to(tl.float32) * 0.0 != 0.0
+
+
+@triton.jit
+def _any_per_row(x):
+    """[R]: whether row r of the bool [R, C] tile x holds a True."""
+    return tl.max(x.to(tl.int32), 1) > 0
+
+
+@triton.jit
+def _hits(hidden, bad):
+    """[R, D] counts of hidden [R, C] pairs whose column c is bad at d (bad [C, D]): a
+    hidden pair's zero weight times a non-finite value is NaN in the math backend's
+    matmul. fp16 0/1 operands, exact counts in fp32."""
+    return tl.dot(hidden.to(tl.float16), bad.to(tl.float16))
+
+
+@triton.jit
 def _scores(q, k_t, sm_scale, softcap, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
     """(s, dcap) of one tile: s = cap(q @ k^T * sm_scale) * log2(e), the base-2 scores the
     online softmax uses, fp32; dcap = d cap / d x (1 - tanh^2) with a softcap, else 1.

@@ -6,7 +6,8 @@ per query row, with an online softmax over key blocks: fp32 running max m and su
 base 2, the output accumulated in fp32 and divided by l once at the end. A row that sees
 no key gets o = 0 and lse = -inf. A row whose softmax is NaN (a NaN among the scores it
 sees, or a +inf: exp(inf - inf)) gets o = NaN and lse = NaN (+inf for a +inf score), as
-float64 does: l is then NaN, which no test of "saw a key" may take for 0.
+float64 does: l is then NaN, which no test of "saw a key" may take for 0. Faults at keys
+a row cannot see reach it through faults.py, launched after this kernel.
 """
 
 import triton
