@@ -16,6 +16,13 @@ from speedlight.kernels.row_tile import _load_chunk, _load_tile, _row_block, _ro
 
 
 @triton.jit
+def _rounded_product(a, b):
+    """a * b rounded to fp32 once, never contracted into a later add: an FMA with a zero
+    addend is the product rounded, and a compiler fuses only a multiply into an add."""
+    return tl.fma(a, b, 0.0)
+
+
+@triton.jit
 def _layer_norm_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     n_rows, n_cols, stride_xm, stride_xn, stride_ym,
@@ -47,7 +54,9 @@ def _layer_norm_fwd_kernel(
         x = _load_tile(x_ptr, rows, cols, stride_xm, stride_xn, mask)
         # [BM, BN] -> [BM]: the scale p, then the mean and variance of x / p
         p, inv_p = _pow2_scale(tl.max(tl.abs(x), axis=1), eps)
-        xs = x * inv_p[:, None]
+        # x / p rounded once, as dxhat in the backward: at hidden 1 the mean is x / p
+        # itself, and `x / p - mean` is 0 (exact scaling, but for subnormal x / p)
+        xs = _rounded_product(x, inv_p[:, None])
         mean_s = tl.sum(xs, axis=1) / n_cols
         xc = tl.where(mask, xs - mean_s[:, None], 0.0)
         # [BM, BN] -> [BM]
@@ -125,6 +134,12 @@ def _layer_norm_fwd_looped_kernel(
 # (c1 is the gradient through the mean, c2 through the variance.) dw and db are reduced
 # without atomics: each program sums its own block of rows into one row of
 # dw_partial / db_partial [n_programs, n_cols] (fp32), and the host sums those rows.
+# dxhat is rounded once and that value is both summed into c1 and used in dx: were the
+# product contracted into `dxhat - c1` (an FMA, as the GPU's compiler does with a multiply
+# feeding a subtraction), dx would carry dy * w's rounding error where the terms cancel
+# exactly (hidden 1: dx = 0 exactly, 4.7e-6 on an H200 before). inspect's rounding-leak
+# finding names such an FFMA; tests/inspect/test_findings.py holds these kernels to none.
+
 
 @triton.jit
 def _layer_norm_bwd_row_dot_kernel(
@@ -148,7 +163,8 @@ def _layer_norm_bwd_row_dot_kernel(
         dxhat = _load_chunk(dy_ptr, row, cols, stride_dym, stride_dyn, mask_n)
         x = _load_chunk(x_ptr, row, cols, stride_xm, stride_xn, mask_n)
         if HAS_WEIGHT:
-            dxhat = dxhat * tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+            dxhat = _rounded_product(dxhat,
+                                     tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32))
         acc1 += dxhat
         acc2 += dxhat * tl.where(mask_n, (x - mean) * r, 0.0)
     # [BN] -> scalar
@@ -197,7 +213,7 @@ def _layer_norm_bwd_kernel(
         r = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
         xhat = tl.where(mask, (x - mean[:, None]) * r[:, None], 0.0)
         if HAS_WEIGHT:
-            dxhat = dy * w[None, :]
+            dxhat = _rounded_product(dy, w[None, :])
             # [BM, BN] -> [BN]
             dw_acc += tl.sum(dy * xhat, axis=0)
         else:
