@@ -28,7 +28,7 @@ from speedlight.inspect.occupancy import Occupancy
 
 _FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]*)"(?:\s+"([^"]*)")?')
 _LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s+\d+")
-_INSTR = re.compile(r"^\s+([a-z][a-z0-9_]*)(?:\s|$)")
+_INSTR = re.compile(r"^\s+([a-z][a-z0-9_]*)(?:\s+([^;]*))?\s*(?:;.*)?$")
 _END = re.compile(r"^(\.Lfunc_end\d+:|\s*; -- End function)")
 _WIDTH = {"byte": 8, "ubyte": 8, "sbyte": 8, "short": 16, "ushort": 16, "sshort": 16,
           "dword": 32, "dwordx2": 64, "dwordx3": 96, "dwordx4": 128,
@@ -46,6 +46,7 @@ class Instr:
     opcode: str  # the mnemonic: global_load_dwordx4, v_mfma_f32_32x32x8_bf16
     file: str
     line: int
+    operands: tuple = ()  # ("v10", "v1", "v7", "-v9"): the destination first, if any
 
     @property
     def base(self) -> str:
@@ -90,7 +91,9 @@ def parse(listing: str) -> list[Instr]:
             break
         m = _INSTR.match(text)
         if m:
-            out.append(Instr(m.group(1), file if line else "", line))
+            # each operand's first word: VOP3's trailing clamp / omod words dropped
+            ops = tuple(o.split()[0] for o in (m.group(2) or "").split(",") if o.strip())
+            out.append(Instr(m.group(1), file if line else "", line, ops))
     return out
 
 
@@ -126,7 +129,19 @@ def mix(instrs: list[Instr]) -> sass.Mix:
             m.mufu[op.split("_")[1]] += 1
         elif op == "s_barrier":
             m.barriers += 1
+    m.rounding_leaks = [(i.file, i.line) for i in sass.rounding_leaks(instrs, ARITHMETIC)]
     return m
+
+
+# Mnemonics whose first operand is not a register written: stores (an address first),
+# branches, waits and barriers.
+_NO_DESTINATION = ("global_store", "buffer_store", "flat_store", "scratch_store", "ds_write",
+                   "ds_store", "s_waitcnt", "s_endpgm", "s_branch", "s_cbranch", "s_barrier",
+                   "s_nop", "s_setprio", "s_sleep")
+
+ARITHMETIC = sass.Arithmetic(mul=("v_mul_f32", "v_mul_f32_e32", "v_mul_f32_e64"),
+                             fma=("v_fma_f32",),
+                             writes=lambda i: not i.opcode.startswith(_NO_DESTINATION))
 
 
 class LineAccess(sass.LineAccess):

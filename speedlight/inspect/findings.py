@@ -16,12 +16,15 @@ for every kernel inspect reads (Triton or CUDA C++: one KernelReport).
   last-wave       the grid's last wave leaves most of its slots idle
   idle-sms        fewer programs than SMs
   re-read         a direction moves more bytes than compulsory (what is read twice)
+  rounding-leak   an FFMA (v_fma_f32) subtracting a product's own rounded value: a
+                  difference meant to cancel keeps the product's rounding error
   compile-error   the kernel did not compile for the target
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from speedlight.inspect.case_report import Access, CaseReport, DirectionBytes, KernelReport
 
@@ -83,6 +86,18 @@ def kernel_findings(k: KernelReport, target_name: str) -> list[Finding]:
                    "registers": k.registers, "stack": k.stack, "local": dict(k.mix.local)}))
     out += _matrix(k, target_name)
     out += _pipeline(k, target_name)
+    leaks = sorted(set(k.mix.rounding_leaks))
+    if leaks:
+        lines = ", ".join(f"{Path(f).name}:{n}" for f, n in leaks)
+        count = len(k.mix.rounding_leaks)
+        out.append(Finding(
+            "rounding-leak", WARN,
+            f"{count} fused multiply-add{' subtracts' if count == 1 else 's subtract'} "
+            f"a product's own rounded value ({lines}): the product is rounded where "
+            f"it is summed and exact where the compiler contracted it into the subtraction, "
+            f"so a difference meant to cancel (a value minus a mean it is part of) keeps the "
+            f"product's rounding error; round it once (tl.fma(a, b, 0.0)) unless an "
+            f"error-free product is meant", name, {"lines": [list(at) for at in leaks]}))
     occ = k.occupancy
     if occ.fraction + 1e-9 < k.design.min_occupancy and occ.per_simd:
         out.append(Finding(

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 _LOC = re.compile(r'^\s*//## File "([^"]+)", line (\d+)')
 _INSTR = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+"  # /*0120*/
                     r"(?:@!?U?P[T0-9]+\s+)?"  # an optional predicate: @P0, @!UP1, @PT
-                    r"([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")  # LDG.E.128.CONSTANT
+                    r"([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)"  # LDG.E.128.CONSTANT
+                    r"\s*([^;]*)")  # its operands: R4, R2, -R7
 
 TENSOR_CORE = ("HMMA", "HGMMA", "QGMMA", "IMMA", "IGMMA", "BMMA", "DMMA", "OMMA", "UTCHMMA",
                "UTCQMMA", "UTCIMMA", "UTCOMMA", "UTCMMA", "UTCBMMA")
@@ -32,6 +33,7 @@ class Instr:
     opcode: str  # the mnemonic with its modifiers: LDG.E.128.CONSTANT
     file: str
     line: int
+    operands: tuple = ()  # ("R4", "R2", "-R7"): the destination first, where there is one
 
     @property
     def base(self) -> str:
@@ -65,6 +67,7 @@ class Mix:
     atomics: int = 0
     generic: int = 0  # LD/ST without a state space: the address could not be proved global
     wide_addresses: int = 0  # global accesses with .E (64-bit addresses)
+    rounding_leaks: list = field(default_factory=list)  # (file, line) of each, see below
 
     def to_json(self) -> dict:
         def c(counter):
@@ -73,7 +76,8 @@ class Mix:
                 "global_stores": c(self.global_stores), "async_copies": c(self.async_copies),
                 "tensor_core": c(self.tensor_core), "tma": c(self.tma), "shared": c(self.shared),
                 "local": c(self.local), "mufu": c(self.mufu), "barriers": self.barriers,
-                "shuffles": self.shuffles, "atomics": self.atomics, "generic": self.generic}
+                "shuffles": self.shuffles, "atomics": self.atomics, "generic": self.generic,
+                "rounding_leaks": [list(at) for at in self.rounding_leaks]}
 
 
 def parse(listing: str) -> list[Instr]:
@@ -87,7 +91,9 @@ def parse(listing: str) -> list[Instr]:
             continue
         m = _INSTR.match(text)
         if m:
-            out.append(Instr(m.group(1), file, line))
+            ops = tuple(o.strip().replace(".reuse", "") for o in m.group(2).split(",")
+                        if o.strip())
+            out.append(Instr(m.group(1), file, line, ops))
     return out
 
 
@@ -131,7 +137,67 @@ def mix(instrs: list[Instr]) -> Mix:
             m.shuffles += 1
         if b in ATOMICS:
             m.atomics += 1
+    m.rounding_leaks = [(i.file, i.line) for i in rounding_leaks(instrs)]
     return m
+
+
+# Instructions whose first operand is an address or nothing, not a register written.
+_NO_DESTINATION = ("ST", "STG", "STS", "STL", "RED", "REDG", "BRA", "BAR", "EXIT", "RET",
+                   "BSYNC", "BSSY", "WARPSYNC", "NOP", "CALL", "MEMBAR", "FENCE", "YIELD")
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """What rounding_leaks needs to know of an instruction set: its fp32 multiplies and
+    fused multiply-adds (destination, a, b[, c]), and whether an instruction writes its
+    first operand."""
+
+    mul: tuple
+    fma: tuple
+    writes: object  # Instr -> bool
+
+
+def _registers(operand: str) -> tuple:
+    """The registers an operand names: v[4:5] is v4 and v5 (AMDGCN's ranges)."""
+    m = re.fullmatch(r"([a-z]+)\[(\d+):(\d+)\]", operand)
+    if m:
+        return tuple(f"{m.group(1)}{n}" for n in range(int(m.group(2)), int(m.group(3)) + 1))
+    return (operand,)
+
+
+SASS_ARITHMETIC = Arithmetic(mul=("FMUL",), fma=("FFMA",),
+                             writes=lambda i: i.base not in _NO_DESTINATION)
+
+
+def rounding_leaks(instrs: list, arithmetic: Arithmetic = SASS_ARITHMETIC) -> list:
+    """Fused multiply-adds that subtract a product's own rounded value: FMUL d, a, b then
+    FFMA x, a, b, -d (or -a, b, d), the registers unchanged between (AMDGCN: v_mul_f32
+    and v_fma_f32). x is then exactly a * b's rounding error, where the source most
+    likely meant a difference that cancels: a value minus a sum or mean it is part of,
+    the multiply contracted into the subtraction on one side only (LayerNorm's backward
+    at hidden 1: dy * w - mean(dy * w) gave 4.7e-6, not 0, on an H200). An error-free
+    product (compensated arithmetic) is this pattern on purpose. The scan is
+    straight-line: a product is forgotten once any of its registers is written."""
+    products: dict[str, frozenset] = {}  # register -> the operands it is the product of
+    out = []
+    for i in instrs:
+        ops = i.operands
+        if i.base in arithmetic.fma and len(ops) == 4:
+            a, b, c = ops[1], ops[2], ops[3]
+            negated = sum(o.startswith("-") for o in (a, b, c)) % 2 == 1
+            if negated and products.get(c.lstrip("-")) == frozenset((a.lstrip("-"),
+                                                                      b.lstrip("-"))):
+                out.append(i)
+        if not ops or not arithmetic.writes(i):
+            continue
+        written = _registers(ops[0])
+        products = {r: p for r, p in products.items()
+                    if r not in written and not p.intersection(written)}
+        factors = ops[1:]
+        if (i.base in arithmetic.mul and len(ops) == 3 and not set(written) & set(factors)
+                and not any(o.startswith("-") for o in factors)):
+            products[ops[0]] = frozenset(factors)
+    return out
 
 
 @dataclass

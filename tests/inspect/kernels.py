@@ -6,6 +6,9 @@
            warp: 256 values per thread cannot fit 255 registers, so ptxas spills
   matmul   c = a @ b in fp16 with tl.dot; num_warps decides whether sm_90a gets wgmma
            (HGMMA needs a warp group: num_warps a multiple of 4)
+  center   y = x * w - mean(x * w) per row, the product left for the compiler to contract:
+           at one column the mean is the product's own register, and sm_90a's FFMA
+           subtracts it from the exact product (a rounding-leak; LayerNorm's backward once)
   pick     y = x then z, through one load that picks x's or z's pointers with tl.where:
            compiles for NVIDIA; Triton 3.6 does not compile it for an AMD target (its
            pointer canonicalisation cannot follow a select between two arguments' pointers,
@@ -158,4 +161,34 @@ PICK = OpSpec(
     suites={"quick": lambda: [Case("pick", {"n": 64}, dtype=torch.float32)]},
 )
 
-SPECS = [COPY, SPILL, MATMUL, PICK]  # so `speedlight inspect --spec tests/inspect/kernels.py` finds them
+@triton.jit
+def _center_kernel(x_ptr, w_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
+    """y[m] = x[m] * w - mean_j(x[m, j] * w[j]); x_ptr, y_ptr [rows, n_cols], w_ptr
+    [n_cols], one row per program, BLOCK >= n_cols."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    p = (tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0)
+         * tl.load(w_ptr + offs, mask=mask, other=0.0))
+    tl.store(y_ptr + row * n_cols + offs, p - tl.sum(p, axis=0) / n_cols, mask=mask)
+
+
+def center(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    y = torch.empty_like(x)
+    _center_kernel[(x.shape[0],)](x, w, y, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+    return y
+
+
+CENTER = OpSpec(
+    name="center",
+    impl=center,
+    reference=lambda x, w: x * w - (x * w).mean(dim=1, keepdim=True),
+    make_inputs=lambda case, device: {
+        "x": rand_tensor((case["rows"], case["cols"]), case, device),
+        "w": rand_tensor((case["cols"],), case, device, salt=1)},
+    cost=lambda case, mode: Cost(3 * case["rows"] * case["cols"],
+                                 (2 * case["rows"] + 1) * case["cols"] * case.dtype.itemsize),
+    suites={"quick": lambda: [Case("center", {"rows": 8, "cols": 1}, dtype=torch.float32)]},
+)
+
+SPECS = [COPY, SPILL, MATMUL, PICK, CENTER]  # so `speedlight inspect --spec tests/inspect/kernels.py` finds them

@@ -13,6 +13,7 @@ import torch
 from speedlight import hardware, registry
 from speedlight.inspect import amdgcn, guard
 from speedlight.inspect.run import inspect_cases, inspect_cuda_cases
+from speedlight.spec import Case
 from speedlight.target import TargetError, resolve
 
 
@@ -187,3 +188,23 @@ def test_the_amd_tuning_knobs_reach_the_compile(compiler):
     assert k.mix.tensor_core.get("MFMA")
     assert any("16x16" in line for line in k.compiled.text("amdgcn").splitlines()
                if "v_mfma" in line)  # the 16x16 MFMA the knob asked for
+
+
+def test_a_rounding_leak_is_read_from_amdgcn(compiler):
+    """gfx942 contracts `p - mean(p)` at one column as sm_90a does (v_mul_f32 v9, v1, v7;
+    v_fma_f32 v10, v1, v7, -v9): the finding names it there too, and LayerNorm's rounded
+    products (hidden 1) compile without it."""
+    from tests.inspect.kernels import CENTER
+
+    listing = "\n".join(['\t.file\t1 "/src" "k.py"', "\t.loc\t1 7 3",
+                         "\tv_mul_f32_e32 v9, v1, v7", "\tv_fma_f32 v10, v1, v7, -v9 clamp",
+                         "\tglobal_load_dwordx2 v[9:10], v[4:5], off",
+                         "\tv_fma_f32 v11, v1, v7, -v9"])
+    assert amdgcn.mix(amdgcn.parse(listing)).rounding_leaks == [("/src/k.py", 7)]
+    layer_norm = _spec("layer_norm")
+    items = [(CENTER, CENTER.cases("quick")[0]),
+             (layer_norm, Case("layer_norm", {"rows": 1, "hidden": 1}, dtype=torch.float32))]
+    center, norm = inspect_cases(items, resolve("gfx942"), compiler=compiler, mode="dry")
+    (leak,) = [f for f in center.all_findings if f.code == "rounding-leak"]
+    assert leak.kernel == "_center_kernel"
+    assert norm.kernels and not [f for f in norm.all_findings if f.code == "rounding-leak"]

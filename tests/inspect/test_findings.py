@@ -1,15 +1,17 @@
 """The findings fire on the kernels built to trigger them, with the evidence, and stay
 quiet on the control cases."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from speedlight.inspect import guard
 from speedlight.inspect.run import inspect_cases
-from speedlight.ops import rms_norm
+from speedlight.ops import layer_norm, rms_norm
 from speedlight.spec import Case
 from tests.inspect.conftest import TARGET
-from tests.inspect.kernels import COPY, MATMUL, SPILL
+from tests.inspect.kernels import CENTER, COPY, MATMUL, SPILL
 
 BF16 = torch.bfloat16
 
@@ -39,6 +41,10 @@ def reports(compiler):
                                      flags={"warps": 2})),
         "mma-4-warps": (MATMUL, Case("matmul", {"m": 64, "n": 64, "k": 64}, dtype=torch.float16,
                                      flags={"warps": 4})),
+        "center-1": (CENTER, Case("center", {"rows": 8, "cols": 1}, dtype=torch.float32)),
+        "center-64": (CENTER, Case("center", {"rows": 8, "cols": 64}, dtype=torch.float32)),
+        "layer_norm-hidden1": (layer_norm.SPEC, Case("layer_norm", {"rows": 1, "hidden": 1},
+                                                     dtype=torch.float32)),
     }
     done = inspect_cases(list(items.values()), TARGET, compiler=compiler, mode="run")
     out = dict(zip(items, done))
@@ -162,3 +168,38 @@ def test_pipeline_stages_are_read_from_the_shared_allocations():
     """
     assert pipeline_stages(ttgir) == 4
     assert pipeline_stages("%2 = ttg.local_alloc : () -> !ttg.memdesc<128x64xbf16, #s>") == 1
+
+
+def test_a_product_subtracted_from_its_own_rounded_value_is_a_rounding_leak(reports):
+    """At one column the row's mean is the product's own register, and the compiler
+    contracts `p - mean` into an FFMA of the exact product: y is p's rounding error, not 0.
+    LayerNorm's backward did this at hidden 1 (4.7e-6 for 0 on an H200); it rounds dy * w
+    once now, and the finding holds it there."""
+    (leak,) = codes(reports["center-1"], "rounding-leak")
+    assert leak.kernel == "_center_kernel"
+    assert {Path(f).name for f, _ in leak.evidence["lines"]} == {"kernels.py"}
+    assert not codes(reports["center-64"], "rounding-leak")  # a 64-lane sum: no such FFMA
+    norm = reports["layer_norm-hidden1"]
+    assert {k.name for k in norm.kernels} >= {"_layer_norm_bwd_kernel"}
+    assert not codes(norm, "rounding-leak")
+
+
+def test_rounding_leaks_are_read_from_the_sass_operands():
+    from speedlight.inspect import sass
+
+    def listing(*lines):
+        return "\n".join(f"        /*{16 * n:04x}*/  {text} ;" for n, text in enumerate(lines))
+
+    leak = sass.parse(listing("FMUL R28, R23, R0", "FFMA R29, R23.reuse, R0, -R28"))
+    assert [i.operands for i in sass.rounding_leaks(leak)] == [("R29", "R23", "R0", "-R28")]
+    negated_factor = sass.parse(listing("FMUL R28, R23, R0", "FFMA R29, -R0, R23, R28"))
+    assert len(sass.rounding_leaks(negated_factor)) == 1
+    for clean in (("FMUL R28, R23, R0", "FFMA R29, R23, R0, R28"),  # a product doubled
+                  ("FMUL R28, R23, R0", "MOV R23, R1", "FFMA R29, R23, R0, -R28"),  # a new a
+                  ("FMUL R28, R23, R0", "FADD R28, R28, 1", "FFMA R29, R23, R0, -R28"),
+                  ("FMUL R28, R23, R0", "FFMA R29, R23, R5, -R28"),  # another product
+                  ("FMUL R23, R23, R0", "FFMA R29, R23, R0, -R23")):  # a factor overwritten
+        assert not sass.rounding_leaks(sass.parse(listing(*clean))), clean
+    stored = sass.parse(listing("FMUL R28, R23, R0", "STG.E [R28.64], R1",
+                                "FFMA R29, R23, R0, -R28"))
+    assert len(sass.rounding_leaks(stored)) == 1  # a store's first operand is an address
