@@ -105,3 +105,17 @@ class FreshGradient(torch.autograd.Function):
         fresh = g.clone()
         FreshGradient.addresses.append(fresh.data_ptr())
         return fresh
+
+
+def class_targets(shape, vocab, device, seed=0):
+    """Random class indices in [0, vocab), drawn on the CPU so every device gets the same."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, shape, generator=g).to(device)
+
+
+def loss_and_grad(fn, logits, *args, upstream=None, **kwargs):
+    """(loss, dloss/dlogits) of fn on a fresh copy of logits."""
+    x = logits.detach().clone().requires_grad_()
+    loss = fn(x, *args, **kwargs)
+    (g,) = torch.autograd.grad(loss, x, upstream if upstream is not None else torch.ones_like(loss))
+    return loss.detach(), g

@@ -8,25 +8,13 @@ from speedlight import reference
 from speedlight.ops import cross_entropy as op
 from speedlight.verify.harness import LaunchCounter
 from tests.conftest import gpu_target, needs_gpu
-from tests.helpers import assert_rejected, case_maker, assert_verified, seeded
+from tests.helpers import (assert_rejected, assert_verified, case_maker, class_targets,
+                           loss_and_grad, seeded)
 
 SPEC = op.SPEC
 
 
 case = case_maker("cross_entropy", "tokens", "vocab")
-
-
-def targets(shape, vocab, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, shape, generator=g).to(device)
-
-
-def grad_of(fn, logits, *args, upstream=None, **kwargs):
-    """(loss, dloss/dlogits) of fn on a fresh copy of logits."""
-    x = logits.detach().clone().requires_grad_()
-    loss = fn(x, *args, **kwargs)
-    (g,) = torch.autograd.grad(loss, x, upstream if upstream is not None else torch.ones_like(loss))
-    return loss.detach(), g
 
 
 @pytest.mark.parametrize("sms", [pytest.param(4, id="4-sms"), pytest.param(132, id="132-sms")])
@@ -50,7 +38,7 @@ def test_all_ignored_mean_is_zero_with_zero_gradient(device):
     logits = seeded((5, 300), device=device)
     target = torch.full((5,), -100, dtype=torch.long, device=device)
     for kwargs in ({}, {"label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 20.0}):
-        loss, g = grad_of(speedlight.cross_entropy, logits, target, **kwargs)
+        loss, g = loss_and_grad(speedlight.cross_entropy, logits, target, **kwargs)
         assert loss.item() == 0.0 and torch.equal(g, torch.zeros_like(g))
     assert torch.isnan(F.cross_entropy(logits, target))  # what torch does instead
     assert_verified(SPEC, case(6, 1000, ignore="all"), device)
@@ -58,7 +46,7 @@ def test_all_ignored_mean_is_zero_with_zero_gradient(device):
 
 def test_without_smoothing_each_token_loss_is_minus_log_softmax_at_target(device):
     logits = seeded((23, 517), device=device, scale=3.0)
-    target = targets((23,), 517, device)
+    target = class_targets((23,), 517, device)
     loss = speedlight.cross_entropy(logits, target, reduction="none")
     expected = -torch.log_softmax(logits.double(), -1).gather(1, target[:, None])[:, 0]
     torch.testing.assert_close(loss.double(), expected, rtol=1e-6, atol=1e-6)
@@ -70,9 +58,9 @@ def test_adding_a_constant_to_a_row_changes_nothing(kwargs, device):
     # logits on a 2^-10 grid, so that x + 16 is exact in fp32 and only the kernel rounds
     logits = torch.round(seeded((9, 2000), device=device) * 1024) / 1024
     shift = torch.tensor([16.0, -8.0, 0.0, 4.0, 16.0, 2.0, -16.0, 8.0, 1.0], device=device)
-    target = targets((9,), 2000, device)
-    loss1, g1 = grad_of(speedlight.cross_entropy, logits, target, reduction="none", **kwargs)
-    loss2, g2 = grad_of(speedlight.cross_entropy, logits + shift[:, None], target,
+    target = class_targets((9,), 2000, device)
+    loss1, g1 = loss_and_grad(speedlight.cross_entropy, logits, target, reduction="none", **kwargs)
+    loss2, g2 = loss_and_grad(speedlight.cross_entropy, logits + shift[:, None], target,
                         reduction="none", **kwargs)
     torch.testing.assert_close(loss1, loss2, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(g1, g2, rtol=1e-5, atol=1e-7)
@@ -83,10 +71,10 @@ def test_confident_target_keeps_its_small_gradient(vocab, device):
     """p_t - 1 cancels in fp32 when p_t ~ 1; the kernel takes it as -(sum of the other
     exps) / (sum of all), so the target's gradient keeps its relative precision."""
     logits = seeded((4, vocab), device=device)
-    target = targets((4,), vocab, device)
+    target = class_targets((4,), vocab, device)
     logits[torch.arange(4), target] = torch.tensor([20.0, 24.0, 28.0, 22.0], device=device)
-    _, g = grad_of(speedlight.cross_entropy, logits, target, reduction="sum")
-    _, g64 = grad_of(F.cross_entropy, logits.double(), target, reduction="sum")
+    _, g = loss_and_grad(speedlight.cross_entropy, logits, target, reduction="sum")
+    _, g64 = loss_and_grad(F.cross_entropy, logits.double(), target, reduction="sum")
     at = torch.arange(4), target
     # g_t = p_t - 1 = -sum_{j != t} p_j: from float64's non-target entries, since float64's
     # own p_t - 1 cancels too at these confidences
@@ -97,7 +85,7 @@ def test_confident_target_keeps_its_small_gradient(vocab, device):
 
 def test_z_loss_adds_z_times_logsumexp_squared_per_token(device):
     logits = seeded((11, 700), device=device, scale=2.0)
-    target = targets((11,), 700, device)
+    target = class_targets((11,), 700, device)
     target[3] = -100
     base = speedlight.cross_entropy(logits, target, reduction="none")
     with_z = speedlight.cross_entropy(logits, target, reduction="none", z_loss=0.05)
@@ -108,9 +96,9 @@ def test_z_loss_adds_z_times_logsumexp_squared_per_token(device):
 
 def test_softcap_is_tanh_before_the_loss(device):
     logits = seeded((7, 900), device=device, scale=40.0)
-    target = targets((7,), 900, device)
-    loss, g = grad_of(speedlight.cross_entropy, logits, target, softcap=30.0)
-    ref, g_ref = grad_of(lambda x, t: F.cross_entropy(30.0 * torch.tanh(x.double() / 30.0), t),
+    target = class_targets((7,), 900, device)
+    loss, g = loss_and_grad(speedlight.cross_entropy, logits, target, softcap=30.0)
+    ref, g_ref = loss_and_grad(lambda x, t: F.cross_entropy(30.0 * torch.tanh(x.double() / 30.0), t),
                          logits, target)
     torch.testing.assert_close(loss.double(), ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(g.double(), g_ref.double(), rtol=1e-5, atol=1e-8)
@@ -122,13 +110,13 @@ def test_softcap_is_tanh_before_the_loss(device):
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.25])
 def test_matches_torch_functional(reduction, ignore_index, label_smoothing, device):
     logits = seeded((40, 97), device=device, scale=2.0)
-    target = targets((40,), 97, device)
+    target = class_targets((40,), 97, device)
     target[::5] = ignore_index
     target[1::7] = 3
     kwargs = dict(ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)
     upstream = seeded((40,) if reduction == "none" else (), device=device, seed=3)
-    loss, g = grad_of(speedlight.cross_entropy, logits, target, upstream=upstream, **kwargs)
-    ref, g_ref = grad_of(F.cross_entropy, logits, target, upstream=upstream, **kwargs)
+    loss, g = loss_and_grad(speedlight.cross_entropy, logits, target, upstream=upstream, **kwargs)
+    ref, g_ref = loss_and_grad(F.cross_entropy, logits, target, upstream=upstream, **kwargs)
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-7)
 
@@ -139,9 +127,9 @@ def test_half_logits_match_torch_on_upcast_logits(dtype, device):
     """fp32 arithmetic whatever the dtype: as close to torch on float32 logits as one
     rounding of the result to the half dtype allows."""
     logits = seeded((30, 4099), dtype=dtype, device=device, scale=3.0)
-    target = targets((30,), 4099, device)
-    loss, g = grad_of(speedlight.cross_entropy, logits, target, reduction="none")
-    ref, g_ref = grad_of(lambda x, t: F.cross_entropy(x.float(), t, reduction="none"),
+    target = class_targets((30,), 4099, device)
+    loss, g = loss_and_grad(speedlight.cross_entropy, logits, target, reduction="none")
+    ref, g_ref = loss_and_grad(lambda x, t: F.cross_entropy(x.float(), t, reduction="none"),
                          logits, target)
     assert loss.dtype == dtype and g.dtype == dtype
     eps = torch.finfo(dtype).eps
@@ -152,9 +140,9 @@ def test_half_logits_match_torch_on_upcast_logits(dtype, device):
 def test_leading_dims_int32_targets_and_views(device):
     base = seeded((2, 6, 300), device=device)
     logits = base[:, :-1]  # Hugging Face's shift: [2, 5, 300], not viewable as [10, 300]
-    target = targets((2, 5), 300, device).to(torch.int32)
-    loss, g = grad_of(speedlight.cross_entropy, logits, target, reduction="none")
-    ref, g_ref = grad_of(lambda x, t: F.cross_entropy(x.reshape(-1, 300), t.reshape(-1).long(),
+    target = class_targets((2, 5), 300, device).to(torch.int32)
+    loss, g = loss_and_grad(speedlight.cross_entropy, logits, target, reduction="none")
+    ref, g_ref = loss_and_grad(lambda x, t: F.cross_entropy(x.reshape(-1, 300), t.reshape(-1).long(),
                                                       reduction="none").reshape(2, 5),
                          logits, target)
     assert loss.shape == (2, 5)
@@ -166,7 +154,7 @@ def test_leading_dims_int32_targets_and_views(device):
 
 def test_no_gradient_wanted_writes_none(device):
     logits = seeded((4, 300), device=device)
-    target = targets((4,), 300, device)
+    target = class_targets((4,), 300, device)
     loss, dlogits, _, _ = op.cross_entropy_fwd(logits, target, compute_grad=False)
     assert dlogits is None
     with torch.no_grad():
@@ -188,7 +176,7 @@ def test_inplace_gradient_equals_out_of_place(dtype, reduction, layout, device):
     lead = (1, 1) if layout == "split" else (2, 4)
     base = seeded(lead + (vocab,), dtype=dtype, device=device, scale=2.0)
     w = seeded((vocab,), dtype=dtype, device=device, seed=1).requires_grad_()
-    target = targets((2, 3) if layout == "shifted" else lead, vocab, device)
+    target = class_targets((2, 3) if layout == "shifted" else lead, vocab, device)
     if layout != "split":  # (one token there)
         target[0, 1] = -100
     upstream = seeded(target.shape if reduction == "none" else (), dtype=dtype, device=device,
@@ -213,18 +201,18 @@ def test_inplace_gradient_equals_out_of_place(dtype, reduction, layout, device):
 
 def test_inplace_overwrites_logits_with_their_gradient(device):
     x = seeded((6, 300), device=device).requires_grad_()
-    target = targets((6,), 300, device)
+    target = class_targets((6,), 300, device)
     logits = x * 1.0
     loss = speedlight.cross_entropy(logits, target, inplace_backward=True)
     (gx,) = torch.autograd.grad(loss, x)
-    _, g_ref = grad_of(F.cross_entropy, x, target)
+    _, g_ref = loss_and_grad(F.cross_entropy, x, target)
     torch.testing.assert_close(gx, g_ref, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(logits, g_ref, rtol=1e-5, atol=1e-7)  # logits now hold it
 
 
 def test_inplace_is_refused_where_logits_are_needed_elsewhere(device):
     x = seeded((6, 300), device=device).requires_grad_()
-    target = targets((6,), 300, device)
+    target = class_targets((6,), 300, device)
     counter = LaunchCounter()
     with counter.active(), pytest.raises(ValueError, match="inplace_backward=True overwrites"):
         speedlight.cross_entropy(x, target, inplace_backward=True)  # a leaf
@@ -251,7 +239,7 @@ def test_torch_compile_fullgraph_inplace(device):
     compiled = torch.compile(lm_loss, fullgraph=True, backend="aot_eager")
     h = seeded((10, 32), device=device).requires_grad_()
     w = seeded((300, 32), device=device, seed=1).requires_grad_()
-    target = targets((10,), 300, device)
+    target = class_targets((10,), 300, device)
     gh, gw = torch.autograd.grad(compiled(h, w, target), (h, w))
     gh_ref, gw_ref = torch.autograd.grad(F.cross_entropy(h @ w.T, target, reduction="sum"),
                                          (h, w))
@@ -262,15 +250,15 @@ def test_torch_compile_fullgraph_inplace(device):
 @pytest.mark.filterwarnings("ignore:size_average and reduce args will be deprecated")
 def test_module_matches_torch(device):
     logits = seeded((3, 50, 4), device=device)  # torch's [N, C, d]: classes at dim 1
-    target = targets((3, 4), 50, device)
+    target = class_targets((3, 4), 50, device)
     target[0, 0] = 7
     for kwargs in ({}, {"reduction": "none", "ignore_index": 7}, {"label_smoothing": 0.1},
                    {"size_average": False}):
         ours, theirs = snn.CrossEntropyLoss(**kwargs), torch.nn.CrossEntropyLoss(**kwargs)
         assert isinstance(ours, torch.nn.CrossEntropyLoss)
         assert ours.reduction == theirs.reduction
-        loss, g = grad_of(ours, logits, target)
-        ref, g_ref = grad_of(theirs, logits, target)
+        loss, g = loss_and_grad(ours, logits, target)
+        ref, g_ref = loss_and_grad(theirs, logits, target)
         torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-7)
     assert set(snn.CrossEntropyLoss().state_dict()) == set(torch.nn.CrossEntropyLoss().state_dict())
@@ -283,13 +271,13 @@ def test_module_matches_torch(device):
 
 def test_module_takes_class_weights_as_torch_does(device):
     logits = seeded((3, 50, 4), device=device)
-    target = targets((3, 4), 50, device)
+    target = class_targets((3, 4), 50, device)
     w = seeded((50,), device=device, seed=4).abs()
     ours = snn.CrossEntropyLoss(weight=w, label_smoothing=0.1)
     theirs = torch.nn.CrossEntropyLoss(weight=w, label_smoothing=0.1)
     assert set(ours.state_dict()) == set(theirs.state_dict()) == {"weight"}
-    loss, g = grad_of(ours, logits, target)
-    ref, g_ref = grad_of(theirs, logits, target)
+    loss, g = loss_and_grad(ours, logits, target)
+    ref, g_ref = loss_and_grad(theirs, logits, target)
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-7)
 
@@ -345,7 +333,7 @@ def test_unchecked_out_of_range_target_gives_nan_row_and_reads_nothing_outside(d
                                                check_target=False)
     assert torch.isnan(loss[1:3]).all() and torch.isnan(dlogits[1:3]).all()
     assert loss[3].item() == 0.0 and torch.equal(dlogits[3], torch.zeros(300, device=device))
-    ref, g_ref = grad_of(F.cross_entropy, logits[:1], target[:1], reduction="none")
+    ref, g_ref = loss_and_grad(F.cross_entropy, logits[:1], target[:1], reduction="none")
     torch.testing.assert_close(loss[:1], ref)
     torch.testing.assert_close(dlogits[:1], g_ref)
 
@@ -384,128 +372,3 @@ def test_cuda_target_check_can_be_turned_off(device):
         speedlight.cross_entropy(logits, target)
     loss = speedlight.cross_entropy(logits, target, reduction="none", check_target=False)
     assert torch.isnan(loss[1]) and torch.isfinite(loss[[0, 2, 3]]).all()
-
-
-# --- class weights ---------------------------------------------------------------------------
-
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
-@pytest.mark.parametrize("vocab", [pytest.param(97, id="vocab97"),
-                                   pytest.param(20011, id="vocab20011-looped")])
-def test_class_weights_match_torch_functional(reduction, label_smoothing, vocab, device):
-    """torch's weighted loss, including how it combines weight and label smoothing (the
-    smoothing term weighs each class, a mean divides by the sum of the targets' weights)."""
-    tokens = 12 if vocab < 1000 else 3
-    logits = seeded((tokens, vocab), device=device, scale=2.0)
-    target = targets((tokens,), vocab, device)
-    target[::5] = -100
-    w = seeded((vocab,), device=device, seed=5).abs()
-    kwargs = dict(reduction=reduction, label_smoothing=label_smoothing, weight=w)
-    upstream = seeded((tokens,) if reduction == "none" else (), device=device, seed=3)
-    loss, g = grad_of(speedlight.cross_entropy, logits, target, upstream=upstream, **kwargs)
-    ref, g_ref = grad_of(F.cross_entropy, logits.double(), target, upstream=upstream.double(),
-                         **dict(kwargs, weight=w.double()))
-    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(g.double(), g_ref, rtol=1e-5, atol=1e-7)
-
-
-def test_weighted_mean_over_zero_counted_weight_is_zero(device):
-    """Deliberately unlike torch (NaN/inf): counted targets whose weights sum to 0 give a
-    mean of 0 and a zero gradient, even with smoothing (which weighs other classes)."""
-    logits = seeded((5, 30), device=device)
-    target = torch.tensor([1, 2, -100, 1, 2], device=device)
-    w = torch.ones(30, device=device)
-    w[1] = w[2] = 0.0
-    for kwargs in ({}, {"label_smoothing": 0.1, "z_loss": 1e-3}):
-        loss, g = grad_of(speedlight.cross_entropy, logits, target, weight=w, **kwargs)
-        assert loss.item() == 0.0 and torch.equal(g, torch.zeros_like(g))
-    assert not torch.isfinite(F.cross_entropy(logits, target, weight=w, label_smoothing=0.1))
-
-
-def test_weighted_z_loss_is_weighted_like_the_target_term(device):
-    logits = seeded((9, 40), device=device, scale=2.0)
-    target = targets((9,), 40, device)
-    w = seeded((40,), device=device, seed=6).abs()
-    base = speedlight.cross_entropy(logits, target, weight=w, reduction="none")
-    with_z = speedlight.cross_entropy(logits, target, weight=w, reduction="none", z_loss=0.05)
-    lse = torch.logsumexp(logits.double(), -1)
-    torch.testing.assert_close((with_z - base).double(), 0.05 * w[target].double() * lse ** 2,
-                               rtol=1e-5, atol=1e-6)
-
-
-# --- z-loss, accuracy and predicted tokens from the same pass ------------------------------
-
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("vocab", [pytest.param(300, id="vocab300"),
-                                   pytest.param(20011, id="vocab20011-looped")])
-def test_extras_in_one_launch(reduction, vocab, device):
-    tokens = 8 if vocab < 1000 else 1  # one long row: the split kernels give way to the loop
-    logits = seeded((tokens, vocab), device=device, scale=2.0)
-    target = targets((tokens,), vocab, device)
-    target[0] = -100
-    if tokens > 1:
-        target[1] = int(logits[1].argmax())  # at least one right prediction
-    counter = LaunchCounter()
-    with counter.active():
-        out = speedlight.cross_entropy(logits, target, reduction=reduction, z_loss=0.01,
-                                       return_z_loss=True, return_token_accuracy=True,
-                                       return_predicted_tokens=True)
-    assert counter.count == 1 and isinstance(out, op.CrossEntropyOutput)
-    ref = reference.cross_entropy(logits.double(), target, reduction=reduction, z_loss=0.01,
-                                  return_z_loss=True, return_token_accuracy=True,
-                                  return_predicted_tokens=True)
-    torch.testing.assert_close(out.loss.double(), ref[0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out.z_loss.double(), ref[1], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out.token_accuracy, ref[2])
-    assert torch.equal(out.predicted_tokens, logits.argmax(-1))
-    plain = speedlight.cross_entropy(logits, target, reduction=reduction, z_loss=0.01)
-    assert torch.equal(out.loss, plain)
-
-
-def test_only_the_asked_extras_are_returned(device):
-    logits = seeded((4, 30), device=device)
-    target = targets((4,), 30, device)
-    out = speedlight.cross_entropy(logits, target, return_token_accuracy=True)
-    assert out.z_loss is None and out.predicted_tokens is None and out.token_accuracy.dim() == 0
-    assert isinstance(speedlight.cross_entropy(logits, target), torch.Tensor)
-
-
-@pytest.mark.parametrize("vocab", [pytest.param(50, id="vocab50"),
-                                   pytest.param(20011, id="vocab20011-looped")])
-def test_predicted_tokens_break_ties_and_nan_as_torch_argmax(vocab, device):
-    logits = torch.zeros((5, vocab), device=device)
-    logits[0, [3, 7, vocab - 1]] = 2.0                 # a tie: the first index wins
-    logits[1, [vocab - 1, 5]] = 1.0                    # a tie across blocks of the loop
-    logits[2] = float("-inf")                          # all -inf: index 0
-    logits[3, [4, vocab - 2]] = float("nan")           # NaN counts as the largest
-    logits[3, 1] = float("inf")
-    logits[4, vocab - 1] = float("inf")
-    target = torch.tensor([3, 5, 0, 4, vocab - 1], device=device)
-    out = speedlight.cross_entropy(logits, target, reduction="none",
-                                   return_predicted_tokens=True, return_token_accuracy=True)
-    expected = torch.argmax(logits, -1)
-    assert expected.tolist() == [3, 5, 0, 4, vocab - 1]
-    assert torch.equal(out.predicted_tokens, expected)
-    assert out.token_accuracy.tolist() == [1.0, 1.0, 1.0, 1.0, 1.0]
-
-
-def test_extras_with_the_inplace_gradient_and_compile(device):
-    torch._dynamo.reset()
-    h = seeded((10, 32), device=device).requires_grad_()
-    w = seeded((300, 32), device=device, seed=1).requires_grad_()
-    target = targets((10,), 300, device)
-
-    def lm_loss(h, w, target, inplace):
-        out = speedlight.cross_entropy(h @ w.T, target, z_loss=1e-3, inplace_backward=inplace,
-                                       return_z_loss=True, return_token_accuracy=True)
-        return out.loss, out.z_loss, out.token_accuracy
-
-    ref = lm_loss(h, w, target, False)
-    gh_ref = torch.autograd.grad(ref[0], h)[0]
-    compiled = torch.compile(lm_loss, fullgraph=True, backend="aot_eager")
-    for fn, inplace in ((lm_loss, True), (compiled, False)):
-        loss, z, acc = fn(h, w, target, inplace)
-        assert not z.requires_grad and not acc.requires_grad
-        (gh,) = torch.autograd.grad(loss, h)
-        torch.testing.assert_close((loss, z, acc), ref)
-        torch.testing.assert_close(gh, gh_ref, rtol=1e-5, atol=1e-6)
