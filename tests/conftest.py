@@ -8,6 +8,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # Liger's fused MoE autotunes its kernels over many configs when it is imported, and
+    # the interpreter has no driver to time them: one config each (Liger's own switch)
+    os.environ.setdefault("LIGER_FUSED_MOE_AUTOTUNE", "0")
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ON_GPU = DEVICE.type == "cuda"

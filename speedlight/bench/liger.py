@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
+
 from speedlight.spec import Case, OpSpec
 
 
@@ -174,6 +176,39 @@ def _softmax(F, inputs: dict, case: Case):
     return lambda x, dim=-1, **_: F.liger_softmax(x), False
 
 
+def _fused_moe(F, inputs: dict, case: Case):
+    """Liger's fused MoE (liger_kernel.ops.fused_moe, beside the functional API): SwiGLU
+    experts in transformers 5.x's layout, halves of gate_up_proj, no biases, every routing
+    index an expert; the int32 cast of the index is Liger's own module's, timed with it."""
+    _need("moe_experts", inputs, "hidden", "top_k_index", "top_k_weights", "gate_up_proj",
+          "down_proj")
+    activation = inputs.get("activation", "silu")
+    if activation != "silu":
+        raise Unsupported(f"Liger's fused MoE has SwiGLU only; this case's gate unit is "
+                          f"{activation}")
+    if inputs.get("interleaved"):
+        raise Unsupported("Liger's fused MoE takes gate and up as the halves of "
+                          "gate_up_proj, not interleaved rows")
+    extras = [k for k in ("gate_up_bias", "down_bias", "gate_multiplier", "down_multiplier",
+                          "swiglu_limit") if inputs.get(k) is not None]
+    if extras:
+        raise Unsupported(f"Liger's fused MoE has no {', '.join(extras)}")
+    index, experts = inputs["top_k_index"], inputs["gate_up_proj"].shape[0]
+    if index.numel() and bool(((index < 0) | (index >= experts)).any()):
+        raise Unsupported("Liger's fused MoE takes every routing index in [0, E); this case "
+                          "holds expert-parallel sentinels")
+    try:
+        from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
+    except ImportError:
+        raise Unsupported(f"this Liger-Kernel ({version()}) has no fused MoE "
+                          f"(liger_kernel.ops.fused_moe)") from None
+
+    def fn(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, **_):
+        return LigerFusedMoEFunction.apply(hidden, gate_up_proj, down_proj,
+                                           top_k_index.to(torch.int32), top_k_weights)
+    return fn, False
+
+
 # Liger function -> adapter(F, inputs, case) -> (fn(**inputs), mutates_inputs)
 ADAPTERS: dict[str, Callable[[Any, dict, Case], tuple[Callable, bool]]] = {
     "liger_rms_norm": _rms_norm,
@@ -185,6 +220,7 @@ ADAPTERS: dict[str, Callable[[Any, dict, Case], tuple[Callable, bool]]] = {
     "liger_cross_entropy": _cross_entropy,
     "liger_fused_linear_cross_entropy": _linear_cross_entropy,
     "liger_softmax": _softmax,
+    "liger_fused_moe": _fused_moe,
 }
 
 

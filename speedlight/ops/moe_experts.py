@@ -465,6 +465,7 @@ SPEC = OpSpec(
           "recomputes the gate unit from the saved gate_up output and gets the routing "
           "weights' gradient from the down projection's input gradient.",
     family="compute-bound",
+    peers={"liger": "liger_fused_moe"},
     kernels={"_moe_gate_up_kernel": GEMM_DESIGN, "_grouped_matmul_kernel": GEMM_DESIGN,
              "_grouped_matmul_dw_kernel": GEMM_DESIGN},
     configs=MOE_GATE_UP_CONFIGS,

@@ -218,3 +218,48 @@ def test_gated_units_with_multipliers_are_unsupported_by_liger(op):
     with pytest.raises(liger.Unsupported, match="multiplier"):
         adapter(op)(StubF(), {"gate": gate, "up": up, "gate_multiplier": 0.75,
                               "down_multiplier": 2.5}, CASE)
+
+
+def _moe_inputs(tokens=8, hidden=32, inter=16, experts=4, k=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    index = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)])
+    return {"hidden": torch.randn(tokens, hidden, generator=g),
+            "top_k_index": index,
+            "top_k_weights": torch.softmax(torch.randn(tokens, k, generator=g), -1),
+            "gate_up_proj": torch.randn(experts, 2 * inter, hidden, generator=g) * hidden ** -0.5,
+            "down_proj": torch.randn(experts, hidden, inter, generator=g) * inter ** -0.5,
+            "activation": "silu", "interleaved": False}
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"activation": "gelu"}, "SwiGLU only; this case's gate unit is gelu"),
+    ({"interleaved": True}, "not interleaved rows"),
+    ({"gate_up_bias": torch.zeros(4, 32), "down_multiplier": 0.5},
+     "no gate_up_bias, down_multiplier"),
+    ({"top_k_index": torch.tensor([[0, 4]] * 8)}, "expert-parallel sentinels"),
+])
+def test_fused_moe_cases_liger_cannot_compute_are_unsupported(change, match):
+    with pytest.raises(liger.Unsupported, match=match):
+        adapter("moe_experts")(StubF(), dict(_moe_inputs(), **change), CASE)
+
+
+def test_real_liger_fused_moe_matches_moe_experts_on_the_interpreter():
+    """The mapping computes the op: output and every gradient (the routing weights'
+    included) as speedlight.moe_experts gives them, in fp32."""
+    pytest.importorskip("liger_kernel.ops.fused_moe")
+    import speedlight
+
+    inputs = _moe_inputs()
+    grads = ("hidden", "top_k_weights", "gate_up_proj", "down_proj")
+    for name in grads:
+        inputs[name].requires_grad_(True)
+    fn, mutates = liger.adapt(registry.builtin_spec("moe_experts"), inputs, CASE)
+    out = fn(**inputs)
+    ref = speedlight.moe_experts(**{k: v for k, v in inputs.items() if k != "activation"})
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, [inputs[n] for n in grads], dout)
+    want = torch.autograd.grad(ref, [inputs[n] for n in grads], dout)
+    for name, a, b in zip(grads, got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+    assert not mutates
