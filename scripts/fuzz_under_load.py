@@ -68,6 +68,7 @@ def run_once(tests: list[str], load: int, workers: str, folder: Path, index: int
     start = time.perf_counter()
     try:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        load_1min = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     finally:
         stop.set()
         for b in burners:
@@ -78,6 +79,7 @@ def run_once(tests: list[str], load: int, workers: str, folder: Path, index: int
     for o in seen.values():
         counts[o] = counts.get(o, 0) + 1
     return {"run": index, "load": load, "exit": done.returncode, "wall_s": round(wall, 1),
+            "load_1min": load_1min,
             "counts": counts, "outcomes": seen, "tail": done.stdout[-1500:]}
 
 
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     tests = [t for t in args.tests.split(",") if t]
     if not tests:
         p.error("--tests names no test")
+    where = environment("cpu")  # the checkout as it was when the runs began
     runs = []
     with tempfile.TemporaryDirectory() as folder:
         for i in range(args.runs):
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({sum(len(r['outcomes']) for r in runs)} outcomes)")
     if args.out:
         write_json(args.out, {
-            "tests": tests, "environment": environment("cpu"), "cpus": os.cpu_count(),
+            "tests": tests, "environment": where, "cpus": os.cpu_count(),
             "workers": args.workers,
             "runs": [{k: v for k, v in r.items() if k != "outcomes"} for r in runs],
             "varying": varied,
