@@ -6,8 +6,8 @@ Each run is one pytest process (`-p no:cacheprovider`, a JUnit XML of its own); 
 run first starts --load busy processes (pure Python loops, one per core by default) and
 stops them when pytest ends. A test's outcome is passed, failed, error or skipped; a test
 varies when two runs gave it different outcomes or one run did not collect it. The
-summary (every run's command, wall time and counts, then each varying test with its
-outcome per run) is written with speedlight.results.write_json; the exit status is 1 when
+summary (every run's busy processes, exit status, wall time, load average and outcome
+counts, then each varying test with its outcome per run) is written with speedlight.results.write_json; the exit status is 1 when
 anything varied.
 
     python scripts/fuzz_under_load.py --runs 4 --out fuzz-under-load.json
@@ -17,6 +17,7 @@ anything varied.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import multiprocessing
 import os
 import subprocess
@@ -45,14 +46,17 @@ def _burn(stop) -> None:
             x = (x * 1_103_515_245 + 12_345) & 0xFFFFFFFF
 
 
+# a JUnit testcase's child element -> the outcome it means, the first found winning
+_TAGS = (("error", "error"), ("failure", "failed"), ("skipped", "skipped"))
+
+
 def outcomes(junit: Path) -> dict[str, str]:
     """test id (classname::name) -> passed, failed, error or skipped, from a JUnit XML."""
     out = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
-        kinds = {child.tag for child in case}
-        outcome = next((k for k in ("error", "failure", "skipped") if k in kinds), "passed")
-        out[f"{case.get('classname')}::{case.get('name')}"] = \
-            {"failure": "failed"}.get(outcome, outcome)
+        tags = {child.tag for child in case}
+        out[f"{case.get('classname')}::{case.get('name')}"] = next(
+            (outcome for tag, outcome in _TAGS if tag in tags), "passed")
     return out
 
 
@@ -75,12 +79,9 @@ def run_once(tests: list[str], load: int, workers: str, folder: Path, index: int
             b.join()
     wall = time.perf_counter() - start
     seen = outcomes(junit) if junit.exists() else {}
-    counts: dict[str, int] = {}
-    for o in seen.values():
-        counts[o] = counts.get(o, 0) + 1
     return {"run": index, "load": load, "exit": done.returncode, "wall_s": round(wall, 1),
             "load_1min": load_1min,
-            "counts": counts, "outcomes": seen, "tail": done.stdout[-1500:]}
+            "counts": dict(Counter(seen.values())), "outcomes": seen, "tail": done.stdout[-1500:]}
 
 
 def varying(runs: list[dict]) -> dict[str, list[str]]:
