@@ -256,6 +256,31 @@ def _peak_reset(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def _timed_steps(model, opt, batches: list, warmup: int, clock) -> tuple[list, list, float]:
+    """Training steps (forward, backward, optimizer) over `batches`: the first `warmup`
+    untimed -> (each step's loss as a device tensor, the timed steps' seconds, the warm-up's
+    wall seconds)."""
+    def step(ids):
+        out = model(input_ids=ids, labels=ids, use_cache=False)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return out.loss.detach()
+
+    losses, marks = [], []
+    t0 = time.perf_counter()
+    for ids in batches[:warmup]:
+        losses.append(step(ids))
+    clock.sync()
+    warm_s = time.perf_counter() - t0
+    for ids in batches[warmup:]:
+        a = clock.record()
+        losses.append(step(ids))
+        marks.append((a, clock.record()))
+    clock.sync()
+    return losses, [clock.elapsed(a, b) for a, b in marks], warm_s
+
+
 def run_variant(variant: str, s: StepSettings, patch: Callable | None = None) -> dict:
     """One variant's row: its timed steps, peak memory and loss curve (no agreement yet);
     `patch` (speedlight.patch) makes the speedlight variants."""
@@ -279,26 +304,7 @@ def run_variant(variant: str, s: StepSettings, patch: Callable | None = None) ->
         experts = moe.experts_summary(w.model)
         opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
         clock = clock_for(s.device)
-        losses, marks = [], []
-
-        def step(ids):
-            out = model(input_ids=ids, labels=ids, use_cache=False)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return out.loss.detach()
-
-        t0 = time.perf_counter()
-        for ids in batches[: s.warmup]:
-            losses.append(step(ids))
-        clock.sync()
-        warm_s = time.perf_counter() - t0
-        for ids in batches[s.warmup:]:
-            a = clock.record()
-            losses.append(step(ids))
-            marks.append((a, clock.record()))
-        clock.sync()
-        samples = [clock.elapsed(a, b) for a, b in marks]
+        losses, samples, warm_s = _timed_steps(model, opt, batches, s.warmup, clock)
         curve = [float(x) for x in torch.stack(losses).float().cpu()]
     peak = torch.cuda.max_memory_allocated(s.device) if s.device.type == "cuda" else None
     summary = summarize(samples)

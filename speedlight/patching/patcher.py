@@ -337,6 +337,8 @@ def _patch_loss_function(job: _Patching) -> None:
         return job.refuse("cross_entropy", f"{type(model).__name__} computes no loss (not a "
                                            "*ForCausalLM model)")
     forwards.op("cross_entropy")  # imported now, not inside a traced call
+    # transformers' loss_function setter keeps an instance's own function in _loss_function
+    had = model.__dict__.get("_loss_function")
     job.record["loss"] = ("had", had) if "_loss_function" in model.__dict__ else ("none", None)
     model.loss_function = causal_lm_loss
     job.add("cross_entropy", "loss_function")

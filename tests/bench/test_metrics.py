@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from speedlight import hardware
 from speedlight.bench import metrics

@@ -2,7 +2,6 @@
 speedlight.patch, its loss curves agreeing, rows and chart written; the agreement check
 catching a curve that is off; bad arguments refused in one line; the report's section."""
 
-import json
 
 import pytest
 import torch

@@ -27,7 +27,7 @@ from speedlight.inspect import guard
 from speedlight.inspect.run import inspect_cases
 from speedlight.ops import gated_matmul, grouped_matmul, matmul, moe_experts
 from speedlight.spec import Case
-from tests.inspect.conftest import GUARD_TABLE, SKU, TARGET
+from tests.inspect.conftest import GUARD_TABLE, TARGET
 
 BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn

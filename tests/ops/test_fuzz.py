@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from speedlight.verify.harness import LaunchCounter, judge_outputs, references
-from tests.ops.contract import SPECS, as_tuple, example, is_empty, tensors
+from tests.ops.contract import SPECS, as_tuple, example, is_empty
 
 
 def _first(t: torch.Tensor, value) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch
 import speedlight
 from speedlight.inspect.launches import capture_case
 from speedlight.ops import grouped_matmul as op
-from speedlight.verify.harness import LaunchCounter, poisoned_allocations
+from speedlight.verify.harness import poisoned_allocations
 from tests.helpers import assert_rejected, assert_verified, case_maker, seeded
 
 SPEC = op.SPEC

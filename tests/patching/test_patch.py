@@ -7,7 +7,6 @@ import torch
 
 pytest.importorskip("transformers")
 
-import speedlight
 from speedlight.patching import PatchWarning, apply_kinds, unpatch
 from speedlight.verify.harness import LaunchCounter
 from tests.patching.tiny_models import (FAMILIES, MOE, NEW_FAMILIES, assert_same_step, batch, build,
@@ -285,3 +284,30 @@ def test_norm_backward_in_place_only_where_its_gradient_is_its_own(monkeypatch):
     for (name, _), g0, g2 in zip(base.named_parameters(), grads0, grads2):
         assert torch.equal(g0, g2), name
     assert decided.count(False) >= 2 * 2, decided
+
+
+def test_a_model_with_its_own_loss_function_is_patched_and_restored_exactly():
+    """An instance's own loss_function (kept by transformers in `_loss_function`) is
+    replaced by speedlight's loss while patched, and is the same object again after unpatch."""
+    from speedlight.patching.causal_lm import causal_lm_loss
+    model = build("llama")
+    ids, labels = batch(vocab(model))
+    calls = []
+
+    def own_loss(logits, labels, vocab_size, **kwargs):
+        calls.append(1)
+        return torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, vocab_size).float(), labels[:, 1:].reshape(-1))
+
+    model.loss_function = own_loss
+    kinds = dict(rms_norm=False, mlp=False, rope=False, attention=False,
+                 linear_cross_entropy=False, decoder_layer=False, plan=None)
+    report = apply_kinds(model, **kinds)
+    assert "cross_entropy" in report.patched and model.loss_function is causal_lm_loss
+    patched_loss = model(input_ids=ids, labels=labels).loss
+    assert not calls
+    unpatch(model)
+    assert model.__dict__["_loss_function"] is own_loss and model.loss_function is own_loss
+    torch.testing.assert_close(model(input_ids=ids, labels=labels).loss, patched_loss,
+                               rtol=1e-5, atol=1e-6)
+    assert calls == [1]
