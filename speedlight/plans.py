@@ -16,16 +16,23 @@ never imports the composer. A plan is a JSON document:
              patch applies today's defaults
   projected  without a GPU, the projected floors `profile --project` gives (labelled so)
 
-A cached plan is used by patch(plan="auto") only when its identity (everything in the key
-but the bucket and compile mode, which patch cannot see) matches the model and machine
-patch runs on; a plan from other versions or another GPU is stale and ignored.
+Every reader checks a document whole (check_document: the schema, every field's presence
+and type, known kinds and verdicts) and refuses it with a PlanError naming the file and
+what is wrong. A cached plan is used by patch(plan="auto") only when its identity (everything in
+the key but the bucket and compile mode, which patch cannot see) matches the model and
+machine patch runs on; a cached file that is not a valid plan, or a plan of this model
+from other versions or another GPU, is named in a PlanWarning and ignored, so the default
+path never fails because of a file in the cache.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import math
 import os
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,10 +42,14 @@ from speedlight import hardware, results
 
 SCHEMA = 1
 VERDICTS = ("kept", "dropped", "unmeasured")
+# the kinds speedlight.patch swaps (patching.patcher.kinds(), which a test holds this to)
+KINDS = ("rms_norm", "rope", "cross_entropy", "decoder_layer", "mlp", "attention",
+         "linear_cross_entropy")
 # what patch(plan="auto") can see of a key: the rest (bucket, compile) only the measurement
 IDENTITY = ("model_type", "config", "gpu", "versions", "dtype", "attention")
-HINT = ("speedlight: no measured plan for this model on this GPU; `speedlight plan MODEL` "
-        "(or speedlight.plan(model, inputs)) keeps only the kinds that measure faster here")
+HINT = ("speedlight: no measured plan for this model on this GPU; `speedlight plan --model "
+        "MODEL` (or speedlight.plan(model, inputs)) keeps only the kinds that measure faster "
+        "here")
 
 
 class PlanHint(UserWarning):
@@ -90,16 +101,133 @@ class Plan:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, doc: dict) -> "Plan":
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise ValueError(f"not a speedlight plan of schema {SCHEMA}: "
-                             f"{str(doc)[:80] if not isinstance(doc, dict) else doc.get('schema')!r}")
+    def from_json(cls, doc, source: str = "the plan given") -> "Plan":
+        """The plan a JSON document holds, validated whole (check_document): PlanError, a
+        ValueError naming `source` and what is wrong, for anything else."""
+        check_document(doc, source)
         decisions = {k: Decision(**d) for k, d in doc["decisions"].items()}
-        bad = [d.verdict for d in decisions.values() if d.verdict not in VERDICTS]
-        if bad:
-            raise ValueError(f"plan verdicts must be one of {VERDICTS}, got {bad}")
-        return cls(doc["key"], decisions, bool(doc["timed"]), doc.get("note", ""),
-                   doc.get("shapes", {}), doc.get("projected"), doc.get("created", ""))
+        return cls(doc["key"], decisions, doc["timed"], doc["note"], doc["shapes"],
+                   doc["projected"], doc["created"], doc["schema"])
+
+
+# --- reading a plan: every field checked ---------------------------------------------------
+
+class PlanError(ValueError):
+    """A document that is not a plan this speedlight reads; the message names where it came
+    from (the file) and what is wrong with it."""
+
+
+class PlanWarning(UserWarning):
+    """A plan file was ignored (not a valid plan, or measured for another GPU or versions),
+    or the plan given does not apply to the model: patch goes on without it."""
+
+
+PURPOSES = ("time", "memory")
+_OPTIONAL = type(None)
+_NUMBER = (int, float)
+# field -> (accepted JSON types, required); a plan document and its key are checked against
+# these exactly: a missing field, a field of another type or an unknown field is refused
+PLAN_FIELDS = {"schema": ((int,), True), "key": ((dict,), True), "decisions": ((dict,), True),
+               "timed": ((bool,), True), "note": ((str,), True), "shapes": ((dict,), True),
+               "projected": ((dict, _OPTIONAL), True), "created": ((str,), True)}
+KEY_FIELDS = {"model_type": ((str,), True), "config": ((str,), True), "gpu": ((str,), True),
+              "versions": ((dict,), True), "dtype": ((str, _OPTIONAL), True),
+              "attention": ((str, _OPTIONAL), True), "autocast": ((str, _OPTIONAL), True),
+              "batch": ((int,), True), "seq": ((int,), True), "compile": ((str,), True)}
+DECISION_FIELDS = {"kind": ((str,), True), "verdict": ((str,), True), "reason": ((str,), True),
+                   "purpose": ((str,), False), "ratio": ((*_NUMBER, _OPTIONAL), False),
+                   "low": ((*_NUMBER, _OPTIONAL), False), "high": ((*_NUMBER, _OPTIONAL), False),
+                   "ours_s": ((*_NUMBER, _OPTIONAL), False),
+                   "theirs_s": ((*_NUMBER, _OPTIONAL), False),
+                   "ours_peak": ((int, _OPTIONAL), False), "theirs_peak": ((int, _OPTIONAL), False),
+                   "verified": ((bool, _OPTIONAL), False), "module": ((str, _OPTIONAL), False)}
+
+
+def _what(value) -> str:
+    """A JSON value's kind, as a message names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (true/false)"
+    for types, name in ((dict, "an object"), (list, "a list"), (str, "a string"),
+                        ((int, float), "a number")):
+        if isinstance(value, types):
+            shown = repr(value) if not isinstance(value, (dict, list)) else ""
+            return f"{name} {shown[:40]}".rstrip()
+    return type(value).__name__
+
+
+def _expected(types: tuple) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", int: "an integer",
+             float: "a number", bool: "true or false", _OPTIONAL: "null"}
+    shown = list(dict.fromkeys(names[t] for t in types if not (t is int and float in types)))
+    return " or ".join(shown)
+
+
+def _fields(doc: dict, table: dict, where: str) -> None:
+    """PlanError text (a ValueError without its source) unless doc holds table's fields."""
+    for name, (types, required) in table.items():
+        if name not in doc:
+            if required:
+                raise ValueError(f"{where}has no {name!r}")
+            continue
+        value = doc[name]
+        ok = isinstance(value, tuple(t for t in types if t is not _OPTIONAL)) or (
+            value is None and _OPTIONAL in types)
+        if isinstance(value, bool) and bool not in types:
+            ok = False
+        if ok and isinstance(value, float) and not math.isfinite(value):
+            ok = False
+        if not ok:
+            raise ValueError(f"{where}{name} is {_what(value)}, expected {_expected(types)}")
+    unknown = [k for k in doc if k not in table]
+    if unknown:
+        raise ValueError(f"{where}has unknown field(s) {', '.join(map(repr, unknown))}")
+
+
+def _kind_problem(kind: str) -> str | None:
+    if kind in KINDS:
+        return None
+    near = difflib.get_close_matches(kind, KINDS, n=1)
+    return (f"an unknown kind {kind!r}{f' (did you mean {near[0]!r}?)' if near else ''}; a "
+            f"plan decides {', '.join(KINDS)}")
+
+
+def check_document(doc, source: str = "the plan given") -> None:
+    """PlanError (a ValueError) naming `source` and the first thing wrong, unless doc is a
+    plan of this schema: every field present and of its type, no unknown field, decisions
+    an object of known kinds with known verdicts."""
+    try:
+        if not isinstance(doc, dict):
+            raise ValueError(f"the document is {_what(doc)}, expected an object")
+        schema = doc.get("schema")
+        if schema != SCHEMA:
+            raise ValueError(f"its schema is {_what(schema)}, this speedlight reads schema "
+                             f"{SCHEMA} (written by another speedlight version: measure it "
+                             "again with `speedlight plan`)")
+        _fields(doc, PLAN_FIELDS, "")
+        _fields(doc["key"], KEY_FIELDS, "key: ")
+        for name in ("batch", "seq"):
+            if doc["key"][name] < 1:
+                raise ValueError(f"key: {name} is {doc['key'][name]}, expected at least 1")
+        if not doc["decisions"]:
+            raise ValueError("decisions is empty: a plan decides at least one kind")
+        for kind, d in doc["decisions"].items():
+            problem = _kind_problem(kind)
+            if problem is not None:
+                raise ValueError(f"decisions holds {problem}")
+            if not isinstance(d, dict):
+                raise ValueError(f"decisions: {kind} is {_what(d)}, expected an object (its "
+                                 "verdict, reason and numbers)")
+            _fields(d, DECISION_FIELDS, f"decisions: {kind}: ")
+            if d["kind"] != kind:
+                raise ValueError(f"decisions: {kind}: its kind is {d['kind']!r}")
+            for name, allowed in (("verdict", VERDICTS), ("purpose", PURPOSES)):
+                if name in d and d[name] not in allowed:
+                    raise ValueError(f"decisions: {kind}: {name} is {d[name]!r}, expected one "
+                                     f"of {', '.join(allowed)}")
+    except ValueError as e:
+        raise PlanError(f"{source}: {e}") from None
 
 
 # --- the key ---------------------------------------------------------------------------------
@@ -205,27 +333,58 @@ def save(plan: Plan, path: str | os.PathLike | None = None) -> Path:
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
-    path = Path(path)
+    """The plan in a file, validated whole (check_document); PlanError (a ValueError) naming the
+    file and what is wrong: unreadable, not UTF-8, not JSON, or not a plan of this schema."""
+    source = f"plan file {str(path)!r}"
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"plan={str(path)!r}: cannot read a plan there ({e})") from None
-    return Plan.from_json(doc)
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise PlanError(f"{source}: cannot be read ({e.strerror or e})") from None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise PlanError(f"{source}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise PlanError(f"{source}: not JSON ({e.msg} at line {e.lineno}, column "
+                        f"{e.colno})") from None
+    return Plan.from_json(doc, source)
+
+
+def _same_model(plan: Plan, model: torch.nn.Module) -> bool:
+    here = identity(model)
+    return all(plan.key.get(k) == here[k] for k in ("model_type", "config"))
 
 
 def cached(model: torch.nn.Module) -> Plan | None:
-    """The newest cached plan measured on a GPU for this model here, or None."""
+    """The newest cached plan measured on a GPU for this model here, or None. It never
+    raises for a file: one that is not a valid plan is named, with what is wrong, in a
+    PlanWarning and ignored; when no plan applies, the plans of this model measured on
+    another GPU or with other versions are named in a PlanWarning too."""
     here = folder()
-    if not here.is_dir():
+    try:
+        paths = sorted(here.glob("*.json")) if here.is_dir() else []
+    except OSError as e:
+        warnings.warn(f"speedlight: the plan cache {str(here)!r} cannot be read ({e}); no "
+                      "cached plan is used", PlanWarning, stacklevel=2)
         return None
-    found = []
-    for path in here.glob("*.json"):
+    found, stale = [], []
+    for path in paths:
         try:
             plan = load_plan(path)
-        except (ValueError, KeyError, TypeError):
+        except PlanError as e:
+            warnings.warn(f"speedlight: ignoring {e}", PlanWarning, stacklevel=2)
             continue
-        if plan.timed and mismatch(plan, model) is None:
+        if not plan.timed:
+            continue
+        why = mismatch(plan, model)
+        if why is None:
             found.append((plan.created, plan))
+        elif _same_model(plan, model):
+            stale.append(f"{str(path)!r} ({why})")
+    if not found and stale:
+        warnings.warn(f"speedlight: the cached plans of this model do not apply here and are "
+                      f"ignored: {'; '.join(stale)}; `speedlight plan` measures one for this "
+                      "GPU and these versions", PlanWarning, stacklevel=2)
     return max(found, key=lambda t: t[0])[1] if found else None
 
 

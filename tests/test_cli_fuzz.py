@@ -103,6 +103,26 @@ BAD = [
     refused("shape {d}/ok.py:f --shapes x=[2],y=[3]", id="shape-fails-on-fake"),
     refused("shape {d}/ok.py:f --shapes x=[2] --target nope", id="shape-target"),
     refused("probe --dtypes int8", id="probe-dtypes"),
+    refused("bench model --plan {d}/afile", id="bench-model-plan-not-a-plan"),
+    refused("bench model --plan {d}/empty", id="bench-model-plan-a-folder"),
+]
+
+# `speedlight plan`: each refused with exit 2 and one line, before any model is built
+PLAN = [
+    refused("plan --model nope", "--model 'nope'", id="plan-model"),
+    refused("plan --model {d}/vit.json", "not a causal language model", id="plan-not-causal-lm"),
+    refused("plan --model {d}/afile", "--model", id="plan-model-not-a-config"),
+    refused("plan llama-3-8b --model gemma-2-9b", "two models", id="plan-two-models"),
+    refused("plan --dtype int8", "--dtype", id="plan-dtype-int8"),
+    refused("plan --dtype fp8", "--dtype", id="plan-dtype-fp8"),
+    refused("plan --dtype fp64", "--dtype", id="plan-dtype-fp64"),
+    refused("plan --layers 0", "--layers", id="plan-layers"),
+    refused("plan --batch 0", "--batch", id="plan-batch"),
+    refused("plan --seq -3", "--seq", id="plan-seq"),
+    refused("plan --compile nosuch", "--compile", id="plan-compile"),
+    refused("plan --out {d}/empty", "is a folder", id="plan-out-a-folder"),
+    refused("plan --out {d}/afile/plan.json", "is a file", id="plan-out-under-a-file"),
+    refused("plan --out=", "--out is empty", id="plan-out-empty"),
 ]
 
 
@@ -120,6 +140,7 @@ def scratch(tmp_path, monkeypatch):
         "import speedlight\nfrom speedlight.spec import OpSpec\n"
         "SPEC = OpSpec(impl=speedlight.softmax, make_inputs=lambda c, d: {}, "
         "cost=lambda c, m: None, suites=['quick'])\n")
+    (tmp_path / "vit.json").write_text(json.dumps({"model_type": "vit", "hidden_size": 32}))
     (tmp_path / "rows").mkdir()
     (tmp_path / "rows" / "bench.jsonl").write_text("\n".join(json.dumps(v) for v in ([1], "x", 2)))
     return tmp_path
@@ -146,6 +167,35 @@ NAMED = [
     refused("profile --project --seq 16 --no-patch --vary num_key_value_heads=two",
             "num_key_value_heads='two' is refused", id="profile-vary-field-type"),
 ]
+
+
+@pytest.mark.parametrize("args,named", PLAN)
+def test_plan_refuses_with_exit_2_and_one_line_before_any_work(args, named, scratch, capsys,
+                                                                monkeypatch):
+    from speedlight.workloads import models
+
+    real = models.build
+    monkeypatch.setattr(models, "build", lambda spec, **kw: (
+        real(spec, **kw) if spec not in (None, "default", "llama-3-8b") and ":" not in spec
+        and not spec.endswith(".json") else pytest.fail("a model was built")))
+    args = [a.replace("{d}", str(scratch)) for a in args]
+    assert cli.main(args + ["--device", "cpu"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1, out.err
+    assert out.err.startswith("speedlight plan: ") and named in out.err, out.err
+
+
+def test_plan_refuses_a_read_only_out_before_any_work(scratch, capsys, monkeypatch):
+    from speedlight import results
+    from speedlight.workloads import models
+
+    monkeypatch.setattr(models, "build", lambda *a, **k: pytest.fail("a model was built"))
+
+    def denied(*a, **k):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(results.tempfile, "TemporaryFile", denied)
+    assert cli.main(["plan", "--device", "cpu", "--out", str(scratch / "ro" / "plan.json")]) == 2
+    assert "cannot be written: Permission denied" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args", BAD)

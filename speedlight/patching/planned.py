@@ -3,12 +3,16 @@
 The plan is only read here; measuring one is the composer's job (speedlight.plan, or
 speedlight.patch(model, plan="measure", example_inputs=...), which measures and hands the
 plan to patch). Under torch.distributed rank 0's plan is broadcast, so every replica
-patches the same kinds.
+patches the same kinds. Every plan is checked whole (plans.check_document): a bad one
+given as plan= is a PlanError (a ValueError) naming the file and what is wrong; a bad or
+stale file in the cache is named in a PlanWarning and ignored (plans.cached); a valid plan
+for another model, GPU or versions is warned about and not used.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -42,9 +46,9 @@ def resolve_plan(model: torch.nn.Module, plan) -> tuple[plans.Plan | None, str]:
             return None, plans.HINT
         return found, f"the cached plan measured at {_where(found)}"
     if isinstance(plan, plans.Plan):
-        found = plan
+        found = plans.Plan.from_json(plan.to_json(), "plan (a speedlight.plans.Plan)")
     elif isinstance(plan, dict):
-        found = plans.Plan.from_json(plan)
+        found = plans.Plan.from_json(plan, "plan (a plan's JSON dict)")
     elif isinstance(plan, (str, os.PathLike)):
         found = plans.load_plan(plan)
     else:
@@ -54,7 +58,10 @@ def resolve_plan(model: torch.nn.Module, plan) -> tuple[plans.Plan | None, str]:
         found = plans.shared(found)
     stale = plans.mismatch(found, model)
     if stale is not None:
-        return None, f"the plan given is not for this model here ({stale}): not used"
+        note = f"the plan given is not for this model here ({stale}): not used"
+        warnings.warn(f"speedlight.patch: {note}; every kind asked for is applied unmeasured",
+                      plans.PlanWarning, stacklevel=3)
+        return None, note
     return found, f"the plan given, measured at {_where(found)}"
 
 

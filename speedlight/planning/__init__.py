@@ -5,7 +5,7 @@ A composer: it patches (patching), times (bench's timer and statistics) and veri
 (verify's judge) one decoder layer's units kind by kind (measure.py), decides
 (decide.py), and writes the plan (speedlight.plans, which patch reads) into the user's
 cache. Without a GPU nothing is timed: every kind is unmeasured, patch's defaults stay,
-and `speedlight plan MODEL` adds the projected floors of `profile --project`.
+and `speedlight plan --model MODEL` adds the projected floors of `profile --project`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,52 @@ def _batch_seq(inputs) -> tuple[int, int]:
     return (int(ids.shape[0]), int(ids.shape[-1])) if ids.dim() > 1 else (1, int(ids.shape[0]))
 
 
+def check_inputs(example_inputs) -> None:
+    """TypeError unless example_inputs is what a model is called with."""
+    ok = isinstance(example_inputs, (dict, tuple, list)) or torch.is_tensor(example_inputs)
+    if not ok:
+        raise TypeError("example_inputs must be what the model is called with: a dict of "
+                        "keyword arguments, a tuple or list of positional arguments, or a "
+                        f"tensor of token ids; got {type(example_inputs).__name__}")
+    if isinstance(example_inputs, dict) and not all(isinstance(k, str) for k in example_inputs):
+        raise TypeError("example_inputs: a dict of keyword arguments takes str keys; got "
+                        f"{[k for k in example_inputs if not isinstance(k, str)][:3]}")
+
+
+def check_kinds(kinds, known: tuple[str, ...]) -> tuple[str, ...]:
+    """The kinds asked for (all of patch's when None): ValueError naming any kind patch does
+    not know, TypeError for a string or a non-iterable."""
+    if kinds is None:
+        return known
+    if isinstance(kinds, (str, bytes)) or not hasattr(kinds, "__iter__"):
+        raise TypeError(f"kinds must be a list of kind names ({', '.join(known)}); got "
+                        f"{type(kinds).__name__} {kinds!r}"[:300])
+    asked = tuple(kinds)
+    unknown = [k for k in asked if k not in known]
+    if unknown:
+        raise ValueError(f"kinds: unknown {', '.join(map(repr, unknown))}; speedlight.patch "
+                         f"knows {', '.join(known)}")
+    if not asked:
+        raise ValueError(f"kinds is empty: name at least one of {', '.join(known)}")
+    return tuple(dict.fromkeys(asked))
+
+
+def compile_modes() -> tuple[str, ...]:
+    """torch.compile's modes in this torch."""
+    import torch._inductor
+
+    return tuple(torch._inductor.list_mode_options())
+
+
+def check_compile_mode(mode) -> None:
+    if mode is None:
+        return
+    known = compile_modes()
+    if mode not in known:
+        raise ValueError(f"compile_mode must be None (eager) or one of torch.compile's modes "
+                         f"({', '.join(known)}); got {mode!r}")
+
+
 def plan(model: torch.nn.Module, example_inputs, *, compile_mode: str | None = None,
          kinds=None, timer=None, save: bool = True, projected: dict | None = None,
          autocast: str | None = None) -> plans.Plan:
@@ -48,13 +94,15 @@ def plan(model: torch.nn.Module, example_inputs, *, compile_mode: str | None = N
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_inputs(example_inputs)
+    asked = check_kinds(kinds, all_kinds())
+    check_compile_mode(compile_mode)
     model = _base_model(model)
     if _rank() != 0:
         return plans.shared(None)
     batch, seq = _batch_seq(example_inputs)
     key = plans.key_for(model, batch=batch, seq=seq, compile_mode=compile_mode,
                         autocast=autocast)
-    asked = tuple(kinds) if kinds is not None else all_kinds()
     device = next(model.parameters()).device
     if timer is None and device.type == "cuda":
         timer = measure.gpu_timer(device)

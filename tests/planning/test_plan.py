@@ -124,7 +124,8 @@ def test_patch_applies_a_plan_and_says_why_per_kind(tiny, cache):
     finally:
         unpatch(tiny.model)
     stale = _plan(tiny.model, {"mlp": "dropped"}, gpu="another GPU")
-    report = speedlight.patch(tiny.model, plan=stale.to_json(), attention=False)
+    with pytest.warns(plans.PlanWarning, match="not for this model here"):
+        report = speedlight.patch(tiny.model, plan=stale.to_json(), attention=False)
     try:
         assert report.count("mlp") > 0 and "not used" in report.plan_note
     finally:
@@ -160,8 +161,8 @@ def test_speedlight_plan_on_a_cpu_times_nothing_and_says_so(cache, capsys):
     from speedlight import cli
 
     out = cache / "plan.json"
-    assert cli.main(["plan", "--device", "cpu", "--batch", "1", "--seq", "8", "--layers", "1",
-                     "--out", str(out)]) == 0
+    assert cli.main(["plan", "--device", "cpu", "--model", "default", "--batch", "1", "--seq",
+                     "8", "--layers", "1", "--out", str(out)]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     assert "nothing is timed" in printed and "projected" in printed
     doc = json.loads(out.read_text())
