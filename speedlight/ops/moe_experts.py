@@ -162,6 +162,20 @@ def _inverse(order: torch.Tensor) -> torch.Tensor:
         order.numel(), device=order.device, dtype=order.dtype))
 
 
+def _bias_only(top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+               down_bias: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor:
+    """The block's output when no expert computes anything (I = 0, H = 0, no token or no
+    expert): out[t] = sum over j of w[t, j] down_bias[e] (fp32, rounded once), zeros
+    without a bias. No launch."""
+    n_experts = 0 if down_bias is None else down_bias.shape[0]
+    if down_bias is None or n_experts == 0 or hidden.numel() == 0:
+        return hidden.new_zeros(hidden.shape)
+    valid = (top_k_index >= 0) & (top_k_index < n_experts)
+    bias = down_bias.float()[top_k_index.long().clamp(0, n_experts - 1)]  # [tokens, k, H]
+    y = torch.where(valid[..., None], top_k_weights.float()[..., None] * bias, 0.0)
+    return y.sum(1).to(hidden.dtype)
+
+
 def _forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
              gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
              gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
@@ -170,12 +184,12 @@ def _forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: tor
              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """(out, z (None unless store_z), order, group_offsets)."""
     tokens, k = top_k_index.shape
-    n_experts = gate_up_proj.shape[0]
+    n_experts, n_inter = gate_up_proj.shape[0], down_proj.shape[2]
     order, offsets = expert_order(top_k_index, n_experts)
-    if tokens == 0 or hidden.shape[1] == 0 or n_experts == 0:
-        # zeros, not garbage: with H = 0 the backward still reads z (its <g, h> is 0)
+    if tokens * k == 0 or hidden.shape[1] == 0 or n_experts == 0 or n_inter == 0:
+        # nothing for an expert to compute (the backward launches nothing either)
         z = hidden.new_zeros((tokens * k, gate_up_proj.shape[1]))
-        return hidden.new_zeros(hidden.shape), z, order, offsets
+        return _bias_only(top_k_index, top_k_weights, down_bias, hidden), z, order, offsets
     # hidden's rows gathered in expert order by the gate_up kernel's loads (no copy)
     h, z = gate_up_fwd(hidden, gate_up_proj, offsets, gate_up_bias, activation, interleaved,
                        gate_multiplier, down_multiplier, swiglu_alpha, swiglu_limit, store_z,
@@ -231,6 +245,9 @@ def moe_experts_bwd(dout: torch.Tensor, hidden: torch.Tensor, top_k_index: torch
     dtype = hidden.dtype
     pairs = order.numel()
     dout = dout.to(dtype)
+    if pairs == 0 or hidden.shape[1] == 0 or n_experts == 0 or n_inter == 0:
+        return _bwd_without_launch(dout, hidden, top_k_index, top_k_weights, gate_up_proj,
+                                   down_proj, gate_up_bias, down_bias, needs_grad)
     token = order // k
     # dout's rows by expert, a copy: the down weight gradient's reduction reads them (a
     # gathered operand there pipelines 2 deep on sm_90a, not 3; see DESIGN-NOTES)
@@ -259,30 +276,19 @@ def moe_experts_bwd(dout: torch.Tensor, hidden: torch.Tensor, top_k_index: torch
             ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
     else:
         dz.zero_()
-    valid = (top_k_index >= 0) & (top_k_index < n_experts)
     d_weights = d_gate_up = d_down = d_gate_up_bias = d_down_bias = d_hidden = None
     if want_w:
-        per_slot = dw_pair[_inverse(order)].view(tokens, k)
-        if down_bias is not None and n_experts:
-            # <dout[t], down_bias[e]> for every (t, e): one [tokens, H] @ [H, E] product
-            to_bias = dout.float() @ down_bias.float().t()
-            expert = top_k_index.long().clamp(0, n_experts - 1)
-            per_slot = per_slot + to_bias.gather(1, expert)
-        d_weights = torch.where(valid, per_slot, 0.0).to(top_k_weights.dtype)
+        d_weights = _weights_grad(dw_pair[_inverse(order)].view(tokens, k), dout, top_k_index,
+                                  top_k_weights, n_experts, down_bias)
     if want_d:
         # d down_proj[e] = sum over its pairs of dout[t]^T (w h): the weight rides on h
         # (the gate kernel's wh), so dout's rows need no weighted copy
         d_down = grouped_weight_grad(dout_pairs, wh, offsets, down_proj)[0]
     if want_db:
-        # d down_bias[e] = sum over t of w[t, j] dout[t] where index[t, j] = e: R^T @ dout
-        # with the routing matrix R [tokens, E] built slot by slot (no atomics)
-        experts = torch.arange(n_experts, device=hidden.device)
-        routing = torch.zeros((tokens, n_experts), dtype=torch.float32, device=hidden.device)
-        for j in range(k):
-            routing += torch.where(top_k_index[:, j:j + 1] == experts,
-                                   top_k_weights[:, j:j + 1].float(), 0.0)
-        d_down_bias = (routing.t() @ dout.float()).to(down_bias.dtype)
-    if want_x:
+        d_down_bias = _down_bias_grad(dout, top_k_index, top_k_weights, down_bias)
+    if want_x and n_inter == 0:
+        d_hidden = torch.zeros_like(hidden)
+    elif want_x:
         # dx_pair = dz @ gate_up_proj[e]: [pairs, 2I] @ [2I, H] -> [pairs, H]
         dx = grouped_matmul_fwd(dz, gate_up_proj.transpose(1, 2), offsets,
                                 check_offsets=False)[0]
@@ -292,6 +298,49 @@ def moe_experts_bwd(dout: torch.Tensor, hidden: torch.Tensor, top_k_index: torch
                                                         gate_up_proj, gate_up_bias)
     return (d_hidden, d_weights, d_gate_up if want_gu else None, d_down if want_d else None,
             d_gate_up_bias if want_gub else None, d_down_bias if want_db else None)
+
+
+def _weights_grad(per_slot: torch.Tensor, dout: torch.Tensor, top_k_index: torch.Tensor,
+                  top_k_weights: torch.Tensor, n_experts: int,
+                  down_bias: torch.Tensor | None) -> torch.Tensor:
+    """d top_k_weights [tokens, k]: per_slot (<g, h> of each pair, fp32) plus <dout[t],
+    down_bias[e]>, zero where the index is outside [0, E)."""
+    if down_bias is not None and n_experts:
+        # <dout[t], down_bias[e]> for every (t, e): one [tokens, H] @ [H, E] product
+        to_bias = dout.float() @ down_bias.float().t()
+        per_slot = per_slot + to_bias.gather(1, top_k_index.long().clamp(0, n_experts - 1))
+    valid = (top_k_index >= 0) & (top_k_index < n_experts)
+    return torch.where(valid, per_slot, 0.0).to(top_k_weights.dtype)
+
+
+def _down_bias_grad(dout: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor, down_bias: torch.Tensor) -> torch.Tensor:
+    """d down_bias[e] = sum over t of w[t, j] dout[t] where index[t, j] = e: R^T @ dout with
+    the routing matrix R [tokens, E] built slot by slot (fp32, no atomics)."""
+    tokens, k = top_k_index.shape
+    n_experts = down_bias.shape[0]
+    experts = torch.arange(n_experts, device=dout.device)
+    routing = torch.zeros((tokens, n_experts), dtype=torch.float32, device=dout.device)
+    for j in range(k):
+        routing += torch.where(top_k_index[:, j:j + 1] == experts,
+                               top_k_weights[:, j:j + 1].float(), 0.0)
+    return (routing.t() @ dout.float()).to(down_bias.dtype)
+
+
+def _bwd_without_launch(dout, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                        gate_up_bias, down_bias, needs_grad):
+    """The gradients when no expert computes anything (no pair, H = 0, no expert or I = 0):
+    h is empty or g is zeros, so only down_bias reaches the output: d top_k_weights =
+    <dout[t], down_bias[e]> and d down_bias = R^T dout, the rest zeros. No launch."""
+    want_x, want_w, want_gu, want_d, want_gub, want_db = needs_grad
+    zeros = top_k_weights.new_zeros(top_k_index.shape, dtype=torch.float32)
+    return (torch.zeros_like(hidden) if want_x else None,
+            _weights_grad(zeros, dout, top_k_index, top_k_weights, gate_up_proj.shape[0],
+                          down_bias) if want_w else None,
+            _like_weight(gate_up_proj).zero_() if want_gu else None,
+            _like_weight(down_proj).zero_() if want_d else None,
+            torch.zeros_like(gate_up_bias) if want_gub else None,
+            _down_bias_grad(dout, top_k_index, top_k_weights, down_bias) if want_db else None)
 
 
 def _fake(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, *options):
@@ -325,6 +374,9 @@ MOE_EXPERTS = register_op(
 
 # --- the public function -------------------------------------------------------------------
 
+# the most (token, slot) pairs one call takes: the sort's expert ends are int32
+MAX_PAIRS = 2 ** 31 - 1
+
 def _check_number(name: str, value, what: str) -> float:
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise TypeError(f"{name} must be a number ({what}), got {value!r}")
@@ -345,6 +397,10 @@ def check_moe_inputs(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj
     if top_k_index.dim() != 2 or top_k_index.shape[0] != hidden.shape[0]:
         raise ValueError(f"top_k_index must be [tokens, k] with hidden's {hidden.shape[0]} "
                          f"tokens, got {describe(top_k_index)} for hidden {describe(hidden)}")
+    if top_k_index.numel() > MAX_PAIRS:
+        raise ValueError(f"top_k_index holds {top_k_index.numel()} (token, slot) pairs; "
+                         f"moe_experts takes at most 2^31 - 1 (the experts' row ends are "
+                         f"int32), got {describe(top_k_index)}: split the tokens")
     check_tensor("top_k_weights", top_k_weights)
     if tuple(top_k_weights.shape) != tuple(top_k_index.shape):
         raise ValueError(f"top_k_weights must have top_k_index's shape "
@@ -409,8 +465,11 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
         at odd: gpt-oss) instead of its two halves.
       gate_up_bias [E, 2 I], down_bias [E, H]: per-expert biases (gpt-oss), or None.
       gate_multiplier, down_multiplier: Falcon-style mlp multipliers (1.0: none).
-      swiglu_alpha, swiglu_limit: clamped_swiglu's constants (gpt-oss: 1.702 and 7.0);
-        the other gate units ignore them.
+      swiglu_alpha, swiglu_limit: clamped_swiglu's constants (gpt-oss: 1.702 and 7.0;
+        swiglu_limit >= 0, any other value is refused); the other gate units ignore them.
+    Sizes of 0 are defined: no token, H = 0, no expert or k = 0 give zeros; I = 0 gives
+    each expert's output as its down_bias (zeros without one). At most 2^31 - 1 pairs
+    (tokens * k) a call.
 
     No host sync (the pairs are sorted by expert on the device; a CUDA graph can hold the
     call); the combine is deterministic (each token sums its k rows in slot order, fp32).
@@ -431,6 +490,9 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
     dm = _check_number("down_multiplier", down_multiplier, "scales the unit's output")
     alpha = _check_number("swiglu_alpha", swiglu_alpha, "clamped_swiglu's sigmoid scale")
     limit = _check_number("swiglu_limit", swiglu_limit, "clamped_swiglu's clamp")
+    if limit < 0:
+        raise ValueError(f"swiglu_limit must be >= 0 (clamped_swiglu clamps gate below it "
+                         f"and up into [-swiglu_limit, swiglu_limit]), got {swiglu_limit!r}")
     amp = autocast_dtype(hidden)
     if amp is not None:
         device_type = hidden.device.type

@@ -41,7 +41,8 @@ def _model_cases(tokens=MOE_TOKENS) -> list[Case]:
 
 def cases(suite: str) -> list[Case]:
     """quick: tiny shapes (a few experts, tens of tokens): every gate unit, gpt-oss's
-    options (interleaved, biases, weights as [E, H, 2 I] transposed), skewed routing,
+    options (interleaved, biases, weights as [E, H, 2 I] transposed, its clamp's constants
+    given, so the fuzz tests mutate them), skewed routing,
     sentinel indices with top-1 (a token routed nowhere), Falcon multipliers, an empty
     batch; model: Mixtral-8x7B and
     Qwen3-30B-A3B at 4096 and 32768 tokens, uniform and skewed routing (GPU sizes);
@@ -49,7 +50,9 @@ def cases(suite: str) -> list[Case]:
     shapes.check_suite(suite)
     if suite == "quick":
         return [
-            _case(6, 16, 8, 3, 2), _case(9, 24, 12, 4, 2, "transposed", **GPT_OSS),
+            _case(6, 16, 8, 3, 2),
+            _case(9, 24, 12, 4, 2, "transposed", swiglu_alpha=1.702, swiglu_limit=7.0,
+                  **GPT_OSS),
             _case(7, 20, 10, 4, 3, "strided", routing="skewed", act="gelu", bias=True),
             _case(8, 16, 8, 4, 1, act="gelu_tanh", sentinel=True, gate_multiplier=0.75,
                   down_multiplier=2.5),
@@ -68,16 +71,20 @@ def cases(suite: str) -> list[Case]:
 def top_k_choices(case: Case) -> torch.Tensor:
     """The router's choices [tokens, k] int64 of a case, drawn from its seed: k distinct
     experts per token, uniform or skewed (Zipf(1): expert 0 the hottest); with the
-    `sentinel` flag every 4th pair holds an index >= E (an expert held elsewhere)."""
+    `sentinel` flag every 4th pair holds an index >= E (an expert held elsewhere). With
+    k > E (an expert-parallel rank holding fewer experts than the router picks) a token
+    chooses every expert and its other slots hold sentinels E, E + 1, ..."""
     tokens, experts, k = case["tokens"], case["experts"], case["k"]
     weights = torch.ones(experts, dtype=torch.float64)
     if case.flag("routing") == "skewed":
         weights = 1.0 / torch.arange(1, experts + 1, dtype=torch.float64)
-    if tokens == 0:
-        return torch.zeros((0, k), dtype=torch.int64)
+    local = min(k, experts)
+    index = experts + torch.arange(k, dtype=torch.int64).expand(tokens, k).clone()
+    if tokens == 0 or local == 0:
+        return index
     g = generator(case, salt=11)
-    index = torch.multinomial(weights.expand(tokens, experts), k, replacement=False,
-                              generator=g)
+    index[:, k - local:] = torch.multinomial(weights.expand(tokens, experts), local,
+                                             replacement=False, generator=g)
     if case.flag("sentinel"):
         flat = index.view(-1)
         at = torch.arange(3, flat.numel(), 4)
@@ -116,7 +123,7 @@ def make_inputs(case: Case, device) -> dict:
                                     layout="contiguous", scale=0.5) if bias else None,
            "activation": case.flag("act") or "silu",
            "interleaved": bool(case.flag("interleaved"))}
-    for name in ("gate_multiplier", "down_multiplier", "swiglu_limit"):
+    for name in ("gate_multiplier", "down_multiplier", "swiglu_alpha", "swiglu_limit"):
         if case.flag(name) is not None:
             out[name] = float(case.flag(name))
     return out

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from speedlight.verify.harness import LaunchCounter, judge_outputs, references
+from tests.helpers import assert_verified
 from tests.ops.contract import SPECS, as_tuple, example, is_empty
 
 
@@ -198,3 +199,43 @@ def test_wrongly_typed_module_option_is_named(cls, name, kind, what):
         cls(**required, **{name: value})
     assert re.search(rf"\b{re.escape(name)}\b", str(raised.value)), \
         f"{cls.__name__}({name}={value!r}): {raised.value} (does not name {name})"
+
+
+# The shape parameters of an op's case, each set to 0 in turn, and the ones its SIZE_FUZZED
+# entry names to 1 and past its other sizes: the same outcome classes as the mutations
+# above, gradients included (a ValueError or TypeError naming an argument before any
+# launch, or verify's pass against float64, forward and every gradient, with no launch on
+# an empty input). moe_experts starts from its example with biases (with I = 0 each
+# expert's output is its down_bias); H and I of 1 are a tile's edges, k past the experts
+# an expert-parallel rank holding fewer experts than the router picks.
+SIZE_FUZZED = {"moe_experts": ({"bias": True}, {"hidden": 1, "inter": 1, "k": 4})}
+
+
+def size_mutations() -> list:
+    out = []
+    for spec in SPECS:
+        if spec.name not in SIZE_FUZZED:
+            continue
+        flags, more = SIZE_FUZZED[spec.name]
+        base = example(spec)
+        base = base.with_(flags={**dict(base.flags), **flags})
+        for name, value in [(name, 0) for name, _ in base.params] + list(more.items()):
+            params = tuple((n, value if n == name else v) for n, v in base.params)
+            out.append(pytest.param(spec, base.with_(params=params),
+                                    id=f"{spec.name}-{name}{value}"))
+    return out
+
+
+@pytest.mark.parametrize("spec,case", size_mutations())
+def test_size_is_named_or_verified(spec, case, device):
+    inputs = spec.make_inputs(case, device)
+    counter = LaunchCounter()
+    try:
+        with counter.active():
+            spec.impl(**inputs)
+    except (TypeError, ValueError) as e:
+        named = [n for n in inputs if re.search(rf"\b{re.escape(n)}\b", str(e))]
+        assert named, f"{case.id}: {type(e).__name__}: {e} (names no argument)"
+        assert counter.count == 0, f"{case.id}: launched {counter.kernels}, then: {e}"
+        return
+    assert_verified(spec, case, device)

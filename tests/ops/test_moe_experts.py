@@ -137,6 +137,13 @@ def test_autocast_runs_in_its_dtype_and_returns_hiddens(device):
                  id="activation"),
     pytest.param(lambda i: {"swiglu_limit": float("inf")}, ValueError,
                  "swiglu_limit must be finite", id="limit"),
+    pytest.param(lambda i: {"swiglu_limit": -1.0, "activation": "clamped_swiglu"}, ValueError,
+                 "swiglu_limit must be >= 0", id="negative-limit"),
+    pytest.param(lambda i: {"hidden": i["hidden"][:1].expand(2 ** 31, -1),
+                            "top_k_index": i["top_k_index"][:1].expand(2 ** 31, -1),
+                            "top_k_weights": i["top_k_weights"][:1].expand(2 ** 31, -1)},
+                 ValueError, r"top_k_index holds 4294967296 \(token, slot\) pairs",
+                 id="pairs-past-int32"),
 ])
 def test_bad_input_is_named(change, error, match, device):
     inputs = SPEC.make_inputs(case(6, 16, 8, 3, 2), device)
