@@ -386,11 +386,13 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                          class_weight: torch.Tensor | None = None,
                          return_z_loss: bool = False, return_token_accuracy: bool = False,
                          return_predicted_tokens: bool = False):
-    """cross_entropy(F.linear(hidden, weight, bias), target, ..., weight=class_weight): the
-    logits in hidden's dtype, as an lm_head computes them, then the loss (and the asked-for
-    extras) as cross_entropy computes them."""
+    """cross_entropy(F.linear(hidden, weight, bias).float(), target, ...,
+    weight=class_weight): the logits in hidden's dtype, as an lm_head computes them, then
+    the loss (and the asked-for extras) as Hugging Face's loss computes them from the
+    logits upcast to float32: the loss and z-loss are float32 for half-precision inputs
+    (float64 for float64)."""
     logits = torch.nn.functional.linear(hidden, weight, bias)
-    return cross_entropy(logits, target, ignore_index, reduction, label_smoothing, z_loss,
+    return cross_entropy(logits.to(_opmath(logits)), target, ignore_index, reduction, label_smoothing, z_loss,
                          softcap, weight=class_weight, return_z_loss=return_z_loss,
                          return_token_accuracy=return_token_accuracy,
                          return_predicted_tokens=return_predicted_tokens)

@@ -386,7 +386,7 @@ def _model(args: argparse.Namespace) -> int:
         dtype = parse_dtype(args.dtype) if args.dtype else d["dtype"]
     except ValueError as e:
         _fail(f"--dtype: {e}")
-    if dtype not in model_step.LOSS_TOLERANCE:
+    if dtype not in model_step.STEP_DTYPES:
         _fail(f"--dtype takes fp32, bf16 or fp16; got {args.dtype!r}")
     plan = args.step_plan
     if plan not in ("measure", "auto"):

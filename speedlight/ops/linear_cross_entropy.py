@@ -108,7 +108,7 @@ def _recompute_bwd(dloss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tens
 def _outputs_fake(hidden, target, reduction, autocast_dtype, extras) -> tuple:
     """(loss, z_loss_term, token_accuracy, predicted_tokens) as fakes."""
     per_token = target.shape if reduction == "none" else ()
-    loss = hidden.new_empty(per_token, dtype=torch.float32 if autocast_dtype else None)
+    loss = hidden.new_empty(per_token, dtype=torch.float32)
     if not extras:
         return loss, None, None, None
     return (loss, loss.new_empty(per_token), loss.new_empty(per_token, dtype=torch.float32),
@@ -218,9 +218,10 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     the logits as computed, in their dtype).
 
     The logits are computed in hidden's dtype (as F.linear does) and the loss from them in
-    fp32; the loss has hidden's dtype. Under torch.autocast the matmuls run in the
-    autocast dtype, as F.linear's do there, the loss is fp32 (as torch's losses under
-    autocast) and each gradient has its input's dtype, d_weight accumulated in fp32.
+    fp32; the loss, the z-loss and the accuracy are fp32 whatever the inputs' dtype (as
+    Hugging Face's loss, which upcasts the logits, and Liger's are). Under torch.autocast
+    the matmuls run in the autocast dtype, as F.linear's do there, and each gradient has
+    its input's dtype.
 
     Never materialises the [tokens, V] logits: tokens are processed in chunks (chunk_size
     tokens each, or the rule in linear_cross_entropy_chunks), so the memory beyond the

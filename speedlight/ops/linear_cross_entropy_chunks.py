@@ -109,9 +109,10 @@ def linear_cross_entropy_fwd(
     or [tokens] for reduction "none"), of sum(grad_loss * loss).
     autocast_dtype: the dtype of the logits and matmuls under torch.autocast; None outside
     it (then hidden's, which weight and bias share).
-    loss: 0-dim, or fp32 [tokens] for "none"; fp32 under autocast, else hidden's dtype.
-    extras: (z_loss, token_accuracy, predicted_tokens) as cross_entropy returns them, when
-    asked; else None.
+    loss: fp32, 0-dim, or [tokens] for "none", whatever the inputs' dtype (as Hugging
+    Face's loss and torch's losses under autocast).
+    extras: (z_loss, token_accuracy, predicted_tokens) as cross_entropy returns them (the
+    z-loss fp32 too), when asked; else None.
     """
     n, h = hidden.shape
     vocab = weight.shape[0]
@@ -122,7 +123,6 @@ def linear_cross_entropy_fwd(
     grad_b = grad_b and bias is not None
     any_grad = grad_h or grad_w or grad_b
     mm_dtype = autocast_dtype or hidden.dtype
-    out_dtype = torch.float32 if autocast_dtype is not None else hidden.dtype
     w_mm = weight.to(mm_dtype)  # a copy only under autocast: once per call
     b_mm = bias.to(mm_dtype) if bias is not None else None
 
@@ -167,11 +167,11 @@ def linear_cross_entropy_fwd(
     del w_mm, b_mm
 
     if reduction == "none":
-        loss = loss_rows.to(out_dtype)
+        loss = loss_rows
     else:
         total = loss_rows.sum()
-        loss = (total if reduction == "sum" else divide_or_zero(total, divisor)).to(out_dtype)
-    more = (reduce_extras(*rows, target, ignore_index, reduction, divisor, out_dtype)
+        loss = total if reduction == "sum" else divide_or_zero(total, divisor)
+    more = (reduce_extras(*rows, target, ignore_index, reduction, divisor, torch.float32)
             if rows else None)
     d_weight = acc_w.to(weight.dtype) if acc_w is not None else None
     d_bias = acc_b.to(bias.dtype) if acc_b is not None else None

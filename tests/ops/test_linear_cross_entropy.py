@@ -63,6 +63,34 @@ def test_matches_linear_then_cross_entropy(reduction, chunk, device):
         torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_the_loss_is_float32_at_bf16_inputs_within_float32s_rule(reduction, device):
+    """The loss, z-loss and accuracy are float32 from bf16 inputs, and the loss and z-loss
+    are the float64 loss of the bf16 logits (what F.linear computes) within float32's rule:
+    k x the error of Hugging Face's computation (those logits upcast to fp32). A loss
+    rounded to bf16 (12.25 for 12.2604) fails it."""
+    from speedlight import reference
+    from speedlight.spec import TOLERANCES
+    from speedlight.verify.compare import judge
+
+    h, w, t, _ = inputs(64, 32, 300, device, dtype=torch.bfloat16)
+    t[::7] = -100
+    kwargs = dict(reduction=reduction, z_loss=1e-3, return_z_loss=True,
+                  return_token_accuracy=True)
+    ours = speedlight.linear_cross_entropy(h, w, t, chunk_size=16, **kwargs)
+    logits = F.linear(h, w)
+    truth = reference.cross_entropy(logits.double(), t, **kwargs)
+    hf = reference.linear_cross_entropy(h, w, t, **kwargs)
+    assert [x.dtype for x in ours[:3]] == [torch.float32] * 3
+    assert [x.dtype for x in hf[:3]] == [torch.float32] * 3
+    fp32 = TOLERANCES[torch.float32]
+    for name, got, want, yardstick in zip(("loss", "z_loss"), ours, truth, hf):
+        check = judge(name, got, want, yardstick, fp32)
+        assert check.passed, check.reason
+    rounded = judge("loss", ours.loss.bfloat16().float(), truth[0], hf[0], fp32)
+    assert not rounded.passed  # the test would catch a bf16 loss
+
+
 def test_leading_dims_and_module(device):
     h, w, t, _ = inputs(12, 16, 50, device)
     h3, t3 = h.view(2, 6, 16), t.view(2, 6)
