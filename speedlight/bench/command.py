@@ -195,8 +195,10 @@ def _run(args: argparse.Namespace) -> int:
                                ("--cpu-max-mib", args.cpu_max_mib, 0.0),
                                ("--min-samples", args.min_samples, 0),
                                ("--max-samples", args.max_samples, 0), ("--limit", args.limit, 0)):
-        if value is not None and value <= least:
+        if value is not None and not value > least:  # NaN too
             _fail(f"{flag} must be more than {least:g}, got {value:g}")
+    if args.max_gib is not None and args.max_gib == float("inf"):
+        _fail("--max-gib must be a finite number of GiB")
     if args.graph_max_mib < 0:
         _fail(f"--graph-max-mib must be at least 0, got {args.graph_max_mib:g}")
     cluster.check_ray_flags(args, "bench")

@@ -497,6 +497,8 @@ def apply_kinds(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | st
 
 def unpatch(model: torch.nn.Module) -> None:
     """Restore every module and the loss exactly as they were before speedlight.patch."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     model = _base_model(model)
     record = model.__dict__.get(_RECORD)
     if record is None:

@@ -67,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
     console = results.make_console()
     if args.seeds < 1:
         raise SystemExit("speedlight verify: --seeds must be at least 1")
-    if args.max_gib is not None and args.max_gib <= 0:
-        raise SystemExit(f"speedlight verify: --max-gib must be more than 0, got {args.max_gib:g}")
+    if args.max_gib is not None and not 0 < args.max_gib < float("inf"):  # NaN too
+        raise SystemExit(f"speedlight verify: --max-gib must be a number of GiB more than 0, "
+                         f"got {args.max_gib:g}")
     cluster.check_ray_flags(args, "verify")
     names = [n.strip() for n in args.ops.split(",")] if args.ops else None
     try:

@@ -172,9 +172,11 @@ def test_an_unpatched_model_of_the_same_family_keeps_pytorchs_rope():
     unpatch(patched)
 
 
-def test_patch_rejects_non_modules():
+def test_patch_and_unpatch_reject_non_modules():
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         apply_kinds("llama")
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got int"):
+        unpatch(123)
 
 
 def test_twenty_training_steps_give_matching_loss_curves():
