@@ -26,7 +26,7 @@ FLOORS = {
     # 3 ops
     "ops": 3, "registry": 3,
     # 4 what the tools share about models
-    "nn": 4, "workloads": 4,
+    "nn": 4, "workloads": 4, "candidates": 4,
     # 5 tools, side by side
     "verify": 5, "bench": 5, "inspect": 5, "profile": 5, "patching": 5, "report": 5,
     # 6 composers

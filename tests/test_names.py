@@ -26,9 +26,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "run": COMMANDS + ("verify/harness.py",),
     # the function a Ray task calls, named by "<module>:worker" (cluster.run_on_ray)
     "worker": ("*/on_cluster.py",),
-    # a baseline module's hooks (bench/baselines.py): adapt the inputs, whether it applies
-    "adapt": ("bench/*baselines.py", "bench/liger.py"),
-    "applies": ("bench/*baselines.py",),
+    # a candidate module's hooks (candidates/__init__.py, bench/gemm_baselines.py): adapt
+    # the inputs, whether it applies
+    "adapt": ("candidates/*.py", "bench/gemm_baselines.py"),
+    "applies": ("candidates/*.py", "bench/gemm_baselines.py"),
     # SASS and AMDGCN read into one report: the same parser interface per instruction set
     # (amdgcn.LineAccess subclasses sass.LineAccess); occupancy.py is NVIDIA's occupancy
     **{n: ISA for n in ("Instr", "LineAccess", "accesses_by_line", "mix", "parse")},

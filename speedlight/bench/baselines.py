@@ -1,4 +1,6 @@
-"""What speedlight is timed against.
+"""What speedlight is timed against: the candidates of speedlight/candidates (the one list
+`speedlight plan` chooses among, same names, same adapters), bar speedlight's own and the
+model's, and the fp8 GEMM's own.
 
   torch-eager    the OpSpec's reference, run in the case's dtype: what a PyTorch user runs
   torch-compile  torch.compile of that reference (inductor by default; static shapes by
@@ -8,21 +10,23 @@
                  the eager chain (cuBLAS matmul + epilogue) at the best Inductor can do,
                  its own Triton GEMM templates with the epilogue fused included
   liger          Liger-Kernel's function for the op, when Liger is installed (found at run
-                 time) and has one (bench/liger.py); on a GPU only
-  torch-fused    torch's own fused function for the op (its OpSpec's peers["torch"]), where
-                 this torch has it: F.linear_cross_entropy with its chunked options for
-                 linear_cross_entropy
+                 time) and has one (candidates/liger.py); on a GPU only
+  torch-fused    torch's own fused function for the op (candidates/torch_ops.py), where
+                 this torch has it: F.rms_norm, F.linear_cross_entropy with its chunked
+                 options
   sdpa-flash, sdpa-efficient, sdpa-cudnn, flex-attention, flash-attn
-                 attention only (bench/attention_baselines.py): SDPA's backends, FlexAttention
-                 and flash-attn when installed; on a GPU only. Other ops get no row for them.
+                 attention only (candidates/attention.py): SDPA's backends, FlexAttention
+                 and flash-attn when installed; on a GPU only. Other ops get no row for
+                 them. sdpa-math (SDPA's math backend) only when named: a plan candidate,
+                 too slow and large to time by default.
   torch-scaled-mm, cublas-bf16
                  fp8 matmul only (bench/gemm_baselines.py): torch._scaled_mm, and the same
                  GEMM in bf16 on cuBLAS; on a GPU only. Other ops and dtypes get no row.
   torch-grouped-mm
-                 grouped_matmul and moe_experts only (bench/moe_baselines.py):
+                 grouped_matmul and moe_experts only (candidates/grouped_mm.py):
                  torch._grouped_mm, PyTorch's grouped GEMM (alone, or in moe_experts' chain;
                  the reference is the per-expert loop; its torch.compile compiles with
-                 dynamic shapes, moe_baselines.COMPILE_OPTIONS).
+                 dynamic shapes, grouped_mm.COMPILE_OPTIONS).
 
 A baseline that cannot run a case (not installed, no counterpart, unsupported dtype or
 layout, an error, or an output that differs from the reference) is kept as a row with
@@ -37,55 +41,26 @@ from typing import Callable
 
 import torch
 
-from speedlight.bench import attention_baselines, gemm_baselines, liger, moe_baselines
+from speedlight import candidates
+from speedlight.bench import gemm_baselines
+from speedlight.candidates import COMPILE, EAGER, LIGER, SPEEDLIGHT, TORCH_FUSED, Unsupported
+from speedlight.candidates import attention as attention_candidates
+from speedlight.candidates import grouped_mm
 from speedlight.spec import Case, OpSpec
 
-SPEEDLIGHT = "speedlight"
-EAGER = "torch-eager"
-COMPILE = "torch-compile"
-LIGER = "liger"
-TORCH_FUSED = "torch-fused"
-BASELINES = (EAGER, COMPILE, LIGER, TORCH_FUSED, *attention_baselines.NAMES,
-             *gemm_baselines.NAMES, *moe_baselines.NAMES)
+# the candidates bench times unless baselines are named (speedlight's and the model's own are
+# no baselines), then the fp8 GEMM's own; KNOWN adds those timed only when named (sdpa-math)
+BASELINES = (*(c.name for c in candidates.CANDIDATES if c.bench_default), *gemm_baselines.NAMES)
+KNOWN = (*BASELINES, *(c.name for c in candidates.CANDIDATES if not c.bench_default
+                       and c.name not in (SPEEDLIGHT, candidates.MODEL)))
+__all__ = ["BASELINES", "COMPILE", "EAGER", "KNOWN", "LIGER", "SPEEDLIGHT", "TORCH_FUSED",
+           "Baselines", "CompileOptions", "Contender", "compile_limits", "is_speedlight"]
 
 
 def is_speedlight(name: str) -> bool:
     """Whether a row's implementation is one of speedlight's ("speedlight" for an op's first
     implementation, "speedlight-cuda"... for the others), not a baseline."""
     return name == SPEEDLIGHT or name.startswith(SPEEDLIGHT + "-")
-
-
-def _torch_linear_cross_entropy(inputs: dict):
-    """F.linear_cross_entropy (chunked) over linear_cross_entropy's inputs, or the reason
-    it cannot compute this case."""
-    import torch.nn.functional as F
-
-    if not hasattr(F, "linear_cross_entropy") or not hasattr(torch.nn, "LinearCrossEntropyOptions"):
-        return None, f"torch {torch.__version__} has no F.linear_cross_entropy"
-    missing = [k for k in ("z_loss", "softcap", "return_z_loss", "return_token_accuracy",
-                           "return_predicted_tokens") if inputs.get(k)]
-    if missing:
-        return None, f"F.linear_cross_entropy has no {' or '.join(missing)}"
-    if inputs.get("label_smoothing"):
-        return None, ("F.linear_cross_entropy's chunked path has no label smoothing (it falls "
-                      "back to the full logits)")
-    options = torch.nn.LinearCrossEntropyOptions()
-
-    def fn(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
-           label_smoothing=0.0, class_weight=None, **_):
-        loss = F.linear_cross_entropy(hidden, weight, target, linear_bias=bias,
-                                      weight=class_weight, reduction=reduction,
-                                      ignore_index=ignore_index,
-                                      label_smoothing=label_smoothing, options=options)
-        counted = (target != ignore_index).sum()
-        if reduction == "mean":  # speedlight (and the reference) define a mean over nothing as 0
-            loss = torch.where(counted > 0, loss, torch.zeros_like(loss))
-        return loss
-    return fn, ""
-
-
-# torch.nn.functional name (an OpSpec's peers["torch"]) -> adapter(inputs) -> (fn or None, reason)
-TORCH_FUSED_ADAPTERS = {"linear_cross_entropy": _torch_linear_cross_entropy}
 
 
 @dataclass
@@ -120,9 +95,9 @@ class Baselines:
     """Builds the implementations of each case: speedlight's and the chosen baselines."""
 
     def __init__(self, names: tuple[str, ...] = BASELINES, compile_options: CompileOptions = CompileOptions()):
-        unknown = [n for n in names if n not in BASELINES]
+        unknown = [n for n in names if n not in KNOWN]
         if unknown:
-            raise ValueError(f"unknown baseline(s) {', '.join(unknown)}; known: {', '.join(BASELINES)}")
+            raise ValueError(f"unknown baseline(s) {', '.join(unknown)}; known: {', '.join(KNOWN)}")
         self.names = tuple(names)
         self.compile_options = compile_options
         self._compiled: dict[str, Callable] = {}
@@ -131,11 +106,11 @@ class Baselines:
                  device: torch.device | str = "cuda") -> list[Contender]:
         impls = self.speedlight(spec, torch.device(device))
         for name in self.names:
-            if name in attention_baselines.NAMES and spec.name != "attention":
+            if name in attention_candidates.NAMES and spec.name != "attention":
                 continue  # an attention library has nothing to say about other ops
             if name in gemm_baselines.NAMES and not gemm_baselines.applies(spec, case):
                 continue  # fp8 GEMM baselines: fp8 matmul cases only
-            if name in moe_baselines.NAMES and not moe_baselines.applies(spec, case):
+            if name in grouped_mm.NAMES and not grouped_mm.applies(spec, case):
                 continue  # grouped GEMM baselines: grouped_matmul and moe_experts only
             impls.append(self._build(name, spec, case, inputs, torch.device(device)))
         return impls
@@ -153,48 +128,30 @@ class Baselines:
 
     def _build(self, name: str, spec: OpSpec, case: Case, inputs: dict,
                device: torch.device) -> Contender:
-        if name == EAGER:
-            return Contender(EAGER, spec.reference)
+        """Baseline `name` for one case: the candidates' own adapter (candidates.adapt, the
+        one patch calls too), torch.compile of the reference, or an fp8 GEMM baseline."""
         if name == COMPILE:
             if spec.name not in self._compiled:
                 o = self.compile_options
-                own = moe_baselines.COMPILE_OPTIONS.get(spec.name, {})
+                own = grouped_mm.COMPILE_OPTIONS.get(spec.name, {})
                 self._compiled[spec.name] = torch.compile(
                     spec.reference, backend=o.backend, dynamic=own.get("dynamic", o.dynamic),
                     mode=own["mode"] if "mode" in own else self.compile_mode(spec, device))
             return Contender(COMPILE, self._compiled[spec.name], checked=True)
-        if name == TORCH_FUSED:
-            peer = spec.peers.get("torch")
-            if peer not in TORCH_FUSED_ADAPTERS:
-                return Contender(TORCH_FUSED, None, f"torch has no fused function of {spec.name}")
-            fn, reason = TORCH_FUSED_ADAPTERS[peer](inputs)
-            return Contender(TORCH_FUSED, fn, reason, checked=True)
-        if name in attention_baselines.NAMES:
-            try:
-                return Contender(name, attention_baselines.adapt(name, inputs, case, device),
-                                 checked=True)
-            except liger.Unsupported as e:
-                return Contender(name, None, str(e))
         if name in gemm_baselines.NAMES:
             try:
                 fn = gemm_baselines.adapt(name, spec, inputs, device)
-            except liger.Unsupported as e:
+            except Unsupported as e:
                 return Contender(name, None, str(e))
             return Contender(name, fn, checked=name == gemm_baselines.SCALED_MM)
-        if name in moe_baselines.NAMES:
-            try:
-                return Contender(name, moe_baselines.adapt(name, spec, case, inputs, device),
-                                 checked=True)
-            except liger.Unsupported as e:
-                return Contender(name, None, str(e))
-        if device.type != "cuda":
+        if name == LIGER and device.type != "cuda":
             return Contender(LIGER, None, "Liger-Kernel runs on CUDA GPUs; it is not run "
                                           "on the CPU interpreter")
         try:
-            fn, mutates = liger.adapt(spec, inputs, case)
-        except liger.Unsupported as e:
-            return Contender(LIGER, None, str(e))
-        return Contender(LIGER, fn, mutates_inputs=mutates, checked=True)
+            fn, mutates = candidates.adapt(name, spec, case, inputs, device)
+        except Unsupported as e:
+            return Contender(name, None, str(e))
+        return Contender(name, fn, mutates_inputs=mutates, checked=name != EAGER)
 
     def compile_mode(self, spec: OpSpec, device: torch.device) -> str | None:
         """The torch.compile mode of an op's baseline: the one asked for, else max-autotune

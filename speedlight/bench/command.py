@@ -23,7 +23,7 @@ from speedlight import arguments, cluster
 # bench/baselines.py's BASELINES, spelled out so the command parser imports no torch
 _BASELINES = ("torch-eager", "torch-compile", "liger", "torch-fused", "sdpa-flash",
               "sdpa-efficient", "sdpa-cudnn", "flex-attention", "flash-attn",
-              "torch-scaled-mm", "cublas-bf16", "torch-grouped-mm")
+              "torch-grouped-mm", "torch-scaled-mm", "cublas-bf16")
 
 ACTIONS = ("run", "compare", "plot", "table", "model")
 
@@ -43,7 +43,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     r.add_argument("--baselines", default=",".join(_BASELINES),
                    help=f"comma-separated, from {','.join(_BASELINES)} (torch-fused: torch's "
                         "own fused function where it has one; sdpa-* to flash-attn apply "
-                        "to attention only, torch-scaled-mm and cublas-bf16 to fp8 matmul "
+                        "to attention only, sdpa-math when named, torch-scaled-mm and cublas-bf16 to fp8 matmul "
                         "only, torch-grouped-mm to grouped_matmul only); 'none' for none")
     arguments.add_spec(r)
     arguments.add_target(r)

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from speedlight.bench.liger import Unsupported
+from speedlight.candidates import Unsupported
 from speedlight.spec import Case, OpSpec
 
 SCALED_MM = "torch-scaled-mm"

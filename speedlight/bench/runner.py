@@ -27,12 +27,13 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from speedlight import results
-from speedlight.bench import liger, metrics
+from speedlight.bench import metrics
 from speedlight.bench.baselines import LIGER, SPEEDLIGHT, Baselines, compile_limits, is_speedlight
 from speedlight.bench.sampler import ImplTimer
 from speedlight.bench.sizing import CaseSizing, mode_cost
 from speedlight.bench.timer import Clock, StopRule, clock_for, default_rule
 from speedlight.bench.workload import float_outputs
+from speedlight.candidates import liger
 from speedlight.spec import Case, OpSpec, dtype_name, rand_tensor
 from speedlight.target import TENSOR_CORE_FAMILIES, Target, peak_key, resolve
 # bench calls verify to check a case before timing it

@@ -1,6 +1,6 @@
-"""What a mixture of experts' matmuls are timed against, beyond the eager reference (the
-per-expert loop a PyTorch user writes: one matmul per group, with a host sync to read the
-group offsets) and torch.compile of it.
+"""torch._grouped_mm as a candidate: what a mixture of experts' matmuls are timed against,
+beyond the eager reference (the per-expert loop a PyTorch user writes: one matmul per
+group, with a host sync to read the group offsets) and torch.compile of it.
 
   torch-grouped-mm  torch._grouped_mm (F.grouped_mm where torch has it): PyTorch's own
                     grouped GEMM, what transformers' "grouped_mm" experts implementation
@@ -27,10 +27,9 @@ from typing import Callable
 
 import torch
 
-from speedlight.bench.liger import Unsupported
+from speedlight.candidates.names import GROUPED_MM, Unsupported
 from speedlight.spec import Case, OpSpec
 
-GROUPED_MM = "torch-grouped-mm"
 NAMES = (GROUPED_MM,)
 OPS = ("grouped_matmul", "moe_experts")
 

@@ -3,9 +3,10 @@ the reason, and SDPA turning down what it cannot express."""
 
 import torch
 
-from speedlight.bench import attention_baselines, baselines
+from speedlight.bench import baselines
 from speedlight.bench.command import _BASELINES
-from speedlight.bench.liger import Unsupported
+from speedlight.candidates import Unsupported
+from speedlight.candidates import attention as attention_baselines
 from speedlight.ops.attention import SPEC as ATTENTION
 from speedlight.ops.softmax import SPEC as SOFTMAX
 
@@ -15,7 +16,7 @@ def test_the_command_offers_every_baseline():
 
 
 def test_attention_gets_its_baselines_and_other_ops_do_not():
-    b = baselines.Baselines(baselines.BASELINES)
+    b = baselines.Baselines(baselines.KNOWN)
     case = ATTENTION.cases("quick")[1]
     impls = {i.name: i for i in b.for_case(ATTENTION, case, ATTENTION.make_inputs(case, "cpu"),
                                            "cpu")}

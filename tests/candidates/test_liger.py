@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from speedlight import registry
-from speedlight.bench import liger
+from speedlight.candidates import liger
 from speedlight.spec import Case
 
 
@@ -192,7 +192,8 @@ def test_linear_cross_entropy_baselines_map_the_op_inputs():
     F.linear_cross_entropy (where torch has it) computes the reference's loss, and says
     why not where it has no such option."""
     from speedlight import reference
-    from speedlight.bench.baselines import TORCH_FUSED_ADAPTERS
+    from speedlight.candidates import Unsupported
+    from speedlight.candidates.torch_ops import ADAPTERS
 
     h, w = torch.randn(6, 8), torch.randn(20, 8)
     t = torch.randint(0, 20, (6,))
@@ -200,15 +201,18 @@ def test_linear_cross_entropy_baselines_map_the_op_inputs():
     (name, args, kw), _ = _adapt("linear_cross_entropy", inputs)
     assert name == "liger_fused_linear_cross_entropy" and args[0] is h and args[1] is w
     assert kw["label_smoothing"] == 0.1
-    assert TORCH_FUSED_ADAPTERS["linear_cross_entropy"](inputs)[0] is None  # smoothing
+    with pytest.raises(Unsupported, match="smoothing|no F.linear_cross_entropy"):
+        ADAPTERS["linear_cross_entropy"](inputs)
     inputs["label_smoothing"] = 0.0
-    fn, reason = TORCH_FUSED_ADAPTERS["linear_cross_entropy"](inputs)
-    if fn is None:
-        pytest.skip(reason)
+    try:
+        fn = ADAPTERS["linear_cross_entropy"](inputs)
+    except Unsupported as e:
+        pytest.skip(str(e))
     torch.testing.assert_close(fn(**inputs), reference.linear_cross_entropy(h, w, t))
     t_all = torch.full((6,), -100)
     assert fn(**dict(inputs, target=t_all)).item() == 0.0
-    assert TORCH_FUSED_ADAPTERS["linear_cross_entropy"](dict(inputs, softcap=30.0))[0] is None
+    with pytest.raises(Unsupported, match="softcap"):
+        ADAPTERS["linear_cross_entropy"](dict(inputs, softcap=30.0))
 @pytest.mark.parametrize("op", ["swiglu", "geglu"])
 def test_gated_units_with_multipliers_are_unsupported_by_liger(op):
     """Liger's gated units have no gate or down multiplier: such a case is no Liger row."""

@@ -1,4 +1,5 @@
-"""Liger-Kernel as a baseline: speedlight op names mapped to Liger's functional API.
+"""Liger-Kernel as a candidate (a bench baseline, a plan's choice): speedlight op names
+mapped to Liger's functional API.
 
 Each adapter takes an op's inputs (the keyword arguments its OpSpec's make_inputs gives)
 and returns a function of those same keyword arguments that calls Liger and returns what
@@ -20,11 +21,8 @@ from typing import Any, Callable
 
 import torch
 
+from speedlight.candidates.names import Unsupported
 from speedlight.spec import Case, OpSpec
-
-
-class Unsupported(Exception):
-    """Liger has no way to compute this case; the message says why."""
 
 
 def _need(op: str, inputs: dict, *names: str) -> None:

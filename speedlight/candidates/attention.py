@@ -1,6 +1,8 @@
-"""What attention is timed against, beyond the eager reference and torch.compile of it.
+"""Attention's candidates beyond speedlight's, the eager reference and torch.compile of it.
 
-  sdpa-flash      torch.nn.functional.scaled_dot_product_attention, FlashAttention-2 backend
+  sdpa-math       torch.nn.functional.scaled_dot_product_attention, math backend forced
+                  (timed by bench only when named: it makes the [seq_q, seq_k] scores)
+  sdpa-flash      the same, FlashAttention-2 backend
   sdpa-efficient  the same, memory-efficient backend
   sdpa-cudnn      the same, cuDNN backend
   flex-attention  torch's FlexAttention (compiled), the mask as a block mask, the softcap
@@ -9,10 +11,15 @@
                   whichever is installed
 
 Each adapter takes the attention OpSpec's inputs and returns a function of the same keyword
-arguments returning the output in q's shape, or raises Unsupported with the reason: every
-one runs on CUDA GPUs only, and SDPA has no window, softcap, variable length or end-aligned
-causal mask for seq_q != seq_k. bench checks each forward against the reference before
-timing it, so a mapping that computes something else is reported, not timed.
+arguments returning the output in q's shape, or raises Unsupported with the reason: bench
+runs every one on CUDA GPUs only, and SDPA has no window, softcap, variable length or
+end-aligned causal mask for seq_q != seq_k. bench checks each forward against the reference
+before timing it, so a mapping that computes something else is reported, not timed.
+
+In a model (speedlight.patch, a plan's choice) the same candidates are Hugging Face's own
+attention functions of those libraries, with their mask handling: SDPA's under
+`forced_sdpa(name)` (the one place a name becomes a forced backend, for bench and patch
+alike), flex_attention, flash_attention_2/3.
 """
 
 from __future__ import annotations
@@ -21,11 +28,11 @@ from typing import Callable
 
 import torch
 
-from speedlight.bench.liger import Unsupported
+from speedlight.candidates.names import Unsupported
 from speedlight.spec import Case
 
-SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
-                 "sdpa-cudnn": "CUDNN_ATTENTION"}
+SDPA_BACKENDS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION",
+                 "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION"}
 NAMES = (*SDPA_BACKENDS, "flex-attention", "flash-attn")
 
 
@@ -37,9 +44,15 @@ def _plain(inputs: dict, what: str) -> None:
         raise Unsupported(f"{what} has no variable-length (cu_seqlens) input")
 
 
-def _sdpa(name: str, inputs: dict) -> Callable:
+def forced_sdpa(name: str):
+    """A context in which SDPA runs candidate `name`'s backend alone (sdpa-flash: the
+    FlashAttention-2 backend); SDPA raises where that backend cannot run a call."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    return sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[name]))
+
+
+def _sdpa(name: str, inputs: dict) -> Callable:
     what = f"SDPA's {name.split('-')[1]} backend"
     _plain(inputs, what)
     if inputs.get("window") is not None or inputs.get("softcap") is not None:
@@ -48,10 +61,8 @@ def _sdpa(name: str, inputs: dict) -> Callable:
     if inputs.get("causal") and q.shape[2] != k.shape[2]:
         raise Unsupported(f"{what}'s causal mask is aligned at the top-left, speedlight's at the "
                           "end, when seq_q != seq_k")
-    backend = getattr(SDPBackend, SDPA_BACKENDS[name])
-
     def run(q, k, v, causal=False, scale=None, **_):
-        with sdpa_kernel(backend):
+        with forced_sdpa(name):
             return torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, is_causal=causal, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
     return run

@@ -5,8 +5,8 @@ refused with the reason outside bf16."""
 import pytest
 import torch
 
-from speedlight.bench import moe_baselines
-from speedlight.bench.liger import Unsupported
+from speedlight.candidates import Unsupported
+from speedlight.candidates import grouped_mm as moe_baselines
 from speedlight.ops import moe_experts as op
 from tests.helpers import case_maker
 
