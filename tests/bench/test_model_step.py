@@ -156,7 +156,8 @@ def test_a_peer_that_fails_is_unavailable_and_ours_is_an_error():
     pytest.param(["--model", "no-such-model"], "--model 'no-such-model'", id="model-unknown"),
     pytest.param(["--lr", "-1"], "--lr must be more than 0", id="lr-negative"),
     pytest.param(["extra.jsonl"], "model takes no paths", id="path"),
-    pytest.param(["--plan", "no-such-plan.json"], "--plan: plan='no-such-plan.json': cannot read",
+    pytest.param(["--plan", "no-such-plan.json"],
+                 "--plan: plan file 'no-such-plan.json': cannot be read",
                  id="plan-missing"),
 ])
 def test_bad_arguments_are_one_line_errors_before_any_work(tmp_path, argv, says):
