@@ -26,8 +26,10 @@ the items already delivered were written as they came.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import importlib
+import math
 import os
 import socket
 import tempfile
@@ -106,31 +108,121 @@ def _ray():
 
 def connect(address: str = "auto", timeout: float = CONNECT_TIMEOUT_S) -> str:
     """Join the Ray cluster at `address` ('auto': the one started on this machine, else a
-    new local one) unless this process already has; a line saying which. ClusterError when
-    nothing listens at the address, or no cluster answers there within `timeout` seconds
-    (Ray itself keeps retrying an unreachable address for minutes)."""
+    new local one, see start_local) unless this process already has; a line saying which.
+    ClusterError when nothing listens at the address, no cluster answers there within
+    `timeout` seconds (Ray itself keeps retrying an unreachable address for minutes), or a
+    local start fails or does not finish within `timeout` seconds."""
     ray = _ray()
     if ray.is_initialized():
         return "Ray: using the cluster this process is connected to"
-    quiet = dict(log_to_driver=False, logging_level="ERROR", configure_logging=True)
     named = address if address != "auto" else os.environ.get("RAY_ADDRESS")
     if named and named not in ("auto", "local"):
         _check_listening(address, named, timeout)
     try:
         if address != "auto":
-            _within(timeout, address, lambda: ray.init(address=address, **quiet))
+            _within(timeout, address, lambda: ray.init(address=address, **_QUIET))
             return f"Ray: joined the cluster at {address}"
         try:
-            _within(timeout, address, lambda: ray.init(address="auto", **quiet))
+            _within(timeout, address, lambda: ray.init(address="auto", **_QUIET))
             return "Ray: joined the cluster running on this machine"
         except ConnectionError:
-            _within(timeout, address, lambda: ray.init(include_dashboard=False, **quiet))
-            return ("Ray: no cluster found (no `ray start --head` here, no RAY_ADDRESS): started "
-                    "a local one on this machine")
+            pass  # none here: start one
     except (ConnectionError, ValueError, RuntimeError) as e:
         if isinstance(e, ClusterError):
             raise
         raise ClusterError(f"--ray {address}: cannot join a Ray cluster there: {e}") from None
+    start_local(timeout)
+    return ("Ray: no cluster found (no `ray start --head` here, no RAY_ADDRESS): started a "
+            f"local one on this machine, listening on {LOOPBACK} only")
+
+
+_QUIET = {"log_to_driver": False, "logging_level": "ERROR", "configure_logging": True}
+LOOPBACK = "127.0.0.1"
+# Ray's own limits on a start, raised to the start's timeout where it is longer (each read
+# from the environment when the start reads it; a value the user set is kept)
+_RAY_START_WAITS_S = {"RAY_gcs_server_port_wait_time_s": 30,  # the GCS publishing its port
+                      "RAY_gcs_rpc_server_reconnect_timeout_s": 60}  # a process reaching it
+
+
+def start_local(timeout: float = CONNECT_TIMEOUT_S, *, cpus: int | None = None,
+                resources: dict | None = None) -> None:
+    """Start a Ray cluster of this machine alone for this process, every part of it (the
+    node's address, the GCS, the raylet and its object manager, the workers) listening on
+    the loopback address only: a cluster no other machine is to join has no reason to be
+    reachable from one. ClusterError, in one line naming Ray's start-up, when the start
+    fails, does not finish within `timeout` seconds, or Ray put the node elsewhere.
+
+    Ray on Linux takes a node address on the loopback for a mistake and replaces it by the
+    machine's network address, unless its single-machine mode is on (the one Ray uses on
+    macOS and Windows; `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read when ray is imported):
+    that mode is switched on for the start, and the address Ray chose is checked after it.
+    `cpus` and `resources` are ray.init's num_cpus and resources (the tests' fake GPU
+    model)."""
+    ray = _ray()
+    init = dict(_QUIET, address="local", include_dashboard=False, _node_ip_address=LOOPBACK)
+    if cpus is not None:
+        init["num_cpus"] = cpus
+    if resources:
+        init["resources"] = dict(resources)
+
+    def start() -> None:
+        with _single_machine_ray(), _ray_waits(timeout):
+            ray.init(**init)
+
+    try:
+        _within(timeout, "auto", start, stay=True, what=(
+            f"Ray's start-up of a local cluster on this machine did not finish within "
+            f"{timeout:g} s (--ray-timeout); give it longer, or start one with "
+            f"`ray start --head`"))
+    except ClusterError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever Ray raised, in one line
+        raise ClusterError(f"--ray auto: Ray's start-up of a local cluster on this machine "
+                           f"failed ({_reason(e)})") from None
+    node = ray.util.get_node_ip_address()
+    if not _is_loopback(node):
+        ray.shutdown()
+        raise ClusterError(f"--ray auto: Ray {ray.__version__} put the local cluster's node "
+                           f"on {node}, not on the loopback address; start one with `ray "
+                           f"start --head --node-ip-address {LOOPBACK}` and run again")
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+@contextlib.contextmanager
+def _single_machine_ray():
+    """Ray's single-machine mode while a start reads it (see start_local)."""
+    from ray._private import ray_constants
+    saved = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+@contextlib.contextmanager
+def _ray_waits(timeout: float):
+    """Ray's own start-up waits no shorter than `timeout`, so that a slow start is given the
+    time --ray-timeout gives it (Ray's raylet wait, 30 s, has no setting)."""
+    saved = {k: os.environ.get(k) for k in _RAY_START_WAITS_S}
+    for key, default in _RAY_START_WAITS_S.items():
+        if saved[key] is None and timeout > default:
+            os.environ[key] = str(math.ceil(timeout))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
 
 
 def _check_listening(flag: str, address: str, timeout: float) -> None:
@@ -151,10 +243,16 @@ def _check_listening(flag: str, address: str, timeout: float) -> None:
             f"address") from None
 
 
-def _within(timeout: float, address: str, join: Callable[[], Any]) -> None:
-    """join() (a ray.init), ClusterError if it has not returned after timeout seconds. It
-    runs in a daemon thread, left behind on a timeout (the process is about to exit)."""
+def _within(timeout: float, address: str, join: Callable[[], Any], what: str | None = None, *,
+            stay: bool = False) -> None:
+    """join() (a ray.init), ClusterError (`what`, else that no cluster answered) if it has
+    not returned after timeout seconds. It runs in a daemon thread, left behind on a timeout
+    (the process is about to exit). With `stay` the thread outlives join(), parked for the
+    life of the process: a ray.init that starts a cluster has its processes killed when the
+    thread that started them ends (Ray binds them to it with Linux's PR_SET_PDEATHSIG, which
+    follows the thread, not the process)."""
     done: list = []
+    returned = threading.Event()
 
     def attempt() -> None:
         try:
@@ -162,13 +260,15 @@ def _within(timeout: float, address: str, join: Callable[[], Any]) -> None:
             done.append(None)
         except BaseException as e:  # handed to the caller's thread
             done.append(e)
+        returned.set()
+        if stay and done[0] is None:
+            threading.Event().wait()
 
-    thread = threading.Thread(target=attempt, name="ray-connect", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if not done:
-        raise ClusterError(f"--ray {address}: no Ray cluster answered within {timeout:g} s "
-                           f"(--ray-timeout); is a head node running there?")
+    threading.Thread(target=attempt, name="ray-connect", daemon=True).start()
+    if not returned.wait(timeout):
+        raise ClusterError(f"--ray {address}: " + (what or (
+            f"no Ray cluster answered within {timeout:g} s (--ray-timeout); is a head node "
+            f"running there?")))
     if done[0] is not None:
         raise done[0]
 

@@ -3,8 +3,11 @@ Triton interpreter write the rows a local run writes; a worker that dies loses n
 
 One Ray instance for the module (a few seconds to start), on one xdist worker."""
 
+import ipaddress
 import json
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,12 +26,67 @@ MODEL = "TESTGPU"  # a GPU model (Ray accelerator type) the test cluster says it
 def ray_cluster():
     ray = pytest.importorskip("ray", reason="the ray extra is not installed "
                                             "(pip install -e '.[ray]')")
-    # a GPU model Ray would find on a GPU node (its accelerator type), here on a CPU node
-    # address="local": a new instance, even where a `ray start` cluster is running here
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             resources={f"accelerator_type:{MODEL}": 1})
+    # started as `--ray auto` starts one: a new instance (even where a `ray start` cluster
+    # runs here), on the loopback only; it says it has a GPU model (a Ray accelerator type)
+    cluster.start_local(120, cpus=2, resources={f"accelerator_type:{MODEL}": 1})
     yield ray
     ray.shutdown()
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def _listening(pids: set[int]) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket the processes listen on, from /proc."""
+    inodes = set()
+    for pid in pids:
+        try:
+            links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:
+            continue
+        inodes |= {link[8:-1] for link in links if link.startswith("socket:[")}
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            host, port = fields[1].split(":")
+            raw = bytes.fromhex(host)  # each 32-bit word in host (little-endian) order
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            out.append((str(ipaddress.ip_address(raw)), int(port, 16)))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc")
+def test_the_local_cluster_listens_on_the_loopback_only(ray_cluster):
+    """Every port of the cluster started here (GCS, raylet and its object manager, the
+    workers) is on the loopback address, and the node says it is there."""
+    def loopback(address):
+        ip = ipaddress.ip_address(address)
+        return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None)
+                                      and ip.ipv4_mapped.is_loopback)
+
+    ray = ray_cluster
+    assert ray.get(ray.remote(lambda: 1).remote()) == 1  # a worker up and answering
+    nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]
+    assert nodes and all(loopback(a) for a in nodes), nodes
+    ports = _listening(_descendants(os.getpid()) | {os.getpid()})
+    assert len(ports) >= 3, ports  # the GCS, the raylet's two, a worker's
+    assert all(loopback(a) for a, _ in ports), ports
 
 
 def _rows(path):
