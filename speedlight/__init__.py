@@ -1,8 +1,9 @@
 """speedlight: a GPU kernel engineer's job, as software, for PyTorch users.
 
-Importing speedlight compiles nothing, touches no GPU and prints nothing; the ops load on
-first use. Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter
-(TRITON_INTERPRET=1 in the environment before the first op is used).
+Importing speedlight compiles nothing, touches no GPU and prints nothing (but one warning
+where torch, Triton or transformers is outside the versions tested); the ops load on first
+use. Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter
+(TRITON_INTERPRET=1 in the environment before anything imports triton: see the README).
 """
 
 import importlib
@@ -26,6 +27,12 @@ _SUBMODULES = ("nn", "spec", "shapes", "shape", "hardware", "reference", "regist
                "launch", "runtime", "plans")
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
+
+# one warning when torch, Triton or transformers is outside the versions tested (from
+# their metadata: nothing imported); nothing printed inside them
+from speedlight import versions as _versions
+
+_versions.warn_if_untested()
 
 
 def __getattr__(name):

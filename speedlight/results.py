@@ -1,5 +1,6 @@
 """Results every tool writes: JSON lines, one row per (op, case, implementation), each
-carrying the device, versions, git revision and time it was measured on.
+carrying the device, versions (torch, triton, transformers, CUDA: None where there is
+none), git revision and time it was measured on.
 
 Whole documents are written atomically (a new version beside the old one, renamed over
 it); JSON-lines files are appended whole rows at a time under a lock. Either way an
@@ -56,7 +57,10 @@ def _driver_version() -> str | None:
 def _static_environment() -> dict:
     import numpy
     import triton
-    return {"torch": torch.__version__, "triton": triton.__version__, "numpy": numpy.__version__,
+
+    from speedlight.versions import installed
+    return {"torch": torch.__version__, "triton": triton.__version__,
+            "transformers": installed("transformers"), "numpy": numpy.__version__,
             "python": platform.python_version(), "cuda": torch.version.cuda,
             "driver": _driver_version() if torch.cuda.is_available() else None,
             "git": _git_revision(), "host": platform.node()}

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "speedlight"
 FLOORS = {
     # 1 vocabulary
     "hardware": 1, "shapes": 1, "reference": 1, "results": 1, "runtime": 1, "kernels": 1,
-    "csrc": 1,
+    "csrc": 1, "versions": 1,
     # 2 description
     "spec": 2, "target": 2, "tuning": 2, "launch": 2, "arguments": 2, "cluster": 2,
     "plans": 2,

@@ -21,3 +21,11 @@ def test_readme_opens_with_install_and_test_commands():
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert _first_block()[1] in [line.strip() for line in ci]
+
+
+def test_readme_says_to_set_the_interpreter_before_anything_imports_triton():
+    """Set after triton's import, the interpreter cannot call triton's own functions
+    (tests/test_import.py holds the error speedlight gives then)."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert "set `TRITON_INTERPRET=1` before anything imports triton" in text
+    assert "before speedlight's ops are first used" not in text

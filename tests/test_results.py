@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from speedlight import results
 
@@ -91,9 +92,16 @@ def test_read_jsonl_names_the_bad_line(tmp_path):
         results.read_jsonl(path)
 
 
-def test_environment_says_where(device):
+def test_environment_says_where_and_with_which_versions(device):
+    import triton
+
     env = results.environment(device)
-    for key in ("torch", "triton", "device", "runtime", "timestamp", "git"):
+    for key in ("torch", "triton", "transformers", "cuda", "device", "runtime", "timestamp",
+                "git"):
         assert key in env
     assert env["runtime"] == ("cuda" if device.type == "cuda" else "cpu-interpreter")
+    assert (env["torch"], env["triton"], env["cuda"]) == (torch.__version__, triton.__version__,
+                                                          torch.version.cuda)
+    transformers = pytest.importorskip("transformers")
+    assert env["transformers"] == transformers.__version__
     json.dumps(env)

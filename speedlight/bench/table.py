@@ -1,20 +1,32 @@
-"""The README's performance table, generated from committed measurement files.
+"""The README's performance section, generated from committed measurement files.
 
-`speedlight bench table benchmarks/results` reads every bench*.jsonl under
-benchmarks/results/<sku>/, keeps the rows measured on a GPU (representative), and writes a
-Markdown summary between two markers in README.md: per GPU model (the rows of a
-heterogeneous Ray cluster split by the GPU each was timed on), op and mode, how many cases
-were timed, speedlight's median % of speed-of-light, and the geometric mean of its speedup
-over each baseline across the verified cases. With no such files, the section says so.
+`speedlight bench table benchmarks/results` reads every bench*.jsonl and model-step*.jsonl
+under benchmarks/results/<sku>/<run>/, keeps the rows measured on a GPU (representative),
+and writes Markdown between two markers in README.md, per GPU model (the rows of a
+heterogeneous Ray cluster split by the GPU each was timed on):
+- the runs the rows come from: each run's folder (`<sku>/<run>`), dates, speedlight
+  revision and versions (torch, triton, transformers, CUDA; from the rows, else the run's
+  versions.json);
+- the training step end to end (`speedlight bench model`), each variant's median step,
+  tokens/s, ratio to hf (Hugging Face's own model, SDPA attention, eager), peak memory and
+  whether its loss agrees with hf's;
+- per op and mode: how many cases were timed, speedlight's median % of speed-of-light, the
+  geometric mean of its speedup over each baseline across the verified cases, the runs the
+  newest rows came from, and how many of those rows may hold host time (the host took
+  longer to enqueue a call than the spin that keeps the GPU ahead of it, so the GPU waited
+  on the host: `timing.host_us > timing.lead_us`).
+With no such files, the section says so.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import OrderedDict
 from pathlib import Path
 from typing import Sequence
 
+from speedlight import results
 from speedlight.bench import compare, stats
 from speedlight.bench.baselines import BASELINES, SPEEDLIGHT, is_speedlight
 
@@ -27,64 +39,178 @@ _NAMES = {SPEEDLIGHT: "speedlight (first impl.)", "torch-eager": "PyTorch eager"
           "flash-attn": "flash-attn", "torch-grouped-mm": "torch._grouped_mm",
           "torch-scaled-mm": "torch._scaled_mm", "cublas-bf16": "cuBLAS bf16"}
 _GENERAL = ("torch-eager", "torch-compile", "liger")  # always a column; the others when timed
+RUN = "_run"  # the key collect() adds to each row: its run's folder under root
+_VERSIONS = ("torch", "triton", "transformers", "cuda")
 
 
 def collect(root: str | Path) -> list[dict]:
+    """Every bench row and model-step row under root, each with RUN: its run's folder
+    under root (`<sku>/<run>`: the first two levels, or fewer where the file sits higher;
+    root's own name for a file directly in it, as in a gpu-check output folder).
+    Where a row lacks a version the run's versions.json has, the row is given that one."""
     root = Path(root)
     if not root.exists():
         return []
-    return compare.load_bench_rows(root)
+    files = compare.bench_files(root)
+    if root.is_dir():
+        files += sorted(p for p in root.rglob("model-step*.jsonl"))
+    rows = []
+    for f in files:
+        parts = f.parent.relative_to(root).parts[:2] if root.is_dir() else ()
+        run = root.joinpath(*parts) if root.is_dir() else f.parent
+        recorded = _json(run / "versions.json")
+        for r in results.read_jsonl(f):
+            if r.get("tool") not in ("bench", "bench-model"):
+                continue
+            r = dict(r, **{RUN: "/".join(parts) or root.name or "."})
+            for key in _VERSIONS:
+                if r.get(key) is None and recorded.get(key) is not None:
+                    r[key] = recorded[key]
+            rows.append(r)
+    return rows
+
+
+def _json(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def host_time(row: dict) -> bool:
+    """Whether a row's samples may hold host time: the host took longer to enqueue one call
+    than the spin kernel timed before it lasted, so the GPU waited on the host."""
+    t = row.get("timing") or {}
+    host, lead = t.get("host_us"), t.get("lead_us")
+    return host is not None and lead is not None and host > lead
 
 
 def markdown(rows: Sequence[dict], source: str = "benchmarks/results", *,
              include_cpu: bool = False) -> str:
-    """The Markdown summary; rows timed on the CPU interpreter only with include_cpu (a
+    """The Markdown section; rows timed on the CPU interpreter only with include_cpu (a
     smoke run's summary), each device heading then saying they are not representative."""
-    gpu = [r for r in rows if (r.get("representative") or include_cpu)
-           and is_speedlight(r["implementation"])]
-    if not gpu:
+    kept = [r for r in rows if r.get("representative") or include_cpu]
+    ops = [r for r in kept if r.get("tool", "bench") == "bench" and is_speedlight(r["implementation"])]
+    steps = [r for r in kept if r.get("tool") == "bench-model"]
+    if not ops and not steps:
         return (f"No GPU results are committed yet (no GPU-measured bench rows under `{source}/`). "
-                f"Run `scripts/gpu-check.sh` on a GPU, copy its `bench.jsonl` to "
-                f"`{source}/<sku>/`, and run `speedlight bench table {source}`.")
+                f"Run `scripts/gpu-check.sh` on a GPU, copy its output folder to "
+                f"`{source}/<sku>/<date>-run<N>/`, and run `speedlight bench table {source}`.")
     parts = []
     by_device: OrderedDict = OrderedDict()  # one section per GPU model (a cluster's SKUs)
-    for r in gpu:
+    for r in ops + steps:
         by_device.setdefault(r.get("device", "?"), []).append(r)
     for device, rs in by_device.items():
-        rs = list(compare.latest(rs).values())  # the newest row of each case on this GPU
-        dates = sorted(r.get("timestamp", "")[:10] for r in rs if r.get("timestamp"))
-        revs = sorted({str(r.get("git"))[:12] for r in rs})
-        roofs = sorted({r["sol_roof"] for r in rs if r.get("sol_roof")})
+        dev_ops = [r for r in rs if r.get("tool", "bench") == "bench"]
+        dev_ops = list(compare.latest(dev_ops).values())  # the newest row of each case here
+        dev_steps = [r for r in rs if r.get("tool") == "bench-model"]
+        roofs = sorted({r["sol_roof"] for r in dev_ops if r.get("sol_roof")})
         warn = ("; CPU interpreter: NOT representative"
                 if any(r.get("representative") is False for r in rs) else "")
-        parts.append(f"**{device}** ({dates[0] if dates else '?'}"
-                     f"{' to ' + dates[-1] if dates and dates[-1] != dates[0] else ''}, "
-                     f"speedlight {', '.join(revs)}; % SOL on {', '.join(roofs) or 'no'} "
-                     f"ceilings{warn})\n")
-        # another implementation of speedlight's (CUDA C++) also has its speedup over the first
-        columns = [b for b in (SPEEDLIGHT, *BASELINES) if b in _GENERAL
-                   or any(b in (r.get("speedup") or {}) for r in rs)]
-        parts.append("| op | mode | dtype | cases timed | median % SOL | "
-                     + " | ".join(f"x {_NAMES.get(b, b)}" for b in columns) + " |")
-        parts.append("|---|---|---|---:|---:|" + "---:|" * len(columns))
-        groups: OrderedDict = OrderedDict()
-        for r in rs:
-            groups.setdefault((_op(r), r["mode"], r["dtype"]), []).append(r)
-        for (op, mode, dtype), g in groups.items():
-            ok = [r for r in g if r.get("status") == "ok"]
-            sol = [r["sol_pct"] for r in ok if r.get("sol_pct") is not None]
-            cells = []
-            for b in columns:
-                ups = [r["speedup"][b] for r in ok if (r.get("speedup") or {}).get(b) is not None]
-                gm = stats.geomean(ups)
-                cells.append(f"{gm:.2f}x ({len(ups)})" if gm is not None else "-")
-            parts.append(f"| {op} | {mode} | {dtype} | {len(ok)} of {len(g)} | "
-                         f"{(f'{statistics.median(sol):.0f}%' if sol else '-')} | "
-                         + " | ".join(cells) + " |")
-        parts.append("")
+        parts.append(f"**{device}** (% SOL on {', '.join(roofs) or 'no'} ceilings{warn})\n")
+        parts += _runs_table(dev_ops + dev_steps)
+        if dev_steps:
+            parts += _step_table(dev_steps)
+        if dev_ops:
+            parts += _op_table(dev_ops)
     parts.append("Speedups are geometric means over the cases speedlight passed verification "
-                 "on (their count in brackets); cases not timed are in the files with the reason.")
+                 "on (their count in brackets); cases not timed are in the files with the reason. "
+                 "\"may hold host time\": rows whose host took longer to enqueue a call than the "
+                 "GPU spin before it (`timing.host_us > timing.lead_us` in the row), so the GPU "
+                 "waited on the host and the time is partly the host's, not the kernel's.")
     return "\n".join(parts).strip()
+
+
+def _run_name(r: dict) -> str:
+    if r.get(RUN):
+        return r[RUN]
+    return f"{str(r.get('timestamp', '?'))[:10]} {_revision(r)}"
+
+
+def _revision(r: dict) -> str:
+    git = str(r.get("git"))
+    return git[:12] + ("-dirty" if git.endswith("-dirty") else "")
+
+
+def _runs_table(rows: Sequence[dict]) -> list[str]:
+    """One line per run: its folder, dates, revisions and versions, from its rows."""
+    runs: OrderedDict = OrderedDict()
+    for r in sorted(rows, key=lambda r: (_run_name(r), r.get("timestamp") or "")):
+        runs.setdefault(_run_name(r), []).append(r)
+    out = ["| run | date | speedlight revision | torch | triton | transformers | CUDA |",
+           "|---|---|---|---|---|---|---|"]
+    for name, rs in runs.items():
+        dates = sorted({str(r["timestamp"])[:10] for r in rs if r.get("timestamp")})
+        cells = [f"`{name}`", " to ".join(dict.fromkeys([dates[0], dates[-1]])) if dates else "?",
+                 ", ".join(sorted({_revision(r) for r in rs}))]
+        cells += [", ".join(sorted({str(r[k]) for r in rs if r.get(k) is not None})) or "?"
+                  for k in _VERSIONS]
+        out.append("| " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def _step_table(rows: Sequence[dict]) -> list[str]:
+    """The training step per run and variant, as `speedlight bench model` measured it."""
+    out = ["The training step, end to end (`speedlight bench model`: forward, backward and "
+           "AdamW; the median of the timed steps; hf is the Hugging Face model as configured "
+           "by default, SDPA attention, eager):", "",
+           "| run | model | variant | step (median) | tokens/s | x hf | peak memory | loss agrees with hf |",
+           "|---|---|---|---:|---:|---:|---:|---|"]
+    for r in sorted(rows, key=lambda r: (_run_name(r), r.get("timestamp") or "")):
+        model = (f"{r.get('model') or r.get('requested_model')}, {r.get('layers')} layers, "
+                 f"{r.get('dtype')}, {r.get('batch')} x {r.get('seq')} tokens")
+        if r.get("status") != "ok":
+            out.append(f"| `{_run_name(r)}` | {model} | {r.get('variant')} | "
+                       f"{r.get('status')}: {r.get('reason', '')} | | | | |")
+            continue
+        tokens = r.get("tokens_per_s")
+        agrees = {True: "yes", False: "NO"}.get(r.get("loss_agrees"), "-")
+        out.append(f"| `{_run_name(r)}` | {model} | {r.get('variant')} | {_ms(r.get('median_s'))} | "
+                   f"{f'{tokens:,.0f}' if tokens else '-'} | {_x(r.get('speedup_vs_hf'))} | "
+                   f"{_gib(r.get('peak_bytes'))} | {agrees} |")
+    return out + [""]
+
+
+def _op_table(rows: Sequence[dict]) -> list[str]:
+    """Per op, mode and dtype: cases timed, median % SOL, the geometric-mean speedups, the
+    runs the rows came from and how many may hold host time."""
+    # another implementation of speedlight's (CUDA C++) also has its speedup over the first
+    columns = [b for b in (SPEEDLIGHT, *BASELINES) if b in _GENERAL
+               or any(b in (r.get("speedup") or {}) for r in rows)]
+    out = ["Per op at its cases (the newest row of each case):", "",
+           "| op | mode | dtype | cases timed | median % SOL | "
+           + " | ".join(f"x {_NAMES.get(b, b)}" for b in columns) + " | run | may hold host time |",
+           "|---|---|---|---:|---:|" + "---:|" * len(columns) + "---|---:|"]
+    groups: OrderedDict = OrderedDict()
+    for r in rows:
+        groups.setdefault((_op(r), r["mode"], r["dtype"]), []).append(r)
+    for (op, mode, dtype), g in groups.items():
+        ok = [r for r in g if r.get("status") == "ok"]
+        sol = [r["sol_pct"] for r in ok if r.get("sol_pct") is not None]
+        cells = []
+        for b in columns:
+            ups = [r["speedup"][b] for r in ok if (r.get("speedup") or {}).get(b) is not None]
+            gm = stats.geomean(ups)
+            cells.append(f"{gm:.2f}x ({len(ups)})" if gm is not None else "-")
+        runs = ", ".join(sorted({_run_name(r).rsplit("/", 1)[-1] for r in g}))
+        host = sum(1 for r in ok if host_time(r))
+        out.append(f"| {op} | {mode} | {dtype} | {len(ok)} of {len(g)} | "
+                   f"{(f'{statistics.median(sol):.0f}%' if sol else '-')} | "
+                   + " | ".join(cells) + f" | {runs} | {f'{host} of {len(ok)}' if host else '-'} |")
+    return out + [""]
+
+
+def _ms(seconds) -> str:
+    return f"{seconds * 1e3:.1f} ms" if isinstance(seconds, (int, float)) else "-"
+
+
+def _x(ratio) -> str:
+    return f"{ratio:.2f}x" if isinstance(ratio, (int, float)) else "-"
+
+
+def _gib(n) -> str:
+    return f"{n / 2 ** 30:.1f} GiB" if isinstance(n, (int, float)) and n else "-"
 
 
 def _op(row: dict) -> str:

@@ -17,14 +17,16 @@ def _pyplot():
 
 def _svg(fig) -> str:
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
+    with _pyplot().rc_context({"svg.fonttype": "none"}):  # text as text: searchable, the page's font
+        fig.savefig(buf, format="svg", bbox_inches="tight")
     _pyplot().close(fig)
     text = buf.getvalue()
     return text[text.index("<svg"):]
 
 
 def time_by_type(data: dict, n: int = 10) -> str | None:
-    """Measured time per aten op type, before and after patching."""
+    """Measured time per aten op type in the original model and, beside it, the patched
+    one; its title says both and where the times were measured."""
     before, after = data.get("before_doc"), data.get("after_doc")
     if not before:
         return None
@@ -34,10 +36,14 @@ def time_by_type(data: dict, n: int = 10) -> str | None:
     keys = sorted(set(b) | set(a), key=lambda k: -max(b.get(k, 0), a.get(k, 0)))[:n][::-1]
     fig, ax = plt.subplots(figsize=(7.5, 0.32 * len(keys) + 1.2))
     y = range(len(keys))
-    ax.barh([i + 0.2 for i in y], [b.get(k, 0) * 1e3 for k in keys], 0.4, label="before")
+    ax.barh([i + 0.2 for i in y], [b.get(k, 0) * 1e3 for k in keys], 0.4,
+            label="original model")
     if after:
-        ax.barh([i - 0.2 for i in y], [a.get(k, 0) * 1e3 for k in keys], 0.4, label="patched")
+        ax.barh([i - 0.2 for i in y], [a.get(k, 0) * 1e3 for k in keys], 0.4,
+                label="patched with speedlight")
     ax.set_yticks(list(y), keys, fontsize=8)
+    ax.set_title(f"Time per aten op type, the {n} costliest: original model"
+                 + (" and patched" if after else ""), fontsize=9)
     ax.set_xlabel("measured time per step (ms)" + ("" if data["representative"] else
                                                     " - CPU, not representative"))
     ax.legend(fontsize=8)
@@ -46,7 +52,7 @@ def time_by_type(data: dict, n: int = 10) -> str | None:
 
 
 def roofline(data: dict) -> str | None:
-    """The model's ops on the target's roofline: x = FLOP/byte, point size = time share.
+    """The original model's ops on the target's roofline: x = FLOP/byte, point size = time share.
     On the target GPU a point sits at its achieved FLOP/s; elsewhere at its floor (the
     roof at its intensity), since CPU times say nothing about the GPU."""
     doc = data.get("before_doc")
@@ -74,14 +80,16 @@ def roofline(data: dict) -> str | None:
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("FLOP/s" + (" achieved" if on_target else " at the floor (projected)"))
-    ax.set_title(f"{target['name']} roof ({target.get('roof_source', 'datasheet')}); "
-                 f"point area = share of step time", fontsize=9)
+    ax.set_title(f"The original model's ops on the {target['name']} roof "
+                 f"({target.get('roof_source', 'datasheet')}); point area = share of step time",
+                 fontsize=9)
     ax.grid(alpha=0.3, which="both")
     return _svg(fig)
 
 
 def speedups_by_op(data: dict) -> str | None:
-    """speedlight's speedup over each baseline per op and mode (verified cases only)."""
+    """speedlight's speedup over each baseline per op and mode (verified cases timed on a
+    GPU only: rows timed on the CPU interpreter carry none, so on a CPU there is no chart)."""
     rows = [b for b in data["bench"] if b["verified"] and b["speedup"]]
     if not rows:
         return None
@@ -96,8 +104,9 @@ def speedups_by_op(data: dict) -> str | None:
     ax.axvline(1.0, color="k", lw=1)
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlabel("speedup (x)" + ("" if data["representative"] else
-                                   " - CPU interpreter, not representative"))
+    ax.set_title("speedlight's speedup per op and mode at the model's shapes (verified "
+                 "cases)", fontsize=9)
+    ax.set_xlabel("speedup (x)")
     ax.legend(fontsize=8)
     ax.grid(axis="x", alpha=0.3, which="both")
     return _svg(fig)

@@ -82,8 +82,14 @@ def _verify_table(rows: list[dict]) -> list[dict]:
     return list(by.values())
 
 
+# what a per-op speedup timed on the CPU shows instead of a number
+NOT_REPRESENTATIVE = "not representative (Triton interpreter on a CPU)"
+
+
 def _bench_table(rows: list[dict]) -> list[dict]:
-    """speedlight's rows (each implementation's) with the others' medians beside them."""
+    """speedlight's rows (each implementation's) with the others' medians beside them. A
+    row timed on the CPU interpreter (not representative) gives no speedup: its ratios
+    are withheld (`speedup_withheld` says why), so no view and no average shows one."""
     base = {}
     for r in rows:
         if r.get("median_us") is not None:
@@ -99,7 +105,10 @@ def _bench_table(rows: list[dict]) -> list[dict]:
                     "median_us": r.get("median_us"), "p20_us": r.get("p20_us"),
                     "p80_us": r.get("p80_us"), "gbps": r.get("gbps"), "sol_pct": r.get("sol_pct"),
                     "sol_note": r.get("sol_note"), "verified": r.get("verified"),
-                    "speedup": r.get("speedup") or {}, "speedup_note": r.get("speedup_note") or {},
+                    "speedup": (r.get("speedup") or {}) if r.get("representative") else {},
+                    "speedup_withheld": NOT_REPRESENTATIVE if not r.get("representative") and any(
+                        v is not None for v in (r.get("speedup") or {}).values()) else None,
+                    "speedup_note": r.get("speedup_note") or {},
                     "baselines_us": {impl: us for (cid, mode, impl), us in base.items()
                                      if cid == r["case_id"] and mode == r["mode"]
                                      and impl != r["implementation"]},
@@ -108,8 +117,10 @@ def _bench_table(rows: list[dict]) -> list[dict]:
 
 
 def _speedup_means(bench: list[dict]) -> dict:
-    """The geometric mean of each speedup of speedlight's default implementation's rows."""
-    bench = [b for b in bench if b.get("implementation", "speedlight") == "speedlight"]
+    """The geometric mean of each speedup of speedlight's default implementation's rows
+    measured on a GPU (rows timed on the CPU interpreter have none: _bench_table)."""
+    bench = [b for b in bench if b.get("implementation", "speedlight") == "speedlight"
+             and b.get("representative")]
     means: dict[str, dict[str, float | None]] = {}
     names = sorted({k for b in bench for k in b["speedup"]})
     for name in names:
@@ -178,6 +189,7 @@ def load_report(folder: str | Path) -> dict:
         "before_doc": before, "after_doc": after,
         "patch": _json(get("patch")), "model_check": _json(get("model_check")),
         "verify": verify, "bench": bench, "speedup_means": _speedup_means(bench),
+        "speedups_withheld": sum(1 for b in bench if b["speedup_withheld"]),
         "inspect": _json(get("inspect")), "inspect_kernels": _inspect_table(_json(get("inspect"))),
         "advice": (before or {}).get("advice", []),
         "projection": _projection(_json(get("projection"))),

@@ -61,8 +61,29 @@ def change(before, after) -> str:
     return f"{after / before:.2f}x"
 
 
+def versions_line(env: dict) -> str:
+    """The versions a run used, as its header names them: torch, triton, transformers and
+    CUDA ('none': a CPU build of torch; '?': a stage file that does not say)."""
+    def named(key):
+        if key not in env:
+            return "?"
+        return env[key] if env[key] is not None else "none"
+    return (f"torch {named('torch')}, triton {named('triton')}, transformers "
+            f"{named('transformers')}, CUDA {named('cuda')}")
+
+
+def stage_files(manifest: dict) -> list[str]:
+    """The files of the stages that ran and wrote one, in stage order."""
+    return [s["file"] for s in manifest.get("stages", {}).values()
+            if s.get("file") and s.get("status") == "ok"]
+
+
+def md_link(name: str) -> str:
+    return f"[{name}]({name})"
+
+
 FILTERS = {"t": fmt_time, "us": fmt_us, "b": fmt_bytes, "x": fmt_x, "n": fmt_num, "pct": fmt_pct,
-           "r": fmt_ratio}
+           "r": fmt_ratio, "md_link": md_link}
 
 
 def _env():
@@ -76,8 +97,8 @@ def _env():
                              autoescape=jinja2.select_autoescape(["html", "html.j2"]),
                              trim_blocks=True, lstrip_blocks=True)
     env.filters.update(FILTERS)
-    env.globals["change"] = change
-    env.globals["plan_line"] = plan_line
+    env.globals.update(change=change, plan_line=plan_line, versions_line=versions_line,
+                       stage_files=stage_files)
     return env
 
 
@@ -114,6 +135,7 @@ def print_summary(folder: str | Path, console) -> None:
     where = ("measured on " + d["environment"].get("device", "?") if d["representative"]
              else "CPU through the Triton interpreter: times are not representative")
     console.print(f"[bold]speedlight report[/]: {d['run'].get('model')} ({d['run'].get('mode')}), {where}")
+    console.print(f"  {versions_line(d['environment'])}")
     if b and a:
         ratio = (change(b['step_time_s'], a['step_time_s']) if d["representative"]
                  else "not a speed: kernels interpreted")
@@ -135,8 +157,10 @@ def print_summary(folder: str | Path, console) -> None:
                   f"{c['skip']} skipped")
     for name, modes in d["speedup_means"].items():
         console.print(f"  geomean speedup over {name}: " +
-                      ", ".join(f"{m} {fmt_x(v)}" for m, v in modes.items()) +
-                      ("" if d["representative"] else " (interpreter: not representative)"))
+                      ", ".join(f"{m} {fmt_x(v)}" for m, v in modes.items()))
+    if d["speedups_withheld"]:
+        console.print(f"  per-op speedups: none shown; {d['speedups_withheld']} rows were timed "
+                      f"on the Triton interpreter on a CPU (not representative)")
     pl = d["plan"]
     if pl:
         console.print(f"  plan: {plan_line(pl)}")

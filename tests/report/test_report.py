@@ -15,7 +15,7 @@ pytest.importorskip("matplotlib")
 
 from speedlight import cli
 from speedlight.report import render
-from speedlight.report.load import load_report
+from speedlight.report.load import NOT_REPRESENTATIVE, load_report
 
 # one report run serves every test here: keep them on one xdist worker, and the run for the
 # whole session there (a module fixture is torn down and made again, four minutes of CPU,
@@ -126,6 +126,69 @@ def test_cpu_report_gives_no_step_speedup_and_each_fact_its_own_line(report_dir)
         assert f"{r['status']}: {r['reason']}" in md
 
 
+def test_cpu_report_shows_no_per_op_speedup_from_interpreter_timings(report_dir):
+    """bench.jsonl holds the interpreter's ratios, but no view shows one and no average
+    takes one: the per-op tables say "not representative", the first screen and terminal
+    say how many were withheld, and no speedup chart is drawn."""
+    out, _ = report_dir
+    bench_rows = [json.loads(l) for l in (out / "bench.jsonl").read_text().splitlines()]
+    withheld = [r for r in bench_rows if r["implementation"] == "speedlight"
+                and any(v is not None for v in (r.get("speedup") or {}).values())]
+    assert withheld and not any(r["representative"] for r in withheld)
+    md = (out / "summary.md").read_text()
+    html = (out / "index.html").read_text()
+    assert "Geometric-mean speedup" not in md and "Geometric-mean speedup" not in html
+    line = f"- Per-op speedups: none shown; {len(withheld)} rows were timed on the Triton"
+    assert line in md and line[2:] in html
+    per_op = md.split("## Per-op speed")[1].split("## ")[0]
+    assert per_op.count(NOT_REPRESENTATIVE) == len(withheld)
+    assert not re.search(r"\d\.\d\dx", per_op), per_op
+    speed = html.split('id="speed"')[1].split('id="correctness"')[0]
+    assert "<svg" not in speed and "No speedup chart" in speed
+    assert not re.search(r"\d\.\d\dx", speed)
+    assert load_report(out)["speedup_means"] == {}
+
+
+def test_charts_and_sections_are_labelled_by_what_they_show(report_dir):
+    out, _ = report_dir
+    html = (out / "index.html").read_text()
+    time = html.split('id="time"')[1].split('id="projection"')[0]
+    assert "Where the time goes</h2>" in time and "original model" in time
+    assert "patched with speedlight" in time, "the chart's patched bars are not labelled"
+    assert "The original model's costliest ops</h3>" in time
+    assert "The original model's ops on the NVIDIA H200 roof" in html
+
+
+def test_header_and_every_row_name_the_versions(report_dir):
+    """torch, triton, transformers and CUDA in the header of both pages, and in every row
+    of verify.jsonl and bench.jsonl, as the environment has them."""
+    import torch
+    import transformers
+    import triton
+
+    out, _ = report_dir
+    want = {"torch": torch.__version__, "triton": triton.__version__,
+            "transformers": transformers.__version__, "cuda": torch.version.cuda}
+    line = render.versions_line(want)
+    assert line.startswith(f"torch {torch.__version__}, triton {triton.__version__}, "
+                           f"transformers {transformers.__version__}, CUDA ")
+    assert line in (out / "summary.md").read_text().splitlines()[2]
+    assert line in (out / "index.html").read_text()
+    for name in ("verify.jsonl", "bench.jsonl"):
+        for row in map(json.loads, (out / name).read_text().splitlines()):
+            assert {k: row.get(k, "missing") for k in want} == want, (name, row["case_id"])
+
+
+def test_summary_lists_the_stage_files_that_were_written(report_dir):
+    out, _ = report_dir
+    manifest = json.loads((out / "manifest.json").read_text())
+    written = [s["file"] for s in manifest["stages"].values()
+               if s["status"] == "ok" and s.get("file")]
+    last = (out / "summary.md").read_text().rstrip().splitlines()[-1]
+    assert last == "Stage files: " + ", ".join(f"[{f}]({f})" for f in written) + "."
+    assert manifest["stages"]["model_step"]["status"] == "skipped"  # the last stage: no ", ."
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium package is not installed "
                                              "(.ci/run installs it)")
 def test_page_renders_in_headless_chromium(report_dir, tmp_path):
@@ -138,7 +201,7 @@ def test_page_renders_in_headless_chromium(report_dir, tmp_path):
                          timeout=120).stdout
     for section in ("summary", "time", "bounds", "speed", "correctness", "compiler", "stages"):
         assert f'id="{section}"' in dom, section
-    assert dom.count("<svg") >= 3, "the charts did not render"
+    assert dom.count("<svg") >= 2, "the charts did not render"  # no speedup chart on a CPU
     assert "{{" not in dom and "Undefined" not in dom
     shot = tmp_path / "report.png"
     subprocess.run([CHROMIUM, *flags, "--window-size=1200,2400", f"--screenshot={shot}", url],
