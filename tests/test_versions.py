@@ -51,3 +51,22 @@ def test_an_untested_environment_gets_one_warning_at_import_and_still_imports():
     assert len(lines) == 1, out.stderr
     assert "torch 2.16.0 (newer than tested)" in lines[0]
     assert "transformers 5.16.1 (older than tested)" in lines[0]
+
+
+def test_pyproject_pins_the_range_versions_states():
+    """pyproject.toml's dependency bounds and versions.TESTED name one range: the oldest
+    minor tested as the floor, the next minor after the newest as the ceiling."""
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    requirements = [Requirement(r) for r in project["dependencies"]]
+    requirements += [Requirement(r) for r in project["optional-dependencies"]["hf"]]
+    pins = {r.name: r.specifier for r in requirements}
+    for package, ((lo_major, lo_minor), (hi_major, hi_minor)) in versions.TESTED.items():
+        spec = {(s.operator, s.version) for s in pins[package]}
+        assert spec == {(">=", f"{lo_major}.{lo_minor}"), ("<", f"{hi_major}.{hi_minor + 1}")}, (
+            package, pins[package])
