@@ -141,7 +141,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     forward(hidden, weight, target, bias=None) -> speedlight.linear_cross_entropy(...).
 
     Holds only the loss's options (ignore_index, reduction, label_smoothing, z_loss,
-    softcap, chunk_size, and class_weight, a buffer as torch's loss `weight`); the
+    softcap, chunk_size, memory_budget, and class_weight, a buffer as torch's loss
+    `weight`); the
     lm_head's weight and bias are passed in, so a model keeps its own lm_head (and its
     state-dict) unchanged.
     """
@@ -149,12 +150,12 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     def __init__(self, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0, *, z_loss: float = 0.0,
                  softcap: float | None = None, chunk_size: int | None = None,
-                 class_weight: torch.Tensor | None = None):
+                 memory_budget: int | None = None, class_weight: torch.Tensor | None = None):
         super().__init__()
         check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
         self.ignore_index, self.reduction = ignore_index, reduction
         self.label_smoothing, self.z_loss, self.softcap = label_smoothing, z_loss, softcap
-        self.chunk_size = chunk_size
+        self.chunk_size, self.memory_budget = chunk_size, memory_budget
         self.register_buffer("class_weight", class_weight)
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -163,11 +164,12 @@ class LinearCrossEntropyLoss(torch.nn.Module):
                                     ignore_index=self.ignore_index, reduction=self.reduction,
                                     label_smoothing=self.label_smoothing, z_loss=self.z_loss,
                                     softcap=self.softcap, class_weight=self.class_weight,
-                                    chunk_size=self.chunk_size)
+                                    chunk_size=self.chunk_size,
+                                    memory_budget=self.memory_budget)
 
     def extra_repr(self) -> str:
         extra = f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
-        for name in ("label_smoothing", "z_loss", "softcap", "chunk_size"):
+        for name in ("label_smoothing", "z_loss", "softcap", "chunk_size", "memory_budget"):
             if getattr(self, name):
                 extra += f", {name}={getattr(self, name)}"
         return extra

@@ -37,11 +37,12 @@ from speedlight.ops.cross_entropy import (
     ignore_and_class_weight,
     check_options,
 )
-from speedlight.ops.linear_cross_entropy_chunks import (  # noqa: F401 (the op's launcher API)
-    CHUNK_BUDGET_BYTES,
-    MIN_TOKENS_PER_SM,
-    chunk_tokens,
-    linear_cross_entropy_fwd,
+from speedlight.ops.linear_cross_entropy_chunks import linear_cross_entropy_fwd, scale_in_place
+from speedlight.ops.linear_cross_entropy_schedule import (
+    LOW_MEMORY_BUDGET,
+    budget_like,
+    headline,
+    plan_schedule,
 )
 from speedlight.ops.registration import register_op
 from speedlight.runtime import autocast_dtype, describe
@@ -57,14 +58,14 @@ def _train_fwd(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                bias: Optional[torch.Tensor], class_weight: Optional[torch.Tensor],
                ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
                softcap: Optional[float], chunk_size: Optional[int],
-               autocast_dtype: Optional[torch.dtype], check_target: bool, extras: bool,
-               needs_grad: list[bool]):
+               memory_budget: Optional[int], autocast_dtype: Optional[torch.dtype],
+               check_target: bool, extras: bool, needs_grad: list[bool]):
     """The loss, the gradients needs_grad asks for (of the loss itself) and the extras."""
     loss, dh, dw, db, more = linear_cross_entropy_fwd(
         hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss,
         softcap, class_weight=class_weight, needs_grad=needs_grad,
-        autocast_dtype=autocast_dtype, chunk_size=chunk_size, check_target=check_target,
-        extras=extras)
+        autocast_dtype=autocast_dtype, chunk_size=chunk_size, memory_budget=memory_budget,
+        check_target=check_target, extras=extras)
     return (loss, dh, dw, db, *(more or (None, None, None)))
 
 
@@ -72,36 +73,38 @@ def _loss_fwd(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
               bias: Optional[torch.Tensor], class_weight: Optional[torch.Tensor],
               ignore_index: int, reduction: str, label_smoothing: float, z_loss: float,
               softcap: Optional[float], chunk_size: Optional[int],
-              autocast_dtype: Optional[torch.dtype], check_target: bool, extras: bool):
+              memory_budget: Optional[int], autocast_dtype: Optional[torch.dtype],
+              check_target: bool, extras: bool):
     """The loss and the extras, no gradient."""
     loss, _, _, _, more = linear_cross_entropy_fwd(
         hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss,
         softcap, class_weight=class_weight, autocast_dtype=autocast_dtype,
-        chunk_size=chunk_size, check_target=check_target, extras=extras)
+        chunk_size=chunk_size, memory_budget=memory_budget, check_target=check_target,
+        extras=extras)
     return (loss, *(more or (None, None, None)))
 
 
 def _scale_bwd(dloss: torch.Tensor, d_hidden: torch.Tensor, d_weight: torch.Tensor,
                d_bias: torch.Tensor) -> None:
     """The forward's gradients times the upstream gradient, in place (no copy of
-    d_weight); the placeholders of gradients not computed stay empty."""
-    g = dloss.float()
+    d_weight), by a kernel that leaves them untouched when it is exactly 1 (read on the
+    device: no host sync); the placeholders of gradients not computed stay empty."""
     for t in (d_hidden, d_weight, d_bias):
-        if t.numel():
-            t.mul_(g)
+        scale_in_place(t, dloss)
 
 
 def _recompute_bwd(dloss: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
                    target: torch.Tensor, bias: Optional[torch.Tensor],
                    class_weight: Optional[torch.Tensor], ignore_index: int, reduction: str,
                    label_smoothing: float, z_loss: float, softcap: Optional[float],
-                   chunk_size: Optional[int], autocast_dtype: Optional[torch.dtype],
-                   needs_grad: list[bool]):
+                   chunk_size: Optional[int], memory_budget: Optional[int],
+                   autocast_dtype: Optional[torch.dtype], needs_grad: list[bool]):
     """The gradients needs_grad asks for, of sum(dloss * loss), recomputed chunk by chunk."""
     _, dh, dw, db, _ = linear_cross_entropy_fwd(
         hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss,
         softcap, class_weight=class_weight, needs_grad=needs_grad, grad_loss=dloss,
-        autocast_dtype=autocast_dtype, chunk_size=chunk_size, check_target=False)
+        autocast_dtype=autocast_dtype, chunk_size=chunk_size, memory_budget=memory_budget,
+        check_target=False)
     return dh, dw, db
 
 
@@ -116,8 +119,8 @@ def _outputs_fake(hidden, target, reduction, autocast_dtype, extras) -> tuple:
 
 
 def _train_fake(hidden, weight, target, bias, class_weight, ignore_index, reduction,
-                label_smoothing, z_loss, softcap, chunk_size, autocast_dtype, check_target,
-                extras, needs_grad):
+                label_smoothing, z_loss, softcap, chunk_size, memory_budget, autocast_dtype,
+                check_target, extras, needs_grad):
     loss, *more = _outputs_fake(hidden, target, reduction, autocast_dtype, extras)
     grad_h, grad_w, grad_b = needs_grad
     return (loss, hidden.new_empty(hidden.shape) if grad_h else None,
@@ -199,7 +202,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                          reduction: str = "mean", label_smoothing: float = 0.0,
                          z_loss: float = 0.0, softcap: float | None = None,
                          class_weight: torch.Tensor | None = None,
-                         chunk_size: int | None = None, check_target: bool = True,
+                         chunk_size: int | None = None, memory_budget: int | None = None,
+                         check_target: bool = True,
                          return_z_loss: bool = False, return_token_accuracy: bool = False,
                          return_predicted_tokens: bool = False
                          ) -> torch.Tensor | CrossEntropyOutput:
@@ -223,13 +227,18 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     the matmuls run in the autocast dtype, as F.linear's do there, and each gradient has
     its input's dtype.
 
-    Never materialises the [tokens, V] logits: tokens are processed in chunks (chunk_size
-    tokens each, or the rule in linear_cross_entropy_chunks), so the memory beyond the
-    inputs and the gradients is one chunk's logits plus, for a half-precision weight,
-    d_weight's fp32 accumulator. The gradients autograd needs (none for an input that
-    does not require grad) are computed during the forward and the backward scales them
-    in place, so a second backward on one graph is refused; with reduction="none" or fp16
-    logits the backward computes them instead (see this module's docstring).
+    Never materialises the [tokens, V] logits. memory_budget: the bytes it may hold beyond
+    its inputs and the gradients it returns (default 1 GiB; 250_000_000 is the low-memory
+    setting), which choose the schedule (linear_cross_entropy_schedule): chunks of tokens
+    whose logits fit, d_weight summed in itself (each chunk rounds it once), in an fp32
+    accumulator when that fits too, or, where d_weight would be rounded more than 8 times,
+    vocabulary blocks with the logits computed again (a fourth matmul, one rounding).
+    `speedlight.ops.linear_cross_entropy_schedule.plan_schedule` says which a call
+    takes; chunk_size (tokens) forces chunks of that size. The gradients autograd needs
+    (none for an input that does not require grad) are computed during the forward and
+    the backward scales them in place (skipped, without a host sync, for an upstream
+    gradient of 1), so a second backward on one graph is refused; with reduction="none"
+    or fp16 logits the backward computes them instead (see this module's docstring).
 
     check_target: a target neither in [0, V) nor ignore_index raises ValueError (on CUDA
     one host sync; pass False inside CUDA-graph capture, as for cross_entropy).
@@ -260,14 +269,21 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     if chunk_size is not None and (not isinstance(chunk_size, numbers.Integral)
                                    or isinstance(chunk_size, bool) or chunk_size < 1):
         raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+    if memory_budget is not None and (not isinstance(memory_budget, numbers.Integral)
+                                      or isinstance(memory_budget, bool) or memory_budget < 0):
+        raise ValueError(f"memory_budget must be None or a number of bytes >= 0, got "
+                         f"{memory_budget!r}")
     if weight.shape[0] == 0 and target.numel():
         raise ValueError(f"weight must have at least one row (class), got {describe(weight)}")
 
     asked = (bool(return_z_loss), bool(return_token_accuracy), bool(return_predicted_tokens))
+    if target.numel() == 0:
+        return _no_tokens(hidden, weight, bias, target, reduction, asked)
     args = (hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1), bias,
             class_weight, int(ignore_index), reduction, float(label_smoothing), float(z_loss),
             float(softcap) if softcap is not None else None,
-            int(chunk_size) if chunk_size is not None else None, amp_dtype,
+            int(chunk_size) if chunk_size is not None else None,
+            int(memory_budget) if memory_budget is not None else None, amp_dtype,
             bool(check_target) or hidden.device.type == "cpu", any(asked))
     recompute = reduction == "none" or (amp_dtype or hidden.dtype) == torch.float16
     op = LINEAR_CROSS_ENTROPY_RECOMPUTE if recompute else LINEAR_CROSS_ENTROPY
@@ -284,7 +300,42 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                                       zip((z, accuracy, predicted.view(target.shape)), asked)))
 
 
+def _no_tokens(hidden, weight, bias, target, reduction, asked):
+    """The result for no tokens, without a launch: F.linear's empty [0, V] logits summed
+    (0, or [0] per token for "none"), so that autograd gives the lm_head exact zeros (an
+    empty matmul) whatever the upstream gradient, as the unfused computation does."""
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    loss = logits.sum(-1) if reduction == "none" else logits.sum()
+    if not any(asked):
+        return loss
+    zero = torch.zeros(loss.shape, dtype=torch.float32, device=hidden.device)
+    predicted = torch.empty(target.shape, dtype=torch.int64, device=hidden.device)
+    return CrossEntropyOutput(loss, *(m if a else None for m, a in
+                                      zip((zero, zero.clone(), predicted), asked)))
+
+
 # --- OpSpec --------------------------------------------------------------------------------
+
+# A case of at most this many logits runs on a CPU (skip), and is given the memory budget
+# that rounds its d_weight as often as the headline shape's is under its setting
+SMALL_CASE_LOGITS = 2 ** 22
+
+
+def case_budget(case: Case) -> int | None:
+    """The memory_budget a case runs with: the setting's (flag budget="low": the
+    low-memory one; else the default, None), or for a half-precision case of at most
+    SMALL_CASE_LOGITS logits without an explicit chunk size, the budget that gives it the
+    schedule and chunk count the headline shape has under that setting (budget_like), so
+    that verify on a CPU judges the accuracy the GPU's default has (a half-precision
+    d_weight rounded as often; an fp32 one's roundings are fp32's, which no count makes
+    matter)."""
+    budget = LOW_MEMORY_BUDGET if case.flag("budget") == "low" else None
+    tokens, hidden_size, vocab = case["tokens"], case["hidden"], case["vocab"]
+    if (case.flag("chunk") is not None or tokens * vocab > SMALL_CASE_LOGITS
+            or case.dtype == torch.float32):
+        return budget
+    return budget_like(headline(budget, case.dtype), tokens, vocab, hidden_size, case.dtype)
+
 
 def make_inputs(case: Case, device) -> dict:
     tokens, hidden_size, vocab = case["tokens"], case["hidden"], case["vocab"]
@@ -310,8 +361,8 @@ def make_inputs(case: Case, device) -> dict:
             "label_smoothing": float(case.flag("smoothing", 0.0)),
             "z_loss": float(case.flag("zloss", 0.0)), "softcap": softcap,
             "class_weight": class_weight, "chunk_size": case.flag("chunk"),
-            "return_z_loss": extras, "return_token_accuracy": extras,
-            "return_predicted_tokens": extras}
+            "memory_budget": case_budget(case), "return_z_loss": extras,
+            "return_token_accuracy": extras, "return_predicted_tokens": extras}
 
 
 def _plant_argmax(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, g) -> None:
@@ -337,7 +388,8 @@ def _plant_argmax(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tens
         hidden.copy_(torch.where(close[:, None], h + step, h).to(hidden.dtype))
 
 
-def _reference(hidden, weight, target, bias=None, *, chunk_size=None, **options):
+def _reference(hidden, weight, target, bias=None, *, chunk_size=None, memory_budget=None,
+               **options):
     return reference.linear_cross_entropy(hidden, weight, target, bias, **options)
 
 
@@ -374,12 +426,15 @@ def cases(suite: str) -> list[Case]:
                     flags=flags, model=model)
 
     if suite == "quick":  # (the contract test runs each in 3 dtypes x 2 seeds: kept small)
-        return [case(37, 32, 300), case(1, 16, 7),
-                case(50, 16, 130, chunk=16),  # 4 chunks, the last ragged
-                case(37, 16, 300, chunk=16, ignore="some", smoothing=0.1, zloss=1e-3,
+        # without a chunk flag a case is rounded as often as the headline shape under its
+        # setting (case_budget): the default's chunks, or budget="low"'s vocabulary blocks
+        # (the first is the one inspect's gfx942 guard compiles: every kernel of the op)
+        return [case(37, 16, 300, budget="low", ignore="some", smoothing=0.1, zloss=1e-3,
                      softcap=30.0, bias=True),
-                case(37, 16, 300, chunk=16, reduction="none", ignore="some"),
-                case(37, 16, 300, chunk=16, weight=True, zloss=1e-3, ignore="some"),
+                case(37, 32, 300), case(1, 16, 7),
+                case(50, 16, 130, chunk=16),  # 4 chunks, the last ragged
+                case(37, 16, 300, budget="low", reduction="none", ignore="some"),
+                case(37, 16, 300, budget="low", weight=True, zloss=1e-3, ignore="some"),
                 case(37, 16, 300, chunk=16, extras=True, zloss=1e-3, ignore="some"),
                 case(6, 16, 100, ignore="all", chunk=4), case(0, 16, 100)]
     out = []
@@ -393,6 +448,7 @@ def cases(suite: str) -> list[Case]:
         out += [case(257, 1000, 32003, ignore="some"), case(1031, 509, 65537, bias=True),
                 case(4096, 4096, 128256, ignore="all"),
                 case(4096, 4096, 128256, reduction="none", smoothing=0.1, zloss=1e-4),
+                case(4096, 4096, 128256, budget="low", ignore="some"),
                 case(3, 16, 20011, reduction="sum"),
                 case(257, 1000, 32003, weight=True, smoothing=0.1, extras=True,
                      reduction="none", ignore="some"),
@@ -403,7 +459,7 @@ def cases(suite: str) -> list[Case]:
 
 
 def skip(case: Case, device) -> str | None:
-    if torch.device(device).type != "cuda" and case["tokens"] * case["vocab"] > 2 ** 22:
+    if torch.device(device).type != "cuda" and case["tokens"] * case["vocab"] > SMALL_CASE_LOGITS:
         return ("tokens x vocab > 4M logits: hours of matmuls and interpreted kernels on a "
                 "CPU; it runs on a GPU")
     return None
@@ -427,7 +483,9 @@ _CALLS = ("linear_cross_entropy_fwd", "linear_cross_entropy_infer", "linear_cros
 
 def case_of(call: str, args) -> Case | None:
     """[tokens, hidden] x [vocab, hidden] of a call, with the options that change the cost
-    (the scaling backward reads the forward's gradients: d_hidden, d_weight)."""
+    (the scaling backward reads the forward's gradients: d_hidden, d_weight), and the
+    schedule a call that runs the matmuls took (`schedule`, `chunks`, `blocks`: what
+    profile shows of it; the cost stays the ideal's)."""
     if call not in _CALLS:
         return None
     if call == "linear_cross_entropy_bwd":
@@ -444,6 +502,13 @@ def case_of(call: str, args) -> Case | None:
                  "recompute": call.startswith("linear_cross_entropy_recompute") or None}
     n = hidden.numel() // hidden.shape[-1] if hidden.dim() and hidden.shape[-1] else 0
     dtype = args.get("autocast_dtype") or weight.dtype  # the logits' and matmuls' dtype
+    if call != "linear_cross_entropy_bwd":
+        grad_w = bool((args.get("needs_grad") or (False, False))[1])
+        sched = plan_schedule(n, weight.shape[0], weight.shape[-1], dtype, weight.dtype,
+                     grad_weight=grad_w, memory_budget=args.get("memory_budget"),
+                     chunk_size=args.get("chunk_size"), weight_copy=weight.dtype != dtype)
+        flags.update(schedule=sched.kind if grad_w else None, chunks=sched.n_chunks,
+                     blocks=sched.n_blocks if grad_w and sched.n_blocks else None)
     return Case("linear_cross_entropy", (("tokens", n), ("hidden", weight.shape[-1]),
                                          ("vocab", weight.shape[0])), dtype=dtype,
                 flags={k: v for k, v in flags.items() if v is not None})
@@ -459,8 +524,10 @@ SPEC = OpSpec(
     skip=skip,
     family="compute-bound",
     notes=("lm_head matmul + cross-entropy in chunks of tokens: one chunk's logits alive at "
-           "a time, their gradient written over them by the cross-entropy kernel; d_weight "
-           "accumulated in fp32. fwd counts the gradient matmuls (computed there); bwd only "
+           "a time, their gradient written over them by the cross-entropy kernel; the memory "
+           "budget picks how d_weight is summed (in itself, in an fp32 accumulator, or by "
+           "vocabulary blocks with the logits again). fwd counts the gradient matmuls "
+           "(computed there); bwd only "
            "scales (reduction none and fp16: fwd the loss, bwd recomputes)."),
     for_model=for_model,
     aligned=lambda case: case["hidden"] % 16 == 0 and case["vocab"] % 16 == 0,

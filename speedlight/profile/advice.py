@@ -7,8 +7,9 @@ Estimates, per step, on the target's roof:
   figure, reported separately, since CUDA graphs recover it without fusing;
 - memory saved = the bytes of the chain's intermediates (not its outputs) autograd kept
   for backward (measured), less what the fused op keeps instead (rstd, logsumexp; for
-  linear_cross_entropy, whose logits are never stored, one chunk of logits and, in
-  training with half-precision weights, d_weight's fp32 accumulator);
+  linear_cross_entropy, whose logits are never stored, what its schedule holds under
+  the default memory budget: a chunk of logits, or beside it an fp32 d_weight accumulator,
+  or vocabulary blocks of logits);
 - moe_experts (a mixture of experts' routed experts, the Hugging Face per-expert loop or a
   grouped_mm chain) replaces GEMMs, not only traffic: its time saved is the sum of the
   chain's op floors (forward and backward) less moe_experts' own floor, its OpSpec's cost
@@ -49,10 +50,6 @@ def describe_op(op: str, specs=None) -> tuple[str, str]:
         return PLANNED[op], "planned"
     return op, "not in this install"
 
-
-# speedlight.ops.linear_cross_entropy.CHUNK_BUDGET_BYTES (not imported: the advice imports
-# no op), the most bytes of logits one chunk holds
-LCE_CHUNK_BYTES = 512 * 2 ** 20
 
 
 def itemsize(dtype: str) -> int:
@@ -113,11 +110,14 @@ def fused_bytes(c: Chain, train: bool) -> tuple[int, int]:
         h, w, target = t["hidden"], t["weight"], t["target"]
         fwd = size(h) + size(w) + size(target) + 4
         bwd = size(h) + size(w)  # dh and dW, computed chunk by chunk in the forward
-        # alive at once instead of the logits: one chunk of them (speedlight's
-        # CHUNK_BUDGET_BYTES) and, training half-precision weights, dW's fp32 accumulator
-        kept = min(size(t["logits"]), LCE_CHUNK_BYTES)
-        if train and itemsize(w["dtype"]) < 4:
-            kept += 4 * elements(w)
+        # alive at once instead of the logits: what linear_cross_entropy's schedule holds
+        # under its default memory budget (a plan from shapes: it imports no kernel)
+        from speedlight.ops.linear_cross_entropy_schedule import plan_schedule
+        from speedlight.spec import parse_dtype
+        dtype = parse_dtype(h["dtype"])
+        logits = t["logits"]
+        kept = plan_schedule(rows_of(logits), logits["shape"][-1], h["shape"][-1], dtype, dtype,
+                    grad_weight=train).extra_bytes
         return fwd + (bwd if train else 0), kept
     if c.op == "attention":
         q, k, v, out = t["q"], t["k"], t["v"], t["out"]
