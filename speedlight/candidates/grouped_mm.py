@@ -85,7 +85,7 @@ def _moe_chain(grouped_mm: Callable, inputs: dict) -> Callable:
     if inputs["hidden"].dtype != torch.bfloat16:
         raise Unsupported(f"torch._grouped_mm takes bfloat16 operands, not "
                           f"{inputs['hidden'].dtype}")
-    from speedlight.ops.moe_experts import expert_order
+    from speedlight.ops.moe_experts_launch import expert_order
     from speedlight.reference import _moe_gate_unit
 
     def fn(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation="silu",

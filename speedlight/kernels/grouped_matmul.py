@@ -15,7 +15,13 @@ host. Both kernels are persistent (about one program per SM walks tiles p, p + P
                           whatever the routing.
   _grouped_matmul_dw_kernel  a static G x (P / BLOCK_P) x (Q / BLOCK_Q) tiles of
                           c[g] = a[rows of g]^T @ b[rows of g], each reducing over its
-                          group's rows in fp32 (an empty group's tile is zeros).
+                          group's rows in fp32 (an empty group's tile is zeros), the
+                          groups walked heaviest first (a rank the launcher sorts on the
+                          device): a tile's cost is its group's rows.
+
+Either kernel may read one operand's rows through an index (GATHER, GATHER_OF): row r is
+the source's row rows[r] // rows_div, loaded by pointers, so a mixture of experts reads
+its tokens in expert order without a gathered copy.
 
 Operands (constexpr TMA): device-side tensor descriptors made per group, whose row count
 is the group's end, so TMA zero-fills rows past the group on loads and clips them on
@@ -144,22 +150,25 @@ def _load_gathered(x_ptr, src, mask_m, off_k, K, stride_xm, stride_xk, BLOCK_K: 
 
 
 @triton.jit
-def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, scale_ptr, offs_ptr,
-                           M, N, K, G, stride_xm, stride_xk, stride_wg, stride_wn, stride_wk,
-                           stride_om, stride_bg, stride_bn,
+def _grouped_matmul_kernel(x_ptr, rows_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, scale_ptr,
+                           offs_ptr, M, N, K, G, rows_div, stride_xm, stride_xk, stride_wg,
+                           stride_wn, stride_wk, stride_om, stride_bg, stride_bn,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                            BLOCK_G: tl.constexpr, TMA: tl.constexpr,
                            X_KMAJOR: tl.constexpr, W_KMAJOR: tl.constexpr,
-                           HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-                           STORE_DACT: tl.constexpr, ROW_SCALE: tl.constexpr,
-                           PRECISION: tl.constexpr):
+                           GATHER: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           ACTIVATION: tl.constexpr, STORE_DACT: tl.constexpr,
+                           ROW_SCALE: tl.constexpr, PRECISION: tl.constexpr):
     """out = act(z) (times scale[row] with ROW_SCALE), z = x @ w[g]^T + bias[g] on the rows
     of each group g; zeros on rows past the last group; dact = act'(z) (STORE_DACT, for
     the backward; never scaled).
 
     x_ptr [M, K] (any strides; with TMA, X_KMAJOR says its K stride is 1, else its M
-    stride is); w_ptr [G, N, K] (group stride stride_wg; with TMA, W_KMAJOR says its K
+    stride is), or with GATHER the source rows [*, K] whose row rows[r] // rows_div is row
+    r's (rows_ptr [M] int64, e.g. a router's sort order over (token, slot) pairs with
+    rows_div its k: a mixture of experts' tokens read in expert order by the A loads, no
+    gathered copy); w_ptr [G, N, K] (group stride stride_wg; with TMA, W_KMAJOR says its K
     stride is 1, else its N stride is: a [G, K, N] tensor transposed); out_ptr, dact_ptr
     [M, N] with row stride stride_om, unit column stride, dact in out's dtype; bias_ptr
     [G, N]; scale_ptr [M] (fp32 or any float: a mixture of experts' routing weight of
@@ -170,19 +179,22 @@ def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, scale_ptr,
     counts); a tile finds its group with three lane reductions. Stores are masked at the
     group's last row (a TMA store clips only at the tensor's edge).
     Constexprs: the tile BLOCK_M x BLOCK_N x BLOCK_K; GROUP_M; BLOCK_G a power of two
-    above G; TMA the operand path; HAS_BIAS, ACTIVATION (none, silu, gelu_tanh, gelu),
-    STORE_DACT, ROW_SCALE the epilogue compiled in; PRECISION tl.dot's input_precision for
-    fp32.
+    above G; TMA the operand path (w's; x's too unless GATHER, whose rows come by
+    pointers); GATHER x's rows by index; HAS_BIAS, ACTIVATION (none, silu, gelu_tanh,
+    gelu), STORE_DACT, ROW_SCALE the epilogue compiled in; PRECISION tl.dot's
+    input_precision for fp32.
     """
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     gs, bounds, last_of, num_tiles = _group_tiles(offs_ptr, G, M, num_pid_n, BLOCK_M, BLOCK_G)
-    if TMA:
+    if TMA and not GATHER:
         x_desc = _operand_desc(x_ptr, M, K, stride_xm, stride_xk, BLOCK_M, BLOCK_K, X_KMAJOR)
+    else:
+        x_desc = x_ptr
+    if TMA:
         w_desc = _weight_desc(w_ptr, G, N, K, stride_wg, stride_wn, stride_wk, BLOCK_N,
                               BLOCK_K, W_KMAJOR)
     else:
-        x_desc = x_ptr
         w_desc = w_ptr
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         g, end, off_m, off_n = _group_tile(tile, gs, bounds, last_of, num_pid_n, BLOCK_M,
@@ -190,10 +202,16 @@ def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, scale_ptr,
         in_group = g < G
         g_w = tl.minimum(g, G - 1)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if GATHER:
+            src, mask_src = _gathered_rows(rows_ptr, rows_div, off_m, end, BLOCK_M)
         for ki in range(tl.where(in_group, k_tiles, 0)):  # past the last group: zeros
             off_k = ki * BLOCK_K
-            a = _load_operand(x_desc, x_ptr, off_m, off_k, M, K, stride_xm, stride_xk,
-                              BLOCK_M, BLOCK_K, TMA, X_KMAJOR)
+            if GATHER:
+                a = _load_gathered(x_ptr, src, mask_src, off_k, K, stride_xm, stride_xk,
+                                   BLOCK_K)
+            else:
+                a = _load_operand(x_desc, x_ptr, off_m, off_k, M, K, stride_xm, stride_xk,
+                                  BLOCK_M, BLOCK_K, TMA, X_KMAJOR)
             b = _load_weight(w_desc, w_ptr, g_w, off_n, off_k, N, K, stride_wg, stride_wn,
                              stride_wk, BLOCK_N, BLOCK_K, TMA, W_KMAJOR)
             # [BM, BK] @ [BK, BN] -> [BM, BN]
@@ -222,31 +240,41 @@ def _grouped_matmul_kernel(x_ptr, w_ptr, out_ptr, dact_ptr, bias_ptr, scale_ptr,
 
 
 @triton.jit
-def _grouped_matmul_dw_kernel(a_ptr, b_ptr, c_ptr, dbias_ptr, offs_ptr, M, P, Q, G,
-                              stride_am, stride_ap, stride_bm, stride_bq, stride_cg,
-                              stride_cp, stride_cq, stride_dg,
+def _grouped_matmul_dw_kernel(a_ptr, b_ptr, rows_ptr, c_ptr, dbias_ptr, offs_ptr, rank_ptr, M,
+                              P, Q, G, rows_div, stride_am, stride_ap, stride_bm, stride_bq,
+                              stride_cg, stride_cp, stride_cq, stride_dg,
                               BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr,
                               BLOCK_M: tl.constexpr, TMA: tl.constexpr,
                               A_PMAJOR: tl.constexpr, B_QMAJOR: tl.constexpr,
-                              BIAS_OF: tl.constexpr, PRECISION: tl.constexpr):
+                              GATHER_OF: tl.constexpr, BIAS_OF: tl.constexpr,
+                              PRECISION: tl.constexpr):
     """c[g] = a[rows of g]^T @ b[rows of g] for every group g (zeros for an empty one), and
     dbias[g] = the column sums of a's (BIAS_OF "a") or b's (BIAS_OF "b") rows of g.
 
     The weight gradient of out = x @ w[g]^T: dw[g] = dy_g^T @ x_g (a = dy, b = x), or its
     transpose x_g^T @ dy_g (a = x, b = dy) when w lies as [G, K, N]; dbias[g] the sum of
     dy_g's rows. a_ptr [M, P], b_ptr [M, Q] (any strides; with TMA, A_PMAJOR / B_QMAJOR say
-    the P / Q stride is 1, else the M stride is); c_ptr [G, P, Q] (own strides, c's dtype);
-    dbias_ptr [G, P or Q] (row stride stride_dg, unit column stride); offs_ptr [G] int32
-    cumulative group ends. Each tile reduces over its group's rows BLOCK_M at a time in
-    fp32, rounded once. Constexprs: the tile BLOCK_P x BLOCK_Q, the reduction step
-    BLOCK_M, TMA the operand path, BIAS_OF "" (no bias) / "a" / "b", PRECISION as
-    _grouped_matmul_kernel's.
+    the P / Q stride is 1, else the M stride is); with GATHER_OF "a" (or "b") that operand
+    is the source rows [*, P] whose row rows[r] // rows_div is row r's (rows_ptr [M] int64:
+    a mixture of experts' tokens read in expert order by the reduction's loads, by
+    pointers, no gathered copy); c_ptr [G, P, Q] (own strides, c's dtype); dbias_ptr [G, P
+    or Q] (row stride stride_dg, unit column stride); offs_ptr [G] int32 cumulative group
+    ends; rank_ptr [G] int32 the groups heaviest first (a permutation of [0, G): the
+    schedule walks the groups in that order, so the longest reductions start first and a
+    skewed routing's hot expert does not finish last). Each tile reduces over its group's
+    rows BLOCK_M at a time in fp32, rounded once. Constexprs: the tile BLOCK_P x BLOCK_Q,
+    the reduction step BLOCK_M, TMA the operand path (a gathered operand's loads are
+    pointers whatever TMA says), GATHER_OF "" / "a" / "b", BIAS_OF "" (no bias) / "a" /
+    "b", PRECISION as _grouped_matmul_kernel's.
     """
+    A_TMA: tl.constexpr = TMA and GATHER_OF != "a"
+    B_TMA: tl.constexpr = TMA and GATHER_OF != "b"
     num_pid_p = tl.cdiv(P, BLOCK_P)
     num_pid_q = tl.cdiv(Q, BLOCK_Q)
     per_group = num_pid_p * num_pid_q
     for tile in tl.range(tl.program_id(0), G * per_group, tl.num_programs(0)):
-        g = tile // per_group
+        g = tl.load(rank_ptr + tile // per_group)
+        g = tl.minimum(tl.maximum(g, 0), G - 1)
         pid_p = (tile % per_group) % num_pid_p  # consecutive tiles share b's column tile
         pid_q = (tile % per_group) // num_pid_p
         off_p = pid_p * BLOCK_P
@@ -254,25 +282,42 @@ def _grouped_matmul_dw_kernel(a_ptr, b_ptr, c_ptr, dbias_ptr, offs_ptr, M, P, Q,
         start = tl.load(offs_ptr + tl.maximum(g - 1, 0), mask=g > 0, other=0)
         start = tl.minimum(tl.maximum(start, 0), M)
         end = tl.minimum(tl.maximum(tl.load(offs_ptr + g), start), M)
-        if TMA:
-            # the group's rows only: TMA zero-fills those past its end
+        # the group's rows only: TMA zero-fills those past its end
+        if A_TMA:
             a_desc = _operand_desc(a_ptr, end, P, stride_am, stride_ap, BLOCK_M, BLOCK_P,
                                    A_PMAJOR)
+        else:
+            a_desc = a_ptr
+        if B_TMA:
             b_desc = _operand_desc(b_ptr, end, Q, stride_bm, stride_bq, BLOCK_M, BLOCK_Q,
                                    B_QMAJOR)
         else:
-            a_desc = a_ptr
             b_desc = b_ptr
         acc = tl.zeros([BLOCK_P, BLOCK_Q], dtype=tl.float32)
         if BIAS_OF == "a":
             col_sum = tl.zeros([BLOCK_P], dtype=tl.float32)
         else:
             col_sum = tl.zeros([BLOCK_Q], dtype=tl.float32)
+        # a gathered operand's row indices one step ahead: its loads' addresses then come
+        # from the loop's carried values, not a load of the same step, and pipeline
+        src_next, mask_next = _gathered_rows(rows_ptr, rows_div, start, end, BLOCK_M)
         for off_m in range(start, end, BLOCK_M):
-            a = _load_operand(a_desc, a_ptr, off_m, off_p, end, P, stride_am, stride_ap,
-                              BLOCK_M, BLOCK_P, TMA, A_PMAJOR)
-            b = _load_operand(b_desc, b_ptr, off_m, off_q, end, Q, stride_bm, stride_bq,
-                              BLOCK_M, BLOCK_Q, TMA, B_QMAJOR)
+            src, mask_src = src_next, mask_next
+            if GATHER_OF != "":
+                src_next, mask_next = _gathered_rows(rows_ptr, rows_div, off_m + BLOCK_M, end,
+                                                     BLOCK_M)
+            if GATHER_OF == "a":
+                a = _load_gathered(a_ptr, src, mask_src, off_p, P, stride_am, stride_ap,
+                                   BLOCK_P)
+            else:
+                a = _load_operand(a_desc, a_ptr, off_m, off_p, end, P, stride_am, stride_ap,
+                                  BLOCK_M, BLOCK_P, A_TMA, A_PMAJOR)
+            if GATHER_OF == "b":
+                b = _load_gathered(b_ptr, src, mask_src, off_q, Q, stride_bm, stride_bq,
+                                   BLOCK_Q)
+            else:
+                b = _load_operand(b_desc, b_ptr, off_m, off_q, end, Q, stride_bm, stride_bq,
+                                  BLOCK_M, BLOCK_Q, B_TMA, B_QMAJOR)
             # [BP, BM] @ [BM, BQ] -> [BP, BQ]
             acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
             if BIAS_OF == "a":

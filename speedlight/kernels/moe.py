@@ -12,12 +12,19 @@ and kernels/grouped_matmul.py):
                          in fp32, rounded once (no atomics, the same bits on every run); a
                          pair whose expert index is outside [0, E) (an expert-parallel
                          sentinel) adds nothing.
+  _moe_dx_kernel         dhidden's part from one router slot: a grouped GEMM over that
+                         slot's pairs in expert order, dz's rows gathered by index and each
+                         row's result added to its token's row of an fp32 sum (one launch
+                         per slot, in slot order: every token appears once in a slot, so
+                         no two programs write one row and no [pairs, H] tensor exists).
 """
 
 import triton
 import triton.language as tl
 
 from speedlight.kernels.glu import _glu_activation
+from speedlight.kernels.grouped_matmul import (_gathered_rows, _group_tile, _group_tiles,
+                                               _load_gathered, _load_weight, _weight_desc)
 
 
 @triton.jit
@@ -122,3 +129,63 @@ def _moe_combine_kernel(y_ptr, pos_ptr, index_ptr, out_ptr, n_tokens, n_cols, n_
         acc += tl.where(valid[:, None], y, 0.0)
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+# dhidden[t] = sum over slots j of dz[p(t, j)] @ gate_up_proj[e(t, j)] (dz [pairs, 2 I] in
+# expert order). Slot j's pairs, one per token, sorted by expert, are a grouped GEMM whose
+# rows scatter to distinct tokens: launched once per slot, each adding to the sum so far.
+
+@triton.jit
+def _moe_dx_kernel(dz_ptr, src_ptr, dst_ptr, w_ptr, sum_ptr, out_ptr, offs_ptr, M, N, K, G,
+                   stride_dzm, stride_dzk, stride_wg, stride_wn, stride_wk, stride_sm,
+                   stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_G: tl.constexpr,
+                   TMA: tl.constexpr, W_KMAJOR: tl.constexpr, ACCUMULATE: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """out[dst[r]] = sum[dst[r]] (with ACCUMULATE) + dz[src[r]] @ w[g]^T for each row r
+    of group g, and out[dst[r]] = sum[dst[r]] (or 0) for rows past the last group (a
+    slot's sentinel pairs).
+
+    dz_ptr [pairs, K] (any strides), src_ptr [M] int64 the dz row of each of this slot's
+    M pairs (sorted by expert), dst_ptr [M] int64 their tokens (distinct); w_ptr [G, N, K]
+    (group stride stride_wg; with TMA, W_KMAJOR says its K stride is 1, else its N stride
+    is: gate_up_proj [E, 2 I, H] transposed); sum_ptr [tokens, N] fp32 (row stride
+    stride_sm, unit column stride) the slots before this one; out_ptr [tokens, N] (row
+    stride stride_om, unit column stride; sum itself, or dhidden for the last slot);
+    offs_ptr [G] int32 the slot's cumulative expert ends. fp32 accumulator, the sum read
+    and written in fp32, out rounded once. The tile walk is _grouped_matmul_kernel's.
+    Constexprs: the tile BLOCK_M x BLOCK_N x BLOCK_K; GROUP_M; BLOCK_G a power of two
+    above G; TMA w's path (dz's rows come by pointers); ACCUMULATE the sum read (not for
+    the first slot); PRECISION tl.dot's input_precision for fp32.
+    """
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    gs, bounds, last_of, num_tiles = _group_tiles(offs_ptr, G, M, num_pid_n, BLOCK_M, BLOCK_G)
+    if TMA:
+        w_desc = _weight_desc(w_ptr, G, N, K, stride_wg, stride_wn, stride_wk, BLOCK_N,
+                              BLOCK_K, W_KMAJOR)
+    else:
+        w_desc = w_ptr
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        g, end, off_m, off_n = _group_tile(tile, gs, bounds, last_of, num_pid_n, BLOCK_M,
+                                           BLOCK_N, GROUP_M)
+        in_group = g < G
+        g_w = tl.minimum(g, G - 1)
+        src, mask_m = _gathered_rows(src_ptr, 1, off_m, end, BLOCK_M)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for ki in range(tl.where(in_group, k_tiles, 0)):  # past the last group: zeros
+            off_k = ki * BLOCK_K
+            a = _load_gathered(dz_ptr, src, mask_m, off_k, K, stride_dzm, stride_dzk, BLOCK_K)
+            b = _load_weight(w_desc, w_ptr, g_w, off_n, off_k, N, K, stride_wg, stride_wn,
+                             stride_wk, BLOCK_N, BLOCK_K, TMA, W_KMAJOR)
+            # [BM, BK] @ [BK, BN] -> [BM, BN]
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = (off_n + tl.arange(0, BLOCK_N)).to(tl.int64)
+        dst = tl.load(dst_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+        mask = mask_m[:, None] & (offs_n < N)[None, :]
+        if ACCUMULATE:
+            acc += tl.load(sum_ptr + dst[:, None] * stride_sm + offs_n[None, :], mask=mask,
+                           other=0.0)
+        tl.store(out_ptr + dst[:, None] * stride_om + offs_n[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)

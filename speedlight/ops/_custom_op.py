@@ -5,12 +5,30 @@ empty placeholder, since a custom op's outputs are tensors."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any, Callable, Sequence
 
 import torch
 
 Launcher = Callable[..., Any]
+
+# What runs around a launcher while a custom op calls it: a context manager factory, or
+# None. A launcher runs inside the op's dispatch, below any TorchDispatchMode that saw the
+# op itself; profile's memory tracking enters its own mode here to see the tensors the
+# launcher makes (its intermediates). A plain global, not a ContextVar: autograd runs a
+# GPU backward on a thread of its own.
+_AROUND_LAUNCHER: list[Callable[[], Any]] = []
+
+
+@contextlib.contextmanager
+def around_launchers(factory: Callable[[], Any]):
+    """Within this block, every custom op's launcher runs inside `factory()`."""
+    _AROUND_LAUNCHER.append(factory)
+    try:
+        yield
+    finally:
+        _AROUND_LAUNCHER.pop()
 
 
 def _placeholder(args) -> torch.Tensor:
@@ -48,7 +66,10 @@ def build_custom_op(op_name: str, impls: dict[str, Launcher], fake, params, hint
 
     def run(*args, **kwargs):
         call, impl = split(args, kwargs)
-        return _tensors_only(impls[impl](*call), n_out, call, op_name)
+        around = _AROUND_LAUNCHER[-1]() if _AROUND_LAUNCHER else contextlib.nullcontext()
+        with around:
+            out = impls[impl](*call)
+        return _tensors_only(out, n_out, call, op_name)
 
     def run_fake(*args, **kwargs):
         call, _ = split(args, kwargs)

@@ -98,7 +98,8 @@ def _w_tma(w: torch.Tensor) -> str | None:
 def grouped_matmul_fwd(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor,
                        bias: torch.Tensor | None = None, activation: str | None = None,
                        out_dtype: torch.dtype | None = None, store_dact: bool = False,
-                       check_offsets: bool = True, row_scale: torch.Tensor | None = None
+                       check_offsets: bool = True, row_scale: torch.Tensor | None = None,
+                       rows: torch.Tensor | None = None, rows_div: int = 1
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(out, dact) for x [M, K], w [G, N, K] (any strides), group_offsets [G] int32
     cumulative row ends: out [M, N] contiguous in out_dtype (x's by default), act(x_g @
@@ -106,8 +107,10 @@ def grouped_matmul_fwd(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Te
     out's dtype when store_dact (else None). check_offsets: the offsets' values are
     checked first (a host sync on CUDA). row_scale [M] (contiguous): each row's output
     times row_scale[row] in fp32 before its one rounding (dact unscaled; a mixture of
-    experts' routing weights); not with K = 0 or no group."""
-    m, k = x.shape
+    experts' routing weights); not with K = 0 or no group. rows [M] int64 (contiguous):
+    row r is x[rows[r] // rows_div], gathered in the kernel's loads (x then has any number
+    of rows; M is rows'), for a mixture of experts' tokens in expert order."""
+    m, k = (x.shape[0] if rows is None else rows.numel()), x.shape[1]
     n_groups, n = w.shape[0], w.shape[1]
     out_dtype = out_dtype or x.dtype
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
@@ -117,14 +120,15 @@ def grouped_matmul_fwd(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Te
     if check_offsets:
         check_offset_values(group_offsets, m)
     if k == 0 or n_groups == 0:
-        if row_scale is not None:
-            raise ValueError("grouped_matmul_fwd: row_scale needs K > 0 and a group")
+        if row_scale is not None or rows is not None:
+            raise ValueError("grouped_matmul_fwd: row_scale and rows need K > 0 and a group")
         return _without_launch(x, w, group_offsets, bias, activation, out_dtype, dact)
     check_runtime(x, _grouped_matmul_kernel)
     cfg = gemm_config(GROUPED_MATMUL_CONFIGS, max(1, m // n_groups), n, k, x.dtype, x.device,
                       out_dtype=out_dtype, store_dact=store_dact)
     offs = group_offsets.contiguous()
-    x_lay, w_lay = tma_layout(x), _w_tma(w)
+    # gathered rows come by pointers, whatever x's layout; w by TMA where it can
+    x_lay, w_lay = (tma_layout(x) if rows is None else "row"), _w_tma(w)
     tma = use_tma(x.device) and x_lay is not None and w_lay is not None
     if tma and x.device.type == "cuda":
         ensure_allocator()
@@ -134,13 +138,15 @@ def grouped_matmul_fwd(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Te
     bias_arg = bias if bias is not None else out
     scale_arg = row_scale if row_scale is not None else out
     _grouped_matmul_kernel[(programs(most_tiles, x.device),)](
-        x, w, out, d, bias_arg, scale_arg, offs, m, n, k, n_groups, x.stride(0), x.stride(1),
-        w.stride(0), w.stride(1), w.stride(2), out.stride(0),
-        bias.stride(0) if bias is not None else 0, bias.stride(1) if bias is not None else 0,
+        x, rows if rows is not None else offs, w, out, d, bias_arg, scale_arg, offs, m, n, k,
+        n_groups, rows_div, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2),
+        out.stride(0), bias.stride(0) if bias is not None else 0,
+        bias.stride(1) if bias is not None else 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         BLOCK_G=group_block(n_groups), TMA=tma, X_KMAJOR=x_lay == "row", W_KMAJOR=w_lay == "row",
-        HAS_BIAS=bias is not None, ACTIVATION=activation or "none", STORE_DACT=store_dact,
-        ROW_SCALE=row_scale is not None, PRECISION=precision(x.dtype), **cfg.options())
+        GATHER=rows is not None, HAS_BIAS=bias is not None, ACTIVATION=activation or "none",
+        STORE_DACT=store_dact, ROW_SCALE=row_scale is not None, PRECISION=precision(x.dtype),
+        **cfg.options())
     return out, dact
 
 
@@ -160,15 +166,31 @@ def _transposed_weight(w: torch.Tensor) -> bool:
     return w.stride(1) == 1 and w.stride(2) != 1
 
 
+def heaviest_first(group_offsets: torch.Tensor) -> torch.Tensor:
+    """The groups ordered by their rows, most first (int32 [G], a stable sort on the
+    device: no host sync): the weight-gradient kernel's schedule, whose tiles cost their
+    group's rows, so the longest start first."""
+    ends = group_offsets.to(torch.int64)
+    rows = torch.diff(ends, prepend=ends.new_zeros(1))
+    return torch.argsort(rows, descending=True, stable=True).to(torch.int32)
+
+
 def grouped_weight_grad(dz: torch.Tensor, x: torch.Tensor, group_offsets: torch.Tensor,
-                        w: torch.Tensor, bias: torch.Tensor | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        w: torch.Tensor, bias: torch.Tensor | None = None, *,
+                        rows: torch.Tensor | None = None, gather: str | None = None,
+                        rows_div: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(dw, dbias) of out = x_g @ w[g]^T + bias[g]: dw[g] = dz_g^T @ x_g [G, N, K] in w's
     dtype and layout (a [G, K, N] tensor transposed gets its gradient as one), dbias[g] the
     sum of dz_g's rows in bias's dtype (None without a bias); fp32 sums, zeros for an empty
-    group."""
+    group. With rows [M] int64 (contiguous) and gather "dz" or "x", that operand's row r is
+    its row rows[r] // rows_div, read in the kernel's loads (no gathered copy; M is rows'):
+    a mixture of experts' dout or hidden in expert order."""
     n_groups, n, k = w.shape
-    m = x.shape[0]
+    if gather not in (None, "dz", "x") or (gather is None) != (rows is None):
+        raise ValueError(f"grouped_weight_grad: gather must be 'dz' or 'x' with rows, None "
+                         f"without; got gather={gather!r}, rows "
+                         f"{'None' if rows is None else describe(rows)}")
+    m = x.shape[0] if gather != "x" else rows.numel()
     flip = _transposed_weight(w)
     dw = (torch.empty((n_groups, k, n), dtype=w.dtype, device=w.device).transpose(1, 2)
           if flip else torch.empty((n_groups, n, k), dtype=w.dtype, device=w.device))
@@ -178,26 +200,31 @@ def grouped_weight_grad(dz: torch.Tensor, x: torch.Tensor, group_offsets: torch.
         dw.zero_()
         if dbias is not None and m:
             gid = _row_groups(group_offsets, m)
+            rows_dz = dz if gather != "dz" else dz[rows // rows_div]
             dbias = torch.zeros((n_groups + 1, n), dtype=torch.float32, device=w.device
-                                ).index_add_(0, gid, dz.float())[:n_groups]
+                                ).index_add_(0, gid, rows_dz.float())[:n_groups]
         return dw, dbias.to(bias.dtype) if dbias is not None else None
     check_runtime(x, _grouped_matmul_dw_kernel)
     # c[g] = a_g^T @ b_g: dz^T @ x into dw [G, N, K], or x^T @ dz into dw's [G, K, N] memory
     a, b = (x, dz) if flip else (dz, x)
+    gather_of = "" if gather is None else ("a" if (gather == "x") == flip else "b")
     c = dw.transpose(1, 2) if flip else dw
     p, q = a.shape[1], b.shape[1]
     cfg = gemm_config(GROUPED_MATMUL_CONFIGS, p, q, max(1, m // n_groups), x.dtype, x.device)
-    a_lay, b_lay = tma_layout(a), tma_layout(b)
+    a_lay = tma_layout(a) if gather_of != "a" else "row"
+    b_lay = tma_layout(b) if gather_of != "b" else "row"
     tma = use_tma(x.device) and a_lay is not None and b_lay is not None
     if tma and x.device.type == "cuda":
         ensure_allocator()
     tiles = n_groups * triton.cdiv(p, cfg.block_m) * triton.cdiv(q, cfg.block_n)
     db = dbias if dbias is not None else c
+    offs = group_offsets.contiguous()
     _grouped_matmul_dw_kernel[(programs(tiles, x.device),)](
-        a, b, c, db, group_offsets.contiguous(), m, p, q, n_groups, a.stride(0), a.stride(1),
-        b.stride(0), b.stride(1), c.stride(0), c.stride(1), c.stride(2), db.stride(0),
+        a, b, rows if rows is not None else offs, c, db, offs, heaviest_first(offs), m, p, q,
+        n_groups, rows_div, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
+        c.stride(1), c.stride(2), db.stride(0),
         BLOCK_P=cfg.block_m, BLOCK_Q=cfg.block_n, BLOCK_M=cfg.block_k, TMA=tma,
-        A_PMAJOR=a_lay == "row", B_QMAJOR=b_lay == "row",
+        A_PMAJOR=a_lay == "row", B_QMAJOR=b_lay == "row", GATHER_OF=gather_of,
         BIAS_OF="" if bias is None else ("b" if flip else "a"), PRECISION=precision(x.dtype),
         **cfg.options())
     return dw, dbias.to(bias.dtype) if dbias is not None else None

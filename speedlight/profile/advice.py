@@ -145,14 +145,15 @@ def replacement(c: Chain, roof: Roof, train: bool) -> tuple[int, float, int]:
     """(bytes, floor seconds, bytes kept for backward) of the one op replacing a chain that
     is more than a fusion (moe_experts: the expert GEMMs are most of its time): its OpSpec's
     cost (forward, and backward when training) on the roof at the tensor cores' peak of its
-    dtype. moe_experts keeps z (2 I values per pair) and the sort (an int64 per pair)."""
+    dtype. moe_experts keeps z alone (2 I values per pair; the sort is redone in its
+    backward)."""
     case = moe_case(c)
     spec = registry.builtin_spec("moe_experts")
     key = peak_key(case.dtype, tensor_core=True)
     costs = [spec.cost(case, "fwd")] + ([spec.cost(case, "bwd")] if train else [])
     floor = sum(roof.floor_seconds(x.flops, x.bytes, key) for x in costs)
     pairs = case["tokens"] * case["k"]
-    kept = pairs * (2 * case["inter"] * case.dtype.itemsize + 8) if train else 0
+    kept = pairs * 2 * case["inter"] * case.dtype.itemsize if train else 0
     return sum(int(x.bytes) for x in costs), floor, kept
 
 

@@ -16,6 +16,7 @@ Backward ops are attributed to the module whose forward op created their autogra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
@@ -29,6 +30,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from speedlight.ops._custom_op import around_launchers
 from speedlight.workloads import costs
 from speedlight.profile.memory import LiveMemory
 from speedlight.spec import dtype_name
@@ -113,6 +115,27 @@ def _is_composite(func, args, kwargs) -> bool:
                                           "CompositeExplicitAutogradNonFunctional"))
 
 
+class _InsideOp(TorchDispatchMode):
+    """Under one of speedlight's custom ops (whose launcher's own ops the recorder does not
+    see: it runs with the recorder popped): every storage its ops allocate, handed to the
+    step's LiveMemory as temporaries of the op's module, so the peak counts a launcher's
+    intermediates (a backward's g and dz), not only its outputs."""
+
+    def __init__(self, memory: LiveMemory, module: str | None, producer: int):
+        super().__init__()
+        self.memory, self.module, self.producer = memory, module, producer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not func._schema.is_mutable and not func.is_view:
+            outs = costs.tensors(out)
+            if outs:
+                self.memory.on_outputs(outs, costs.tensors((args, kwargs)), self.module,
+                                       self.producer)
+        return out
+
+
 class OpRecorder(TorchDispatchMode):
     """Records each aten op of one step (see the module docstring)."""
 
@@ -194,17 +217,34 @@ class OpRecorder(TorchDispatchMode):
                 return decomposed
         index = len(self.ops)
         seq = torch._C._autograd._get_sequence_nr()
-        if self.timed:
-            with _RecordFunctionFast(f"{RANGE_PREFIX}{index}"):
+        inside = contextlib.nullcontext()
+        own = self.memory is not None and func.namespace == "speedlight"
+        if own:  # the launcher's own tensors, seen from inside it (ops/_custom_op.py)
+            module = self._module_now()
+            inside = around_launchers(lambda: _InsideOp(self.memory, module, index))
+            self.memory.op_begin()
+        with inside:
+            if self.timed:
+                with _RecordFunctionFast(f"{RANGE_PREFIX}{index}"):
+                    out = func(*args, **kwargs)
+            else:
                 out = func(*args, **kwargs)
-        else:
-            out = func(*args, **kwargs)
+        if own:
+            self.memory.op_end(func.overloadpacket.__name__, module)
         self.busy = True
         try:
             self._record(index, seq, func, args, kwargs, out)
         finally:
             self.busy = False
         return out
+
+    def _module_now(self) -> str | None:
+        """The module an op dispatched now belongs to (as _record attributes it)."""
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            return self._backward_owner(node)[0]
+        top = self.stack[-1] if self.stack and self.phase == "forward" else None
+        return top.module if top else None
 
     def _record(self, index, seq, func, args, kwargs, out):
         node = torch._C._current_autograd_node()

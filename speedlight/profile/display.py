@@ -105,6 +105,12 @@ def memory(doc: dict, console: Console) -> None:
         console.print("saved for backward, by module: " + ", ".join(
             f"{fmt.module_label(a['module'], doc['model'].get('class'))} {fmt.nbytes(a['bytes'])}"
             for a in acts))
+    peaks = m.get("op_peaks", [])[:4]
+    if peaks:
+        console.print("speedlight ops' own peak (outputs and intermediates): " + ", ".join(
+            f"{p['op']} {fmt.nbytes(p['bytes'])}"
+            + (f" ({fmt.module_label(p['module'], doc['model'].get('class'))})"
+               if p["module"] else "") for p in peaks))
     for n in m["notes"]:
         console.print(f"[dim]{n}[/]")
 

@@ -54,7 +54,8 @@ def _optimizer_state(optimizer) -> list[torch.Tensor]:
 class LiveMemory:
     def __init__(self, model: torch.nn.Module, optimizer, inputs, device: torch.device):
         self.model, self.optimizer, self.inputs, self.device = model, optimizer, inputs, device
-        self.entries: dict[int, list] = {}  # key -> [bytes, category, module, producer op]
+        # key -> [bytes, category, module, producer op, the speedlight op running then or None]
+        self.entries: dict[int, list] = {}
         self.ptr_key: dict[int, int] = {}
         self.live_by: Counter = Counter()  # (category, module) -> live bytes
         self.live = 0
@@ -70,6 +71,10 @@ class LiveMemory:
         self.baseline_ptrs: set[int] = set()
         self.allocator_peak = None
         self.optimizer_state_after = 0
+        # speedlight ops running now, innermost last: [bytes of theirs live, most at once]
+        self._open: dict[int, list[int]] = {}
+        self._next_op = 0
+        self.op_peaks: dict[tuple[str, str | None], int] = {}
 
     def _measure_baseline(self) -> None:
         params = list(self.model.parameters())
@@ -112,16 +117,21 @@ class LiveMemory:
                 continue
             key = self._next
             self._next += 1
-            self.entries[key] = [n, "temporaries", module, producer]
+            op = next(reversed(self._open)) if self._open else None
+            self.entries[key] = [n, "temporaries", module, producer, op]
             self.ptr_key[ptr] = key
             weakref.finalize(st, self._free, key, ptr)
+            if op is not None:
+                own = self._open[op]
+                own[0] += n
+                own[1] = max(own[1], own[0])
             self.live += n
             self.live_by["temporaries", module] += n
             self._update_peak()
 
     def _move(self, key: int, category: str, module) -> int:
         entry = self.entries[key]
-        n, old_cat, old_mod, _ = entry
+        n, old_cat, old_mod = entry[:3]
         self.live_by[old_cat, old_mod] -= n
         self.live_by[category, module] += n
         entry[1], entry[2] = category, module
@@ -157,6 +167,19 @@ class LiveMemory:
             del self.ptr_key[ptr]
         self.live -= entry[0]
         self.live_by[entry[1], entry[2]] -= entry[0]
+        if entry[4] in self._open:
+            self._open[entry[4]][0] -= entry[0]
+
+    def op_begin(self) -> None:
+        """One of speedlight's ops starts (its own allocations are tracked from inside)."""
+        self._open[self._next_op] = [0, 0]
+        self._next_op += 1
+
+    def op_end(self, op: str, module: str | None) -> None:
+        """It ended: the most bytes of its own (outputs and intermediates, what it
+        allocated) it had live at once, kept per (op, module), the largest call."""
+        _, most = self._open.pop(next(reversed(self._open)))
+        self.op_peaks[op, module] = max(self.op_peaks.get((op, module), 0), most)
 
     def _update_peak(self) -> None:
         if self.live > self.peak:
@@ -174,7 +197,8 @@ class LiveMemory:
             by_module[cat, module] += n
         total = sum(at_peak.values())
         notes = ["peak from tensor lifetimes at dispatch (allocator caching, fragmentation "
-                 "and library workspaces not included)"]
+                 "and library workspaces not included; inside speedlight's ops, every "
+                 "tensor their launchers make)"]
         if self.allocator_peak is not None:
             notes.append("allocator_peak_bytes is torch.cuda.max_memory_allocated over the step")
         if self.grad_untracked:
@@ -197,5 +221,8 @@ class LiveMemory:
             "at_peak_by_module": [
                 {"module": m, "category": c, "bytes": n}
                 for (c, m), n in by_module.most_common() if c in ("activations", "temporaries")],
+            "op_peaks": [
+                {"op": op, "module": m, "bytes": n}
+                for (op, m), n in sorted(self.op_peaks.items(), key=lambda kv: -kv[1])],
             "notes": notes,
         }

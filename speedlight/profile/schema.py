@@ -29,7 +29,9 @@ TOP = {
                "{kernel_ops, projected_overhead_s, measured_idle_s, measured_kernels, note}, gpu",
     "memory": "peak_bytes and at_peak by category (sums to peak_bytes), allocator_peak_bytes (CUDA), "
               "parameters/buffers/optimizer_state/inputs/gradients/activations _bytes, "
-              "activations_by_module, at_peak_by_module, notes",
+              "activations_by_module, at_peak_by_module, op_peaks (speedlight's ops: the most "
+              "bytes each call had live beyond what was live when it began, its outputs and "
+              "its launcher's intermediates, largest per op and module), notes",
     "advice": "fusions, best first (see ADVICE)",
     "by_type": "groups of rows by aten op (see GROUP)",
     "by_module": "groups by the innermost module path, or (optimizer) / (autograd engine) / (outside the model)",

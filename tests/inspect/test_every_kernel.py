@@ -31,8 +31,18 @@ ELSEWHERE = {
 HERE = {"sm_90a": ("moe_experts", "linear_cross_entropy"),
         "sm_100a": ("grouped_matmul", "moe_experts", "linear_cross_entropy")}
 # kernels an op shares with one guarded elsewhere on both targets, under the same design
-# (moe_experts' grouped GEMMs are grouped_matmul's): not compiled again here
+# (moe_experts' grouped GEMMs are grouped_matmul's): not compiled again here, except
+# moe_experts' launches that gather an operand's rows by index (GATHER, GATHER_OF: the
+# backward's dout and hidden read in expert order), which grouped_matmul never makes
 SHARED = {"_grouped_matmul_kernel", "_grouped_matmul_dw_kernel"}
+
+
+def _shared(op: str, launch) -> bool:
+    """Whether the launch is one grouped_matmul's own cases compile."""
+    if op == "grouped_matmul" or launch.kernel not in SHARED:
+        return False
+    declared = {a.name: a.value for a in launch.args if a.name in launch.declared}
+    return not declared.get("GATHER") and not declared.get("GATHER_OF")
 ITEMS = [pytest.param(SPECS[op], t, id=f"{t.arch_name}-{op}")
          for t in (TARGET, BLACKWELL) for op in HERE[t.arch_name]]
 
@@ -60,7 +70,7 @@ def compiled(compiler) -> dict:
                 capture = capture_case(spec, case, "meta", arch=t.arch, mode="dry")
             out[(op, t.arch_name)] = (case, capture)
             launches.setdefault(t.arch_name, []).extend(
-                l for l in capture.launches if op == "grouped_matmul" or l.kernel not in SHARED)
+                l for l in capture.launches if not _shared(op, l))
     binaries = {arch: compiler.compile(ls, t) for t in (TARGET, BLACKWELL)
                 for arch, ls in launches.items() if arch == t.arch_name}
     return {k: (case, capture, binaries[k[1]]) for k, (case, capture) in out.items()}
@@ -74,7 +84,7 @@ def test_default_case_compiles_every_kernel_to_its_design(spec, target, compiled
     assert {l.direction for l in capture.launches} == {"fwd", "bwd"}
     short, seen = [], set()
     for launch in capture.launches:
-        if spec.name != "grouped_matmul" and launch.kernel in SHARED:
+        if _shared(spec.name, launch):
             continue
         key = launch.key(target.arch_name)
         k = analyse_kernel(launch, binaries[key], target, target.sku,

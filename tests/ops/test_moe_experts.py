@@ -4,11 +4,16 @@ every argument): gpt-oss's clamp where it bites, sentinel indices, the weights' 
 in their own layout, only the gradients asked for, autocast, named bad input, and on a GPU
 no host sync, a CUDA graph and bitwise-repeatable results."""
 
+import math
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import speedlight
 from speedlight.ops import moe_experts as op
+from speedlight.ops.moe_experts_bwd import moe_experts_bwd
+from speedlight.ops.moe_experts_launch import moe_experts_fwd
 from speedlight.verify.harness import LaunchCounter
 from tests.conftest import needs_gpu
 from tests.helpers import assert_rejected, assert_verified, case_maker
@@ -66,6 +71,43 @@ def test_weight_gradients_lie_as_the_weights_do(device):
     for name in ("gate_up_proj", "down_proj"):
         w = inputs[name]
         assert w.grad.stride() == w.stride(), name
+
+
+class _Allocations(TorchDispatchMode):
+    """The shape of every tensor the ops run under it return (views and in-place ops
+    aside): what a launcher allocates, seen from inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func._schema.is_mutable and not func.is_view:
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            self.shapes += [tuple(o.shape) for o in outs if isinstance(o, torch.Tensor)]
+        return out
+
+
+def test_backward_makes_no_tensor_of_pairs_by_hidden(device):
+    """dout and hidden are read in expert order by the kernels' loads, and dhidden is
+    summed slot by slot into [tokens, H]: nothing the backward allocates holds tokens x k
+    rows of H (the gathered copies it made before had 2 of them), and nothing is kept
+    from the forward but z."""
+    c = case(16, 32, 4, 4, 4, bias=True)  # pairs 64; E x 2 I = 32 rows < pairs
+    inputs = SPEC.make_inputs(c, device)
+    options = [inputs["activation"], inputs["interleaved"], 1.0, 1.0, 1.702, 7.0]
+    tensors = [inputs[n] for n in ("hidden", "top_k_index", "top_k_weights", "gate_up_proj",
+                                   "down_proj", "gate_up_bias", "down_bias")]
+    out, z = moe_experts_fwd(*tensors, *options)
+    assert z.shape == (64, 8)
+    seen = _Allocations()
+    with seen:
+        grads = moe_experts_bwd(torch.randn_like(out), *tensors, z, *options, [True] * 6)
+    assert all(g is not None for g in grads)
+    pairs_by_hidden = 64 * 32
+    assert seen.shapes and max(math.prod(s) for s in seen.shapes) < pairs_by_hidden, \
+        sorted(seen.shapes, key=math.prod)[-3:]
 
 
 def test_only_the_gradients_asked_for_are_computed(device):
