@@ -102,10 +102,14 @@ MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "granitemoe")
 KEEPING_FAMILIES = ["gpt_oss", "deepseek_v3"]
 
 
-def build(model_type: str, seed: int = 0, dtype=torch.float32):
+def build(model_type: str, seed: int = 0, dtype=torch.float32, **overrides):
+    """The tiny model of model_type, its (text) config's fields set from overrides first
+    (e.g. a sliding window for Mistral)."""
     import transformers as tf
     torch.manual_seed(seed)
     cfg = config(model_type)
+    for name, value in overrides.items():
+        setattr(cfg.get_text_config(), name, value)
     cfg._attn_implementation = "eager"
     if model_type == "qwen2_vl":  # no causal-LM auto class: the image-text model, run on text
         model = tf.Qwen2VLForConditionalGeneration(cfg).to(dtype)
