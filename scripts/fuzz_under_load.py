@@ -33,9 +33,11 @@ sys.path.insert(0, str(ROOT))
 from speedlight.results import environment, write_json  # noqa: E402
 
 # the bad-input and fault tests: every op argument mutated, every wrongly typed option,
-# every refused command line, attention's NaN/inf positions, the unreachable --ray address
+# every refused command line, attention's NaN/inf positions, attention over every cache
+# geometry, the unreachable --ray address
 FUZZ_TESTS = ["tests/ops/test_fuzz.py", "tests/test_cli_fuzz.py",
-              "tests/ops/test_attention_faults.py", "tests/test_cluster_connect.py"]
+              "tests/ops/test_attention_faults.py", "tests/patching/test_cache_fuzz.py",
+              "tests/test_cluster_connect.py"]
 
 
 def _burn(stop) -> None:
