@@ -16,11 +16,12 @@ The attention function
   scaling, its sliding window (keys q - window < k <= q, as Hugging Face's sliding mask)
   and its softcap, GQA as it comes;
 - runs a KeySlots as variable length over the key buffer as it is (no token is selected,
-  so no shape depends on the mask's values): per row the slots before its first token,
-  its tokens up to its last query, and the slots after (padding, unwritten slots) are
-  three sequences, the first and last zeroed in the output; where every row has the same
-  sequences (no padding, or one row) the batch is folded into the heads and the keys are
-  read in place, else the rows are packed (a copy of q, k and v);
+  so no shape depends on the mask's values): nothing padded, one sequence of the slots up
+  to the last query; padded, per row the slots before its first token, its tokens up to
+  its last query, and the slots after (padding, unwritten slots), three sequences, the
+  queries of the first and last zeroed in the output. Where every row has the same
+  sequences (nothing padded, or one row) the batch is folded into the heads and the keys
+  are read in place, else the rows are packed one after another (a copy of q, k and v);
 - runs a 2-D padding mask handed to it directly (not by the builder) the same way, its
   last columns taken as the queries;
 - runs sequences packed in one row as variable length: from the cu_seq_lens_q/k and
@@ -193,19 +194,19 @@ def _fallback(module, reason: str, *args, **kwargs):
     return sdpa_attention_forward(module, *args, **kwargs)
 
 
-def _packed(query, key, value, cu_q, cu_k, max_q, max_k, options):
-    """One row [1, heads, seq, dim] of packed sequences -> [1, seq, heads, dim]."""
-    o = attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-                  cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
-                  check_seqlens=False, **options)
-    return o.unsqueeze(0)
-
-
 def _heads_major(t: torch.Tensor) -> torch.Tensor:
     """[batch, heads, seq, dim] -> [seq, batch * heads, dim], a view where t's batch stride
     is heads times its head stride (a cache's buffers, one row), else a copy."""
     b, h, s, d = t.shape
     return t.permute(2, 0, 1, 3).reshape(s, b * h, d)
+
+
+def _packed(query, key, value, cu_q, cu_k, max_q, max_k, options):
+    """One row [1, heads, seq, dim] of packed sequences -> [1, seq, heads, dim]."""
+    o = attention(_heads_major(query), _heads_major(key), _heads_major(value),
+                  cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                  check_seqlens=False, **options)
+    return o.unsqueeze(0)
 
 
 def _over_slots(query, key, value, slots: KeySlots, options) -> torch.Tensor:
@@ -215,9 +216,9 @@ def _over_slots(query, key, value, slots: KeySlots, options) -> torch.Tensor:
     b, hq, sq, d = query.shape
     sk = key.shape[2]
     if (sq, sk) != (slots.q_length, slots.kv_length):
-        raise ValueError(f"speedlight attention: the mask describes {slots.q_length} queries over "
-                         f"{slots.kv_length} key slots, and the layer has {sq} queries and {sk} "
-                         "keys")
+        raise ValueError(f"speedlight attention: the mask describes {slots.q_length} queries "
+                         f"over {slots.kv_length} key slots, and the layer has {sq} queries "
+                         f"and {sk} keys")
     seqs = dict(cu_seqlens_q=slots.cu_seqlens_q, cu_seqlens_k=slots.cu_seqlens_k,
                 max_seqlen_q=sq, max_seqlen_k=sk, check_seqlens=False)
     if slots.queries is None or b == 1:  # one row's sequences for every row: batch x heads

@@ -2,12 +2,14 @@
 patched models (each cache geometry against transformers' own mask, model-free:
 test_cache_fuzz.py).
 
-- Every patched family: a prefill and a two-token continuation over a static cache whose
-  unwritten slots hold NaN give the original's logits within the model check's rule.
-- Every cache kind (dynamic, static, sliding, hybrid, offloaded; quantized where a backend
-  is installed): greedy generation of a left-padded batch gives the original's tokens and
-  logits within that rule, through speedlight's kernel, with no fallback to the family's
-  attention in the patch report.
+- Every patched family: a prefill and a decode step over a static cache whose unwritten
+  slots hold NaN give the original's logits within the model check's rule (speedlight's
+  attention alone patched, one layer of each kind, two query heads on one key-value head:
+  each head is a program of the CPU interpreter, most of these tests' cost).
+- Every cache kind (dynamic, static, sliding, hybrid, offloaded on a GPU; quantized where
+  a backend is installed): greedy generation gives the original's tokens and logits within
+  that rule, through speedlight's kernel, with no fallback to the family's attention in
+  the patch report.
 - A decode step over a static cache reads nothing on the host, and compiles whole
   (fullgraph) into one graph that serves every step.
 """
@@ -35,9 +37,6 @@ ATTENTION_ONLY = dict(rms_norm=False, mlp=False, rope=False, cross_entropy=False
 def _passes(name, ours, ref64, theirs):
     check = judge(name, ours, ref64, theirs, TOL)
     assert check.passed, check.to_json()
-
-
-# --- models ---------------------------------------------------------------------------------
 
 def _pair(family: str, **overrides):
     """The original (eval) and its copy with attention alone patched, and the report."""
@@ -97,9 +96,7 @@ def _one_layer_each(family: str) -> dict:
     return {"num_hidden_layers": 1, **({"layer_types": types[:1]} if stored else {})}
 
 
-# two query heads sharing one key-value head: the smallest GQA (each head is one program
-# of the CPU interpreter, most of these tests' cost)
-SMALL = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1)
+SMALL = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1)  # the least GQA
 
 
 @pytest.mark.parametrize("family", FAMILIES + NEW_FAMILIES)
