@@ -51,7 +51,7 @@ def verify_rows(settings: tuple[str, ...], tokens: int, hidden: int, vocab: int,
 
     rows = []
     for setting in settings:
-        flags = {"ignore": "some", **({"budget": "low"} if setting == "low" else {})}
+        flags = {"ignore": "some", **({"budget": op.LOW_MB} if setting == "low" else {})}
         case = Case("linear_cross_entropy", (("tokens", tokens), ("hidden", hidden),
                                              ("vocab", vocab)), dtype=torch.bfloat16,
                     flags=flags)

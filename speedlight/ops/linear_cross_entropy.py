@@ -316,20 +316,21 @@ def _no_tokens(hidden, weight, bias, target, reduction, asked):
 
 # --- OpSpec --------------------------------------------------------------------------------
 
+LOW_MB = LOW_MEMORY_BUDGET // 10 ** 6  # the low-memory setting as a case's budget flag
 # A case of at most this many logits runs on a CPU (skip), and is given the memory budget
 # that rounds its d_weight as often as the headline shape's is under its setting
 SMALL_CASE_LOGITS = 2 ** 22
 
 
 def case_budget(case: Case) -> int | None:
-    """The memory_budget a case runs with: the setting's (flag budget="low": the
-    low-memory one; else the default, None), or for a half-precision case of at most
+    """The memory_budget a case runs with: the setting's (flag budget: megabytes, 250 the
+    low-memory setting; else the default, None), or for a half-precision case of at most
     SMALL_CASE_LOGITS logits without an explicit chunk size, the budget that gives it the
     schedule and chunk count the headline shape has under that setting (budget_like), so
     that verify on a CPU judges the accuracy the GPU's default has (a half-precision
     d_weight rounded as often; an fp32 one's roundings are fp32's, which no count makes
     matter)."""
-    budget = LOW_MEMORY_BUDGET if case.flag("budget") == "low" else None
+    budget = case.flag("budget") * 10 ** 6 if case.flag("budget") is not None else None
     tokens, hidden_size, vocab = case["tokens"], case["hidden"], case["vocab"]
     if (case.flag("chunk") is not None or tokens * vocab > SMALL_CASE_LOGITS
             or case.dtype == torch.float32):
@@ -427,14 +428,15 @@ def cases(suite: str) -> list[Case]:
 
     if suite == "quick":  # (the contract test runs each in 3 dtypes x 2 seeds: kept small)
         # without a chunk flag a case is rounded as often as the headline shape under its
-        # setting (case_budget): the default's chunks, or budget="low"'s vocabulary blocks
+        # setting (case_budget): the default's chunks, or the low-memory setting's (budget
+        # in MB) vocabulary blocks
         # (the first is the one inspect's gfx942 guard compiles: every kernel of the op)
-        return [case(37, 16, 300, budget="low", ignore="some", smoothing=0.1, zloss=1e-3,
+        return [case(37, 16, 300, budget=LOW_MB, ignore="some", smoothing=0.1, zloss=1e-3,
                      softcap=30.0, bias=True),
                 case(37, 32, 300), case(1, 16, 7),
                 case(50, 16, 130, chunk=16),  # 4 chunks, the last ragged
-                case(37, 16, 300, budget="low", reduction="none", ignore="some"),
-                case(37, 16, 300, budget="low", weight=True, zloss=1e-3, ignore="some"),
+                case(37, 16, 300, budget=LOW_MB, reduction="none", ignore="some"),
+                case(37, 16, 300, budget=LOW_MB, weight=True, zloss=1e-3, ignore="some"),
                 case(37, 16, 300, chunk=16, extras=True, zloss=1e-3, ignore="some"),
                 case(6, 16, 100, ignore="all", chunk=4), case(0, 16, 100)]
     out = []
@@ -448,7 +450,8 @@ def cases(suite: str) -> list[Case]:
         out += [case(257, 1000, 32003, ignore="some"), case(1031, 509, 65537, bias=True),
                 case(4096, 4096, 128256, ignore="all"),
                 case(4096, 4096, 128256, reduction="none", smoothing=0.1, zloss=1e-4),
-                case(4096, 4096, 128256, budget="low", ignore="some"),
+                # the low-memory setting at 16K tokens: vocabulary blocks
+                case(16384, 4096, 128256, budget=LOW_MB, ignore="some"),
                 case(3, 16, 20011, reduction="sum"),
                 case(257, 1000, 32003, weight=True, smoothing=0.1, extras=True,
                      reduction="none", ignore="some"),

@@ -179,7 +179,7 @@ def test_peak_memory_follows_the_schedule_at_a_cpu_shape(device):
                                                    ("vocab", vocab)), dtype=BF16)
     peaks = {}
     for name in (None, "low"):
-        c = case.with_(flags=(("budget", name),)) if name else case
+        c = case.with_(flags=(("budget", op.LOW_MB),)) if name else case
         budget = op.case_budget(c)
         plan = sched.plan_schedule(n, vocab, hidden, BF16, BF16, memory_budget=budget)
         h, w, t, _ = inputs(n, hidden, vocab, device, dtype=BF16)
