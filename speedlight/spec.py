@@ -197,7 +197,10 @@ class KernelDesign:
     the pipeline depth its operand tiles must rotate through in shared memory (the
     buffers of its multi-buffered allocations in the TTGIR; 1: no pipeline required).
     Every kernel is also held to the target's shared memory per block (a kernel over it
-    does not launch).
+    does not launch). A warp-specialized kernel's design names its worker partitions:
+    `partitions`, (warps, registers) pairs (FlashAttention-3's roles: a consumer
+    warpgroup at 240 registers, a producer warp at 24), which its TTGIR's
+    ttg.warp_specialize must have and its SASS must move registers to (USETMAXREG).
 
     A design is written for the GPU its kernel was tuned on (sm_90a for speedlight's);
     `per_arch` gives the design for another compute capability, as (arch, KernelDesign)
@@ -213,6 +216,7 @@ class KernelDesign:
     mma: str | None = None
     tma: bool = False
     min_stages: int = 1
+    partitions: tuple = ()
     per_arch: tuple = ()
 
     def for_arch(self, arch: int | None) -> "KernelDesign":
@@ -269,12 +273,16 @@ class Implementation:
     unavailable(device): why it cannot run there (a CPU build of torch, no GPU, no
     compiler), or None; verify and bench record it as skipped with that reason. (What
     `speedlight inspect` reads of a CUDA implementation's kernels is OpSpec.cuda.)
+    named_only: run only where asked for by name (OpSpec.swept): an implementation no GPU
+    has run at all (Gluon's, which the interpreter cannot run either), so a sweep over
+    every implementation does not include it unasked.
     """
 
     fn: Callable[..., Any]
     language: str = "triton"
     verified: bool = True
     unavailable: Callable[[torch.device], str | None] = _runs_anywhere
+    named_only: bool = False
 
 
 def cuda_implementation(fn: Callable[..., Any], *, verified: bool = True) -> Implementation:
@@ -390,6 +398,12 @@ class OpSpec:
         """The `implementation` rows give implementation `impl`: "speedlight" for the
         first, "speedlight-<impl>" for the others (speedlight-cuda)."""
         return "speedlight" if impl == next(iter(self.implementations)) else f"speedlight-{impl}"
+
+    def swept(self, named: Sequence[str] = ()) -> dict[str, Implementation]:
+        """The implementations a sweep runs (verify, bench): every one but those run only
+        by name (Implementation.named_only), unless `named` lists it (by name or label)."""
+        return {n: i for n, i in self.implementations.items()
+                if not i.named_only or n in named or self.label(n) in named}
 
     def cases(self, suite: str) -> list[Case]:
         if suite not in self.suites:

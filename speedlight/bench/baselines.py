@@ -103,8 +103,9 @@ class Baselines:
         self._compiled: dict[str, Callable] = {}
 
     def for_case(self, spec: OpSpec, case: Case, inputs: dict,
-                 device: torch.device | str = "cuda") -> list[Contender]:
-        impls = self.speedlight(spec, torch.device(device))
+                 device: torch.device | str = "cuda", named: tuple[str, ...] = ()
+                 ) -> list[Contender]:
+        impls = self.speedlight(spec, torch.device(device), named)
         for name in self.names:
             if name in attention_candidates.NAMES and spec.name != "attention":
                 continue  # an attention library has nothing to say about other ops
@@ -116,11 +117,13 @@ class Baselines:
         return impls
 
     @staticmethod
-    def speedlight(spec: OpSpec, device: torch.device) -> list[Contender]:
-        """Each of the OpSpec's implementations, labelled as its rows are (OpSpec.label);
-        one that cannot run on `device` is kept, unavailable, with the reason."""
+    def speedlight(spec: OpSpec, device: torch.device, named: tuple[str, ...] = ()
+                   ) -> list[Contender]:
+        """Each of the OpSpec's implementations a sweep runs (OpSpec.swept: one run only by
+        name when `named` lists it), labelled as its rows are (OpSpec.label); one that
+        cannot run on `device` is kept, unavailable, with the reason."""
         out = []
-        for name, implementation in spec.implementations.items():
+        for name, implementation in spec.swept(named).items():
             reason = implementation.unavailable(device) or ""
             out.append(Contender(spec.label(name), None if reason else implementation.fn,
                                  reason, impl=name))

@@ -50,6 +50,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     r.add_argument("--cases", default=None, metavar="REGEX", help="only cases whose id matches")
     r.add_argument("--limit", type=int, default=None, help="at most this many cases per op")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--impl", default="", metavar="NAMES",
+                   help="comma-separated implementations run only when named (e.g. gluon: "
+                        "no GPU has verified it yet), timed beside the others")
     r.add_argument("--no-verify", action="store_true",
                    help="do not verify cases first (then no speedup is reported)")
     r.add_argument("--graph", default="auto", choices=("auto", "always", "never"),
@@ -219,7 +222,8 @@ def _run(args: argparse.Namespace) -> int:
     settings = Settings(modes=modes, rule=rule, graph=args.graph,
                         graph_max_bytes=int(args.graph_max_mib * 2 ** 20), verify=not args.no_verify,
                         max_bytes=int(args.max_gib * 2 ** 30) if args.max_gib else None,
-                        cpu_max_bytes=int(args.cpu_max_mib * 2 ** 20))
+                        cpu_max_bytes=int(args.cpu_max_mib * 2 ** 20),
+                        named=tuple(n.strip() for n in args.impl.split(",") if n.strip()))
     tgt = arguments.resolve_target(args, "bench")
     bench = Bench(device, settings, baselines, suite=args.suite, target=tgt)
 

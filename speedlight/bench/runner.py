@@ -54,6 +54,7 @@ class Settings:
     max_bytes: int | None = None  # device memory a case may use; None: half of what is free
     cpu_max_bytes: int = 4 * MiB  # forward traffic the interpreter is given at most
     max_copies: int = 8
+    named: tuple[str, ...] = ()  # implementations run only by name to include (OpSpec.swept)
 
 
 class Bench:
@@ -95,7 +96,7 @@ class Bench:
     # --- one case ---------------------------------------------------------------------------
 
     def skip_rows(self, spec: OpSpec, case: Case, reason: str) -> list[dict]:
-        names = [spec.label(i) for i in spec.implementations] + list(self.baselines.names)
+        names = [spec.label(i) for i in spec.swept(self.settings.named)] + list(self.baselines.names)
         return [dict(self.base_row(spec, case, n, m), status="skip", reason=reason,
                      **self.impl_fields(spec, n))
                 for n in names for m in self.settings.modes]
@@ -116,7 +117,7 @@ class Bench:
         if reason:
             return self.skip_rows(spec, case, reason)
         verdicts = {}  # implementation label -> (verified, status, note)
-        for name, implementation in spec.implementations.items():
+        for name, implementation in spec.swept(self.settings.named).items():
             verdicts[spec.label(name)] = (None, "not run", "--no-verify")
             if self.settings.verify and implementation.unavailable(self.device) is None:
                 v = verify_case(spec, case, self.device, max_bytes=self.sizing.max_bytes(),
@@ -133,7 +134,8 @@ class Bench:
         upstream = [rand_tensor(tuple(o.shape), case.with_(layout="contiguous"), self.device,
                                 dtype=o.dtype, salt=101 + i)
                     for i, o in enumerate(float_outputs(reference))]
-        impls = self.baselines.for_case(spec, case, copies[0], self.device)
+        impls = self.baselines.for_case(spec, case, copies[0], self.device,
+                                        named=self.settings.named)
         pristine = (spec.make_inputs(case, self.device)
                     if any(i.mutates_inputs for i in impls) else None)
         use_graph = self._graph_for(spec, case)

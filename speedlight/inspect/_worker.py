@@ -8,7 +8,8 @@ too) is an interpreted function the compiler cannot call.
 
 Each request names the kernel (file, module, qualname), the signature, constexprs and
 attributes the runtime's binder derived, the launch options and the target; the worker
-compiles with triton.compile (ASTSource, GPUTarget), writes TTIR, TTGIR, LLIR, PTX, the
+compiles with triton.compile (ASTSource, GPUTarget; a @gluon.jit kernel's
+GluonASTSource), writes TTIR, TTGIR, LLIR, PTX, the
 cubin and its SASS (nvdisasm with line info) to the request's folder, and reads ptxas's
 resource report (registers, spills, stack) by running ptxas -v on the PTX; for an AMD
 target (arch "gfx942"), the AMDGCN and HSACO, with the assembler's resource report.
@@ -126,6 +127,8 @@ def compile_one(req: dict) -> dict:
     attrs = {tuple(p): a for p, a in req["attrs"]}
     target = gpu_target(req["arch"])
     options = make_backend(target).parse_options(dict(req["options"]))
+    if fn.is_gluon():  # a @gluon.jit kernel: its own front end, the same triton.compile
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     src = ASTSource(fn, req["signature"], constexprs, attrs)
     kernel = triton.compile(src, target=target, options=options.__dict__)
     write = write_amd_artifacts if target.backend == "hip" else write_artifacts
@@ -135,11 +138,14 @@ def compile_one(req: dict) -> dict:
 
 def _write_stages(kernel, out: Path, stages, binary: str) -> tuple[str, dict]:
     """Write a CompiledKernel's text `stages` and its `binary` code object under `out`:
-    (the kernel's name, stage -> path)."""
+    (the kernel's name, stage -> path). A Gluon kernel has no TTIR (its front end makes
+    TTGIR): a stage the compiler did not produce is left out."""
     out.mkdir(parents=True, exist_ok=True)
     name = kernel.metadata.name
     files = {}
     for stage in stages:
+        if stage not in kernel.asm:
+            continue
         path = out / f"{name}.{stage}"
         path.write_text(kernel.asm[stage])
         files[stage] = str(path)

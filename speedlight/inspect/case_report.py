@@ -98,6 +98,10 @@ class KernelReport:
     accesses: list[Access] = field(default_factory=list)
     has_dot: bool = False
     stages: int = 1  # buffers of the deepest multi-buffered shared allocation (pipeline_stages)
+    # a warp-specialized kernel: its worker partitions, (warps, registers asked) from the
+    # TTGIR (warp_roles), and the register counts its SASS moves warps to (USETMAXREG)
+    partitions: list = field(default_factory=list)
+    setmaxnreg: tuple = ()
     smem_limit: int = 0  # the target's shared memory per block (opt-in maximum)
     findings: list = field(default_factory=list)
 
@@ -155,6 +159,9 @@ class KernelReport:
                        occupancy=self.occupancy.to_json(), waves=self.waves.to_json(),
                        sass=self.mix.to_json(), accesses=[a.to_json() for a in self.accesses],
                        has_dot=self.has_dot, stages=self.stages, smem_limit=self.smem_limit)
+            if self.partitions:
+                out.update(partitions=[list(p) for p in self.partitions],
+                           setmaxnreg=list(self.setmaxnreg))
         out["findings"] = [f.to_json() for f in self.findings]
         return out
 
@@ -272,11 +279,33 @@ def analyse_kernel(launch: Launch, compiled: Compiled, target: Target, device: D
     resources = compiled.resources
     smem = int(compiled.meta.get("shared", 0) or 0) + resources.get("smem_static", 0)
     read_resources(report, resources, smem, instrs, target, device.sm_count)
-    ttir = compiled.text("ttir")
-    report.has_dot = "tt.dot" in ttir or "tt.dot_scaled" in ttir
-    report.stages = pipeline_stages(compiled.text("ttgir"))
+    ttir, ttgir = compiled.text("ttir"), compiled.text("ttgir")
+    report.has_dot = ("tt.dot" in ttir or "tt.dot_scaled" in ttir
+                      or any(op in ttgir for op in _GLUON_MMA))  # Gluon: no TTIR
+    report.stages = pipeline_stages(ttgir)
+    report.partitions = warp_roles(ttgir)
+    report.setmaxnreg = tuple(sorted({int(m, 16) for m in _SETMAXNREG.findall(
+        compiled.text("sass"))}))
     report.accesses = _join(launch, reader.accesses_by_line(instrs))
     return report
+
+
+# A Gluon kernel's MMAs in its TTGIR (it has no TTIR's tt.dot)
+_GLUON_MMA = ("ttng.warp_group_dot", "ttng.tc_gen5_mma")
+# ttg.warp_specialize(...) attributes {requestedRegisters = array<i32: 240, 24>}, then each
+# worker's `partitionN(...) num_warps(4) {`
+_WS_REGS = re.compile(r"ttg\.warp_specialize\([^\n]*requestedRegisters = array<i32: ([\d, ]+)>")
+_PARTITION = re.compile(r"^\s*partition\d+\([^\n]*\)\s*num_warps\((\d+)\)", re.M)
+_SETMAXNREG = re.compile(r"USETMAXREG\.\w+\.\w+\s+(?:U?P\w+,\s*)?0x([0-9a-f]+)")
+
+
+def warp_roles(ttgir: str) -> list[tuple[int, int | None]]:
+    """A warp-specialized kernel's worker partitions, (warps, registers asked; None when
+    none is asked), in order; [] for a kernel that is not warp-specialized."""
+    warps = [int(w) for w in _PARTITION.findall(ttgir)]
+    regs = _WS_REGS.search(ttgir)
+    asked = [int(r) for r in regs.group(1).split(",")] if regs else []
+    return [(w, asked[i] if i < len(asked) else None) for i, w in enumerate(warps)]
 
 
 # A shared-memory allocation in TTGIR: `ttg.local_alloc : () -> !ttg.memdesc<4x128x64xbf16, ...`

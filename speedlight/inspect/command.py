@@ -40,9 +40,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "(none: recorded on meta tensors at any size, bytes from a smaller "
                         "case); auto runs cases the interpreter can afford, samples those "
                         "whose inputs it can make, and records the rest dry")
-    p.add_argument("--impl", default="auto", choices=("auto", "triton", "cuda", "all"),
-                   help="which implementation's kernels: triton (captured from a run), cuda "
-                        "(an OpSpec's CUDA C++ kernels, compiled with nvcc: no GPU needed), all; "
+    p.add_argument("--impl", default="auto", choices=("auto", "triton", "gluon", "cuda", "all"),
+                   help="which implementation's kernels: triton (captured from a run), gluon "
+                        "(an op's Gluon implementation: launches recorded dry, compiled for the "
+                        "target with no GPU), cuda (an OpSpec's CUDA C++ kernels, compiled with "
+                        "nvcc: no GPU needed), all; "
                         "auto (default): the op's default implementation (Triton for the "
                         "built-in ops; CUDA C++ for a spec whose impl runs CUDA kernels)")
     p.add_argument("--no-backward", action="store_true",
@@ -178,6 +180,18 @@ def _wants_triton(spec, impl: str) -> bool:
     return (spec.cuda is None or not spec.cuda.of_impl) and impl in ("triton", "all", "auto")
 
 
+def _wants_gluon(spec, impl: str) -> bool:
+    """Whether --impl asks for the op's Gluon implementation (named, or all)."""
+    return impl in ("gluon", "all") and "gluon" in spec.implementations
+
+
+def _as_gluon(spec):
+    """The spec with its Gluon implementation as impl (what inspect captures)."""
+    import dataclasses
+
+    return dataclasses.replace(spec, impl=spec.implementations["gluon"].fn)
+
+
 def _wants_cuda(spec, impl: str) -> bool:
     """Whether --impl asks for the op's CUDA C++ kernels: auto only where the op's impl is
     them (a team's CUDA op); speedlight's own CUDA kernels with --impl cuda or all."""
@@ -213,6 +227,15 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"speedlight inspect: {str(e).strip(chr(39))}")
     console.print(f"[dim]{target.describe()}[/]")
 
+    if args.impl == "gluon":
+        missing = [s.name for s in specs if "gluon" not in s.implementations]
+        if missing and (names or len(missing) == len(specs)):
+            raise SystemExit(f"speedlight inspect: --impl gluon: {', '.join(missing)} "
+                             f"ha(s) no Gluon implementation")
+        from speedlight.kernels.attention.gluon_api import missing as gluon_missing
+        if gluon_missing():
+            raise SystemExit(f"speedlight inspect: --impl gluon: {gluon_missing()}")
+        specs = [s for s in specs if "gluon" in s.implementations]
     if args.impl == "cuda":
         missing = [s.name for s in specs if s.cuda is None]
         if missing and (names or len(missing) == len(specs)):
@@ -237,11 +260,12 @@ def run(args: argparse.Namespace) -> int:
 
     triton_work = [(s, c) for s, c in work if _wants_triton(s, args.impl)]
     cuda_work = [(s, c) for s, c in work if _wants_cuda(s, args.impl)]
-    if work and not triton_work and not cuda_work:
+    gluon_work = [(_as_gluon(s), c) for s, c in work if _wants_gluon(s, args.impl)]
+    if work and not triton_work and not cuda_work and not gluon_work:
         names = ", ".join(sorted({s.name for s, _ in work}))
         raise SystemExit(f"speedlight inspect: --impl {args.impl}: {names} run(s) CUDA C++ "
                          f"kernels, not Triton ones (--impl cuda)")
-    if device.type == "cpu" and triton_work:
+    if device.type == "cpu" and (triton_work or gluon_work):
         console.print(f"[dim]No GPU in use: kernels are compiled for {target.arch_name} without "
                       f"one; launches are captured under the Triton interpreter (recorded "
                       f"on meta tensors, none run, where a case is too large for it), sized "
@@ -265,6 +289,12 @@ def run(args: argparse.Namespace) -> int:
                                     compiler=TritonCompiler(jobs=args.jobs), mode=args.mode,
                                     backward=not args.no_backward, on_case=advance,
                                     smaller_case_bytes=args.mode in ("auto", "dry"))
+    if gluon_work:  # no interpreter runs a Gluon kernel: launches recorded dry on a CPU
+        reports += inspect_cases(gluon_work, target, device=device,
+                                 compiler=TritonCompiler(jobs=args.jobs),
+                                 mode="dry" if device.type != "cuda" else args.mode,
+                                 backward=not args.no_backward, impl="gluon",
+                                 smaller_case_bytes=False)
     reports += inspect_cuda_cases(cuda_work, target, backward=not args.no_backward)
 
     display.print_reports(reports, console, title=f"speedlight inspect for {target.arch_name} "

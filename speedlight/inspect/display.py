@@ -166,6 +166,13 @@ def print_case(report: CaseReport, console: Console) -> None:
         spec = ", ".join(_arg_spec(a) for a in k.launch.args)
         console.print(f"  [dim]{k.name} specialised as ({spec})[/]", highlight=False,
                       soft_wrap=True)
+        if k.partitions:  # warp specialization: who does what, with how many registers
+            workers = ", ".join(f"{w} warp{'s' if w > 1 else ''} at {r or '?'} registers"
+                                for w, r in k.partitions)
+            console.print(f"  [dim]{k.name} warp roles: the kernel's {k.launch.num_warps} "
+                          f"warps (default partition) and workers of {workers}; USETMAXREG "
+                          f"to {', '.join(map(str, k.setmaxnreg)) or 'none'}[/]",
+                          highlight=False, soft_wrap=True)
     console.print(access_table(r))
     table = bytes_table([r], with_case=False)
     if table is not None:

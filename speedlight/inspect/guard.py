@@ -3,7 +3,9 @@
 A kernel falls short when: a load or store of row data is narrower than the design's
 vector width; it spills; its theoretical occupancy is under the design's; a matrix kernel's
 SASS lacks the tensor-core family (mma) or the TMA loads its design names, or its pipeline
-has fewer stages in shared memory than min_stages; it needs more shared memory per
+has fewer stages in shared memory than min_stages; a warp-specialized kernel lacks the
+worker partitions its design names or the register reallocation to them (roles); it needs
+more shared memory per
 program than the target allows; or a direction
 moves more bytes per compulsory byte than its kernels' designs allow (or fewer than
 compulsory: then it did not do what its cost counts). `speedlight inspect
@@ -32,7 +34,7 @@ from speedlight.target import Target
 @dataclass(frozen=True)
 class Shortfall:
     kernel: str
-    check: str  # vector | spill | occupancy | mma | tma | stages | smem | bytes | compile | error
+    check: str  # vector | spill | occupancy | mma | tma | roles | stages | smem | bytes | compile | error
     text: str
 
     def __str__(self) -> str:
@@ -75,6 +77,14 @@ def _check_resources(name: str, k: KernelReport, d: KernelDesign) -> list[Shortf
     if d.mma and not tc.get(d.mma):
         got = ", ".join(f"{op} x{n}" for op, n in sorted(tc.items())) or "no tensor-core op"
         out.append(Shortfall(name, "mma", f"designed for {d.mma}, SASS has {got}"))
+    if d.partitions and list(d.partitions) != [tuple(p) for p in k.partitions]:
+        out.append(Shortfall(name, "roles", f"designed for worker partitions (warps, "
+                             f"registers) {list(d.partitions)}, TTGIR has "
+                             f"{k.partitions or 'no warp specialization'}"))
+    missing = [r for _, r in d.partitions if r not in k.setmaxnreg]
+    if d.partitions and missing:
+        out.append(Shortfall(name, "roles", f"no register reallocation to {missing} in the "
+                             f"SASS (USETMAXREG to {list(k.setmaxnreg) or 'none'})"))
     if d.tma and not k.mix.tma.get("UTMALDG"):
         out.append(Shortfall(name, "tma", f"designed for TMA loads, SASS has no UTMALDG "
                              f"({sum(k.mix.async_copies.values())} LDGSTS, "

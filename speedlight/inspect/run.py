@@ -160,19 +160,22 @@ def bytes_on_a_smaller_case(spec: OpSpec, case: Case, capture: Capture, target: 
 def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
                   device: torch.device | str = "cpu", compiler: TritonCompiler | None = None,
                   mode: str = "auto", backward: bool = True, on_case=None,
-                  smaller_case_bytes: bool = False) -> list[case_report.CaseReport]:
+                  smaller_case_bytes: bool = False, impl: str = "triton"
+                  ) -> list[case_report.CaseReport]:
     """Everything inspect says about each (op, case) on `target` (a speedlight.target
     Target: its arch compiles, its SKU's SM count sizes the launches): every case is
     captured first, then all their distinct kernels are compiled in one batch (worker
     processes in parallel). `speedlight inspect` and the report's inspect stage both run
     through this. With `smaller_case_bytes` (the CLI's auto and dry modes), a case not run
-    in full gets its bytes from a smaller case (bytes_on_a_smaller_case)."""
+    in full gets its bytes from a smaller case (bytes_on_a_smaller_case). impl names the
+    implementation each spec's impl runs (a Triton-compiled one: "triton", "gluon"), as
+    the reports say."""
     device = torch.device(device)
     sku = target.sku
     compiler = compiler or TritonCompiler()
     staged = []
     for spec, case in items:
-        report = case_report.CaseReport(spec.name, case, target, sku)
+        report = case_report.CaseReport(spec.name, case, target, sku, impl=impl)
         capture = None
         # what stops a run here; a capture that runs nothing is judged as on a GPU
         runs = device.type == "cuda" or mode in ("run", "sample")

@@ -14,7 +14,8 @@ import torch
 
 from speedlight import shapes
 from speedlight.ops import attention_cases as cases
-from speedlight.ops._checks import check_bool
+from speedlight.ops import attention_gluon
+from speedlight.ops._checks import check_bool, check_choice
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops.attention_checks import MAX_HEAD_DIM, check_arguments
 from speedlight.ops.attention_launch import (ATTENTION_CONFIGS, attention_bwd, attention_fwd,
@@ -50,6 +51,17 @@ def _registered_bwd(do: Optional[torch.Tensor], dlse: Optional[torch.Tensor], q:
                       max_seqlen_k, check_seqlens)
 
 
+def _registered_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          cu_seqlens_q: Optional[torch.Tensor],
+                          cu_seqlens_k: Optional[torch.Tensor], scale: float,
+                          softcap: Optional[float], left: int, right: int,
+                          max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
+                          num_splits: Optional[int], check_seqlens: bool):
+    return attention_gluon.launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left,
+                                      right, max_seqlen_q, max_seqlen_k, num_splits,
+                                      check_seqlens)
+
+
 def _fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *_):
     """o with q's strides (the launcher's empty_like), and the fp32 lse."""
     lse_shape = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else tuple(q.shape[:3])
@@ -58,10 +70,13 @@ def _fake(q, k, v, cu_seqlens_q, cu_seqlens_k, *_):
 
 ATTENTION = register_op(
     "attention",
-    forward=_registered_fwd,
+    # impl="gluon": the warp-specialized Gluon forward (ops/attention_gluon.py), the Triton
+    # backward; no GPU has verified it yet, so it runs only when named
+    forward={"triton": _registered_fwd, "gluon": _registered_fwd_gluon},
     outputs=("o", "lse"),
     fake=_fake,
-    backward=_registered_bwd,
+    backward={"triton": _registered_bwd, "gluon": _registered_bwd},
+    unverified=attention_gluon.UNVERIFIED,
     backward_fake=lambda do, dlse, q, k, v, *_: (torch.empty_like(q), torch.empty_like(k),
                                                  torch.empty_like(v)),
     grads=("q", "k", "v"),
@@ -102,7 +117,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               softcap: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
               cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
               max_seqlen_k: int | None = None, return_lse: bool = False,
-              num_splits: int | None = None, check_seqlens: bool = True):
+              num_splits: int | None = None, check_seqlens: bool = True,
+              impl: str | None = None):
     """softmax(cap(q k^T * scale) + mask) v by flash attention (fp32 softmax statistics).
 
     q [batch, heads_q, seq_q, dim], k and v [batch, heads_kv, seq_k, dim] (heads_kv
@@ -147,6 +163,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Under torch.autocast, q, k and v are first cast to its dtype (as torch's
     scaled_dot_product_attention is there: a model may hand over a q promoted to fp32 by
     its q_norm beside a bf16 v), and o has that dtype.
+
+    impl: "triton" (the default) or "gluon": the warp-specialized Gluon forward on Hopper
+    (ops/attention_gluon.py; the Triton kernels where its design does not apply, and for
+    the backward), not yet verified on a GPU; GluonUnavailable where it cannot run.
     """
     amp = autocast_dtype(q)
     if amp is not None:
@@ -157,10 +177,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k, num_splits=num_splits, check_seqlens=check_seqlens)
     check_bool("return_lse", return_lse)
+    check_choice("impl", impl, ATTENTION.impls, optional=True)
+    if impl == "gluon":
+        attention_gluon.check_gluon(q)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     o, lse = ATTENTION(q, k, v, cu_seqlens_q, cu_seqlens_k, scale,
                        None if softcap is None else float(softcap), left, right,
-                       max_seqlen_q, max_seqlen_k, num_splits, check_seqlens)
+                       max_seqlen_q, max_seqlen_k, num_splits, check_seqlens, impl=impl)
     return (o, lse) if return_lse else o
 
 
@@ -188,6 +211,10 @@ _FLASH_GFX942 = ("flash tiles sized for gfx942 (launch sizing on an AMD target: 
                  "fp32 or head dim 256 on every dtype, two stages, one operand buffer in LDS, "
                  "so no kernel passes the 64 KB of LDS a workgroup may have or spills); the "
                  "dots on MFMA, the operand tiles by global/buffer loads (no TMA)")
+_GLUON_SM90 = ("warp-specialized (FlashAttention-3): one program of 12 warps per SM (19%), "
+               "the kernel's warpgroup and a second one consuming 64 query rows each in "
+               "ping-pong at 240 registers, one producer warp at 24 loading Q, K and V by TMA "
+               "into a two-stage ring; o stored by TMA, lse one fp32 per row (32-bit)")
 # the matrix kernels on gfx942: MFMA, no TMA, one operand buffer in LDS
 _MFMA = KernelDesign(min_occupancy=0.125, mma="MFMA", vector_bits=0, why=_FLASH_GFX942)
 # The fault kernels (kernels/attention/faults.py): each program returns after one load
@@ -199,6 +226,7 @@ _FAULTS = KernelDesign(min_occupancy=0.125, vector_bits=0,
 
 SPEC = OpSpec(
     impl=attention,
+    implementations=attention_gluon.implementations(attention, ATTENTION),
     make_inputs=cases.make_inputs,
     cost=cases.cost,
     suites=shapes.suites(cases.cases),
@@ -235,6 +263,10 @@ SPEC = OpSpec(
             per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", vector_bits=0,
                                          why=_FLASH)),
                       ("gfx942", _MFMA), ("gfx950", _MFMA))),
+        # impl="gluon" (ops/attention_gluon.py): FlashAttention-3's roles on sm_90a
+        "_attention_fwd_gluon_kernel": KernelDesign(
+            min_occupancy=0.1875, mma="HGMMA", tma=True, min_stages=2, vector_bits=0,
+            partitions=((4, 240), (1, 24)), why=_GLUON_SM90),
         "_attention_fwd_faults_kernel": _FAULTS,
         "_attention_bwd_dkdv_faults_kernel": _FAULTS,
         "_attention_bwd_dq_faults_kernel": _FAULTS,

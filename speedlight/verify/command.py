@@ -22,17 +22,20 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="skip cases needing more memory than this (default: 8 on CPU, "
                         "half the free GPU memory on CUDA)")
     p.add_argument("--all-rows", action="store_true", help="show passing cases too")
+    p.add_argument("--impl", default="", metavar="NAMES",
+                   help="comma-separated implementations run only when named (e.g. gluon: "
+                        "no GPU has verified it yet), verified beside the others")
     cluster.add_arguments(p)
 
 
 def verify_cases(specs, cases_of, device, out_path: Path, *, suite: str, target=None,
                  max_bytes: int | None = None, run_id: str | None = None,
-                 on_case=None) -> list:
+                 on_case=None, named: tuple[str, ...] = ()) -> list:
     """Verify every op's cases (cases_of(spec) -> cases) against float64, each of the op's
     implementations side by side, appending each row to out_path as it finishes: the
     CaseResults. `speedlight verify` and the
     report's verify stage both run through this. on_case(spec, result) follows each case
-    (progress)."""
+    (progress). named: implementations run only by name to include (OpSpec.swept)."""
     import torch
 
     from speedlight import results
@@ -47,7 +50,8 @@ def verify_cases(specs, cases_of, device, out_path: Path, *, suite: str, target=
     done = []
     for spec in specs:
         for case in cases_of(spec):
-            for r in harness.verify_implementations(spec, case, device, max_bytes=max_bytes):
+            for r in harness.verify_implementations(spec, case, device, max_bytes=max_bytes,
+                                                    named=named):
                 results.append_jsonl(out_path, [dict(r.to_row(), suite=suite, run=run_id,
                                                      **env)])
                 done.append(r)
@@ -95,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     env = results.environment(device)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    total = sum(len(harness.expand(s, args.suite, dtypes, seeds)) * len(s.implementations)
+    named = tuple(n.strip() for n in args.impl.split(",") if n.strip())
+    total = sum(len(harness.expand(s, args.suite, dtypes, seeds)) * len(s.swept(named))
                 for s in specs)
     finished = []
     try:
@@ -109,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
             if args.ray is None:
                 all_results = verify_cases(
                     specs, lambda s: harness.expand(s, args.suite, dtypes, seeds), device,
-                    out_path, suite=args.suite, target=tgt, max_bytes=max_bytes, on_case=on_case)
+                    out_path, suite=args.suite, target=tgt, max_bytes=max_bytes, on_case=on_case,
+                    named=named)
             else:
                 from speedlight.verify import on_cluster
                 all_results = on_cluster.verify_on_ray(

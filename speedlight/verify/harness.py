@@ -199,11 +199,13 @@ def verify_case(spec: OpSpec, case: Case, device: torch.device | str, *,
 
 
 def verify_implementations(spec: OpSpec, case: Case, device: torch.device | str, *,
-                           max_bytes: int = 8 * GiB) -> list[CaseResult]:
-    """The case verified for each of the spec's implementations, side by side (one that
-    cannot run here is a skip with the reason, never left out)."""
+                           max_bytes: int = 8 * GiB, named: Sequence[str] = ()
+                           ) -> list[CaseResult]:
+    """The case verified for each of the spec's implementations a sweep runs, side by side
+    (one that cannot run here is a skip with the reason, never left out); one run only by
+    name (Implementation.named_only) when `named` lists it (OpSpec.swept)."""
     return [verify_case(spec, case, device, max_bytes=max_bytes, impl=name)
-            for name in spec.implementations]
+            for name in spec.swept(named)]
 
 
 def references(spec: OpSpec, inputs: dict) -> tuple[tuple, tuple, tuple]:

@@ -42,10 +42,11 @@ def worker(payload: dict, device: str):
     return one
 
 
-def _implementations(spec) -> list:
-    """The spec's implementations to verify one by one (OpSpec.implementations where specs
-    declare several), else [None]: the spec's one implementation."""
-    return list(getattr(spec, "implementations", None) or [None])
+def _implementations(spec, named=()) -> list:
+    """The spec's implementations to verify one by one (those a sweep runs, OpSpec.swept,
+    where specs declare several), else [None]: the spec's one implementation."""
+    swept = spec.swept(named) if hasattr(spec, "swept") else None
+    return list(swept or [None])
 
 
 def case_groups(specs, cases_of, payload: dict) -> list[cluster.Group]:
@@ -53,7 +54,7 @@ def case_groups(specs, cases_of, payload: dict) -> list[cluster.Group]:
     implementation that differ only by seed."""
     out: dict[tuple, cluster.Group] = {}
     for spec in specs:
-        impls = _implementations(spec)
+        impls = _implementations(spec, payload.get("named", ()))
         for case in cases_of(spec):
             for impl in impls:
                 key = (spec.name, impl or "", case.with_(seed=0).id)
@@ -80,6 +81,7 @@ def verify_on_ray(specs, cases_of, out_path: Path, args: argparse.Namespace, *, 
     payload = {"spec_files": [str(Path(f).resolve()) for f in args.spec],
                "include_builtin": not args.only_spec, "max_gib": args.max_gib,
                "target": args.target, "sku": args.sku, "suite": suite,
+               "named": [n.strip() for n in getattr(args, "impl", "").split(",") if n.strip()],
                "run": run_id or uuid.uuid4().hex[:12]}
     by_name = {s.name: s for s in specs}
     lost_env = dict(results.environment(torch.device("cpu")), runtime=device, host=None,

@@ -1,0 +1,95 @@
+"""Scalar pieces the Gluon attention kernels share (a Gluon kernel calls only Gluon
+functions): where a sequence starts, which keys a query row sees, how a program's key
+blocks split into boundary and interior ones, the program's tile, and the softcap.
+
+The same rules as kernels/attention/common.py: positions aligned at the end (query row r
+at r + seq_k - seq_q); key j visible to query i when j < seq_k, j >= i - left (left >= 0)
+and j <= i + right (right >= 0); causal is right = 0; -1 is unbounded.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from speedlight.kernels.cross_entropy import (_T1, _T2, _T3, _T4, _T5, _T6, _T7, _T8,
+                                              _TANH_SPLIT)
+
+LOG2E = gl.constexpr(1.4426950408889634)
+# The running max starts here, not at -inf: exp2(-inf - FLOOR) = 0 for a hidden score (or
+# a -inf in the inputs), never exp2(-inf + inf) = NaN, with no test in the loop.
+FLOOR = gl.constexpr(-3.4028234663852886e38)
+
+
+@gluon.jit
+def _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, total_q, total_k, VARLEN: gl.constexpr):
+    """(first query row, first key row, seq_q, seq_k) of sequence pid_b: from cu_seqlens
+    when VARLEN (each sequence clamped into the packed rows, an end below its start empty,
+    cut at the launch's seq_q / seq_k), else row 0 of a batch entry."""
+    if VARLEN:
+        q_start = gl.minimum(gl.maximum(gl.load(cu_q_ptr + pid_b), 0), total_q)
+        k_start = gl.minimum(gl.maximum(gl.load(cu_k_ptr + pid_b), 0), total_k)
+        q_end = gl.minimum(gl.maximum(gl.load(cu_q_ptr + pid_b + 1), q_start), total_q)
+        k_end = gl.minimum(gl.maximum(gl.load(cu_k_ptr + pid_b + 1), k_start), total_k)
+        seq_q = gl.minimum(q_end - q_start, seq_q)
+        seq_k = gl.minimum(k_end - k_start, seq_k)
+    else:
+        q_start = pid_b * 0
+        k_start = pid_b * 0
+    return q_start, k_start, seq_q, seq_k
+
+
+@gluon.jit
+def _keys_seen(rows, seq_q, seq_k, left, right, WINDOW: gl.constexpr):
+    """(lo, hi): query row `rows` (a scalar or a tensor of rows) sees keys [lo, hi), none
+    when hi <= lo. WINDOW=False compiles the window away (every key below seq_k)."""
+    lo = rows * 0
+    hi = rows * 0 + seq_k
+    if WINDOW:
+        pos = rows + (seq_k - seq_q)
+        lo = gl.where(left >= 0, gl.maximum(pos - left, 0), lo)
+        hi = gl.where(right >= 0, gl.minimum(pos + right + 1, seq_k), hi)
+    return lo, hi
+
+
+@gluon.jit
+def _block_split(first_row, last_row, seq_q, seq_k, left, right, WINDOW: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
+    """(first, n): the key blocks rows [first_row, last_row] see, from `first` (a multiple
+    of BLOCK_N) n blocks on; n = 0 when they see no key. Rows see monotone key ranges, so
+    the union is [lo of the first row, hi of the last)."""
+    lo, _ = _keys_seen(first_row, seq_q, seq_k, left, right, WINDOW)
+    _, hi = _keys_seen(last_row, seq_q, seq_k, left, right, WINDOW)
+    first = lo // BLOCK_N * BLOCK_N
+    n = gl.where(hi > lo, (hi - first + BLOCK_N - 1) // BLOCK_N, 0)
+    return first, n
+
+
+@gluon.jit
+def _program(pid, n_blocks, heads):
+    """(block, batch entry, head) of flat program id pid over n_blocks x batch x heads:
+    blocks major and descending (the causal mask's heaviest first, the grid ending on light
+    ones), heads fastest (a GQA group's q heads side by side on its K/V)."""
+    n_bh = gl.num_programs(0) // n_blocks
+    blk = n_blocks - 1 - pid // n_bh
+    pid_bh = pid % n_bh
+    return blk, pid_bh // heads, pid_bh % heads
+
+
+@gluon.jit
+def _softcap(x, softcap):
+    """softcap * tanh(x / softcap), fp32, as kernels/cross_entropy._softcap rounds it (the
+    backward's recomputation): an odd polynomial near 0, 1 - 2 / (exp(2|y|) + 1) beyond;
+    +-inf maps to +-softcap, NaN stays NaN."""
+    y = x / softcap
+    a = gl.abs(y)
+    r = 2.0 / (gl.exp(2.0 * a) + 1.0)  # 1 - tanh(|y|); 0 when exp overflows
+    y2 = y * y
+    p = _T8 * y2 + _T7
+    p = p * y2 + _T6
+    p = p * y2 + _T5
+    p = p * y2 + _T4
+    p = p * y2 + _T3
+    p = p * y2 + _T2
+    p = p * y2 + _T1
+    small = y * (p * y2 + 1.0)
+    t = gl.where(a < _TANH_SPLIT, small, gl.where(y < 0, r - 1.0, 1.0 - r))
+    return softcap * t

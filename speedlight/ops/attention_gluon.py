@@ -1,0 +1,190 @@
+"""Attention's Gluon implementation (impl="gluon"): the warp-specialized forward of
+kernels/attention/gluon_fwd.py where its design applies, the Triton kernels elsewhere and
+for the backward (the Triton backward reads the o and lse it writes, in the same layout).
+
+Where it runs: an NVIDIA GPU of compute capability 9.x (Hopper, sm_90a), with a Triton
+whose Gluon has what the kernel needs (kernels/attention/gluon_api.missing: Triton 3.6 and
+later). Gluon kernels do not run under the Triton interpreter, so on a CPU impl="gluon"
+is refused (`unavailable`, GluonUnavailable); `speedlight inspect --impl gluon` still
+records its launches and compiles them for sm_90a on any machine.
+
+Which calls the Gluon forward takes (`why_not_gluon`): fp16 or bf16, head dim 32 to 256,
+every tile 16-byte aligned for TMA (q, k, v and o base addresses and their batch, head
+and row strides), no forced split of the keys and more than DECODE_ROWS queries (decode
+keeps the Triton kernel's split-KV path). Any other call runs the Triton forward, exactly
+as impl="triton" would; the reason is `why_not_gluon`'s sentence.
+
+No GPU has run the Gluon kernel yet: the implementation is registered unverified (never
+an op's default) and named-only (verify, bench and the plan run it when asked for by
+name), until scripts/gpu/attention_gluon.py verifies it on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from speedlight.kernels.attention import gluon_api
+from speedlight.launch import planned_arch
+from speedlight.ops import attention_launch
+from speedlight.ops.attention_checks import packed_lengths
+from speedlight.ops._gemm import ensure_allocator
+from speedlight.runtime import _RECORDING_ONLY
+
+# A forward of at most this many queries (the longest sequence) keeps the Triton kernel:
+# its 16-row blocks and split keys serve decode; the Gluon program's 128 rows would idle.
+DECODE_ROWS = 16
+# The GPUs the Gluon forward is written for: compute capability major 9 (sm_90a's wgmma,
+# TMA and setmaxnreg).
+HOPPER = 9
+# Rows per program (two consumer warpgroups of 64) and the launch of the Hopper kernel: 4
+# warps (consumer 0) plus the kernel's worker partitions, 168 registers a thread at launch
+# (3 warpgroups share 64K: 504 per thread of a warpgroup, given out as 240 + 240 + 24).
+BLOCK_M = 128
+HOPPER_LAUNCH = dict(num_warps=4, maxnreg=168)
+HOPPER_REGS = dict(PRODUCER_REGS=24, CONSUMER_REGS=240)
+
+
+class GluonUnavailable(RuntimeError):
+    """impl="gluon" cannot run here (no GPU, another architecture, a Triton without what
+    the kernels need); the message says which."""
+
+
+def unavailable(device: torch.device | str) -> str | None:
+    """Why impl="gluon" cannot run on `device`, or None."""
+    reason = gluon_api.missing()
+    if reason:
+        return f"impl='gluon': {reason}"
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available() \
+            or getattr(torch.version, "hip", None):
+        return ("impl='gluon': Gluon kernels run only on an NVIDIA GPU (the Triton "
+                f"interpreter does not run them); the tensors are on {device}")
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != HOPPER:
+        return (f"impl='gluon': the Gluon forward is written for Hopper (sm_90a); this GPU "
+                f"is sm_{major}{minor}")
+    return None
+
+
+def check_gluon(q: torch.Tensor) -> None:
+    """Raise GluonUnavailable when impl="gluon" cannot run on q's device, before any
+    allocation; a launch capture on meta tensors (speedlight inspect) asks only Triton."""
+    if q.device.type == "meta" and _RECORDING_ONLY.get():
+        reason = gluon_api.missing()
+        reason = reason and f"impl='gluon': {reason}"
+    else:
+        reason = unavailable(q.device)
+    if reason:
+        raise GluonUnavailable(reason)
+
+
+def _aligned(t: torch.Tensor, strides) -> bool:
+    """Whether TMA can address t's tiles: 16-byte aligned base and strides."""
+    return t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in strides)
+
+
+def _strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
+    """(batch, head, row) strides of a q/k/v/o-like tensor; packed: batch 0."""
+    return (0, t.stride(1), t.stride(0)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
+
+
+def why_not_gluon(q, k, v, varlen: bool, seq_q: int, num_splits) -> str | None:
+    """Why this call runs the Triton forward rather than the Gluon one (None: Gluon's)."""
+    arch = planned_arch(q.device)
+    if arch is None or arch // 10 != HOPPER:
+        return f"the Gluon forward is written for sm_90a (this launch is for {arch})"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"the Gluon forward takes fp16 or bf16 (got {q.dtype})"
+    if not 32 <= q.shape[-1] <= 256:
+        return f"the Gluon forward takes head dims 32 to 256 (got {q.shape[-1]})"
+    if num_splits is not None and num_splits > 1:
+        return "num_splits asks for the Triton kernel's split keys"
+    if seq_q <= DECODE_ROWS:
+        return f"decode ({seq_q} queries) keeps the Triton kernel's split-KV path"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1 or not _aligned(t, _strides(t, varlen)):
+            return (f"{name}'s base or strides are not 16-byte aligned (TMA needs them): "
+                    f"strides {tuple(t.stride())}")
+    return None
+
+
+def _tiles(head_dim: int) -> dict:
+    """BLOCK_N, BLOCK_D and STAGES of the Hopper kernel: 128-key blocks in a two-stage K/V
+    ring up to head dim 128 (160 KB of shared memory at 128), 64-key blocks at 256 (192 KB),
+    so one program fills an SM's 227 KB without passing it."""
+    block_d = max(32, triton.next_power_of_2(head_dim))
+    return dict(BLOCK_N=128 if block_d <= 128 else 64, BLOCK_D=block_d, STAGES=2)
+
+
+# --- the launcher ---------------------------------------------------------------------------
+
+def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
+               max_seqlen_q, max_seqlen_k, num_splits, check_seqlens):
+    """attention_launch.launch_fwd's contract (checked arguments, the window as its sides),
+    by the Gluon kernel where why_not_gluon allows, else by attention_launch.launch_fwd."""
+    check_gluon(q)
+    from speedlight.kernels.attention.gluon_fwd import _attention_fwd_gluon_kernel
+
+    varlen = cu_seqlens_q is not None
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    empty = q.numel() == 0 or k.numel() == 0
+    if varlen:
+        seq_q, seq_k = packed_lengths(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
+                                      max_seqlen_q, max_seqlen_k, check_seqlens)
+    else:
+        seq_q, seq_k = q.shape[2], k.shape[2]
+    if empty or seq_k == 0 or why_not_gluon(q, k, v, varlen, seq_q, num_splits):
+        return attention_launch.launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap,
+                                           left, right, max_seqlen_q, max_seqlen_k, num_splits,
+                                           check_seqlens)
+    if varlen:
+        batch, heads_q, head_dim = cu_seqlens_q.shape[0] - 1, q.shape[1], q.shape[2]
+        lse_shape = (heads_q, q.shape[0])
+        cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    else:
+        batch, heads_q, _, head_dim = q.shape
+        lse_shape = (batch, heads_q, seq_q)
+        cu_q = cu_k = q  # unread placeholders
+    exact = check_seqlens or not varlen  # else rows in no sequence stay as zeros / -inf
+    o = torch.empty_like(q) if exact else torch.zeros_like(q)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    if not exact:
+        lse.fill_(float("-inf"))
+    if not _aligned(o, _strides(o, varlen)):  # empty_like keeps q's (aligned) strides
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if not exact:
+            o.zero_()
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    lse_strides = (0, lse.stride(0), lse.stride(1)) if varlen else tuple(lse.stride())
+    m_blocks = triton.cdiv(seq_q, BLOCK_M)
+    ensure_allocator()  # the kernel makes its TMA descriptors on the device
+    _attention_fwd_gluon_kernel[(m_blocks * batch * heads_q,)](
+        q, k, v, o, lse, cu_q, cu_k, m_blocks, seq_q, seq_k, q.shape[0] if varlen else seq_q,
+        k.shape[0] if varlen else seq_k, heads_q, heads_q // k.shape[1], head_dim, scale,
+        float(softcap or 1.0), left, right, *_strides(q, varlen), *_strides(k, varlen),
+        *_strides(v, varlen), *_strides(o, varlen), *lse_strides,
+        VARLEN=varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
+        FOLD=softcap is None and scale > 0, **_tiles(head_dim), **HOPPER_REGS,
+        **HOPPER_LAUNCH)
+    return o, lse
+
+
+# --- the OpSpec side -------------------------------------------------------------------------
+
+# Implementations no GPU run has verified yet: never the default, labelled in every row.
+UNVERIFIED = ("gluon",)
+
+
+def implementations(public, op) -> dict:
+    """Attention's implementations: the Triton kernels, and this Gluon forward (unverified,
+    and run only by name while no GPU has run it: Implementation.named_only)."""
+    from speedlight.spec import Implementation
+
+    verified = "gluon" not in op.unverified
+    return {"triton": Implementation(public),
+            "gluon": Implementation(functools.partial(public, impl="gluon"), "gluon",
+                                    verified=verified, unavailable=unavailable,
+                                    named_only=not verified)}
