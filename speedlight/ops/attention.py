@@ -57,7 +57,7 @@ def _registered_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           softcap: Optional[float], left: int, right: int,
                           max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
                           num_splits: Optional[int], check_seqlens: bool):
-    return attention_gluon.launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left,
+    return attention_gluon.launch_gluon_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left,
                                       right, max_seqlen_q, max_seqlen_k, num_splits,
                                       check_seqlens)
 
@@ -226,7 +226,7 @@ _FAULTS = KernelDesign(min_occupancy=0.125, vector_bits=0,
 
 SPEC = OpSpec(
     impl=attention,
-    implementations=attention_gluon.implementations(attention, ATTENTION),
+    implementations=attention_gluon.gluon_implementations(attention, ATTENTION),
     make_inputs=cases.make_inputs,
     cost=cases.cost,
     suites=shapes.suites(cases.cases),

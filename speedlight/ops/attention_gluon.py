@@ -5,7 +5,7 @@ for the backward (the Triton backward reads the o and lse it writes, in the same
 Where it runs: an NVIDIA GPU of compute capability 9.x (Hopper, sm_90a), with a Triton
 whose Gluon has what the kernel needs (kernels/attention/gluon_api.missing: Triton 3.6 and
 later). Gluon kernels do not run under the Triton interpreter, so on a CPU impl="gluon"
-is refused (`unavailable`, GluonUnavailable); `speedlight inspect --impl gluon` still
+is refused (`gluon_unavailable`, GluonUnavailable); `speedlight inspect --impl gluon` still
 records its launches and compiles them for sm_90a on any machine.
 
 Which calls the Gluon forward takes (`why_not_gluon`): fp16 or bf16, head dim 32 to 256,
@@ -52,7 +52,7 @@ class GluonUnavailable(RuntimeError):
     the kernels need); the message says which."""
 
 
-def unavailable(device: torch.device | str) -> str | None:
+def gluon_unavailable(device: torch.device | str) -> str | None:
     """Why impl="gluon" cannot run on `device`, or None."""
     reason = gluon_api.missing()
     if reason:
@@ -76,7 +76,7 @@ def check_gluon(q: torch.Tensor) -> None:
         reason = gluon_api.missing()
         reason = reason and f"impl='gluon': {reason}"
     else:
-        reason = unavailable(q.device)
+        reason = gluon_unavailable(q.device)
     if reason:
         raise GluonUnavailable(reason)
 
@@ -121,7 +121,7 @@ def _tiles(head_dim: int) -> dict:
 
 # --- the launcher ---------------------------------------------------------------------------
 
-def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
+def launch_gluon_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
                max_seqlen_q, max_seqlen_k, num_splits, check_seqlens):
     """attention_launch.launch_fwd's contract (checked arguments, the window as its sides),
     by the Gluon kernel where why_not_gluon allows, else by attention_launch.launch_fwd."""
@@ -178,7 +178,7 @@ def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
 UNVERIFIED = ("gluon",)
 
 
-def implementations(public, op) -> dict:
+def gluon_implementations(public, op) -> dict:
     """Attention's implementations: the Triton kernels, and this Gluon forward (unverified,
     and run only by name while no GPU has run it: Implementation.named_only)."""
     from speedlight.spec import Implementation
@@ -186,5 +186,5 @@ def implementations(public, op) -> dict:
     verified = "gluon" not in op.unverified
     return {"triton": Implementation(public),
             "gluon": Implementation(functools.partial(public, impl="gluon"), "gluon",
-                                    verified=verified, unavailable=unavailable,
+                                    verified=verified, unavailable=gluon_unavailable,
                                     named_only=not verified)}
