@@ -11,6 +11,10 @@ if not torch.cuda.is_available():
     # Liger's fused MoE autotunes its kernels over many configs when it is imported, and
     # the interpreter has no driver to time them: one config each (Liger's own switch)
     os.environ.setdefault("LIGER_FUSED_MOE_AUTOTUNE", "0")
+    # one thread per test process (and its children): pytest-xdist runs a worker per core,
+    # and torch's intra-op threads on tensors this small spin more than they compute
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ON_GPU = DEVICE.type == "cuda"
