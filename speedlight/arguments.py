@@ -102,5 +102,20 @@ def add_model_run(p: argparse.ArgumentParser, *, train: bool) -> None:
     add_spec(p)
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_seeds(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seeds", type=_at_least_one, default=2,
+                   help="inputs drawn from this many seeds per verified case (default 2)")
+
+
 def add_out(p: argparse.ArgumentParser, default: str | None, what: str) -> None:
     p.add_argument("--out", default=default, help=what)

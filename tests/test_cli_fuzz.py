@@ -94,6 +94,7 @@ BAD = [
     refused("report --target nope --out {d}/report", id="report-target"),
     refused("report --batch 0 --out {d}/report", id="report-batch"),
     refused("report --dtype int8 --out {d}/report", id="report-dtype-int8"),
+    refused("report --seeds 0 --out {d}/report", id="report-seeds"),
     refused("probe --copy-gib -1", id="probe-copy-gib"),
     refused("shape {d}/missing.py:fn --shapes x=[2]", id="shape-file-missing"),
     refused("shape {d}/bad_spec.py:fn --shapes x=[2]", id="shape-file-syntax-error"),

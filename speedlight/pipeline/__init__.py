@@ -51,6 +51,7 @@ FILES = {"profile_before": "profile-before.json", "patch": "patch.json",
 
 def configure(p: argparse.ArgumentParser) -> None:
     arguments.add_model_run(p, train=True)
+    arguments.add_seeds(p)
     p.add_argument("--baselines", default=None,
                    help="bench baselines (default: torch-eager,torch-compile,liger,torch-fused on a GPU; "
                         "torch-eager on a CPU, where compiling each case costs more than the report)")
@@ -307,7 +308,8 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     stages.manifest["cases_from"] = origin
 
     stages.run("verify", "verify each op at the model's shapes", lambda: verify_cases(
-        specs, lambda spec: [c.with_(seed=seed) for c in cases[spec.name] for seed in (0, 1)],
+        specs, lambda spec: [c.with_(seed=seed) for c in cases[spec.name]
+                             for seed in range(args.seeds)],
         device, out / FILES["verify"], suite="model-shapes", target=tgt))
 
     if args.no_bench:

@@ -14,7 +14,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", default="quick", choices=("quick", "model", "full"))
     arguments.add_dtypes(p, "fp32,fp16,bf16")
     p.add_argument("--seed", type=int, default=0, help="first seed")
-    p.add_argument("--seeds", type=int, default=2, help="how many seeds per case (default 2)")
+    arguments.add_seeds(p)
     arguments.add_spec(p)
     arguments.add_target(p)
     arguments.add_out(p, "speedlight-results", "folder for verify.jsonl")
@@ -69,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
     from speedlight.verify import display, harness
 
     console = results.make_console()
-    if args.seeds < 1:
-        raise SystemExit("speedlight verify: --seeds must be at least 1")
     if args.max_gib is not None and not 0 < args.max_gib < float("inf"):  # NaN too
         raise SystemExit(f"speedlight verify: --max-gib must be a number of GiB more than 0, "
                          f"got {args.max_gib:g}")
