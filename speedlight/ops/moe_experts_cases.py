@@ -10,11 +10,39 @@ from speedlight import shapes
 from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
 from speedlight.spec import Case, Cost, generator, inject_nonfinite, rand_tensor
 
-# the models issue 31 benches the block at, and their token counts (bench's model suite)
-MOE_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b")
-MOE_TOKENS = (4096, 32768)
 # the clamped SwiGLU's limit in the quick suite's fp32 clamp test is lower, so that it clamps
 GPT_OSS = {"act": "clamped_swiglu", "interleaved": True, "bias": True}
+
+
+def _block(name: str) -> tuple:
+    cfg = shapes.MODELS[name]
+    return cfg.hidden, cfg.intermediate, cfg.experts, cfg.experts_per_token, "contiguous", {}
+
+
+# The expert blocks the model suite benches: (hidden, inter, experts, k, layout, flags).
+# DeepSeek-V3 (huggingface.co/deepseek-ai/DeepSeek-V3 config.json: hidden_size 7168,
+# moe_intermediate_size 2048, n_routed_experts 256, num_experts_per_tok 8,
+# n_shared_experts 1): its shared expert runs in the same grouped GEMMs as one more expert
+# that every token picks with weight 1 (flag `shared`). gpt-oss-20B
+# (huggingface.co/openai/gpt-oss-20b config.json: hidden_size 2880, intermediate_size
+# 2880, num_local_experts 32, experts_per_token 4, swiglu_limit 7.0): its clamped,
+# interleaved, biased unit on [E, H, 2 I] / [E, I, H] weights (transposed).
+MOE_BLOCKS = {
+    "mixtral-8x7b": _block("mixtral-8x7b"),
+    "qwen3-30b-a3b": _block("qwen3-30b-a3b"),
+    "deepseek-v3": (7168, 2048, 256, 8, "contiguous", {"shared": 1}),
+    "gpt-oss-20b": (2880, 2880, 32, 4, "transposed", GPT_OSS),
+}
+# the token counts the model suite benches each block at
+MOE_TOKENS = (4096, 32768)
+# the same blocks at widths a CPU verifies (hidden and intermediate / 16 or / 32, experts
+# / 4 to / 16, k kept; 32 tokens), in the full suite: gpt-oss's and the fine-grained
+# routings' paths at their shapes' proportions
+CPU_BLOCKS = {
+    "qwen3-30b-a3b": (128, 48, 16, 8),
+    "deepseek-v3": (224, 64, 16, 8),
+    "gpt-oss-20b": (180, 180, 8, 4),
+}
 # FLOP per element of the gate unit (forward, backward) as kernels/moe.py computes it
 _GATE_FLOPS = {"silu": (5, 9), "gelu_tanh": (10, 13), "gelu": (6, 9), "clamped_swiglu": (9, 14)}
 # a case this large (tokens x hidden x intermediate) takes minutes or more under the
@@ -28,25 +56,34 @@ def _case(tokens, hidden, inter, experts, k, layout="contiguous", model=None, **
                 layout=layout, flags=flags, model=model)
 
 
+def block_case(name: str, tokens: int, routing: str = "uniform") -> Case:
+    """The expert block of MOE_BLOCKS' model `name` at `tokens` tokens."""
+    hidden, inter, experts, k, layout, flags = MOE_BLOCKS[name]
+    return _case(tokens, hidden, inter, experts, k, layout, model=name, routing=routing,
+                 **flags)
+
+
+def cpu_block_case(name: str) -> Case:
+    """The block of model `name` at CPU_BLOCKS' widths, its layout and flags kept."""
+    _, _, _, _, layout, flags = MOE_BLOCKS[name]
+    hidden, inter, experts, k = CPU_BLOCKS[name]
+    return _case(32, hidden, inter, experts, k, layout, routing="skewed", **flags)
+
+
 def _model_cases(tokens=MOE_TOKENS) -> list[Case]:
-    out = []
-    for name in MOE_MODELS:
-        cfg = shapes.MODELS[name]
-        for t in tokens:
-            for routing in ("uniform", "skewed"):
-                out.append(_case(t, cfg.hidden, cfg.intermediate, cfg.experts,
-                                 cfg.experts_per_token, model=cfg.name, routing=routing))
-    return out
+    return [block_case(name, t, routing) for name in MOE_BLOCKS for t in tokens
+            for routing in ("uniform", "skewed")]
 
 
 def cases(suite: str) -> list[Case]:
     """quick: tiny shapes (a few experts, tens of tokens): every gate unit, gpt-oss's
     options (interleaved, biases, weights as [E, H, 2 I] transposed, its clamp's constants
-    given, so the fuzz tests mutate them), skewed routing,
-    sentinel indices with top-1 (a token routed nowhere), Falcon multipliers, an empty
-    batch; model: Mixtral-8x7B and
-    Qwen3-30B-A3B at 4096 and 32768 tokens, uniform and skewed routing (GPU sizes);
-    full: the model shapes at 4096 tokens, odd larger shapes and the 64-bit case."""
+    given, so the fuzz tests mutate them), skewed routing, sentinel indices with top-1 (a
+    token routed nowhere), Falcon multipliers, an empty batch; model: MOE_BLOCKS
+    (Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V3 with its shared expert, gpt-oss-20B) at 4096
+    and 32768 tokens, uniform and skewed routing (GPU sizes); full: the model blocks at
+    4096 tokens, the same blocks at CPU widths (CPU_BLOCKS), odd larger shapes and the
+    64-bit case."""
     shapes.check_suite(suite)
     if suite == "quick":
         return [
@@ -60,6 +97,7 @@ def cases(suite: str) -> list[Case]:
         ]
     out = _model_cases() if suite == "model" else _model_cases(tokens=MOE_TOKENS[:1])
     if suite == "full":
+        out += [cpu_block_case(name) for name in CPU_BLOCKS]
         out += [_case(257, 509, 383, 7, 2), _case(1031, 1024, 257, 64, 6, routing="skewed"),
                 _case(257, 509, 383, 7, 2, "transposed", **GPT_OSS),
                 _case(333, 256, 128, 16, 4, sentinel=True, act="gelu_tanh")]
@@ -68,13 +106,27 @@ def cases(suite: str) -> list[Case]:
     return out
 
 
+def routed(case: Case) -> tuple[int, int]:
+    """(experts, k) the block's inputs hold: a shared expert is one more expert that every
+    token picks (the last index, weight 1)."""
+    shared = int(case.flag("shared") or 0)
+    return case["experts"] + shared, case["k"] + shared
+
+
 def top_k_choices(case: Case) -> torch.Tensor:
     """The router's choices [tokens, k] int64 of a case, drawn from its seed: k distinct
     experts per token, uniform or skewed (Zipf(1): expert 0 the hottest); with the
     `sentinel` flag every 4th pair holds an index >= E (an expert held elsewhere). With
     k > E (an expert-parallel rank holding fewer experts than the router picks) a token
-    chooses every expert and its other slots hold sentinels E, E + 1, ..."""
+    chooses every expert and its other slots hold sentinels E, E + 1, ... With `shared`
+    (DeepSeek-V3's shared expert) the last column is index E, an expert every token picks."""
     tokens, experts, k = case["tokens"], case["experts"], case["k"]
+    shared = int(case.flag("shared") or 0)
+    if shared:  # the routed choices, then the shared experts' indices E, E + 1, ...
+        routed_choices = top_k_choices(case.with_(flags={
+            n: v for n, v in case.flags if n != "shared"}))
+        always = experts + torch.arange(shared, dtype=torch.int64).expand(tokens, shared)
+        return torch.cat([routed_choices, always], dim=1)
     weights = torch.ones(experts, dtype=torch.float64)
     if case.flag("routing") == "skewed":
         weights = 1.0 / torch.arange(1, experts + 1, dtype=torch.float64)
@@ -101,15 +153,18 @@ def make_inputs(case: Case, device) -> dict:
     """hidden [tokens, H] as the case lays it out; the router's choices and softmax
     weights; gate_up_proj [E, 2 I, H] and down_proj [E, H, I] (transposed: gpt-oss's
     [E, H, 2 I] and [E, I, H] tensors transposed; strided: rows padded, NaN in the
-    padding); the biases and gate unit the flags name."""
-    tokens, hidden, inter, experts, k = (case[p] for p in ("tokens", "hidden", "inter",
-                                                            "experts", "k"))
+    padding); the biases and gate unit the flags name; with `shared`, the shared experts
+    after the routed ones, chosen by every token with weight 1."""
+    tokens, hidden, inter = case["tokens"], case["hidden"], case["inter"]
+    experts, k = routed(case)
+    shared = k - case["k"]
     x = rand_tensor((tokens, hidden), case, device)
     if case.flag("nonfinite"):
         inject_nonfinite(x, case)
-    logits = rand_tensor((tokens, k), case, device, dtype=torch.float32, layout="contiguous",
-                         salt=5)
-    weights = torch.softmax(logits, -1).to(case.dtype)
+    logits = rand_tensor((tokens, case["k"]), case, device, dtype=torch.float32,
+                         layout="contiguous", salt=5)
+    weights = torch.softmax(logits, -1)
+    weights = torch.cat([weights, weights.new_ones((tokens, shared))], 1).to(case.dtype)
     gate_up = rand_tensor((experts, 2 * inter, hidden), case, device, salt=1,
                           scale=hidden ** -0.5 if hidden else 1.0)
     down = rand_tensor((experts, hidden, inter), case, device, salt=2,
@@ -134,8 +189,8 @@ def cost(case: Case, mode: str) -> Cost:
     hidden, the routing and every expert's weights read once, the output written once (the
     intermediates z and h stay on chip). The backward reads dout, hidden, the routing, the
     weights and z (saved), and writes dhidden, the routing weights' and weights' gradients."""
-    tokens, hidden, inter, experts, k = (case[p] for p in ("tokens", "hidden", "inter",
-                                                            "experts", "k"))
+    tokens, hidden, inter = case["tokens"], case["hidden"], case["inter"]
+    experts, k = routed(case)
     e = case.dtype.itemsize
     pairs = tokens * k - sentinel_pairs(case)
     gemm = 2 * pairs * 3 * inter * hidden  # gate_up [2I, H] and down [H, I] per pair

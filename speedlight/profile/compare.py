@@ -59,6 +59,7 @@ def with_speedlight(pj: project.Projection, patched: project.Projection,
             "saved_with_launch_s": before["floor_with_launch_s"] - s["floor_with_launch_s"],
             "saved_bytes": pj.capture.memory["peak_bytes"] - patched.capture.memory["peak_bytes"],
             "by_type": [{k: g[k] for k in ("key", "calls", "floor_s", "bound")} for g in after["by_type"][:12]],
+            "expert_block": project.expert_block(after, pj.experts_classes),
             "label": f"projected floors on {target.sku.name} with speedlight's ops patched in"}
 
 

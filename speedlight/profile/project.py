@@ -280,6 +280,7 @@ class Projection:
     recipe: Recipe | None
     seconds: float  # wall time of the fake step
     experts_loops: int = 0  # experts modules whose Hugging Face loop ran at uniform routing
+    experts_classes: frozenset = frozenset()  # the class names of its experts modules
 
 
 def fake_mode():
@@ -341,7 +342,8 @@ def project_step(workload, *, train: bool, recipe: Recipe | None, capability=(9,
                for (b, w), n in getattr(router, "choices", {}).items()]
     cap = StepCapture(ops=recorder.ops, calls=recorder.calls, device="projected",
                       step_times=[], recorded_steps=1, gpu=None, memory=memory.summary(), notes=[])
-    return Projection(cap, dispatch, choices, recipe if train else None, seconds, loops)
+    return Projection(cap, dispatch, choices, recipe if train else None, seconds, loops,
+                      frozenset(experts_classes(model)))
 
 
 def put_floors(cap: StepCapture, target: target_mod.Target) -> None:
@@ -401,6 +403,32 @@ def build_workload(spec: str | None, *, batch: int, seq: int, train: bool, recip
                          device=torch.device("cpu"), size="full", layers=layers, seed=seed,
                          overrides=overrides)
     return w
+
+
+def expert_block(result: dict, classes: set[str]) -> dict | None:
+    """The routed experts' part of a projected step (an analysis' by_class groups of the
+    experts modules' classes, forward and backward): their floor, its share of the step's
+    floor, the bound most of it is under, FLOPs and bytes; None without experts."""
+    groups = [g for g in result["by_class"] if g["key"] in classes]
+    if not groups:
+        return None
+    bounds: dict[str, float] = {}
+    for g in groups:
+        for b, t in g["time_by_bound_s"].items():
+            bounds[b] = bounds.get(b, 0.0) + t
+    floor = sum(g["floor_s"] for g in groups)
+    total = result["summary"]["floor_s"]
+    return {"classes": sorted(g["key"] for g in groups), "calls": sum(g["calls"] for g in groups),
+            "floor_s": floor, "share": floor / total if total else None,
+            "bound": max(bounds, key=lambda b: (bounds[b], b)),
+            "flops": sum(g["flops"] for g in groups), "bytes": sum(g["bytes"] for g in groups)}
+
+
+def experts_classes(model) -> set[str]:
+    """The class names of a model's transformers 5.x experts modules."""
+    from speedlight.workloads import moe
+
+    return {type(m).__name__ for m in model.modules() if moe.layout(m) is not None}
 
 
 def has_experts(model) -> bool:
@@ -463,7 +491,9 @@ def projected_document(w, pj: Projection, target: target_mod.Target, *, train: b
         "tokens": batch * seq,
         "tokens_per_s_at_floor": batch * seq / result["summary"]["floor_s"]
         if result["summary"]["floor_s"] else None,
-        "moe": dict(experts, loops=pj.experts_loops) if experts else has_experts(w.model),
+        "moe": (dict(experts, loops=pj.experts_loops,
+                     block=expert_block(result, pj.experts_classes))
+                if experts else has_experts(w.model)),
         "seconds": round(pj.seconds, 2),
     }
     return doc

@@ -21,6 +21,14 @@ def projected_summary(doc: dict, console) -> None:
     t.add_row("floor by bound", " ".join(f"{b} {fmt.share(v / whole)}" for b, v in
                                          sorted(s["floor_by_bound_s"].items(), key=lambda kv: -kv[1]) if v),
               "floors with a launch per kernel, per bound")
+    block = pj["moe"].get("block") if isinstance(pj.get("moe"), dict) else None
+    if block:
+        t.add_row("expert block", f"{fmt.seconds(block['floor_s'])} ({fmt.share(block['share'])})",
+                  f"{', '.join(block['classes'])}"
+                  f"{' forward and backward' if doc['run']['mode'] == 'train' else ''}: "
+                  f"{block['bound']}-bound, "
+                  f"{fmt.flops(block['flops'])} / {fmt.nbytes(block['bytes'])}; its share of "
+                  f"the sum of floors")
     t.add_row("dispatch", pj["dispatch"], pj["dispatch_note"])
     for a in pj["attention"]:
         t.add_row("attention", f"{a['backend']} x{a['calls']}", a["why"])
@@ -31,6 +39,11 @@ def projected_summary(doc: dict, console) -> None:
         t.add_row("with speedlight's ops", fmt.seconds(ws["floor_s"]),
                   f"the model patched and projected again: {fmt.seconds(ws['saved_s'])} of floor and "
                   f"{fmt.nbytes(ws['saved_bytes'])} of peak memory saved, {ws['kernel_ops']} kernel ops")
+        wb = ws.get("expert_block")
+        if wb:
+            t.add_row("  expert block", f"{fmt.seconds(wb['floor_s'])} ({fmt.share(wb['share'])})",
+                      f"on moe_experts: {wb['bound']}-bound, {fmt.flops(wb['flops'])} / "
+                      f"{fmt.nbytes(wb['bytes'])}")
     t.add_row("projected in", fmt.seconds(pj["seconds"]), "wall time of the fake step on this machine")
     console.print(t)
 

@@ -52,10 +52,13 @@ PROJECTED = {
     "projection": "how it was made: label (projected floor), dispatch (gpu|here) and dispatch_note, "
                   "attention (backend, why, calls), recipe (name, text, bytes_per_parameter), "
                   "exact_bytes (parameters, gradients, optimizer_state by arithmetic), tokens, "
-                  "tokens_per_s_at_floor, moe, seconds (wall time of the fake step)",
+                  "tokens_per_s_at_floor, moe (experts, k, widths, modules, implementation, loops, "
+                  "block: the experts modules' floor_s, share of the step's floor, bound, flops, "
+                  "bytes, classes, calls), seconds (wall time of the fake step)",
     "with_speedlight": "the model patched with speedlight's ops, projected on the same target: patch, "
                        "floor_s, floor_with_launch_s, ops, kernel_ops, peak_bytes, activations_bytes, "
-                       "saved_s, saved_with_launch_s, saved_bytes, by_type, label",
+                       "saved_s, saved_with_launch_s, saved_bytes, by_type, expert_block (as projection.moe.block), "
+                       "label",
     "comparison": "--targets: rows (target, name, floor_s, floor_with_launch_s, tokens_per_s, "
                   "floor_by_bound_s, memory_bytes, peak_bytes, fits, patched_floor_s, "
                   "patched_tokens_per_s, patched_peak_bytes; with --shard: shard, sharded_peak_bytes, "

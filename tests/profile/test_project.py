@@ -210,6 +210,13 @@ def test_mixture_of_experts_projects_with_uniform_routing_stated(tmp_path):
     doc = project.projected_document(w, pj, target.resolve("h200"), train=True, batch=1, seq=seq,
                                      seed=0, top=5, notes=[])
     assert doc["projection"]["moe"] and any("uniform routing" in n for n in doc["notes"])
+    # the expert block's share of the step, its bound and floor: the experts module's ops,
+    # forward and backward, the expert GEMMs among them
+    block = doc["projection"]["moe"]["block"]
+    assert block["classes"] == ["MixtralExperts"] and 0 < block["share"] < 1
+    assert experts <= block["flops"] < 1.1 * experts
+    assert block["bound"] in ("compute", "memory", "launch")
+    assert block["floor_s"] == pytest.approx(block["share"] * doc["summary"]["floor_s"])
     # the grouped_mm chain the installed transformers runs is what moe_experts replaces
     (moe,) = [a for a in doc["advice"] if a["op"] == "moe_experts"]
     assert "grouped_mm" in moe["pattern"] and moe["status"] == "available"
