@@ -435,8 +435,9 @@ def cases(suite: str) -> list[Case]:
                      softcap=30.0, bias=True),
                 case(37, 32, 300), case(1, 16, 7),
                 case(50, 16, 130, chunk=16),  # 4 chunks, the last ragged
-                case(37, 16, 300, budget=LOW_MB, reduction="none", ignore="some"),
-                case(37, 16, 300, budget=LOW_MB, weight=True, zloss=1e-3, ignore="some"),
+                # class weights and per-token upstream gradients (the backward's pass)
+                case(37, 16, 300, budget=LOW_MB, reduction="none", weight=True, zloss=1e-3,
+                     ignore="some"),
                 case(37, 16, 300, chunk=16, extras=True, zloss=1e-3, ignore="some"),
                 case(6, 16, 100, ignore="all", chunk=4), case(0, 16, 100)]
     out = []

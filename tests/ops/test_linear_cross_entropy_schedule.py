@@ -74,11 +74,12 @@ def _forced(monkeypatch, kind: str):
     monkeypatch.setattr(chunks, "plan_schedule", plan)
 
 
-@pytest.mark.parametrize("kind", ["fp32-accumulator", "vocab-major"])
-def test_each_schedule_matches_linear_then_cross_entropy(kind, monkeypatch, device):
+def test_vocab_major_matches_linear_then_cross_entropy(monkeypatch, device):
     """Every option at once (bias, class weights, smoothing, z-loss, softcap, ignored
     tokens) with a per-token upstream gradient (reduction "none": the backward computes the
-    gradients; the quick suite's cases take both schedules with a mean's scalar one)."""
+    gradients), at fp32's precision. (The fp32 accumulator runs in the quick suite's bf16
+    and fp16 cases with explicit chunks, held to verify's rule.)"""
+    kind = "vocab-major"
     h, w, t, b = inputs(20, 16, 96, device, bias=True)
     t[::4] = -100
     cw = torch.rand(96, generator=torch.Generator().manual_seed(3)).to(device)
