@@ -5,7 +5,7 @@ Liger-Kernel; compare two runs; plot; render the README's performance table.
     speedlight bench compare OLD NEW [--threshold 0.05]      exit 1 on a significant regression
     speedlight bench plot RESULTS... [--out DIR]             GB/s or TFLOP/s against shape
     speedlight bench table [ROOT] [--readme README.md]       the README's table from ROOT
-    speedlight bench model [--model NAME | --moe] [--layers N] [--batch B --seq S] [--plan FILE]
+    speedlight bench model [--model NAME | --moe [NAME]] [--layers N] [--batch B --seq S] [--plan FILE]
                                                              a model's training step against
                                                              HF, torch.compile, Liger;
                                                              speedlight (all) and (planned)
@@ -93,10 +93,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="a name from speedlight.shapes.MODELS at its real widths (default "
                         "llama-3-8b on a GPU; on a CPU the small default model, and a name is "
                         "scaled down)")
-    m.add_argument("--moe", action="store_true",
-                   help="a mixture of experts instead of the dense default: Qwen3-30B-A3B's "
-                        "widths on a GPU (128 experts, top-8), its architecture with 8 experts "
-                        "(top-2) on a CPU; adds the hf-loop variant (HF's per-expert loop)")
+    m.add_argument("--moe", nargs="?", const=True, default=False, metavar="NAME",
+                   help="a mixture of experts instead of the dense default: qwen3-30b-a3b "
+                        "(the default: 128 experts, top-8, at 4 layers), deepseek-v3 (its widths, "
+                        "32 of its 256 routed experts and its shared expert, one MoE layer) or "
+                        "gpt-oss-20b (4 layers) on a GPU; the architecture scaled down, one layer, "
+                        "on a CPU; adds the hf-loop variant (HF's per-expert loop)")
     m.add_argument("--layers", type=int, default=None,
                    help="decoder layers (default 4 on a GPU, the model's 2 on a CPU)")
     m.add_argument("--batch", type=int, default=None, help="sequences per step (default 4 on a "
@@ -371,8 +373,11 @@ def _model(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     moe = getattr(args, "moe", False)
     if moe and args.model is not None:
-        _fail(f"--moe picks the mixture of experts ({model_step.MOE_MODEL}); with --model "
-              f"{args.model} leave --moe out")
+        _fail(f"--moe picks the mixture of experts ({model_step.MOE_MODEL} or another of "
+              f"{', '.join(model_step.MOE_MODELS)}); with --model {args.model} leave --moe out")
+    if moe not in (False, True) and moe not in model_step.MOE_MODELS:
+        _fail(f"--moe takes {', '.join(model_step.MOE_MODELS)} (or nothing: "
+              f"{model_step.MOE_MODEL}); got {moe!r}")
     d = model_step.defaults(device, moe=moe)
     for flag, value in (("--layers", args.layers), ("--batch", args.batch), ("--seq", args.seq),
                         ("--steps", args.steps)):

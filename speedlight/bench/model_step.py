@@ -24,11 +24,12 @@ same weights) and fed the same batches:
                       where hf runs the loop already (no experts registry) or the model has
                       no experts
 
-A mixture of experts (`--moe`, or a MODELS name with experts) is benched the same way; each
-row says what its experts ran (`experts`: count, top-k, widths, implementation: loop,
-grouped_mm, speedlight...) and the speedlight rows what the patch replaced (`patched`). On
-a CPU `--moe` builds Qwen3-30B-A3B's architecture scaled down to CPU_MOE_EXPERTS experts (a
-token picks two): its rows check the harness, not any speed.
+A mixture of experts (`--moe [NAME]`: Qwen3-30B-A3B, DeepSeek-V3 or gpt-oss-20B, MOE_MODELS;
+or a --model name with experts) is benched the same way; each row says what its experts ran
+(`experts`: count, top-k, widths, implementation: loop, grouped_mm, speedlight...) and the
+speedlight rows what the patch replaced (`patched`). On a CPU `--moe` builds the model's
+architecture scaled down (Qwen3-30B-A3B's to CPU_MOE_EXPERTS experts, a token picking two):
+its rows check the harness, not any speed.
 
 Per variant: `warmup` untimed steps (the first compiles), then `steps` timed ones, each
 between two clock marks (CUDA events on a GPU, perf_counter on a CPU). A step is long
@@ -78,6 +79,19 @@ DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != "hf-loop")
 MOE_MODEL = "qwen3-30b-a3b"
 # a CPU --moe model: Qwen3-30B-A3B's architecture, scaled down, with this many experts
 CPU_MOE_EXPERTS = {"num_experts": 8, "num_experts_per_tok": 2}
+# what `--moe NAME` benches on a GPU: (layers, batch, Hugging Face config fields changed).
+# DeepSeek-V3 at its widths with 32 of its 256 routed experts (top-8 over 8 groups of 4,
+# its shared expert) and its MoE layer first (first_k_dense_replace 0): a layer of all 256
+# with AdamW's state is 136 GB; sized by arithmetic (about 45 GB of weights, gradients
+# and AdamW state, and the fp32 logits of 2 x 4096 tokens), unmeasured. gpt-oss-20B at 2 x
+# 4096 tokens: its 201088-token vocabulary makes the logits the largest activation.
+MOE_MODELS = {"qwen3-30b-a3b": (4, 4, None),
+              "deepseek-v3": (1, 2, {"n_routed_experts": 32, "first_k_dense_replace": 0}),
+              "gpt-oss-20b": (4, 2, None)}
+# ... and on a CPU (their architectures scaled down, one layer)
+CPU_MOE_OVERRIDES = {"qwen3-30b-a3b": CPU_MOE_EXPERTS,
+                     "deepseek-v3": {"first_k_dense_replace": 0},
+                     "gpt-oss-20b": None}
 DEFAULT = "hf"
 COMPILED = ("hf-compile", "speedlight-compile")
 # the dtypes a step runs in (each has a tolerance in speedlight.spec.TOLERANCES)
@@ -121,17 +135,23 @@ class StepSettings:
     plan: str | dict = "measure"
 
 
-def defaults(device: torch.device, moe: bool = False) -> dict:
+def defaults(device: torch.device, moe: bool | str = False) -> dict:
     """What a bare `speedlight bench model` runs: Llama-3-8B's widths at 4 layers, bf16,
-    4 x 4096 tokens on a GPU; the tiny default model in fp32 on a CPU. With `moe`: Qwen3-
-    30B-A3B's widths (128 experts, top-8) at 4 layers on a GPU; on a CPU its architecture
-    scaled down, one layer of CPU_MOE_EXPERTS experts."""
-    if moe and device.type == "cuda":
-        return dict(model=MOE_MODEL, layers=4, batch=4, seq=4096, dtype=torch.bfloat16,
-                    warmup=3, steps=10, overrides=None)
+    4 x 4096 tokens on a GPU; the tiny default model in fp32 on a CPU. With `moe` (True:
+    Qwen3-30B-A3B, or a MOE_MODELS name): that model's widths at MOE_MODELS' layers, batch
+    and fields on a GPU; on a CPU its architecture scaled down, one layer (Qwen3-30B-A3B's
+    with CPU_MOE_EXPERTS experts)."""
     if moe:
-        return dict(model=MOE_MODEL, layers=1, batch=1, seq=32, dtype=torch.float32, warmup=1,
-                    steps=3, overrides=dict(CPU_MOE_EXPERTS))
+        name = MOE_MODEL if moe is True else moe
+        if name not in MOE_MODELS:
+            raise ValueError(f"--moe takes {', '.join(MOE_MODELS)}; got {name!r}")
+        layers, batch, fields = MOE_MODELS[name]
+        if device.type == "cuda":
+            return dict(model=name, layers=layers, batch=batch, seq=4096, dtype=torch.bfloat16,
+                        warmup=3, steps=10, overrides=dict(fields) if fields else None)
+        cpu = CPU_MOE_OVERRIDES[name]
+        return dict(model=name, layers=1, batch=1, seq=32, dtype=torch.float32, warmup=1,
+                    steps=3, overrides=dict(cpu) if cpu else None)
     if device.type == "cuda":
         return dict(model="llama-3-8b", layers=4, batch=4, seq=4096, dtype=torch.bfloat16,
                     warmup=3, steps=10, overrides=None)
@@ -140,9 +160,12 @@ def defaults(device: torch.device, moe: bool = False) -> dict:
 
 
 def names_moe(model: str | None) -> bool:
-    """Whether --model names a mixture of experts among speedlight.shapes.MODELS."""
+    """Whether --model names a mixture of experts among speedlight.shapes.MODELS and
+    workloads.models.ARCHITECTURES."""
     from speedlight import shapes
-    return model in shapes.MODELS and bool(shapes.MODELS[model].experts)
+    from speedlight.workloads import models
+    return (model in shapes.MODELS and bool(shapes.MODELS[model].experts)) or \
+        model in models.ARCHITECTURES
 
 
 def variants_for(s: StepSettings) -> tuple[str, ...]:
@@ -164,10 +187,10 @@ def check_model(s: StepSettings) -> None:
     from speedlight import shapes
     from speedlight.workloads import models
     if s.model not in (None, models.DEFAULT) and s.model not in shapes.MODELS \
-            and not str(s.model).endswith(".json"):
+            and s.model not in models.ARCHITECTURES and not str(s.model).endswith(".json"):
         raise models.ModelError(f"--model {s.model!r}: bench model takes a name from "
-                                f"{', '.join(shapes.MODELS)}, a config.json, or nothing (the "
-                                f"default small model)")
+                                f"{', '.join([*shapes.MODELS, *models.ARCHITECTURES])}, a "
+                                f"config.json, or nothing (the default small model)")
 
 
 def _batches(s: StepSettings, vocab: int, n: int) -> list[torch.Tensor]:

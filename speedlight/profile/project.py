@@ -425,10 +425,20 @@ def expert_block(result: dict, classes: set[str]) -> dict | None:
 
 
 def experts_classes(model) -> set[str]:
-    """The class names of a model's transformers 5.x experts modules."""
-    from speedlight.workloads import moe
+    """The class names of a model's experts modules: those holding every expert's weights
+    in 3-D gate_up_proj and down_proj parameters (transformers 5.x's, gpt-oss's too)."""
+    return {type(m).__name__ for m in model.modules()
+            if all(isinstance(getattr(m, n, None), torch.Tensor) and getattr(m, n).dim() == 3
+                   for n in ("gate_up_proj", "down_proj"))}
 
-    return {type(m).__name__ for m in model.modules() if moe.layout(m) is not None}
+
+def _moe_section(experts: dict | None, pj: Projection, result: dict, model) -> dict | bool:
+    """projection.moe: the experts' summary and their block's part of the step; for experts
+    in another layout (gpt-oss's) the block alone; False for a dense model."""
+    block = expert_block(result, pj.experts_classes)
+    if experts:
+        return dict(experts, loops=pj.experts_loops, block=block)
+    return {"block": block} if block else has_experts(model)
 
 
 def has_experts(model) -> bool:
@@ -491,9 +501,7 @@ def projected_document(w, pj: Projection, target: target_mod.Target, *, train: b
         "tokens": batch * seq,
         "tokens_per_s_at_floor": batch * seq / result["summary"]["floor_s"]
         if result["summary"]["floor_s"] else None,
-        "moe": (dict(experts, loops=pj.experts_loops,
-                     block=expert_block(result, pj.experts_classes))
-                if experts else has_experts(w.model)),
+        "moe": _moe_section(experts, pj, result, w.model),
         "seconds": round(pj.seconds, 2),
     }
     return doc

@@ -3,9 +3,10 @@
 --model takes
 - nothing: a small Llama-style causal LM (2 layers, hidden 256, vocab 2048) built from a
   transformers LlamaConfig with seeded random weights, so it runs anywhere in seconds;
-- a name from speedlight.shapes.MODELS (llama-3-8b, gemma-2-9b, ...): that family's
-  architecture, scaled down (--size small: a few heads, 2 layers) or at its real widths
-  and depth (--size full, which only makes sense on a GPU);
+- a name from speedlight.shapes.MODELS (llama-3-8b, gemma-2-9b, ...) or ARCHITECTURES
+  (deepseek-v3, gpt-oss-20b): that family's architecture, scaled down (--size small: a few
+  heads, 2 layers) or at its real widths and depth (--size full, which only makes sense on
+  a GPU);
 - a Hugging Face config.json: that causal LM, random weights;
 - module:callable (or path/to/file.py:callable): your function returning (model, inputs)
   or (model, inputs, loss_fn). inputs is a dict of keyword arguments, a tuple of
@@ -33,6 +34,48 @@ DEFAULT_LLAMA = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=2
                      num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                      vocab_size=2048, rms_norm_eps=1e-5, max_position_embeddings=4096,
                      tie_word_embeddings=False)
+
+
+def _hf(repo: str) -> str:
+    return f"https://huggingface.co/{repo}/blob/main/config.json"
+
+
+# Mixtures of experts --model builds by name beside shapes.MODELS (whose families enter
+# every op's model suite; these two have attention speedlight does not run: DeepSeek-V3's
+# latent attention, gpt-oss's sinks): each model's config.json fields ("full"; their rope
+# scaling left at the config class's default) and the fields a scaled-down build changes
+# ("small": a few heads and experts, a CPU's widths).
+ARCHITECTURES: dict[str, dict] = {
+    "deepseek-v3": {
+        "source": _hf("deepseek-ai/DeepSeek-V3"),
+        "full": dict(model_type="deepseek_v3", hidden_size=7168, intermediate_size=18432,
+                     moe_intermediate_size=2048, num_hidden_layers=61,
+                     num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
+                     n_routed_experts=256, routed_scaling_factor=2.5, kv_lora_rank=512,
+                     q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
+                     qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8,
+                     first_k_dense_replace=3, norm_topk_prob=True, rms_norm_eps=1e-6,
+                     vocab_size=129280, max_position_embeddings=163840,
+                     tie_word_embeddings=False),
+        "small": dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                      num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+                      q_lora_rank=48, qk_rope_head_dim=16, v_head_dim=32, qk_nope_head_dim=16,
+                      n_routed_experts=8, n_group=1, topk_group=1, num_experts_per_tok=2,
+                      first_k_dense_replace=1, vocab_size=2048, max_position_embeddings=4096),
+    },
+    "gpt-oss-20b": {
+        "source": _hf("openai/gpt-oss-20b"),
+        "full": dict(model_type="gpt_oss", hidden_size=2880, intermediate_size=2880,
+                     num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8,
+                     head_dim=64, num_local_experts=32, num_experts_per_tok=4,
+                     vocab_size=201088, sliding_window=128, swiglu_limit=7.0,
+                     rope_theta=150000.0, rms_norm_eps=1e-5, max_position_embeddings=131072,
+                     tie_word_embeddings=False),
+        "small": dict(hidden_size=128, intermediate_size=128, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=32, num_local_experts=8,
+                      num_experts_per_tok=2, vocab_size=2048, max_position_embeddings=4096),
+    },
+}
 
 
 class ModelError(ValueError):
@@ -135,12 +178,14 @@ def _auto_class(transformers, config):
 
 def _build_hf(config, dtype: torch.dtype, device: torch.device, seed: int):
     """Random weights (seeded), made on the device in the dtype: a full-size model is
-    initialized there, not on the host first."""
+    initialized there, not on the host first. A parameter the model makes in a dtype of its
+    own (DeepSeek-V3's router weight stays float32) keeps it, as from_pretrained keeps it."""
     transformers = _transformers()
     torch.manual_seed(seed)
     with torch.device(device):
         model = _auto_class(transformers, config).from_config(config, dtype=dtype)
-    if all(p.device == device and p.dtype == dtype for p in model.parameters()):
+    if all(p.device == device for p in model.parameters()) and any(
+            p.dtype == dtype for p in model.parameters()):
         return model  # made where it belongs (and fake tensors cannot be moved in place)
     return model.to(device=device, dtype=dtype)
 
@@ -233,6 +278,22 @@ def build(spec: str | None, *, batch: int, seq: int, train: bool, dtype: torch.d
                             cfg.get_text_config().vocab_size,
                             batch, seq, train, device, seed,
                             dict(_config_summary(cfg), source=m.source, size=size), notes)
+    if spec in ARCHITECTURES:
+        arch = ARCHITECTURES[spec]
+        raw = dict(arch["full"], **(arch["small"] if size == "small" else {}))
+        raw["num_hidden_layers"] = layers or (raw["num_hidden_layers"] if size == "full" else 2)
+        transformers = _transformers()
+        cfg = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
+        cfg = apply_overrides(cfg, overrides, f"--model {spec}")
+        notes = [] if size == "full" else [
+            f"{spec} scaled down (--size small): its architecture at "
+            f"{cfg.num_hidden_layers} layers and small widths; --size full builds the real "
+            f"widths (a GPU's job)"]
+        model = _build_hf(cfg, dtype, device, seed)
+        return _lm_workload(spec + ("" if size == "full" else "-scaled"), model,
+                            cfg.get_text_config().vocab_size, batch, seq, train, device, seed,
+                            dict(_config_summary(cfg), source=arch["source"], size=size),
+                            notes)
     path = Path(spec)
     if spec.endswith(".json"):
         if not path.is_file():
@@ -259,7 +320,8 @@ def build(spec: str | None, *, batch: int, seq: int, train: bool, dtype: torch.d
                             seed, dict(_config_summary(cfg), source=str(path)))
     if ":" in spec:
         return _from_callable(spec, train, dtype, device, seed)
-    raise ModelError(f"--model {spec!r}: not a model name ({', '.join(shapes.MODELS)}), a "
+    raise ModelError(f"--model {spec!r}: not a model name "
+                     f"({', '.join([*shapes.MODELS, *ARCHITECTURES])}), a "
                      f"config.json file, or module:callable")
 
 

@@ -49,16 +49,22 @@ def expert_gemm_flops(tokens: int, k: int, hidden: int, inter: int, mode: str = 
 
 def layout(module: torch.nn.Module) -> tuple[int, int, int, bool] | None:
     """(experts E, hidden H, intermediate I, transposed) of a transformers 5.x experts module
-    (3-D gate_up_proj and down_proj parameters and an act_fn), or None for any other module.
-    transposed: gpt-oss's [E, H, 2 I] / [E, I, H] storage."""
+    (3-D gate_up_proj and down_proj parameters and its gate unit: an act_fn, or gpt-oss's
+    clamped SwiGLU constants alpha and limit), or None for any other module. transposed:
+    gpt-oss's [E, H, 2 I] / [E, I, H] storage (is_transposed where the module says, else
+    read from the shapes: the two layouts' shapes never both fit)."""
     gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    unit = hasattr(module, "act_fn") or (hasattr(module, "alpha") and hasattr(module, "limit"))
     if not (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)
-            and gate_up.dim() == 3 and down.dim() == 3 and hasattr(module, "act_fn")):
+            and gate_up.dim() == 3 and down.dim() == 3 and unit):
         return None
     e = gate_up.shape[0]
     if down.shape[0] != e:
         return None
-    transposed = bool(getattr(module, "is_transposed", False))
+    transposed = getattr(module, "is_transposed", None)
+    if transposed is None:
+        transposed = gate_up.shape[2] == 2 * down.shape[1] and down.shape[2] == gate_up.shape[1]
+    transposed = bool(transposed)
     if transposed:
         hidden, inter = gate_up.shape[1], down.shape[1]
         if gate_up.shape[2] != 2 * inter or down.shape[2] != hidden:

@@ -39,11 +39,17 @@ def test_default_model_on_cpu_hf_and_speedlight_agree_and_write_rows_and_chart(t
     assert (tmp_path / model_step.CHART).stat().st_size > 10_000
 
 
-def test_moe_on_cpu_runs_tiny_with_the_experts_patched_and_the_loop_beside(tmp_path):
-    """--moe on a CPU: Qwen3-30B-A3B's architecture scaled down to 8 experts, one layer;
-    the speedlight row runs the experts on moe_experts, hf-loop on HF's per-expert loop, and
-    both rows say so; the step agrees with the loop's. (The patch is the experts' kind
-    alone: the other kinds' interpreter time says nothing more here.)"""
+@pytest.mark.parametrize("moe,name,experts,modules", [
+    pytest.param(True, "qwen3-30b-a3b", 8, 1, id="qwen3-30b-a3b"),
+    pytest.param("gpt-oss-20b", "gpt-oss-20b", 8, 1, id="gpt-oss-20b"),
+])
+def test_moe_on_cpu_runs_tiny_with_the_experts_patched_and_the_loop_beside(moe, name, experts,
+                                                                           modules, tmp_path):
+    """--moe on a CPU: Qwen3-30B-A3B's architecture scaled down to 8 experts, one layer
+    (gpt-oss-20B's too: its transposed, biased experts found by their shapes and clamped
+    unit); the speedlight row runs the experts on moe_experts, hf-loop on HF's per-expert
+    loop, and both rows say so; the step agrees with the loop's. (The patch is the experts'
+    kind alone: the other kinds' interpreter time says nothing more here.)"""
     import functools
 
     from speedlight.patching import apply_kinds
@@ -51,7 +57,7 @@ def test_moe_on_cpu_runs_tiny_with_the_experts_patched_and_the_loop_beside(tmp_p
     experts_only = functools.partial(apply_kinds, rms_norm=False, rope=False, cross_entropy=False,
                                      attention=False, linear_cross_entropy=False,
                                      decoder_layer=False)
-    d = model_step.defaults(torch.device("cpu"), moe=True)
+    d = model_step.defaults(torch.device("cpu"), moe=moe)
     s = model_step.StepSettings(model=d["model"], layers=d["layers"], batch=1, seq=8,
                                 dtype=d["dtype"], device=torch.device("cpu"), warmup=0, steps=1,
                                 overrides=d["overrides"])
@@ -61,14 +67,30 @@ def test_moe_on_cpu_runs_tiny_with_the_experts_patched_and_the_loop_beside(tmp_p
     assert (loop["variant"], ours["variant"]) == ("hf-loop", "speedlight")
     for r in (loop, ours):
         assert r["status"] == "ok" and r["representative"] is False
-        assert r["model"] == "qwen3-30b-a3b-scaled" and r["layers"] == 1
-        assert r["experts"]["experts"] == 8 and r["experts"]["k"] == 2
-        assert r["experts"]["modules"] == 1 and len(r["losses"]) == 1
-        assert any("num_experts=8" in n for n in r["notes"])
+        assert r["model"] == f"{name}-scaled" and r["layers"] == 1
+        assert r["experts"]["experts"] == experts and r["experts"]["k"] == 2
+        assert r["experts"]["modules"] == modules and len(r["losses"]) == 1
+        assert name != "qwen3-30b-a3b" or any("num_experts=8" in n for n in r["notes"])
     assert loop["experts"]["implementation"] == ["loop"] and "patched" not in loop
     assert ours["experts"]["implementation"] in (["speedlight"], ["replaced"])
     assert ours["patched"] == {"mlp": 1}  # the experts' module, on moe_experts
     assert ours["losses"][0] == pytest.approx(loop["losses"][0], rel=1e-3)
+
+
+def test_moe_names_its_model_and_sizes_it_per_device(tmp_path):
+    """--moe NAME: each of MOE_MODELS at its GPU size (DeepSeek-V3 with 32 of its routed
+    experts and its MoE layer first), scaled down on a CPU; an unknown name is refused."""
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert model_step.defaults(gpu, moe=True)["model"] == "qwen3-30b-a3b"
+    ds = model_step.defaults(gpu, moe="deepseek-v3")
+    assert (ds["layers"], ds["batch"], ds["seq"]) == (1, 2, 4096)
+    assert ds["overrides"] == {"n_routed_experts": 32, "first_k_dense_replace": 0}
+    assert model_step.defaults(gpu, moe="gpt-oss-20b")["dtype"] == torch.bfloat16
+    assert model_step.defaults(cpu, moe="deepseek-v3")["overrides"] == {"first_k_dense_replace": 0}
+    assert all(model_step.names_moe(n) for n in model_step.MOE_MODELS)
+    with pytest.raises(SystemExit, match="--moe takes qwen3-30b-a3b, deepseek-v3, gpt-oss-20b"):
+        cli.main(["bench", "model", "--moe", "mixtral", "--device", "cpu",
+                  "--out", str(tmp_path / "o")])
 
 
 def test_hf_loop_is_skipped_for_a_dense_model_and_moe_refuses_a_named_model(tmp_path):

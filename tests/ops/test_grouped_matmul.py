@@ -183,3 +183,12 @@ def test_matches_torch_grouped_mm_where_it_runs():
         pytest.skip(f"torch._grouped_mm does not run here: {e}")
     got = speedlight.grouped_matmul(x, w.transpose(1, 2), offs)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_weight_gradient_walks_the_groups_heaviest_first(device):
+    """The weight-gradient kernel's schedule: the groups by rows, most first, ties in group
+    order (a stable sort on the device), so a skewed routing's hot expert starts first."""
+    ends = torch.tensor([3, 3, 10, 11, 20, 20, 23], dtype=torch.int32, device=device)
+    # rows per group: 3, 0, 7, 1, 9, 0, 3
+    assert op.heaviest_first(ends).tolist() == [4, 2, 0, 6, 3, 1, 5]
+    assert op.heaviest_first(ends).dtype == torch.int32
