@@ -215,6 +215,11 @@ _GLUON_SM90 = ("warp-specialized (FlashAttention-3): one program of 12 warps per
                "the kernel's warpgroup and a second one consuming 64 query rows each in "
                "ping-pong at 240 registers, one producer warp at 24 loading Q, K and V by TMA "
                "into a two-stage ring; o stored by TMA, lse one fp32 per row (32-bit)")
+_GLUON_SM100 = ("warp-specialized for tcgen05: one program of 12 warps per SM (19%), two "
+                "softmax warpgroups of 128 query rows at 240 registers, an MMA warp and a "
+                "producer warp at 24; S and O accumulate in tensor memory (384 of 512 "
+                "columns), K and V by TMA in a three-stage ring; o stored by 128-bit stores "
+                "of 32-column slices, lse one fp32 per row (32-bit)")
 # the matrix kernels on gfx942: MFMA, no TMA, one operand buffer in LDS
 _MFMA = KernelDesign(min_occupancy=0.125, mma="MFMA", vector_bits=0, why=_FLASH_GFX942)
 # The fault kernels (kernels/attention/faults.py): each program returns after one load
@@ -267,6 +272,9 @@ SPEC = OpSpec(
         "_attention_fwd_gluon_kernel": KernelDesign(
             min_occupancy=0.1875, mma="HGMMA", tma=True, min_stages=2, vector_bits=0,
             partitions=((4, 240), (1, 24)), why=_GLUON_SM90),
+        "_attention_fwd_gluon_sm100_kernel": KernelDesign(
+            min_occupancy=0.1875, mma="UTCHMMA", tma=True, min_stages=3, vector_bits=128,
+            partitions=((4, 240), (1, 24), (1, 24)), why=_GLUON_SM100),
         "_attention_fwd_faults_kernel": _FAULTS,
         "_attention_bwd_dkdv_faults_kernel": _FAULTS,
         "_attention_bwd_dq_faults_kernel": _FAULTS,

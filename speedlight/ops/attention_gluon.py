@@ -2,17 +2,19 @@
 kernels/attention/gluon_fwd.py where its design applies, the Triton kernels elsewhere and
 for the backward (the Triton backward reads the o and lse it writes, in the same layout).
 
-Where it runs: an NVIDIA GPU of compute capability 9.x (Hopper, sm_90a), with a Triton
-whose Gluon has what the kernel needs (kernels/attention/gluon_api.missing: Triton 3.6 and
-later). Gluon kernels do not run under the Triton interpreter, so on a CPU impl="gluon"
-is refused (`gluon_unavailable`, GluonUnavailable); `speedlight inspect --impl gluon` still
-records its launches and compiles them for sm_90a on any machine.
+Where it runs: an NVIDIA GPU of compute capability 9.x (Hopper: the wgmma kernel) or 10.x
+(Blackwell: the tcgen05 kernel), with a Triton whose Gluon has what the kernels need
+(kernels/attention/gluon_api.missing: Triton 3.6 and later). Gluon kernels do not run
+under the Triton interpreter, so on a CPU impl="gluon" is refused (`gluon_unavailable`,
+GluonUnavailable); `speedlight inspect --impl gluon` still records its launches and
+compiles them for sm_90a or sm_100a on any machine.
 
-Which calls the Gluon forward takes (`why_not_gluon`): fp16 or bf16, head dim 32 to 256,
-every tile 16-byte aligned for TMA (q, k, v and o base addresses and their batch, head
-and row strides), no forced split of the keys and more than DECODE_ROWS queries (decode
-keeps the Triton kernel's split-KV path). Any other call runs the Triton forward, exactly
-as impl="triton" would; the reason is `why_not_gluon`'s sentence.
+Which calls the Gluon forward takes (`why_not_gluon`): fp16 or bf16, head dim 32 to 256
+(to 128 on Blackwell: tensor memory's 512 columns hold two 128-row O tiles and their S
+tiles up to that), every tile 16-byte aligned for TMA (q, k, v and o base addresses and
+their batch, head and row strides), no forced split of the keys and more than DECODE_ROWS
+queries (decode keeps the Triton kernel's split-KV path). Any other call runs the Triton
+forward, exactly as impl="triton" would; the reason is `why_not_gluon`'s sentence.
 
 No GPU has run the Gluon kernel yet: the implementation is registered unverified (never
 an op's default) and named-only (verify, bench and the plan run it when asked for by
@@ -36,15 +38,16 @@ from speedlight.runtime import _RECORDING_ONLY
 # A forward of at most this many queries (the longest sequence) keeps the Triton kernel:
 # its 16-row blocks and split keys serve decode; the Gluon program's 128 rows would idle.
 DECODE_ROWS = 16
-# The GPUs the Gluon forward is written for: compute capability major 9 (sm_90a's wgmma,
-# TMA and setmaxnreg).
-HOPPER = 9
-# Rows per program (two consumer warpgroups of 64) and the launch of the Hopper kernel: 4
-# warps (consumer 0) plus the kernel's worker partitions, 168 registers a thread at launch
-# (3 warpgroups share 64K: 504 per thread of a warpgroup, given out as 240 + 240 + 24).
-BLOCK_M = 128
-HOPPER_LAUNCH = dict(num_warps=4, maxnreg=168)
-HOPPER_REGS = dict(PRODUCER_REGS=24, CONSUMER_REGS=240)
+# The GPUs the Gluon forward is written for, by compute capability major: 9 (sm_90a's
+# wgmma, TMA and setmaxnreg) and 10 (sm_100a's tcgen05 and tensor memory).
+HOPPER, BLACKWELL = 9, 10
+# Query rows per program: two consumers of 64 rows (wgmma) or 128 (tcgen05).
+BLOCK_M = {HOPPER: 128, BLACKWELL: 256}
+# Both launch 4 warps (the first consumer) plus the worker partitions, 12 warps in all
+# (3 warpgroups): 168 registers a thread at launch, 504 per thread of a warpgroup, given
+# out as 240 to each consumer and 24 to the producer warp (and the MMA warp on Blackwell).
+LAUNCH = dict(num_warps=4, maxnreg=168)
+REGS = dict(PRODUCER_REGS=24, CONSUMER_REGS=240)
 
 
 class GluonUnavailable(RuntimeError):
@@ -63,9 +66,9 @@ def gluon_unavailable(device: torch.device | str) -> str | None:
         return ("impl='gluon': Gluon kernels run only on an NVIDIA GPU (the Triton "
                 f"interpreter does not run them); the tensors are on {device}")
     major, minor = torch.cuda.get_device_capability(device)
-    if major != HOPPER:
-        return (f"impl='gluon': the Gluon forward is written for Hopper (sm_90a); this GPU "
-                f"is sm_{major}{minor}")
+    if major not in (HOPPER, BLACKWELL):
+        return (f"impl='gluon': the Gluon forward is written for Hopper (sm_90a) and "
+                f"Blackwell (sm_100a); this GPU is sm_{major}{minor}")
     return None
 
 
@@ -94,12 +97,14 @@ def _strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
 def why_not_gluon(q, k, v, varlen: bool, seq_q: int, num_splits) -> str | None:
     """Why this call runs the Triton forward rather than the Gluon one (None: Gluon's)."""
     arch = planned_arch(q.device)
-    if arch is None or arch // 10 != HOPPER:
-        return f"the Gluon forward is written for sm_90a (this launch is for {arch})"
+    if arch is None or arch // 10 not in (HOPPER, BLACKWELL):
+        return f"the Gluon forward is written for sm_90a and sm_100a (this launch: {arch})"
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"the Gluon forward takes fp16 or bf16 (got {q.dtype})"
-    if not 32 <= q.shape[-1] <= 256:
-        return f"the Gluon forward takes head dims 32 to 256 (got {q.shape[-1]})"
+    top = 256 if arch // 10 == HOPPER else 128
+    if not 32 <= q.shape[-1] <= top:
+        return (f"the Gluon forward takes head dims 32 to {top} on sm_{arch} "
+                f"(got {q.shape[-1]})")
     if num_splits is not None and num_splits > 1:
         return "num_splits asks for the Triton kernel's split keys"
     if seq_q <= DECODE_ROWS:
@@ -111,11 +116,14 @@ def why_not_gluon(q, k, v, varlen: bool, seq_q: int, num_splits) -> str | None:
     return None
 
 
-def _tiles(head_dim: int) -> dict:
-    """BLOCK_N, BLOCK_D and STAGES of the Hopper kernel: 128-key blocks in a two-stage K/V
-    ring up to head dim 128 (160 KB of shared memory at 128), 64-key blocks at 256 (192 KB),
-    so one program fills an SM's 227 KB without passing it."""
+def _tiles(major: int, head_dim: int) -> dict:
+    """BLOCK_N, BLOCK_D and STAGES, so one program fills an SM's 227 KB of shared memory
+    without passing it. Hopper: 128-key blocks in a two-stage K/V ring up to head dim 128
+    (160 KB at 128), 64-key blocks at 256 (192 KB). Blackwell: 64-key blocks in three
+    stages (192 KB at head dim 128 with the two 128-row Q tiles and P buffers)."""
     block_d = max(32, triton.next_power_of_2(head_dim))
+    if major == BLACKWELL:
+        return dict(BLOCK_N=64, BLOCK_D=block_d, STAGES=3)
     return dict(BLOCK_N=128 if block_d <= 128 else 64, BLOCK_D=block_d, STAGES=2)
 
 
@@ -126,7 +134,7 @@ def launch_gluon_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, 
     """attention_launch.launch_fwd's contract (checked arguments, the window as its sides),
     by the Gluon kernel where why_not_gluon allows, else by attention_launch.launch_fwd."""
     check_gluon(q)
-    from speedlight.kernels.attention.gluon_fwd import _attention_fwd_gluon_kernel
+    from speedlight.kernels.attention import gluon_fwd
 
     varlen = cu_seqlens_q is not None
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
@@ -159,16 +167,18 @@ def launch_gluon_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, 
             o.zero_()
     scale = head_dim ** -0.5 if scale is None else float(scale)
     lse_strides = (0, lse.stride(0), lse.stride(1)) if varlen else tuple(lse.stride())
-    m_blocks = triton.cdiv(seq_q, BLOCK_M)
+    major = planned_arch(q.device) // 10
+    kernel = (gluon_fwd._attention_fwd_gluon_kernel if major == HOPPER
+              else gluon_fwd._attention_fwd_gluon_sm100_kernel)
+    m_blocks = triton.cdiv(seq_q, BLOCK_M[major])
     ensure_allocator()  # the kernel makes its TMA descriptors on the device
-    _attention_fwd_gluon_kernel[(m_blocks * batch * heads_q,)](
+    kernel[(m_blocks * batch * heads_q,)](
         q, k, v, o, lse, cu_q, cu_k, m_blocks, seq_q, seq_k, q.shape[0] if varlen else seq_q,
         k.shape[0] if varlen else seq_k, heads_q, heads_q // k.shape[1], head_dim, scale,
         float(softcap or 1.0), left, right, *_strides(q, varlen), *_strides(k, varlen),
         *_strides(v, varlen), *_strides(o, varlen), *lse_strides,
         VARLEN=varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
-        FOLD=softcap is None and scale > 0, **_tiles(head_dim), **HOPPER_REGS,
-        **HOPPER_LAUNCH)
+        FOLD=softcap is None and scale > 0, **_tiles(major, head_dim), **REGS, **LAUNCH)
     return o, lse
 
 

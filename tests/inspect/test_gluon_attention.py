@@ -1,8 +1,8 @@
-"""Attention's Gluon forward (impl="gluon"), compiled for sm_90a with no GPU at the
-headline case (batch 2, 32 heads, 8 KV heads, 8192 tokens, head dim 128, causal): its
-launches recorded dry, its design held (wgmma, TMA loads, the three warp roles and the
-register reallocation to them, no spills, shared memory within the SM's), and how inspect
-reads a warp-specialized kernel's roles from its TTGIR and SASS."""
+"""Attention's Gluon forward (impl="gluon"), compiled for sm_90a and sm_100a with no GPU
+at the headline case (batch 2, 32 heads, 8 KV heads, 8192 tokens, head dim 128, causal):
+its launches recorded dry, its design held (wgmma or tcgen05, TMA loads, the warp roles
+and the register reallocation to them, no spills, shared memory within the SM's), and how
+inspect reads a warp-specialized kernel's roles from its TTGIR and SASS."""
 
 import dataclasses
 
@@ -15,6 +15,7 @@ from speedlight.inspect.run import inspect_cases
 from speedlight.kernels.attention import gluon_api
 from speedlight.ops.attention import SPEC
 from speedlight.spec import Case
+from speedlight.target import resolve
 from tests.inspect.conftest import GUARD_TABLE, TARGET
 
 HEADLINE = Case("attention", (("batch", 2), ("heads", 32), ("kv_heads", 8), ("seq_q", 8192),
@@ -23,19 +24,28 @@ HEADLINE = Case("attention", (("batch", 2), ("heads", 32), ("kv_heads", 8), ("se
 
 
 @pytest.mark.skipif(gluon_api.missing() is not None, reason=str(gluon_api.missing()))
-def test_the_gluon_forward_compiles_to_its_design(compiler):
+@pytest.mark.parametrize("arch, kernel, mma, workers", [
+    pytest.param("sm_90a", "_attention_fwd_gluon_kernel", "HGMMA", [(4, 240), (1, 24)],
+                 id="sm_90a"),
+    pytest.param("sm_100a", "_attention_fwd_gluon_sm100_kernel", "UTCHMMA",
+                 [(4, 240), (1, 24), (1, 24)], id="sm_100a"),
+])
+def test_the_gluon_forward_compiles_to_its_design(arch, kernel, mma, workers, compiler):
+    target = TARGET if arch == "sm_90a" else resolve(arch)
     gluon = dataclasses.replace(SPEC, impl=SPEC.implementations["gluon"].fn)
-    [report] = inspect_cases([(gluon, HEADLINE)], TARGET, compiler=compiler, mode="dry",
+    [report] = inspect_cases([(gluon, HEADLINE)], target, compiler=compiler, mode="dry",
                              backward=False, impl="gluon")
     [k] = report.kernels
     GUARD_TABLE.append(f"attention {k.launch.kernel:34s} regs {k.registers:3d} spill "
-                       f"{k.spill_stores:3d} occ {k.occupancy.fraction:4.0%}  [gluon "
+                       f"{k.spill_stores:3d} occ {k.occupancy.fraction:4.0%}  [gluon {arch} "
                        f"{HEADLINE.label}]")
-    assert report.impl == "gluon" and k.launch.kernel == "_attention_fwd_gluon_kernel"
+    assert report.impl == "gluon" and k.launch.kernel == kernel
     assert not guard.check_kernel(k), guard.check_kernel(k)
-    assert k.partitions == [(4, 240), (1, 24)] and {24, 240} <= set(k.setmaxnreg)
-    assert k.mix.tensor_core["HGMMA"] and k.mix.tma["UTMALDG"] and k.mix.tma["UTMASTG"]
+    assert k.partitions == workers and {24, 240} <= set(k.setmaxnreg)
+    assert k.mix.tensor_core[mma] and k.mix.tma["UTMALDG"]
     assert k.num_warps == 12 and k.smem <= k.smem_limit and not k.spill_stores
+    if arch == "sm_100a":
+        assert k.compiled.meta["tmem_size"] == 512  # two S and two O tiles: 384 columns
     # a design it does not meet is reported: the roles are read, not assumed
     other = dataclasses.replace(k, design=dataclasses.replace(k.design,
                                                               partitions=((4, 232), (1, 40))))

@@ -58,7 +58,9 @@ def _meta(shape, dtype=torch.bfloat16):
     pytest.param({"seq_q": 16}, "decode", id="decode"),
     pytest.param({"splits": 2}, "split keys", id="splits"),
     pytest.param({"dim": 36}, "16-byte aligned", id="dim36-unaligned-rows"),
-    pytest.param({"arch": "sm_100a"}, "written for sm_90a", id="sm100"),
+    pytest.param({"arch": "sm_100a"}, None, id="sm100"),
+    pytest.param({"arch": "sm_100a", "dim": 256}, "head dims 32 to 128 on sm_100", id="sm100-d256"),
+    pytest.param({"arch": "sm_80"}, "written for sm_90a and sm_100a", id="sm80"),
 ])
 def test_which_calls_take_the_gluon_forward(change, why):
     dim, seq_q = change.get("dim", 128), change.get("seq_q", 1024)

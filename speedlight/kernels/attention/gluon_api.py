@@ -82,13 +82,20 @@ except ImportError:  # no Gluon: nothing below is ever called
     _gluon = _blackwell = _tma = None
 
 tma_load, tma_store = (_tma_names(_tma) if _tma is not None else None) or (None, None)
-_TMEM_LAYOUT = _tmem_layout_fn(_blackwell) if _blackwell is not None else None
 
 
-def _tmem_reg_layout(dtype, shape, tmem_layout, num_warps):
-    """The register layout of a [shape] tensor-memory load/store by num_warps warps."""
-    return _TMEM_LAYOUT(dtype, shape, tmem_layout, num_warps)
+def _reg_layout_by_type(dtype, shape, tmem_layout, num_warps):
+    """The register layout of a [shape] tensor-memory load/store by num_warps warps
+    (Triton after 3.6: the descriptor type's get_reg_layout)."""
+    from triton.experimental.gluon.language.nvidia.blackwell import (
+        tensor_memory_descriptor_type)
+    return tensor_memory_descriptor_type(dtype, shape, tmem_layout, shape).get_reg_layout(
+        num_warps)
 
 
-tmem_reg_layout = (_gluon.constexpr_function(_tmem_reg_layout) if _gluon is not None
-                   else _tmem_reg_layout)
+if _blackwell is not None and hasattr(_blackwell, "get_tmem_reg_layout"):
+    tmem_reg_layout = _blackwell.get_tmem_reg_layout  # 3.6: a constexpr function already
+elif _gluon is not None:
+    tmem_reg_layout = _gluon.constexpr_function(_reg_layout_by_type)
+else:
+    tmem_reg_layout = _reg_layout_by_type

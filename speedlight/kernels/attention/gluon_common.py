@@ -1,6 +1,7 @@
-"""Scalar pieces the Gluon attention kernels share (a Gluon kernel calls only Gluon
-functions): where a sequence starts, which keys a query row sees, how a program's key
-blocks split into boundary and interior ones, the program's tile, and the softcap.
+"""What the Gluon attention kernels share (a Gluon kernel calls only Gluon functions):
+where a sequence starts, which keys a query row sees, how a program's key blocks split
+into boundary and interior ones, the program's tile, the softcap, a TMA descriptor over
+one sequence of one head, one step of the online softmax and the lse of its statistics.
 
 The same rules as kernels/attention/common.py: positions aligned at the end (query row r
 at r + seq_k - seq_q); key j visible to query i when j < seq_k, j >= i - left (left >= 0)
@@ -9,6 +10,7 @@ and j <= i + right (right >= 0); causal is right = 0; -1 is unbounded.
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import tma
 
 from speedlight.kernels.cross_entropy import (_T1, _T2, _T3, _T4, _T5, _T6, _T7, _T8,
                                               _TANH_SPLIT)
@@ -93,3 +95,62 @@ def _softcap(x, softcap):
     small = y * (p * y2 + 1.0)
     t = gl.where(a < _TANH_SPLIT, small, gl.where(y < 0, r - 1.0, 1.0 - r))
     return softcap * t
+
+
+@gluon.jit
+def _descriptor(base, rows, head_dim, stride_row, BLOCK_R: gl.constexpr, BLOCK_D: gl.constexpr):
+    """A TMA descriptor made on the device over `rows` rows (at least one) of head_dim
+    columns from `base` (one sequence of one head), tiles [BLOCK_R, BLOCK_D] in the NVMMA
+    shared layout the MMAs read: rows and columns past the ends read as zeros and are
+    never written."""
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_R, BLOCK_D],
+                                                                base.dtype.element_ty)
+    return tma.make_tensor_descriptor(base, [gl.maximum(rows, 1), head_dim], [stride_row, 1],
+                                      [BLOCK_R, BLOCK_D], layout)
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, start, lo_r, hi_r, masked, qk_scale, sm_scale, softcap,
+                  s_layout: gl.constexpr, FOLD: gl.constexpr, SOFTCAP: gl.constexpr,
+                  BLOCK_N: gl.constexpr):
+    """(p, m, l, alpha) after key block [start, start + BLOCK_N) of the score tile s = q k^T
+    [rows, BLOCK_N] (fp32, layout s_layout): the running max m and sum l in base 2, alpha =
+    exp2(m_old - m) the factor on what was summed before. masked (a scalar): the block is a
+    boundary block for these rows (row r sees keys [lo_r, hi_r)), hidden scores -inf; an
+    interior block skips the test. FOLD: one FFMA per score, s * qk_scale - m, the max
+    taken over s and scaled once per row (a positive scale, no softcap); else the base-2
+    scores first."""
+    if FOLD:
+        e = s
+    else:
+        if SOFTCAP:
+            e = _softcap(s * sm_scale, softcap) * LOG2E
+        else:
+            e = s * qk_scale
+    if masked:
+        cols = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        seen = (cols[None, :] >= lo_r[:, None]) & (cols[None, :] < hi_r[:, None])
+        e = gl.where(seen, e, float("-inf"))
+    if FOLD:
+        m_new = gl.maximum(m_i, gl.max(e, 1) * qk_scale)
+        e = e * qk_scale - m_new[:, None]
+    else:
+        m_new = gl.maximum(m_i, gl.max(e, 1))
+        e = e - m_new[:, None]
+    p = gl.exp2(e)
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _store_lse(lse_ptr, m_i, l_i, rows, q_first, seq_q, pid_b, pid_h, stride_lb, stride_lh,
+               stride_lm):
+    """lse = (m + log2 l) / log2(e) of rows < seq_q: -inf for a row that saw no key (l 0),
+    +inf for a +inf score (m +inf), NaN for a NaN softmax (l NaN)."""
+    none = l_i == 0.0  # a NaN l (a NaN softmax) is not none
+    lse = gl.where(none, float("-inf"),
+                   gl.where(m_i == float("inf"), float("inf"),
+                            (m_i + gl.log2(gl.where(none, 1.0, l_i))) / LOG2E))
+    base = lse_ptr + pid_b.to(gl.int64) * stride_lb + pid_h.to(gl.int64) * stride_lh
+    gl.store(base + (q_first + rows).to(gl.int64) * stride_lm, lse, mask=rows < seq_q)

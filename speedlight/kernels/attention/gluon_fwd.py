@@ -1,71 +1,81 @@
-"""Attention forward in Gluon, warp-specialized (FlashAttention-3's schedule), sm_90a.
+"""Attention forward in Gluon, warp-specialized: FlashAttention-3's schedule on sm_90a
+(_attention_fwd_gluon_kernel) and its tcgen05 form on sm_100a
+(_attention_fwd_gluon_sm100_kernel).
 
     o = softmax(cap(q k^T * scale)) v,   lse = log(sum_j exp(cap(q k^T * scale)_j))
 
 per query row over the keys it sees, as kernels/attention/fwd.py computes it (online
 softmax in base 2, fp32 statistics; a row that sees no key gets o = 0 and lse = -inf).
 
-One program takes BLOCK_M = 2 x 64 query rows of one (batch, q head) and runs three roles
+sm_90a: one program takes 2 x 64 query rows of one (batch, q head) in three roles
 (`gl.warp_specialize`), each with its own register budget (setmaxnreg):
-  producer   1 warp: makes the tensor descriptors of this program's sequence and heads
-             and loads Q once and the K and V tiles by TMA into a STAGES-deep ring of
+  producer   1 warp at 24 registers: makes the TMA descriptors of this program's sequence
+             and heads, loads Q once and the K and V tiles into a STAGES-deep ring of
              shared memory, each stage guarded by a ready and an empty mbarrier;
-  consumer 0 the kernel's own 4 warps (a warpgroup): rows [0, 64) of the block;
-  consumer 1 4 more warps: rows [64, 128).
+  consumer 0 the kernel's own warpgroup (4 warps, 240 registers): rows [0, 64);
+  consumer 1 a second warpgroup at 240: rows [64, 128).
 The consumers take turns (ping-pong, two mbarriers): a consumer issues its QK^T of key
 block j and its PV of block j - 1 (async wgmma), hands the turn over, and runs its softmax
 of block j while the other's wgmmas keep the tensor cores busy. P stays in registers as
-the PV wgmma's A operand. A key block is masked only where a boundary crosses it for the
-consumer's rows (the diagonal, the window's sides, the end of the keys); the interior
-blocks skip the mask.
+the PV wgmma's A operand; o leaves through the consumer's Q buffer by TMA.
 
+sm_100a: one program takes 2 x 128 query rows; tcgen05 MMAs accumulate S and O in tensor
+memory (two S tiles of BLOCK_N columns and two O tiles of BLOCK_D: 384 of its 512 columns
+at head dim 128). Roles: the same producer; one MMA warp issuing every tcgen05 MMA (S of
+block j + 1 for both tiles before P V of block j, so the tensor cores work while the
+softmax runs); two softmax warpgroups, one per 128-row tile, each loading its S from
+tensor memory (a row per thread: the row max and sum need no shuffle), rescaling its O
+there by alpha in 32-column slices, and handing P (bf16) to the MMA warp through shared
+memory.
+
+Both: a key block is masked only where a boundary crosses it for the tile's rows (the
+diagonal, the window's sides, the end of the keys); the interior blocks skip the mask.
 Layouts as kernels/attention: q, o [batch, heads_q, seq_q, head_dim] and k, v [batch,
 heads_kv, seq_k, head_dim] by their strides, packed [total, heads, head_dim] with VARLEN
 (batch strides 0, rows offset by cu_seqlens); lse fp32 [batch, heads_q, seq_q] (packed
-[heads_q, total_q]). Every tile moves by TMA through descriptors made on the device over
-one sequence's rows of one head, so rows past the sequence read as zeros and are never
-written. The launcher (ops/attention_gluon.py) checks what TMA needs (16-byte aligned
-bases and row strides) before choosing this kernel.
+[heads_q, total_q]). Every tile is loaded by TMA through descriptors made on the device
+over one sequence's rows of one head, so rows past the sequence read as zeros. The
+launcher (ops/attention_gluon.py) checks what TMA needs (16-byte aligned bases and row
+strides) before choosing these kernels.
 """
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLayout,
+                                                                 allocate_tensor_memory,
+                                                                 tcgen05_mma)
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
                                                               tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from speedlight.kernels.attention.gluon_api import tma_load, tma_store
-
-from speedlight.kernels.attention.gluon_common import (FLOOR, LOG2E, _block_split,
+from speedlight.kernels.attention.gluon_api import tma_load, tma_store, tmem_reg_layout
+from speedlight.kernels.attention.gluon_common import (FLOOR, _block_split, _descriptor,
                                                        _keys_seen, _program, _sequence,
-                                                       _softcap)
+                                                       _softmax_step, _store_lse)
 
-# Rows per consumer warpgroup (wgmma's M per warpgroup is 64) and consumers per program.
+# Query rows per consumer: wgmma's M per warpgroup (sm_90a), tcgen05's M (sm_100a); and
+# consumers per program.
 ROWS = gl.constexpr(64)
+ROWS_SM100 = gl.constexpr(128)
 CONSUMERS = gl.constexpr(2)
+# The columns of O a softmax warpgroup rescales (and writes) at a time on sm_100a: 32
+# registers a thread.
+O_SLICE = gl.constexpr(32)
 
 
 @gluon.jit
-def _descriptor(base, rows, head_dim, stride_row, BLOCK_R: gl.constexpr, BLOCK_D: gl.constexpr):
-    """A TMA descriptor over `rows` rows (at least one) of head_dim columns from `base`,
-    tiles [BLOCK_R, BLOCK_D] in the NVMMA shared layout wgmma reads."""
-    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_R, BLOCK_D],
-                                                                base.dtype.element_ty)
-    return tma.make_tensor_descriptor(base, [gl.maximum(rows, 1), head_dim], [stride_row, 1],
-                                      [BLOCK_R, BLOCK_D], layout)
-
-
-@gluon.jit
-def _producer(q_ptr, k_ptr, v_ptr, shared, row0, q_first, k_first, seq_q, seq_k, head_dim, pid_b, pid_h, pid_kv,
-              n_iter, first, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-              stride_vb, stride_vh, stride_vn, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+def _producer(q_ptr, k_ptr, v_ptr, shared, row0, q_first, k_first, seq_q, seq_k, head_dim,
+              pid_b, pid_h, pid_kv, n_iter, first, stride_qb, stride_qh, stride_qm,
+              stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+              ROWS_Q: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               STAGES: gl.constexpr):
-    """The load warp: Q once, then K and V of each key block into the ring (K before V, so
-    the QK^T of a block can start while its V is in flight)."""
+    """The load warp: the consumers' Q tiles ([ROWS_Q, BLOCK_D] each) once, then K and V of
+    each key block into the ring (K before V, so the QK^T of a block can start while its V
+    is in flight). A program past its sequence's end loads nothing."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty = shared
     q_desc = _descriptor(q_ptr + pid_b.to(gl.int64) * stride_qb + pid_h.to(gl.int64) * stride_qh
                          + q_first.to(gl.int64) * stride_qm, seq_q, head_dim, stride_qm,
-                         ROWS, BLOCK_D)
+                         ROWS_Q, BLOCK_D)
     k_desc = _descriptor(k_ptr + pid_b.to(gl.int64) * stride_kb + pid_kv.to(gl.int64) * stride_kh
                          + k_first.to(gl.int64) * stride_kn, seq_k, head_dim, stride_kn,
                          BLOCK_N, BLOCK_D)
@@ -74,63 +84,63 @@ def _producer(q_ptr, k_ptr, v_ptr, shared, row0, q_first, k_first, seq_q, seq_k,
                          BLOCK_N, BLOCK_D)
     has_rows = row0 < seq_q
     mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes, pred=has_rows)
-    mbarrier.arrive(q_bar, count=1, pred=row0 >= seq_q)  # nothing to load: release at once
+    mbarrier.arrive(q_bar, count=1, pred=row0 >= seq_q)  # nothing to load: released at once
     for c in gl.static_range(CONSUMERS):
-        tma_load(q_desc, [row0 + c * ROWS, 0], q_bar, q_smem.index(c),
-                                        pred=has_rows)
+        tma_load(q_desc, [row0 + c * ROWS_Q, 0], q_bar, q_smem.index(c), pred=has_rows)
     for j in range(n_iter):
         stage = j % STAGES
         phase = (j // STAGES) & 1
         start = first + j * BLOCK_N
         mbarrier.wait(k_empty.index(stage), phase ^ 1)  # a fresh barrier passes parity 1
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma_load(k_desc, [start, 0], k_ready.index(stage),
-                                        k_smem.index(stage))
+        tma_load(k_desc, [start, 0], k_ready.index(stage), k_smem.index(stage))
         mbarrier.wait(v_empty.index(stage), phase ^ 1)
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma_load(v_desc, [start, 0], v_ready.index(stage),
-                                        v_smem.index(stage))
+        tma_load(v_desc, [start, 0], v_ready.index(stage), v_smem.index(stage))
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, start, lo_r, hi_r, masked, qk_scale, sm_scale, softcap,
-                  s_layout: gl.constexpr, FOLD: gl.constexpr, SOFTCAP: gl.constexpr,
-                  BLOCK_N: gl.constexpr):
-    """(p, m, l, alpha) after key block [start, start + BLOCK_N) of the score tile s = q k^T
-    [ROWS, BLOCK_N] (fp32): the running max m and sum l in base 2, alpha = exp2(m_old - m)
-    the factor on what was summed before. masked (a scalar): the block is a boundary block
-    for these rows (row r sees keys [lo_r, hi_r)), hidden scores -inf; an interior block
-    skips the test. FOLD: one FFMA per score, s * qk_scale - m, the max taken over s and
-    scaled once per row (a positive scale, no softcap); else the base-2 scores first."""
-    if FOLD:
-        e = s
-    else:
-        if SOFTCAP:
-            e = _softcap(s * sm_scale, softcap) * LOG2E
-        else:
-            e = s * qk_scale
-    if masked:
-        cols = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        seen = (cols[None, :] >= lo_r[:, None]) & (cols[None, :] < hi_r[:, None])
-        e = gl.where(seen, e, float("-inf"))
-    if FOLD:
-        m_new = gl.maximum(m_i, gl.max(e, 1) * qk_scale)
-        e = e * qk_scale - m_new[:, None]
-    else:
-        m_new = gl.maximum(m_i, gl.max(e, 1))
-        e = e - m_new[:, None]
-    p = gl.exp2(e)
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, 1)
-    return p, m_new, l_i, alpha
+def _ring(dtype: gl.constexpr, ROWS_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+          BLOCK_D: gl.constexpr, STAGES: gl.constexpr):
+    """The shared memory producer and consumers share, barriers initialised: the Q tiles,
+    the K and V rings, and their mbarriers (Q's; ready and empty per stage, each stage
+    released by both consumers)."""
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_Q, BLOCK_D], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS_Q, BLOCK_D], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    return q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty
 
 
 @gluon.jit
-def _consumer(o_ptr, lse_ptr, shared, turn, row0, q_first, seq_q, seq_k, head_dim, pid_b, pid_h, n_iter, first, left,
-              right, qk_scale, sm_scale, softcap, stride_ob, stride_oh, stride_om, stride_lb,
-              stride_lh, stride_lm, WG: gl.constexpr, WINDOW: gl.constexpr,
-              FOLD: gl.constexpr, SOFTCAP: gl.constexpr, BLOCK_N: gl.constexpr,
-              BLOCK_D: gl.constexpr, STAGES: gl.constexpr):
+def _barriers(n: gl.constexpr, count: gl.constexpr):
+    """n mbarriers of `count` arrivals, initialised."""
+    bars = gl.allocate_shared_memory(gl.int64, [n, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(n):
+        mbarrier.init(bars.index(i), count=count)
+    return bars
+
+
+# --- sm_90a: wgmma consumers in ping-pong ------------------------------------------------
+
+@gluon.jit
+def _consumer(o_ptr, lse_ptr, shared, turn, row0, q_first, seq_q, seq_k, head_dim, pid_b,
+              pid_h, n_iter, first, left, right, qk_scale, sm_scale, softcap, stride_ob,
+              stride_oh, stride_om, stride_lb, stride_lh, stride_lm, WG: gl.constexpr,
+              WINDOW: gl.constexpr, FOLD: gl.constexpr, SOFTCAP: gl.constexpr,
+              BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr):
     """Consumer warpgroup WG: rows row0 + WG * ROWS + [0, ROWS) against the program's key
     blocks, then o by TMA (through its Q buffer) and lse by pointer."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty = shared
@@ -147,8 +157,8 @@ def _consumer(o_ptr, lse_ptr, shared, turn, row0, q_first, seq_q, seq_k, head_di
     rows = my_row0 + gl.arange(0, ROWS, layout=row_layout)
     lo_r, hi_r = _keys_seen(rows, seq_q, seq_k, left, right, WINDOW)
     # the keys every row of this warpgroup sees (its last valid row's lo, first row's hi)
-    last = gl.minimum(my_row0 + ROWS, seq_q) - 1
-    in_lo, _ = _keys_seen(last, seq_q, seq_k, left, right, WINDOW)
+    in_lo, _ = _keys_seen(gl.minimum(my_row0 + ROWS, seq_q) - 1, seq_q, seq_k, left, right,
+                          WINDOW)
     _, in_hi = _keys_seen(my_row0, seq_q, seq_k, left, right, WINDOW)
     q_tile = q_smem.index(WG)
     other = turn.index(1 - WG)
@@ -168,9 +178,8 @@ def _consumer(o_ptr, lse_ptr, shared, turn, row0, q_first, seq_q, seq_k, head_di
         mbarrier.arrive(other, count=1)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(0), count=1)
-        start = first
-        masked = (start < in_lo) | (start + BLOCK_N > in_hi)
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, start, lo_r, hi_r, masked, qk_scale,
+        masked = (first < in_lo) | (first + BLOCK_N > in_hi)
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, first, lo_r, hi_r, masked, qk_scale,
                                            sm_scale, softcap, s_layout, FOLD, SOFTCAP, BLOCK_N)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, n_iter):
@@ -195,22 +204,17 @@ def _consumer(o_ptr, lse_ptr, shared, turn, row0, q_first, seq_q, seq_k, head_di
             mbarrier.arrive(v_empty.index(prev), count=1)
             acc = acc * gl.convert_layout(alpha, orow_layout)[:, None]
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-        last_stage = (n_iter - 1) % STAGES
-        mbarrier.wait(v_ready.index(last_stage), ((n_iter - 1) // STAGES) & 1)
-        acc_tok = warpgroup_mma(p_op, v_smem.index(last_stage), acc, is_async=True)
+        last = (n_iter - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((n_iter - 1) // STAGES) & 1)
+        acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc_tok,))
-        mbarrier.arrive(v_empty.index(last_stage), count=1)
+        mbarrier.arrive(v_empty.index(last), count=1)
 
     # epilogue: o = acc / l (0 for a row that saw no key), lse in natural log
     l_o = gl.convert_layout(l_i, orow_layout)
-    none = l_o == 0.0  # a NaN l (a NaN softmax) is not none
-    o = acc / gl.where(none, 1.0, l_o)[:, None]
-    none_r = l_i == 0.0
-    lse = gl.where(none_r, float("-inf"),
-                   gl.where(m_i == float("inf"), float("inf"),
-                            (m_i + gl.log2(gl.where(none_r, 1.0, l_i))) / LOG2E))
-    lse_rows = lse_ptr + pid_b.to(gl.int64) * stride_lb + pid_h.to(gl.int64) * stride_lh
-    gl.store(lse_rows + (q_first + rows).to(gl.int64) * stride_lm, lse, mask=rows < seq_q)
+    o = acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None]
+    _store_lse(lse_ptr, m_i, l_i, rows, q_first, seq_q, pid_b, pid_h, stride_lb, stride_lh,
+               stride_lm)
     o_desc = _descriptor(o_ptr + pid_b.to(gl.int64) * stride_ob + pid_h.to(gl.int64) * stride_oh
                          + q_first.to(gl.int64) * stride_om, seq_q, head_dim, stride_om,
                          ROWS, BLOCK_D)
@@ -234,8 +238,8 @@ def _attention_fwd_gluon_kernel(
     BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):
-    """One block of 2 x ROWS query rows of one (batch, q head) against its visible keys
-    (see the module's docstring for the roles).
+    """sm_90a: one block of 2 x ROWS query rows of one (batch, q head) against its visible
+    keys (see the module's docstring for the roles).
 
     grid (m_blocks * batch * heads_q,), query blocks major in descending order (the
     causal mask's heaviest first), heads fastest (a GQA group's q heads side by side on
@@ -258,30 +262,10 @@ def _attention_fwd_gluon_kernel(
     first, n_iter = _block_split(row0, gl.minimum(row0 + CONSUMERS * ROWS, seq_q) - 1, seq_q,
                                  seq_k, left, right, WINDOW, BLOCK_N)
     n_iter = gl.where(row0 < seq_q, n_iter, 0)
-    qk_scale = sm_scale * LOG2E
+    qk_scale = sm_scale * 1.4426950408889634
 
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_D], dtype)
-    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], dtype)
-    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, BLOCK_D], q_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=CONSUMERS)
-        mbarrier.init(v_empty.index(i), count=CONSUMERS)
-    for i in gl.static_range(CONSUMERS):
-        mbarrier.init(turn.index(i), count=1)
-
-    shared = (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty)
+    shared = _ring(q_ptr.dtype.element_ty, ROWS, BLOCK_N, BLOCK_D, STAGES)
+    turn = _barriers(CONSUMERS, 1)
     gl.warp_specialize([
         (_consumer, (o_ptr, lse_ptr, shared, turn, row0, q_first, seq_q, seq_k, head_dim, pid_b,
                      pid_h, n_iter, first, left, right, qk_scale, sm_scale, softcap, stride_ob,
@@ -294,5 +278,174 @@ def _attention_fwd_gluon_kernel(
         (_producer, (q_ptr, k_ptr, v_ptr, shared, row0, q_first, k_first, seq_q, seq_k,
                      head_dim, pid_b, pid_h, pid_kv, n_iter, first, stride_qb, stride_qh,
                      stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
-                     stride_vn, BLOCK_N, BLOCK_D, STAGES)),
+                     stride_vn, ROWS, BLOCK_N, BLOCK_D, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# --- sm_100a: tcgen05 into tensor memory, one MMA warp, two softmax warpgroups -----------
+
+@gluon.jit
+def _mma_sm100(shared, s_tmem, o_tmem, p_smem, sync, n_iter, STAGES: gl.constexpr):
+    """The MMA warp: S = Q K^T of each tile into tensor memory, and O += P V once its
+    softmax has handed P over; S of block j + 1 goes before P V of block j, so the tensor
+    cores work on one tile while the other's softmax runs. Each MMA signals its consumer
+    through mbarriers (arrived when it and every earlier MMA of this warp complete)."""
+    q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty = shared
+    s_ready, s_free, p_ready, o_done = sync
+    has = n_iter > 0
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_ready.index(0), 0, pred=has)
+    for w in gl.static_range(CONSUMERS):  # S of block 0; the last one frees K's stage
+        if w == CONSUMERS - 1:
+            tcgen05_mma(q_smem.index(w), k_smem.index(0).permute((1, 0)), s_tmem.index(w),
+                        use_acc=False, pred=has, mbarriers=[s_ready.index(w), k_empty.index(0)],
+                        mbarrier_preds=[has, has])
+        else:
+            tcgen05_mma(q_smem.index(w), k_smem.index(0).permute((1, 0)), s_tmem.index(w),
+                        use_acc=False, pred=has, mbarriers=[s_ready.index(w)],
+                        mbarrier_preds=[has])
+    for j in range(n_iter):
+        more = j + 1 < n_iter
+        nxt = (j + 1) % STAGES
+        cur = j % STAGES
+        mbarrier.wait(k_ready.index(nxt), ((j + 1) // STAGES) & 1, pred=more)
+        mbarrier.wait(v_ready.index(cur), (j // STAGES) & 1)
+        for w in gl.static_range(CONSUMERS):
+            mbarrier.wait(s_free.index(w), j & 1)  # its softmax holds S of block j
+            # [128, D] @ [D, BN] -> [128, BN], block j + 1
+            if w == CONSUMERS - 1:
+                tcgen05_mma(q_smem.index(w), k_smem.index(nxt).permute((1, 0)), s_tmem.index(w),
+                            use_acc=False, pred=more,
+                            mbarriers=[s_ready.index(w), k_empty.index(nxt)],
+                            mbarrier_preds=[more, more])
+            else:
+                tcgen05_mma(q_smem.index(w), k_smem.index(nxt).permute((1, 0)), s_tmem.index(w),
+                            use_acc=False, pred=more, mbarriers=[s_ready.index(w)],
+                            mbarrier_preds=[more])
+            mbarrier.wait(p_ready.index(w), j & 1)
+            # [128, BN] @ [BN, D] -> [128, D], block j (the last tile's frees V's stage)
+            if w == CONSUMERS - 1:
+                tcgen05_mma(p_smem.index(w), v_smem.index(cur), o_tmem.index(w), use_acc=j > 0,
+                            mbarriers=[o_done.index(w), v_empty.index(cur)])
+            else:
+                tcgen05_mma(p_smem.index(w), v_smem.index(cur), o_tmem.index(w), use_acc=j > 0,
+                            mbarriers=[o_done.index(w)])
+
+
+@gluon.jit
+def _softmax_sm100(o_ptr, lse_ptr, s_tmem, o_tmem, p_smem, sync, row0, q_first, seq_q, seq_k,
+                   head_dim, pid_b, pid_h, n_iter, first, left, right, qk_scale, sm_scale,
+                   softcap, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm,
+                   WG: gl.constexpr, WINDOW: gl.constexpr, FOLD: gl.constexpr,
+                   SOFTCAP: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr):
+    """Softmax warpgroup WG: rows row0 + WG * 128 + [0, 128), a row per thread. Per key
+    block: S from tensor memory (then S's columns are the MMA warp's again), the online
+    softmax, O rescaled by alpha in tensor memory once the previous P V is done, P to
+    shared memory for the next one. Then o = O / l by 128-bit stores and lse."""
+    s_ready, s_free, p_ready, o_done = sync
+    dtype: gl.constexpr = o_ptr.dtype.element_ty
+    s_tl: gl.constexpr = TensorMemoryLayout((ROWS_SM100, BLOCK_N), 1)
+    o_tl: gl.constexpr = TensorMemoryLayout((ROWS_SM100, O_SLICE), 1)
+    s_layout: gl.constexpr = tmem_reg_layout(gl.float32, [ROWS_SM100, BLOCK_N], s_tl, 4)
+    o_layout: gl.constexpr = tmem_reg_layout(gl.float32, [ROWS_SM100, O_SLICE], o_tl, 4)
+    orow_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    my_row0 = row0 + WG * ROWS_SM100
+    rows = my_row0 + gl.arange(0, ROWS_SM100, layout=gl.SliceLayout(1, s_layout))
+    lo_r, hi_r = _keys_seen(rows, seq_q, seq_k, left, right, WINDOW)
+    in_lo, _ = _keys_seen(gl.minimum(my_row0 + ROWS_SM100, seq_q) - 1, seq_q, seq_k, left,
+                          right, WINDOW)
+    _, in_hi = _keys_seen(my_row0, seq_q, seq_k, left, right, WINDOW)
+    s_buf = s_tmem.index(WG)
+    o_buf = o_tmem.index(WG)
+    p_buf = p_smem.index(WG)
+    m_i = gl.full([ROWS_SM100], FLOOR, gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([ROWS_SM100], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    for j in range(n_iter):
+        mbarrier.wait(s_ready.index(WG), j & 1)
+        s = s_buf.load(s_layout)
+        mbarrier.arrive(s_free.index(WG), count=1)
+        start = first + j * BLOCK_N
+        masked = (start < in_lo) | (start + BLOCK_N > in_hi)
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, start, lo_r, hi_r, masked, qk_scale,
+                                           sm_scale, softcap, s_layout, FOLD, SOFTCAP, BLOCK_N)
+        if j > 0:  # O (and P's buffer) are free once the previous P V is done
+            mbarrier.wait(o_done.index(WG), (j - 1) & 1)
+            alpha_o = gl.convert_layout(alpha, orow_layout)[:, None]
+            for c in gl.static_range(BLOCK_D // O_SLICE):
+                part = o_buf.slice(c * O_SLICE, O_SLICE)
+                part.store(part.load(o_layout) * alpha_o)
+        p_buf.store(p.to(dtype))
+        fence_async_shared()  # the generic proxy's P before the MMA's async reads
+        mbarrier.arrive(p_ready.index(WG), count=1)
+    mbarrier.wait(o_done.index(WG), (n_iter - 1) & 1, pred=n_iter > 0)
+
+    # epilogue: o = O / l (0 where no key was seen: tensor memory holds no P V there)
+    _store_lse(lse_ptr, m_i, l_i, rows, q_first, seq_q, pid_b, pid_h, stride_lb, stride_lh,
+               stride_lm)
+    l_o = gl.convert_layout(l_i, orow_layout)[:, None]
+    none = l_o == 0.0
+    rows_o = my_row0 + gl.arange(0, ROWS_SM100, layout=orow_layout)
+    o_rows = (o_ptr + pid_b.to(gl.int64) * stride_ob + pid_h.to(gl.int64) * stride_oh
+              + (q_first + rows_o).to(gl.int64)[:, None] * stride_om)
+    for c in gl.static_range(BLOCK_D // O_SLICE):
+        cols = c * O_SLICE + gl.arange(0, O_SLICE, layout=gl.SliceLayout(0, o_layout))
+        o = gl.where(none, 0.0, o_buf.slice(c * O_SLICE, O_SLICE).load(o_layout) / l_o)
+        gl.store(o_rows + cols[None, :], o.to(dtype),
+                 mask=(rows_o < seq_q)[:, None] & (cols < head_dim)[None, :])
+
+
+@gluon.jit
+def _attention_fwd_gluon_sm100_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, m_blocks,
+    seq_q, seq_k, total_q, total_k, heads_q, group, head_dim, sm_scale, softcap, left, right,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    stride_lb, stride_lh, stride_lm,
+    VARLEN: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, FOLD: gl.constexpr,
+    BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+):
+    """sm_100a: one block of 2 x 128 query rows of one (batch, q head) against its visible
+    keys (see the module's docstring for the roles), arguments and grid as
+    _attention_fwd_gluon_kernel's; launched with num_warps=4 (softmax warpgroup 0), the
+    other roles in worker partitions (softmax 1 at CONSUMER_REGS, the MMA and load warps at
+    PRODUCER_REGS). BLOCK_D is at most 128: the two O tiles and two S tiles fit tensor
+    memory's 512 columns then."""
+    pid_m, pid_b, pid_h = _program(gl.program_id(0), m_blocks, heads_q)
+    q_first, k_first, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k,
+                                               total_q, total_k, VARLEN)
+    row0 = pid_m * (CONSUMERS * ROWS_SM100)
+    pid_kv = pid_h // group
+    first, n_iter = _block_split(row0, gl.minimum(row0 + CONSUMERS * ROWS_SM100, seq_q) - 1,
+                                 seq_q, seq_k, left, right, WINDOW, BLOCK_N)
+    n_iter = gl.where(row0 < seq_q, n_iter, 0)
+    qk_scale = sm_scale * 1.4426950408889634
+
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    shared = _ring(dtype, ROWS_SM100, BLOCK_N, BLOCK_D, STAGES)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS_SM100, BLOCK_N], dtype)
+    p_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS_SM100, BLOCK_N], p_layout)
+    s_tmem = allocate_tensor_memory(gl.float32, [CONSUMERS, ROWS_SM100, BLOCK_N],
+                                    TensorMemoryLayout((ROWS_SM100, BLOCK_N), 1))
+    o_tmem = allocate_tensor_memory(gl.float32, [CONSUMERS, ROWS_SM100, BLOCK_D],
+                                    TensorMemoryLayout((ROWS_SM100, BLOCK_D), 1))
+    sync = (_barriers(CONSUMERS, 1), _barriers(CONSUMERS, 1), _barriers(CONSUMERS, 1),
+            _barriers(CONSUMERS, 1))  # s_ready, s_free, p_ready, o_done per tile
+    gl.warp_specialize([
+        (_softmax_sm100, (o_ptr, lse_ptr, s_tmem, o_tmem, p_smem, sync, row0, q_first, seq_q,
+                          seq_k, head_dim, pid_b, pid_h, n_iter, first, left, right, qk_scale,
+                          sm_scale, softcap, stride_ob, stride_oh, stride_om, stride_lb,
+                          stride_lh, stride_lm, 0, WINDOW, FOLD, SOFTCAP, BLOCK_N, BLOCK_D)),
+        (_softmax_sm100, (o_ptr, lse_ptr, s_tmem, o_tmem, p_smem, sync, row0, q_first, seq_q,
+                          seq_k, head_dim, pid_b, pid_h, n_iter, first, left, right, qk_scale,
+                          sm_scale, softcap, stride_ob, stride_oh, stride_om, stride_lb,
+                          stride_lh, stride_lm, 1, WINDOW, FOLD, SOFTCAP, BLOCK_N, BLOCK_D)),
+        (_mma_sm100, (shared, s_tmem, o_tmem, p_smem, sync, n_iter, STAGES)),
+        (_producer, (q_ptr, k_ptr, v_ptr, shared, row0, q_first, k_first, seq_q, seq_k,
+                     head_dim, pid_b, pid_h, pid_kv, n_iter, first, stride_qb, stride_qh,
+                     stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
+                     stride_vn, ROWS_SM100, BLOCK_N, BLOCK_D, STAGES)),
+    ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
