@@ -130,7 +130,7 @@ def _tiles(major: int, head_dim: int) -> dict:
 # --- the launcher ---------------------------------------------------------------------------
 
 def launch_gluon_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
-               max_seqlen_q, max_seqlen_k, num_splits, check_seqlens):
+                     max_seqlen_q, max_seqlen_k, num_splits, check_seqlens):
     """attention_launch.launch_fwd's contract (checked arguments, the window as its sides),
     by the Gluon kernel where why_not_gluon allows, else by attention_launch.launch_fwd."""
     check_gluon(q)
