@@ -219,7 +219,8 @@ def _consumer(o_ptr, lse_ptr, shared, turn, row0, q_first, seq_q, seq_k, head_di
                          + q_first.to(gl.int64) * stride_om, seq_q, head_dim, stride_om,
                          ROWS, BLOCK_D)
     if my_row0 < seq_q:  # (a descriptor has at least one row: none for an empty sequence)
-        q_tile.store(o.to(dtype))  # Q's buffer is free: its last wgmma has completed
+        fence_async_shared()  # Q's buffer is free (its last wgmma has completed): the
+        q_tile.store(o.to(dtype))  # async proxy's reads ordered before the generic writes
         fence_async_shared()
         tma_store(o_desc, [my_row0, 0], q_tile)  # rows past seq_q clipped
         tma.store_wait(0)
@@ -288,22 +289,18 @@ def _attention_fwd_gluon_kernel(
 def _mma_sm100(shared, s_tmem, o_tmem, p_smem, sync, n_iter, STAGES: gl.constexpr):
     """The MMA warp: S = Q K^T of each tile into tensor memory, and O += P V once its
     softmax has handed P over; S of block j + 1 goes before P V of block j, so the tensor
-    cores work on one tile while the other's softmax runs. Each MMA signals its consumer
-    through mbarriers (arrived when it and every earlier MMA of this warp complete)."""
+    cores work on one tile while the other's softmax runs. Each MMA signals through
+    mbarriers (arrived when it and every earlier MMA of this warp complete): its tile's
+    consumer, and the K (V) stage it read, which both tiles' MMAs release."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty = shared
     s_ready, s_free, p_ready, o_done = sync
     has = n_iter > 0
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_ready.index(0), 0, pred=has)
-    for w in gl.static_range(CONSUMERS):  # S of block 0; the last one frees K's stage
-        if w == CONSUMERS - 1:
-            tcgen05_mma(q_smem.index(w), k_smem.index(0).permute((1, 0)), s_tmem.index(w),
-                        use_acc=False, pred=has, mbarriers=[s_ready.index(w), k_empty.index(0)],
-                        mbarrier_preds=[has, has])
-        else:
-            tcgen05_mma(q_smem.index(w), k_smem.index(0).permute((1, 0)), s_tmem.index(w),
-                        use_acc=False, pred=has, mbarriers=[s_ready.index(w)],
-                        mbarrier_preds=[has])
+    for w in gl.static_range(CONSUMERS):  # S of block 0: [128, D] @ [D, BN] -> [128, BN]
+        tcgen05_mma(q_smem.index(w), k_smem.index(0).permute((1, 0)), s_tmem.index(w),
+                    use_acc=False, pred=has, mbarriers=[s_ready.index(w), k_empty.index(0)],
+                    mbarrier_preds=[has, has])
     for j in range(n_iter):
         more = j + 1 < n_iter
         nxt = (j + 1) % STAGES
@@ -313,23 +310,14 @@ def _mma_sm100(shared, s_tmem, o_tmem, p_smem, sync, n_iter, STAGES: gl.constexp
         for w in gl.static_range(CONSUMERS):
             mbarrier.wait(s_free.index(w), j & 1)  # its softmax holds S of block j
             # [128, D] @ [D, BN] -> [128, BN], block j + 1
-            if w == CONSUMERS - 1:
-                tcgen05_mma(q_smem.index(w), k_smem.index(nxt).permute((1, 0)), s_tmem.index(w),
-                            use_acc=False, pred=more,
-                            mbarriers=[s_ready.index(w), k_empty.index(nxt)],
-                            mbarrier_preds=[more, more])
-            else:
-                tcgen05_mma(q_smem.index(w), k_smem.index(nxt).permute((1, 0)), s_tmem.index(w),
-                            use_acc=False, pred=more, mbarriers=[s_ready.index(w)],
-                            mbarrier_preds=[more])
+            tcgen05_mma(q_smem.index(w), k_smem.index(nxt).permute((1, 0)), s_tmem.index(w),
+                        use_acc=False, pred=more,
+                        mbarriers=[s_ready.index(w), k_empty.index(nxt)],
+                        mbarrier_preds=[more, more])
             mbarrier.wait(p_ready.index(w), j & 1)
-            # [128, BN] @ [BN, D] -> [128, D], block j (the last tile's frees V's stage)
-            if w == CONSUMERS - 1:
-                tcgen05_mma(p_smem.index(w), v_smem.index(cur), o_tmem.index(w), use_acc=j > 0,
-                            mbarriers=[o_done.index(w), v_empty.index(cur)])
-            else:
-                tcgen05_mma(p_smem.index(w), v_smem.index(cur), o_tmem.index(w), use_acc=j > 0,
-                            mbarriers=[o_done.index(w)])
+            # [128, BN] @ [BN, D] -> [128, D], block j
+            tcgen05_mma(p_smem.index(w), v_smem.index(cur), o_tmem.index(w), use_acc=j > 0,
+                        mbarriers=[o_done.index(w), v_empty.index(cur)])
 
 
 @gluon.jit
