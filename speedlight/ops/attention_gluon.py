@@ -116,15 +116,19 @@ def why_not_gluon(q, k, v, varlen: bool, seq_q: int, num_splits) -> str | None:
     return None
 
 
-def _tiles(major: int, head_dim: int) -> dict:
+def _tiles(major: int, head_dim: int, softcap: bool) -> dict:
     """BLOCK_N, BLOCK_D and STAGES, so one program fills an SM's 227 KB of shared memory
-    without passing it. Hopper: 128-key blocks in a two-stage K/V ring up to head dim 128
-    (160 KB at 128), 64-key blocks at 256 (192 KB). Blackwell: 64-key blocks in three
-    stages (192 KB at head dim 128 with the two 128-row Q tiles and P buffers)."""
+    without passing it and no role spills. Hopper: 128-key blocks in a two-stage K/V ring
+    up to head dim 128 (160 KB at 128), 64-key blocks at 256 (192 KB); with a softcap half
+    as many keys (its tanh on a consumer's 64 x 128 scores spilled 564 bytes at 240
+    registers, 8 at head dim 256 with 64 keys; none at 64 and 32). Blackwell: 64-key
+    blocks in three stages (192 KB at head dim 128 with the two 128-row Q tiles and P
+    buffers)."""
     block_d = max(32, triton.next_power_of_2(head_dim))
     if major == BLACKWELL:
         return dict(BLOCK_N=64, BLOCK_D=block_d, STAGES=3)
-    return dict(BLOCK_N=128 if block_d <= 128 else 64, BLOCK_D=block_d, STAGES=2)
+    block_n = 128 if block_d <= 128 else 64
+    return dict(BLOCK_N=block_n // 2 if softcap else block_n, BLOCK_D=block_d, STAGES=2)
 
 
 # --- the launcher ---------------------------------------------------------------------------
@@ -178,7 +182,8 @@ def launch_gluon_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, 
         float(softcap or 1.0), left, right, *_strides(q, varlen), *_strides(k, varlen),
         *_strides(v, varlen), *_strides(o, varlen), *lse_strides,
         VARLEN=varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
-        FOLD=softcap is None and scale > 0, **_tiles(major, head_dim), **REGS, **LAUNCH)
+        FOLD=softcap is None and scale > 0, **_tiles(major, head_dim, softcap is not None),
+        **REGS, **LAUNCH)
     return o, lse
 
 
