@@ -71,6 +71,14 @@ def test_which_calls_take_the_gluon_forward(change, why):
     assert (got is None) if why is None else why in got, got
 
 
+def test_tiles_fit_shared_memory_and_keep_softcap_from_spilling():
+    tiles = attention_gluon._tiles
+    assert tiles(9, 128, False) == dict(BLOCK_N=128, BLOCK_D=128, STAGES=2)
+    assert tiles(9, 128, True)["BLOCK_N"] == 64 and tiles(9, 256, True)["BLOCK_N"] == 32
+    assert tiles(9, 96, False)["BLOCK_D"] == 128 and tiles(9, 20, False)["BLOCK_D"] == 32
+    assert tiles(10, 128, True) == dict(BLOCK_N=64, BLOCK_D=128, STAGES=3)
+
+
 def test_missing_names_what_this_triton_lacks(monkeypatch):
     assert gluon_api.missing() is None  # the tested Tritons (3.6 and later) have it all
     import triton.experimental.gluon.language.nvidia.hopper as hopper
