@@ -5,8 +5,8 @@
 1. verify (a fifth of the budget): speedlight.moe_experts against the float64 reference,
    forward and every gradient, in bf16, at each of MOE_BLOCKS' widths (Mixtral-8x7B,
    Qwen3-30B-A3B, DeepSeek-V3 with its shared expert, gpt-oss-20B), 1024 tokens, skewed
-   routing, the experts cut to VERIFY_EXPERTS (and k kept below them) so that the float64
-   weights fit: rows in DIR/verify.jsonl.
+   routing, the experts cut (VERIFY_EXPERTS, VERIFY_MAX_BYTES; k kept to half of them at
+   most) so that the float64 reference and gradients fit: rows in DIR/verify.jsonl.
 2. bench at 4096 tokens (two fifths): every block, uniform and skewed routing, fwd and
    fwd+bwd, bf16, against the Hugging Face per-expert loop (torch-eager), the same chain on
    torch._grouped_mm (torch-grouped-mm) and Liger's fused MoE (liger); each case verified
@@ -36,8 +36,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a file from anywhere
     sys.path.insert(0, str(ROOT))
 
-# the experts each verification keeps: 16 of DeepSeek-V3's experts in float64 take 5.6 GB
+# the experts each verification keeps: at most 16, halved until verify's estimate of the
+# case (its float64 copies and gradients included) is within VERIFY_MAX_BYTES: an H100's
+# memory holds it (Mixtral-8x7B keeps 4 experts, the others 16)
 VERIFY_EXPERTS = 16
+VERIFY_MAX_BYTES = 40 * 2 ** 30
 VERIFY_TOKENS = 1024
 BASELINES = ("torch-eager", "torch-grouped-mm", "liger")
 # each step's share of the budget
@@ -67,12 +70,19 @@ def verify_cases(tiny: bool) -> list:
 
     if tiny:
         return [_tiny(TINY_BLOCKS[1])]
+    from speedlight.ops.moe_experts import SPEC
+    from speedlight.verify.harness import estimate_bytes
+
     out = []
     for name, (hidden, inter, experts, k, layout, flags) in cases.MOE_BLOCKS.items():
         e = min(experts, VERIFY_EXPERTS)
-        case = cases._case(VERIFY_TOKENS, hidden, inter, e, min(k, e // 2 or 1), layout,
-                           model=name, routing="skewed", **flags)
-        out.append(case.with_(dtype=torch.bfloat16))
+        while True:  # the most experts (up to 16) whose float64 verification fits
+            case = cases._case(VERIFY_TOKENS, hidden, inter, e, min(k, e // 2 or 1), layout,
+                               model=name, routing="skewed", **flags).with_(dtype=torch.bfloat16)
+            if e <= 2 or estimate_bytes(SPEC, case) <= VERIFY_MAX_BYTES:
+                break
+            e //= 2
+        out.append(case)
     return out
 
 
