@@ -14,7 +14,8 @@ it beside the Triton kernel, cuDNN, FlexAttention and SDPA's flash backend.
 3. time: at the headline (TIME_CASES: batch 2, 32 heads, 8 KV heads, 8192 tokens, head dim
    128, causal and not, bf16), each implementation's median forward and backward over
    --reps calls, L2 flushed before each, with TFLOP/s from the op's cost: speedlight
-   (Triton), speedlight-gluon, sdpa-cudnn, flex-attention, sdpa-flash.
+   (Triton), speedlight-gluon (its rows say `verified`: every verify step passed),
+   sdpa-cudnn, flex-attention, sdpa-flash.
 
 A Gluon kernel no GPU has run may hang (an mbarrier phase never reached): every step runs
 in a child process that reports as it goes, and a step silent for --step-timeout-s is
@@ -324,9 +325,15 @@ def main(argv=None) -> int:
     path = out / "attention_gluon.jsonl"
     common = {"tool": "gpu-attention-gluon", **results.environment(torch.device(device)),
               "representative": device == "cuda"}
-    failed = []
+    failed, verified = [], []
 
     def write(row: dict) -> None:
+        if row["step"] == "verify":
+            verified.append(row["status"] == "pass")
+        elif row["step"] == "time" and row.get("implementation") == "speedlight-gluon":
+            # timed whatever verify said, labelled with it: no speedup is read from a kernel
+            # that failed or was not verified
+            row = dict(row, verified=bool(verified) and all(verified))
         results.append_jsonl(path, [{**common, **row}])
         if row.get("implementation") == "speedlight-gluon" and row["status"] in (
                 "fail", "error", "hang"):

@@ -28,6 +28,7 @@ def test_the_section_writes_every_row_with_its_reason(tmp_path):
     assert verify["status"] == "skipped" and "only on an NVIDIA GPU" in verify["reason"]
     assert (gluon["implementation"], gluon["mode"], gluon["status"]) == (
         "speedlight-gluon", "fwd", "skipped")
+    assert gluon["verified"] is False  # its verify was skipped here
     assert cudnn["status"] == "skipped" and "GPU only" in cudnn["reason"]
 
 
