@@ -72,12 +72,26 @@ class Instr:
         return 32
 
 
+_LABEL = re.compile(r"^(\.L\w+):")
+
+
 def parse(listing: str) -> list[Instr]:
     """Every instruction of the kernel with the source line its `.loc` names."""
+    return parse_with_labels(listing)[0]
+
+
+def parse_with_labels(listing: str) -> tuple[list[Instr], dict[str, int]]:
+    """parse's instructions, and each label (`.LBB0_2`) with the position of the
+    instruction it marks (what a branch jumps to)."""
     files: dict[str, str] = {}
     out: list[Instr] = []
+    labels: dict[str, int] = {}
     file, line = "", 0
     for text in listing.splitlines():
+        m = _LABEL.match(text)
+        if m:
+            labels[m.group(1)] = len(out)
+            continue
         m = _FILE.match(text)
         if m:
             folder, name = (m.group(2), m.group(3)) if m.group(3) is not None else ("", m.group(2))
@@ -94,7 +108,7 @@ def parse(listing: str) -> list[Instr]:
             # each operand's first word: VOP3's trailing clamp / omod words dropped
             ops = tuple(o.split()[0] for o in (m.group(2) or "").split(",") if o.strip())
             out.append(Instr(m.group(1), file if line else "", line, ops))
-    return out
+    return out, labels
 
 
 def is_global(i: Instr) -> bool:

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from speedlight.hardware import DeviceSpec
-from speedlight.inspect import amdgcn, sass
+from speedlight.inspect import amdgcn, loops, sass
 from speedlight.inspect.compile import Compiled
 from speedlight.inspect.launches import Capture, Launch
 from speedlight.inspect.occupancy import Occupancy, Waves, occupancy
@@ -103,11 +103,39 @@ class KernelReport:
     partitions: list = field(default_factory=list)
     setmaxnreg: tuple = ()
     smem_limit: int = 0  # the target's shared memory per block (opt-in maximum)
+    loops: list = field(default_factory=list)  # loops.Loop, in code order
     findings: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.error
+
+    @property
+    def steady_loop(self):
+        """The loop that runs the kernel's steady state (loops.Loop), None without loops."""
+        return loops.steady(self.loops)
+
+    @property
+    def resident(self) -> float:
+        """Programs resident on an SM at once: what the resources allow, or fewer when the
+        grid does not fill the GPU."""
+        return self.waves.resident_per_sm if self.waves else 0.0
+
+    def in_flight_per_sm(self) -> int:
+        """Bytes of global loads each SM keeps in flight in the steady-state loop: a thread's
+        (loops.Loop.in_flight) x the program's threads x the programs resident per SM."""
+        lp = self.steady_loop
+        if lp is None or not lp.in_flight:
+            return 0
+        return int(lp.in_flight * self.num_warps * self.warp_size * self.resident)
+
+    def in_flight_json(self) -> dict | None:
+        lp = self.steady_loop
+        if lp is None:
+            return None
+        return {"loop": lp.index, "per_thread": lp.in_flight, "threads": self.num_warps *
+                self.warp_size, "resident_per_sm": round(self.resident, 3),
+                "per_sm": self.in_flight_per_sm(), "prefetch": lp.prefetch}
 
     @property
     def cuda(self) -> bool:
@@ -158,7 +186,9 @@ class KernelReport:
                        spill_loads=self.spill_loads, stack=self.stack, smem=self.smem,
                        occupancy=self.occupancy.to_json(), waves=self.waves.to_json(),
                        sass=self.mix.to_json(), accesses=[a.to_json() for a in self.accesses],
-                       has_dot=self.has_dot, stages=self.stages, smem_limit=self.smem_limit)
+                       has_dot=self.has_dot, stages=self.stages, smem_limit=self.smem_limit,
+                       spill_bytes=self.spill_stores, loops=[lp.to_json() for lp in self.loops],
+                       in_flight=self.in_flight_json())
             if self.partitions:
                 out.update(partitions=[list(p) for p in self.partitions],
                            setmaxnreg=list(self.setmaxnreg))
@@ -287,6 +317,9 @@ def analyse_kernel(launch: Launch, compiled: Compiled, target: Target, device: D
     report.setmaxnreg = tuple(sorted({int(m, 16) for m in _SETMAXNREG.findall(
         compiled.text("sass"))}))
     report.accesses = _join(launch, reader.accesses_by_line(instrs))
+    report.loops = loops.kernel_loops(compiled.text("amdgcn" if reader is amdgcn else "sass"),
+                                      num_warps=report.num_warps, ttgir=compiled.text("ttgir"),
+                                      amd=reader is amdgcn)
     return report
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from speedlight.inspect import sass
+from speedlight.inspect import loops, sass
 from speedlight.inspect.case_report import Access, CaseReport, KernelReport, read_resources
 from speedlight.inspect.cuda_compile import Binary, CudaToolError, NvccCompiler
 from speedlight.inspect.findings import case_findings
@@ -79,6 +79,7 @@ def analyse(launch: CudaLaunch, design: KernelDesign, binary: Binary, target: Ta
     instrs = fn.instrs
     read_resources(report, fn.ptxas, fn.ptxas.get("smem_static", 0) + launch.smem, instrs,
                    target, sm_count)
+    report.loops = loops.kernel_loops(fn.listing, num_warps=report.num_warps)
     text_of: dict[str, tuple[list[str], set[int]]] = {}
     for (file, line, kind), acc in sorted(sass.accesses_by_line(instrs).items()):
         if file not in text_of:

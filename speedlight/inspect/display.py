@@ -72,6 +72,52 @@ def kernel_table(reports: Sequence[CaseReport], *, title: str, with_case: bool) 
     return t
 
 
+def _loop_name(k: KernelReport, lp) -> str:
+    return f"{os.path.basename(lp.file)}:{lp.line}" if lp.file else f"loop {lp.index}"
+
+
+def loops_table(report: CaseReport) -> Table | None:
+    """Each kernel's loops: per iteration of one program, instructions per thread by pipe,
+    MMA FLOPs and warp-instructions per MMA tile, loads and bytes in flight."""
+    rows = [(k, lp) for k in report.kernels for lp in k.loops]
+    if not rows:
+        return None
+    from speedlight.inspect.loops import MMA_TILE, PIPE_NAMES, PIPES
+
+    used = [p for p in PIPES if any(lp.pipes.get(p) for _, lp in rows)]
+    t = Table(title="loops (per iteration, per thread; * the steady-state loop; issue per MMA "
+                    f"tile: warp-instructions per {'x'.join(map(str, MMA_TILE))} of MMA work)",
+              title_justify="left", pad_edge=False)
+    for c in ["kernel", "loop", "instr"] + [PIPE_NAMES[p] for p in used] + \
+            ["MMA FLOPs", "issue / MMA tile", "loads B", "in flight B/SM"]:
+        t.add_column(c, justify="left" if c in ("kernel", "loop") else "right",
+                     overflow="fold" if c == "kernel" else "ellipsis")
+    for k, lp in rows:
+        flight = k.in_flight_per_sm() if lp.steady else 0
+        t.add_row(short_name(k.name), ("* " if lp.steady else "") + _loop_name(k, lp),
+                  str(lp.instructions), *[str(lp.pipes.get(p, 0) or "-") for p in used],
+                  f"{lp.mma_flops:,}" if lp.mma_flops else "-",
+                  f"{lp.per_mma_tile:,.0f}" if lp.per_mma_tile else "-",
+                  str(lp.load_bytes or "-"),
+                  (f"{flight:,}" + (" (prefetch)" if lp.prefetch else "")) if flight else "-")
+    return t
+
+
+def print_loop_lines(report: CaseReport, console: Console, top: int = 5) -> None:
+    """The source lines the steady-state loop of each kernel spends its instructions on."""
+    for k in report.kernels:
+        lp = k.steady_loop
+        if lp is None or not lp.instructions:
+            continue
+        console.print(f"  [bold]{short_name(k.name)}[/] steady-state loop {_loop_name(k, lp)}: "
+                      f"{lp.instructions} instructions per iteration", highlight=False)
+        for x in lp.lines[:top]:
+            pipes = ", ".join(f"{n} {p}" for p, n in x.pipes.most_common(3))
+            console.print(f"    {x.count / lp.instructions:4.0%} {os.path.basename(x.file)}:"
+                          f"{x.line} ({x.count}: {pipes}) [dim]{x.source[:70]}[/]",
+                          highlight=False, soft_wrap=True)
+
+
 def access_table(report: CaseReport) -> Table:
     code = "AMDGCN" if report.target.vendor == "amd" else "SASS"
     t = Table(title=f"global loads and stores ({code} per source line; 'possible' = the "
@@ -174,6 +220,10 @@ def print_case(report: CaseReport, console: Console) -> None:
                           f"to {', '.join(map(str, k.setmaxnreg)) or 'none'}[/]",
                           highlight=False, soft_wrap=True)
     console.print(access_table(r))
+    table = loops_table(r)
+    if table is not None:
+        console.print(table)
+        print_loop_lines(r, console)
     table = bytes_table([r], with_case=False)
     if table is not None:
         console.print(table)

@@ -18,6 +18,12 @@ for every kernel inspect reads (Triton or CUDA C++: one KernelReport).
   re-read         a direction moves more bytes than compulsory (what is read twice)
   rounding-leak   an FFMA (v_fma_f32) subtracting a product's own rounded value: a
                   difference meant to cancel keeps the product's rounding error
+  loop-mask       the steady-state loop of a matrix kernel spends a large share of its
+                  instructions on predicate/select (a mask applied on every iteration),
+                  with the source lines that issue them
+  in-flight       a memory-bound kernel's steady-state loop keeps fewer bytes of loads in
+                  flight per SM than the GPU's bandwidth x latency needs (Little's law),
+                  and says whether any load is issued ahead of its use (a prefetch)
   compile-error   the kernel did not compile for the target
 """
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speedlight.inspect import loops
 from speedlight.inspect.case_report import Access, CaseReport, DirectionBytes, KernelReport
 
 WARN, INFO, ERROR = "warn", "info", "error"
@@ -48,7 +55,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def kernel_findings(k: KernelReport, target_name: str) -> list[Finding]:
+def kernel_findings(k: KernelReport, target_name: str, sku=None) -> list[Finding]:
     name = k.name
     if k.error:
         return [Finding("compile-error", ERROR, f"{name} did not compile for {target_name}: "
@@ -86,6 +93,9 @@ def kernel_findings(k: KernelReport, target_name: str) -> list[Finding]:
                    "registers": k.registers, "stack": k.stack, "local": dict(k.mix.local)}))
     out += _matrix(k, target_name)
     out += _pipeline(k, target_name)
+    out += _loop_mask(k)
+    if sku is not None:
+        out += _in_flight(k, sku)
     leaks = sorted(set(k.mix.rounding_leaks))
     if leaks:
         lines = ", ".join(f"{Path(f).name}:{n}" for f, n in leaks)
@@ -276,6 +286,66 @@ def _pipeline(k: KernelReport, target_name: str) -> list[Finding]:
     return out
 
 
+# A matrix kernel's steady-state loop whose predicate/select instructions pass this share of
+# the loop (attention's key loop with its mask on every tile: 37%) is told so.
+MASK_SHARE = 0.2
+
+
+def _where(x) -> str:
+    return f"{Path(x.file).name}:{x.line}"
+
+
+def _loop_mask(k: KernelReport) -> list[Finding]:
+    """The mask a matrix kernel's steady-state loop applies on every iteration."""
+    lp = k.steady_loop
+    if lp is None or not lp.mma_flops or lp.share("select") < MASK_SHARE:
+        return []
+    lines = loops.select_lines(lp)
+    ops = ", ".join(f"{op} x{n}" for op, n in lp.opcodes.most_common()
+                    if lp.pipe_of.get(op) == "select")
+    named = ", ".join(f"{_where(x)} ({x.pipes['select']}) `{_short(x.source, 50)}`"
+                      for x in lines[:3])
+    return [Finding(
+        "loop-mask", WARN,
+        f"the steady-state loop ({_where(lp)}) issues {lp.pipes['select']} of its "
+        f"{lp.instructions} instructions per iteration ({_pct(lp.share('select'))}) on "
+        f"predicate/select ({ops}), "
+        f"most at {named or 'no single line'}: a mask applied on every iteration; tiles that "
+        f"need none (a causal diagonal's interior, a full key block) could run a loop "
+        f"without it", k.name,
+        {"loop": lp.index, "select": lp.pipes["select"], "instructions": lp.instructions,
+         "lines": [[Path(x.file).name, x.line, x.pipes["select"]] for x in lines[:6]]})]
+
+
+def _in_flight(k: KernelReport, sku) -> list[Finding]:
+    """A memory-bound steady-state loop (no MMA) with fewer bytes in flight per SM than
+    Little's law needs for the GPU's bandwidth."""
+    from speedlight import predict
+
+    lp = k.steady_loop
+    if lp is None or lp.mma_flops or not lp.load_bytes or not k.resident:
+        return []
+    have, need = k.in_flight_per_sm(), predict.needed_in_flight(sku)
+    if have >= need:
+        return []
+    threads = k.num_warps * k.warp_size
+    how = ("its loads are issued one iteration ahead (a prefetch), still too few" if lp.prefetch
+           else "every load is used in the iteration that issues it: no prefetch of the next "
+                "iteration's data")
+    return [Finding(
+        "in-flight", WARN,
+        f"the steady-state loop ({_where(lp)}) keeps {have / 1024:.1f} KB of loads in flight "
+        f"per SM ({lp.in_flight} bytes per thread x {threads} threads x {k.resident:g} "
+        f"program{'s' if k.resident != 1 else ''} per SM); {sku.name}'s bandwidth x latency "
+        f"needs about {need / 1024:.0f} KB per SM (Little's law: "
+        f"{sku.dram_bandwidth / sku.sm_count / 1e9:.0f} GB/s per SM x "
+        f"{predict.MEMORY_LATENCY_NS[sku.vendor]:.0f} ns), so at most "
+        f"{_pct(have / need)} of its bandwidth is reachable (predicted): {how}; load the next "
+        f"row(s) before this one's reductions, or more rows per program", k.name,
+        {"loop": lp.index, "per_sm": have, "needed": need, "per_thread": lp.in_flight,
+         "threads": threads, "resident_per_sm": k.resident, "prefetch": lp.prefetch})]
+
+
 def _num_stages(k: KernelReport) -> int | None:
     """The num_stages a Triton launch asked for (None for CUDA C++)."""
     return getattr(k.launch, "num_stages", None)
@@ -303,5 +373,5 @@ def bytes_findings(d: DirectionBytes) -> list[Finding]:
 def case_findings(report: CaseReport) -> None:
     """Fill every kernel's findings and the case's byte findings."""
     for k in report.kernels:
-        k.findings = kernel_findings(k, report.target.arch_name)
+        k.findings = kernel_findings(k, report.target.arch_name, report.device)
     report.findings = [f for d in report.directions for f in bytes_findings(d)]

@@ -13,9 +13,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 _LOC = re.compile(r'^\s*//## File "([^"]+)", line (\d+)')
+_LABEL = re.compile(r"^(\.L\w+):")
 _INSTR = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+"  # /*0120*/
-                    r"(?:@!?U?P[T0-9]+\s+)?"  # an optional predicate: @P0, @!UP1, @PT
-                    r"([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)"  # LDG.E.128.CONSTANT
+                    r"(?:@(!?U?P[T0-9]+)\s+)?"  # an optional predicate: @P0, @!UP1, @PT
+                    r"([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)"  # LDG.E.128.CONSTANT, HGMMA.64x64x16.F32
                     r"\s*([^;]*)")  # its operands: R4, R2, -R7
 
 TENSOR_CORE = ("HMMA", "HGMMA", "QGMMA", "IMMA", "IGMMA", "BMMA", "DMMA", "OMMA", "UTCHMMA",
@@ -34,6 +35,7 @@ class Instr:
     file: str
     line: int
     operands: tuple = ()  # ("R4", "R2", "-R7"): the destination first, where there is one
+    predicate: str = ""  # "P0", "!UP1" ('' when it always executes)
 
     @property
     def base(self) -> str:
@@ -82,19 +84,30 @@ class Mix:
 
 def parse(listing: str) -> list[Instr]:
     """Every instruction with the innermost source location it is attributed to."""
-    out = []
+    return parse_with_labels(listing)[0]
+
+
+def parse_with_labels(listing: str) -> tuple[list[Instr], dict[str, int]]:
+    """parse's instructions, and each label (`.L_x_1`) with the position of the
+    instruction it marks (what a branch jumps to)."""
+    out: list[Instr] = []
+    labels: dict[str, int] = {}
     file, line = "", 0
     for text in listing.splitlines():
         m = _LOC.match(text)
         if m:
             file, line = m.group(1), int(m.group(2))
             continue
+        m = _LABEL.match(text)
+        if m:
+            labels[m.group(1)] = len(out)
+            continue
         m = _INSTR.match(text)
         if m:
-            ops = tuple(o.strip().replace(".reuse", "") for o in m.group(2).split(",")
+            ops = tuple(o.strip().replace(".reuse", "") for o in m.group(3).split(",")
                         if o.strip())
-            out.append(Instr(m.group(1), file, line, ops))
-    return out
+            out.append(Instr(m.group(2), file, line, ops, m.group(1) or ""))
+    return out, labels
 
 
 def is_global_load(i: Instr) -> bool:
