@@ -550,8 +550,9 @@ def rand_tensor(shape: Sequence[int], case: Case, device: torch.device | str, *,
 
 
 def inject_nonfinite(t: torch.Tensor, case: Case, count: int = 3) -> torch.Tensor:
-    """Put NaN, +Inf and -Inf at a few seeded positions of `t` (in place; returns t)."""
-    if t.numel() == 0:
+    """Put NaN, +Inf and -Inf at a few seeded positions of `t` (in place; returns t). A
+    meta tensor (a launch recorded at its shape, nothing run) has no values to set."""
+    if t.numel() == 0 or t.device.type == "meta":
         return t
     g = generator(case, salt=7919)
     flat_index = torch.randint(0, t.numel(), (count,), generator=g)

@@ -32,7 +32,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "applies": ("candidates/*.py", "bench/gemm_baselines.py"),
     # SASS and AMDGCN read into one report: the same parser interface per instruction set
     # (amdgcn.LineAccess subclasses sass.LineAccess); occupancy.py is NVIDIA's occupancy
-    **{n: ISA for n in ("Instr", "LineAccess", "accesses_by_line", "mix", "parse")},
+    **{n: ISA for n in ("Instr", "LineAccess", "accesses_by_line", "mix", "parse",
+                        "parse_with_labels")},
     "occupancy": ("inspect/amdgcn.py", "inspect/occupancy.py"),
     # reference.py's float64 references carry the name of the op they check
     **{op: (f"ops/{op}.py", "reference.py") for op in (

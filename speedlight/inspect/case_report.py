@@ -117,9 +117,13 @@ class KernelReport:
 
     @property
     def resident(self) -> float:
-        """Programs resident on an SM at once: what the resources allow, or fewer when the
-        grid does not fill the GPU."""
-        return self.waves.resident_per_sm if self.waves else 0.0
+        """Programs resident at once on an SM that has work: what the resources allow, or
+        fewer when the grid does not fill the GPU (a grid smaller than the SM count leaves
+        SMs idle, which the idle-sms finding tells, and one program on each of the rest)."""
+        w = self.waves
+        if not w or not w.programs:
+            return 0.0
+        return min(w.per_sm, max(1.0, w.programs / w.sms))
 
     def in_flight_per_sm(self) -> int:
         """Bytes of global loads each SM keeps in flight in the steady-state loop: a thread's
@@ -135,7 +139,8 @@ class KernelReport:
             return None
         return {"loop": lp.index, "per_thread": lp.in_flight, "threads": self.num_warps *
                 self.warp_size, "resident_per_sm": round(self.resident, 3),
-                "per_sm": self.in_flight_per_sm(), "prefetch": lp.prefetch}
+                "per_sm": self.in_flight_per_sm(), "prefetch": lp.prefetch,
+                "overlap": round(lp.overlap, 3)}
 
     @property
     def cuda(self) -> bool:

@@ -55,6 +55,13 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "occupancy, bytes) on a shape the design covers (contiguous rows "
                         "aligned to 16 bytes); shortfalls elsewhere are printed as information. "
                         "See spec.KernelDesign")
+    p.add_argument("--compare", nargs="+", default=None, metavar="ROWS",
+                   help="before/after: an earlier run's inspect.jsonl (or its folder) against "
+                        "this run's rows, or two files against each other with no op named; "
+                        "per kernel the resources and the steady-state loop's figures")
+    p.add_argument("--json", action="store_true",
+                   help="print the rows (every figure: loops, pipes, source lines, bytes in "
+                        "flight, predictions) as JSON lines on stdout instead of the tables")
     arguments.add_spec(p)
     p.add_argument("--jobs", type=int, default=None, help="compile worker processes")
     arguments.add_out(p, "speedlight-results", "folder for inspect.jsonl")
@@ -200,6 +207,28 @@ def _wants_cuda(spec, impl: str) -> bool:
     return impl in ("cuda", "all") or impl == "auto" and spec.cuda.of_impl
 
 
+def _compare_files(before: str, after, console, as_json: bool) -> int:
+    """--compare: print the changes between two sets of inspect rows (after: a path or the
+    rows themselves)."""
+    import json
+
+    from speedlight.inspect import compare
+
+    try:
+        old = compare.read_rows(before)
+        new = compare.read_rows(after) if isinstance(after, (str, Path)) else after
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"speedlight inspect: --compare: {e}")
+    changes = compare.changes(old, new)
+    if as_json:
+        for ch in changes:
+            print(json.dumps(ch.to_json()))
+    else:
+        compare.print_changes(changes, console, title=f"before ({before}) and after"
+                              + (f" ({after})" if isinstance(after, (str, Path)) else ""))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -210,6 +239,18 @@ def run(args: argparse.Namespace) -> int:
     from speedlight.spec import parse_dtype
 
     console = results.make_console()
+    if args.json:  # stdout holds the rows alone; what inspect says goes to stderr
+        from rich.console import Console
+
+        console = Console(stderr=True, width=160)
+    if args.compare and len(args.compare) > 2:
+        raise SystemExit("speedlight inspect: --compare takes one file of earlier rows (this "
+                         "run's are the after), or two (before, after)")
+    if args.compare and len(args.compare) == 2:
+        if args.all or args.op or args.spec:
+            raise SystemExit("speedlight inspect: --compare BEFORE AFTER compares two files; "
+                             "name an op with one file (this run is the after)")
+        return _compare_files(args.compare[0], args.compare[1], console, args.json)
     if not args.all and not args.op and not args.spec:
         raise SystemExit("speedlight inspect: name an op (speedlight inspect rms_norm) or --all")
     if args.jobs is not None and args.jobs < 1:
@@ -297,16 +338,25 @@ def run(args: argparse.Namespace) -> int:
                                  smaller_case_bytes=False)
     reports += inspect_cuda_cases(cuda_work, target, backward=not args.no_backward)
 
-    display.print_reports(reports, console, title=f"speedlight inspect for {target.arch_name} "
-                          f"(launches sized for {sku.name}, {sku.sm_count} {target.sm_word}s)")
     env = results.environment(device)
     run_id = uuid.uuid4().hex[:12]
     out_path = Path(args.out) / "inspect.jsonl"
     base = {"tool": "inspect", "run": run_id, **env}
     by_name = {s.name: s for s in specs}
-    results.append_jsonl(out_path, [row for r in reports
-                                    for row in rows(r, base, _label(by_name[r.op], r.impl))])
+    written = [row for r in reports for row in rows(r, base, _label(by_name[r.op], r.impl))]
+    if args.json:
+        import json
+
+        for row in written:
+            print(json.dumps(row, default=str))
+    else:
+        display.print_reports(reports, console, title=f"speedlight inspect for "
+                              f"{target.arch_name} (launches sized for {sku.name}, "
+                              f"{sku.sm_count} {target.sm_word}s)")
+    results.append_jsonl(out_path, written)
     console.print(f"[dim]rows written to {out_path}[/]")
+    if args.compare:
+        _compare_files(args.compare[0], written, console, args.json)
     if args.dump:
         n = sum(_dump(r, Path(args.dump)) for r in reports)
         console.print(f"[dim]{n} kernels' TTIR, TTGIR, LLIR, PTX, cubin and SASS (CUDA C++: "
@@ -316,8 +366,11 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         from rich.markup import escape
 
-        held, info = [], []
+        held, info, errors = [], [], []
         for r in reports:
+            if r.error:  # inspect could not read the case: an error, not the kernels' shortfall
+                errors.append(r)
+                continue
             h, i = guard.triage(by_name[r.op], r, r.sm_count)
             held += [(r, s) for s in h]
             info += [(r, s) for s in i]
@@ -327,8 +380,15 @@ def run(args: argparse.Namespace) -> int:
         for r, s in held:
             console.print(f"[red]short of design[/] ({r.case.label}) {escape(str(s))}",
                           highlight=False)
-        console.print(f"--check: {len(held)} shortfall(s) where a design applies (aligned rows); "
-                      f"{len(info)} on shapes it does not cover, for information")
-        if held:
+        for r in errors:
+            console.print(f"[bold red]error inspecting[/] {r.op} ({r.case.label}): "
+                          f"{escape(r.error)}", highlight=False)
+        skipped = sum(bool(r.skipped) for r in reports)
+        console.print(f"--check: {len(reports) - len(errors) - skipped} case(s) inspected, "
+                      f"{skipped} skipped (with their reasons), {len(errors)} could not be "
+                      f"inspected (errors); {len(held)} shortfall(s) where a design applies "
+                      f"(aligned rows); {len(info)} on shapes it does not cover, for "
+                      f"information")
+        if held or errors:
             return 1
     return 1 if failed else 0

@@ -346,29 +346,11 @@ class _MetaRun(torch.utils._python_dispatch.TorchDispatchMode):
             return func(*host[0], **host[1])
 
 
-class _MetaValues(torch.overrides.TorchFunctionMode):
-    """`Tensor.tolist()` of a meta tensor, which never reaches the dispatcher (a Python
-    method that copies out): nested zeros of its shape and kind, as every other host read
-    of a meta value reads 0. inject_nonfinite reads its drawn positions this way, so a
-    case with non-finite inputs records its launches on meta like any other."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if (func is torch.Tensor.tolist and args and isinstance(args[0], torch.Tensor)
-                and args[0].device == META):
-            t = args[0]
-            zero = False if t.dtype == torch.bool else 0 if not t.is_floating_point() else 0.0
-
-            def zeros(shape):
-                return [zeros(shape[1:]) for _ in range(shape[0])] if shape else zero
-            return zeros(tuple(t.shape))
-        return func(*args, **(kwargs or {}))
-
-
 @contextlib.contextmanager
 def _on_meta():
     from speedlight.runtime import recording_only
 
-    with _MetaRun(), _MetaValues(), recording_only():
+    with _MetaRun(), recording_only():
         yield
 
 

@@ -140,12 +140,12 @@ def mma_dtype(opcode: str) -> str:
                         ("F64", "fp64")):
         if name in parts[1:] or name.lower() in opcode.split("_"):
             return dtype
-    base = parts[0]
+    base = parts[0]  # no operand type named: SASS's default, fp16 (HGMMA.64x64x16.F32)
     if base in ("QGMMA", "UTCQMMA"):
         return "fp8"
     if base in ("IMMA", "IGMMA", "UTCIMMA"):
         return "int8"
-    return "bf16"
+    return "fp16"
 
 
 def sass_mma_flops(i: sass.Instr, dots: dict, num_warps: int) -> int:
@@ -247,7 +247,12 @@ class Loop:
     store_bytes: int = 0
     tma_loads: int = 0  # UTMALDG: bytes set by a descriptor, not counted above
     in_flight: int = 0  # bytes of loads issued and not yet used, per thread, at most
-    prefetch: bool = False  # a load's first use is in a later iteration
+    # the longest stretch of the body a load spends in flight before its first use, as a
+    # share of the body (1.0: used only in the next iteration); compute in that stretch
+    # overlaps the load's latency
+    overlap: float = 0.0
+    prefetch: bool = False  # a load is in flight across at least half the body (or a later
+    # iteration's cp.async group): issued ahead of its use, not where it is used
     lines: list = field(default_factory=list)  # Line, most instructions first
     steady: bool = False
     barriers: int = 0  # CTA barriers (BAR.SYNC / s_barrier) per iteration
@@ -279,6 +284,7 @@ class Loop:
                 "load_bytes_per_thread": self.load_bytes,
                 "store_bytes_per_thread": self.store_bytes, "tma_loads": self.tma_loads,
                 "in_flight_bytes_per_thread": self.in_flight, "prefetch": self.prefetch,
+                "overlap": round(self.overlap, 3),
                 "barriers": self.barriers,
                 "lines": [x.to_json(self.instructions) for x in self.lines[:8]]}
 
@@ -361,13 +367,15 @@ def _read_regs(i: sass.Instr) -> set[int]:
     return out
 
 
-def _in_flight(body: list) -> tuple[int, bool]:
-    """(the most bytes of global loads one thread has in flight at once, whether a load is
-    first used in a later iteration): the body walked twice so what an iteration issues
-    for the next is seen in flight across the back edge. A register load stays in flight
-    until an instruction reads its destination (a load no instruction of the loop reads,
-    a value for after the loop, is left out); cp.async (LDGSTS) copies until the
-    DEPBAR.LE SB0, N that leaves at most N commit groups pending."""
+def _in_flight(body: list) -> tuple[int, float]:
+    """(the most bytes of global loads one thread has in flight at once, the longest share
+    of the body a load stays in flight before its first use): the body walked twice so
+    what an iteration issues for the next is seen in flight across the back edge. A
+    register load stays in flight until an instruction reads its destination (a copy of
+    it too: the copy waits for the data); a load no instruction of the loop reads, a value
+    for after the loop, is left out. cp.async (LDGSTS) copies until the DEPBAR.LE SB0, N
+    that leaves at most N commit groups pending; a group left pending over the back edge
+    was issued for a later iteration (overlap 1.0)."""
     n = len(body)
     reads = [_read_regs(i) for i in body]
     loads = {p: _dest_regs(i) for p, i in enumerate(body) if i.base in ("LDG", "LD")}
@@ -375,13 +383,14 @@ def _in_flight(body: list) -> tuple[int, bool]:
     pending: dict[int, tuple[int, set]] = {}  # step issued -> (bytes, registers)
     groups: list[int] = []  # committed cp.async groups' bytes, oldest first
     open_group = 0
-    peak, carried = 0, False
+    peak, overlap = 0, 0.0
     for step in range(2 * n):
         pos = step % n
         i = body[pos]
         if pending:
             for issued in [s for s, (_, regs) in pending.items() if regs & reads[pos]]:
-                carried = carried or issued % n >= pos  # used only in a later iteration
+                if step >= n:
+                    overlap = max(overlap, min(1.0, (step - issued) / n))
                 del pending[issued]
         if i.base == "DEPBAR":
             m = re.search(r"SB0,\s*(0x[0-9a-f]+|\d+)", ",".join(i.operands))
@@ -396,11 +405,10 @@ def _in_flight(body: list) -> tuple[int, bool]:
             open_group = 0
         if step >= n:
             peak = max(peak, sum(b for b, _ in pending.values()) + sum(groups) + open_group)
-    # cp.async groups still pending at the back edge were issued for a later iteration
-    return peak, carried or bool(groups)
+    return peak, 1.0 if groups else overlap
 
 
-def measure(loops: list[Loop], instrs: list, *, num_warps: int, dots: dict | None = None,
+def measure_loops(loops: list[Loop], instrs: list, *, num_warps: int, dots: dict | None = None,
             amd: bool = False) -> list[Loop]:
     """Fill each loop's per-iteration figures (its own body, inner loops excluded) and
     choose the steady-state loop."""
@@ -443,19 +451,17 @@ def measure(loops: list[Loop], instrs: list, *, num_warps: int, dots: dict | Non
         lp.lines = sorted(by_line.values(), key=lambda x: (-x.count, x.file, x.line))
         for x in lp.lines[:8]:
             x.source = source_line(x.file, x.line).strip() if x.file else ""
-        if not amd:
-            lp.in_flight, lp.prefetch = _in_flight(body)
-        else:
-            lp.in_flight, lp.prefetch = _amd_in_flight(body)
+        lp.in_flight, lp.overlap = (_amd_in_flight if amd else _in_flight)(body)
+        lp.prefetch = lp.overlap >= 0.5
     _choose_steady(loops)
     return loops
 
 
-def _amd_in_flight(body: list) -> tuple[int, bool]:
+def _amd_in_flight(body: list) -> tuple[int, float]:
     """AMDGCN's loads stay in flight until the s_waitcnt vmcnt(N) that leaves at most N
     outstanding: the same two-walk count as _in_flight, by counter instead of register."""
     pending: list[tuple[int, int]] = []  # (step issued, bytes), oldest first
-    peak, carried, n = 0, False, len(body)
+    peak, overlap, n = 0, 0.0, len(body)
     for step in range(2 * n):
         i = body[step % n]
         if i.opcode.startswith("s_waitcnt"):
@@ -464,13 +470,13 @@ def _amd_in_flight(body: list) -> tuple[int, bool]:
                 keep = int(m.group(1))
                 while len(pending) > keep:
                     issued, _ = pending.pop(0)
-                    if step >= n and issued < n and issued % n > step % n:
-                        carried = True
+                    if step >= n:
+                        overlap = max(overlap, min(1.0, (step - issued) / n))
         elif i.space in ("global", "buffer", "flat") and i.kind == "load":
             pending.append((step, i.width // 8))
         if step >= n:
             peak = max(peak, sum(b for _, b in pending))
-    return peak, carried
+    return peak, overlap
 
 
 def _choose_steady(loops: list[Loop]) -> None:
@@ -497,7 +503,7 @@ def kernel_loops(listing: str, *, num_warps: int, ttgir: str = "", amd: bool = F
     else:
         instrs, labels = sass.parse_with_labels(listing)
     loops = find_loops(instrs, labels, amd=amd)
-    return measure(loops, instrs, num_warps=num_warps, dots=ttgir_dots(ttgir) if ttgir else {},
+    return measure_loops(loops, instrs, num_warps=num_warps, dots=ttgir_dots(ttgir) if ttgir else {},
                    amd=amd)
 
 

@@ -83,10 +83,14 @@ def test_an_op_that_raises_is_reported_and_fails_the_run(tmp_path, capsys):
                     "def broken(**kwargs):\n"
                     "    raise RuntimeError('the launcher gave up')\n"
                     "SPEC = dataclasses.replace(COPY, name='broken_copy', impl=broken)\n")
-    code = cli.main(["inspect", "broken_copy", "--spec", str(spec), "--only-spec",
+    code = cli.main(["inspect", "broken_copy", "--spec", str(spec), "--only-spec", "--check",
                      "--out", str(tmp_path)])
     assert code == 1
-    assert "the launcher gave up" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "the launcher gave up" in out
+    # --check: an error in inspecting the case, not a shortfall of its kernels' design
+    assert "error inspecting broken_copy" in out and "short of design" not in out
+    assert "1 could not be inspected (errors); 0 shortfall(s)" in out
     (row,) = results.read_jsonl(tmp_path / "inspect.jsonl")
     assert row["status"] == "error" and "RuntimeError" in row["reason"]
 
@@ -170,3 +174,34 @@ def test_a_case_not_run_measures_its_bytes_on_itself_halved():
     case = representative(softmax, torch.bfloat16)
     capture = run._dry(softmax, case, TARGET, TARGET.sku, True)
     assert run.bytes_on_a_smaller_case(softmax, case, capture, TARGET, TARGET.sku, True) == []
+
+
+class _NotCompiled:
+    """A compiler that compiles nothing (the capture is what is tested)."""
+
+    def compile(self, launches, target):
+        from speedlight.inspect.compile import Compiled
+
+        return {l.key(target.arch_name): Compiled(l.kernel, target, error="not compiled here")
+                for l in launches}
+
+
+def test_every_quick_case_of_every_op_is_captured_or_skipped_with_its_reason():
+    """`inspect --all --check` on an unchanged tree: every case of the quick suite (non-finite
+    inputs included, which a capture on meta tensors once failed) records its launches for
+    sm_90a, or is skipped with its reason; none is an error."""
+    from speedlight import registry
+
+    items = [(s, c.with_(dtype=torch.bfloat16)) for s in registry.builtin_specs()
+             for c in s.cases("quick")]
+    reports = inspect_cases(items, TARGET, compiler=_NotCompiled(), mode="dry")
+    assert len(reports) == len(items) > 200
+    assert not [(r.op, r.case.label, r.error) for r in reports if r.error]
+    # no launch: an empty input, said so (its row's status is no-launch, with the reason)
+    silent = [(r.op, r.case.label, r.note) for r in reports
+              if not (r.kernels or r.skipped or r.note.startswith("no Triton launch"))]
+    assert not silent
+    assert all(r.case.params and min(v for _, v in r.case.params) == 0
+               for r in reports if not (r.kernels or r.skipped))
+    nonfinite = [r for r in reports if r.case.flag("nonfinite")]
+    assert len(nonfinite) >= 15 and all(r.kernels for r in nonfinite)
