@@ -97,3 +97,280 @@ class Share:
     @property
     def fraction(self) -> float:
         return min(1.0, self.per_sm / self.needed) if self.needed else 1.0
+
+
+# --- the model --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Op:
+    """One instruction of a loop body as the model sees it: the pipe it issues to, the
+    registers it writes and reads, and what it waits for or starts:
+      ""           an ordinary instruction (its result after LATENCY[pipe] cycles)
+      "load"       a global load (its result after the memory latency)
+      "mma"        an asynchronous MMA of `flops` on the SM's tensor cores (wgmma, tcgen05)
+      "mma_wait"   wait for this warp's MMAs (WARPGROUP.DEPBAR)
+      "copy"       an asynchronous global-to-shared copy (cp.async, TMA) of `bytes`
+      "commit"     close this warp's copy group (LDGDEPBAR)
+      "copy_wait"  wait until at most `keep` of this warp's copy groups are pending
+      "sync_wait"  wait for the program's copies and MMAs (an mbarrier wait)
+      "barrier"    wait for every warp of the program (BAR.SYNC)"""
+
+    pipe: str
+    writes: tuple = ()
+    reads: tuple = ()
+    kind: str = ""
+    flops: int = 0
+    keep: int = 0
+
+
+def pipe_rates(sku: DeviceSpec) -> dict:
+    if sku.vendor == "amd":  # a wave's vector op holds one of the 4 SIMDs for 4 cycles
+        return {p: (1.0 if p in ("uniform", "control", "barrier") else
+                    SCHEDULERS / AMD_VECTOR_CYCLES) for p in PIPE_RATE}
+    return PIPE_RATE_SM80 if sku.compute_capability[0] == 8 else PIPE_RATE
+
+
+def tensor_rate(sku: DeviceSpec, dtype: str) -> float:
+    """Dense tensor FLOPs per SM per cycle in `dtype` (the 16-bit rate scaled by the
+    datasheet's peaks)."""
+    base = sku.peak_flops.get("bf16") or sku.peak_flops.get("fp16")
+    peak = sku.peak_flops.get(dtype) or sku.peak_flops.get("fp16") or base
+    return tensor_flops_per_cycle(sku) * peak / base
+
+
+def simulate(body: list[Op], *, programs: int, warps_per_program: int, sku: DeviceSpec,
+             dtype: str = "bf16", iterations: int = 3, memory_cycles: float | None = None
+             ) -> float:
+    """Cycles one SM takes per iteration of a loop when `programs` programs of
+    `warps_per_program` warps each run it together: warps issue in order, one instruction
+    per cycle per scheduler (warp w on scheduler w % 4), each pipe at its rate, an
+    instruction waiting for the registers it reads, MMAs queued on the SM's tensor cores,
+    loads and copies arriving after the memory latency, barriers waiting for the program's
+    warps. Memory bandwidth is not modelled here (see predict_launch)."""
+    if not body:
+        return 0.0
+    rates = pipe_rates(sku)
+    busy_for = {p: SCHEDULERS / r for p, r in rates.items()}  # cycles a scheduler's pipe is held
+    lat = dict(LATENCY)
+    mem = memory_cycles if memory_cycles is not None else \
+        memory_latency_s(sku) * clock_hz(sku)
+    mma_rate = tensor_rate(sku, dtype)
+    warps = programs * warps_per_program
+    n = len(body)
+    total = n * iterations
+    pc = [0] * warps
+    ready: list[dict] = [{} for _ in range(warps)]
+    mma_done = [0.0] * warps
+    groups: list[list] = [[] for _ in range(warps)]  # completion cycle of each copy group
+    open_group = [0] * warps
+    copy_done = [0.0] * programs
+    prog_mma_done = [0.0] * programs
+    at_barrier: dict[tuple, list] = {}  # (program, occurrence) -> warps arrived
+    released = [0.0] * warps  # when a warp waiting at a barrier may go on
+    waiting = [False] * warps
+    bar_count = [0] * warps
+    pipe_free = [dict.fromkeys(rates, 0.0) for _ in range(SCHEDULERS)]
+    tensor_free = 0.0
+    finished: list[list] = [[] for _ in range(warps)]  # cycle each iteration ended
+    by_sched = [[w for w in range(warps) if w % SCHEDULERS == s] for s in range(SCHEDULERS)]
+    start = [0] * SCHEDULERS
+    t = 0.0
+    done = 0
+    while done < warps:
+        issued_any = False
+        soonest = float("inf")
+        for s in range(SCHEDULERS):
+            ws = by_sched[s]
+            if not ws:
+                continue
+            k = len(ws)
+            for j in range(k):
+                w = ws[(start[s] + j) % k]
+                if pc[w] >= total:
+                    continue
+                if waiting[w]:
+                    soonest = min(soonest, released[w]) if released[w] else soonest
+                    if not released[w] or released[w] > t:
+                        continue
+                    waiting[w] = False
+                op = body[pc[w] % n]
+                p = w // warps_per_program
+                at = max([ready[w].get(r, 0.0) for r in op.reads] + [pipe_free[s][op.pipe]])
+                if op.kind == "mma_wait":
+                    at = max(at, mma_done[w])
+                elif op.kind == "copy_wait":
+                    pending = sorted(groups[w])
+                    if len(pending) > op.keep:
+                        at = max(at, pending[len(pending) - op.keep - 1])
+                elif op.kind == "sync_wait":
+                    at = max(at, copy_done[p], prog_mma_done[p])
+                if at > t:
+                    soonest = min(soonest, at)
+                    continue
+                # issue
+                pipe_free[s][op.pipe] = t + busy_for.get(op.pipe, 1.0)
+                if op.kind == "load":
+                    done_at = t + mem
+                elif op.kind == "mma":
+                    begin = max(t, tensor_free)
+                    tensor_free = begin + op.flops / mma_rate
+                    done_at = tensor_free
+                    mma_done[w] = max(mma_done[w], done_at)
+                    prog_mma_done[p] = max(prog_mma_done[p], done_at)
+                elif op.kind == "copy":
+                    open_group[w] += 1
+                    copy_done[p] = max(copy_done[p], t + mem)
+                    done_at = t + lat.get(op.pipe, 4)
+                elif op.kind == "commit":
+                    groups[w] = [g for g in groups[w] if g > t] + [t + mem]
+                    open_group[w] = 0
+                    done_at = t + 1
+                else:
+                    done_at = t + lat.get(op.pipe, 4)
+                for r in op.writes:
+                    ready[w][r] = done_at
+                if op.kind == "copy_wait":
+                    groups[w] = [g for g in groups[w] if g > t]
+                pc[w] += 1
+                if pc[w] % n == 0:
+                    finished[w].append(t)
+                    if pc[w] >= total:
+                        done += 1
+                if op.kind == "barrier":
+                    key = (p, bar_count[w])
+                    bar_count[w] += 1
+                    arrived = at_barrier.setdefault(key, [])
+                    arrived.append(w)
+                    waiting[w] = True
+                    released[w] = 0.0
+                    if len(arrived) == warps_per_program:
+                        for x in arrived:
+                            released[x] = t + lat["barrier"]
+                        soonest = min(soonest, t + lat["barrier"])
+                        del at_barrier[key]
+                start[s] = (start[s] + j + 1) % k
+                issued_any = True
+                break
+        if done >= warps:
+            break
+        if issued_any:
+            t += 1.0
+        elif soonest == float("inf"):
+            break  # nothing can go on (a barrier some warp never reaches): stop
+        else:
+            t = max(t + 1.0, float(int(soonest)) if soonest == int(soonest) else soonest)
+    spans = [(f[-1] - f[0]) / (len(f) - 1) for f in finished if len(f) >= 2]
+    if spans:
+        return sum(spans) / len(spans)
+    return max((f[-1] for f in finished if f), default=t) / max(iterations, 1)
+
+
+# Fixed costs of a launch no loop explains (the launch itself, the grid's start and drain),
+# in seconds: model constants set from measured rows (scripts/predict_rows.py keeps the rows
+# that set them apart). "graph": a launch replayed from a CUDA graph; "stream": one launched
+# from the host, timed with events.
+LAUNCH_S = {"graph": 2.0e-6, "stream": 4.0e-6}
+# An SM draws at most this many bytes of DRAM traffic per cycle when few SMs are busy.
+SM_BYTES_PER_CYCLE = 64.0
+BOUNDS = ("tensor", "issue", "memory", "latency", "launch")
+
+
+@dataclass
+class Prediction:
+    """A kernel launch's predicted time on a GPU and what bounds it (every figure
+    predicted from compiled code, never measured)."""
+
+    seconds: float
+    bound: str  # tensor | issue | memory | latency | launch
+    parts: dict  # cycles and inputs behind it
+    note: str = ""
+
+    @property
+    def us(self) -> float:
+        return self.seconds * 1e6
+
+    def to_json(self) -> dict:
+        return {"us": round(self.us, 3), "bound": self.bound, "predicted": True,
+                "parts": self.parts, **({"note": self.note} if self.note else {})}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Code a program runs `trips_mean` times (a loop's body, or the code outside every
+    loop: once): its instructions as Ops, and the figures the bound is named from."""
+
+    ops: list
+    trips_mean: float
+    trips_most: float
+    instructions: int = 0
+    mma_flops: int = 0
+    mma_dtype: str = "bf16"
+    bytes_per_thread: int = 0  # global bytes a thread loads and stores per pass (LDG, STG, cp.async)
+    where: str = ""  # file:line of a loop ('' outside loops)
+
+
+@dataclass(frozen=True)
+class LaunchFigures:
+    """What the model needs of one launch (built by inspect from the compiled kernel)."""
+
+    programs: int
+    num_warps: int
+    warp_size: int
+    resident: int  # programs per SM the resources allow
+    segments: list  # Segment: each loop, and the code outside them
+
+
+def predict_launch(f: LaunchFigures, sku: DeviceSpec, *, bandwidth: float | None = None,
+                   launch: str = "stream", memory_latency_ns: float | None = None
+                   ) -> Prediction:
+    """The time of one launch: per SM, `resident` programs run each segment together
+    (simulate: issue, pipes, tensor cores, latencies, barriers) or as fast as the SM's
+    share of DRAM bandwidth carries their bytes, whichever is slower; a program runs each
+    loop trips_mean times and the code outside loops once; the grid runs in waves of SMs x
+    resident programs, and no launch ends before its longest program (trips_most); the
+    launch's fixed cost is added. The bound is the one of the segment that takes longest."""
+    clock = clock_hz(sku)
+    sms = sku.sm_count
+    bandwidth = bandwidth or sku.dram_bandwidth
+    mem_cycles = (memory_latency_ns * 1e-9 if memory_latency_ns else memory_latency_s(sku)) * clock
+    programs = max(f.programs, 1)
+    per_sm = max(1, min(f.resident or 1, -(-programs // sms)))
+    busy_sms = min(sms, -(-programs // per_sm))
+    sm_bytes_per_cycle = min(bandwidth / busy_sms / clock, SM_BYTES_PER_CYCLE)
+    threads = f.num_warps * f.warp_size
+    kw = dict(warps_per_program=f.num_warps, sku=sku, memory_cycles=mem_cycles)
+    program_cycles, longest, worst, seg_parts = 0.0, 0.0, None, []
+    for seg in f.segments:
+        if seg.trips_mean <= 0 and seg.trips_most <= 0:
+            continue
+        looped = seg.trips_most > 1
+        sim = simulate(seg.ops, programs=per_sm, dtype=seg.mma_dtype,
+                       iterations=3 if looped else 1, **kw) if seg.ops else 0.0
+        mem = per_sm * threads * seg.bytes_per_thread / sm_bytes_per_cycle
+        one = max(sim, mem)
+        program_cycles += seg.trips_mean * one
+        longest += seg.trips_most * one
+        issue = per_sm * f.num_warps * seg.instructions / SCHEDULERS
+        tensor = per_sm * seg.mma_flops / tensor_rate(sku, seg.mma_dtype) if seg.mma_flops else 0.0
+        if mem >= sim:
+            bound = "memory"
+        elif sim <= 1.15 * max(issue, tensor):
+            bound = "tensor" if tensor >= issue else "issue"
+        else:
+            bound = "latency"
+        entry = {"where": seg.where or "outside loops", "trips_mean": round(seg.trips_mean, 3),
+                 "trips_most": seg.trips_most, "cycles": round(one, 1),
+                 "simulated": round(sim, 1), "bandwidth": round(mem, 1),
+                 "issue": round(issue, 1), "tensor": round(tensor, 1), "bound": bound}
+        seg_parts.append(entry)
+        if worst is None or seg.trips_mean * one > worst[0]:
+            worst = (seg.trips_mean * one, bound)
+    waves = -(-programs // (busy_sms * per_sm))
+    cycles = max(waves * program_cycles, longest)
+    fixed = LAUNCH_S[launch]
+    seconds = cycles / clock + fixed
+    bound = "launch" if fixed >= 0.5 * seconds or worst is None else worst[1]
+    parts = {"clock_mhz": round(clock / 1e6), "programs_per_sm": per_sm, "busy_sms": busy_sms,
+             "waves": waves, "cycles": round(cycles), "launch_us": round(fixed * 1e6, 3),
+             "memory_latency_cycles": round(mem_cycles), "segments": seg_parts}
+    return Prediction(seconds, bound, parts)

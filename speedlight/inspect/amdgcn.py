@@ -88,6 +88,8 @@ def parse_with_labels(listing: str) -> tuple[list[Instr], dict[str, int]]:
     labels: dict[str, int] = {}
     file, line = "", 0
     for text in listing.splitlines():
+        if _END.match(text):
+            break
         m = _LABEL.match(text)
         if m:
             labels[m.group(1)] = len(out)

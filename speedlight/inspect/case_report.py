@@ -104,6 +104,8 @@ class KernelReport:
     setmaxnreg: tuple = ()
     smem_limit: int = 0  # the target's shared memory per block (opt-in maximum)
     loops: list = field(default_factory=list)  # loops.Loop, in code order
+    predicted: object = None  # predict.Prediction on the target's SKU (None: see unpredicted)
+    unpredicted: str = ""  # why there is no prediction
     findings: list = field(default_factory=list)
 
     @property
@@ -193,7 +195,9 @@ class KernelReport:
                        sass=self.mix.to_json(), accesses=[a.to_json() for a in self.accesses],
                        has_dot=self.has_dot, stages=self.stages, smem_limit=self.smem_limit,
                        spill_bytes=self.spill_stores, loops=[lp.to_json() for lp in self.loops],
-                       in_flight=self.in_flight_json())
+                       in_flight=self.in_flight_json(),
+                       predicted=self.predicted.to_json() if self.predicted else None,
+                       unpredicted=self.unpredicted or None)
             if self.partitions:
                 out.update(partitions=[list(p) for p in self.partitions],
                            setmaxnreg=list(self.setmaxnreg))
@@ -325,6 +329,13 @@ def analyse_kernel(launch: Launch, compiled: Compiled, target: Target, device: D
     report.loops = loops.kernel_loops(compiled.text("amdgcn" if reader is amdgcn else "sass"),
                                       num_warps=report.num_warps, ttgir=compiled.text("ttgir"),
                                       amd=reader is amdgcn)
+    from speedlight.inspect import prediction
+
+    try:
+        report.predicted, report.unpredicted = prediction.predict_kernel(
+            report, instrs, compiled.text("ttir"), device, amd=reader is amdgcn)
+    except (ValueError, KeyError, ZeroDivisionError) as e:  # the figures are still reported
+        report.unpredicted = f"the model failed: {type(e).__name__}: {e}"
     return report
 
 

@@ -48,8 +48,9 @@ def kernel_table(reports: Sequence[CaseReport], *, title: str, with_case: bool) 
     matrix = any(k.mix and (k.mix.tensor_core or k.mix.tma) for r in reports for k in r.kernels)
     cols = (["case"] if with_case else []) + [
         "dir", "kernel", "grid", "warps", "regs", "spill", "smem", "occupancy", "waves",
-        "LDG bits", "STG bits"] + (["MMA / TMA"] if matrix else []) + ["moved"]
-    right = {"warps", "regs", "spill", "smem", "waves", "moved"}
+        "LDG bits", "STG bits"] + (["MMA / TMA"] if matrix else []) + ["moved",
+                                                                       "predicted"]
+    right = {"warps", "regs", "spill", "smem", "waves", "moved", "predicted"}
     for c in cols:
         t.add_column(c, justify="right" if c in right else "left",
                      overflow="fold" if c in ("case", "kernel") else "ellipsis")
@@ -68,8 +69,38 @@ def kernel_table(reports: Sequence[CaseReport], *, title: str, with_case: bool) 
             t.add_row(*head, k.direction, name, k.grid_text, str(k.num_warps), str(k.registers),
                       spill, _bytes(k.smem), f"{occ.fraction:.0%} ({occ.limiter})",
                       f"{k.waves.waves:.2f}", _widths(k.mix.global_loads, "LDG"),
-                      _widths(k.mix.global_stores, "STG"), *([_tc(k)] if matrix else []), moved)
+                      _widths(k.mix.global_stores, "STG"), *([_tc(k)] if matrix else []), moved,
+                      _predicted(k))
     return t
+
+
+def _predicted(k: KernelReport) -> str:
+    p = k.predicted
+    return f"{p.us:,.1f} us {p.bound}" if p else "-"
+
+
+def print_predictions(report: CaseReport, console: Console) -> None:
+    """Each kernel's predicted time on the SKU and what bounds it, or why there is none."""
+    said = False
+    for k in report.kernels:
+        if k.error:
+            continue
+        if not said:
+            console.print(f"[bold]predicted on {report.device.name}[/] [dim](from the compiled "
+                          f"code on a CPU, not measured; see docs/DESIGN-NOTES.md, "
+                          f"\"Predicted\")[/]", highlight=False)
+            said = True
+        p = k.predicted
+        if p is None:
+            console.print(f"  {short_name(k.name)}: no prediction ({k.unpredicted})",
+                          highlight=False, soft_wrap=True)
+            continue
+        segs = "; ".join(f"{x['where']}: {x['trips_mean']:g} x {x['cycles']:,.0f} cycles "
+                         f"({x['bound']})" for x in p.parts["segments"])
+        console.print(f"  {short_name(k.name)}: [bold]{p.us:,.1f} us[/], {p.bound}-bound "
+                      f"({p.parts['programs_per_sm']} program(s) per SM, {p.parts['waves']} "
+                      f"wave(s); {segs}; launch {p.parts['launch_us']:g} us)",
+                      highlight=False, soft_wrap=True)
 
 
 def _loop_name(k: KernelReport, lp) -> str:
@@ -224,6 +255,7 @@ def print_case(report: CaseReport, console: Console) -> None:
     if table is not None:
         console.print(table)
         print_loop_lines(r, console)
+    print_predictions(r, console)
     table = bytes_table([r], with_case=False)
     if table is not None:
         console.print(table)

@@ -254,6 +254,7 @@ class Loop:
     prefetch: bool = False  # a load is in flight across at least half the body (or a later
     # iteration's cp.async group): issued ahead of its use, not where it is used
     lines: list = field(default_factory=list)  # Line, most instructions first
+    body: list = field(default_factory=list, repr=False)  # its own instructions (not in JSON)
     steady: bool = False
     barriers: int = 0  # CTA barriers (BAR.SYNC / s_barrier) per iteration
 
@@ -419,6 +420,7 @@ def measure_loops(loops: list[Loop], instrs: list, *, num_warps: int, dots: dict
         body = [instrs[p] for p in range(lp.first, lp.last + 1)
                 if not any(x.first <= p <= x.last for x in inner)]
         lp.num_warps = num_warps
+        lp.body = body
         lp.instructions = len(body)
         by_line: dict[tuple, Line] = {}
         for i in body:
