@@ -48,6 +48,12 @@ def _plan(model, example_inputs, **options):
     return importlib.import_module("speedlight.planning").plan(model, example_inputs, **options)
 
 
+def _predict(spec, case, target):
+    """inspect's predicted time of an op's case on a target (per direction), handed to bench
+    (`--predict`) and profile as _patch is: no tool imports another."""
+    return importlib.import_module("speedlight.inspect.run").predict_case(spec, case, target)
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto",
                         help="auto (the GPU if there is one, else CPU), cuda, or cpu "
@@ -75,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_common(p)
-        p.set_defaults(patch=_patch, plan=_plan)
+        p.set_defaults(patch=_patch, plan=_plan, predictor=_predict)
         importlib.import_module(module).configure(p)
     return parser
 

@@ -108,11 +108,15 @@ class Op:
       ""           an ordinary instruction (its result after LATENCY[pipe] cycles)
       "load"       a global load (its result after the memory latency)
       "mma"        an asynchronous MMA of `flops` on the SM's tensor cores (wgmma, tcgen05)
-      "mma_wait"   wait for this warp's MMAs (WARPGROUP.DEPBAR)
+      "mma_commit" the same, closing this warp's MMA group (wgmma's gsb0)
+      "mma_wait"   wait until at most `keep` of this warp's MMA groups are pending
+                   (WARPGROUP.DEPBAR.LE gsb0, keep)
       "copy"       an asynchronous global-to-shared copy (cp.async, TMA) of `bytes`
       "commit"     close this warp's copy group (LDGDEPBAR)
       "copy_wait"  wait until at most `keep` of this warp's copy groups are pending
-      "sync_wait"  wait for the program's copies and MMAs (an mbarrier wait)
+      "sync_wait"  wait for the oldest group of this warp's copies (an mbarrier wait on
+                   one pipeline stage: the copies issued since the previous wait form the
+                   group; stages - 1 groups are in flight when the loop starts)
       "barrier"    wait for every warp of the program (BAR.SYNC)"""
 
     pipe: str
@@ -138,9 +142,30 @@ def tensor_rate(sku: DeviceSpec, dtype: str) -> float:
     return tensor_flops_per_cycle(sku) * peak / base
 
 
+_SIMULATED: dict = {}  # (body, arguments) -> cycles: one compiled kernel serves many launches
+_SIMULATED_MOST = 4096
+
+
 def simulate(body: list[Op], *, programs: int, warps_per_program: int, sku: DeviceSpec,
-             dtype: str = "bf16", iterations: int = 3, memory_cycles: float | None = None
-             ) -> float:
+             dtype: str = "bf16", iterations: int = 3, memory_cycles: float | None = None,
+             stages: int = 1, tensor_scale: float = 1.0) -> float:
+    """_simulate, remembered: the same loop body at the same residency on the same GPU is
+    simulated once however many launches share it."""
+    key = (tuple(body), programs, warps_per_program, sku.key, dtype, iterations, memory_cycles,
+           stages, tensor_scale)
+    if key not in _SIMULATED:
+        if len(_SIMULATED) >= _SIMULATED_MOST:
+            _SIMULATED.clear()
+        _SIMULATED[key] = _simulate(body, programs=programs, warps_per_program=warps_per_program,
+                                    sku=sku, dtype=dtype, iterations=iterations,
+                                    memory_cycles=memory_cycles, stages=stages,
+                                    tensor_scale=tensor_scale)
+    return _SIMULATED[key]
+
+
+def _simulate(body: list[Op], *, programs: int, warps_per_program: int, sku: DeviceSpec,
+             dtype: str = "bf16", iterations: int = 3, memory_cycles: float | None = None,
+             stages: int = 1, tensor_scale: float = 1.0) -> float:
     """Cycles one SM takes per iteration of a loop when `programs` programs of
     `warps_per_program` warps each run it together: warps issue in order, one instruction
     per cycle per scheduler (warp w on scheduler w % 4), each pipe at its rate, an
@@ -154,17 +179,18 @@ def simulate(body: list[Op], *, programs: int, warps_per_program: int, sku: Devi
     lat = dict(LATENCY)
     mem = memory_cycles if memory_cycles is not None else \
         memory_latency_s(sku) * clock_hz(sku)
-    mma_rate = tensor_rate(sku, dtype)
+    mma_rate = tensor_rate(sku, dtype) * tensor_scale
     warps = programs * warps_per_program
     n = len(body)
     total = n * iterations
     pc = [0] * warps
     ready: list[dict] = [{} for _ in range(warps)]
-    mma_done = [0.0] * warps
+    mma_groups: list[list] = [[] for _ in range(warps)]  # completion of each MMA group
+    mma_open = [0.0] * warps  # completion of this warp's MMAs not yet in a group
     groups: list[list] = [[] for _ in range(warps)]  # completion cycle of each copy group
-    open_group = [0] * warps
-    copy_done = [0.0] * programs
-    prog_mma_done = [0.0] * programs
+    open_copies = [0.0] * warps  # latest completion of the copies of the open group
+    # mbarrier stages: the copy groups in flight, oldest first (stages - 1 issued before)
+    stage_fifo: list[list] = [[0.0] * max(stages - 1, 0) for _ in range(warps)]
     at_barrier: dict[tuple, list] = {}  # (program, occurrence) -> warps arrived
     released = [0.0] * warps  # when a warp waiting at a barrier may go on
     waiting = [False] * warps
@@ -197,13 +223,17 @@ def simulate(body: list[Op], *, programs: int, warps_per_program: int, sku: Devi
                 p = w // warps_per_program
                 at = max([ready[w].get(r, 0.0) for r in op.reads] + [pipe_free[s][op.pipe]])
                 if op.kind == "mma_wait":
-                    at = max(at, mma_done[w])
+                    pending = sorted(mma_groups[w] + ([mma_open[w]] if mma_open[w] > t else []))
+                    if len(pending) > op.keep:
+                        at = max(at, pending[len(pending) - op.keep - 1])
                 elif op.kind == "copy_wait":
                     pending = sorted(groups[w])
                     if len(pending) > op.keep:
                         at = max(at, pending[len(pending) - op.keep - 1])
                 elif op.kind == "sync_wait":
-                    at = max(at, copy_done[p], prog_mma_done[p])
+                    fifo = stage_fifo[w] + ([open_copies[w]] if open_copies[w] else [])
+                    if fifo:
+                        at = max(at, fifo[0])
                 if at > t:
                     soonest = min(soonest, at)
                     continue
@@ -211,26 +241,36 @@ def simulate(body: list[Op], *, programs: int, warps_per_program: int, sku: Devi
                 pipe_free[s][op.pipe] = t + busy_for.get(op.pipe, 1.0)
                 if op.kind == "load":
                     done_at = t + mem
-                elif op.kind == "mma":
+                elif op.kind in ("mma", "mma_commit"):
                     begin = max(t, tensor_free)
                     tensor_free = begin + op.flops / mma_rate
                     done_at = tensor_free
-                    mma_done[w] = max(mma_done[w], done_at)
-                    prog_mma_done[p] = max(prog_mma_done[p], done_at)
+                    mma_open[w] = max(mma_open[w], done_at)
+                    if op.kind == "mma_commit":
+                        mma_groups[w] = [g for g in mma_groups[w] if g > t] + [mma_open[w]]
+                        mma_open[w] = 0.0
                 elif op.kind == "copy":
-                    open_group[w] += 1
-                    copy_done[p] = max(copy_done[p], t + mem)
+                    open_copies[w] = max(open_copies[w], t + mem)
                     done_at = t + lat.get(op.pipe, 4)
                 elif op.kind == "commit":
-                    groups[w] = [g for g in groups[w] if g > t] + [t + mem]
-                    open_group[w] = 0
+                    groups[w] = [g for g in groups[w] if g > t] + [open_copies[w] or t + mem]
+                    open_copies[w] = 0.0
                     done_at = t + 1
+                elif op.kind == "sync_wait":
+                    if open_copies[w]:
+                        stage_fifo[w].append(open_copies[w])
+                        open_copies[w] = 0.0
+                    if stage_fifo[w]:
+                        stage_fifo[w].pop(0)
+                    done_at = t + lat.get(op.pipe, 4)
                 else:
                     done_at = t + lat.get(op.pipe, 4)
                 for r in op.writes:
                     ready[w][r] = done_at
                 if op.kind == "copy_wait":
                     groups[w] = [g for g in groups[w] if g > t]
+                elif op.kind == "mma_wait":
+                    mma_groups[w] = [g for g in mma_groups[w] if g > t]
                 pc[w] += 1
                 if pc[w] % n == 0:
                     finished[w].append(t)
@@ -307,6 +347,7 @@ class Segment:
     mma_dtype: str = "bf16"
     bytes_per_thread: int = 0  # global bytes a thread loads and stores per pass (LDG, STG, cp.async)
     where: str = ""  # file:line of a loop ('' outside loops)
+    stages: int = 1  # pipeline stages its copies rotate through (mbarrier waits)
 
 
 @dataclass(frozen=True)
@@ -321,15 +362,19 @@ class LaunchFigures:
 
 
 def predict_launch(f: LaunchFigures, sku: DeviceSpec, *, bandwidth: float | None = None,
-                   launch: str = "stream", memory_latency_ns: float | None = None
+                   launch: str = "stream", memory_latency_ns: float | None = None,
+                   matmul_flops: float | None = None, launch_s: dict | None = None
                    ) -> Prediction:
     """The time of one launch: per SM, `resident` programs run each segment together
     (simulate: issue, pipes, tensor cores, latencies, barriers) or as fast as the SM's
     share of DRAM bandwidth carries their bytes, whichever is slower; a program runs each
     loop trips_mean times and the code outside loops once; the grid runs in waves of SMs x
     resident programs, and no launch ends before its longest program (trips_most); the
-    launch's fixed cost is added. The bound is the one of the segment that takes longest."""
+    launch's fixed cost is added. The bound is the one of the segment that takes longest.
+    `bandwidth` and `matmul_flops` (bf16) are the probe's measured ceilings where known (they
+    replace the datasheet's); `memory_latency_ns` and `launch_s` the model's constants."""
     clock = clock_hz(sku)
+    scale = matmul_flops / (sku.peak_flops.get("bf16") or matmul_flops) if matmul_flops else 1.0
     sms = sku.sm_count
     bandwidth = bandwidth or sku.dram_bandwidth
     mem_cycles = (memory_latency_ns * 1e-9 if memory_latency_ns else memory_latency_s(sku)) * clock
@@ -338,20 +383,23 @@ def predict_launch(f: LaunchFigures, sku: DeviceSpec, *, bandwidth: float | None
     busy_sms = min(sms, -(-programs // per_sm))
     sm_bytes_per_cycle = min(bandwidth / busy_sms / clock, SM_BYTES_PER_CYCLE)
     threads = f.num_warps * f.warp_size
-    kw = dict(warps_per_program=f.num_warps, sku=sku, memory_cycles=mem_cycles)
+    kw = dict(warps_per_program=f.num_warps, sku=sku, memory_cycles=mem_cycles,
+              tensor_scale=scale)
     program_cycles, longest, worst, seg_parts = 0.0, 0.0, None, []
     for seg in f.segments:
         if seg.trips_mean <= 0 and seg.trips_most <= 0:
             continue
         looped = seg.trips_most > 1
-        sim = simulate(seg.ops, programs=per_sm, dtype=seg.mma_dtype,
-                       iterations=3 if looped else 1, **kw) if seg.ops else 0.0
+        sim = simulate(seg.ops, programs=per_sm, dtype=seg.mma_dtype, stages=seg.stages,
+                       iterations=max(3, seg.stages + 2) if looped else 1, **kw) \
+            if seg.ops else 0.0
         mem = per_sm * threads * seg.bytes_per_thread / sm_bytes_per_cycle
         one = max(sim, mem)
         program_cycles += seg.trips_mean * one
         longest += seg.trips_most * one
         issue = per_sm * f.num_warps * seg.instructions / SCHEDULERS
-        tensor = per_sm * seg.mma_flops / tensor_rate(sku, seg.mma_dtype) if seg.mma_flops else 0.0
+        tensor = per_sm * seg.mma_flops / (tensor_rate(sku, seg.mma_dtype) * scale) \
+            if seg.mma_flops else 0.0
         if mem >= sim:
             bound = "memory"
         elif sim <= 1.15 * max(issue, tensor):
@@ -367,7 +415,7 @@ def predict_launch(f: LaunchFigures, sku: DeviceSpec, *, bandwidth: float | None
             worst = (seg.trips_mean * one, bound)
     waves = -(-programs // (busy_sms * per_sm))
     cycles = max(waves * program_cycles, longest)
-    fixed = LAUNCH_S[launch]
+    fixed = (launch_s or LAUNCH_S)[launch]
     seconds = cycles / clock + fixed
     bound = "launch" if fixed >= 0.5 * seconds or worst is None else worst[1]
     parts = {"clock_mhz": round(clock / 1e6), "programs_per_sm": per_sm, "busy_sms": busy_sms,

@@ -47,6 +47,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "only, torch-grouped-mm to grouped_matmul only); 'none' for none")
     arguments.add_spec(r)
     arguments.add_target(r)
+    r.add_argument("--predict", action="store_true",
+                   help="beside each measured time, the time predicted for the target GPU from "
+                        "the compiled kernels (speedlight inspect's model; compiles each case's "
+                        "kernels for the target, no GPU needed), labelled predicted")
     r.add_argument("--cases", default=None, metavar="REGEX", help="only cases whose id matches")
     r.add_argument("--limit", type=int, default=None, help="at most this many cases per op")
     r.add_argument("--seed", type=int, default=0)
@@ -265,6 +269,8 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"[yellow]interrupted: the {len(rows)} rows of the cases finished are in "
                       f"{out_path}[/]")
         return 130
+    if getattr(args, "predict", False) and getattr(args, "predictor", None):
+        _add_predictions(rows, specs, tgt, args.predictor, out_dir, console)
     display.print_bench(rows, console)
     console.print(f"results: {out_path}")
     errors = [r for r in rows if r.get("implementation") == "speedlight" and r.get("status") == "error"]
@@ -273,6 +279,41 @@ def _run(args: argparse.Namespace) -> int:
 
 
 # --- compare ------------------------------------------------------------------------------------
+
+def _add_predictions(rows, specs, tgt, predictor, out_dir, console) -> None:
+    """Each speedlight row's predicted time on the target (fwd, bwd, their sum for fwd+bwd),
+    from `predictor` (inspect's, handed in by the CLI); written to predicted.jsonl."""
+    from speedlight import results
+    from speedlight.spec import Case, parse_dtype
+
+    by_name = {s.name: s for s in specs}
+    done: dict = {}
+    written = []
+    for r in rows:
+        if r.get("implementation") != "speedlight" or r["op"] not in by_name:
+            continue
+        c = r["case"]
+        key = r["case_id"]
+        if key not in done:
+            case = Case(c["op"], c["params"], dtype=parse_dtype(c["dtype"]), layout=c["layout"],
+                        flags=c.get("flags") or {}, seed=c.get("seed", 0), model=c.get("model"))
+            console.print(f"[dim]predicting {r['op']} {r.get('case_label', key)} for "
+                          f"{tgt.sku.name}[/]")
+            done[key] = predictor(by_name[r["op"]], case, tgt)
+        got = done[key]
+        parts = [got.get(d) for d in (("fwd", "bwd") if r["mode"] == "fwd+bwd" else (r["mode"],))]
+        if got.get("why") or not all(parts) or any("why" in p for p in parts):
+            why = got.get("why") or next((p["why"] for p in parts if p and "why" in p),
+                                         "no launch in this direction")
+            r["predicted"] = {"why": why, "predicted": True}
+        else:
+            r["predicted"] = {"us": round(sum(p["us"] for p in parts), 3), "predicted": True,
+                              "bound": max(parts, key=lambda p: p["us"])["bound"],
+                              "sku": tgt.sku.name}
+        written.append({"tool": "bench-predicted", "op": r["op"], "case_id": key,
+                        "mode": r["mode"], **r["predicted"]})
+    results.append_jsonl(out_dir / "predicted.jsonl", written)
+
 
 def _compare(args: argparse.Namespace) -> int:
     from speedlight import results

@@ -69,24 +69,30 @@ def results_table(rows: Sequence[dict], title: str) -> Table:
                                 and r["implementation"] != SPEEDLIGHT for r in rows) else ()
     baselines = [b for b in (*over, *BASELINES) if any(r["implementation"] == b for r in rows)]
     t = Table(title=title, title_justify="left", pad_edge=False)
-    for col in ["op", "case", "dtype", "mode", "median", "p20-p80", "throughput", "% SOL",
-                "verified", *[_SHORT.get(b, f"x {b}") for b in baselines]]:
+    predicted = [r.get("predicted") for r in rows if r.get("predicted")]
+    pred_col = [f"predicted on {next((p['sku'] for p in predicted if 'sku' in p), 'the target')}"
+                ] if predicted else []
+    for col in ["op", "case", "dtype", "mode", "median", *pred_col, "p20-p80", "throughput",
+                "% SOL", "verified", *[_SHORT.get(b, f"x {b}") for b in baselines]]:
         t.add_column(col, justify="left" if col in ("op", "case", "dtype", "mode", "verified") else "right")
     for r in rows:
         if not is_speedlight(r["implementation"]):
             continue
         label = r.get("case_label") or r["case_id"]
         op = row_op_label(r)
+        p = r.get("predicted") or {}
+        pred = ([f"{fmt_latency_us(p['us'])} {p['bound']}" if "us" in p else "[dim]-[/]"]
+                if pred_col else [])
         if r.get("status") != "ok":
-            t.add_row(op, label, r["dtype"], r["mode"], f"[yellow]{r['status']}[/]", "", "", "",
-                      "", *["" for _ in baselines])
+            t.add_row(op, label, r["dtype"], r["mode"], f"[yellow]{r['status']}[/]", *pred, "",
+                      "", "", "", *["" for _ in baselines])
             continue
         ver = {True: "[green]yes[/]", False: "[red]no[/]", None: "[dim]not run[/]"}[r.get("verified")]
         ups = []
         for b in baselines:
             v = (r.get("speedup") or {}).get(b)
             ups.append(f"{v:.2f}x" if v is not None else "[dim]n/a[/]")
-        t.add_row(op, label, r["dtype"], r["mode"], fmt_latency_us(r["median_us"]),
+        t.add_row(op, label, r["dtype"], r["mode"], fmt_latency_us(r["median_us"]), *pred,
                   f"{fmt_latency_us(r['p20_us'])} - {fmt_latency_us(r['p80_us'])}", _throughput(r), _sol(r), ver, *ups)
     return t
 
@@ -132,6 +138,10 @@ def print_bench(rows: Sequence[dict], console: Console | None = None) -> None:
         console.print(f"% SOL on {', '.join(roofs) or 'no'} ({note})")
     for line in notes(rows):
         console.print(f"[dim]- {line}[/]")
+    if any(r.get("predicted") for r in rows):
+        console.print("[dim]- predicted: read from the kernels compiled for the target on this "
+                      "machine (speedlight inspect's model), not measured; the measured columns "
+                      "are this run's[/]")
     if any(r.get("representative") is False for r in rows):
         console.print(f"[bold yellow]{NOT_REPRESENTATIVE}[/]")
 

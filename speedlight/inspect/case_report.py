@@ -326,15 +326,14 @@ def analyse_kernel(launch: Launch, compiled: Compiled, target: Target, device: D
     report.setmaxnreg = tuple(sorted({int(m, 16) for m in _SETMAXNREG.findall(
         compiled.text("sass"))}))
     report.accesses = _join(launch, reader.accesses_by_line(instrs))
-    report.loops = loops.kernel_loops(compiled.text("amdgcn" if reader is amdgcn else "sass"),
-                                      num_warps=report.num_warps, ttgir=compiled.text("ttgir"),
-                                      amd=reader is amdgcn)
+    report.loops = _kernel_loops(compiled, report.num_warps, reader is amdgcn)
     from speedlight.inspect import prediction
 
     try:
         report.predicted, report.unpredicted = prediction.predict_kernel(
             report, instrs, compiled.text("ttir"), device, amd=reader is amdgcn)
-    except (ValueError, KeyError, ZeroDivisionError) as e:  # the figures are still reported
+    except (ValueError, KeyError, ZeroDivisionError, TypeError, IndexError, RecursionError) as e:
+        # the figures are still reported
         report.unpredicted = f"the model failed: {type(e).__name__}: {e}"
     return report
 
@@ -355,6 +354,23 @@ def warp_roles(ttgir: str) -> list[tuple[int, int | None]]:
     regs = _WS_REGS.search(ttgir)
     asked = [int(r) for r in regs.group(1).split(",")] if regs else []
     return [(w, asked[i] if i < len(asked) else None) for i, w in enumerate(warps)]
+
+
+_LOOPS: dict = {}  # a compiled kernel's listing -> its loops (read once, however many launches)
+
+
+def _kernel_loops(compiled: Compiled, num_warps: int, amd: bool) -> list:
+    stage = "amdgcn" if amd else "sass"
+    key = (compiled.files.get(stage), num_warps)
+    if key[0] is None or key not in _LOOPS:
+        found = loops.kernel_loops(compiled.text(stage), num_warps=num_warps,
+                                   ttgir=compiled.text("ttgir"), amd=amd)
+        if key[0] is None:
+            return found
+        if len(_LOOPS) > 2048:
+            _LOOPS.clear()
+        _LOOPS[key] = found
+    return _LOOPS[key]
 
 
 # A shared-memory allocation in TTGIR: `ttg.local_alloc : () -> !ttg.memdesc<4x128x64xbf16, ...`

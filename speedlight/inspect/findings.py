@@ -21,6 +21,8 @@ for every kernel inspect reads (Triton or CUDA C++: one KernelReport).
   loop-mask       the steady-state loop of a matrix kernel spends a large share of its
                   instructions on predicate/select (a mask applied on every iteration),
                   with the source lines that issue them
+  chained-dots    on Blackwell (tcgen05 MMA), two tl.dot chained through one accumulator in
+                  one loop iteration, which Triton compiles to wrong results there
   in-flight       a memory-bound kernel's steady-state loop keeps fewer bytes of loads in
                   flight per SM than the GPU's bandwidth x latency needs (Little's law),
                   and says whether any load is issued ahead of its use (a prefetch)
@@ -94,6 +96,7 @@ def kernel_findings(k: KernelReport, target_name: str, sku=None) -> list[Finding
     out += _matrix(k, target_name)
     out += _pipeline(k, target_name)
     out += _loop_mask(k)
+    out += _chained_dots(k, target_name)
     if sku is not None:
         out += _in_flight(k, sku)
     leaks = sorted(set(k.mix.rounding_leaks))
@@ -317,33 +320,75 @@ def _loop_mask(k: KernelReport) -> list[Finding]:
          "lines": [[Path(x.file).name, x.line, x.pipes["select"]] for x in lines[:6]]})]
 
 
+def _chained_dots(k: KernelReport, target_name: str) -> list[Finding]:
+    """Two dots into one accumulator in a loop, on a target whose MMA is tcgen05 (UTC*MMA
+    in the SASS): Triton 3.6 to 3.8 drop or corrupt one of the two products there
+    (triton-lang/triton#10821; Liger-Kernel's SwiGLU and fused-MoE backward hit it, its PRs
+    1435 and 1413). Two accumulators summed after the loop, or two loops, are right."""
+    if k.compiled is None or not any(op.startswith("UTC") for op in k.mix.tensor_core):
+        return []
+    pairs = loops.chained_dots(k.compiled.text("ttir"))
+    if not pairs:
+        return []
+    where = ", ".join(f"lines {a} and {b}" for a, b in pairs)
+    return [Finding(
+        "chained-dots", ERROR,
+        f"two tl.dot accumulate into one accumulator within a loop iteration ({where}): on "
+        f"{target_name}'s tcgen05 MMA Triton 3.6-3.8 compiles this to wrong results (one "
+        f"product dropped or corrupted; triton-lang/triton#10821); keep one accumulator per "
+        f"dot and add them after the loop, or run the dots in two loops", k.name,
+        {"pairs": [list(p) for p in pairs]})]
+
+
+def _steady_segment(k: KernelReport) -> dict | None:
+    """The predicted figures of the steady-state loop (predict.Prediction's segment)."""
+    lp, p = k.steady_loop, k.predicted
+    if lp is None or p is None:
+        return None
+    where = f"{Path(lp.file).name}:{lp.line}"
+    return next((x for x in p.parts.get("segments", []) if x["where"] == where), None)
+
+
 def _in_flight(k: KernelReport, sku) -> list[Finding]:
-    """A memory-bound steady-state loop (no MMA) with fewer bytes in flight per SM than
-    Little's law needs for the GPU's bandwidth."""
+    """A memory-bound steady-state loop (no MMA) that keeps fewer bytes in flight per SM
+    than Little's law needs for the GPU's bandwidth: on average over an iteration, where
+    the model predicts the iteration's length (a load used where it is issued is in flight
+    only for the memory latency of each iteration), else at most; not where the model
+    finds the loop bandwidth-bound (then the bytes are enough)."""
     from speedlight import predict
 
     lp = k.steady_loop
     if lp is None or lp.mma_flops or not lp.load_bytes or not k.resident:
         return []
-    have, need = k.in_flight_per_sm(), predict.needed_in_flight(sku)
+    most, need = k.in_flight_per_sm(), predict.needed_in_flight(sku)
+    seg = _steady_segment(k)
+    if seg is not None and seg["bound"] == "memory":
+        return []
+    latency = k.predicted.parts["memory_latency_cycles"] if seg else 0
+    share = 1.0 if lp.prefetch or not seg or not seg["cycles"] else \
+        min(1.0, latency / seg["cycles"])
+    have = most * share
     if have >= need:
         return []
     threads = k.num_warps * k.warp_size
-    how = ("its loads are issued one iteration ahead (a prefetch), still too few" if lp.prefetch
+    how = ("its loads are issued ahead of their use (a prefetch), still too few" if lp.prefetch
            else "every load is used in the iteration that issues it: no prefetch of the next "
                 "iteration's data")
+    timing = (f", in flight for about the memory latency's {latency:,} of the iteration's "
+              f"{seg['cycles']:,.0f} predicted cycles" if share < 1.0 else "")
     return [Finding(
         "in-flight", WARN,
-        f"the steady-state loop ({_where(lp)}) keeps {have / 1024:.1f} KB of loads in flight "
-        f"per SM ({lp.in_flight} bytes per thread x {threads} threads x {k.resident:g} "
-        f"program{'s' if k.resident != 1 else ''} per SM); {sku.name}'s bandwidth x latency "
-        f"needs about {need / 1024:.0f} KB per SM (Little's law: "
-        f"{sku.dram_bandwidth / sku.sm_count / 1e9:.0f} GB/s per SM x "
-        f"{predict.MEMORY_LATENCY_NS[sku.vendor]:.0f} ns), so at most "
-        f"{_pct(have / need)} of its bandwidth is reachable (predicted): {how}; load the next "
-        f"row(s) before this one's reductions, or more rows per program", k.name,
-        {"loop": lp.index, "per_sm": have, "needed": need, "per_thread": lp.in_flight,
-         "threads": threads, "resident_per_sm": k.resident, "prefetch": lp.prefetch})]
+        f"the steady-state loop ({_where(lp)}) keeps about {have / 1024:.1f} KB of loads in "
+        f"flight per SM ({most / 1024:.1f} KB at most: {lp.in_flight} bytes per thread x "
+        f"{threads} threads x {k.resident:g} program{'s' if k.resident != 1 else ''} per SM"
+        f"{timing}); {sku.name}'s bandwidth x latency needs about {need / 1024:.0f} KB per SM "
+        f"(Little's law: {sku.dram_bandwidth / sku.sm_count / 1e9:.0f} GB/s per SM x "
+        f"{predict.MEMORY_LATENCY_NS[sku.vendor]:.0f} ns), so at most {_pct(have / need)} of "
+        f"its bandwidth is reachable (predicted): {how}; load the next row(s) before this "
+        f"one's reductions, or more rows per program", k.name,
+        {"loop": lp.index, "per_sm": int(have), "most_per_sm": most, "needed": need,
+         "per_thread": lp.in_flight, "threads": threads, "resident_per_sm": k.resident,
+         "prefetch": lp.prefetch, "share_of_iteration": round(share, 3)})]
 
 
 def _num_stages(k: KernelReport) -> int | None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from speedlight.inspect import loops
 from speedlight.inspect.case_report import CaseReport, DirectionBytes, KernelReport
 from speedlight.inspect.launches import Capture, capture_case, interpreter_work
 from speedlight.launch import for_target
@@ -34,7 +35,8 @@ from speedlight.target import Target
 @dataclass(frozen=True)
 class Shortfall:
     kernel: str
-    check: str  # vector | spill | occupancy | mma | tma | roles | stages | smem | bytes | compile | error
+    check: str  # vector | spill | occupancy | mma | tma | roles | stages | smem | bytes | compile
+    # | error | chained-dots
     text: str
 
     def __str__(self) -> str:
@@ -59,7 +61,18 @@ def check_kernel(k: KernelReport) -> list[Shortfall]:
             got = ", ".join(f"{b}-bit x{n}" for b, n in sorted(widths.items()))
             out.append(Shortfall(name, "vector", f"no {d.vector_bits}-bit global {kind} at "
                                  f"all ({got})"))
-    return out + _check_resources(name, k, d) + check_matrix(k)
+    return out + _check_resources(name, k, d) + check_matrix(k) + check_chained_dots(k)
+
+
+def check_chained_dots(k: KernelReport) -> list[Shortfall]:
+    """Two dots into one accumulator in a loop on tcgen05 MMA: wrong results on Blackwell
+    (findings._chained_dots), whatever the case."""
+    if k.cuda or k.compiled is None or not any(op.startswith("UTC") for op in k.mix.tensor_core):
+        return []
+    pairs = loops.chained_dots(k.compiled.text("ttir"))
+    return [Shortfall(k.name, "chained-dots", f"tl.dot at lines {a} and {b} accumulate into one "
+                      f"accumulator in one loop iteration: wrong results on tcgen05 MMA")
+            for a, b in pairs]
 
 
 def _check_resources(name: str, k: KernelReport, d: KernelDesign) -> list[Shortfall]:
@@ -144,7 +157,7 @@ def design_applies(spec: OpSpec, case: Case, shortfall: Shortfall, sm_count: int
     case, too, always counts). Elsewhere (a row
     width off a multiple of 16 elements, a strided or transposed view, non-finite inputs)
     narrower accesses and other block configurations are expected: information."""
-    if shortfall.check in ("compile", "error"):
+    if shortfall.check in ("compile", "error", "chained-dots"):
         return True
     if not aligned(spec, case):
         return False

@@ -291,6 +291,8 @@ class Loop:
 
 
 _SASS_TARGET = re.compile(r"`\((\.L\w+)\)")
+_SPIN = ("SYNCS", "BRA", "NANOSLEEP", "YIELD", "NOP", "s_sleep", "s_branch", "s_cbranch_scc0",
+         "s_cbranch_scc1", "s_cbranch_vccz", "s_cbranch_vccnz")
 
 
 def _sass_branch(i: sass.Instr) -> str | None:
@@ -325,6 +327,13 @@ def find_loops(instrs: list, labels: dict, *, amd: bool = False) -> list[Loop]:
     for first, last in spans:
         by_head[first] = max(by_head.get(first, last), last)
     ordered = sorted(by_head.items(), key=lambda fl: (fl[0], -fl[1]))
+    # a wait that spins (an mbarrier try-wait retried: SYNCS then a branch back) is a wait,
+    # not a loop; a branch back into a loop from code laid out after it (the retry of a wait
+    # placed out of line) makes no loop of its own
+    ordered = [(a, b) for a, b in ordered
+               if not all(instrs[p].base in _SPIN for p in range(a, b + 1))]
+    ordered = [(a, b) for a, b in ordered
+               if not any(x < a <= y < b for x, y in ordered if (x, y) != (a, b))]
     loops = []
     for first, last in ordered:
         b = instrs[last]
@@ -513,3 +522,42 @@ def select_lines(lp: Loop) -> list[Line]:
     """The lines whose instructions are mostly predicate/select (a mask applied in the
     loop), most first."""
     return [x for x in lp.lines if x.pipes.get("select", 0) * 2 >= x.count and x.count >= 4]
+
+
+# --- two dots into one accumulator ---------------------------------------------------------
+
+_TTIR_DOT = re.compile(r"^\s*(%[\w.#]+)\s*=\s*tt\.dot\s+(%[\w.#]+),\s*(%[\w.#]+),\s*(%[\w.#]+)")
+
+
+def chained_dots(ttir: str) -> list[tuple[int, int]]:
+    """(line, line) of each pair of tl.dot in one loop body where the second accumulates
+    into the first one's result (`acc = tl.dot(a1, b1, acc); acc = tl.dot(a2, b2, acc)`, or
+    `acc += tl.dot(...)` twice, which Triton combines into the same chain), read from the
+    TTIR: the pattern Triton's tcgen05 path on Blackwell compiles to wrong results."""
+    from speedlight.inspect.trips import _where, locations
+
+    lines = ttir.splitlines()
+    locs = locations(lines)
+    out, depth_dots = [], []  # per open loop: {result: line} of its dots
+    depth = []  # per open region: whether it is an scf.for
+    for raw in lines:
+        text = re.sub(r"\bloc\((?:[^()]|\([^()]*\))*\)", "", raw)
+        net = text.count("{") - text.count("}")
+        if "scf.for" in text and net > 0:
+            depth.append(True)
+            depth_dots.append({})
+            continue
+        m = _TTIR_DOT.match(text)
+        if m and depth_dots:
+            result, acc = m.group(1), m.group(4)
+            line = _where(raw, locs)[1]
+            body = depth_dots[-1]
+            if acc in body:
+                out.append((body[acc], line))
+            body[result] = line
+        for _ in range(max(net, 0)):
+            depth.append(False)
+        for _ in range(max(-net, 0)):
+            if depth and depth.pop():
+                depth_dots.pop()
+    return out

@@ -58,16 +58,20 @@ def sass_op(i: sass.Instr, dots: dict, num_warps: int) -> predict.Op:
     pipe = loops_mod.sass_pipe(i)
     writes = _written(i)
     reads = [r for o in (i.operands[1:] if writes else i.operands) for r in _regs(o)]
+    if pipe == "mma":  # MMAs chained on one accumulator queue up; they do not wait for it
+        reads = [r for r in reads if r not in writes]
     if i.predicate:
         reads.append(i.predicate.lstrip("!"))
     kind, flops, keep = "", 0, 0
     if b in ("LDG", "LD"):
         kind = "load"
     elif pipe == "mma":
-        kind = "mma"
+        # the last MMA of a wgmma group carries gsb0 (it commits the group)
+        kind = "mma_commit" if "gsb0" in i.operands else "mma"
         flops = loops_mod.sass_mma_flops(i, dots, num_warps) // max(num_warps, 1)
     elif b == "WARPGROUP" and "DEPBAR" in i.opcode:
-        kind = "mma_wait"
+        m = re.search(r"gsb0,\s*(0x[0-9a-f]+|\d+)", ",".join(i.operands))
+        kind, keep = "mma_wait", int(m.group(1), 0) if m else 0
     elif b in ("LDGSTS", "UTMALDG", "UBLKCP"):
         kind = "copy"
     elif b == "LDGDEPBAR":
@@ -111,6 +115,27 @@ def _outside(instrs: list, found: list) -> list:
     return [i for p, i in enumerate(instrs) if p not in inside]
 
 
+_OPS: dict = {}  # a compiled kernel -> its loops' and outside code's Ops
+
+
+def _ops_of(k, instrs: list, amd: bool) -> list:
+    """Each loop body's Ops, then the code outside loops', read once per compiled kernel."""
+    key = (k.compiled.files.get("amdgcn" if amd else "sass"), k.num_warps) if k.compiled \
+        else None
+    if key is None or key[0] is None or key not in _OPS:
+        dots = loops_mod.ttgir_dots(k.compiled.text("ttgir")) if k.compiled and not amd else {}
+        make = (lambda i: amd_op(i, k.num_warps)) if amd else \
+            (lambda i: sass_op(i, dots, k.num_warps))
+        found = [[make(i) for i in lp.body] for lp in k.loops]
+        found.append([make(i) for i in _outside(instrs, k.loops)])
+        if key is None or key[0] is None:
+            return found
+        if len(_OPS) > 2048:
+            _OPS.clear()
+        _OPS[key] = found
+    return _OPS[key]
+
+
 def figures(k, instrs: list, ttir: str, *, amd: bool = False
             ) -> tuple[predict.LaunchFigures | None, str]:
     """The model's figures for a Triton kernel report (its parsed listing `instrs` and
@@ -121,24 +146,27 @@ def figures(k, instrs: list, ttir: str, *, amd: bool = False
         return None, "no program fits an SM (it cannot launch)"
     counted = {(Path(t.file).name, t.line): t for t in trips.loop_trips(ttir, k.launch)} \
         if ttir else {}
-    dots = loops_mod.ttgir_dots(k.compiled.text("ttgir")) if k.compiled and not amd else {}
-    make = (lambda i: amd_op(i, k.num_warps)) if amd else \
-        (lambda i: sass_op(i, dots, k.num_warps))
-    segments = []
-    for lp in k.loops:
+    ops = _ops_of(k, instrs, amd)
+    segments, early = [], False
+    for n, lp in enumerate(k.loops):
         t = counted.get((Path(lp.file).name, lp.line))
         if t is None or not t.known:
             why = t.why if t is not None else "no loop of the TTIR at its line"
             return None, f"iterations of the loop at {Path(lp.file).name}:{lp.line} unknown: {why}"
+        early = early or t.returned_early
         segments.append(predict.Segment(
-            [make(i) for i in lp.body], t.mean, t.most, lp.instructions, lp.mma_flops,
-            lp.mma_dtype or "bf16", _bytes(lp), f"{Path(lp.file).name}:{lp.line}"))
-    rest = _outside(instrs, k.loops)
+            ops[n], t.mean, t.most, lp.instructions, lp.mma_flops,
+            lp.mma_dtype or "bf16", _bytes(lp), f"{Path(lp.file).name}:{lp.line}",
+            k.stages))
+    rest, rest_ops = _outside(instrs, k.loops), ops[-1]
+    if early:  # a return on a value read from memory, taken: the code up to the first exit
+        exit_at = next((n for n, i in enumerate(rest) if i.base == "EXIT" or
+                        i.opcode.startswith("s_endpgm")), len(rest) - 1)
+        rest, rest_ops = rest[:exit_at + 1], rest_ops[:exit_at + 1]
     rest_bytes = sum(i.width // 8 for i in rest if i.base in ("LDG", "STG", "LDGSTS", "LD", "ST")) \
         if not amd else sum(i.width // 8 for i in rest if i.space in ("global", "buffer", "flat")
                             and i.kind in ("load", "store"))
-    segments.append(predict.Segment([make(i) for i in rest], 1.0, 1.0, len(rest), 0, "bf16",
-                                    rest_bytes))
+    segments.append(predict.Segment(rest_ops, 1.0, 1.0, len(rest), 0, "bf16", rest_bytes))
     return predict.LaunchFigures(k.programs, k.num_warps, k.warp_size,
                                  k.occupancy.blocks_per_sm, segments), ""
 
@@ -149,3 +177,4 @@ def predict_kernel(k, instrs: list, ttir: str, sku, *, amd: bool = False, **kw):
     if f is None:
         return None, why
     return predict.predict_launch(f, sku, **kw), ""
+

@@ -258,3 +258,32 @@ def inspect_cuda_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
         out.append(cuda.inspect_case(spec.name, kernels, spec.kernels, case, target,
                                      target.sm_count, compiler))
     return out
+
+
+def predict_case(spec, case, target, *, compiler=None) -> dict:
+    """Per direction, the predicted time of an op's case on `target`'s SKU: every launch
+    captured dry and compiled for its arch, each predicted, summed ({"fwd": {"us", "bound",
+    "kernels"}, ...}; a direction with a kernel the model cannot predict carries "why").
+    What bench, profile and the other tools show beside a measured time, labelled
+    predicted. A case inspect cannot read gives {"why": ...}."""
+    (report,) = inspect_cases([(spec, case)], target, compiler=compiler, mode="dry")
+    if report.error or report.skipped:
+        return {"why": report.error or report.skipped}
+    out: dict = {}
+    for k in report.kernels:
+        d = out.setdefault(k.direction, {"us": 0.0, "kernels": [], "bound": None, "_worst": -1.0})
+        if "why" in d:
+            continue
+        if k.predicted is None:
+            d["why"] = f"{k.name}: {k.unpredicted or k.error}"
+            continue
+        d["us"] += k.predicted.us
+        d["kernels"].append({"kernel": k.name, "us": round(k.predicted.us, 3),
+                             "bound": k.predicted.bound})
+        if k.predicted.us > d["_worst"]:
+            d["_worst"], d["bound"] = k.predicted.us, k.predicted.bound
+    for d in out.values():
+        d.pop("_worst", None)
+        d["us"] = round(d["us"], 3)
+        d["sku"] = target.sku.name
+    return out

@@ -16,6 +16,7 @@ and their counts averaged.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -102,7 +103,7 @@ def _where(raw: str, locs: dict) -> tuple[str, int]:
     return locs.get(m.group(0), ("", 0)) if m else ("", 0)
 
 
-def parse(ttir: str) -> Program | None:
+def parse_ttir(ttir: str) -> Program | None:
     """The kernel function of a TTIR module (None when it has none)."""
     lines = ttir.splitlines()
     locs = locations(lines)
@@ -212,6 +213,7 @@ class Evaluator:
     def __init__(self, prog: Program, args: dict, pid: tuple, grid: tuple):
         self.prog, self.args, self.pid, self.grid = prog, args, pid, grid
         self.memo: dict = {}
+        self.returned_early = False  # a return before the loops, on a value read from memory
 
     def value(self, name: str, env: dict | None = None):
         if env and name in env:
@@ -268,18 +270,27 @@ class Evaluator:
             try:
                 if self.value(cond):
                     return 0.0
-            except Unknown:
-                return 0.0  # a data-dependent early return: taken (see the module's docstring)
-        if lp.parent is None:
-            return self._range(lp, env)
+            except Unknown:  # a data-dependent early return: taken (the module's docstring)
+                self.returned_early = True
+                return 0.0
+        ancestors = []
         outer = lp.parent
+        while outer is not None:
+            ancestors.insert(0, outer)
+            outer = outer.parent
+        return self._nested(lp, ancestors, dict(env or {}))
+
+    def _nested(self, lp: ForLoop, ancestors: list, env: dict) -> float:
+        if not ancestors:
+            return self._range(lp, env)
+        outer = ancestors[0]
         lo, hi, step = (self.value(x, env) for x in (outer.lo, outer.hi, outer.step))
         values = list(range(lo, hi, step)) if step > 0 else []
         if not values:
             return 0.0
         picked = values if len(values) <= 16 else [values[round(i * (len(values) - 1) / 15)]
                                                    for i in range(16)]
-        total = sum(self.trips(lp, dict(env or {}, **{outer.iv: v})) for v in picked)
+        total = sum(self._nested(lp, ancestors[1:], dict(env, **{outer.iv: v})) for v in picked)
         return total * len(values) / len(picked)
 
     def _range(self, lp: ForLoop, env) -> float:
@@ -303,6 +314,7 @@ class LoopTrips:
     most: float
     known: bool = True
     why: str = ""
+    returned_early: bool = False  # skipped by an early return on a value read from memory
 
     def to_json(self) -> dict:
         return {"file": Path(self.file).name, "line": self.line, "mean": round(self.mean, 3),
@@ -318,9 +330,14 @@ def launch_args(launch) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(ttir: str) -> Program | None:
+    return parse_ttir(ttir)
+
+
 def loop_trips(ttir: str, launch) -> list[LoopTrips]:
     """Every scf.for of the kernel with its iterations per program for this launch."""
-    prog = parse(ttir)
+    prog = _parsed(ttir)
     if prog is None or not prog.loops:
         return []
     args = launch_args(launch)
@@ -328,15 +345,19 @@ def loop_trips(ttir: str, launch) -> list[LoopTrips]:
     pids = [(x, y, z) for x in _axis(grid[0]) for y in _axis(grid[1]) for z in _axis(grid[2])]
     out = []
     for lp in prog.loops:
-        counts, why = [], ""
+        counts, why, early = [], "", False
         for pid in pids:
             try:
-                counts.append(Evaluator(prog, args, pid, grid).trips(lp))
-            except (Unknown, KeyError, ValueError, ZeroDivisionError, TypeError) as e:
+                ev = Evaluator(prog, args, pid, grid)
+                counts.append(ev.trips(lp))
+                early = early or ev.returned_early
+            except (Unknown, KeyError, ValueError, ZeroDivisionError, TypeError, IndexError,
+                    RecursionError) as e:
                 why = f"its bounds depend on {e} (a value read from memory or not followed)"
                 break
         if why:
             out.append(LoopTrips(lp.file, lp.line, 0.0, 0.0, False, why))
         else:
-            out.append(LoopTrips(lp.file, lp.line, sum(counts) / len(counts), max(counts)))
+            out.append(LoopTrips(lp.file, lp.line, sum(counts) / len(counts), max(counts),
+                                 returned_early=early))
     return out

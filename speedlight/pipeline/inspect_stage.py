@@ -30,7 +30,9 @@ def inspect_ops(specs, cases: dict, *, target, device: torch.device) -> dict:
             kernels.append({
                 "op": r.op, "case": r.case.id, "kernel": k.launch.kernel,
                 "direction": k.launch.direction, "registers": j.get("registers"),
-                "spill_bytes": (j.get("spill_stores") or 0) + (j.get("spill_loads") or 0),
+                "spill_bytes": j.get("spill_bytes", j.get("spill_stores") or 0),  # spilled
+                "predicted_us": (j.get("predicted") or {}).get("us"),
+                "predicted_bound": (j.get("predicted") or {}).get("bound"),
                 "occupancy": 100 * j["occupancy"]["fraction"] if j.get("occupancy") else None,
                 "loads": _widths(j.get("sass", {}).get("global_loads", {})),
                 "stores": _widths(j.get("sass", {}).get("global_stores", {})),

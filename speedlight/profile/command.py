@@ -30,6 +30,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                            "state sharded over N GPUs (FSDP / ZeRO-3)")
     proj.add_argument("--no-patch", action="store_true",
                       help="skip the second projection with speedlight's ops patched in")
+    proj.add_argument("--predict", action="store_true",
+                      help="beside the floors of the projection with speedlight's ops, each op's "
+                           "time predicted from its kernels compiled for the target (inspect's "
+                           "model; compiles them, no GPU needed)")
     proj.add_argument("--vary", action="append", default=None, metavar="FIELD=V1,V2",
                       help="project once per value (batch, seq or a Hugging Face config field, "
                            "e.g. seq=2048,8192 or num_key_value_heads=8,2); repeatable")

@@ -60,6 +60,10 @@ def projected_profile(args: argparse.Namespace, tgt=None, *, patch=None) -> dict
         patched = _patched(args, train, recipe, dtype, target, patch)
         if patched is not None:
             doc["with_speedlight"] = compare.with_speedlight(pj, patched[1], target, patched[0])
+            predictor = getattr(args, "predictor", None)
+            if getattr(args, "predict", False) and predictor is not None:
+                doc["with_speedlight"]["predicted"] = predicted_ops(patched[1], target,
+                                                                    predictor)
     if keys or getattr(args, "shard", None):
         doc["comparison"] = compare.per_target(pj, w.model, keys or [primary], shard=args.shard,
                                                train=train, tokens=args.batch * args.seq,
@@ -69,6 +73,44 @@ def projected_profile(args: argparse.Namespace, tgt=None, *, patch=None) -> dict
             args.model, sweeps, base={"batch": args.batch, "seq": args.seq}, target=target,
             train=train, recipe=recipe, dtype=dtype, layers=args.layers, seed=args.seed)
     return doc
+
+
+def predicted_ops(pj, target, predictor) -> list[dict]:
+    """Each speedlight op of a projected step (one entry per op, case and direction) with
+    its projected floor and the time `predictor` (inspect's, handed in by the CLI) predicts
+    from its kernels compiled for the target, both per call and over the step's calls."""
+    from speedlight import registry
+    from speedlight import target as target_mod
+    from speedlight.profile import roofline
+    from speedlight.profile.analyze import op_dtype
+
+    by_name = {s.name: s for s in registry.builtin_specs()}
+    groups: dict = {}
+    for rec in pj.capture.ops:
+        c = rec.cost
+        if c is None or c.case is None or c.op_name not in by_name:
+            continue
+        direction = "bwd" if rec.name.endswith("_bwd") else "fwd"
+        entry = groups.setdefault((c.op_name, c.case.id, direction),
+                                  {"case": c.case, "calls": 0, "floor_s": 0.0})
+        entry["calls"] += 1
+        key = target_mod.peak_key(op_dtype(rec), tensor_core=c.tensor_core)
+        entry["floor_s"] = roofline.floor_seconds(c, key, target.roof)
+    out, done = [], {}
+    for (op, case_id, direction), e in groups.items():
+        if (op, case_id) not in done:
+            done[(op, case_id)] = predictor(by_name[op], e["case"], target)
+        got = done[(op, case_id)].get(direction) or {}
+        row = {"op": op, "case_id": case_id, "direction": direction, "calls": e["calls"],
+               "floor_us": round(e["floor_s"] * 1e6, 3), "predicted": True,
+               "sku": target.sku.name}
+        if "us" in got and "why" not in got:
+            row.update(predicted_us=got["us"], bound=got["bound"],
+                       step_predicted_us=round(got["us"] * e["calls"], 3))
+        else:
+            row["why"] = got.get("why") or done[(op, case_id)].get("why") or "no kernel"
+        out.append(row)
+    return out
 
 
 def _small(args, train, recipe, dtype, mode):

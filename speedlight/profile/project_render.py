@@ -46,6 +46,28 @@ def projected_summary(doc: dict, console) -> None:
                       f"{fmt.nbytes(wb['bytes'])}")
     t.add_row("projected in", fmt.seconds(pj["seconds"]), "wall time of the fake step on this machine")
     console.print(t)
+    predicted(ws or {}, console)
+
+
+def predicted(ws: dict, console) -> None:
+    """speedlight's ops in the patched step: projected floor beside the time predicted from
+    their compiled kernels (profile --project --predict)."""
+    rows = ws.get("predicted")
+    if not rows:
+        return
+    t = fmt.table(f"speedlight's ops, predicted on {rows[0]['sku']} from their compiled kernels "
+                  f"(predicted, not measured; floors projected)", "op", "case", "dir", "calls",
+                  "floor / call", "predicted / call", "bound", "predicted in the step",
+                  right=("calls", "floor / call", "predicted / call", "predicted in the step"))
+    for r in rows:
+        if "predicted_us" in r:
+            t.add_row(r["op"], r["case_id"], r["direction"], str(r["calls"]),
+                      fmt.seconds(r["floor_us"] * 1e-6), fmt.seconds(r["predicted_us"] * 1e-6),
+                      r["bound"], fmt.seconds(r["step_predicted_us"] * 1e-6))
+        else:
+            t.add_row(r["op"], r["case_id"], r["direction"], str(r["calls"]),
+                      fmt.seconds(r["floor_us"] * 1e-6), "-", r["why"][:60], "-")
+    console.print(t)
 
 
 def comparison(doc: dict, console) -> None:

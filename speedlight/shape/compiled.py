@@ -330,7 +330,9 @@ def _resources(kr) -> dict:
     """What inspect read of one compiled kernel, in shape's JSON."""
     if not kr.ok:
         return {"error": kr.error}
-    return {"registers": kr.registers, "spill_bytes": kr.spill_stores + kr.spill_loads,
+    return {"registers": kr.registers, "spill_bytes": kr.spill_stores,  # bytes spilled
+            "predicted": kr.predicted.to_json() if kr.predicted else
+            {"predicted": True, "why": kr.unpredicted or "no prediction"},
             "smem": kr.smem, "occupancy": kr.occupancy.to_json(),
             "accesses": [{"kind": a.kind, "line": a.line, "source": a.source,
                           "possible_bits": a.possible_bits, "bits": a.bits}

@@ -50,17 +50,24 @@ def print_inductor(doc: dict, console) -> None:
         return
     t = Table(title=f"torch.compile's Triton kernels ({ind['where']})")
     for col in ("phase", "kernel", "grid", "config", "regs", "spills", "occupancy",
-                "narrowest row access", "reads", "writes"):
-        t.add_column(col, justify="right" if col in ("regs", "spills", "reads", "writes") else "left")
+                "narrowest row access", "reads", "writes", "predicted"):
+        t.add_column(col, justify="right" if col in ("regs", "spills", "reads", "writes",
+                                                      "predicted") else "left")
     for k in ind["kernels"]:
         if "error" in k:
-            t.add_row(k["phase"][:3], k["kernel"], "", "", "", "", "", f"[red]{k['error'][:60]}[/]", "", "")
+            t.add_row(k["phase"][:3], k["kernel"], "", "", "", "", "", f"[red]{k['error'][:60]}[/]", "", "", "")
             continue
+        p = k.get("predicted") or {}
+        pred = f"{p['us']:,.1f} us {p['bound']}" if "us" in p else "-"
         t.add_row(k["phase"][:3], k["kernel"], "x".join(map(str, k["grid"])),
                   ", ".join(f"{n}={v}" for n, v in k["config"].items()) + f", {k['num_warps']} warps",
                   str(k["registers"]), str(k["spill_bytes"]), f"{k['occupancy']['fraction']:.0%}",
-                  narrowest(k["accesses"]), bytes_3g(k["read_bytes"]), bytes_3g(k["written_bytes"]))
+                  narrowest(k["accesses"]), bytes_3g(k["read_bytes"]), bytes_3g(k["written_bytes"]),
+                  pred)
     console.print(t)
+    if any("us" in (k.get("predicted") or {}) for k in ind["kernels"]):
+        console.print("  predicted: per launch on the target, read from the compiled kernel "
+                      "(speedlight inspect's model), not measured")
     for phase, p in ind["phases"].items():
         over = (f" = [bold]{p['bytes_over_floor']:.2f}x[/] the fused floor's {bytes_3g(p['fused_floor_bytes'])}"
                 if p["bytes_over_floor"] else "")

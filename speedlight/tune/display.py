@@ -31,11 +31,12 @@ def print_sweep(rows: list[dict], console, *, timed: bool) -> None:
             console.print(f"[{STYLE[first['status']]}]{case_id}: {first['status']}[/] "
                           f"{first.get('reason', '')}", highlight=False)
             continue
-        table = Table(title=f"{case_id} (bucket {first.get('bucket')}, {first['sku']})",
-                      title_justify="left")
+        table = Table(title=f"{case_id} (bucket {first.get('bucket')}, {first['sku']}; "
+                            f"predicted µs: read from the compiled code on a CPU, not measured, "
+                            f"#: rank among the survivors)", title_justify="left")
         table.add_column("configuration")
         table.add_column("verdict")
-        for name in ("regs", "spill B", "smem KB", "occ"):
+        for name in ("regs", "spill B", "smem KB", "occ", "predicted µs"):
             table.add_column(name, justify="right")
         if timed:
             table.add_column("µs", justify="right")
@@ -49,7 +50,10 @@ def print_sweep(rows: list[dict], console, *, timed: bool) -> None:
             cells = [_fmt_config(row["config"]), f"[{STYLE.get(row['status'], '')}]{status}[/]",
                      str(row.get("registers", "")), str(row.get("spill_bytes", "")),
                      f"{row['smem'] / 1024:.0f}" if "smem" in row else "",
-                     f"{row['occupancy']:.0%}" if "occupancy" in row else ""]
+                     f"{row['occupancy']:.0%}" if "occupancy" in row else "",
+                     (f"{row['predicted_us']:,.1f} #{row['predicted_rank']}"
+                      if "predicted_rank" in row else
+                      f"{row['predicted_us']:,.1f}" if "predicted_us" in row else "")]
             if timed:
                 cells.append(f"{row['median_us']:.1f}" if "median_us" in row else "")
             cells.append(_verdict(row))

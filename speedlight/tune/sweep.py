@@ -288,19 +288,30 @@ def _finish(st: _Staged, compiled: dict) -> list[dict]:
                                               st.tgt.sku, st.spec.design(l.kernel, st.tgt.arch))
                    for l in cand.launches]
         row.update(_kernel_fields(reports))
+        predicted = [k.predicted for k in reports if k.ok]
+        if predicted and all(p is not None for p in predicted):  # every launch, on the SKU
+            row.update(predicted_us=round(sum(p.us for p in predicted), 3),
+                       predicted_bound=max(predicted, key=lambda p: p.seconds).bound)
         rejected = _rejections(reports, arch_name)
         if rejected:
             row.update(status="pruned", reasons=rejected)
         else:
             row.update(status="survivor")
             survivors.append(row)
+    # ranked by the predicted time before any GPU time (those without one after)
+    ranked = sorted(survivors, key=lambda r: r.get("predicted_us", float("inf")))
+    for n, row in enumerate(ranked, 1):
+        if "predicted_us" in row:
+            row["predicted_rank"] = n
     if st.over:
         rows.append(dict(st.base, status="not-compiled", count=st.over,
                          reason=f"{st.over} more configurations not examined: this shape's "
                                 f"share of --max-compiles ({st.task.max_compiles}) was spent"))
     if st.task.time:
-        _time_and_verify(st.spec, st.configs, st.task.case, st.inputs, [r for _, r in st.staged],
-                         st.tgt, st.device)
+        staged = sorted((r for _, r in st.staged),
+                        key=lambda r: r.get("predicted_us", float("inf")))
+        _time_and_verify(st.spec, st.configs, st.task.case, st.inputs, staged, st.tgt,
+                         st.device)
     else:
         why = ("no GPU in use" if st.device.type != "cuda" else
                f"the GPU in use is not the target ({st.tgt.sku.name})")

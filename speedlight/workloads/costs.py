@@ -41,6 +41,8 @@ class OpCost:
     detail: str  # the formula with its numbers, for a reader checking it
     tensor_core: bool = False  # FLOPs run on the matmul units (peak per dtype)
     kernel: bool = True  # the op launches device work (views and allocations do not)
+    case: object = None  # a speedlight op's Case (OpSpec.case_of), for a predicted time
+    op_name: str = ""  # that op's OpSpec name
 
 
 # ---------------------------------------------------------------------------------------
@@ -415,7 +417,8 @@ def _speedlight_op(func, args, kwargs, out) -> OpCost:
         if c is not None:
             return OpCost(int(c.flops), int(c.bytes), "fused",
                           f"{spec.name} {direction} cost (its OpSpec) at {case.id}",
-                          tensor_core=spec.family in TENSOR_CORE_FAMILIES)
+                          tensor_core=spec.family in TENSOR_CORE_FAMILIES, case=case,
+                          op_name=spec.name)
     n = tensors(args)[0].numel()
     return OpCost(8 * n, total_io(func, args, kwargs, out), "fused",
                   f"{call}: no OpSpec reads this call; its tensors read and written once, "

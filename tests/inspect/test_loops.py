@@ -143,8 +143,9 @@ def test_a_row_loop_with_and_without_a_prefetch(compiled):
     assert plain.in_flight == per_thread and not plain.prefetch
     assert ahead.prefetch and ahead.overlap > 2 * plain.overlap
     assert plain.barriers == ahead.barriers > 0  # the row's sum across warps
-    (f,) = [f for f in k.findings if f.code == "in-flight"]
-    assert f.evidence["per_sm"] == per_thread * 128 and f.evidence["needed"] > f.evidence["per_sm"]
+    (f,) = [f for f in k.findings if f.code == "in-flight"]  # the prefetching loop is steady
+    assert f.evidence["most_per_sm"] == per_thread * 128 and f.evidence["prefetch"]
+    assert f.evidence["needed"] > f.evidence["per_sm"]
 
 
 def test_inspect_rows_carry_the_loops_and_compare_shows_the_change(compiled, tmp_path):
@@ -173,3 +174,43 @@ def test_inspect_rows_carry_the_loops_and_compare_shows_the_change(compiled, tmp
     assert _compare_files(str(paths[0]), str(paths[1]), console, False) == 0
     text = console.export_text()
     assert "select/iter" in text and "MMA instr/iter" not in text  # only what changed
+
+
+# --- two dots into one accumulator on Blackwell -------------------------------------------
+
+CHAINED_TTIR = """
+#loc3 = loc("/k.py":12:20)
+#loc4 = loc("/k.py":14:20)
+  tt.func public @k(%a: !tt.ptr<f16>) {
+    %r = scf.for %j = %c0 to %n step %c1 iter_args(%acc = %z) -> (tensor<64x64xf32>)  : i32 {
+      %d1 = tt.dot %a1, %b1, %acc : tensor<64x32xf16> * tensor<32x64xf16> -> tensor<64x64xf32> loc(#loc3)
+      %d2 = tt.dot %a2, %b2, %d1 : tensor<64x32xf16> * tensor<32x64xf16> -> tensor<64x64xf32> loc(#loc4)
+      scf.yield %d2 : tensor<64x64xf32>
+    } loc(#loc3)
+    %s = tt.dot %a1, %b1, %r : tensor<64x32xf16> * tensor<32x64xf16> -> tensor<64x64xf32> loc(#loc4)
+    tt.return
+  }
+"""
+
+
+def test_two_dots_chained_in_a_loop_are_read_from_the_ttir():
+    assert loops.chained_dots(CHAINED_TTIR) == [(12, 14)]
+    # one dot in the loop, the second after it (two loops' worth): no pair
+    assert loops.chained_dots(CHAINED_TTIR.replace("%b2, %d1", "%b2, %z")) == []
+
+
+def test_two_dots_into_one_accumulator_are_held_on_sm_100a(compiler):
+    from speedlight.inspect import guard
+    from speedlight.target import resolve
+    from tests.inspect.loop_kernels import TWODOTS
+
+    items = [(TWODOTS, Case("twodots", {"blocks": 4}, dtype=torch.float16, flags={"two": two}))
+             for two in (True, False)]
+    two, one = inspect_cases(items, resolve("sm_100a"), compiler=compiler, mode="dry")
+    k2, k1 = two.kernels[0], one.kernels[0]
+    assert any(op.startswith("UTC") for op in k2.mix.tensor_core), k2.mix.tensor_core
+    (f,) = [f for f in k2.findings if f.code == "chained-dots"]
+    assert f.severity == "error" and len(f.evidence["pairs"]) == 1
+    assert [s.check for s in guard.check_kernel(k2)].count("chained-dots") == 1
+    assert not [f for f in k1.findings if f.code == "chained-dots"]
+    assert "chained-dots" not in [s.check for s in guard.check_kernel(k1)]
