@@ -54,10 +54,11 @@ SCHEDULERS = 4
 LATENCY = {"fma": 4, "alu": 4, "select": 4, "uniform": 2, "mufu": 18, "convert": 6,
            "shuffle": 28, "memory": 30, "control": 1, "barrier": 20, "other": 4, "mma": 0}
 
-# The latency of a DRAM load on a loaded GPU (queueing included), in nanoseconds: a model
-# constant, set from the project's measured memory-bound rows (rms_norm's forward reaches
-# 66% of an H200's copy bandwidth with 16 KB in flight per SM); no datasheet gives it.
-MEMORY_LATENCY_NS = {"nvidia": 800.0, "amd": 1000.0}
+# The latency of a DRAM load on an idle memory system, in nanoseconds (a busy one queues:
+# predict_launch divides it by 1 - the share of bandwidth drawn): a model constant set from
+# a measured memory-bound row of an H200 (scripts/predict_rows.py); no datasheet gives it.
+# No AMD row has set the AMD one: it is the H200's.
+MEMORY_LATENCY_NS = {"nvidia": 258.0, "amd": 258.0}
 
 
 def tensor_flops_per_cycle(sku: DeviceSpec) -> int:
@@ -81,22 +82,16 @@ def memory_latency_s(sku: DeviceSpec) -> float:
 
 
 def needed_in_flight(sku: DeviceSpec, bandwidth: float | None = None) -> int:
-    """Bytes each SM must keep in flight for the GPU's DRAM bandwidth (Little's law:
-    bandwidth per SM x the loaded memory latency)."""
+    """Bytes each SM must keep in flight to draw MAX_BUSY of the GPU's DRAM bandwidth
+    (Little's law: that rate per SM x the latency a load takes at that rate, the idle
+    latency over 1 - MAX_BUSY)."""
     bandwidth = bandwidth or sku.dram_bandwidth
-    return int(bandwidth / sku.sm_count * memory_latency_s(sku))
+    return int(MAX_BUSY * bandwidth / sku.sm_count * loaded_latency_s(sku))
 
 
-@dataclass(frozen=True)
-class Share:
-    """What a resident program's bytes in flight give: the bandwidth Little's law allows."""
-
-    per_sm: int
-    needed: int
-
-    @property
-    def fraction(self) -> float:
-        return min(1.0, self.per_sm / self.needed) if self.needed else 1.0
+def loaded_latency_s(sku: DeviceSpec) -> float:
+    """The latency of a load while the memory system delivers MAX_BUSY of its bandwidth."""
+    return memory_latency_s(sku) / (1.0 - MAX_BUSY)
 
 
 # --- the model --------------------------------------------------------------------------
@@ -114,9 +109,10 @@ class Op:
       "copy"       an asynchronous global-to-shared copy (cp.async, TMA) of `bytes`
       "commit"     close this warp's copy group (LDGDEPBAR)
       "copy_wait"  wait until at most `keep` of this warp's copy groups are pending
-      "sync_wait"  wait for the oldest group of this warp's copies (an mbarrier wait on
-                   one pipeline stage: the copies issued since the previous wait form the
-                   group; stages - 1 groups are in flight when the loop starts)
+      "sync_wait"  wait for the copies this warp issued `stages - 1` iterations before (an
+                   mbarrier wait on a pipeline stage: a loop pipelined over S stages issues
+                   each iteration's copies S - 1 iterations ahead; those before the loop
+                   are taken as arrived)
       "barrier"    wait for every warp of the program (BAR.SYNC)"""
 
     pipe: str
@@ -189,8 +185,8 @@ def _simulate(body: list[Op], *, programs: int, warps_per_program: int, sku: Dev
     mma_open = [0.0] * warps  # completion of this warp's MMAs not yet in a group
     groups: list[list] = [[] for _ in range(warps)]  # completion cycle of each copy group
     open_copies = [0.0] * warps  # latest completion of the copies of the open group
-    # mbarrier stages: the copy groups in flight, oldest first (stages - 1 issued before)
-    stage_fifo: list[list] = [[0.0] * max(stages - 1, 0) for _ in range(warps)]
+    by_iteration: list[dict] = [{} for _ in range(warps)]  # iteration -> its copies' arrival
+    ahead = max(stages - 1, 0)
     at_barrier: dict[tuple, list] = {}  # (program, occurrence) -> warps arrived
     released = [0.0] * warps  # when a warp waiting at a barrier may go on
     waiting = [False] * warps
@@ -231,9 +227,7 @@ def _simulate(body: list[Op], *, programs: int, warps_per_program: int, sku: Dev
                     if len(pending) > op.keep:
                         at = max(at, pending[len(pending) - op.keep - 1])
                 elif op.kind == "sync_wait":
-                    fifo = stage_fifo[w] + ([open_copies[w]] if open_copies[w] else [])
-                    if fifo:
-                        at = max(at, fifo[0])
+                    at = max(at, by_iteration[w].get(pc[w] // n - ahead, 0.0))
                 if at > t:
                     soonest = min(soonest, at)
                     continue
@@ -251,17 +245,14 @@ def _simulate(body: list[Op], *, programs: int, warps_per_program: int, sku: Dev
                         mma_open[w] = 0.0
                 elif op.kind == "copy":
                     open_copies[w] = max(open_copies[w], t + mem)
+                    it = pc[w] // n
+                    by_iteration[w][it] = max(by_iteration[w].get(it, 0.0), t + mem)
                     done_at = t + lat.get(op.pipe, 4)
                 elif op.kind == "commit":
                     groups[w] = [g for g in groups[w] if g > t] + [open_copies[w] or t + mem]
                     open_copies[w] = 0.0
                     done_at = t + 1
                 elif op.kind == "sync_wait":
-                    if open_copies[w]:
-                        stage_fifo[w].append(open_copies[w])
-                        open_copies[w] = 0.0
-                    if stage_fifo[w]:
-                        stage_fifo[w].pop(0)
                     done_at = t + lat.get(op.pipe, 4)
                 else:
                     done_at = t + lat.get(op.pipe, 4)
@@ -299,9 +290,11 @@ def _simulate(body: list[Op], *, programs: int, warps_per_program: int, sku: Dev
             break  # nothing can go on (a barrier some warp never reaches): stop
         else:
             t = max(t + 1.0, float(int(soonest)) if soonest == int(soonest) else soonest)
-    spans = [(f[-1] - f[0]) / (len(f) - 1) for f in finished if len(f) >= 2]
-    if spans:
-        return sum(spans) / len(spans)
+    # a round ends when the last warp ends its iteration: the rounds' spacing is the cost
+    rounds = [max(f[k] for f in finished) for k in range(min(len(f) for f in finished))] \
+        if finished and all(finished) else []
+    if len(rounds) >= 2:
+        return (rounds[-1] - rounds[0]) / (len(rounds) - 1)
     return max((f[-1] for f in finished if f), default=t) / max(iterations, 1)
 
 
@@ -309,10 +302,13 @@ def _simulate(body: list[Op], *, programs: int, warps_per_program: int, sku: Dev
 # in seconds: model constants set from measured rows (scripts/predict_rows.py keeps the rows
 # that set them apart). "graph": a launch replayed from a CUDA graph; "stream": one launched
 # from the host, timed with events.
-LAUNCH_S = {"graph": 2.0e-6, "stream": 4.0e-6}
+LAUNCH_S = {"graph": 1.30e-6, "stream": 6.78e-6}
 # An SM draws at most this many bytes of DRAM traffic per cycle when few SMs are busy.
 SM_BYTES_PER_CYCLE = 64.0
-BOUNDS = ("tensor", "issue", "memory", "latency", "launch")
+# tensor, issue (the schedulers' slots), memory (DRAM bandwidth), memory-latency (waiting on
+# DRAM loads: too few bytes in flight), latency (chains of dependent instructions, waits),
+# launch (the fixed cost of a launch)
+BOUNDS = ("tensor", "issue", "memory", "memory-latency", "latency", "launch")
 
 
 @dataclass
@@ -321,7 +317,7 @@ class Prediction:
     predicted from compiled code, never measured)."""
 
     seconds: float
-    bound: str  # tensor | issue | memory | latency | launch
+    bound: str  # one of BOUNDS
     parts: dict  # cycles and inputs behind it
     note: str = ""
 
@@ -371,13 +367,35 @@ def predict_launch(f: LaunchFigures, sku: DeviceSpec, *, bandwidth: float | None
     loop trips_mean times and the code outside loops once; the grid runs in waves of SMs x
     resident programs, and no launch ends before its longest program (trips_most); the
     launch's fixed cost is added. The bound is the one of the segment that takes longest.
+    A load waits longer the busier the memory system is: the idle latency over (1 - u), u
+    the share of bandwidth the launch itself draws (found by predicting twice).
     `bandwidth` and `matmul_flops` (bf16) are the probe's measured ceilings where known (they
-    replace the datasheet's); `memory_latency_ns` and `launch_s` the model's constants."""
+    replace the datasheet's); `memory_latency_ns` (idle) and `launch_s` the model's constants."""
+    bandwidth = bandwidth or sku.dram_bandwidth
+    idle = (memory_latency_ns * 1e-9 if memory_latency_ns else memory_latency_s(sku))
+    busy = 0.0
+    for _ in range(2):
+        p = _predict_at(f, sku, bandwidth, launch, idle / (1.0 - min(busy, MAX_BUSY)),
+                        matmul_flops, launch_s)
+        moved = p.parts["bytes"]
+        busy = moved / ((p.seconds - p.parts["launch_us"] * 1e-6) * bandwidth) \
+            if p.seconds > p.parts["launch_us"] * 1e-6 else 0.0
+    p.parts["bandwidth_share"] = round(min(busy, 1.0), 3)
+    return p
+
+
+# The share of bandwidth at which the queueing of loads is held (the bandwidth bound takes
+# over beyond it)
+MAX_BUSY = 0.8
+
+
+def _predict_at(f: LaunchFigures, sku: DeviceSpec, bandwidth: float, launch: str,
+                latency_s: float, matmul_flops: float | None, launch_s: dict | None
+                ) -> Prediction:
     clock = clock_hz(sku)
     scale = matmul_flops / (sku.peak_flops.get("bf16") or matmul_flops) if matmul_flops else 1.0
     sms = sku.sm_count
-    bandwidth = bandwidth or sku.dram_bandwidth
-    mem_cycles = (memory_latency_ns * 1e-9 if memory_latency_ns else memory_latency_s(sku)) * clock
+    mem_cycles = round(latency_s * clock)
     programs = max(f.programs, 1)
     per_sm = max(1, min(f.resident or 1, -(-programs // sms)))
     busy_sms = min(sms, -(-programs // per_sm))
@@ -385,7 +403,7 @@ def predict_launch(f: LaunchFigures, sku: DeviceSpec, *, bandwidth: float | None
     threads = f.num_warps * f.warp_size
     kw = dict(warps_per_program=f.num_warps, sku=sku, memory_cycles=mem_cycles,
               tensor_scale=scale)
-    program_cycles, longest, worst, seg_parts = 0.0, 0.0, None, []
+    program_cycles, longest, worst, seg_parts, moved = 0.0, 0.0, None, [], 0.0
     for seg in f.segments:
         if seg.trips_mean <= 0 and seg.trips_most <= 0:
             continue
@@ -394,6 +412,7 @@ def predict_launch(f: LaunchFigures, sku: DeviceSpec, *, bandwidth: float | None
                        iterations=max(3, seg.stages + 2) if looped else 1, **kw) \
             if seg.ops else 0.0
         mem = per_sm * threads * seg.bytes_per_thread / sm_bytes_per_cycle
+        moved += seg.trips_mean * threads * seg.bytes_per_thread * programs
         one = max(sim, mem)
         program_cycles += seg.trips_mean * one
         longest += seg.trips_most * one
@@ -404,6 +423,11 @@ def predict_launch(f: LaunchFigures, sku: DeviceSpec, *, bandwidth: float | None
             bound = "memory"
         elif sim <= 1.15 * max(issue, tensor):
             bound = "tensor" if tensor >= issue else "issue"
+        elif seg.bytes_per_thread and seg.ops and simulate(
+                seg.ops, programs=per_sm, dtype=seg.mma_dtype, stages=seg.stages,
+                iterations=max(3, seg.stages + 2) if looped else 1,
+                **dict(kw, memory_cycles=0)) < 0.6 * sim:
+            bound = "memory-latency"  # waiting on DRAM loads: too few bytes in flight
         else:
             bound = "latency"
         entry = {"where": seg.where or "outside loops", "trips_mean": round(seg.trips_mean, 3),
@@ -420,5 +444,6 @@ def predict_launch(f: LaunchFigures, sku: DeviceSpec, *, bandwidth: float | None
     bound = "launch" if fixed >= 0.5 * seconds or worst is None else worst[1]
     parts = {"clock_mhz": round(clock / 1e6), "programs_per_sm": per_sm, "busy_sms": busy_sms,
              "waves": waves, "cycles": round(cycles), "launch_us": round(fixed * 1e6, 3),
-             "memory_latency_cycles": round(mem_cycles), "segments": seg_parts}
+             "memory_latency_cycles": mem_cycles, "bytes": round(moved),
+             "segments": seg_parts}
     return Prediction(seconds, bound, parts)

@@ -381,11 +381,12 @@ def _in_flight(k: KernelReport, sku) -> list[Finding]:
         f"the steady-state loop ({_where(lp)}) keeps about {have / 1024:.1f} KB of loads in "
         f"flight per SM ({most / 1024:.1f} KB at most: {lp.in_flight} bytes per thread x "
         f"{threads} threads x {k.resident:g} program{'s' if k.resident != 1 else ''} per SM"
-        f"{timing}); {sku.name}'s bandwidth x latency needs about {need / 1024:.0f} KB per SM "
-        f"(Little's law: {sku.dram_bandwidth / sku.sm_count / 1e9:.0f} GB/s per SM x "
-        f"{predict.MEMORY_LATENCY_NS[sku.vendor]:.0f} ns), so at most {_pct(have / need)} of "
-        f"its bandwidth is reachable (predicted): {how}; load the next row(s) before this "
-        f"one's reductions, or more rows per program", k.name,
+        f"{timing}); drawing {_pct(predict.MAX_BUSY)} of {sku.name}'s bandwidth needs about "
+        f"{need / 1024:.0f} KB per SM (Little's law: {_pct(predict.MAX_BUSY)} of "
+        f"{sku.dram_bandwidth / sku.sm_count / 1e9:.0f} GB/s per SM x the "
+        f"{predict.loaded_latency_s(sku) * 1e9:,.0f} ns a load then takes), so about "
+        f"{_pct(predict.MAX_BUSY * have / need)} of it is reachable (predicted): {how}; load "
+        f"the next row(s) before this one's reductions, or more rows per program", k.name,
         {"loop": lp.index, "per_sm": int(have), "most_per_sm": most, "needed": need,
          "per_thread": lp.in_flight, "threads": threads, "resident_per_sm": k.resident,
          "prefetch": lp.prefetch, "share_of_iteration": round(share, 3)})]

@@ -31,6 +31,8 @@ def test_pruning_gives_each_rejection_its_reason(device):
     rule, big = rows
     assert rule["rule"] and rule["status"] == "survivor" and rule["bucket"] == "m64-n64-k64-bf16"
     assert rule["timing"].startswith("skipped: ") and rule["spill_bytes"] == 0
+    # ranked by its predicted time on the H100 before any GPU time (the only survivor: first)
+    assert rule["predicted_us"] > 0 and rule["predicted_rank"] == 1 and rule["predicted_bound"]
     assert set(rule["config"]) == set(CONFIG_SPACE)
     assert big["status"] == "pruned" and big["smem"] > big["smem_limit"]
     assert [r["kind"] for r in big["reasons"]] == ["smem-limit"]
