@@ -58,7 +58,7 @@ LATENCY = {"fma": 4, "alu": 4, "select": 4, "uniform": 2, "mufu": 18, "convert":
 # predict_launch divides it by 1 - the share of bandwidth drawn): a model constant set from
 # a measured memory-bound row of an H200 (scripts/predict_rows.py); no datasheet gives it.
 # No AMD row has set the AMD one: it is the H200's.
-MEMORY_LATENCY_NS = {"nvidia": 258.0, "amd": 258.0}
+MEMORY_LATENCY_NS = {"nvidia": 258.2, "amd": 258.2}
 
 
 def tensor_flops_per_cycle(sku: DeviceSpec) -> int:
@@ -302,7 +302,7 @@ def _simulate(body: list[Op], *, programs: int, warps_per_program: int, sku: Dev
 # in seconds: model constants set from measured rows (scripts/predict_rows.py keeps the rows
 # that set them apart). "graph": a launch replayed from a CUDA graph; "stream": one launched
 # from the host, timed with events.
-LAUNCH_S = {"graph": 1.30e-6, "stream": 6.78e-6}
+LAUNCH_S = {"graph": 1.303e-6, "stream": 6.783e-6}
 # An SM draws at most this many bytes of DRAM traffic per cycle when few SMs are busy.
 SM_BYTES_PER_CYCLE = 64.0
 # tensor, issue (the schedulers' slots), memory (DRAM bandwidth), memory-latency (waiting on
