@@ -13,7 +13,7 @@ import importlib
 import sys
 
 COMMANDS = {
-    "report": ("speedlight.pipeline", "the main job: profile, patch, verify, bench, inspect and "
+    "report": ("speedlight.pipeline.command", "the main job: profile, patch, verify, bench, inspect and "
                                       "profile again one model, into one report page"),
     "verify": ("speedlight.verify.command", "prove every op correct against float64"),
     "bench": ("speedlight.bench.command", "time ops against PyTorch, torch.compile and Liger; "

@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "speedlight"
 
 OPS = "ops/*"  # any module of speedlight/ops
-COMMANDS = ("*/command.py", "bench/probe_command.py", "pipeline/__init__.py")
+COMMANDS = ("*/command.py", "bench/probe_command.py")
 ISA = ("inspect/sass.py", "inspect/amdgcn.py")
 
 ALLOWED: dict[str, tuple[str, ...]] = {
