@@ -73,6 +73,7 @@ def use_interpreter() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning,
                             module="triton.runtime.interpreter")
     _round_bf16_like_the_gpu()
+    _masks_as_bool()
     _INTERPRETER_READY = True
 
 
@@ -160,3 +161,35 @@ def _round_bf16_like_the_gpu() -> None:
         return original(self, src, dst_type)
 
     InterpreterBuilder.cast_impl = cast_impl
+
+
+def _masks_as_bool() -> None:
+    """Make the interpreter's compiled loads and stores (Triton 3.9's; 3.6's are numpy's)
+    take a mask splatted from a scalar condition, e.g. `tl.store(..., mask=pid == 0)`.
+
+    The interpreter keeps a comparison's result typed as its operands (int32 for a
+    program id), so such a mask arrives as int32: numpy reads it as a condition, the
+    compiled load and store refuse it ('mask has unsupported dtype'), where a GPU kernel
+    takes it. Chosen by feature: wrapped only where the interpreter has them."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    native = getattr(interpreter, "_interpreter", None)
+    if native is None or not hasattr(native, "load") or getattr(native.load, "_bool_mask", False):
+        return
+    load, store, rmw = native.load, native.store, native.atomic_rmw
+
+    def as_bool(mask):
+        return mask if getattr(mask, "dtype", None) == np.bool_ else np.asarray(mask, dtype=bool)
+
+    def masked_load(ptrs, mask, other, dtype):
+        return load(ptrs, as_bool(mask), other, dtype)
+
+    def masked_store(ptrs, value, mask):
+        return store(ptrs, value, as_bool(mask))
+
+    def masked_rmw(op, ptrs, value, mask, sem):
+        return rmw(op, ptrs, value, as_bool(mask), sem)
+
+    masked_load._bool_mask = True
+    native.load, native.store, native.atomic_rmw = masked_load, masked_store, masked_rmw

@@ -211,17 +211,20 @@ def intercept(recorder: Recorder):
             return out
         return run
 
-    def masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
+    # the cache and eviction arguments after these differ between Triton versions (3.6:
+    # cache_modifier, eviction_policy; 3.9: one cache_policy, at times by keyword): passed
+    # on as they come
+    def masked_load(self, ptrs, mask, *rest, **named):
         if _STATE.launch is not None:
             count_access(_STATE.launch, "load", ptrs, mask)
-        return originals[(InterpreterBuilder, "create_masked_load")](
-            self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)
+        return originals[(InterpreterBuilder, "create_masked_load")](self, ptrs, mask, *rest,
+                                                                      **named)
 
-    def masked_store(self, ptrs, value, mask, cache_modifier, eviction_policy):
+    def masked_store(self, ptrs, value, mask, *rest, **named):
         if _STATE.launch is not None:
             count_access(_STATE.launch, "store", ptrs, mask)
-        return originals[(InterpreterBuilder, "create_masked_store")](
-            self, ptrs, value, mask, cache_modifier, eviction_policy)
+        return originals[(InterpreterBuilder, "create_masked_store")](self, ptrs, value, mask,
+                                                                       *rest, **named)
 
     with _STATE.lock:
         if _STATE.active is not None:

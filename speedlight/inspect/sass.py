@@ -89,14 +89,22 @@ def parse(listing: str) -> list[Instr]:
 
 def parse_with_labels(listing: str) -> tuple[list[Instr], dict[str, int]]:
     """parse's instructions, and each label (`.L_x_1`) with the position of the
-    instruction it marks (what a branch jumps to)."""
+    instruction it marks (what a branch jumps to).
+
+    An inlined call's instructions are preceded by their own location, `inlined at` the
+    caller; the nvdisasm Triton 3.9 ships then adds the caller's location on a line of its
+    own (Triton 3.6's prints the first line only). The first of consecutive locations is
+    the innermost, so a location right after another is skipped."""
     out: list[Instr] = []
     labels: dict[str, int] = {}
     file, line = "", 0
+    after_location = False
     for text in listing.splitlines():
         m = _LOC.match(text)
         if m:
-            file, line = m.group(1), int(m.group(2))
+            if not after_location:
+                file, line = m.group(1), int(m.group(2))
+            after_location = True
             continue
         m = _LABEL.match(text)
         if m:
@@ -104,6 +112,7 @@ def parse_with_labels(listing: str) -> tuple[list[Instr], dict[str, int]]:
             continue
         m = _INSTR.match(text)
         if m:
+            after_location = False
             ops = tuple(o.strip().replace(".reuse", "") for o in m.group(3).split(",")
                         if o.strip())
             out.append(Instr(m.group(2), file, line, ops, m.group(1) or ""))

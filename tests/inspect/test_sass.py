@@ -47,3 +47,23 @@ def test_accesses_are_attributed_to_their_source_line():
     stores = by_line[("/src/k.py", 12, "store")]
     assert dict(stores.widths) == {64: 1, 32: 1}
     assert stores.describe() == "STG.64 x1, STG.32 x1"
+
+
+# an inlined helper's load as each Triton's nvdisasm prints it: 3.6's names the helper's line
+# `inlined at` the caller; 3.9's adds the caller's line after it
+INLINED = """
+\t//## File "/src/common.py", line 143 inlined at "/src/bwd.py", line 61
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+\t//## File "/src/common.py", line 143 inlined at "/src/bwd.py", line 59
+\t//## File "/src/bwd.py", line 59
+        /*0020*/                   LDG.E.128 R8, desc[UR4][R2.64] ;
+\t//## File "/src/bwd.py", line 63
+        /*0030*/                   STG.E.128 desc[UR4][R2.64], R4 ;
+"""
+
+
+def test_an_inlined_access_is_attributed_to_the_helper_line_on_either_nvdisasm():
+    by_line = sass.accesses_by_line(sass.parse(INLINED))
+    assert dict(by_line[("/src/common.py", 143, "load")].widths) == {128: 2}
+    assert ("/src/bwd.py", 59, "load") not in by_line
+    assert dict(by_line[("/src/bwd.py", 63, "store")].widths) == {128: 1}
