@@ -273,64 +273,128 @@ def gated_matmul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor | Non
 # Score elements (queries x keys x heads) the attention reference holds at once: it takes
 # queries in chunks, so a 128K-token case needs no [seq, seq] matrix.
 ATTENTION_SCORE_BUDGET = 2 ** 24
+# The most query rows of one chunk: a chunk's rows share the keys every one of them sees
+# (one dense product) and gather the rest row by row, at most about two keys per row of
+# the chunk under a causal or window mask.
+ATTENTION_CHUNK_ROWS = 64
 
 
-def attention_visible(seq_q: int, seq_k: int, rows: torch.Tensor, causal: bool = False,
-                      window: tuple[int, int] | None = None) -> torch.Tensor:
-    """[len(rows), seq_k] bool: which keys query rows `rows` see. Positions are aligned at
-    the end (row r at position r + seq_k - seq_q); causal hides keys after the query; a
-    window (left, right) keeps keys in [i - left, i + right], -1 for an unbounded side."""
+def attention_key_ranges(seq_q: int, seq_k: int, rows: torch.Tensor, causal: bool = False,
+                         window: tuple[int, int] | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi), int64 like `rows`: query row r sees the keys [lo, hi) (none when hi ==
+    lo). Positions are aligned at the end (row r at position r + seq_k - seq_q); causal
+    hides keys after the query; a window (left, right) keeps keys in [i - left, i + right],
+    -1 for an unbounded side."""
     left, right = window if window is not None else (-1, -1)
     if causal:
         right = 0 if right < 0 else min(right, 0)
-    pos = (rows + (seq_k - seq_q)).unsqueeze(-1)
-    keys = torch.arange(seq_k, device=rows.device)
-    vis = torch.ones(len(rows), seq_k, dtype=torch.bool, device=rows.device)
-    if left >= 0:
-        vis &= keys >= pos - left
-    if right >= 0:
-        vis &= keys <= pos + right
-    return vis
+    pos = rows.to(torch.int64) + (seq_k - seq_q)
+    lo = (pos - left).clamp(0, seq_k) if left >= 0 else torch.zeros_like(pos)
+    hi = (pos + right + 1).clamp(0, seq_k) if right >= 0 else torch.full_like(pos, seq_k)
+    return lo, torch.maximum(lo, hi)
+
+
+def _gathered(t: torch.Tensor, index: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """t [b, h, seq_k, d] at key index [c, w] per query row: [b, h, c, w, d], zeros where
+    `keep` [c, w] is False (selected, so a NaN there reaches nothing, gradients included)."""
+    return torch.where(keep[..., None], t[:, :, index], 0)
+
+
+def _attention_rows(qc, k, v, lo, hi, scale, softcap):
+    """(o, lse) of query rows qc [b, hkv, g, c, d] of which row r sees keys [lo[r], hi[r])
+    of k, v [b, hkv, seq_k, d], by selection: each row's softmax and products run over its
+    own keys only. The keys every row sees, [max lo, min hi), are one dense product; each
+    row's other keys are gathered for it (padding selected away, never added). Its
+    products are ordered per row, unlike eager attention's one product per matrix: the
+    float64 path."""
+    in_lo = int(lo.max())
+    in_hi = max(int(hi.min()), in_lo)
+    head = (torch.minimum(hi, torch.full_like(hi, in_lo)) - lo).clamp(min=0)
+    tail_lo = torch.maximum(lo, torch.full_like(lo, in_hi))
+    tail = (hi - tail_lo).clamp(min=0)
+    width = max(1, int((head + tail).max()))
+    t = torch.arange(width, device=lo.device)
+    index = torch.where(t < head[:, None], lo[:, None] + t, tail_lo[:, None] + t - head[:, None])
+    keep = t < (head + tail)[:, None]
+    index = torch.where(keep, index, 0)
+    k_edge, v_edge = _gathered(k, index, keep), _gathered(v, index, keep)
+    k_in, v_in = k[:, :, in_lo:in_hi].unsqueeze(2), v[:, :, in_lo:in_hi].unsqueeze(2)
+    s = torch.cat([torch.matmul(qc, k_in.transpose(-1, -2)),  # [b, hkv, g, c, keys seen by all]
+                   torch.einsum("bhgcd,bhcwd->bhgcw", qc, k_edge)], dim=-1) * scale
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    seen = torch.cat([keep.new_ones(keep.shape[0], in_hi - in_lo), keep], dim=-1)
+    x = torch.where(seen, s.to(_opmath(s)), float("-inf"))  # padding is no key
+    return _softmax_times_v(x, [(in_hi - in_lo, v_in, False), (width, v_edge, True)], qc.dtype)
+
+
+def _attention_eager_rows(qc, k, v, rows, seq_q, causal, scale, window, softcap):
+    """(o, lse) of query rows `rows` (qc [b, hkv, g, c, d]) as eager attention computes
+    them: dense scores against every key, the hidden ones set to -inf, the dense product
+    p @ v (its rounding is what a PyTorch user gets; a NaN or inf the mask hides spreads
+    through the products, which only the float64 path, by selection, defines)."""
+    s = torch.matmul(qc, k.unsqueeze(2).transpose(-1, -2)) * scale  # [b, hkv, g, c, seq_k]
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    lo, hi = attention_key_ranges(seq_q, k.shape[2], rows, causal, window)
+    keys = torch.arange(k.shape[2], device=rows.device)
+    seen = (keys >= lo[:, None]) & (keys < hi[:, None])
+    return _softmax_times_v(torch.where(seen, s.to(_opmath(s)), float("-inf")),
+                            [(k.shape[2], v.unsqueeze(2), False)], qc.dtype)
+
+
+def _softmax_times_v(x, parts, dtype):
+    """(o, lse): softmax over the last dim of x (fp32 or float64 scores, -inf where no key)
+    rounded to dtype, times the values: parts is [(n, v, per_row)], the next n columns
+    of x (p [b, hkv, g, c, n]) against v [b, hkv, 1, n, d] shared by the rows, or v [b,
+    hkv, c, n, d] per row, in dtype, their products summed."""
+    m = x.amax(-1, keepdim=True).detach()
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(x - m)
+    den = e.sum(-1, keepdim=True)
+    # a +inf score (den +inf): torch's softmax, its max subtracted, is NaN at every key seen
+    p = e / torch.where(den == 0, torch.ones_like(den),
+                        torch.where(den == float("inf"), float("nan"), den))
+    p = p.to(dtype)
+    o, at = 0, 0
+    for n, vp, per_row in parts:
+        pp = p[..., at:at + n]
+        o = o + (torch.matmul(pp.unsqueeze(-2), vp.unsqueeze(2)).squeeze(-2) if per_row
+                 else torch.matmul(pp, vp))
+        at += n
+    # a row that saw no key (den 0, no fault): lse -inf, a constant (no NaN gradient)
+    lse = torch.log(torch.where(den == 0, torch.ones_like(den), den)) + m
+    return o, torch.where(den == 0, float("-inf"), lse).squeeze(-1)
 
 
 def _attention_dense(q, k, v, causal, scale, window, softcap, budget):
-    """(o, lse) of q [b, hq, sq, d], k/v [b, hkv, sk, d], queries taken in chunks."""
+    """(o, lse) of q [b, hq, sq, d], k/v [b, hkv, sk, d], queries taken in chunks: by
+    selection in float64, as eager attention in a lower precision."""
     b, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
-    g = hq // hkv
     if sk == 0:  # no key: zeros, and a log-sum-exp of -inf
         return q.new_zeros(q.shape), torch.full((b, hq, sq), float("-inf"), dtype=_opmath(q),
                                                 device=q.device)
-    qg = q.reshape(b, hkv, g, sq, d)
-    kt, vg = k.unsqueeze(2).transpose(-1, -2), v.unsqueeze(2)
+    qg = q.reshape(b, hkv, hq // hkv, sq, d)
+    selected = q.dtype == torch.float64
     chunk = max(1, budget // max(1, b * hq * sk))
+    if selected:
+        chunk = min(chunk, ATTENTION_CHUNK_ROWS)
     outs, lses = [], []
     for r0 in range(0, sq, chunk):
         rows = torch.arange(r0, min(sq, r0 + chunk), device=q.device)
-        s = torch.matmul(qg[:, :, :, r0:r0 + len(rows)], kt) * scale  # [b, hkv, g, c, sk]
-        if softcap is not None:
-            s = torch.tanh(s / softcap) * softcap
-        x = s.to(_opmath(s))
-        vis = attention_visible(sq, sk, rows, causal, window)
-        # the mask added as SDPA's math backend adds it: a hidden score minus inf is -inf,
-        # or NaN for a NaN or +inf score, and a hidden pair's zero probability times a
-        # non-finite value or gradient is NaN, so a fault anywhere in the sequence
-        # reaches the rows that cannot see it
-        x = torch.where(vis, x, x - float("inf"))
-        m = x.amax(-1, keepdim=True).detach()
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        e = torch.exp(x - m)
-        den = e.sum(-1, keepdim=True)
-        # a +inf score (den +inf): torch's softmax, its max subtracted, is NaN at every key
-        p = e / torch.where(den == 0, torch.ones_like(den),
-                            torch.where(den == float("inf"), float("nan"), den))
-        outs.append(torch.matmul(p.to(q.dtype), vg))
-        # a row that saw no key (den 0, no fault): lse -inf, a constant (no NaN gradient)
-        lse = torch.log(torch.where(den == 0, torch.ones_like(den), den)) + m
-        lses.append(torch.where(den == 0, float("-inf"), lse).squeeze(-1))
-    o = torch.cat(outs, dim=3) if outs else q.new_zeros(b, hkv, g, 0, d)
+        qc = qg[:, :, :, r0:r0 + len(rows)]
+        if selected:
+            lo, hi = attention_key_ranges(sq, sk, rows, causal, window)
+            o, lse = _attention_rows(qc, k, v, lo, hi, scale, softcap)
+        else:
+            o, lse = _attention_eager_rows(qc, k, v, rows, sq, causal, scale, window, softcap)
+        outs.append(o)
+        lses.append(lse)
+    o = torch.cat(outs, dim=3) if outs else q.new_zeros(b, hkv, hq // hkv, 0, d)
     lse = (torch.cat(lses, dim=3) if lses else
-           torch.zeros(b, hkv, g, 0, dtype=_opmath(q), device=q.device))
+           torch.zeros(b, hkv, hq // hkv, 0, dtype=_opmath(q), device=q.device))
     return o.reshape(b, hq, sq, d), lse.reshape(b, hq, sq)
 
 
@@ -341,7 +405,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
               max_seqlen_k: int | None = None, return_lse: bool = False,
               num_splits: int | None = None, check_seqlens: bool = True,
               budget: int = ATTENTION_SCORE_BUDGET):
-    """softmax(cap(q k^T * scale) + mask) v, as Hugging Face's eager attention computes it:
+    """softmax(cap(q k^T * scale)) v over the keys each query row sees, as Hugging Face's
+    eager attention computes it:
     scores and the softcap in the inputs' dtype, the softmax in float32 (float64 for
     float64 inputs) rounded back to the dtype, then p @ v. A query that sees no key gets
     zeros and a log-sum-exp of -inf.
@@ -352,11 +417,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     float64 inputs. GQA without repeating k and v; queries are taken in chunks so no more
     than `budget` scores exist at once. max_seqlen_*, num_splits and check_seqlens only
     tell a kernel how to divide the work and do not change the result.
-    Faults as SDPA's math backend has them, the mask added to the scores: a row with a
-    NaN score, or a +inf score at a key it cannot see, gets o and lse NaN (its
-    probabilities NaN at every key, so its gradients reach every key of its kv head); a
-    visible +inf score gives o NaN and lse +inf; a hidden key's zero probability times a
-    non-finite value (or a non-finite gradient) is NaN.
+    Masked by selection: each query row's softmax and products run over the keys it sees
+    and no other (the masked keys removed, never added as -inf), so nothing at a position
+    the mask hides, NaN and inf included, reaches any output or gradient, as in the flash
+    and cuDNN backends. At the positions a row sees, faults propagate as the arithmetic
+    does: a NaN score gives the row o and lse NaN and p NaN at every key it sees (so the
+    gradients of those keys); a +inf score gives o NaN and lse +inf, p NaN likewise.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if cu_seqlens_q is None:

@@ -140,11 +140,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     the outputs, each sequence being clamped into the packed rows and cut at max_seqlen,
     and rows in no sequence come back as zeros (o, dq, dk, dv; lse -inf).
 
-    NaN: a row whose softmax is NaN (a NaN among the scores it sees, or a +inf) gets o and
-    lse NaN (lse +inf for a +inf score), dq NaN, and dk and dv NaN at every key of its
-    (batch, kv head), as SDPA's math backend gives. A NaN or Inf a row cannot see (a
-    masked key or value) does not reach it; the math backend, which adds -inf masks and
-    multiplies by zero probabilities, spreads it to every row.
+    Masked positions (later keys under causal, keys outside the window, the ends of
+    packed sequences) never affect any output or gradient, NaN and inf included, as in
+    the flash and cuDNN backends: each row's softmax runs over the keys it sees only.
+    Faults it sees propagate: a NaN score gives the row o and lse NaN (lse +inf for a
+    +inf score), dq NaN, and dk and dv NaN at every key it sees. SDPA's math backend,
+    which adds -inf masks and multiplies by zero probabilities, spreads a masked NaN to
+    every row instead; speedlight does not copy that.
 
     Range: the softmax statistics are fp32, as in every flash kernel: the backward
     recomputes p = exp(s - lse) from an fp32 lse (rounded by |lse| * 2^-24) and takes
@@ -200,8 +202,9 @@ _BWD_SM100 = ("a shortfall on sm_100a: Triton 3.6 lowers the dk/dv pass's dots t
               "128); the sm_90a tiles are kept until a B200 can time smaller ones")
 _FLASH = ("flash tiles: one 8-warp program per SM; k and v re-read per query block (and q, "
           "do per key block backward), as the cost model counts; no access width is held: "
-          "the operand tiles of the loop are copied to shared memory asynchronously "
-          "(cp.async, pipelined: min_stages), and lse/delta are one fp32 per row (32-bit)")
+          "the loop's operand tiles arrive in shared memory by TMA (tensor descriptors made "
+          "on the device per sequence, pipelined: min_stages), the rest by pointer, and "
+          "lse/delta are one fp32 per row (32-bit)")
 
 _FLASH_SM100 = ("flash tiles as on sm_90a; on sm_100a the K and V tiles of the loop arrive by "
                 "TMA (tensor descriptors made on the device per sequence and kv head, which "
@@ -222,13 +225,22 @@ _GLUON_SM100 = ("warp-specialized for tcgen05: one program of 12 warps per SM (1
                 "of 32-column slices, lse one fp32 per row (32-bit)")
 # the matrix kernels on gfx942: MFMA, no TMA, one operand buffer in LDS
 _MFMA = KernelDesign(min_occupancy=0.125, mma="MFMA", vector_bits=0, why=_FLASH_GFX942)
-# The fault kernels (kernels/attention/faults.py): each program returns after one load
-# unless an input holds a NaN or inf; then it walks every pair of its rows or keys once.
-_FAULTS = KernelDesign(min_occupancy=0.125, vector_bits=0,
-                       why="a check that returns at once on finite inputs; on a fault, one "
-                           "unpipelined pass over every key (or query) of its tile, NaN "
-                           "written only where the math backend has it (masked stores)")
-
+# The fault kernels: at most one program per SM, each reading the fault counts of its
+# blocks and, only for a block whose boundary blocks met a NaN or inf, redoing it exactly
+_FAULTS_WHY = ("the fault pass: one wave of programs that read one count per block and move "
+               "on (finite inputs); a block with a fault is redone exactly on small tiles "
+               "(its NaN and inf replaced, then added back at the visible pairs)")
+_FAULTS_AMD = KernelDesign(min_occupancy=0.125, vector_bits=0, spills=True,
+                           why=_FAULTS_WHY + "; on gfx942 its exact path spills to scratch (the "
+                               "rare path only)")
+_FAULTS = KernelDesign(min_occupancy=0.125, vector_bits=0, why=_FAULTS_WHY,
+                       per_arch=(("gfx942", _FAULTS_AMD), ("gfx950", _FAULTS_AMD)))
+_BWD_SPILLS = ("the exact dk/dv and dq paths in one kernel hold enough tiles to spill a few "
+               "bytes (tens on sm_90a), on the rare path only")
+_BWD_FAULTS = KernelDesign(
+    min_occupancy=0.125, vector_bits=0, spills=True, why=f"{_FAULTS_WHY}; {_BWD_SPILLS}",
+    per_arch=((100, KernelDesign(min_occupancy=0.125, vector_bits=0, spills=True,
+                                 why=f"a shortfall on sm_100a: {_BWD_SPILLS}")),))
 SPEC = OpSpec(
     impl=attention,
     implementations=attention_gluon.gluon_implementations(attention, ATTENTION),
@@ -252,19 +264,19 @@ SPEC = OpSpec(
     patches="attention",
     kernels={
         "_attention_fwd_kernel": KernelDesign(
-            min_occupancy=0.125, mma="HGMMA", min_stages=2, vector_bits=0, why=_FLASH,
+            min_occupancy=0.125, mma="HGMMA", tma=True, min_stages=2, vector_bits=0, why=_FLASH,
             # sm_100a: tcgen05 MMA (UTCHMMA), the scores and the output accumulated in
             # tensor memory, K and V tiles loaded by TMA (device-made descriptors)
             per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", tma=True,
                                          vector_bits=0, why=_FLASH_SM100)),
                       ("gfx942", _MFMA), ("gfx950", _MFMA))),
         "_attention_bwd_dkdv_kernel": KernelDesign(
-            min_occupancy=0.125, mma="HGMMA", vector_bits=0, why=_FLASH,
+            min_occupancy=0.125, mma="HGMMA", tma=True, vector_bits=0, why=_FLASH,
             per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", vector_bits=0,
                                          spills=True, why=_BWD_SM100)),
                       ("gfx942", _MFMA), ("gfx950", _MFMA))),
         "_attention_bwd_dq_kernel": KernelDesign(
-            min_occupancy=0.125, mma="HGMMA", vector_bits=0, why=_FLASH,
+            min_occupancy=0.125, mma="HGMMA", tma=True, vector_bits=0, why=_FLASH,
             per_arch=((100, KernelDesign(min_occupancy=0.125, mma="UTCHMMA", vector_bits=0,
                                          why=_FLASH)),
                       ("gfx942", _MFMA), ("gfx950", _MFMA))),
@@ -276,8 +288,7 @@ SPEC = OpSpec(
             min_occupancy=0.1875, mma="UTCHMMA", tma=True, min_stages=3, vector_bits=128,
             partitions=((4, 240), (1, 24), (1, 24)), why=_GLUON_SM100),
         "_attention_fwd_faults_kernel": _FAULTS,
-        "_attention_bwd_dkdv_faults_kernel": _FAULTS,
-        "_attention_bwd_dq_faults_kernel": _FAULTS,
+        "_attention_bwd_faults_kernel": _BWD_FAULTS,
         "_attention_combine_kernel": KernelDesign(min_occupancy=0.25, vector_bits=32,
                                                   why="one query row per program: its fp32 "
                                                       "partials of one head row each"),

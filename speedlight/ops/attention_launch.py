@@ -17,10 +17,8 @@ import torch
 import triton
 
 from speedlight.kernels.attention import (_attention_bwd_delta_kernel,
-                                          _attention_bwd_dkdv_faults_kernel,
-                                          _attention_bwd_dkdv_kernel,
-                                          _attention_bwd_dq_faults_kernel,
-                                          _attention_bwd_dq_kernel, _attention_combine_kernel,
+                                          _attention_bwd_dkdv_kernel, _attention_bwd_dq_kernel,
+                                          _attention_bwd_faults_kernel, _attention_combine_kernel,
                                           _attention_fwd_faults_kernel, _attention_fwd_kernel)
 from speedlight import launch, tuning
 from speedlight.launch import planned_amd_arch, planned_arch, planned_sm_count
@@ -97,18 +95,19 @@ def _split_plan(n_programs: int, seq_k: int, block_n: int, device: torch.device,
     return triton.cdiv(max(seq_k, 1), span), span
 
 
-def _tma(pb: _Problem, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the forward loads K and V through tensor descriptors: on Blackwell (sm_100
-    and later, the launch context's target or the GPU's own), whose tcgen05 MMA is fed from
-    shared memory that TMA fills, when every descriptor is legal (each sequence's first row
-    and every row stride 16-byte aligned). Hopper and the interpreter's default take the
-    pointer path (cp.async), which measured on an H200 as the design holds."""
-    arch = planned_arch(k.device)
-    if arch is None or arch < 100:
+def _tma(pb: _Problem, *tensors: torch.Tensor) -> bool:
+    """Whether the loop tiles come through tensor descriptors (TMA): on Hopper and later
+    (sm_90+, the launch context's target or the GPU's own), when every descriptor is legal
+    (each base and row, head and batch stride 16-byte aligned). The forward reads K and V
+    so, the dk/dv pass q and do, the dq pass K and V; the descriptors are made on the
+    device per sequence (rows past it read as zeros). Elsewhere (sm_80, AMD, the
+    interpreter's default) the pointer path (cp.async)."""
+    arch = planned_arch(tensors[0].device)
+    if arch is None or arch < 90:
         return False
     return all(t.data_ptr() % 16 == 0
                and all(s * t.element_size() % 16 == 0 for s in pb.strides(t))
-               for t in (k, v))
+               for t in tensors)
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -154,6 +153,12 @@ class _Problem:
         self.group = self.heads_q // self.heads_kv
         self.cu_q = cu_q.contiguous() if self.varlen else q  # unread placeholders when dense
         self.cu_k = cu_k.contiguous() if self.varlen else q
+
+    def sides(self, left: int, right: int) -> tuple[int, int]:
+        """The window's sides with a bounded side past every position cut to seq_q + seq_k
+        (the same mask), so the kernels' int32 positions plus a side cannot overflow."""
+        bound = self.seq_q + self.seq_k
+        return tuple(-1 if side < 0 else min(side, bound) for side in (left, right))
 
     def sizes(self) -> tuple[int, int, int, int]:
         """(seq_q, seq_k, total_q, total_k), as every kernel takes them."""
@@ -212,6 +217,7 @@ def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_seqlens)
     scale = pb.head_dim ** -0.5 if scale is None else float(scale)
+    left, right = pb.sides(left, right)
     o = pb.new_like(q)
     lse = pb.new(pb.lse_shape, q, float("-inf"))
     if q.numel() == 0:
@@ -225,7 +231,8 @@ def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
                                q.device, num_splits)
     grid = (m_blocks * pb.batch * pb.heads_q, splits)
     flags = dict(VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
-                 SPLIT=splits > 1, UPCAST=_upcast(_attention_fwd_kernel, q),
+                 FOLD=softcap is None and scale > 0, SPLIT=splits > 1,
+                 UPCAST=_upcast(_attention_fwd_kernel, q),
                  PRECISION=_precision(q.dtype), TMA=_tma(pb, k, v))
     if flags["TMA"]:
         ensure_allocator()  # the descriptors are made on the device, in Triton's scratch
@@ -233,58 +240,48 @@ def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
     common = (pb.cu_q, pb.cu_k, m_blocks, *pb.sizes(), pb.heads_q, pb.group,
               pb.head_dim, scale, float(softcap or 1.0), left, right, span,
               *pb.strides(q), *pb.strides(k), *pb.strides(v))
+    faults = torch.empty((pb.batch, pb.heads_q, m_blocks, splits), dtype=torch.int32,
+                         device=q.device)
     if splits == 1:
-        _attention_fwd_kernel[grid](q, k, v, o, lse, *common, *pb.strides(o), 0,
+        _attention_fwd_kernel[grid](q, k, v, o, lse, faults, *common, *pb.strides(o), 0,
                                     *pb.lse_strides(lse), 0, **flags, **blocks)
-        _fwd_faults(pb, q, k, v, o, lse, scale, softcap, left, right, m_blocks, blocks)
-        return o, lse
-    # split key range: normalised fp32 partials per split, then one combine per query row
-    part_o = pb.new((splits, *o.shape), q)
-    part_lse = pb.new((splits, *lse.shape), q, float("-inf"))
-    _attention_fwd_kernel[grid](q, k, v, part_o, part_lse, *common,
-                                *pb.strides(part_o[0]), part_o.stride(0),
-                                *pb.lse_strides(part_lse[0]), part_lse.stride(0),
-                                **flags, **blocks)
-    rows_q = pb.total_q if pb.varlen else pb.seq_q
-    batch = 1 if pb.varlen else pb.batch
-    _attention_combine_kernel[(batch * pb.heads_q * rows_q,)](
-        part_o, part_lse, o, lse, rows_q, pb.heads_q, rows_q, pb.head_dim, splits,
-        *pb.strides(part_o[0]), part_o.stride(0), *pb.lse_strides(part_lse[0]),
-        part_lse.stride(0), *pb.strides(o), *pb.lse_strides(lse),
-        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=blocks["BLOCK_D"], num_warps=1)
-    _fwd_faults(pb, q, k, v, o, lse, scale, softcap, left, right, m_blocks, blocks)
+    else:  # normalised fp32 partials per split, then one combine per query row
+        part_o = pb.new((splits, *o.shape), q)
+        part_lse = pb.new((splits, *lse.shape), q, float("-inf"))
+        _attention_fwd_kernel[grid](q, k, v, part_o, part_lse, faults, *common,
+                                    *pb.strides(part_o[0]), part_o.stride(0),
+                                    *pb.lse_strides(part_lse[0]), part_lse.stride(0),
+                                    **flags, **blocks)
+        rows_q = pb.total_q if pb.varlen else pb.seq_q
+        batch = 1 if pb.varlen else pb.batch
+        _attention_combine_kernel[(batch * pb.heads_q * rows_q,)](
+            part_o, part_lse, o, lse, rows_q, pb.heads_q, rows_q, pb.head_dim, splits,
+            *pb.strides(part_o[0]), part_o.stride(0), *pb.lse_strides(part_lse[0]),
+            part_lse.stride(0), *pb.strides(o), *pb.lse_strides(lse),
+            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=blocks["BLOCK_D"], num_warps=1)
+    # the query blocks whose boundary blocks met a NaN or inf of v, redone exactly
+    tiles = _fault_tiles(blocks["BLOCK_M"], blocks["BLOCK_N"], blocks["BLOCK_D"])
+    fault_blocks = triton.cdiv(pb.seq_q, tiles["BLOCK_M"])
+    _attention_fwd_faults_kernel[_one_wave(fault_blocks * pb.batch * pb.heads_q, q.device)](
+        q, k, v, o, lse, faults, pb.cu_q, pb.cu_k, fault_blocks, splits, blocks["BLOCK_M"],
+        *pb.sizes(), pb.batch, pb.heads_q, pb.group, pb.head_dim, scale, float(softcap or 1.0),
+        left, right, *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(o),
+        *pb.lse_strides(lse), **{n: flags[n] for n in ("VARLEN", "WINDOW", "SOFTCAP", "FOLD",
+                                                         "UPCAST", "PRECISION", "TMA")},
+        **tiles, num_warps=8)
     return o, lse
 
 
-def _hides_keys(pb: _Problem, left: int, right: int) -> bool:
-    """Whether the mask may hide a key from a query row (causal over more than one query, a
-    window narrower than the keys): a sequence's bounds decide it, with no host read."""
-    return pb.seq_k > 0 and ((0 <= left < pb.seq_k - 1) or (0 <= right < pb.seq_q - 1))
+def _fault_tiles(block_m: int, block_n: int, block_d: int) -> dict:
+    """The fault kernels' tiles: the main kernels', at most 32 x 32 (each divides the main
+    one), so the exact path's extra tiles fit in registers."""
+    return dict(BLOCK_M=min(block_m, 32), BLOCK_N=min(block_n, 32), BLOCK_D=block_d)
 
 
-def _fault_flag(*tensors: torch.Tensor) -> torch.Tensor:
-    """fp32 [1]: the sum of the tensors' sums, NaN or +-inf when one holds a non-finite
-    value (or when finite sums overflow: the fault kernels then find nothing), on the
-    device with no host sync."""
-    flag = tensors[0].sum(dtype=torch.float32)
-    for t in tensors[1:]:
-        flag = flag + t.sum(dtype=torch.float32)
-    return flag.reshape(1)
-
-
-def _fwd_faults(pb, q, k, v, o, lse, scale, softcap, left, right, m_blocks, blocks) -> None:
-    """NaN over o and lse where a key the mask hides makes them NaN (kernels/attention/
-    faults.py); nothing to launch when no key is hidden."""
-    if not _hides_keys(pb, left, right):
-        return
-    _attention_fwd_faults_kernel[(m_blocks * pb.batch * pb.heads_q,)](
-        q, k, v, o, lse, _fault_flag(q, k, v), pb.cu_q, pb.cu_k, m_blocks, *pb.sizes(),
-        pb.heads_q, pb.group, pb.head_dim, scale, float(softcap or 1.0), left, right,
-        *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(o), *pb.lse_strides(lse),
-        VARLEN=pb.varlen, SOFTCAP=softcap is not None,
-        UPCAST=_upcast(_attention_fwd_faults_kernel, q), PRECISION=_precision(q.dtype),
-        # 32 keys a step: with the forward's 64 it spills on sm_100a
-        **_tiles(blocks, BLOCK_N=32), num_warps=blocks["num_warps"])
+def _one_wave(work: int, device: torch.device) -> tuple[int]:
+    """The grid of a fault kernel: at most one program per SM (a few under the
+    interpreter), each walking the work items pid, pid + grid, ..."""
+    return (max(1, min(work, planned_sm_count(device) or 4)),)
 
 
 def attention_bwd(do, q, k, v, o, lse, *, dlse=None, causal: bool = False,
@@ -302,10 +299,8 @@ def attention_bwd(do, q, k, v, o, lse, *, dlse=None, causal: bool = False,
                       left, right, max_seqlen_q, max_seqlen_k, check_seqlens)
 
 
-# The query rows per program of the delta kernel, whose NaN flags the dk/dv kernel reads
-# DELTA_ROWS x NAN_FLAGS at a time.
+# The query rows per program of the delta kernel.
 DELTA_ROWS = 64
-NAN_FLAGS = 64
 
 
 def launch_bwd(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, scale, softcap, left,
@@ -321,56 +316,53 @@ def launch_bwd(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, scale, sof
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     check_runtime(q, _attention_bwd_dq_kernel)
-    delta = pb.new(pb.lse_shape, q)
-    d_blocks = _blocks("dq", pb.head_dim, pb.seq_q, q.dtype, q.device)
+    left, right = pb.sides(left, right)
+    delta, lse2 = pb.new(pb.lse_shape, q), pb.new(pb.lse_shape, q)
     lse = lse.contiguous()
     if dlse is not None:  # the lse's layout, which delta shares
         dlse = dlse.to(torch.float32).expand(pb.lse_shape).contiguous()
+    d_blocks = _blocks("dq", pb.head_dim, pb.seq_q, q.dtype, q.device)
     pre_blocks = triton.cdiv(pb.seq_q, DELTA_ROWS)
-    nan = torch.empty((pb.batch, pb.heads_q, pre_blocks), dtype=torch.float32, device=q.device)
     _attention_bwd_delta_kernel[(pre_blocks * pb.batch * pb.heads_q,)](
-        o, do, lse, dlse if dlse is not None else delta, delta, nan, pb.cu_q, pre_blocks,
+        o, do, lse, dlse if dlse is not None else delta, delta, lse2, pb.cu_q, pre_blocks,
         pb.seq_q, pb.total_q, pb.heads_q, pb.head_dim, *pb.strides(o), *pb.strides(do),
         *pb.lse_strides(delta), VARLEN=pb.varlen, HAS_DLSE=dlse is not None,
         BLOCK_M=DELTA_ROWS, BLOCK_D=d_blocks["BLOCK_D"], num_warps=4)
     flags = dict(VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
                  UPCAST=_upcast(_attention_bwd_dq_kernel, q),
-                 PRECISION=_precision(q.dtype))
+                 PRECISION=_precision(q.dtype), TMA=_tma(pb, q, k, v, do))
+    if flags["TMA"]:
+        ensure_allocator()
     common = (*pb.sizes(), None, pb.group, pb.head_dim, scale, float(softcap or 1.0),
               left, right, *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(do),
-              *pb.lse_strides(lse))
+              *pb.lse_strides(lse2))
     kv_blocks = _blocks("dkdv", pb.head_dim, pb.seq_q, q.dtype, q.device)
     n_blocks = triton.cdiv(pb.seq_k, kv_blocks["BLOCK_N"])
+    kv_faults = torch.empty((pb.batch, pb.heads_kv, n_blocks), dtype=torch.int32,
+                            device=q.device)
     _attention_bwd_dkdv_kernel[(n_blocks * pb.batch * pb.heads_kv,)](
-        q, k, v, do, lse, delta, nan, dk, dv, pb.cu_q, pb.cu_k, n_blocks, pre_blocks,
+        q, k, v, do, lse2, delta, dk, dv, kv_faults, pb.cu_q, pb.cu_k, n_blocks,
         *_with_heads(common, pb.heads_kv),
-        *pb.strides(dk), *pb.strides(dv), **flags, **kv_blocks, BLOCK_F=NAN_FLAGS)
+        *pb.strides(dk), *pb.strides(dv), **flags, **kv_blocks)
     m_blocks = triton.cdiv(pb.seq_q, d_blocks["BLOCK_M"])
+    q_faults = torch.empty((pb.batch, pb.heads_q, m_blocks), dtype=torch.int32, device=q.device)
     _attention_bwd_dq_kernel[(m_blocks * pb.batch * pb.heads_q,)](
-        q, k, v, do, lse, delta, dq, pb.cu_q, pb.cu_k, m_blocks,
+        q, k, v, do, lse2, delta, dq, q_faults, pb.cu_q, pb.cu_k, m_blocks,
         *_with_heads(common, pb.heads_q),
         *pb.strides(dq), **flags, **d_blocks)
-    if _hides_keys(pb, left, right):  # NaN where a hidden pair makes it (faults.py)
-        flag = _fault_flag(q, k, v, o, do, *(() if dlse is None else (dlse,)))
-        fault_flags = dict(VARLEN=pb.varlen, UPCAST=flags["UPCAST"],
-                           PRECISION=flags["PRECISION"])
-        _attention_bwd_dkdv_faults_kernel[(n_blocks * pb.batch * pb.heads_kv,)](
-            q, v, do, lse, delta, dk, dv, flag, pb.cu_q, pb.cu_k, n_blocks, *pb.sizes(),
-            pb.heads_kv, pb.group, pb.head_dim, left, right, *pb.strides(q), *pb.strides(v),
-            *pb.strides(do), *pb.lse_strides(lse), *pb.strides(dk), *pb.strides(dv),
-            **fault_flags, **_tiles(kv_blocks), num_warps=kv_blocks["num_warps"])
-        _attention_bwd_dq_faults_kernel[(m_blocks * pb.batch * pb.heads_q,)](
-            k, v, do, lse, delta, dq, flag, pb.cu_q, pb.cu_k, m_blocks, *pb.sizes(),
-            pb.heads_q, pb.group, pb.head_dim, left, right, *pb.strides(k), *pb.strides(v),
-            *pb.strides(do), *pb.lse_strides(lse), *pb.strides(dq),
-            **fault_flags, **_tiles(d_blocks), num_warps=d_blocks["num_warps"])
+    # the blocks whose boundary blocks met a NaN or inf of q, do or k, redone exactly
+    tiles = _fault_tiles(d_blocks["BLOCK_M"], kv_blocks["BLOCK_N"], d_blocks["BLOCK_D"])
+    fault_kv = triton.cdiv(pb.seq_k, tiles["BLOCK_N"])
+    fault_q = triton.cdiv(pb.seq_q, tiles["BLOCK_M"])
+    work = (fault_kv * pb.heads_kv + fault_q * pb.heads_q) * pb.batch
+    _attention_bwd_faults_kernel[_one_wave(work, q.device)](
+        q, k, v, do, lse2, delta, dq, dk, dv, kv_faults, q_faults, pb.cu_q, pb.cu_k, fault_kv,
+        kv_blocks["BLOCK_N"], fault_q, d_blocks["BLOCK_M"], *pb.sizes(), pb.batch,
+        pb.heads_kv, pb.group, pb.head_dim, scale, float(softcap or 1.0), left, right,
+        *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(do),
+        *pb.lse_strides(lse2), *pb.strides(dq), *pb.strides(dk), *pb.strides(dv), **flags,
+        **tiles, num_warps=8)
     return dq, dk, dv
-
-
-def _tiles(blocks: dict, **override) -> dict:
-    """The block sizes of a launch's sizing, without its warps and stages, any of them
-    overridden (a fault kernel's tiles)."""
-    return {**{name: blocks[name] for name in ("BLOCK_M", "BLOCK_N", "BLOCK_D")}, **override}
 
 
 def _with_heads(common: tuple, heads: int) -> tuple:

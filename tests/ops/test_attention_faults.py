@@ -1,10 +1,10 @@
 """Attention on values that lie and scores that are not finite: packed cu_seqlens and
-max_seqlen checked by default and memory-safe without the check, NaN and inf against SDPA's
-math backend (visible or hidden by the mask), and options of the wrong type."""
+max_seqlen checked by default and memory-safe without the check, NaN and inf against the
+float64 reference, which masks by selection (a fault the mask hides reaches nothing; one
+a row sees propagates), and options of the wrong type."""
 
 import pytest
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import speedlight
 from speedlight import reference
@@ -101,63 +101,77 @@ def test_packed_compiles_fullgraph_without_the_host_read(device):
     torch.testing.assert_close(got, step(q, k, v))
 
 
-def _sdpa_math(q, k, v, causal, do):
-    """o, dq, dk, dv of SDPA's math backend in float64."""
-    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
-    with sdpa_kernel(SDPBackend.MATH):
-        o = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
-    o.backward(do.double())
-    return o, q.grad, k.grad, v.grad
+def _nonfinite_as_reference(got, want, name):
+    """NaN, +inf and -inf at the same positions; the finite values close."""
+    for kind in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(kind(got), kind(want.to(got.device))), f"{name}: {kind.__name__}"
+    finite = torch.isfinite(got)
+    torch.testing.assert_close(got[finite].double(), want.to(got.device)[finite], rtol=1e-4,
+                               atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("where,causal,splits", [
-    pytest.param("q", True, None, id="q-row-causal"),  # the issue's: dv NaN at every key
-    pytest.param("q", True, 2, id="q-row-causal-split"),
-    pytest.param("k", False, None, id="k-row"),
-    pytest.param("q", False, None, id="q-row"),
-])
-def test_nan_row_is_nan_where_sdpa_math_is(where, causal, splits, device):
-    """A row whose scores hold a NaN: o, dq, dk and dv NaN exactly where SDPA's math
-    backend has NaN (dk and dv at every key of the kv head, masked ones too), and the
-    row's lse NaN (it was -inf, the "saw no key" value, which dropped the NaN backward)."""
-    q, k, v = (seeded((1, h, 12, 16), device=device, seed=i) for i, h in enumerate((4, 2, 2)))
-    {"q": q, "k": k, "v": v}[where][0, 0, 3, 0] = float("nan")
-    do = seeded((1, 4, 12, 16), device=device, seed=7)
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    o, lse = speedlight.attention(q, k, v, causal=causal, num_splits=splits, return_lse=True)
-    o.backward(do)
-    want = _sdpa_math(q, k, v, causal, do)
-    for name, got, w in zip(("o", "dq", "dk", "dv"), (o, q.grad, k.grad, v.grad), want):
-        assert torch.equal(torch.isnan(got), torch.isnan(w)), f"{name}: NaN positions"
-    assert torch.equal(torch.isnan(lse), torch.isnan(o).all(-1))
-
-
-def _inject(tensors, where, value, index):
-    tensors[where][index] = float(value)
-
-
-@pytest.mark.parametrize("splits", [None, 2], ids=["one-pass", "split"])
-@pytest.mark.parametrize("where,value", [(w, v) for w in ("q", "k", "v", "do")
-                                         for v in ("nan", "inf", "-inf")])
-def test_fault_the_mask_hides_is_nan_where_sdpa_math_is(where, value, splits, device):
-    """A NaN or inf at row or key 9 of 12, which the causal mask hides from the rows
-    before it: o, dq, dk and dv NaN exactly where SDPA's math backend has NaN (it adds the
-    mask to the scores, so a hidden NaN or +inf score makes its row NaN, and a hidden
-    pair's zero weight times a non-finite value or gradient is NaN); the flash kernels
-    never visit those pairs, the fault kernels find them on the device."""
-    t = {"q": seeded((1, 4, 12, 16), device=device, seed=0),
-         "k": seeded((1, 2, 12, 16), device=device, seed=1),
-         "v": seeded((1, 2, 12, 16), device=device, seed=2),
-         "do": seeded((1, 4, 12, 16), device=device, seed=7)}
-    _inject(t, where, value, (0, 0, 9, 5))
-    q, k, v = (t[n].requires_grad_() for n in "qkv")
-    o = speedlight.attention(q, k, v, causal=True, num_splits=splits)
+def _against_reference(t, **options):
+    """o, lse, dq, dk, dv of speedlight and of the float64 reference (which masks by
+    selection) for the tensors t (q, k, v, do); every NaN and inf where the reference has
+    it. Returns speedlight's."""
+    q, k, v = (t[n].clone().requires_grad_() for n in "qkv")
+    o, lse = speedlight.attention(q, k, v, return_lse=True, **options)
     o.backward(t["do"])
-    want = _sdpa_math(q, k, v, True, t["do"])
-    assert bool(torch.isnan(want[0]).any() | torch.isnan(want[3]).any())
-    for name, got, w in zip(("o", "dq", "dk", "dv"), (o, q.grad, k.grad, v.grad), want):
-        assert torch.equal(torch.isnan(got), torch.isnan(w)), f"{name}: NaN positions"
+    q64, k64, v64 = (t[n].detach().cpu().double().requires_grad_() for n in "qkv")
+    o64, lse64 = reference.attention(
+        q64, k64, v64, return_lse=True,
+        **{n: (x.cpu() if torch.is_tensor(x) else x) for n, x in options.items()})
+    o64.backward(t["do"].cpu().double())
+    got = {"o": o, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    for name, want in zip(got, (o64, lse64, q64.grad, k64.grad, v64.grad)):
+        _nonfinite_as_reference(got[name].detach(), want.detach(), name)
+    return got
+
+
+def _tensors(shape, device, where=None, value=None, index=None):
+    """q, k, v, do of `shape(heads)` (2 q heads, 1 kv head), one of them faulted."""
+    t = {"q": seeded(shape(2), device=device, seed=0), "k": seeded(shape(1), device=device, seed=1),
+         "v": seeded(shape(1), device=device, seed=2), "do": seeded(shape(2), device=device, seed=3)}
+    if where is not None:
+        t[where][index] = float(value)
+    return t
+
+
+_DENSE = lambda h: (1, h, 12, 16)  # noqa: E731
+_FAULTS = [(w, v) for w in ("q", "k", "v", "do") for v in ("nan", "inf", "-inf")]
+_CLEAN = {}  # the clean run's outputs, per device
+
+
+@pytest.mark.parametrize("where,value", _FAULTS)
+def test_causally_masked_fault_reaches_nothing(where, value, device):
+    """A NaN or inf in row or key 9 of 12: every output and gradient is NaN or inf exactly
+    where the float64 reference (masking by selection) has it, and what the causal mask
+    hides from the fault is as without it: rows 0-8 of o, lse and dq for a key's fault
+    (keys 10-11 of dk and dv for a row's), bit for bit close to the clean run."""
+    got = _against_reference(_tensors(_DENSE, device, where, value, (0, 0, 9, 5)), causal=True)
+    if str(device) not in _CLEAN:
+        _CLEAN[str(device)] = _against_reference(_tensors(_DENSE, device), causal=True)
+    clean = _CLEAN[str(device)]
+    if where in ("k", "v"):
+        hidden = {"o": (..., slice(0, 9), slice(None)), "lse": (..., slice(0, 9)),
+                  "dq": (..., slice(0, 9), slice(None))}
+    else:
+        hidden = {"dk": (..., slice(10, 12), slice(None)), "dv": (..., slice(10, 12), slice(None))}
+    for name, at in hidden.items():
+        assert bool(torch.isfinite(got[name][at]).all()), name
+        torch.testing.assert_close(got[name][at], clean[name][at], msg=name)
+
+
+@pytest.mark.parametrize("where,value,splits", [
+    pytest.param("k", "nan", 2, id="k-nan-split"),
+    pytest.param("v", "inf", 2, id="v-inf-split"),
+    pytest.param("q", "nan", 3, id="q-nan-split3"),
+])
+def test_masked_fault_in_a_split_key_range(where, value, splits, device):
+    """The split-KV forward and its combine: a fault in one span reaches only the rows that
+    see it."""
+    _against_reference(_tensors(_DENSE, device, where, value, (0, 0, 9, 5)), causal=True,
+                       num_splits=splits)
 
 
 @pytest.mark.parametrize("where", ["k", "v", "do"])
@@ -166,43 +180,56 @@ def test_fault_the_mask_hides_is_nan_where_sdpa_math_is(where, value, splits, de
     pytest.param(dict(causal=True, cu_seqlens_q=_cu(0, 5, 20), cu_seqlens_k=_cu(0, 5, 20)),
                  id="packed"),
 ])
-def test_fault_outside_a_window_or_in_a_packed_sequence(where, options, device):
-    """Windows and packed sequences against the float64 reference, which adds the mask as
-    the math backend does: a fault outside a row's window reaches it; one in another
-    packed sequence does not (that sequence is another matrix)."""
+def test_fault_outside_a_window_or_in_another_sequence(where, options, device):
+    """A NaN at row or key 12 of 20, under the window (3, 1) (row i sees keys i-3 to i+1:
+    key 12 is seen by rows 11-15, row 12 sees keys 9-13) or in the second of two packed
+    sequences: it reaches only what sees it, as the float64 reference by selection."""
     packed = "cu_seqlens_q" in options
     shape = (lambda h: (20, h, 16)) if packed else (lambda h: (1, h, 20, 16))
-    t = {"q": seeded(shape(2), device=device, seed=0), "k": seeded(shape(1), device=device, seed=1),
-         "v": seeded(shape(1), device=device, seed=2), "do": seeded(shape(2), device=device, seed=3)}
-    _inject(t, where, "nan", (12, 0, 4) if packed else (0, 0, 12, 4))
+    t = _tensors(shape, device, where, "nan", (12, 0, 4) if packed else (0, 0, 12, 4))
     options = {n: (x.to(device) if torch.is_tensor(x) else x) for n, x in options.items()}
-    q, k, v = (t[n].requires_grad_() for n in "qkv")
-    o, lse = speedlight.attention(q, k, v, return_lse=True, **options)
-    o.backward(t["do"])
-    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
-    o64, lse64 = reference.attention(q64, k64, v64, return_lse=True, **options)
-    o64.backward(t["do"].double())
-    for name, got, w in zip(("o", "lse", "dq", "dk", "dv"), (o, lse, q.grad, k.grad, v.grad),
-                            (o64, lse64, q64.grad, k64.grad, v64.grad)):
-        assert torch.equal(torch.isnan(got), torch.isnan(w)), f"{name}: NaN positions"
-    if packed:  # the first sequence (rows 0-4) never sees the fault
-        assert bool(torch.isfinite(o[:5]).all() and torch.isfinite(q.grad[:5]).all())
-    else:  # rows 0-4 (keys 0-4 for do's fault) lie outside the window of position 12
-        reached = k.grad[0, 0, :5] if where == "do" else o[0, :, :5]
-        assert bool(torch.isnan(reached).any())
+    got = _against_reference(t, **options)
+    if packed:  # the first sequence (rows and keys 0-4) never sees the fault
+        for name in got:
+            first = got[name][:, :5] if name == "lse" else got[name][:5]
+            assert bool(torch.isfinite(first).all()), name
+    else:  # rows 0-8 see keys up to 9 at most; key 12 is seen by rows 11-15 only
+        assert bool(torch.isfinite(got["o"][0, :, :8]).all())
 
 
-def test_finite_inputs_stay_finite_through_the_fault_pass(device):
-    """A causal call launches the fault kernel after the flash kernel; on finite inputs
-    its flag is finite, so it writes nothing: o and lse finite and as the reference."""
-    q, k, v = (seeded((1, 2, 12, 16), device=device, seed=i) for i in range(3))
+def test_finite_inputs_launch_one_wave_of_fault_checks(device):
+    """Besides the flash kernels, one fault kernel per direction, of at most one program
+    per SM: on finite inputs each program reads its blocks' fault counts (all 0) and
+    writes nothing, so o, lse and the gradients are the flash kernels' own."""
+    from speedlight.launch import for_target
+    from speedlight.ops import attention_launch
+    from tests.conftest import gpu_target
+
+    q, k, v = (seeded((1, 2, 12, 16), device=device, seed=i).requires_grad_() for i in range(3))
     counter = LaunchCounter()
     with counter.active():
         o, lse = speedlight.attention(q, k, v, causal=True, return_lse=True)
-    assert counter.kernels == ["_attention_fwd_kernel", "_attention_fwd_faults_kernel"]
+        o.sum().backward()
+    assert counter.kernels == ["_attention_fwd_kernel", "_attention_fwd_faults_kernel",
+                               "_attention_bwd_delta_kernel", "_attention_bwd_dkdv_kernel",
+                               "_attention_bwd_dq_kernel", "_attention_bwd_faults_kernel"]
     assert bool(torch.isfinite(o).all() and torch.isfinite(lse).all())
     torch.testing.assert_close(o, reference.attention(q, k, v, causal=True), rtol=1e-5,
                                atol=1e-6)
+    with for_target(gpu_target(132)):  # 4096 query blocks of the 8K-token case: one wave
+        assert attention_launch._one_wave(4096, torch.device(device)) == (132,)
+        assert attention_launch._one_wave(7, torch.device(device)) == (7,)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_visible_fault_in_a_row_as_the_reference(value, device):
+    """A fault in q row 3 (GQA, causal): the row's o and lse NaN (lse +inf for a +inf
+    score), its dq NaN, and dk, dv NaN at the keys it sees (0-3) only: a row whose softmax
+    is NaN reaches no key it cannot see."""
+    t = _tensors(_DENSE, device, "q", value, (0, 0, 3, 0))
+    got = _against_reference(t, causal=True)
+    assert bool(torch.isnan(got["o"][0, 0, 3]).all())
+    assert bool(torch.isfinite(got["dk"][0, 0, 4:]).all() and torch.isfinite(got["dv"][0, 0, 4:]).all())
 
 
 def test_plus_inf_score_gives_nan_output_and_inf_lse(device):

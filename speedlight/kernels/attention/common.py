@@ -1,10 +1,26 @@
-"""Pieces every attention kernel shares: where a sequence starts, which keys a query sees,
-the score of a [BLOCK_M, BLOCK_N] tile and the backward's probabilities and score gradients.
+"""Pieces every attention kernel shares: where a sequence starts, which keys a query row
+sees (and which rows see a key), how a loop's blocks split into boundary and interior
+blocks, the exponent of a probability, and products over the visible pairs only.
 
 Positions are aligned at the end: query row r of a sequence with seq_q queries and seq_k
 keys sits at position i = r + seq_k - seq_q (as with a KV cache). Key j is visible to
 query i when j < seq_k, j >= i - left (left >= 0) and j <= i + right (right >= 0); the
 host turns causal into right = 0. A side of -1 is unbounded.
+
+Masking is by selection, never by adding -inf: a pair the mask hides (a later key under
+causal, a key outside the window, a row or key past its sequence's end) enters no sum. A
+loop over key (or query) blocks splits them into boundary blocks, which some hidden pair
+or an end crosses, and interior blocks, whose every pair is visible: those run with no
+mask at all. In a boundary block the hidden pairs' scores are replaced by -inf (their
+probabilities and score gradients by 0) with tl.where, and the second operand of its
+accumulated products (v of p @ v, do of p^T @ do, q of ds^T @ q, k of ds @ k) enters
+with its NaN and inf replaced by 0 (_finite_part), since a hidden pair's 0 times NaN is
+NaN. A boundary block that met such a value raises the program's fault count; after the
+loops a fault pass walks the boundary blocks again and adds those values' products at
+the visible pairs only (_nonfinite_products). So nothing hidden reaches an output or a
+gradient, as in the flash and cuDNN backends, NaN and inf at visible pairs propagate as
+the arithmetic does (as reference.attention, which masks by selection too), and the loops
+carry no fault code beyond one count per boundary block.
 """
 
 import triton
@@ -13,6 +29,10 @@ import triton.language as tl
 from speedlight.kernels.cross_entropy import _softcap
 
 LOG2E = tl.constexpr(1.4426950408889634)
+# The running maximum's start: the lowest finite fp32, so a row whose scores so far are all
+# -inf (hidden, or -inf in the inputs) has exp2(-inf - FLOOR) = 0, never exp2(-inf + inf)
+# = NaN, with no test in the loop; any finite score is at least FLOOR.
+FLOOR = tl.constexpr(-3.4028234663852886e38)
 
 
 @triton.jit
@@ -38,52 +58,61 @@ def _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k, total_q, total_k, VARLEN:
 
 
 @triton.jit
-def _key_range(m_lo, m_hi, seq_q, seq_k, left, right, BLOCK_N: tl.constexpr):
-    """[lo, hi) of the keys query rows [m_lo, m_hi) can see, lo rounded down to BLOCK_N."""
-    shift = seq_k - seq_q
-    lo = 0
-    hi = seq_k
-    if left >= 0:
-        lo = tl.maximum(m_lo + shift - left, 0)
-    if right >= 0:
-        hi = tl.minimum(m_hi - 1 + shift + right + 1, seq_k)
-    lo = (lo // BLOCK_N) * BLOCK_N
-    return lo, hi
-
-
-@triton.jit
-def _query_range(n_lo, n_hi, seq_q, seq_k, left, right, BLOCK_M: tl.constexpr):
-    """[lo, hi) of the query rows that can see some key of [n_lo, n_hi), lo rounded down
-    to BLOCK_M."""
-    shift = seq_k - seq_q
-    lo = 0
-    hi = seq_q
-    if right >= 0:
-        lo = tl.maximum(n_lo - right - shift, 0)
-    if left >= 0:
-        hi = tl.minimum(n_hi - 1 + left - shift + 1, seq_q)
-    lo = (lo // BLOCK_M) * BLOCK_M
-    return lo, hi
-
-
-@triton.jit
-def _visible(rows, keys, seq_q, seq_k, left, right, WINDOW: tl.constexpr):
-    """Mask of the (query row, key) pairs that see each other, rows and keys broadcast
-    against each other ([BM, 1] and [1, BN], or transposed for a [BN, BM] tile); WINDOW=False
-    compiles the window tests away (only the ends of the rows and keys are checked)."""
-    mask = (rows < seq_q) & (keys < seq_k)
+def _keys_seen(rows, seq_q, seq_k, left, right, WINDOW: tl.constexpr):
+    """(lo, hi): query row `rows` (a scalar or a tensor of rows) sees the keys [lo, hi),
+    none when hi <= lo. WINDOW=False compiles the window away (every key below seq_k)."""
+    lo = rows * 0
+    hi = rows * 0 + seq_k
     if WINDOW:
         pos = rows + (seq_k - seq_q)
-        mask &= ((left < 0) | (keys >= pos - left)) & ((right < 0) | (keys <= pos + right))
-    return mask
+        lo = tl.where(left >= 0, tl.maximum(pos - left, 0), lo)
+        hi = tl.where(right >= 0, tl.minimum(pos + right + 1, seq_k), hi)
+    return lo, hi
 
 
 @triton.jit
-def _hidden(rows, keys, seq_q, seq_k, left, right):
-    """Mask of the pairs of a sequence's dense [seq_q, seq_k] matrix that the mask hides
-    (both in range, the key outside the row's window), broadcast as in _visible."""
-    inside = (rows < seq_q) & (keys < seq_k)
-    return inside & ~_visible(rows, keys, seq_q, seq_k, left, right, True)
+def _rows_seeing(keys, seq_q, seq_k, left, right, WINDOW: tl.constexpr):
+    """(lo, hi): key `keys` (a scalar or a tensor) is seen by the query rows [lo, hi),
+    none when hi <= lo (a key past seq_k by none)."""
+    lo = keys * 0
+    hi = keys * 0 + seq_q
+    if WINDOW:
+        shift = seq_k - seq_q
+        lo = tl.where(right >= 0, tl.maximum(keys - right - shift, 0), lo)
+        hi = tl.where(left >= 0, tl.minimum(keys + left - shift + 1, seq_q), hi)
+    return lo, tl.where(keys < seq_k, hi, 0)
+
+
+@triton.jit
+def _blocks(lo, hi, in_lo, in_hi, BLOCK: tl.constexpr):
+    """How a loop over [lo, hi) in blocks of BLOCK, from lo rounded down to BLOCK, splits:
+    the interior blocks lie whole inside [in_lo, in_hi) (where every pair is visible), the
+    boundary blocks are the others. Returns (first, n_head, n_edge, mid_lo, mid_hi): the
+    interior blocks start at mid_lo, mid_lo + BLOCK, ... below mid_hi; boundary block e
+    (e < n_edge) at _edge_start(e, ...): n_head of them from `first` up to mid_lo, the
+    rest from mid_hi up to hi. Nothing when hi <= lo."""
+    lo = tl.maximum(lo, 0)
+    hi = tl.maximum(hi, lo)
+    first = lo // BLOCK * BLOCK
+    mid_lo = tl.maximum((tl.maximum(in_lo, 0) + BLOCK - 1) // BLOCK * BLOCK, first)
+    mid_hi = tl.maximum(tl.maximum(tl.minimum(in_hi, hi), 0) // BLOCK * BLOCK, mid_lo)
+    n_head = tl.where(hi > lo, (tl.minimum(mid_lo, hi) - first + BLOCK - 1) // BLOCK, 0)
+    n_tail = (tl.maximum(hi - mid_hi, 0) + BLOCK - 1) // BLOCK
+    return first, n_head, n_head + n_tail, mid_lo, mid_hi
+
+
+@triton.jit
+def _edge_start(e, first, n_head, mid_lo, mid_hi, BLOCK: tl.constexpr):
+    """The first index of boundary block e of _blocks' split: the head blocks end at mid_lo
+    (when there is an interior), where the tail's start, mid_hi, takes over."""
+    return first + e * BLOCK + tl.where(e >= n_head, mid_hi - mid_lo, 0)
+
+
+@triton.jit
+def _seen(lo, hi, cols):
+    """[R, C]: whether row r sees column c, lo[r] <= cols[c] < hi[r] (a boundary block's
+    mask: query rows against keys, or keys against query rows)."""
+    return (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
 
 
 @triton.jit
@@ -93,31 +122,62 @@ def _nonfinite(x):
 
 
 @triton.jit
-def _any_per_row(x):
-    """[R]: whether row r of the bool [R, C] tile x holds a True."""
-    return tl.max(x.to(tl.int32), 1) > 0
+def _count_nonfinite(b):
+    """How many NaN and inf the 2-D tile b holds."""
+    return tl.sum(tl.sum(_nonfinite(b).to(tl.int32), 1), 0)
 
 
 @triton.jit
-def _hits(hidden, bad):
-    """[R, D] counts of hidden [R, C] pairs whose column c is bad at d (bad [C, D]): a
-    hidden pair's zero weight times a non-finite value is NaN in the math backend's
-    matmul. fp16 0/1 operands, exact counts in fp32."""
-    return tl.dot(hidden.to(tl.float16), bad.to(tl.float16))
+def _guarded(b, SAFE: tl.constexpr):
+    """(b, faults) of a boundary block's second operand, whose NaN or inf at a hidden pair
+    a dot would turn into 0 * NaN: counted (faults) and, SAFE, replaced by 0 (the fault
+    pass adds them back at the visible pairs, _nonfinite_products); else left in, the
+    program's outputs then redone by the fault kernel."""
+    faults = _count_nonfinite(b)
+    if SAFE:
+        b = tl.where(_nonfinite(b), tl.zeros_like(b), b)
+    return b, faults
 
 
 @triton.jit
-def _scores(q, k_t, sm_scale, softcap, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
-    """(s, dcap) of one tile: s = cap(q @ k^T * sm_scale) * log2(e), the base-2 scores the
-    online softmax uses, fp32; dcap = d cap / d x (1 - tanh^2) with a softcap, else 1.
+def _nonfinite_products(acc, a, seen, b):
+    """acc plus the products a[r, c] * b[c, d] at the visible pairs (seen [R, C]) whose b
+    is NaN or inf: what a dot of _finite_part(b) left out, NaN or +-inf as IEEE makes them
+    (NaN for a NaN b, for an inf b times a zero or NaN a, or for infs of both signs). Each
+    kind is counted by a dot of 0/1 operands (exact in fp32), whose result lies as acc
+    does; run only in the fault pass after a loop whose boundary blocks met such a b."""
+    a32 = a.to(tl.float32)
+    up, down = seen & (a32 > 0), seen & (a32 < 0)
+    flat = seen & ~(a32 > 0) & ~(a32 < 0)  # a zero or NaN a at a visible pair
+    b_nan, b_up, b_down = b != b, b == float("inf"), b == float("-inf")
+    one = tl.float16
+    # [R, C] @ [C, D] -> [R, D] counts
+    n_nan = tl.dot(seen.to(one), b_nan.to(one)) + tl.dot(flat.to(one), (b_up | b_down).to(one))
+    acc = tl.where(n_nan > 0, float("nan"), acc)
+    n_up = tl.dot(up.to(one), b_up.to(one)) + tl.dot(down.to(one), b_down.to(one))
+    acc = tl.where(n_up > 0, acc + float("inf"), acc)
+    n_down = tl.dot(up.to(one), b_down.to(one)) + tl.dot(down.to(one), b_up.to(one))
+    return tl.where(n_down > 0, acc - float("inf"), acc)  # +inf - inf: NaN
 
-    q [BM, D] and k_t [D, BN] in the input dtype (fp32 under the interpreter for bf16).
-    """
-    qk = tl.dot(q, k_t, input_precision=PRECISION)  # [BM, D] @ [D, BN] -> [BM, BN]
+
+@triton.jit
+def _capped(qk, sm_scale, softcap, SOFTCAP: tl.constexpr):
+    """(x, dcap): the scores x = cap(qk * sm_scale), fp32, natural units, and d cap / d x
+    (1 - tanh^2) with a softcap, else qk (unused)."""
     if SOFTCAP:
-        c, dcap = _softcap(qk * sm_scale, softcap)
-        return c * LOG2E, dcap
-    return qk * (sm_scale * LOG2E), qk
+        return _softcap(qk * sm_scale, softcap)
+    return qk * sm_scale, qk
+
+
+@triton.jit
+def _exponent(qk, lse2, sm_scale, softcap, SOFTCAP: tl.constexpr):
+    """(e, dcap) of a backward tile: p = exp2(e), e = x * log2(e) - lse2 with x the score
+    (_capped) and lse2 the base-2 log-sum-exp broadcast to the tile: one FFMA per score
+    without a softcap, qk * (scale * log2 e) - lse2, for a scale of either sign."""
+    if SOFTCAP:
+        x, dcap = _capped(qk, sm_scale, softcap, SOFTCAP)
+        return x * LOG2E - lse2, dcap
+    return qk * (sm_scale * LOG2E) - lse2, qk
 
 
 @triton.jit
@@ -128,11 +188,17 @@ def _block(start, end, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _program(pid, n_blocks, heads):
-    """(block, batch entry, head) of flat program id pid: the blocks of one (batch, head)
-    are consecutive, so they share its K/V (or Q) in L2."""
-    pid_bh = pid // n_blocks
-    return pid % n_blocks, pid_bh // heads, pid_bh % heads
+def _program(pid, n_blocks, heads, DESCENDING: tl.constexpr):
+    """(block, batch entry, head) of flat program id pid over n_blocks x batch x heads,
+    blocks major: every (batch, head) takes its block i before any takes block i + 1
+    (DESCENDING: i - 1), so the heaviest blocks start first and the grid ends on light
+    ones; heads fastest, so the q heads of one GQA group run side by side on its K/V."""
+    n_bh = tl.num_programs(0) // n_blocks
+    blk = pid // n_bh
+    if DESCENDING:
+        blk = n_blocks - 1 - blk
+    pid_bh = pid % n_bh
+    return blk, pid_bh // heads, pid_bh % heads
 
 
 @triton.jit
@@ -148,16 +214,6 @@ def _load_rows(ptr, pid_b, pid_h, rows, offs_d, mask, stride_b, stride_h, stride
 
 
 @triton.jit
-def _load_cols(base, rows, offs_d, mask, stride_row, UPCAST: tl.constexpr):
-    """The transposed tile [BLOCK_D, len(rows)] of one head (base: its first element) at
-    int64 row indices `rows` (last dim contiguous), masked positions 0; fp32 when UPCAST."""
-    x = tl.load(base + rows[None, :] * stride_row + offs_d[:, None], mask=mask, other=0.0)
-    if UPCAST:
-        x = x.to(tl.float32)
-    return x
-
-
-@triton.jit
 def _operand(x, dtype, UPCAST: tl.constexpr):
     """x rounded to `dtype`, as the GPU's tl.dot sees it; back in fp32 when UPCAST (the
     interpreter's bf16 dot is wrong, and products of bf16 are exact in fp32)."""
@@ -165,27 +221,3 @@ def _operand(x, dtype, UPCAST: tl.constexpr):
     if UPCAST:
         x = x.to(tl.float32)
     return x
-
-
-@triton.jit
-def _probs(a, b, rows, keys, valid, lse2, seq_q, seq_k, left, right, sm_scale, softcap,
-           WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
-    """(p, dcap) of one backward tile, recomputed: p = exp2(s - lse2) where the query row
-    sees the key and `valid`, else 0; s and dcap as _scores(a, b).
-
-    a @ b is q @ k^T ([BM, BN]) or k @ q^T ([BN, BM]); rows, keys, valid and lse2 (the
-    base-2 lse, +inf for a row that saw no key) are broadcast to that tile.
-    """
-    s, dcap = _scores(a, b, sm_scale, softcap, SOFTCAP, PRECISION)
-    vis = _visible(rows, keys, seq_q, seq_k, left, right, WINDOW) & valid
-    return tl.where(vis, tl.exp2(s - lse2), 0.0), dcap
-
-
-@triton.jit
-def _dscores(p, dp, delta, dcap, dtype, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr):
-    """du = p * (dp - delta) * cap'(u) of one tile (delta broadcast to it), as the operand
-    of the next tl.dot (_operand)."""
-    ds = p * (dp - delta)
-    if SOFTCAP:
-        ds *= dcap
-    return _operand(ds, dtype, UPCAST)
