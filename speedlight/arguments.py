@@ -119,3 +119,51 @@ def add_seeds(p: argparse.ArgumentParser) -> None:
 
 def add_out(p: argparse.ArgumentParser, default: str | None, what: str) -> None:
     p.add_argument("--out", default=default, help=what)
+
+
+def add_ray(p: argparse.ArgumentParser) -> None:
+    """--ray [auto|ADDRESS], --ray-cpus, --ray-gpu and --ray-timeout, for every sub-command
+    that sweeps cases (speedlight.cluster runs the sweep)."""
+    from speedlight.cluster import CONNECT_TIMEOUT_S
+
+    p.add_argument("--ray", nargs="?", const="auto", default=None, metavar="auto|ADDRESS",
+                   help="spread the cases over a Ray cluster, one whole GPU per task: 'auto' "
+                        "(the default when the flag is given alone) joins the cluster started "
+                        "on this machine with `ray start` (or RAY_ADDRESS), else starts a local "
+                        "one; ADDRESS (HEAD:6379) joins that cluster")
+    # --ray-cpus and --ray-timeout default to None, so that giving either without --ray is
+    # refused whatever its value; ray_sweep puts in the defaults
+    p.add_argument("--ray-cpus", type=int, default=None, metavar="N",
+                   help="with --ray: CPUs per task (default 1); on a cluster without GPUs the "
+                        "tasks run the Triton interpreter on N CPUs each")
+    p.add_argument("--ray-gpu", default=None, metavar="MODEL[,MODEL...]|each",
+                   help="with --ray: run every case on a GPU of each model named (Ray's "
+                        "accelerator types: H100, A100...), or 'each' model the cluster has; "
+                        "default: once, on any free GPU")
+    p.add_argument("--ray-timeout", type=float, default=None, metavar="SECONDS",
+                   help=f"with --ray: give up (exit 1) when no Ray cluster answers at the "
+                        f"address, or a local one has not started, within SECONDS (default "
+                        f"{CONNECT_TIMEOUT_S:g})")
+
+
+def ray_sweep(args: argparse.Namespace, tool: str):
+    """The cluster.RaySweep the --ray flags ask for (None without --ray), checked before any
+    work: SystemExit naming the flag. A --ray-* flag given without --ray is refused,
+    whatever its value."""
+    from speedlight.cluster import CONNECT_TIMEOUT_S, RaySweep
+
+    if args.ray is None:
+        given = [f for f, v in (("--ray-cpus", args.ray_cpus), ("--ray-gpu", args.ray_gpu),
+                                ("--ray-timeout", args.ray_timeout)) if v is not None]
+        if given:
+            raise SystemExit(f"speedlight {tool}: {' and '.join(given)} only apply with --ray")
+        return None
+    if args.ray_cpus is not None and args.ray_cpus < 1:
+        raise SystemExit(f"speedlight {tool}: --ray-cpus must be at least 1, got {args.ray_cpus}")
+    if args.ray_timeout is not None and not 0 < args.ray_timeout < float("inf"):
+        raise SystemExit(f"speedlight {tool}: --ray-timeout must be a number of seconds > 0, "
+                         f"got {args.ray_timeout:g}")
+    return RaySweep(address=args.ray, cpus=1 if args.ray_cpus is None else args.ray_cpus,
+                    gpu_models=args.ray_gpu,
+                    timeout_s=CONNECT_TIMEOUT_S if args.ray_timeout is None else args.ray_timeout,
+                    device=getattr(args, "requested_device", args.device))

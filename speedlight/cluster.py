@@ -25,7 +25,6 @@ the items already delivered were written as they came.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import getpass
 import importlib
@@ -57,44 +56,27 @@ class Group:
     gpu_model: str | None = None  # Ray's accelerator type (H100, A100...); None: any GPU
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """--ray [auto|ADDRESS] and --ray-cpus, for every sub-command that sweeps cases."""
-    p.add_argument("--ray", nargs="?", const="auto", default=None, metavar="auto|ADDRESS",
-                   help="spread the cases over a Ray cluster, one whole GPU per task: 'auto' "
-                        "(the default when the flag is given alone) joins the cluster started "
-                        "on this machine with `ray start` (or RAY_ADDRESS), else starts a local "
-                        "one; ADDRESS (HEAD:6379) joins that cluster")
-    # --ray-cpus and --ray-timeout default to None, so that giving either without --ray is
-    # refused whatever its value; check_ray_flags puts in the defaults
-    p.add_argument("--ray-cpus", type=int, default=None, metavar="N",
-                   help="with --ray: CPUs per task (default 1); on a cluster without GPUs the "
-                        "tasks run the Triton interpreter on N CPUs each")
-    p.add_argument("--ray-gpu", default=None, metavar="MODEL[,MODEL...]|each",
-                   help="with --ray: run every case on a GPU of each model named (Ray's "
-                        "accelerator types: H100, A100...), or 'each' model the cluster has; "
-                        "default: once, on any free GPU")
-    p.add_argument("--ray-timeout", type=float, default=None, metavar="SECONDS",
-                   help=f"with --ray: give up (exit 1) when no Ray cluster answers at the "
-                        f"address, or a local one has not started, within SECONDS (default "
-                        f"{CONNECT_TIMEOUT_S:g})")
+@dataclass(frozen=True)
+class RaySweep:
+    """Where a --ray sweep runs, as its flags say (speedlight.arguments reads them): the
+    cluster's `address` ('auto': the one on this machine, else a new local one), CPUs per
+    task, the GPU models to run every item on (--ray-gpu; None: once, on any GPU), how long
+    joining may take, and --device as given (the workers choose their own runtime)."""
 
+    address: str = "auto"
+    cpus: int = 1
+    gpu_models: str | None = None
+    timeout_s: float = CONNECT_TIMEOUT_S
+    device: str = "auto"
 
-def check_ray_flags(args: argparse.Namespace, tool: str) -> None:
-    """The --ray flags' values, before any work: SystemExit naming the flag. A --ray-*
-    flag given without --ray is refused, whatever its value; then the defaults of those
-    not given are put in args."""
-    if args.ray is None:
-        given = [f for f, v in (("--ray-cpus", args.ray_cpus), ("--ray-gpu", args.ray_gpu),
-                                ("--ray-timeout", args.ray_timeout)) if v is not None]
-        if given:
-            raise SystemExit(f"speedlight {tool}: {' and '.join(given)} only apply with --ray")
-    elif args.ray_cpus is not None and args.ray_cpus < 1:
-        raise SystemExit(f"speedlight {tool}: --ray-cpus must be at least 1, got {args.ray_cpus}")
-    elif args.ray_timeout is not None and not 0 < args.ray_timeout < float("inf"):
-        raise SystemExit(f"speedlight {tool}: --ray-timeout must be a number of seconds > 0, "
-                         f"got {args.ray_timeout:g}")
-    args.ray_cpus = 1 if args.ray_cpus is None else args.ray_cpus
-    args.ray_timeout = CONNECT_TIMEOUT_S if args.ray_timeout is None else args.ray_timeout
+    def join(self, say: Callable[[str], Any] = print) -> tuple[str, list[str | None]]:
+        """Join the cluster, saying so: (the workers' device, 'cuda' or 'cpu'; the GPU
+        models each item runs on)."""
+        say(connect(self.address, self.timeout_s))
+        device = worker_device(self.device)
+        models = chosen_gpu_models(self.gpu_models, device)
+        say(describe_cluster(device, self.cpus))
+        return device, models
 
 
 def _ray():

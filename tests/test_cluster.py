@@ -126,14 +126,11 @@ def test_a_ray_verify_sweep_writes_the_rows_of_a_local_run_though_a_worker_died(
 
 
 def _lost_sweep(tmp_path, cases, monkeypatch, fault):
-    import argparse
-
     monkeypatch.setenv(cluster.FAULT_ENV, fault)
-    args = argparse.Namespace(ray="auto", ray_cpus=1, device="cpu", requested_device="cpu",
-                              spec=[], only_spec=False, max_gib=None, target=None, sku=None)
     spec = registry.builtin_spec("softmax")
     out = tmp_path / "verify.jsonl"
-    done = verify_on_cluster.verify_on_ray([spec], lambda s: cases, out, args, suite="quick",
+    done = verify_on_cluster.verify_on_ray([spec], lambda s: cases, out,
+                                           cluster.RaySweep(device="cpu"), suite="quick",
                                            say=lambda line: None)
     return done, _rows(out)
 

@@ -81,7 +81,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="torch.compile baseline: static (a kernel per shape, the default) or "
                         "auto (torch's automatic dynamic shapes)")
     r.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. max-autotune")
-    cluster.add_arguments(r)
+    arguments.add_ray(r)
     p.add_argument("--out", default=None,
                    help="run: folder for bench.jsonl (default speedlight-results); "
                         "plot: folder for the PNGs (default: plots/ beside the results)")
@@ -210,8 +210,8 @@ def _run(args: argparse.Namespace) -> int:
         _fail("--max-gib must be a finite number of GiB")
     if args.graph_max_mib < 0:
         _fail(f"--graph-max-mib must be at least 0, got {args.graph_max_mib:g}")
-    cluster.check_ray_flags(args, "bench")
-    if args.ray is not None and args.budget_s is not None:
+    ray = arguments.ray_sweep(args, "bench")
+    if ray is not None and args.budget_s is not None:
         _fail("--budget-s shares one machine's time among the ops; with --ray, leave it out "
               "(or bound the sweep with --limit and --cases)")
     try:  # before any work, not at the first write after a case was timed
@@ -238,7 +238,7 @@ def _run(args: argparse.Namespace) -> int:
         out = [c for c in out if pattern is None or pattern.search(c.id)]
         return out[: args.limit] if args.limit is not None else out
 
-    if args.ray is None:
+    if ray is None:
         if device.type == "cpu":
             console.print(f"[bold yellow]{display.NOT_REPRESENTATIVE}[/]")
         console.print(f"[dim]{tgt.describe()}; % of speed-of-light: {bench.roof_note}[/]")
@@ -254,13 +254,15 @@ def _run(args: argparse.Namespace) -> int:
                 rows.extend(case_rows)
                 progress.update(task, description=f"{spec.name} {case.id}")
                 progress.advance(task)
-            if args.ray is None:
+            if ray is None:
                 bench_cases(bench, specs, cases, out_path, budget_s=args.budget_s, on_case=on_case)
             else:
                 from speedlight.bench import on_cluster
-                on_cluster.bench_on_ray(specs, cases, out_path, args, settings=settings,
+                on_cluster.bench_on_ray(specs, cases, out_path, ray, settings=settings,
                                         rule_overrides=overrides, baselines=baselines,
-                                        suite=args.suite, run_id=bench.run_id, on_case=on_case,
+                                        suite=args.suite, spec_files=args.spec,
+                                        include_builtin=not args.only_spec, target=args.target,
+                                        sku=args.sku, run_id=bench.run_id, on_case=on_case,
                                         say=console.print,
                                         on_total=lambda n: progress.update(task, total=n))
     except cluster.ClusterError as e:

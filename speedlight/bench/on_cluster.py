@@ -11,9 +11,9 @@ tries gets error rows with the reason.
 
 from __future__ import annotations
 
-import argparse
 import uuid
 from pathlib import Path
+from typing import Sequence
 
 from speedlight import cluster
 
@@ -48,11 +48,15 @@ def worker(payload: dict, device: str):
     return one
 
 
-def bench_on_ray(specs, cases_of, out_path: Path, args: argparse.Namespace, *, settings,
-                 rule_overrides: dict, baselines, suite: str, run_id: str | None = None,
-                 on_case=None, say=print, on_total=None) -> list[dict]:
-    """bench's command.bench_cases over the Ray cluster --ray names: the rows, in the order
-    the cases finished; each case's rows appended to out_path as they arrive."""
+def bench_on_ray(specs, cases_of, out_path: Path, ray: cluster.RaySweep, *, settings,
+                 rule_overrides: dict, baselines, suite: str, spec_files: Sequence[str] = (),
+                 include_builtin: bool = True, target: str | None = None,
+                 sku: str | None = None, run_id: str | None = None, on_case=None, say=print,
+                 on_total=None) -> list[dict]:
+    """bench's command.bench_cases over the Ray cluster `ray` names: the rows, in the
+    order the cases finished; each case's rows appended to out_path as they arrive. The
+    workers load the ops as `spec_files` and `include_builtin` say and resolve `target` and
+    `sku` (the flags as given) on their own GPU."""
     import dataclasses
 
     import torch
@@ -61,12 +65,9 @@ def bench_on_ray(specs, cases_of, out_path: Path, args: argparse.Namespace, *, s
     from speedlight.bench.baselines import SPEEDLIGHT
     from speedlight.bench.runner import Bench
 
-    say(cluster.connect(args.ray, getattr(args, "ray_timeout", cluster.CONNECT_TIMEOUT_S)))
-    device = cluster.worker_device(getattr(args, "requested_device", args.device))
-    models = cluster.chosen_gpu_models(getattr(args, "ray_gpu", None), device)
-    say(cluster.describe_cluster(device, args.ray_cpus))
-    payload = {"spec_files": [str(Path(f).resolve()) for f in args.spec],
-               "include_builtin": not args.only_spec, "target": args.target, "sku": args.sku,
+    device, models = ray.join(say)
+    payload = {"spec_files": [str(Path(f).resolve()) for f in spec_files],
+               "include_builtin": include_builtin, "target": target, "sku": sku,
                "settings": dataclasses.replace(settings, rule=None), "rule": rule_overrides,
                "baselines": baselines, "suite": suite, "run": run_id or uuid.uuid4().hex[:12]}
     groups = cluster.on_each([cluster.Group(f"{spec.name} {case.id}", dict(payload, op=spec.name),
@@ -96,6 +97,6 @@ def bench_on_ray(specs, cases_of, out_path: Path, args: argparse.Namespace, *, s
 
     if on_total is not None:  # each case once per GPU model named
         on_total(sum(len(g.items) for g in groups))
-    cluster.run_on_ray(WORKER, groups, device=device, cpus=args.ray_cpus, on_item=on_item,
+    cluster.run_on_ray(WORKER, groups, device=device, cpus=ray.cpus, on_item=on_item,
                        on_lost=on_lost)
     return rows

@@ -42,7 +42,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     arguments.add_spec(p)
     p.add_argument("--jobs", type=int, default=None, help="compile worker processes")
     arguments.add_out(p, "speedlight-results", "folder for tune.jsonl and tuned/<sku>.json")
-    cluster.add_arguments(p)
+    arguments.add_ray(p)
 
 
 def _select_cases(spec, suite: str, dtypes, filters):
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{args.max_compiles}")
     if args.jobs is not None and args.jobs < 1:
         raise SystemExit(f"speedlight tune: --jobs must be at least 1, got {args.jobs}")
-    cluster.check_ray_flags(args, "tune")
+    ray = arguments.ray_sweep(args, "tune")
     device = torch.device(args.device)
     tgt = arguments.resolve_target(args, "tune")
     try:
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     timing = device.type == "cuda" and tgt.in_use
     tasks = sweep.tasks(spec, cases, tgt, max_compiles=args.max_compiles, time=timing,
                         spec_files=args.spec)
-    if args.ray is None:  # on Ray, on_cluster says which GPUs the workers tune for
+    if ray is None:  # on Ray, on_cluster says which GPUs the workers tune for
         console.print(f"[dim]{tgt.describe()}[/]")
         if not timing:
             why = ("no GPU in use" if device.type != "cuda" else
@@ -107,14 +107,15 @@ def run(args: argparse.Namespace) -> int:
             progress.update(bar, description=f"judged {task.case.label}")
             progress.advance(bar)
 
-        if args.ray is None:
+        if ray is None:
             rows = sweep.run_tasks(tasks, device, compiler=TritonCompiler(jobs=args.jobs),
                                    on_task=advance)
         else:
             from speedlight.tune import on_cluster
             try:
                 rows, timing = on_cluster.tune_on_ray(
-                    tasks, args, on_task=advance, say=console.print,
+                    tasks, ray, jobs=args.jobs, target=args.target, on_task=advance,
+                    say=console.print,
                     on_total=lambda n: progress.update(bar, total=n))
             except cluster.ClusterError as e:
                 raise SystemExit(f"speedlight tune: {e}")

@@ -12,7 +12,6 @@ device. A task whose worker died on both tries is an error row with the reason.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 from speedlight import cluster
@@ -35,15 +34,14 @@ def worker(payload: dict, device: str):
     return lambda task: [dict(env, **row) for row in sweep.run_task(task, dev, compiler=compiler)]
 
 
-def tune_on_ray(tasks, args: argparse.Namespace, *, on_task=None, say=print,
+def tune_on_ray(tasks, ray: cluster.RaySweep, *, jobs: int | None = None,
+                target: str | None = None, on_task=None, say=print,
                 on_total=None) -> tuple[list[dict], bool]:
-    """sweep.run_tasks over the Ray cluster --ray names: (the rows, in the order the tasks
-    finished; whether they were timed)."""
-    say(cluster.connect(args.ray, getattr(args, "ray_timeout", cluster.CONNECT_TIMEOUT_S)))
-    device = cluster.worker_device(getattr(args, "requested_device", args.device))
-    models = cluster.chosen_gpu_models(getattr(args, "ray_gpu", None), device)
-    say(cluster.describe_cluster(device, args.ray_cpus))
-    timed = device == "cuda" and args.target is None
+    """sweep.run_tasks over the Ray cluster `ray` names, `jobs` compiles at once per
+    worker: (the rows, in the order the tasks finished; whether they were timed). Without
+    a `target` (--target as given) on GPU workers, each tunes for the GPU it was given."""
+    device, models = ray.join(say)
+    timed = device == "cuda" and target is None
     if timed:  # each worker tunes for, and times on, the GPU it was given
         tasks = [dataclasses.replace(t, target="native", sku=None, time=True) for t in tasks]
         say("Ray: each worker tunes for the GPU it was given and times the survivors there")
@@ -51,7 +49,7 @@ def tune_on_ray(tasks, args: argparse.Namespace, *, on_task=None, say=print,
         say(f"Ray: the workers prune for {tasks[0].target} (launches sized for "
             f"{tasks[0].sku}); nothing is timed" + ("" if device == "cpu" else
                                                    " (--target names the GPU, not the workers)"))
-    groups = cluster.on_each([cluster.Group(f"{t.op} {t.case.id}", {"jobs": args.jobs}, [t])
+    groups = cluster.on_each([cluster.Group(f"{t.op} {t.case.id}", {"jobs": jobs}, [t])
                               for t in tasks], models)
     if on_total is not None:
         on_total(len(groups))
@@ -67,6 +65,6 @@ def tune_on_ray(tasks, args: argparse.Namespace, *, on_task=None, say=print,
                                "case": task.case.to_json(), "sku": task.sku,
                                "target": task.target, "status": "error", "reason": reason}])
 
-    cluster.run_on_ray(WORKER, groups, device=device, cpus=args.ray_cpus, on_item=on_item,
+    cluster.run_on_ray(WORKER, groups, device=device, cpus=ray.cpus, on_item=on_item,
                        on_lost=on_lost)
     return rows, timed

@@ -25,7 +25,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", default="", metavar="NAMES",
                    help="comma-separated implementations run only when named (e.g. gluon: "
                         "no GPU has verified it yet), verified beside the others")
-    cluster.add_arguments(p)
+    arguments.add_ray(p)
 
 
 def verify_cases(specs, cases_of, device, out_path: Path, *, suite: str, target=None,
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_gib is not None and not 0 < args.max_gib < float("inf"):  # NaN too
         raise SystemExit(f"speedlight verify: --max-gib must be a number of GiB more than 0, "
                          f"got {args.max_gib:g}")
-    cluster.check_ray_flags(args, "verify")
+    ray = arguments.ray_sweep(args, "verify")
     names = [n.strip() for n in args.ops.split(",")] if args.ops else None
     try:
         dtypes = [parse_dtype(d) for d in args.dtypes.split(",") if d.strip()]
@@ -87,10 +87,10 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     max_bytes = harness.default_max_bytes(device, args.max_gib)
     seeds = list(range(args.seed, args.seed + args.seeds))
-    if device.type == "cpu" and args.ray is None:
+    if device.type == "cpu" and ray is None:
         console.print("[dim]No GPU in use: kernels run on CPU tensors through the Triton "
                       "interpreter (correctness only; bfloat16 tl.dot cases are skipped).[/]")
-    if args.ray is None:  # on Ray, each worker's own GPU (unless --target names one)
+    if ray is None:  # on Ray, each worker's own GPU (unless --target names one)
         console.print(f"[dim]{tgt.describe()}[/]")
 
     out_path = out_dir / "verify.jsonl"
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                 finished.append(result)
                 progress.update(task, description=f"{spec.name} {result.case.id}")
                 progress.advance(task)
-            if args.ray is None:
+            if ray is None:
                 all_results = verify_cases(
                     specs, lambda s: harness.expand(s, args.suite, dtypes, seeds), device,
                     out_path, suite=args.suite, target=tgt, max_bytes=max_bytes, on_case=on_case,
@@ -118,8 +118,10 @@ def run(args: argparse.Namespace) -> int:
                 from speedlight.verify import on_cluster
                 all_results = on_cluster.verify_on_ray(
                     specs, lambda s: harness.expand(s, args.suite, dtypes, seeds), out_path,
-                    args, suite=args.suite, on_case=on_case, say=console.print,
-                    on_total=lambda n: progress.update(task, total=n))
+                    ray, suite=args.suite, spec_files=args.spec,
+                    include_builtin=not args.only_spec, max_gib=args.max_gib,
+                    target=args.target, sku=args.sku, named=named, on_case=on_case,
+                    say=console.print, on_total=lambda n: progress.update(task, total=n))
     except cluster.ClusterError as e:
         raise SystemExit(f"speedlight verify: {e}")
     except KeyboardInterrupt:  # each finished case is already in out_path
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{out_path}[/]")
         return 130
 
-    where = f"{env['device']}, {env['runtime']}" if args.ray is None else "on Ray"
+    where = f"{env['device']}, {env['runtime']}" if ray is None else "on Ray"
     display.print_results(all_results, console, device=where,
                           only_problems=not args.all_rows)
     console.print(f"results: {out_path}")

@@ -10,9 +10,9 @@ with the reason.
 
 from __future__ import annotations
 
-import argparse
 import uuid
 from pathlib import Path
+from typing import Sequence
 
 from speedlight import cluster
 
@@ -65,23 +65,24 @@ def case_groups(specs, cases_of, payload: dict) -> list[cluster.Group]:
     return list(out.values())
 
 
-def verify_on_ray(specs, cases_of, out_path: Path, args: argparse.Namespace, *, suite: str,
+def verify_on_ray(specs, cases_of, out_path: Path, ray: cluster.RaySweep, *, suite: str,
+                  spec_files: Sequence[str] = (), include_builtin: bool = True,
+                  max_gib: float | None = None, target: str | None = None,
+                  sku: str | None = None, named: Sequence[str] = (),
                   run_id: str | None = None, on_case=None, say=print, on_total=None) -> list:
-    """verify's command.verify_cases over the Ray cluster --ray names: the CaseResults, in
-    the order they finished; each row appended to out_path as it arrives."""
+    """verify's command.verify_cases over the Ray cluster `ray` names: the CaseResults,
+    in the order they finished; each row appended to out_path as it arrives. The workers
+    load the ops as `spec_files` and `include_builtin` say, resolve `target` and `sku` (the
+    flags as given) on their own GPU, and run the implementations `named` too."""
     import torch
 
     from speedlight import results
     from speedlight.verify.harness import CaseResult
 
-    say(cluster.connect(args.ray, getattr(args, "ray_timeout", cluster.CONNECT_TIMEOUT_S)))
-    device = cluster.worker_device(getattr(args, "requested_device", args.device))
-    models = cluster.chosen_gpu_models(getattr(args, "ray_gpu", None), device)
-    say(cluster.describe_cluster(device, args.ray_cpus))
-    payload = {"spec_files": [str(Path(f).resolve()) for f in args.spec],
-               "include_builtin": not args.only_spec, "max_gib": args.max_gib,
-               "target": args.target, "sku": args.sku, "suite": suite,
-               "named": [n.strip() for n in getattr(args, "impl", "").split(",") if n.strip()],
+    device, models = ray.join(say)
+    payload = {"spec_files": [str(Path(f).resolve()) for f in spec_files],
+               "include_builtin": include_builtin, "max_gib": max_gib,
+               "target": target, "sku": sku, "suite": suite, "named": list(named),
                "run": run_id or uuid.uuid4().hex[:12]}
     by_name = {s.name: s for s in specs}
     lost_env = dict(results.environment(torch.device("cpu")), runtime=device, host=None,
@@ -112,6 +113,6 @@ def verify_on_ray(specs, cases_of, out_path: Path, args: argparse.Namespace, *, 
     sweep = cluster.on_each(case_groups(specs, cases_of, payload), models)
     if on_total is not None:  # each case once per GPU model named
         on_total(sum(len(g.items) for g in sweep))
-    cluster.run_on_ray(WORKER, sweep, device=device, cpus=args.ray_cpus, on_item=on_item,
+    cluster.run_on_ray(WORKER, sweep, device=device, cpus=ray.cpus, on_item=on_item,
                        on_lost=on_lost)
     return done
