@@ -380,7 +380,7 @@ def _in_flight(k: KernelReport, sku) -> list[Finding]:
         "in-flight", WARN,
         f"the steady-state loop ({_where(lp)}) keeps about {have / 1024:.1f} KB of loads in "
         f"flight per SM ({most / 1024:.1f} KB at most: {lp.in_flight} bytes per thread x "
-        f"{threads} threads x {k.resident:g} program{'s' if k.resident != 1 else ''} per SM"
+        f"{threads} threads x {k.resident:.3g} program{'s' if k.resident != 1 else ''} per SM"
         f"{timing}); drawing {_pct(predict.MAX_BUSY)} of {sku.name}'s bandwidth needs about "
         f"{need / 1024:.0f} KB per SM (Little's law: {_pct(predict.MAX_BUSY)} of "
         f"{sku.dram_bandwidth / sku.sm_count / 1e9:.0f} GB/s per SM x the "
