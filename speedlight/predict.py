@@ -367,55 +367,66 @@ def predict_launch(f: LaunchFigures, sku: DeviceSpec, *, bandwidth: float | None
     loop trips_mean times and the code outside loops once; the grid runs in waves of SMs x
     resident programs, and no launch ends before its longest program (trips_most); the
     launch's fixed cost is added. The bound is the one of the segment that takes longest.
+
     A load waits longer the busier the memory system is: the idle latency over (1 - u), u
-    the share of bandwidth the launch itself draws (found by predicting twice).
-    `bandwidth` and `matmul_flops` (bf16) are the probe's measured ceilings where known (they
-    replace the datasheet's); `memory_latency_ns` (idle) and `launch_s` the model's constants."""
-    bandwidth = bandwidth or sku.dram_bandwidth
-    idle = (memory_latency_ns * 1e-9 if memory_latency_ns else memory_latency_s(sku))
-    busy = 0.0
-    for _ in range(2):
-        p = _predict_at(f, sku, bandwidth, launch, idle / (1.0 - min(busy, MAX_BUSY)),
-                        matmul_flops, launch_s)
-        moved = p.parts["bytes"]
-        busy = moved / ((p.seconds - p.parts["launch_us"] * 1e-6) * bandwidth) \
-            if p.seconds > p.parts["launch_us"] * 1e-6 else 0.0
-    p.parts["bandwidth_share"] = round(min(busy, 1.0), 3)
-    return p
-
-
-# The share of bandwidth at which the queueing of loads is held (the bandwidth bound takes
-# over beyond it)
-MAX_BUSY = 0.8
-
-
-def _predict_at(f: LaunchFigures, sku: DeviceSpec, bandwidth: float, launch: str,
-                latency_s: float, matmul_flops: float | None, launch_s: dict | None
-                ) -> Prediction:
+    the share of bandwidth the launch itself draws, which depends on the time it predicts:
+    each segment is simulated at the idle latency and twice it (its cycles grow about
+    linearly with the latency), and u is the fixed point of u = bytes / (time(u) x
+    bandwidth), at most MAX_BUSY. `bandwidth` and `matmul_flops` (bf16) are the probe's
+    measured ceilings where known (they replace the datasheet's); `memory_latency_ns`
+    (idle) and `launch_s` the model's constants."""
     clock = clock_hz(sku)
+    bandwidth = bandwidth or sku.dram_bandwidth
     scale = matmul_flops / (sku.peak_flops.get("bf16") or matmul_flops) if matmul_flops else 1.0
+    idle = round((memory_latency_ns * 1e-9 if memory_latency_ns else memory_latency_s(sku))
+                 * clock)
     sms = sku.sm_count
-    mem_cycles = round(latency_s * clock)
     programs = max(f.programs, 1)
     per_sm = max(1, min(f.resident or 1, -(-programs // sms)))
     busy_sms = min(sms, -(-programs // per_sm))
     sm_bytes_per_cycle = min(bandwidth / busy_sms / clock, SM_BYTES_PER_CYCLE)
     threads = f.num_warps * f.warp_size
-    kw = dict(warps_per_program=f.num_warps, sku=sku, memory_cycles=mem_cycles,
-              tensor_scale=scale)
-    program_cycles, longest, worst, seg_parts, moved = 0.0, 0.0, None, [], 0.0
+    waves = -(-programs // (busy_sms * per_sm))
+    fixed = (launch_s or LAUNCH_S)[launch]
+    segs, moved = [], 0.0
     for seg in f.segments:
         if seg.trips_mean <= 0 and seg.trips_most <= 0:
             continue
         looped = seg.trips_most > 1
-        sim = simulate(seg.ops, programs=per_sm, dtype=seg.mma_dtype, stages=seg.stages,
-                       iterations=max(3, seg.stages + 2) if looped else 1, **kw) \
-            if seg.ops else 0.0
+        kw = dict(programs=per_sm, warps_per_program=f.num_warps, sku=sku, dtype=seg.mma_dtype,
+                  stages=seg.stages, iterations=max(3, seg.stages + 2) if looped else 1,
+                  tensor_scale=scale)
+        at_idle = simulate(seg.ops, memory_cycles=idle, **kw) if seg.ops else 0.0
+        at_twice = simulate(seg.ops, memory_cycles=2 * idle, **kw) if seg.ops else 0.0
+        slope = max(at_twice - at_idle, 0.0) / idle if idle else 0.0  # cycles per latency cycle
         mem = per_sm * threads * seg.bytes_per_thread / sm_bytes_per_cycle
         moved += seg.trips_mean * threads * seg.bytes_per_thread * programs
+        segs.append((seg, at_idle - slope * idle, slope, mem))
+
+    def cycles_at(latency: float) -> float:
+        mean = sum(s.trips_mean * max(a + b * latency, m) for s, a, b, m in segs)
+        most = sum(s.trips_most * max(a + b * latency, m) for s, a, b, m in segs)
+        return max(waves * mean, most)
+
+    def drawn(u: float) -> float:  # the share of bandwidth the launch draws at busy u
+        c = cycles_at(idle / (1.0 - u))
+        return moved / (c / clock * bandwidth) if c else 0.0
+
+    lo, hi = 0.0, MAX_BUSY
+    if drawn(hi) >= hi:
+        lo = hi
+    else:
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if drawn(mid) > mid else (lo, mid)
+    busy = lo
+    latency = idle / (1.0 - busy)
+    cycles = cycles_at(latency)
+    seconds = cycles / clock + fixed
+    worst, parts_segs = None, []
+    for seg, a, b, mem in segs:
+        sim = a + b * latency
         one = max(sim, mem)
-        program_cycles += seg.trips_mean * one
-        longest += seg.trips_most * one
         issue = per_sm * f.num_warps * seg.instructions / SCHEDULERS
         tensor = per_sm * seg.mma_flops / (tensor_rate(sku, seg.mma_dtype) * scale) \
             if seg.mma_flops else 0.0
@@ -423,27 +434,25 @@ def _predict_at(f: LaunchFigures, sku: DeviceSpec, bandwidth: float, launch: str
             bound = "memory"
         elif sim <= 1.15 * max(issue, tensor):
             bound = "tensor" if tensor >= issue else "issue"
-        elif seg.bytes_per_thread and seg.ops and simulate(
-                seg.ops, programs=per_sm, dtype=seg.mma_dtype, stages=seg.stages,
-                iterations=max(3, seg.stages + 2) if looped else 1,
-                **dict(kw, memory_cycles=0)) < 0.6 * sim:
+        elif seg.bytes_per_thread and b * latency > 0.4 * sim:
             bound = "memory-latency"  # waiting on DRAM loads: too few bytes in flight
         else:
             bound = "latency"
-        entry = {"where": seg.where or "outside loops", "trips_mean": round(seg.trips_mean, 3),
-                 "trips_most": seg.trips_most, "cycles": round(one, 1),
-                 "simulated": round(sim, 1), "bandwidth": round(mem, 1),
-                 "issue": round(issue, 1), "tensor": round(tensor, 1), "bound": bound}
-        seg_parts.append(entry)
+        parts_segs.append({"where": seg.where or "outside loops",
+                           "trips_mean": round(seg.trips_mean, 3), "trips_most": seg.trips_most,
+                           "cycles": round(one, 1), "simulated": round(sim, 1),
+                           "bandwidth": round(mem, 1), "issue": round(issue, 1),
+                           "tensor": round(tensor, 1), "bound": bound})
         if worst is None or seg.trips_mean * one > worst[0]:
             worst = (seg.trips_mean * one, bound)
-    waves = -(-programs // (busy_sms * per_sm))
-    cycles = max(waves * program_cycles, longest)
-    fixed = (launch_s or LAUNCH_S)[launch]
-    seconds = cycles / clock + fixed
     bound = "launch" if fixed >= 0.5 * seconds or worst is None else worst[1]
     parts = {"clock_mhz": round(clock / 1e6), "programs_per_sm": per_sm, "busy_sms": busy_sms,
              "waves": waves, "cycles": round(cycles), "launch_us": round(fixed * 1e6, 3),
-             "memory_latency_cycles": mem_cycles, "bytes": round(moved),
-             "segments": seg_parts}
+             "memory_latency_cycles": round(latency), "idle_latency_cycles": idle,
+             "bandwidth_share": round(busy, 3), "bytes": round(moved), "segments": parts_segs}
     return Prediction(seconds, bound, parts)
+
+
+# The share of bandwidth at which the queueing of loads is held (the bandwidth bound takes
+# over beyond it)
+MAX_BUSY = 0.8
