@@ -302,7 +302,7 @@ def _simulate(body: list[Op], *, programs: int, warps_per_program: int, sku: Dev
 # in seconds: model constants set from measured rows (scripts/predict_rows.py keeps the rows
 # that set them apart). "graph": a launch replayed from a CUDA graph; "stream": one launched
 # from the host, timed with events.
-LAUNCH_S = {"graph": 1.303e-6, "stream": 6.783e-6}
+LAUNCH_S = {"graph": 1.303e-6, "stream": 6.784e-6}
 # An SM draws at most this many bytes of DRAM traffic per cycle when few SMs are busy.
 SM_BYTES_PER_CYCLE = 64.0
 # tensor, issue (the schedulers' slots), memory (DRAM bandwidth), memory-latency (waiting on
