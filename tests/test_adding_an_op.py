@@ -175,3 +175,24 @@ def test_impl_is_checked_and_compiles(device):
     (gx,) = torch.autograd.grad(y.sum(), x)
     torch.testing.assert_close(y, (x * w + b) * 2)
     torch.testing.assert_close(gx, (2 * w).expand(3, 8))
+
+
+def test_the_recipe_example_kernel_passes_the_byte_guard():
+    """docs/adding-an-op.md's scale_shift, as the page writes it, run under the interpreter
+    at an aligned shape with the rows inspect's byte guard holds a kernel at (enough per SM
+    of the H200 it is sized for): its forward moves at most the default design's bytes per
+    compulsory byte (KernelDesign().bytes_ratio), as `speedlight inspect --check` holds it."""
+    from speedlight.inspect.guard import AMORTISED_ROWS_PER_SM
+    from speedlight.inspect.launches import capture_case
+    from speedlight.spec import KernelDesign
+    from speedlight.target import resolve
+    from tests.ops.contract import recipe_module
+
+    spec, target = recipe_module().SPEC, resolve("h200")
+    rows = AMORTISED_ROWS_PER_SM * target.sku.sm_count
+    case = Case("scale_shift", (("rows", rows), ("cols", 256)), dtype=torch.bfloat16)
+    with launch.for_target(target):
+        capture = capture_case(spec, case, "cpu", arch=target.arch, mode="run", backward=False)
+    moved = sum(k.loaded + k.stored for k in capture.direction("fwd"))
+    compulsory = spec.cost(case, "fwd").bytes
+    assert compulsory <= moved <= KernelDesign().bytes_ratio * compulsory, moved / compulsory

@@ -1,7 +1,7 @@
 """Names once: each public top-level class or function name of speedlight/ is defined in one
 module, so a name means one thing (issue 26, item 6).
 
-Read with `ast` (nothing is imported). A name in ALLOWED may be defined in the modules it
+Read with `ast` (nothing of the package is run; the registry's list of ops is read). A name in ALLOWED may be defined in the modules it
 lists and no others; each entry says why."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import ast
 from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
+
+from speedlight.registry import BUILTIN_OPS
 
 PACKAGE = Path(__file__).resolve().parent.parent / "speedlight"
 
@@ -36,10 +38,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                         "parse_with_labels")},
     "occupancy": ("inspect/amdgcn.py", "inspect/occupancy.py"),
     # reference.py's float64 references carry the name of the op they check
-    **{op: (f"ops/{op}.py", "reference.py") for op in (
-        "rms_norm", "add_rms_norm", "layer_norm", "softmax", "cross_entropy", "rope",
-        "swiglu", "geglu", "matmul", "gated_matmul", "grouped_matmul", "moe_experts",
-        "attention", "linear_cross_entropy")},
+    # (every built-in op, from the registry's one list)
+    **{op: (f"ops/{op}.py", "reference.py") for op in BUILTIN_OPS},
     # the CUDA C++ implementation's two launchers stand in for the Triton ones under the same
     # names (the others are made from these two: ops/_rms_norm_launchers.py)
     **{launcher: ("ops/rms_norm.py", "ops/rms_norm_cuda.py")
