@@ -275,10 +275,11 @@ def warps_for_tile(tile: int, device: torch.device | str | None = None) -> int:
 
 
 def persistent_row_grid(n_rows: int, n_cols: int, device: torch.device, *, max_block_n: int,
-                        tile: int, warps_per_sm: int) -> tuple[tuple[int], int, int, int]:
+                        tile: int, warps_per_sm: int, values_per_lane: int = 16
+                        ) -> tuple[tuple[int], int, int, int]:
     """(grid, BLOCK_M, BLOCK_N, num_warps) of a persistent kernel over whole rows: tiles
-    of BLOCK_M rows of ~`tile` elements on a GPU (16 values per lane, up to 32 warps of 32
-    lanes, 16 waves of 64 on AMD, for a 16384-wide row), and as many programs as fit `warps_per_sm` resident warps per SM,
+    of BLOCK_M rows of ~`tile` elements on a GPU (`values_per_lane` values per lane, up to
+    32 warps of 32 lanes, 16 waves of 64 on AMD), and as many programs as fit `warps_per_sm` resident warps per SM,
     each walking tiles p, p + P, ... so what it loads once (a weight) is read P times, not
     once per tile. Under the interpreter, row_tile's large tiles and two programs."""
     gpu = planned_sm_count(device) is not None
@@ -286,12 +287,37 @@ def persistent_row_grid(n_rows: int, n_cols: int, device: torch.device, *, max_b
                                            max_tile=tile if gpu else None)
     if gpu:
         lanes = planned_warp_size(device)
-        num_warps = max(1, min(1024 // lanes, block_m * block_n // (16 * lanes)))
+        num_warps = max(1, min(1024 // lanes, block_m * block_n // (values_per_lane * lanes)))
         if lanes == 64:  # an AMD CU holds 32 waves (4 SIMDs x 8)
             warps_per_sm = min(warps_per_sm, 32)
     per_sm = max(1, warps_per_sm // num_warps)
     grid = (min(triton.cdiv(n_rows, block_m), target_programs(device, per_sm=per_sm)),)
     return grid, block_m, block_n, num_warps
+
+
+# shared memory a program keeps beside its pipeline buffers (a reduction's scratch, the
+# driver's reserve): a buffer layout that leaves less is not chosen
+PIPELINE_SMEM_SLACK = 8 * 1024
+
+
+def pipeline_stages(stage_bytes: int, programs_per_sm: int, device: torch.device | str, *,
+                    deepest: int = 4) -> int:
+    """The depth (tl.range's num_stages) of a persistent kernel's software-pipelined tile
+    loop: on NVIDIA from sm_80 (cp.async), the deepest of `deepest` down to 3 whose
+    STAGES - 1 shared-memory buffers of `stage_bytes` each (the tiles one iteration
+    loads), for each of the `programs_per_sm` programs its grid puts on an SM, fit the SM's
+    shared memory; 1 (a plain loop) where none fits, on AMD and older targets, and under
+    the interpreter (which ignores it)."""
+    arch = planned_arch(device)
+    if arch is None or arch < 80:
+        return 1
+    limits = hardware.arch_limits(arch)
+    for stages in range(deepest, 2, -1):
+        per_program = (stages - 1) * stage_bytes + PIPELINE_SMEM_SLACK
+        if per_program <= limits.smem_per_block and \
+                programs_per_sm * per_program <= limits.smem_per_sm:
+            return stages
+    return 1
 
 
 def as_rows(x: torch.Tensor, n_cols: int) -> torch.Tensor:

@@ -55,7 +55,9 @@ def check_kernel(k: KernelReport) -> list[Shortfall]:
             out.append(Shortfall(name, "vector", f"line {a.line} {a.kind} {where}: "
                                  f"{a.sass.describe() if a.sass else 'no global access'}, "
                                  f"designed for {d.vector_bits}-bit"))
-    for kind, widths in (("load", k.mix.global_loads), ("store", k.mix.global_stores)):
+    # a pipelined loop's row loads are cp.async copies (LDGSTS): global loads too
+    loads = k.mix.global_loads + k.mix.async_copies
+    for kind, widths in (("load", loads), ("store", k.mix.global_stores)):
         rows = any(a.row_data and a.kind == kind for a in k.accesses)
         if rows and widths and d.vector_bits > 32 and not any(b >= d.vector_bits for b in widths):
             got = ", ".join(f"{b}-bit x{n}" for b, n in sorted(widths.items()))

@@ -120,7 +120,9 @@ def parse_with_labels(listing: str) -> tuple[list[Instr], dict[str, int]]:
 
 
 def is_global_load(i: Instr) -> bool:
-    return i.base in ("LDG", "LD")
+    """LDG, LD, and LDGSTS (cp.async: a global load into shared memory, the loads of a
+    software-pipelined loop)."""
+    return i.base in ("LDG", "LD", "LDGSTS")
 
 
 def is_global_store(i: Instr) -> bool:

@@ -8,14 +8,15 @@ HAS_RESIDUAL makes the forward normalize h = x + residual and write h too, and H
 makes the backward add the gradient dh already flowing into h from the residual stream.
 Compiled away when off, so plain RMSNorm pays nothing for them.
 
-The sum of squares is taken over x / p, p a power of two near the row's largest |x|
-(norm_scale.py), so it neither overflows nor underflows where y is representable.
+The sum of squares is taken in one reduction; a row whose sum overflows or underflows is
+summed again over x / p, p a power of two near its largest |x| (norm_scale.py), so y is
+right wherever it is representable, bit for bit the scaled formula's.
 """
 
 import triton
 import triton.language as tl
 
-from speedlight.kernels.norm_scale import _pow2_scale
+from speedlight.kernels.norm_scale import _pow2_scale, _rms_rstd
 from speedlight.kernels.row_tile import _load_chunk, _load_tile, _row_block, _row_chunk
 
 
@@ -25,7 +26,7 @@ def _rms_norm_fwd_kernel(
     n_rows, n_cols, stride_xm, stride_xn, stride_rm, stride_rn, stride_ym,
     eps, offset,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     """y[m] = x[m] * rstd[m] * (offset + w), rstd[m] = 1 / sqrt(mean(x[m]^2) + eps).
 
@@ -33,7 +34,9 @@ def _rms_norm_fwd_kernel(
     y_ptr [n_rows, n_cols] (row stride stride_ym, unit column stride), rstd_ptr [n_rows] fp32.
     BLOCK_N >= n_cols: whole rows sit in registers, so x is read once. Persistent: program p
     takes the tiles of BLOCK_M rows p, p + P, p + 2P, ... (P programs in the grid) and loads
-    w once for all of them, so w is read P times, not once per tile.
+    w once for all of them. STAGES: the depth of the tile loop's software pipeline (on
+    NVIDIA, cp.async copies into STAGES - 1 shared-memory buffers: STAGES - 2 tiles stay
+    in flight while one is reduced); 1 is a plain loop.
     HAS_RESIDUAL: res_ptr [n_rows, n_cols] (strides stride_rm, stride_rn) is added to x,
     the sum rounded to h_ptr's dtype is stored in h_ptr (laid out as y_ptr) and normalized;
     False removes both pointers. HAS_WEIGHT=False removes the weight load;
@@ -46,7 +49,7 @@ def _rms_norm_fwd_kernel(
     cols = offs_n.to(tl.int64)
     if HAS_WEIGHT:
         w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32) + offset
-    for tile in range(pid, tl.cdiv(n_rows, BLOCK_M), n_programs):
+    for tile in tl.range(pid, tl.cdiv(n_rows, BLOCK_M), n_programs, num_stages=STAGES):
         offs_m, mask_m, mask, rows = _row_block(tile * BLOCK_M, n_rows, mask_n, BLOCK_M)
         x = _load_tile(x_ptr, rows, cols, stride_xm, stride_xn, mask)
         if HAS_RESIDUAL:
@@ -55,11 +58,7 @@ def _rms_norm_fwd_kernel(
             h = (x + res).to(h_ptr.dtype.element_ty)
             tl.store(h_ptr + rows[:, None] * stride_ym + cols[None, :], h, mask=mask)
             x = h.to(tl.float32)
-        # [BM, BN] -> [BM]: the scale p, then mean((x / p)^2) in [0, 4)
-        p, inv_p = _pow2_scale(tl.max(tl.abs(x), axis=1), eps)
-        xs = x * inv_p[:, None]
-        mean_sq = tl.sum(xs * xs, axis=1) / n_cols
-        rstd = inv_p / tl.sqrt(mean_sq + eps * inv_p * inv_p)
+        rstd = _rms_rstd(x, mask_m, n_cols, eps)  # [BM, BN] -> [BM]: one reduction, but extreme rows
         y = x * rstd[:, None]
         if HAS_WEIGHT:
             y = y * w[None, :]
@@ -131,34 +130,34 @@ def _rms_norm_fwd_looped_kernel(
 #   dw    = sum_rows(dy * xhat)
 # With HAS_DH, x is the residual stream h = x_in + residual and dh (the gradient reaching
 # h from later blocks) is added: dx_in = dresidual = dx + dh.
-# dw is reduced without atomics: each program sums its own block of rows into one row of
-# dw_partial [n_programs, n_cols] (fp32); the host sums the n_programs rows.
+# dw is reduced without atomics: each program sums the rows it takes into one row of
+# dw_partial [n_programs, n_cols] (fp32); row_tile._column_sum_kernel sums those rows and
+# casts them to w's dtype in one launch after.
 
 @triton.jit
 def _rms_norm_bwd_tile(
     dy_ptr, x_ptr, w_ptr, rstd_ptr, c_ptr, dh_ptr, dx_ptr, dw_partial_ptr,
-    n_rows, n_cols, rows_per_program,
+    n_rows, n_cols,
     stride_dym, stride_dyn, stride_xm, stride_xn, stride_dhm, stride_dhn, stride_dxm,
-    offset, pid_m, offs_n,
+    offset, pid_m, n_programs_m, offs_n,
     SPLIT_ROW: tl.constexpr, HAS_DH: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """dx and dw_partial[pid_m, offs_n] for the rows of program pid_m, columns offs_n [BN].
+    """dx and dw_partial[pid_m, offs_n] for the row tiles of program pid_m (tiles pid_m,
+    pid_m + n_programs_m, ...), columns offs_n [BN].
 
     The body both backward kernels share (pointers as in _rms_norm_bwd_kernel).
     SPLIT_ROW=False: offs_n covers the whole row and c = mean(dxhat * xhat) is reduced in
     registers; c_ptr is not read. SPLIT_ROW=True: c comes from c_ptr [n_rows] fp32
-    (_rms_norm_bwd_row_dot_kernel).
+    (_rms_norm_bwd_row_dot_kernel). STAGES as in _rms_norm_fwd_kernel.
     """
     mask_n = offs_n < n_cols
     cols = offs_n.to(tl.int64)
     if HAS_WEIGHT:
         w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32) + offset
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    row_start = pid_m * rows_per_program
-    row_end = tl.minimum(row_start + rows_per_program, n_rows)
-    for m0 in range(row_start, row_end, BLOCK_M):
-        offs_m, mask_m, mask, rows = _row_block(m0, row_end, mask_n, BLOCK_M)
+    for tile in tl.range(pid_m, tl.cdiv(n_rows, BLOCK_M), n_programs_m, num_stages=STAGES):
+        offs_m, mask_m, mask, rows = _row_block(tile * BLOCK_M, n_rows, mask_n, BLOCK_M)
         dy = _load_tile(dy_ptr, rows, cols, stride_dym, stride_dyn, mask)
         x = _load_tile(x_ptr, rows, cols, stride_xm, stride_xn, mask)
         r = tl.load(rstd_ptr + offs_m, mask=mask_m, other=0.0)
@@ -186,27 +185,27 @@ def _rms_norm_bwd_tile(
 @triton.jit
 def _rms_norm_bwd_kernel(
     dy_ptr, x_ptr, w_ptr, rstd_ptr, dh_ptr, dx_ptr, dw_partial_ptr,
-    n_rows, n_cols, rows_per_program,
+    n_rows, n_cols,
     stride_dym, stride_dyn, stride_xm, stride_xn, stride_dhm, stride_dhn, stride_dxm,
     offset,
     HAS_DH: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     """dx and this program's share of dw for whole rows held in registers.
 
     dy_ptr, x_ptr [n_rows, n_cols] (own strides), w_ptr [n_cols], rstd_ptr [n_rows] fp32,
     dx_ptr [n_rows, n_cols] (row stride stride_dxm, unit column stride),
-    dw_partial_ptr [n_programs, n_cols] fp32. Program p owns rows
-    [p * rows_per_program, (p + 1) * rows_per_program), taken BLOCK_M at a time.
+    dw_partial_ptr [n_programs, n_cols] fp32. Persistent: program p takes the tiles of
+    BLOCK_M rows p, p + P, ... (P programs), pipelined STAGES deep (_rms_norm_fwd_kernel).
     HAS_DH: dh_ptr [n_rows, n_cols] (strides stride_dhm, stride_dhn) is added to dx;
     False removes it. HAS_WEIGHT=False drops w and dw.
     """
     _rms_norm_bwd_tile(
         dy_ptr, x_ptr, w_ptr, rstd_ptr, rstd_ptr, dh_ptr, dx_ptr, dw_partial_ptr,
-        n_rows, n_cols, rows_per_program,
+        n_rows, n_cols,
         stride_dym, stride_dyn, stride_xm, stride_xn, stride_dhm, stride_dhn, stride_dxm,
-        offset, tl.program_id(0), tl.arange(0, BLOCK_N),
-        False, HAS_DH, HAS_WEIGHT, BLOCK_M, BLOCK_N,
+        offset, tl.program_id(0), tl.num_programs(0), tl.arange(0, BLOCK_N),
+        False, HAS_DH, HAS_WEIGHT, BLOCK_M, BLOCK_N, STAGES,
     )
 
 
@@ -239,7 +238,7 @@ def _rms_norm_bwd_row_dot_kernel(
 @triton.jit
 def _rms_norm_bwd_dx_kernel(
     dy_ptr, x_ptr, w_ptr, rstd_ptr, c_ptr, dh_ptr, dx_ptr, dw_partial_ptr,
-    n_rows, n_cols, rows_per_program,
+    n_rows, n_cols,
     stride_dym, stride_dyn, stride_xm, stride_xn, stride_dhm, stride_dhn, stride_dxm,
     offset,
     HAS_DH: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -247,15 +246,16 @@ def _rms_norm_bwd_dx_kernel(
 ):
     """dx and partial dw for rows longer than one block, once c is known.
 
-    The grid is (n_programs, cdiv(n_cols, BLOCK_N)): program (p, q) covers rows of block p
-    and columns [q * BLOCK_N, (q + 1) * BLOCK_N), and writes dw_partial[p, those columns].
-    Pointers and HAS_DH as in _rms_norm_bwd_kernel, plus c_ptr [n_rows] fp32.
+    The grid is (n_programs, cdiv(n_cols, BLOCK_N)): program (p, q) covers the row tiles
+    p, p + n_programs, ... and columns [q * BLOCK_N, (q + 1) * BLOCK_N), and writes
+    dw_partial[p, those columns]. Pointers and HAS_DH as in _rms_norm_bwd_kernel, plus
+    c_ptr [n_rows] fp32.
     """
     _rms_norm_bwd_tile(
         dy_ptr, x_ptr, w_ptr, rstd_ptr, c_ptr, dh_ptr, dx_ptr, dw_partial_ptr,
-        n_rows, n_cols, rows_per_program,
+        n_rows, n_cols,
         stride_dym, stride_dyn, stride_xm, stride_xn, stride_dhm, stride_dhn, stride_dxm,
-        offset, tl.program_id(0),
+        offset, tl.program_id(0), tl.num_programs(0),
         tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N),
-        True, HAS_DH, HAS_WEIGHT, BLOCK_M, BLOCK_N,
+        True, HAS_DH, HAS_WEIGHT, BLOCK_M, BLOCK_N, 1,
     )

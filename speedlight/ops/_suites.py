@@ -63,3 +63,23 @@ def rows_case(op: str, x: torch.Tensor, width: str, rows: str = "rows", **flags)
     n = x.shape[-1]
     return Case(op, ((rows, x.numel() // n if n else 0), (width, n)), dtype=x.dtype,
                 flags={k: v for k, v in flags.items() if v is not None})
+
+
+# --- the memory-bound family's comparison shapes -------------------------------------------
+
+HEAD_DIM = 128  # rope's head at a family shape: hidden / 128 query heads, 8 key heads
+
+
+def family_case(op: str, rows: int, hidden: int, dtype: torch.dtype) -> Case:
+    """The Case of memory-bound op `op` at `rows` x `hidden`, the one shape the family is
+    compared at (scripts/gpu/membound.py, scripts/bytes_in_flight.py): the row width is
+    the norms' hidden, the GLUs' intermediate, softmax's columns, cross_entropy's vocabulary;
+    rope rotates hidden / 128 query heads of 128 dims and 8 key heads, laid out as its model
+    suite (transposed from [batch, heads, seq, dim])."""
+    if op == "rope":
+        return Case(op, (("batch", 1), ("seq", rows), ("heads", hidden // HEAD_DIM), ("kv", 8),
+                         ("dim", HEAD_DIM), ("rot", HEAD_DIM)), dtype=dtype, layout="transposed")
+    width = {"swiglu": "intermediate", "geglu": "intermediate", "softmax": "cols",
+             "cross_entropy": "vocab"}.get(op, "hidden")
+    rows_name = "tokens" if op == "cross_entropy" else "rows"
+    return Case(op, ((rows_name, rows), (width, hidden)), dtype=dtype)

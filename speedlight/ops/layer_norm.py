@@ -31,17 +31,17 @@ from speedlight.ops._checks import check_same_device, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
-from speedlight.ops.rms_norm import BWD_WARPS_PER_SM, FWD_WARPS_PER_SM, check_eps
-from speedlight.ops.rms_norm import FWD_TILE as RMS_FWD_TILE
+from speedlight.ops.rms_norm import FWD_WARPS_PER_SM, check_eps
 from speedlight.runtime import check_runtime
 from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, rand_tensor
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
 LOOP_BLOCK_N = 4096  # chunk of a longer row
 SPLIT_BLOCK_N = 1024  # column block of the backward of longer rows
-# Forward tile on a GPU: twice RMSNorm's, since each program re-reads both w and b: half
-# the programs at the same resident warps per SM (32 warps of 16 values per thread).
-FWD_TILE = 2 * RMS_FWD_TILE
+# Forward tile on a GPU: 16384 values, since each program re-reads both w and b: few
+# programs at the same resident warps per SM (32 warps of 16 values per thread).
+FWD_TILE = 16384
+BWD_WARPS_PER_SM = 16  # persistent backward (it holds w, dw, db and two tiles)
 
 
 # --- launchers (usable without autograd) --------------------------------------------------

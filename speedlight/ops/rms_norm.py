@@ -26,16 +26,16 @@ from speedlight.launch import (
     cuda_column_launch,
     cuda_row_launch,
     cuda_shared_dw_bytes,
+    pipeline_stages,
     planned_sm_count,
     planned_warp_size,
-    partial_sum_programs,
     persistent_row_grid,
-    row_tile,
-    warps_for_tile,
+    target_programs,
 )
 from speedlight.ops import rms_norm_cuda as cuda
 from speedlight.ops._checks import check_bool, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_rows
+from speedlight.ops._partials import sum_partials
 from speedlight.ops._rms_norm_launchers import RmsNormLaunchers
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
@@ -46,15 +46,30 @@ from speedlight.tuning import Configs
 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
 LOOP_BLOCK_N = 4096  # chunk of a longer row
-FWD_TILE = 8192  # elements per forward tile on a GPU: 16 KB of bf16 in flight per program
-FWD_WARPS_PER_SM = 32  # persistent forward: resident warps per SM the grid is sized for
-BWD_WARPS_PER_SM = 16  # persistent backward (it holds w, dw and two tiles: ~100 registers)
+# Persistent forward on a GPU: one row per tile from 4096 wide (16 values per lane: a
+# 8192-wide row on 16 warps), tiles of several rows of 4096 values below (8 values per lane:
+# the rescue of an extreme row then fits 64 registers), FWD_WARPS_PER_SM resident warps.
+FWD_TILE = 4096
+FWD_WARPS_PER_SM = 32
+FWD_VALUES_PER_LANE = {True: 16, False: 8}  # one row per tile, several
+# Persistent backward from 4096 wide: tiles of 8192 values, 8 per lane (it holds w, dw and
+# the dy and x tiles: under 64 registers at 32 warps, where 16 values per lane took ~100
+# and a quarter of the SM's warps), 32 resident warps per SM. Narrower rows: tiles of 4096
+# values, 16 per lane, 16 warps per SM (so each lane stores whole 16-byte vectors of its
+# dw partial row, and the partial rows stay few).
+BWD_WIDE = 4096
+BWD_TILE = {True: 8192, False: 4096}
+BWD_VALUES_PER_LANE = {True: 8, False: 16}
+BWD_WARPS_PER_SM = {True: 32, False: 16}
+SPLIT_PROGRAMS_PER_SM = 4  # rows longer than MAX_FUSED_N: row-block programs per SM
+SPLIT_BLOCK_M, SPLIT_BLOCK_N = 4, 1024
 
 # The persistent forward's tile and grid, keyed by (hidden, dtype, SM count); a tuned
 # table's entry per hidden size and dtype (`speedlight tune rms_norm` sweeps the space).
 RMS_NORM_CONFIGS = Configs(
     "rms_norm", space={"tile": (2048, 4096, 8192, 16384), "warps_per_sm": (16, 32, 48, 64)},
-    default=lambda key: {"tile": FWD_TILE, "warps_per_sm": FWD_WARPS_PER_SM},
+    default=lambda key: {"tile": max(FWD_TILE, triton.next_power_of_2(key[0])),
+                         "warps_per_sm": FWD_WARPS_PER_SM},
     bucket=lambda key: f"hidden{key[0]}-{dtype_name(key[1])}")
 
 
@@ -91,11 +106,17 @@ def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
         # walks the row tiles, so w is read once per program, not once per tile.
         config = launch.config(RMS_NORM_CONFIGS, (n_cols, x.dtype, planned_sm_count(x.device)),
                                x.device)
+        one_row = triton.next_power_of_2(n_cols) >= config["tile"]
         grid, block_m, block_n, num_warps = persistent_row_grid(
-            n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, **config)
+            n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, **config,
+            values_per_lane=FWD_VALUES_PER_LANE[one_row])
+        # each stage of the pipeline holds a tile of x (and of the residual)
+        stages = pipeline_stages(
+            block_m * block_n * x.element_size() * (1 + (residual is not None)),
+            max(1, config["warps_per_sm"] // num_warps), x.device)
         _rms_norm_fwd_kernel[grid](
             *args, n_rows, n_cols, *strides, eps, offset, **switches,
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+            BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, num_warps=num_warps)
     else:
         _rms_norm_fwd_looped_kernel[(n_rows,)](
             *args, n_cols, *strides, eps, offset, **switches,
@@ -129,42 +150,77 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     w = weight.contiguous() if has_weight else x2  # the kernels step w by 1
     fused = n_cols <= MAX_FUSED_N
     if fused:
-        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
+        block_m, block_n, num_warps, n_programs = bwd_row_grid(n_rows, n_cols, x.device)
     else:
-        num_warps = 4
-    # persistent: as many programs as fit BWD_WARPS_PER_SM warps per SM
-    per_sm = max(1, BWD_WARPS_PER_SM // num_warps)
-    n_programs = partial_sum_programs(n_rows, x.device, per_sm=per_sm)
-    rows_per_program = triton.cdiv(n_rows, n_programs)
-    n_programs = triton.cdiv(n_rows, rows_per_program)
+        block_m, block_n, num_warps = SPLIT_BLOCK_M, SPLIT_BLOCK_N, 4
+        n_programs = partial_programs(triton.cdiv(n_rows, block_m), SPLIT_PROGRAMS_PER_SM,
+                                      x.device)
     dw_partial = torch.empty((n_programs, n_cols) if has_weight else (1,),
                              dtype=torch.float32, device=x.device)
     strides = (dy2.stride(0), dy2.stride(1), x2.stride(0), x2.stride(1),
                dh2.stride(0), dh2.stride(1), dx2.stride(0))
     switches = dict(HAS_DH=dh is not None, HAS_WEIGHT=has_weight)
     if fused:
-        # few rows per program: a smaller tile, and the warps of the tile actually used
-        block_m = min(block_m, triton.next_power_of_2(rows_per_program))
-        num_warps = warps_for_tile(block_m * block_n)
+        # each stage of the pipeline holds a tile of dy and of x (and of dh)
+        per_sm = max(1, BWD_WARPS_PER_SM[block_n >= BWD_WIDE] // num_warps)
+        stages = pipeline_stages(block_m * block_n * x.element_size() * (2 + (dh is not None)),
+                                 per_sm, x.device)
         _rms_norm_bwd_kernel[(n_programs,)](
-            dy2, x2, w, rstd, dh2, dx2, dw_partial, n_rows, n_cols, rows_per_program,
-            *strides, offset, **switches, BLOCK_M=block_m, BLOCK_N=block_n,
+            dy2, x2, w, rstd, dh2, dx2, dw_partial, n_rows, n_cols,
+            *strides, offset, **switches, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
             num_warps=num_warps)
     else:
         c = torch.empty(n_rows, dtype=torch.float32, device=x.device)
         _rms_norm_bwd_row_dot_kernel[(n_rows,)](
             dy2, x2, w, rstd, c, n_cols, *strides[:4], offset,
             HAS_WEIGHT=has_weight, BLOCK_N=LOOP_BLOCK_N, num_warps=8)
-        block_n = 1024
         grid = (n_programs, triton.cdiv(n_cols, block_n))
         # 128 lanes (4 warps of 32, 2 waves of 64): 8 values of a 1024-wide row of w each,
         # one 128-bit load in bf16
         _rms_norm_bwd_dx_kernel[grid](
-            dy2, x2, w, rstd, c, dh2, dx2, dw_partial, n_rows, n_cols, rows_per_program,
-            *strides, offset, **switches, BLOCK_M=4, BLOCK_N=block_n,
+            dy2, x2, w, rstd, c, dh2, dx2, dw_partial, n_rows, n_cols,
+            *strides, offset, **switches, BLOCK_M=block_m, BLOCK_N=block_n,
             num_warps=128 // planned_warp_size(x.device))
-    dw = dw_partial.sum(0).to(weight.dtype) if has_weight else None
+    dw = sum_partials(dw_partial, weight.dtype)[0] if has_weight else None
     return dx, dw
+
+
+def partial_programs(n_tiles: int, per_sm: int, device: torch.device) -> int:
+    """Programs of a persistent backward over n_tiles row tiles, each writing one fp32 row
+    of partial weight gradients: per_sm per SM on a GPU (or the launch context's target),
+    one per tile under the interpreter (where a program sums its tiles one after another,
+    so each sums one tile and _column_sum_kernel sums the rest pairwise, as accurately as
+    the GPU's tree)."""
+    if planned_sm_count(device) is None:
+        return max(1, n_tiles)
+    return max(1, min(n_tiles, target_programs(device, per_sm=per_sm)))
+
+
+def bwd_row_grid(n_rows: int, n_cols: int, device: torch.device
+                 ) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, programs) of the persistent backward over whole rows:
+    on a GPU tiles of BWD_TILE values (whole rows, at least one), BWD_VALUES_PER_LANE a
+    lane, BWD_WARPS_PER_SM resident warps per SM; under the interpreter tiles of at most 4
+    rows, one per program (partial_programs)."""
+    block_n = triton.next_power_of_2(max(n_cols, 1))
+    if planned_sm_count(device) is None:
+        block_m = min(4, triton.next_power_of_2(max(n_rows, 1)))
+        return block_m, block_n, 1, partial_programs(triton.cdiv(n_rows, block_m), 1, device)
+    lanes = planned_warp_size(device)
+    wide = block_n >= BWD_WIDE
+    block_m = max(1, min(triton.next_power_of_2(max(n_rows, 1)), BWD_TILE[wide] // block_n))
+    num_warps = max(1, min(1024 // lanes,
+                           block_m * block_n // (BWD_VALUES_PER_LANE[wide] * lanes)))
+    per_sm = max(1, BWD_WARPS_PER_SM[wide] // num_warps)
+    # a program per SM at least, and otherwise at least 4 rows each (each writes and the
+    # column sum reads an fp32 row of dw: few rows, few partials); tiles no taller than a
+    # program's share of the rows, and the warps that tile fills (each lane keeps whole
+    # 16-byte vectors of dw)
+    sms = planned_sm_count(device)
+    programs = max(1, min(n_rows, sms * per_sm, max(sms, n_rows // 4)))
+    block_m = min(block_m, triton.next_power_of_2(triton.cdiv(n_rows, programs)))
+    num_warps = max(1, min(num_warps, block_m * block_n // (BWD_VALUES_PER_LANE[wide] * lanes)))
+    return block_m, block_n, num_warps, min(programs, triton.cdiv(n_rows, block_m))
 
 
 # rms_norm_fwd, rms_norm_infer, rms_norm_inplace_bwd (and add_rms_norm's launchers) from
@@ -329,6 +385,9 @@ CUDA_DESIGNS = {
     "rms_norm_dw_reduce_kernel": KernelDesign(vector_bits=32),
 }
 
+_PARTIALS = ("each program reads w once and writes one fp32 row of dw partial sums, which "
+             "the column sum reads: 1 + P(e + 8)/(3e rows) of compulsory, with P at most one "
+             "program per SM or per 4 rows: ~1.05x at 4096 rows, at most ~1.42x")
 _TWO_PASS = ("a row longer than 16384 does not fit registers: it is read twice, for the "
              "sum of squares and for the write (the second read mostly from L2)")
 _TWO_PASS_BWD = ("a row longer than 16384 is read twice (dy and x: the row dot, then dx) "
@@ -374,20 +433,22 @@ SPEC = OpSpec(
                         (37, 128, {"offset": 1}), (37, 128, {"in_place": True})])),
     grad_inputs=("x", "weight"),
     skip=skip_huge_on_cpu,
-    notes="Normalizes the last dim; fp32 accumulation; dW reduced per program, then summed.",
+    notes="Normalizes the last dim; fp32 accumulation; dW reduced per program, then summed and "
+          "cast in one launch.",
     for_model=for_model,
     case_of=lambda call, args: _case_of("rms_norm", call, args),
     fuses="RMSNorm in one kernel per direction",
     peers={"liger": "liger_rms_norm"},
     patches="rms_norm",
     kernels={
-        # its persistent grid is sized for 32 resident warps per SM (FWD_WARPS_PER_SM)
+        # its persistent grid is sized for 32 resident warps per SM (FWD_WARPS_PER_SM),
+        # under 64 registers with the rescue branch (8 values per lane for tiles of rows)
         "_rms_norm_fwd_kernel": KernelDesign(min_occupancy=0.5),
         "_rms_norm_fwd_looped_kernel": KernelDesign(bytes_ratio=1.5, why=_TWO_PASS),
-        # its persistent grid is sized for 16 resident warps per SM (BWD_WARPS_PER_SM)
-        "_rms_norm_bwd_kernel": KernelDesign(min_occupancy=0.25, bytes_ratio=1.6, why=(
-            "each program reads w once and writes one fp32 row of dw partial sums, "
-            "1 + P(2e + 4)/(3e rows) of compulsory: ~1.06x at 4096 rows, ~1.5x at 512")),
+        # 50% from 4096 wide (8 values per lane, 32 warps, ~60 registers); narrower rows
+        # hold 16 values per lane on 8 warps (~115 registers: 25%)
+        "_rms_norm_bwd_kernel": KernelDesign(min_occupancy=0.25, bytes_ratio=1.45, why=_PARTIALS),
+        "_column_sum_kernel": KernelDesign(bytes_ratio=1.45, why=_PARTIALS),
         "_rms_norm_bwd_row_dot_kernel": KernelDesign(bytes_ratio=2.0, why=_TWO_PASS_BWD),
         "_rms_norm_bwd_dx_kernel": KernelDesign(bytes_ratio=2.0, why=_TWO_PASS_BWD),
         # CUDA C++ (csrc/rms_norm.cu): 16-byte vectors over rows, grids of the blocks

@@ -1,9 +1,14 @@
+import contextlib
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import speedlight
 import speedlight.nn as snn
-from speedlight import reference
+from speedlight import launch, reference
+from speedlight.kernels.norm_scale import _rms_rstd_scaled
 from speedlight.ops import rms_norm as op
 from tests.conftest import gpu_target
 from tests.helpers import (EXTREME_SCALES, FreshGradient, assert_module_matches, assert_rejected,
@@ -205,3 +210,80 @@ def test_in_place_module_and_bad_flag(device):
                                  seeded((3, 64), device=device, seed=3))
     torch.testing.assert_close(dx, dx0, rtol=1e-5, atol=1e-5)
     assert_rejected(lambda: speedlight.rms_norm(x, in_place=1), TypeError, "in_place must be a bool")
+
+
+# --- one reduction on the common path, the scaled sum only where a row needs it ----------
+
+@triton.jit
+def _two_pass_rms_norm_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, eps,
+                              BLOCK_N: tl.constexpr):
+    """The scaled formula on every row, one row per program: a max, then the sum of
+    squares of x / p (norm_scale._rms_rstd_scaled), then y = x * rstd * w."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_N)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)[None, :]
+    rstd = _rms_rstd_scaled(x, n_cols, eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(y_ptr + row * n_cols + offs[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mask[None, :])
+    tl.store(rstd_ptr + row + tl.arange(0, 1), rstd)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """t's bit patterns (NaN payloads and signed zeros compared exactly)."""
+    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+RESCUES = {  # a row that needs the scaled sum, put among common ones
+    "overflow": lambda row: row * 1e19,  # squares overflow
+    "underflow": lambda row: row * 1e-25,  # squares underflow
+    "zeros": lambda row: row * 0.0,
+    "inf": lambda row: row.index_fill(0, torch.tensor([2]), float("inf")),
+    "nan": lambda row: row.index_fill(0, torch.tensor([7]), float("nan")),
+}
+
+
+def _rows(kind: str, hidden: int, dtype, device) -> torch.Tensor:
+    """12 rows whose unscaled sum of squares lies in [2^-64, 2^64] (values from 1e-7 to 1e6
+    in magnitude, zeros among them), the fifth replaced by a RESCUES row unless kind is
+    'common'."""
+    x = seeded((12, hidden), device=device)
+    scales = torch.tensor([1e-7, 1e-3, 1.0, 1e3, 1e6, 1.0, 1.0, 1e-2, 10.0, 1.0, 1e4, 1.0],
+                          device=device)
+    x = x * scales[:, None]
+    x[5, ::3] = 0.0
+    if kind != "common":
+        x[4] = RESCUES[kind](x[2])
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("kind,tiles", [
+    *[pytest.param(k, t, id=f"gpu-tiles-{t}-rows-bf16-{k}") for t in (1, 16)
+      for k in ("common", *RESCUES)],
+    *[pytest.param(k, None, id=f"interpreter-tiles-fp32-{k}")
+      for k in ("common", "underflow", "nan")]])
+def test_one_reduction_matches_the_two_pass_formula_bit_for_bit(kind, tiles, device):
+    """The forward takes the unscaled sum of squares (one reduction) and scales a row by a
+    power of two near its largest |x| only when that sum leaves [2^-64, 2^64]: on rows that
+    need it and rows that do not, in tiles of one row and of several (rows past the end
+    among them), y and rstd are the two-pass scaled formula's bit for bit."""
+    hidden, dtype = 300, torch.float32 if tiles is None else torch.bfloat16
+    eps = 0.0 if kind == "underflow" else 1e-6  # eps would hide the underflow
+    x = _rows(kind, hidden, dtype, device)
+    sum_sq = x.double().square().sum(1)
+    common = (sum_sq >= 2.0 ** -64) & (sum_sq <= 2.0 ** 64)
+    assert common.sum() == 12 - (kind != "common")  # the inputs are what they claim
+    w = (1.0 + seeded((hidden,), device=device, seed=1, scale=0.2)).to(dtype)
+    with contextlib.ExitStack() as sized:
+        if tiles is not None:  # the tiles of a GPU's launch: 512 values (1 row) or 8192
+            sized.enter_context(launch.for_target(gpu_target(132)))
+            sized.enter_context(launch.forcing("rms_norm", {"tile": 512 * tiles,
+                                                            "warps_per_sm": 32}))
+        y, rstd = op.rms_norm_fwd(x, w, eps, 0.0)
+    y2, rstd2 = torch.empty_like(x), torch.empty(x.shape[0], device=device)
+    _two_pass_rms_norm_kernel[(x.shape[0],)](x, w, y2, rstd2, hidden, eps,
+                                             BLOCK_N=triton.next_power_of_2(hidden))
+    assert torch.equal(_bits(rstd), _bits(rstd2))
+    assert torch.equal(_bits(y), _bits(y2))
