@@ -26,7 +26,9 @@ While one program computes, every program's prefetched loads are outstanding and
 the other programs' demand loads (the barriers of a row reduction keep a program's warps
 together: its own loads are not in flight while it reduces). The need is Little's law,
 bandwidth x latency / SMs, with the SKU's datasheet bandwidth and LATENCY_S below; a kernel
-short of it gets the finding "short". Until `speedlight inspect` reports its own figure
+short of it gets the finding "short", unless every tensor it touches fits the L2 together
+("l2-resident": a weight gradient's partial rows, written by the kernel just before, are
+summed from L2, not DRAM). Until `speedlight inspect` reports its own figure
 (the loop-reading issue), this script is how the memory-bound kernels' changes are judged.
 """
 
@@ -218,6 +220,15 @@ def rows_for(op: str, target_name: str, shapes=None, dtype=torch.bfloat16,
             threads = k.num_warps * 32
             resident = min(k.occupancy.blocks_per_sm, launch.programs / sku.sm_count)
             flight = in_flight(reading, threads, resident)
+            # distinct tensors the launch touches (placeholders repeat a pointer)
+            touched = sum({(a.lo, a.hi): a.hi - a.lo for a in launch.args
+                           if a.kind == "tensor"}.values())
+            if flight >= need:
+                finding = "clear"
+            elif touched < sku.l2_bytes:
+                finding = "l2-resident"  # e.g. the partial rows the kernel before just wrote
+            else:
+                finding = "short"
             row.update(
                 warps=k.num_warps, registers=k.registers, spills=k.spill_stores,
                 occupancy=round(k.occupancy.fraction, 3),
@@ -225,8 +236,8 @@ def rows_for(op: str, target_name: str, shapes=None, dtype=torch.bfloat16,
                 resident_per_sm=round(resident, 3),
                 busy_sms=min(sku.sm_count, launch.programs),
                 **{k_: v for k_, v in asdict(reading).items()},
-                in_flight_per_sm=round(flight), need_per_sm=round(need),
-                finding="short" if flight < need else "clear")
+                in_flight_per_sm=round(flight), need_per_sm=round(need), tensor_bytes=touched,
+                finding=finding)
             out.append(row)
     return out
 
@@ -253,6 +264,11 @@ def main(argv=None) -> int:
                      f"async {r['async_bytes']:3d}x{r['buffers'] - 1} "
                      f"bar {r['barriers']:2d} in flight {r['in_flight_per_sm'] / 1024:6.1f} KB"
                      f" / need {r['need_per_sm'] / 1024:4.1f} KB {r['finding']}"), flush=True)
+    from speedlight import results
+
+    env = results.environment("cpu")
+    rows = [dict(r, **{k: env.get(k) for k in ("git", "triton", "torch", "timestamp")})
+            for r in rows]
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")

@@ -300,7 +300,7 @@ def persistent_row_grid(n_rows: int, n_cols: int, device: torch.device, *, max_b
 PIPELINE_SMEM_SLACK = 8 * 1024
 
 
-def pipeline_stages(stage_bytes: int, programs_per_sm: int, device: torch.device | str, *,
+def pipeline_depth(stage_bytes: int, programs_per_sm: int, device: torch.device | str, *,
                     deepest: int = 4) -> int:
     """The depth (tl.range's num_stages) of a persistent kernel's software-pipelined tile
     loop: on NVIDIA from sm_80 (cp.async), the deepest of `deepest` down to 3 whose

@@ -119,3 +119,33 @@ def loss_and_grad(fn, logits, *args, upstream=None, **kwargs):
     loss = fn(x, *args, **kwargs)
     (g,) = torch.autograd.grad(loss, x, upstream if upstream is not None else torch.ones_like(loss))
     return loss.detach(), g
+
+
+# --- rows that need a norm's scaled sum of squares, and rows that do not --------------
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """t's bit patterns (NaN payloads and signed zeros compared exactly)."""
+    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+RESCUES = {  # a row that needs the scaled sum, put among common ones
+    "overflow": lambda row: row * 1e19,  # squares overflow
+    "underflow": lambda row: row * 1e-25,  # squares underflow
+    "zeros": lambda row: row * 0.0,
+    "inf": lambda row: row.index_fill(0, torch.tensor([2]), float("inf")),
+    "nan": lambda row: row.index_fill(0, torch.tensor([7]), float("nan")),
+}
+
+
+def rescue_rows(kind: str, hidden: int, dtype, device) -> torch.Tensor:
+    """12 rows whose unscaled sum of squares lies in [2^-64, 2^64] (values from 1e-7 to 1e6
+    in magnitude, zeros among them), the fifth replaced by a RESCUES row unless kind is
+    'common'."""
+    x = seeded((12, hidden), device=device)
+    scales = torch.tensor([1e-7, 1e-3, 1.0, 1e3, 1e6, 1.0, 1.0, 1e-2, 10.0, 1.0, 1e4, 1.0],
+                          device=device)
+    x = x * scales[:, None]
+    x[5, ::3] = 0.0
+    if kind != "common":
+        x[4] = RESCUES[kind](x[2])
+    return x.to(dtype)

@@ -3,15 +3,16 @@
 A row tile holds whole rows in registers (n_cols <= BLOCK_N: one read of x, the variance
 taken around the mean already in registers, so no E[x^2] - E[x]^2 cancellation); looped
 kernels take rows longer than one block in three sweeps (sum, centered sum of squares,
-write), the last two from L2. Mean and variance are taken of x / p, p a power of two near
-the row's largest |x| (norm_scale.py), so the squares neither overflow nor underflow where
-y is representable.
+write), the last two from L2. A row whose centred sum of squares overflows or underflows
+(or whose sum does) has its mean and variance taken of x / p, p a power of two near its
+largest |x| (norm_scale.py), so y is right wherever it is representable; other rows take
+two reductions, bit for bit the scaled formula.
 """
 
 import triton
 import triton.language as tl
 
-from speedlight.kernels.norm_scale import _pow2_scale
+from speedlight.kernels.norm_scale import SUM_MAX, SUM_MIN, _pow2_scale
 from speedlight.kernels.row_tile import _load_chunk, _load_tile, _row_block, _row_chunk
 
 
@@ -23,12 +24,53 @@ def _rounded_product(a, b):
 
 
 @triton.jit
+def _layer_norm_stats_scaled(x, mask, n_cols, eps):
+    """(mean [BM], rstd [BM], xc [BM, BN], r [BM]) of a fp32 tile x (masked lanes 0) with
+    y = xc * r * w + b: the mean and variance of x / p (xc = x / p - mean / p, r = rstd * p),
+    three reductions (the max, the mean, the centred sum of squares), right for any x."""
+    # [BM, BN] -> [BM]: the scale p, then the mean and variance of x / p
+    p, inv_p = _pow2_scale(tl.max(tl.abs(x), axis=1), eps)
+    # x / p rounded once, as dxhat in the backward: at hidden 1 the mean is x / p
+    # itself, and `x / p - mean` is 0 (exact scaling, but for subnormal x / p)
+    xs = _rounded_product(x, inv_p[:, None])
+    mean_s = tl.sum(xs, axis=1) / n_cols
+    xc = tl.where(mask, xs - mean_s[:, None], 0.0)
+    # [BM, BN] -> [BM]
+    var_s = tl.sum(xc * xc, axis=1) / n_cols
+    rstd_s = 1.0 / tl.sqrt(var_s + eps * inv_p * inv_p)  # = rstd * p
+    return mean_s * p, rstd_s * inv_p, xc, rstd_s
+
+
+@triton.jit
+def _layer_norm_stats(x, mask, mask_m, n_cols, eps):
+    """_layer_norm_stats_scaled's four values, bit for bit, from two reductions (the mean,
+    the centred sum of squares) on the common path; the scaled form only when a row of the
+    tile needs it (its centred sum of squares outside [SUM_MIN, SUM_MAX], or NaN: a sum of x
+    that overflowed makes it NaN). Where the scaled form is not needed, x / p - mean / p
+    and every statistic are the unscaled ones times powers of two, exactly."""
+    # [BM, BN] -> [BM]
+    mean = tl.sum(x, axis=1) / n_cols
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    # [BM, BN] -> [BM]
+    sum_sq = tl.sum(xc * xc, axis=1)
+    unsafe = tl.where(mask_m & ((sum_sq < SUM_MIN) | (sum_sq > SUM_MAX) | (sum_sq != sum_sq)),
+                      1, 0)
+    # [BM] -> scalar: one branch for the whole tile
+    if tl.max(unsafe, axis=0) != 0:
+        mean, rstd, xc, r = _layer_norm_stats_scaled(x, mask, n_cols, eps)
+    else:
+        rstd = 1.0 / tl.sqrt(sum_sq / n_cols + eps)
+        r = rstd
+    return mean, rstd, xc, r
+
+
+@triton.jit
 def _layer_norm_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     n_rows, n_cols, stride_xm, stride_xn, stride_ym,
     eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     """y[m] = (x[m] - mean[m]) * rstd[m] * w + b, rstd[m] = 1 / sqrt(var(x[m]) + eps).
 
@@ -36,7 +78,8 @@ def _layer_norm_fwd_kernel(
     y_ptr [n_rows, n_cols] (row stride stride_ym, unit column stride),
     mean_ptr, rstd_ptr [n_rows] fp32. BLOCK_N >= n_cols: whole rows in registers, so x is
     read once. Persistent: program p takes the tiles of BLOCK_M rows p, p + P, p + 2P, ...
-    (P programs in the grid) and loads w and b once for all of them.
+    (P programs in the grid) and loads w and b once for all of them; STAGES: the depth of
+    the tile loop's software pipeline (rms_norm._rms_norm_fwd_kernel).
     HAS_WEIGHT / HAS_BIAS = False remove the load of w / b; STORE_STATS=False the stores
     of mean and rstd (inference: no backward will read them).
     """
@@ -49,23 +92,15 @@ def _layer_norm_fwd_kernel(
         w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     if HAS_BIAS:
         b = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-    for tile in range(pid, tl.cdiv(n_rows, BLOCK_M), n_programs):
+    for tile in tl.range(pid, tl.cdiv(n_rows, BLOCK_M), n_programs, num_stages=STAGES):
         offs_m, mask_m, mask, rows = _row_block(tile * BLOCK_M, n_rows, mask_n, BLOCK_M)
         x = _load_tile(x_ptr, rows, cols, stride_xm, stride_xn, mask)
-        # [BM, BN] -> [BM]: the scale p, then the mean and variance of x / p
-        p, inv_p = _pow2_scale(tl.max(tl.abs(x), axis=1), eps)
-        # x / p rounded once, as dxhat in the backward: at hidden 1 the mean is x / p
-        # itself, and `x / p - mean` is 0 (exact scaling, but for subnormal x / p)
-        xs = _rounded_product(x, inv_p[:, None])
-        mean_s = tl.sum(xs, axis=1) / n_cols
-        xc = tl.where(mask, xs - mean_s[:, None], 0.0)
-        # [BM, BN] -> [BM]
-        var_s = tl.sum(xc * xc, axis=1) / n_cols
-        rstd_s = 1.0 / tl.sqrt(var_s + eps * inv_p * inv_p)  # = rstd * p
-        if STORE_STATS:  # first: p and 1/p are then dead while y is formed (registers)
-            tl.store(mean_ptr + offs_m, mean_s * p, mask=mask_m)
-            tl.store(rstd_ptr + offs_m, rstd_s * inv_p, mask=mask_m)
-        y = xc * rstd_s[:, None]
+        # [BM, BN] -> [BM]: two reductions, but extreme rows (three, over x / p)
+        mean, rstd, xc, r = _layer_norm_stats(x, mask, mask_m, n_cols, eps)
+        if STORE_STATS:
+            tl.store(mean_ptr + offs_m, mean, mask=mask_m)
+            tl.store(rstd_ptr + offs_m, rstd, mask=mask_m)
+        y = xc * r[:, None]
         if HAS_WEIGHT:
             y = y * w[None, :]
         if HAS_BIAS:
@@ -132,8 +167,9 @@ def _layer_norm_fwd_looped_kernel(
 #   dx    = r * (dxhat - c1 - xhat * c2),  c1 = mean_j(dxhat_j), c2 = mean_j(dxhat_j * xhat_j)
 #   dw    = sum_rows(dy * xhat),           db = sum_rows(dy)
 # (c1 is the gradient through the mean, c2 through the variance.) dw and db are reduced
-# without atomics: each program sums its own block of rows into one row of
-# dw_partial / db_partial [n_programs, n_cols] (fp32), and the host sums those rows.
+# without atomics: each program sums the rows it takes into one row of
+# dw_partial / db_partial [n_programs, n_cols] (fp32), and row_tile._column_sum_kernel sums
+# those rows and casts them in one launch after.
 # dxhat is rounded once and that value is both summed into c1 and used in dx: were the
 # product contracted into `dxhat - c1` (an FMA, as the GPU's compiler does with a multiply
 # feeding a subtraction), dx would carry dy * w's rounding error where the terms cancel
@@ -176,19 +212,20 @@ def _layer_norm_bwd_row_dot_kernel(
 def _layer_norm_bwd_kernel(
     dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr,
     dx_ptr, dw_partial_ptr, db_partial_ptr,
-    n_rows, n_cols, rows_per_program,
+    n_rows, n_cols,
     stride_dym, stride_dyn, stride_xm, stride_xn, stride_dxm,
     SPLIT_ROW: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     """dx and this program's share of dw and db.
 
     dy_ptr, x_ptr [n_rows, n_cols] (own strides), w_ptr [n_cols], mean_ptr, rstd_ptr,
     c1_ptr, c2_ptr [n_rows] fp32, dx_ptr [n_rows, n_cols] (row stride stride_dxm, unit
     column stride), dw_partial_ptr, db_partial_ptr [n_programs, n_cols] fp32.
-    The grid is (n_programs, n_column_blocks): program (p, q) covers rows
-    [p * rows_per_program, (p + 1) * rows_per_program), BLOCK_M at a time, and columns
-    [q * BLOCK_N, (q + 1) * BLOCK_N), and writes the partials of row p for those columns.
+    The grid is (n_programs, n_column_blocks): program (p, q) covers the tiles of BLOCK_M
+    rows p, p + n_programs, ... and columns [q * BLOCK_N, (q + 1) * BLOCK_N), and writes the
+    partials of row p for those columns; STAGES: the depth of the tile loop's software
+    pipeline (rms_norm._rms_norm_fwd_kernel).
     SPLIT_ROW=False: BLOCK_N >= n_cols, one column block; c1 and c2 are reduced from the
     rows in registers and c1_ptr, c2_ptr are not read. SPLIT_ROW=True: rows longer than a
     block; c1, c2 come from _layer_norm_bwd_row_dot_kernel.
@@ -203,10 +240,9 @@ def _layer_norm_bwd_kernel(
         w = tl.load(w_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    row_start = pid_m * rows_per_program
-    row_end = tl.minimum(row_start + rows_per_program, n_rows)
-    for m0 in range(row_start, row_end, BLOCK_M):
-        offs_m, mask_m, mask, rows = _row_block(m0, row_end, mask_n, BLOCK_M)
+    for tile in tl.range(pid_m, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0),
+                         num_stages=STAGES):
+        offs_m, mask_m, mask, rows = _row_block(tile * BLOCK_M, n_rows, mask_n, BLOCK_M)
         dy = _load_tile(dy_ptr, rows, cols, stride_dym, stride_dyn, mask)
         x = _load_tile(x_ptr, rows, cols, stride_xm, stride_xn, mask)
         mean = tl.load(mean_ptr + offs_m, mask=mask_m, other=0.0)

@@ -58,7 +58,8 @@ def _rms_norm_fwd_kernel(
             h = (x + res).to(h_ptr.dtype.element_ty)
             tl.store(h_ptr + rows[:, None] * stride_ym + cols[None, :], h, mask=mask)
             x = h.to(tl.float32)
-        rstd = _rms_rstd(x, mask_m, n_cols, eps)  # [BM, BN] -> [BM]: one reduction, but extreme rows
+        # [BM, BN] -> [BM]: one reduction, but for a tile with an extreme row
+        rstd = _rms_rstd(x, mask_m, n_cols, eps)
         y = x * rstd[:, None]
         if HAS_WEIGHT:
             y = y * w[None, :]

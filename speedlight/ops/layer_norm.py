@@ -20,15 +20,11 @@ from speedlight.kernels.layer_norm import (
     _layer_norm_fwd_kernel,
     _layer_norm_fwd_looped_kernel,
 )
-from speedlight.launch import (
-    as_rows,
-    partial_sum_programs,
-    persistent_row_grid,
-    row_tile,
-    warps_for_tile,
-)
+from speedlight.launch import as_rows, persistent_row_grid, pipeline_depth
 from speedlight.ops._checks import check_same_device, check_tensor
 from speedlight.ops._dtensor import local_rows
+from speedlight.ops._partials import (BWD_WIDE, bwd_programs_per_sm, norm_bwd_grid,
+                                      partial_programs, sum_partials)
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.ops.rms_norm import FWD_WARPS_PER_SM, check_eps
@@ -38,10 +34,13 @@ from speedlight.spec import Case, Cost, KernelDesign, OpSpec, inject_nonfinite, 
 MAX_FUSED_N = 16384  # rows up to this many columns are held in registers
 LOOP_BLOCK_N = 4096  # chunk of a longer row
 SPLIT_BLOCK_N = 1024  # column block of the backward of longer rows
-# Forward tile on a GPU: 16384 values, since each program re-reads both w and b: few
-# programs at the same resident warps per SM (32 warps of 16 values per thread).
-FWD_TILE = 16384
-BWD_WARPS_PER_SM = 16  # persistent backward (it holds w, dw, db and two tiles)
+SPLIT_PROGRAMS_PER_SM = 4  # rows longer than MAX_FUSED_N: row-block programs per SM
+# Forward on a GPU: one program of 32 warps per SM (each program re-reads both w and b, so
+# few programs: ~3% of the compulsory bytes at 4096 rows), tiles of 8192 values at 8 per
+# lane (whole rows from 8192 wide), its tile loop pipelined up to 3 tiles ahead.
+FWD_TILE = 8192
+FWD_VALUES_PER_LANE = 8
+FWD_PIPELINE = 5
 
 
 # --- launchers (usable without autograd) --------------------------------------------------
@@ -81,13 +80,16 @@ def _forward(x, weight, bias, eps, store_stats: bool):
     switches = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
                     STORE_STATS=store_stats)
     if n_cols <= MAX_FUSED_N:
-        # persistent, sized as RMSNorm's forward: w and b read once per program
+        # persistent: w and b read once per program
         grid, block_m, block_n, num_warps = persistent_row_grid(
             n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, tile=FWD_TILE,
-            warps_per_sm=FWD_WARPS_PER_SM)
+            warps_per_sm=FWD_WARPS_PER_SM, values_per_lane=FWD_VALUES_PER_LANE)
+        stages = pipeline_depth(block_m * block_n * x.element_size(),
+                                max(1, FWD_WARPS_PER_SM // num_warps), x.device,
+                                deepest=FWD_PIPELINE)
         _layer_norm_fwd_kernel[grid](
             *args, n_rows, n_cols, *strides, eps, **switches,
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+            BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, num_warps=num_warps)
     else:
         _layer_norm_fwd_looped_kernel[(n_rows,)](
             *args, n_cols, *strides, eps, **switches, BLOCK_N=LOOP_BLOCK_N, num_warps=8)
@@ -112,15 +114,14 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     dx2 = dx.view(-1, n_cols)
     w = weight.contiguous() if has_weight else x2  # the kernels step w by 1
     fused = n_cols <= MAX_FUSED_N
-    if fused:
-        block_m, block_n, num_warps = row_tile(n_cols, x.device, max_block_n=MAX_FUSED_N)
+    if fused:  # as RMSNorm's backward: persistent, rows strided over the programs
+        # one row per tile from 4096 wide: dw, db and w beside the tiles fill 64 registers
+        block_m, block_n, num_warps, n_programs = norm_bwd_grid(
+            n_rows, n_cols, x.device, wide_tile=BWD_WIDE)
     else:
         block_m, block_n, num_warps = 4, SPLIT_BLOCK_N, 4
-    # as many programs as fit BWD_WARPS_PER_SM warps per SM, as RMSNorm's backward
-    per_sm = max(1, BWD_WARPS_PER_SM // num_warps)
-    n_programs = partial_sum_programs(n_rows, x.device, per_sm=per_sm)
-    rows_per_program = triton.cdiv(n_rows, n_programs)
-    n_programs = triton.cdiv(n_rows, rows_per_program)
+        n_programs = partial_programs(triton.cdiv(n_rows, block_m), SPLIT_PROGRAMS_PER_SM,
+                                      x.device)
 
     def partial(wanted: bool) -> torch.Tensor:
         return torch.empty((n_programs, n_cols) if wanted else (1,), dtype=torch.float32,
@@ -130,25 +131,29 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     strides = (dy2.stride(0), dy2.stride(1), x2.stride(0), x2.stride(1))
     switches = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias)
     if fused:
-        # few rows per program: a smaller tile, and the warps of the tile actually used
-        block_m = min(block_m, triton.next_power_of_2(rows_per_program))
-        num_warps = warps_for_tile(block_m * block_n)
         c1 = c2 = rstd  # not read
         grid = (n_programs, 1)
+        # each stage of the pipeline holds a tile of dy and of x
+        stages = pipeline_depth(2 * block_m * block_n * x.element_size(),
+                                bwd_programs_per_sm(block_n, num_warps), x.device)
     else:
         c1 = torch.empty(n_rows, dtype=torch.float32, device=x.device)
         c2 = torch.empty(n_rows, dtype=torch.float32, device=x.device)
         _layer_norm_bwd_row_dot_kernel[(n_rows,)](
             dy2, x2, w, mean, rstd, c1, c2, n_cols, *strides, HAS_WEIGHT=has_weight,
             BLOCK_N=LOOP_BLOCK_N, num_warps=8)
-        grid = (n_programs, triton.cdiv(n_cols, block_n))
+        grid, stages = (n_programs, triton.cdiv(n_cols, block_n)), 1
     _layer_norm_bwd_kernel[grid](
         dy2, x2, w, mean, rstd, c1, c2, dx2, dw_partial, db_partial,
-        n_rows, n_cols, rows_per_program, *strides, dx2.stride(0),
-        SPLIT_ROW=not fused, **switches, BLOCK_M=block_m, BLOCK_N=block_n,
+        n_rows, n_cols, *strides, dx2.stride(0),
+        SPLIT_ROW=not fused, **switches, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         num_warps=num_warps)
-    dw = dw_partial.sum(0).to(weight.dtype) if has_weight else None
-    db = db_partial.sum(0).to(bias.dtype) if has_bias else None
+    if not (has_weight or has_bias):
+        return dx, None, None
+    first, second = (dw_partial, db_partial) if has_weight else (db_partial, None)
+    sums = sum_partials(first, (weight if has_weight else bias).dtype,
+                        second if has_bias else None, bias.dtype if has_bias else None)
+    dw, db = sums if has_weight else (None, sums[0])
     return dx, dw, db
 
 
@@ -247,6 +252,12 @@ def cost(case: Case, mode: str) -> Cost:
     return Cost(flops=13 * m * n, bytes=3 * m * n * e + w + params + 8 * m)
 
 
+_PARTIALS = ("each program reads w once and writes fp32 partial rows of dw and db, which the "
+             "column sum reads: 1 + P(e + 16)/(3e rows) of compulsory, with P at most one "
+             "program per SM or per 4 rows: ~1.1x at 4096 rows, at most ~1.75x; rows longer "
+             "than 16384 also read dy and x twice (the row dots, then dx)")
+
+
 def for_model(cfg, batch: int, seq: int) -> list[Case]:
     """The pre-attention and pre-MLP LayerNorms of a GPT-style block."""
     if cfg.norm != "layer":
@@ -277,18 +288,16 @@ SPEC = OpSpec(
     grad_inputs=("x", "weight", "bias"),
     skip=skip_huge_on_cpu,
     notes="Normalizes the trailing dims (biased variance, taken around the mean); fp32 "
-          "statistics; dW and dB reduced per program, then summed.",
+          "statistics; dW and dB reduced per program, then summed and cast in one launch.",
     kernels={
-        # its persistent grid is sized for 32 resident warps per SM (FWD_WARPS_PER_SM)
+        # one program of 32 warps per SM (FWD_WARPS_PER_SM): at most 64 registers
         "_layer_norm_fwd_kernel": KernelDesign(min_occupancy=0.5),
         "_layer_norm_fwd_looped_kernel": KernelDesign(bytes_ratio=2.1, why=(
             "a row longer than 16384 does not fit registers: it is read three times, for "
             "the mean, the centred sum of squares and the write (the last two mostly from L2)")),
-        # sized for 16 resident warps per SM (BWD_WARPS_PER_SM), as RMSNorm's backward
-        "_layer_norm_bwd_kernel": KernelDesign(min_occupancy=0.25, bytes_ratio=1.9, why=(
-            "each program reads w once and writes fp32 partial rows of dw and db, "
-            "1 + P(e + 8)/(3e rows) of compulsory: ~1.1x at 4096 rows, ~1.8x at 512; rows "
-            "longer than 16384 also read dy and x twice (the row dots, then dx)")),
+        # sized as RMSNorm's backward (ops/_partials.norm_bwd_grid): 50% from 4096 wide
+        "_layer_norm_bwd_kernel": KernelDesign(min_occupancy=0.25, bytes_ratio=1.9, why=_PARTIALS),
+        "_column_sum_kernel": KernelDesign(bytes_ratio=1.9, why=_PARTIALS),
         "_layer_norm_bwd_row_dot_kernel": KernelDesign(bytes_ratio=2.2, why=(
             "rows longer than 16384: dy and x are read for the row dots c1, c2 and again "
             "for dx, plus the dw and db partial rows")),

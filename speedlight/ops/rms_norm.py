@@ -26,16 +26,16 @@ from speedlight.launch import (
     cuda_column_launch,
     cuda_row_launch,
     cuda_shared_dw_bytes,
-    pipeline_stages,
+    pipeline_depth,
     planned_sm_count,
     planned_warp_size,
     persistent_row_grid,
-    target_programs,
 )
 from speedlight.ops import rms_norm_cuda as cuda
 from speedlight.ops._checks import check_bool, check_same_device, check_tensor
 from speedlight.ops._dtensor import local_rows
-from speedlight.ops._partials import sum_partials
+from speedlight.ops._partials import (bwd_programs_per_sm, norm_bwd_grid, partial_programs,
+                                      sum_partials)
 from speedlight.ops._rms_norm_launchers import RmsNormLaunchers
 from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
@@ -52,15 +52,6 @@ LOOP_BLOCK_N = 4096  # chunk of a longer row
 FWD_TILE = 4096
 FWD_WARPS_PER_SM = 32
 FWD_VALUES_PER_LANE = {True: 16, False: 8}  # one row per tile, several
-# Persistent backward from 4096 wide: tiles of 8192 values, 8 per lane (it holds w, dw and
-# the dy and x tiles: under 64 registers at 32 warps, where 16 values per lane took ~100
-# and a quarter of the SM's warps), 32 resident warps per SM. Narrower rows: tiles of 4096
-# values, 16 per lane, 16 warps per SM (so each lane stores whole 16-byte vectors of its
-# dw partial row, and the partial rows stay few).
-BWD_WIDE = 4096
-BWD_TILE = {True: 8192, False: 4096}
-BWD_VALUES_PER_LANE = {True: 8, False: 16}
-BWD_WARPS_PER_SM = {True: 32, False: 16}
 SPLIT_PROGRAMS_PER_SM = 4  # rows longer than MAX_FUSED_N: row-block programs per SM
 SPLIT_BLOCK_M, SPLIT_BLOCK_N = 4, 1024
 
@@ -111,7 +102,7 @@ def rms_norm_residual_fwd(x: torch.Tensor, residual: torch.Tensor | None,
             n_rows, n_cols, x.device, max_block_n=MAX_FUSED_N, **config,
             values_per_lane=FWD_VALUES_PER_LANE[one_row])
         # each stage of the pipeline holds a tile of x (and of the residual)
-        stages = pipeline_stages(
+        stages = pipeline_depth(
             block_m * block_n * x.element_size() * (1 + (residual is not None)),
             max(1, config["warps_per_sm"] // num_warps), x.device)
         _rms_norm_fwd_kernel[grid](
@@ -150,7 +141,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     w = weight.contiguous() if has_weight else x2  # the kernels step w by 1
     fused = n_cols <= MAX_FUSED_N
     if fused:
-        block_m, block_n, num_warps, n_programs = bwd_row_grid(n_rows, n_cols, x.device)
+        block_m, block_n, num_warps, n_programs = norm_bwd_grid(n_rows, n_cols, x.device)
     else:
         block_m, block_n, num_warps = SPLIT_BLOCK_M, SPLIT_BLOCK_N, 4
         n_programs = partial_programs(triton.cdiv(n_rows, block_m), SPLIT_PROGRAMS_PER_SM,
@@ -162,9 +153,8 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
     switches = dict(HAS_DH=dh is not None, HAS_WEIGHT=has_weight)
     if fused:
         # each stage of the pipeline holds a tile of dy and of x (and of dh)
-        per_sm = max(1, BWD_WARPS_PER_SM[block_n >= BWD_WIDE] // num_warps)
-        stages = pipeline_stages(block_m * block_n * x.element_size() * (2 + (dh is not None)),
-                                 per_sm, x.device)
+        stages = pipeline_depth(block_m * block_n * x.element_size() * (2 + (dh is not None)),
+                                bwd_programs_per_sm(block_n, num_warps), x.device)
         _rms_norm_bwd_kernel[(n_programs,)](
             dy2, x2, w, rstd, dh2, dx2, dw_partial, n_rows, n_cols,
             *strides, offset, **switches, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
@@ -183,44 +173,6 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
             num_warps=128 // planned_warp_size(x.device))
     dw = sum_partials(dw_partial, weight.dtype)[0] if has_weight else None
     return dx, dw
-
-
-def partial_programs(n_tiles: int, per_sm: int, device: torch.device) -> int:
-    """Programs of a persistent backward over n_tiles row tiles, each writing one fp32 row
-    of partial weight gradients: per_sm per SM on a GPU (or the launch context's target),
-    one per tile under the interpreter (where a program sums its tiles one after another,
-    so each sums one tile and _column_sum_kernel sums the rest pairwise, as accurately as
-    the GPU's tree)."""
-    if planned_sm_count(device) is None:
-        return max(1, n_tiles)
-    return max(1, min(n_tiles, target_programs(device, per_sm=per_sm)))
-
-
-def bwd_row_grid(n_rows: int, n_cols: int, device: torch.device
-                 ) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, programs) of the persistent backward over whole rows:
-    on a GPU tiles of BWD_TILE values (whole rows, at least one), BWD_VALUES_PER_LANE a
-    lane, BWD_WARPS_PER_SM resident warps per SM; under the interpreter tiles of at most 4
-    rows, one per program (partial_programs)."""
-    block_n = triton.next_power_of_2(max(n_cols, 1))
-    if planned_sm_count(device) is None:
-        block_m = min(4, triton.next_power_of_2(max(n_rows, 1)))
-        return block_m, block_n, 1, partial_programs(triton.cdiv(n_rows, block_m), 1, device)
-    lanes = planned_warp_size(device)
-    wide = block_n >= BWD_WIDE
-    block_m = max(1, min(triton.next_power_of_2(max(n_rows, 1)), BWD_TILE[wide] // block_n))
-    num_warps = max(1, min(1024 // lanes,
-                           block_m * block_n // (BWD_VALUES_PER_LANE[wide] * lanes)))
-    per_sm = max(1, BWD_WARPS_PER_SM[wide] // num_warps)
-    # a program per SM at least, and otherwise at least 4 rows each (each writes and the
-    # column sum reads an fp32 row of dw: few rows, few partials); tiles no taller than a
-    # program's share of the rows, and the warps that tile fills (each lane keeps whole
-    # 16-byte vectors of dw)
-    sms = planned_sm_count(device)
-    programs = max(1, min(n_rows, sms * per_sm, max(sms, n_rows // 4)))
-    block_m = min(block_m, triton.next_power_of_2(triton.cdiv(n_rows, programs)))
-    num_warps = max(1, min(num_warps, block_m * block_n // (BWD_VALUES_PER_LANE[wide] * lanes)))
-    return block_m, block_n, num_warps, min(programs, triton.cdiv(n_rows, block_m))
 
 
 # rms_norm_fwd, rms_norm_infer, rms_norm_inplace_bwd (and add_rms_norm's launchers) from

@@ -49,6 +49,8 @@ def row(rec: OpRecord, target: Target, device: str) -> dict:
         "launches_kernel": cost.kernel if cost else None,
         "time_s": time, "time_samples_s": list(rec.times), "host_s": rec.host_time,
         "kernels": [{"name": n, "time_s": d} for n, d in rec.kernels],
+        # launches per call, counted on the GPU (None when projected): its fixed cost
+        "launches": len(rec.kernels) if device == "cuda" else None,
         "peak": key, "floor_s": floor,
         "bound": roofline.bound(cost, floor or 0.0, key, target.roof, kernel_times),
         "distance": distance, "saved_bytes": rec.saved_bytes,
@@ -149,7 +151,8 @@ def step_summary(rows: list[dict], cap: StepCapture, target: Target) -> dict:
     unknown = [r for r in rows if r["formula"] is None]
     unknown_time = sum(r["time_s"] for r in unknown)
     floor = sum(r["floor_s"] for r in kernel_rows)
-    launch_floor = sum(max(r["floor_s"], roofline.LAUNCH_S) for r in kernel_rows)
+    launch_floor = sum(max(r["floor_s"], roofline.launch_floor(r["launches"] or 1))
+                       for r in kernel_rows)
     step = statistics.median(cap.step_times) if cap.step_times else None
     gpu = cap.gpu
     launch = {
@@ -166,7 +169,7 @@ def step_summary(rows: list[dict], cap: StepCapture, target: Target) -> dict:
     for r in rows:
         by_bound[r["bound"]] += r["time_s"]
         if r["launches_kernel"]:
-            projected[r["bound"]] += max(r["floor_s"], roofline.LAUNCH_S)
+            projected[r["bound"]] += max(r["floor_s"], roofline.launch_floor(r["launches"] or 1))
     if gpu:
         by_bound["idle"] = gpu["idle_s"]  # between kernels, in a clean step: launch overhead
     return {

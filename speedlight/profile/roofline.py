@@ -7,9 +7,11 @@ the tensor-core peak of their dtype (tf32 for fp32 when torch allows it); every 
 FLOPs against the fp32 CUDA-core peak.
 
 Bound:
-- launch: the op's kernels are shorter than LAUNCH_S (measured on the GPU), or its floor
-  is (projected): launching it costs more than running it, and back-to-back launches of
-  such kernels leave the GPU idle (CUDA graphs or fusion recover that time);
+- launch (overhead-bound): the op's kernels together run shorter than their launches cost,
+  LAUNCH_S each (measured on the GPU: an op of three launches, a decode step's norm
+  backward say, has a fixed cost of three), or its floor is shorter than one launch
+  (projected): launching it costs more than running it, and back-to-back launches of such
+  kernels leave the GPU idle (CUDA graphs or fusion recover that time);
 - compute / memory: which of the two terms of the floor is larger;
 - none: views and allocations, which launch nothing; unknown: no cost formula.
 """
@@ -55,6 +57,11 @@ def floor_seconds(cost: OpCost, key: str, roof: Roof) -> float:
     return roof.floor_seconds(cost.flops, cost.bytes, key)
 
 
+def launch_floor(launches: int) -> float:
+    """The fixed cost of a call that launches `launches` kernels in eager mode."""
+    return launches * LAUNCH_S
+
+
 def bound(cost: OpCost | None, floor_s: float, key: str, roof: Roof,
           kernel_times: list[float] | None = None) -> str:
     """compute, memory, launch, none or unknown (see the module docstring)."""
@@ -63,7 +70,7 @@ def bound(cost: OpCost | None, floor_s: float, key: str, roof: Roof,
     if not cost.kernel:
         return "none"
     if kernel_times:
-        if max(kernel_times) < LAUNCH_S:
+        if sum(kernel_times) < launch_floor(len(kernel_times)):
             return "launch"
     elif floor_s < LAUNCH_S:
         return "launch"

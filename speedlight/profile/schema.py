@@ -87,8 +87,11 @@ ROW = {
     "time_s": "measured time, median over recorded steps (CUDA kernel time on a GPU, CPU time on a CPU)",
     "time_samples_s": "one per recorded step", "host_s": "CPU time inside the op (launch cost on a GPU)",
     "kernels": "CUDA kernels it launched: name, time_s",
+    "launches": "kernels it launched per call, on a GPU (null when projected): its fixed cost is "
+                "launches x the launch cost",
     "peak": "which peak its FLOPs run against (fp32, tf32, fp16, bf16, fp8)",
-    "floor_s": "speed-of-light floor on the target", "bound": "compute | memory | launch | none | unknown",
+    "floor_s": "speed-of-light floor on the target", "bound": "compute | memory | launch (overhead-bound: its kernels run shorter than "
+                 "their launches cost) | none | unknown",
     "distance": "time_s / floor_s, when measured on the target GPU; else null",
     "saved_bytes": "bytes of its outputs autograd saved for backward",
 }

@@ -23,7 +23,8 @@ def test_a_misaligned_case_prints_the_finding_writes_rows_and_dumps(tmp_path, ca
     assert "_rms_norm_fwd_kernel" in out and "row stride (4095 elements)" in out
     rows = results.read_jsonl(tmp_path / "inspect.jsonl")
     kernels = [r for r in rows if r["level"] == "kernel"]
-    assert {r["kernel"] for r in kernels} == {"_rms_norm_fwd_kernel", "_rms_norm_bwd_kernel"}
+    assert {r["kernel"] for r in kernels} == {"_rms_norm_fwd_kernel", "_rms_norm_bwd_kernel",
+                                            "_column_sum_kernel"}
     fwd = next(r for r in kernels if r["direction"] == "fwd")
     assert fwd["target"] == "sm_90a" and fwd["sm_count"] == 132 and fwd["registers"] > 0
     assert {"device", "triton", "git", "timestamp"} <= set(fwd)

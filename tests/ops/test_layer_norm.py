@@ -1,11 +1,16 @@
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import speedlight
 import speedlight.nn as snn
-from speedlight import reference
-from tests.helpers import (EXTREME_SCALES, assert_module_matches, assert_rejected, relative_error,
-                           seeded)
+from speedlight import launch, reference
+from speedlight.kernels.layer_norm import _layer_norm_stats_scaled
+from speedlight.ops import layer_norm as op
+from tests.conftest import gpu_target
+from tests.helpers import (EXTREME_SCALES, assert_module_matches, assert_rejected, bits,
+                           relative_error, rescue_rows, seeded)
 
 
 @pytest.mark.parametrize("hidden", [pytest.param(512, id="hidden512"),
@@ -131,3 +136,49 @@ def test_extreme_magnitudes_match_float64(hidden, scale, eps, device):
     for name, got, want in zip(("y", "dx", "dw", "db"), (y, *grads), (y64, *grads64)):
         assert torch.isfinite(got).all(), name
         assert relative_error(got, want) < 1e-5, name
+
+
+# --- two reductions on the common path, the scaled statistics only where a row needs them --
+
+@triton.jit
+def _two_pass_layer_norm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps,
+                                BLOCK_N: tl.constexpr):
+    """The scaled statistics on every row, one row per program
+    (layer_norm._layer_norm_stats_scaled), then y = xc * r * w + b."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_N)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * n_cols + offs, mask=mask, other=0.0).to(tl.float32)[None, :]
+    mean, rstd, xc, r = _layer_norm_stats_scaled(x, mask[None, :], n_cols, eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = xc * r[:, None] * w[None, :] + b[None, :]
+    tl.store(y_ptr + row * n_cols + offs[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mask[None, :])
+    tl.store(mean_ptr + row + tl.arange(0, 1), mean)
+    tl.store(rstd_ptr + row + tl.arange(0, 1), rstd)
+
+
+@pytest.mark.parametrize("kind,tiles", [
+    *[pytest.param(k, 1, id=f"gpu-tiles-1-row-{k}") for k in ("common", "overflow", "underflow",
+                                                              "nan")],
+    pytest.param("nan", 16, id="gpu-tiles-16-rows-nan")])
+def test_two_reductions_match_the_scaled_statistics_bit_for_bit(kind, tiles, device,
+                                                                monkeypatch):
+    """LayerNorm's forward takes the mean and the centred sum of squares unscaled and
+    scales a row only when that sum leaves [2^-64, 2^64] (or is NaN): y, mean and rstd are
+    the scaled statistics' bit for bit, on rows that need them and rows that do not."""
+    hidden = 300
+    x = rescue_rows(kind, hidden, torch.bfloat16, device)
+    w = (1.0 + seeded((hidden,), device=device, seed=1, scale=0.2)).to(torch.bfloat16)
+    b = seeded((hidden,), device=device, seed=2, scale=0.2).to(torch.bfloat16)
+    eps = 0.0 if kind == "underflow" else 1e-5
+    monkeypatch.setattr(op, "FWD_TILE", 512 * tiles)  # one row of 300 per tile, or 16
+    with launch.for_target(gpu_target(132)):
+        y, mean, rstd = op.layer_norm_fwd(x, w, b, eps)
+    y2 = torch.empty_like(x)
+    mean2, rstd2 = (torch.empty(x.shape[0], device=device) for _ in range(2))
+    _two_pass_layer_norm_kernel[(x.shape[0],)](x, w, b, y2, mean2, rstd2, hidden, eps,
+                                               BLOCK_N=triton.next_power_of_2(hidden))
+    for got, want in ((mean, mean2), (rstd, rstd2), (y, y2)):
+        assert torch.equal(bits(got), bits(want))

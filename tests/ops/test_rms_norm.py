@@ -11,8 +11,9 @@ from speedlight import launch, reference
 from speedlight.kernels.norm_scale import _rms_rstd_scaled
 from speedlight.ops import rms_norm as op
 from tests.conftest import gpu_target
-from tests.helpers import (EXTREME_SCALES, FreshGradient, assert_module_matches, assert_rejected,
-                           assert_verified, case_maker, relative_error, seeded)
+from tests.helpers import (EXTREME_SCALES, RESCUES, FreshGradient, assert_module_matches,
+                           assert_rejected, assert_verified, bits, case_maker, relative_error,
+                           rescue_rows, seeded)
 
 SPEC = op.SPEC
 
@@ -231,34 +232,6 @@ def _two_pass_rms_norm_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, eps,
     tl.store(rstd_ptr + row + tl.arange(0, 1), rstd)
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """t's bit patterns (NaN payloads and signed zeros compared exactly)."""
-    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
-RESCUES = {  # a row that needs the scaled sum, put among common ones
-    "overflow": lambda row: row * 1e19,  # squares overflow
-    "underflow": lambda row: row * 1e-25,  # squares underflow
-    "zeros": lambda row: row * 0.0,
-    "inf": lambda row: row.index_fill(0, torch.tensor([2]), float("inf")),
-    "nan": lambda row: row.index_fill(0, torch.tensor([7]), float("nan")),
-}
-
-
-def _rows(kind: str, hidden: int, dtype, device) -> torch.Tensor:
-    """12 rows whose unscaled sum of squares lies in [2^-64, 2^64] (values from 1e-7 to 1e6
-    in magnitude, zeros among them), the fifth replaced by a RESCUES row unless kind is
-    'common'."""
-    x = seeded((12, hidden), device=device)
-    scales = torch.tensor([1e-7, 1e-3, 1.0, 1e3, 1e6, 1.0, 1.0, 1e-2, 10.0, 1.0, 1e4, 1.0],
-                          device=device)
-    x = x * scales[:, None]
-    x[5, ::3] = 0.0
-    if kind != "common":
-        x[4] = RESCUES[kind](x[2])
-    return x.to(dtype)
-
-
 @pytest.mark.parametrize("kind,tiles", [
     *[pytest.param(k, t, id=f"gpu-tiles-{t}-rows-bf16-{k}") for t in (1, 16)
       for k in ("common", *RESCUES)],
@@ -271,7 +244,7 @@ def test_one_reduction_matches_the_two_pass_formula_bit_for_bit(kind, tiles, dev
     among them), y and rstd are the two-pass scaled formula's bit for bit."""
     hidden, dtype = 300, torch.float32 if tiles is None else torch.bfloat16
     eps = 0.0 if kind == "underflow" else 1e-6  # eps would hide the underflow
-    x = _rows(kind, hidden, dtype, device)
+    x = rescue_rows(kind, hidden, dtype, device)
     sum_sq = x.double().square().sum(1)
     common = (sum_sq >= 2.0 ** -64) & (sum_sq <= 2.0 ** 64)
     assert common.sum() == 12 - (kind != "common")  # the inputs are what they claim
@@ -285,5 +258,5 @@ def test_one_reduction_matches_the_two_pass_formula_bit_for_bit(kind, tiles, dev
     y2, rstd2 = torch.empty_like(x), torch.empty(x.shape[0], device=device)
     _two_pass_rms_norm_kernel[(x.shape[0],)](x, w, y2, rstd2, hidden, eps,
                                              BLOCK_N=triton.next_power_of_2(hidden))
-    assert torch.equal(_bits(rstd), _bits(rstd2))
-    assert torch.equal(_bits(y), _bits(y2))
+    assert torch.equal(bits(rstd), bits(rstd2))
+    assert torch.equal(bits(y), bits(y2))

@@ -38,6 +38,10 @@ def test_short_kernels_are_launch_bound_measured_or_projected():
     big = OpCost(flops=0, bytes=10**9, formula="copy", detail="")
     assert roofline.bound(big, 1.0, "fp32", H200, kernel_times=[2e-6, 3e-6]) == "launch"
     assert roofline.bound(big, 1.0, "fp32", H200, kernel_times=[2e-6, 3e-4]) == "memory"
+    # three launches of 4 us each: 12 us of work under 15 us of fixed cost (a decode
+    # step's norm backward): overhead-bound though no one kernel is under a launch
+    assert roofline.bound(big, 1.0, "fp32", H200, kernel_times=[6e-6, 4e-6, 2e-6]) == "launch"
+    assert roofline.launch_floor(3) == 3 * roofline.LAUNCH_S
 
 
 def test_views_and_unknown_ops():
