@@ -75,9 +75,9 @@ def summarize(rows: list[dict]) -> dict:
         if r.get("status") != "ok" or r.get("gbps") is None:
             continue
         copy = copies.get((r["op"], r["case_label"], r["mode"]))
-        entry = {"gbps": round(r["gbps"], 1), "median_us": round(r["median_us"], 3)}
+        entry = {"gbps": float(f"{r['gbps']:.4g}"), "median_us": float(f"{r['median_us']:.4g}")}
         if copy:
-            entry["of_copy"] = round(r["gbps"] / copy, 4)
+            entry["of_copy"] = float(f"{r['gbps'] / copy:.4g}")
         out.setdefault(r["op"], {}).setdefault(r["case_label"], {}).setdefault(
             r["mode"], {})[r["implementation"]] = entry
     return out

@@ -290,7 +290,7 @@ def _cross_entropy_fwd_kernel(
     ignore_index, label_smoothing, z_loss, softcap,
     HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
     EXTRAS: tl.constexpr, GRAD_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """loss[r] and dx[r, :] = dloss[r]/dx[r, :] for the BLOCK_M rows of one program, each
     row held whole (n_cols <= BLOCK_N): the tile read for the statistics is reused for the
@@ -302,43 +302,40 @@ def _cross_entropy_fwd_kernel(
     [n_cols] class weights and w_sum_ptr [] their sum (fp32); z_ptr, correct_ptr [rows]
     fp32 and pred_ptr [rows] int64, the extras; grad_scale_ptr [rows] (stride stride_gs, 0
     for one scalar) each row's factor of the gradient (a chunked loss's upstream gradient,
-    a mean's 1 / divisor folded in). Persistent: program p takes the tiles of BLOCK_M rows
-    p, p + P, ... (P programs), its tile loop pipelined STAGES deep (on NVIDIA, cp.async
-    copies: STAGES - 2 tiles of logits in flight while one is reduced; 1 is a plain loop).
+    a mean's 1 / divisor folded in). Program pid covers rows
+    [pid * BLOCK_M, (pid + 1) * BLOCK_M).
     HAS_SOFTCAP: cap the logits. HAS_WEIGHT: class weights (else weight_ptr, w_sum_ptr are
     unused). COMPUTE_GRAD=False (no gradient wanted) writes no dx. EXTRAS=False writes no
     z, correct, pred and tracks no argmax. GRAD_SCALE=False: grad_scale_ptr unused (1).
     """
     pid = tl.program_id(0)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < n_rows
+    x_rows = x_ptr + _row_offsets(offs_m, seq, stride_xb, stride_xs)
+    t, valid, bad = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
+    w_t, w_sum = _target_weight(weight_ptr, w_sum_ptr, t, valid, HAS_WEIGHT)
     offs_n = tl.arange(0, BLOCK_N)
+    mask = mask_m[:, None] & (offs_n < n_cols)[None, :]
+    x, c, dc = _load_logits(x_rows, offs_n, mask, stride_xv, softcap, HAS_SOFTCAP)
     w = _load_class_weights(weight_ptr, offs_n, n_cols, HAS_WEIGHT)
-    for tile in tl.range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0),
-                         num_stages=STAGES):
-        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < n_rows
-        x_rows = x_ptr + _row_offsets(offs_m, seq, stride_xb, stride_xs)
-        t, valid, bad = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
-        w_t, w_sum = _target_weight(weight_ptr, w_sum_ptr, t, valid, HAS_WEIGHT)
-        mask = mask_m[:, None] & (offs_n < n_cols)[None, :]
-        x, c, dc = _load_logits(x_rows, offs_n, mask, stride_xv, softcap, HAS_SOFTCAP)
-        zero = tl.zeros([BLOCK_M], tl.float32)
-        m, d, d_rest, sc = _merge_stats(zero + float("-inf"), zero, zero, zero, c, w, offs_n, t,
-                                        mask, HAS_WEIGHT)
-        log_d, coef, z_row = _store_row_loss(x_rows, t, valid, bad, m, d, sc, w_t, w_sum, loss_ptr,
-                                             offs_m, mask_m, n_cols, stride_xv, label_smoothing,
-                                             z_loss, softcap, HAS_SOFTCAP, HAS_WEIGHT)
-        if EXTRAS:
-            none = tl.full([BLOCK_M], 2147483647, tl.int32)
-            _, best_idx, nan_idx = _merge_argmax(zero + float("-inf"), none, none, x, offs_n, mask)
-            _store_extras(best_idx, nan_idx, t, valid, z_row, z_ptr, correct_ptr, pred_ptr, offs_m,
-                          mask_m)
-        if COMPUTE_GRAD:
-            dx_rows = dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds)
-            gscale = _grad_scale(grad_scale_ptr, offs_m, mask_m, stride_gs, GRAD_SCALE)
-            g = _grad_tile(c, dc, w, offs_n, t, valid, bad, m, log_d, -d_rest / d, coef, w_t,
-                           gscale, n_cols, label_smoothing, HAS_SOFTCAP, HAS_WEIGHT)
-            tl.store(dx_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_dv,
-                     g.to(dx_ptr.dtype.element_ty), mask=mask)
+    zero = tl.zeros([BLOCK_M], tl.float32)
+    m, d, d_rest, sc = _merge_stats(zero + float("-inf"), zero, zero, zero, c, w, offs_n, t,
+                                    mask, HAS_WEIGHT)
+    log_d, coef, z_row = _store_row_loss(x_rows, t, valid, bad, m, d, sc, w_t, w_sum, loss_ptr,
+                                         offs_m, mask_m, n_cols, stride_xv, label_smoothing,
+                                         z_loss, softcap, HAS_SOFTCAP, HAS_WEIGHT)
+    if EXTRAS:
+        none = tl.full([BLOCK_M], 2147483647, tl.int32)
+        _, best_idx, nan_idx = _merge_argmax(zero + float("-inf"), none, none, x, offs_n, mask)
+        _store_extras(best_idx, nan_idx, t, valid, z_row, z_ptr, correct_ptr, pred_ptr, offs_m,
+                      mask_m)
+    if COMPUTE_GRAD:
+        dx_rows = dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds)
+        gscale = _grad_scale(grad_scale_ptr, offs_m, mask_m, stride_gs, GRAD_SCALE)
+        g = _grad_tile(c, dc, w, offs_n, t, valid, bad, m, log_d, -d_rest / d, coef, w_t,
+                       gscale, n_cols, label_smoothing, HAS_SOFTCAP, HAS_WEIGHT)
+        tl.store(dx_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_dv,
+                 g.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 # Backward. The forward already wrote dx[r] = dloss[r]/dx[r]; with g the upstream gradient

@@ -14,8 +14,7 @@ from speedlight.kernels.cross_entropy_long import (
     _cross_entropy_split_finish_kernel,
     _cross_entropy_split_stats_kernel,
 )
-from speedlight.launch import (pipeline_depth, planned_sm_count, row_tile, target_programs,
-                               warps_for_tile)
+from speedlight.launch import planned_sm_count, row_tile, warps_for_tile
 from speedlight.runtime import check_runtime
 
 # Rows up to this many columns are held in registers (logits read once); longer rows take
@@ -24,7 +23,6 @@ from speedlight.runtime import check_runtime
 MAX_FUSED_N = 8192
 LOOP_BLOCK_N = 4096
 SPLIT_SPAN = 16384  # columns per program when few long rows are split across programs
-FWD_WARPS_PER_SM = 32  # the persistent forward over whole rows: resident warps per SM
 SCALE_BLOCK_N = 4096  # the backward's longest column block on a GPU
 
 
@@ -198,22 +196,14 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
     plan = _fwd_plan(n_rows, n_cols, logits.device, extras)
 
     if plan["n_splits"] == 1:
-        tiles = triton.cdiv(n_rows, plan["block_m"])
-        args = (x, t, loss_rows, dx, w, w_sum, *extra_ptrs, g_scale, n_rows, n_cols, seq,
-                sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, stride_gs, *scalars)
-        sizes = dict(EXTRAS=extras, BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"],
-                     num_warps=plan["num_warps"])
-        if plan["one_block"]:
-            # persistent: FWD_WARPS_PER_SM resident warps per SM, each program's tile loop
-            # pipelined (a stage holds a tile of logits)
-            per_sm = max(1, FWD_WARPS_PER_SM // plan["num_warps"])
-            grid = (min(tiles, target_programs(logits.device, per_sm=per_sm))
-                    if planned_sm_count(logits.device) else tiles,)
-            stages = pipeline_depth(plan["block_m"] * plan["block_n"] * logits.element_size(),
-                                    per_sm, logits.device)
-            _cross_entropy_fwd_kernel[grid](*args, **flags, **sizes, STAGES=stages)
-        else:
-            _cross_entropy_fwd_looped_kernel[(tiles,)](*args, **flags, **sizes)
+        grid = (triton.cdiv(n_rows, plan["block_m"]),)
+        kernel = (_cross_entropy_fwd_kernel if plan["one_block"]
+                  else _cross_entropy_fwd_looped_kernel)
+        kernel[grid](
+            x, t, loss_rows, dx, w, w_sum, *extra_ptrs, g_scale, n_rows, n_cols, seq,
+            sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, stride_gs, *scalars, **flags,
+            EXTRAS=extras, BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"],
+            num_warps=plan["num_warps"])
     else:
         block_n = plan["block_n"]
         span = triton.cdiv(triton.cdiv(n_cols, plan["n_splits"]), block_n) * block_n
