@@ -482,7 +482,7 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor
     return torch.cat(parts)
 
 
-def _moe_gate_unit(z: torch.Tensor, activation: str, interleaved: bool, gate_multiplier: float,
+def moe_gate_unit(z: torch.Tensor, activation: str, interleaved: bool, gate_multiplier: float,
                    down_multiplier: float, swiglu_alpha: float, swiglu_limit: float):
     """The gate unit of one expert's gate_up output z [rows, 2 I], as the models write it."""
     gate, up = (z[..., 0::2], z[..., 1::2]) if interleaved else z.chunk(2, dim=-1)
@@ -514,7 +514,7 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
         z = hidden[token] @ gate_up_proj[e].t()
         if gate_up_bias is not None:
             z = z + gate_up_bias[e]
-        h = _moe_gate_unit(z, activation, interleaved, gate_multiplier, down_multiplier,
+        h = moe_gate_unit(z, activation, interleaved, gate_multiplier, down_multiplier,
                            swiglu_alpha, swiglu_limit)
         y = h @ down_proj[e].t()
         if down_bias is not None:

@@ -33,6 +33,12 @@ def recording_only():
         _RECORDING_ONLY.reset(token)
 
 
+def only_recorded(t: torch.Tensor) -> bool:
+    """Whether a launch on t is only recorded, not run: a meta tensor inside
+    recording_only (a capture of a case at any size)."""
+    return t.device.type == "meta" and _RECORDING_ONLY.get()
+
+
 def describe(t: torch.Tensor) -> str:
     return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
 
@@ -98,7 +104,7 @@ def check_runtime(t: torch.Tensor, kernel) -> None:
     """CUDA tensors run compiled kernels; CPU tensors need the Triton interpreter (whose
     numerics use_interpreter sets on the first CPU launch); meta tensors only inside
     recording_only (a capture records the launch, nothing runs)."""
-    if t.device.type == "meta" and _RECORDING_ONLY.get():
+    if only_recorded(t):
         return
     if t.device.type == "cuda":
         if is_interpreted(kernel):

@@ -563,6 +563,11 @@ def inject_nonfinite(t: torch.Tensor, case: Case, count: int = 3) -> torch.Tenso
     return t
 
 
+def as_outputs(out) -> tuple:
+    """An impl's or a reference's result as a tuple of its outputs (one tensor: a 1-tuple)."""
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
 def grad_leaves(inputs: Inputs, names: Sequence[str]) -> tuple[Inputs, list[str]]:
     """A copy of inputs whose floating tensors named in `names` are fresh leaves that
     require grad (same strides), and the names that were."""

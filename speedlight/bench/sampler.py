@@ -14,10 +14,9 @@ from speedlight.bench.baselines import Contender, is_speedlight
 from speedlight.bench.timer import (Clock, GpuLead, L2Flush, Measurement, StopRule, capture_graph,
                                     flush_for, measure)
 from speedlight.bench.workload import restorer, work
-from speedlight.spec import Case, OpSpec
+from speedlight.spec import Case, OpSpec, as_outputs
 # bench calls verify (to check a case before timing it) and judges outputs the same way
 from speedlight.verify.compare import metrics as error_metrics
-from speedlight.verify.harness import _as_tuple
 
 
 def _error(e: BaseException) -> str:
@@ -30,7 +29,7 @@ def _error(e: BaseException) -> str:
 def output_mismatch(outs, refs, spec: OpSpec, dtype: torch.dtype) -> str | None:
     """Why a baseline's forward output is not the reference's, or None when it is (NaN/Inf
     positions equal, relative L2 difference under the dtype's ceiling)."""
-    outs, refs = _as_tuple(outs), _as_tuple(refs)
+    outs, refs = as_outputs(outs), as_outputs(refs)
     if len(outs) != len(refs):
         return f"{len(outs)} outputs, the reference gives {len(refs)}"
     ceiling = spec.tolerance(dtype).ceiling

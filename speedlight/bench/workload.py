@@ -8,12 +8,11 @@ from typing import Callable
 import torch
 
 from speedlight.bench.baselines import Contender
-from speedlight.spec import OpSpec
-from speedlight.verify.harness import _as_tuple, _leaves
+from speedlight.spec import OpSpec, as_outputs, grad_leaves
 
 
 def float_outputs(out) -> list[torch.Tensor]:
-    return [o for o in _as_tuple(out) if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    return [o for o in as_outputs(out) if isinstance(o, torch.Tensor) and o.is_floating_point()]
 
 
 def restorer(copies: list[dict], pristine: dict) -> Callable[[int], None]:
@@ -35,7 +34,7 @@ def work(impl: Contender, spec: OpSpec, mode: str, copies: list[dict],
             with torch.no_grad():
                 return fn(**copies[k % n])
         return (restore, run_fwd)
-    leaves = [_leaves(c, spec.grad_inputs) for c in copies]
+    leaves = [grad_leaves(c, spec.grad_inputs) for c in copies]
     if not leaves[0][1]:
         return (f"{spec.name} has no differentiable input among {spec.grad_inputs}", None)
     state: dict = {}

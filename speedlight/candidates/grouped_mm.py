@@ -86,7 +86,7 @@ def _moe_chain(grouped_mm: Callable, inputs: dict) -> Callable:
         raise Unsupported(f"torch._grouped_mm takes bfloat16 operands, not "
                           f"{inputs['hidden'].dtype}")
     from speedlight.ops.moe_experts_launch import expert_order
-    from speedlight.reference import _moe_gate_unit
+    from speedlight.reference import moe_gate_unit
 
     def fn(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation="silu",
            gate_up_bias=None, down_bias=None, interleaved=False, gate_multiplier=1.0,
@@ -102,7 +102,7 @@ def _moe_chain(grouped_mm: Callable, inputs: dict) -> Callable:
         z = grouped_mm(hidden[token], gate_up_proj.transpose(1, 2), offs=offsets)
         if gate_up_bias is not None:
             z = z + gate_up_bias[expert]
-        h = _moe_gate_unit(z, activation, interleaved, gate_multiplier, down_multiplier,
+        h = moe_gate_unit(z, activation, interleaved, gate_multiplier, down_multiplier,
                            swiglu_alpha, swiglu_limit)
         y = grouped_mm(h, down_proj.transpose(1, 2), offs=offsets)
         if down_bias is not None:

@@ -33,7 +33,7 @@ from speedlight.launch import planned_arch
 from speedlight.ops import attention_launch
 from speedlight.ops.attention_checks import packed_lengths
 from speedlight.ops._gemm import ensure_allocator
-from speedlight.runtime import _RECORDING_ONLY
+from speedlight.runtime import only_recorded
 
 # A forward of at most this many queries (the longest sequence) keeps the Triton kernel:
 # its 16-row blocks and split keys serve decode; the Gluon program's 128 rows would idle.
@@ -75,7 +75,7 @@ def gluon_unavailable(device: torch.device | str) -> str | None:
 def check_gluon(q: torch.Tensor) -> None:
     """Raise GluonUnavailable when impl="gluon" cannot run on q's device, before any
     allocation; a launch capture on meta tensors (speedlight inspect) asks only Triton."""
-    if q.device.type == "meta" and _RECORDING_ONLY.get():
+    if only_recorded(q):
         reason = gluon_api.missing()
         reason = reason and f"impl='gluon': {reason}"
     else:

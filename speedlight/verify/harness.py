@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from speedlight.launch import watch_launches
-from speedlight.spec import Case, OpSpec, Tolerance, dtype_name, grad_leaves, rand_tensor
+from speedlight.spec import (Case, OpSpec, Tolerance, as_outputs, dtype_name, grad_leaves,
+                             rand_tensor)
 from speedlight.verify.compare import Check, judge
 
 GiB = 2 ** 30
@@ -117,21 +118,12 @@ def _quiet_numpy(device: torch.device):
         yield
 
 
-def _as_tuple(out) -> tuple:
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-
 def _output_names(n: int) -> list[str]:
     return ["y"] if n == 1 else [f"y{i}" for i in range(n)]
 
 
-def _leaves(inputs: dict, names: Sequence[str]) -> tuple[dict, list[str]]:
-    """A copy of inputs whose differentiable tensors are fresh leaves with the same strides."""
-    return grad_leaves(inputs, names)
-
-
 def _grads(fn: Callable, inputs: dict, names: Sequence[str], upstream: Sequence[torch.Tensor]):
-    outs = [o for o in _as_tuple(fn(**inputs)) if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    outs = [o for o in as_outputs(fn(**inputs)) if isinstance(o, torch.Tensor) and o.is_floating_point()]
     pairs = [(o, g.to(o.dtype)) for o, g in zip(outs, upstream) if o.requires_grad]
     if not pairs:
         return [None] * len(names)
@@ -214,9 +206,9 @@ def references(spec: OpSpec, inputs: dict) -> tuple[tuple, tuple, tuple]:
     low = any(v.dtype != torch.float32 for v in inputs.values()
               if isinstance(v, torch.Tensor) and v.is_floating_point())
     with torch.no_grad():
-        ref64 = _as_tuple(spec.reference(**_to64(inputs)))
-        ref_lp = _as_tuple(spec.reference(**inputs))
-        ref32 = _as_tuple(spec.reference(**_to(inputs, torch.float32))) if low else ref_lp
+        ref64 = as_outputs(spec.reference(**_to64(inputs)))
+        ref_lp = as_outputs(spec.reference(**inputs))
+        ref32 = as_outputs(spec.reference(**_to(inputs, torch.float32))) if low else ref_lp
     return ref64, ref_lp, ref32
 
 
@@ -244,22 +236,22 @@ def _run_case(spec: OpSpec, fn: Callable, case: Case, device: torch.device
     low = case.dtype != torch.float32
     refs = references(spec, inputs)
     with torch.no_grad(), poisoned_allocations(), counter.active(), _quiet_numpy(device):
-        ours = _as_tuple(fn(**inputs))
+        ours = as_outputs(fn(**inputs))
     checks = judge_outputs(ours, refs, tol)
     ref64 = refs[0]
 
     # gradients of every differentiable input, under one random upstream gradient per output
-    leaves, names = _leaves(inputs, spec.grad_inputs)
+    leaves, names = grad_leaves(inputs, spec.grad_inputs)
     if names:
         float_refs = [r for r in ref64 if isinstance(r, torch.Tensor) and r.is_floating_point()]
         upstream = [rand_tensor(tuple(r.shape), case.with_(layout="contiguous"), device,
                                 dtype=case.dtype, salt=101 + i) for i, r in enumerate(float_refs)]
-        leaves64, _ = _leaves(_to64(inputs), names)
+        leaves64, _ = grad_leaves(_to64(inputs), names)
         g64 = _grads(spec.reference, leaves64, names, [u.to(torch.float64) for u in upstream])
-        leaves_lp, _ = _leaves(inputs, names)
+        leaves_lp, _ = grad_leaves(inputs, names)
         g_lp = _grads(spec.reference, leaves_lp, names, upstream)
         if low:
-            leaves32, _ = _leaves(_to(inputs, torch.float32), names)
+            leaves32, _ = grad_leaves(_to(inputs, torch.float32), names)
             g32 = _grads(spec.reference, leaves32, names, [u.float() for u in upstream])
         else:
             g32 = g_lp
