@@ -26,9 +26,9 @@ While one program computes, every program's prefetched loads are outstanding and
 the other programs' demand loads (the barriers of a row reduction keep a program's warps
 together: its own loads are not in flight while it reduces). The need is Little's law,
 bandwidth x latency / SMs, with the SKU's datasheet bandwidth and LATENCY_S below; a kernel
-short of it gets the finding "short", unless every tensor it touches fits the L2 together
-("l2-resident": a weight gradient's partial rows, written by the kernel just before, are
-summed from L2, not DRAM). Until `speedlight inspect` reports its own figure
+short of it gets the finding "short", unless every tensor it touches fits a quarter of the
+L2 together ("l2-resident": a weight gradient's partial rows, written by the kernel just
+before, are summed from L2, not DRAM). Until `speedlight inspect` reports its own figure
 (the loop-reading issue), this script is how the memory-bound kernels' changes are judged.
 """
 
@@ -183,6 +183,21 @@ def in_flight(reading: LoopReading, threads: int, resident: float) -> float:
     return threads * (resident * ahead + max(resident - 1.0, 0.0) * reading.demand_bytes)
 
 
+def _tensor_bytes(arg) -> int:
+    """Bytes a tensor argument spans, from its shape and strides (meta tensors have no
+    addresses); a placeholder argument counts again: an upper bound."""
+    if not arg.shape:
+        return 0
+    span = 1 + sum((n - 1) * abs(st) for n, st in zip(arg.shape, arg.strides) if n > 0)
+    from speedlight.spec import parse_dtype
+
+    try:
+        dtype = parse_dtype(arg.dtype)
+    except (ValueError, KeyError):
+        dtype = getattr(torch, str(arg.dtype), torch.float32)
+    return span * dtype.itemsize
+
+
 def rows_for(op: str, target_name: str, shapes=None, dtype=torch.bfloat16,
              dump: Path | None = None) -> list[dict]:
     """One row per launch of `op` at each (rows, hidden) of `shapes` (default: every pair
@@ -220,12 +235,10 @@ def rows_for(op: str, target_name: str, shapes=None, dtype=torch.bfloat16,
             threads = k.num_warps * 32
             resident = min(k.occupancy.blocks_per_sm, launch.programs / sku.sm_count)
             flight = in_flight(reading, threads, resident)
-            # distinct tensors the launch touches (placeholders repeat a pointer)
-            touched = sum({(a.lo, a.hi): a.hi - a.lo for a in launch.args
-                           if a.kind == "tensor"}.values())
+            touched = sum(_tensor_bytes(a) for a in launch.args if a.kind == "tensor")
             if flight >= need:
                 finding = "clear"
-            elif touched < sku.l2_bytes:
+            elif touched < sku.l2_bytes // 4:
                 finding = "l2-resident"  # e.g. the partial rows the kernel before just wrote
             else:
                 finding = "short"
