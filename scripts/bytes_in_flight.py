@@ -205,7 +205,8 @@ def rows_for(op: str, target_name: str, shapes=None, dtype=torch.bfloat16,
     from speedlight import registry
     from speedlight.inspect.case_report import analyse_kernel
     from speedlight.inspect.compile import TritonCompiler
-    from speedlight.inspect.run import _dry
+    from speedlight.inspect.launches import capture_case
+    from speedlight.launch import for_target
     from speedlight.ops._suites import family_case
     from speedlight.target import resolve
 
@@ -217,7 +218,8 @@ def rows_for(op: str, target_name: str, shapes=None, dtype=torch.bfloat16,
     out = []
     for rows, hidden in shapes or [(r, h) for r in ROWS for h in HIDDEN]:
         case = family_case(op, rows, hidden, dtype)
-        capture = _dry(spec, case, target, sku, backward=True)
+        with for_target(target):  # the launches the target's users get, on meta tensors
+            capture = capture_case(spec, case, "meta", arch=target.arch, mode="dry")
         binaries = compiler.compile(capture.launches, target)
         for launch in capture.launches:
             compiled = binaries[launch.key(target.arch_name)]
