@@ -8,7 +8,6 @@ import dataclasses
 
 import torch
 
-from speedlight.hardware import DeviceSpec
 from speedlight.inspect import case_report, findings
 from speedlight.inspect.launches import Capture, capture_case, interpreter_work, meta_input_bytes
 from speedlight.inspect.compile import TritonCompiler
@@ -40,8 +39,7 @@ def _sized(target: Target):
     return for_target(target)
 
 
-def _dry(spec: OpSpec, case: Case, target: Target, sku: DeviceSpec,
-         backward: bool) -> Capture:
+def _dry(spec: OpSpec, case: Case, target: Target, backward: bool) -> Capture:
     """The case's launches recorded on meta tensors (any size, in a moment); on CPU tensors
     when the op needs its inputs' values on the host (a meta tensor has none)."""
     with _sized(target):
@@ -53,8 +51,8 @@ def _dry(spec: OpSpec, case: Case, target: Target, sku: DeviceSpec,
                                 backward=backward)
 
 
-def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, sku: DeviceSpec,
-             mode: str, backward: bool) -> tuple[Capture, str]:
+def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, mode: str,
+             backward: bool) -> tuple[Capture, str]:
     """Capture in `mode`. On a CPU, 'dry' records every launch on meta tensors, and 'auto'
     does so for a case whose inputs are over SAMPLE_INPUT_BYTES (or that the interpreter
     cannot run at all); else it samples and runs in full when the interpreter can afford
@@ -64,7 +62,7 @@ def _capture(spec: OpSpec, case: Case, device: torch.device, target: Target, sku
     if device.type != "cuda" and mode in ("auto", "dry"):
         if mode == "dry" or spec.skip(case, device) or \
                 meta_input_bytes(spec, case) > SAMPLE_INPUT_BYTES:
-            return _dry(spec, case, target, sku, backward), "dry"
+            return _dry(spec, case, target, backward), "dry"
         with _sized(target):
             sample = capture_case(spec, case, device, arch=target.arch, mode="sample",
                                   backward=backward)
@@ -87,8 +85,7 @@ def _plan(capture: Capture) -> dict:
     return plan
 
 
-def _halvings(spec: OpSpec, case: Case, plan: dict, target: Target, sku: DeviceSpec,
-              backward: bool):
+def _halvings(spec: OpSpec, case: Case, plan: dict, target: Target, backward: bool):
     """The case itself at smaller sizes, its proportions kept: each round halves every
     shape parameter over KEPT_PARAM together, while the op still launches the same kernels
     (a dry capture on meta: a moment) and the rows stay aligned as the case's are. Yields
@@ -105,7 +102,7 @@ def _halvings(spec: OpSpec, case: Case, plan: dict, target: Target, sku: DeviceS
         if spec.aligned_rows(current) != aligned:
             return
         try:
-            if _plan(_dry(spec, current, target, sku, backward)) != plan:
+            if _plan(_dry(spec, current, target, backward)) != plan:
                 return
         except Exception:  # the op refuses the shape
             return
@@ -114,7 +111,7 @@ def _halvings(spec: OpSpec, case: Case, plan: dict, target: Target, sku: DeviceS
 
 
 def bytes_on_a_smaller_case(spec: OpSpec, case: Case, capture: Capture, target: Target,
-                            sku: DeviceSpec, backward: bool) -> list[case_report.DirectionBytes]:
+                            backward: bool) -> list[case_report.DirectionBytes]:
     """For a case too large to run under the interpreter: per direction, its compulsory bytes
     (OpSpec.cost at its size) beside the bytes the same kernels moved on a smaller case
     that the interpreter runs in seconds: the case itself with its shape halved
@@ -132,10 +129,10 @@ def bytes_on_a_smaller_case(spec: OpSpec, case: Case, capture: Capture, target: 
 
     def suite_cases():
         for c in found:
-            if _plan(_dry(spec, c, target, sku, backward)) == plan:
+            if _plan(_dry(spec, c, target, backward)) == plan:
                 yield c
 
-    for source, work in ((_halvings(spec, case, plan, target, sku, backward),
+    for source, work in ((_halvings(spec, case, plan, target, backward),
                           SMALLER_CASE_WORK), (suite_cases(), RUN_WORK_LIMIT)):
         for tried, c in enumerate(source):
             if tried >= SMALLER_CASES:  # each source tries this many, then the next
@@ -184,7 +181,7 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
             report.skipped = reason
         else:
             try:
-                capture, used = _capture(spec, case, device, target, sku, mode, backward)
+                capture, used = _capture(spec, case, device, target, mode, backward)
             except Exception as e:  # the op failed on this case: reported, the others go on
                 report.error = f"{type(e).__name__}: {e}"
                 staged.append((spec, report, None))
@@ -219,8 +216,7 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
             key = (spec.name, repr(_plan(capture)), c.dtype, c.layout, repr(c.flags))
             try:
                 if key not in smaller:  # one smaller case per plan, however many cases
-                    smaller[key] = bytes_on_a_smaller_case(spec, c, capture, target, sku,
-                                                           backward)
+                    smaller[key] = bytes_on_a_smaller_case(spec, c, capture, target, backward)
                 report.directions = [dataclasses.replace(
                     d, size_compulsory=spec.cost(c, d.direction).bytes) for d in smaller[key]]
                 if not smaller[key]:

@@ -183,10 +183,10 @@ class RegisteredOp:
 _REGISTERED: dict[str, RegisteredOp] = {}
 
 
-def registered(name: str) -> RegisteredOp | None:
-    """The RegisteredOp that register_op built under `name` (the last one, for a name
-    registered in several namespaces), or None."""
-    return _REGISTERED.get(name)
+def registered_ops() -> list[RegisteredOp]:
+    """Every RegisteredOp register_op built in this process (the last one of a name
+    registered in several namespaces)."""
+    return list(_REGISTERED.values())
 
 
 def register_op(name: str, *, forward: Launcher | Mapping[str, Launcher],

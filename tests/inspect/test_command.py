@@ -160,8 +160,8 @@ def test_a_case_not_run_measures_its_bytes_on_itself_halved():
     for name in ("matmul", "attention"):
         spec = specs[name]
         case = representative(spec, torch.bfloat16)
-        plan = run._plan(run._dry(spec, case, TARGET, TARGET.sku, True))
-        smaller = next(run._halvings(spec, case, plan, TARGET, TARGET.sku, True))
+        plan = run._plan(run._dry(spec, case, TARGET, True))
+        smaller = next(run._halvings(spec, case, plan, TARGET, True))
         assert spec.cost(smaller, "fwd").bytes <= run.SMALLER_CASE_BYTES < spec.cost(
             case, "fwd").bytes
         assert (smaller.flags, smaller.dtype, smaller.layout) == (case.flags, case.dtype,
@@ -172,8 +172,8 @@ def test_a_case_not_run_measures_its_bytes_on_itself_halved():
     assert set(halved) == {"seq_q", "seq_k"}  # attention: Llama's heads, kv heads and dim kept
     softmax = specs["softmax"]
     case = representative(softmax, torch.bfloat16)
-    capture = run._dry(softmax, case, TARGET, TARGET.sku, True)
-    assert run.bytes_on_a_smaller_case(softmax, case, capture, TARGET, TARGET.sku, True) == []
+    capture = run._dry(softmax, case, TARGET, True)
+    assert run.bytes_on_a_smaller_case(softmax, case, capture, TARGET, True) == []
 
 
 class _NotCompiled:

@@ -85,7 +85,7 @@ def registered_custom_ops() -> set[str]:
 
     registry.builtin_specs()  # imports every op module, which registers its ops
     names = set()
-    for op in registration._REGISTERED.values():
+    for op in registration.registered_ops():
         for custom in (op.forward_op, op.backward_op, op.inference_op):
             if custom is not None:
                 namespace, name = custom._qualname.split("::")
