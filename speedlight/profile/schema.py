@@ -58,7 +58,9 @@ PROJECTED = {
     "with_speedlight": "the model patched with speedlight's ops, projected on the same target: patch, "
                        "floor_s, floor_with_launch_s, ops, kernel_ops, peak_bytes, activations_bytes, "
                        "saved_s, saved_with_launch_s, saved_bytes, by_type, expert_block (as projection.moe.block), "
-                       "label",
+                       "label; with --predict, predicted: per speedlight op, case and direction its calls, "
+                       "floor_us and the time predicted from its compiled kernels (predicted_us, bound, "
+                       "step_predicted_us, sku; why where there is none)",
     "comparison": "--targets: rows (target, name, floor_s, floor_with_launch_s, tokens_per_s, "
                   "floor_by_bound_s, memory_bytes, peak_bytes, fits, patched_floor_s, "
                   "patched_tokens_per_s, patched_peak_bytes; with --shard: shard, sharded_peak_bytes, "

@@ -165,16 +165,25 @@ def test_sdpa_backend_follows_torch_rules():
     assert shapes.MODELS  # the configurations the projection builds from
 
 
-def test_command_writes_a_labelled_projection_with_its_comparisons(tmp_path):
+def test_command_writes_a_labelled_projection_with_its_comparisons(tmp_path, monkeypatch):
     from speedlight import cli
     from speedlight.profile import schema
+
+    asked = []
+
+    def predictor(spec, case, target):  # inspect's, which compiles: a stand-in here
+        asked.append((spec.name, case.id, target.sku.key))
+        return {"fwd": {"us": 2.0, "bound": "memory", "sku": target.sku.name},
+                "bwd": {"why": "iterations unknown"}}
+
+    monkeypatch.setattr(cli, "_predict", predictor)
 
     # 512 tokens: below a few hundred, a 1-layer step's floor is the lm_head weight's
     # traffic, and linear_cross_entropy's in-place scaling of d_weight in the backward (a
     # read and a write of it) costs more than the logits it saves
     code = cli.main(["profile", "--model", "llama-3-8b", "--size", "full", "--layers", "1",
                      "--seq", "512", "--train", "--targets", "h100-sxm,h200,b200", "--shard", "4",
-                     "--vary", "seq=32,64", "--top", "3", "--out", str(tmp_path)])
+                     "--vary", "seq=32,64", "--top", "3", "--predict", "--out", str(tmp_path)])
     assert code == 0
     stem = tmp_path / "profile-llama-3-8b-train-projected"
     doc = __import__("json").loads(stem.with_suffix(".json").read_text())
@@ -188,6 +197,14 @@ def test_command_writes_a_labelled_projection_with_its_comparisons(tmp_path):
     assert "patched rms_norm" in ws["patch"] and 0 < ws["floor_s"] < doc["summary"]["floor_s"]
     assert "patched attention" in ws["patch"]  # run on fake tensors: no values to unpad by
     assert all(0 < r["patched_floor_s"] < r["floor_s"] for r in doc["comparison"]["rows"])
+    # --predict: each speedlight op's case asked once, beside its projected floor
+    predicted = ws["predicted"]
+    assert asked and len(asked) == len(set(asked)) and {a[2] for a in asked} == {"h100-sxm"}
+    assert {p["op"] for p in predicted} >= {"add_rms_norm", "swiglu"}
+    fwd = [p for p in predicted if p["direction"] == "fwd"]
+    assert all(p["predicted_us"] == 2.0 and p["floor_us"] > 0 and p["predicted"] for p in fwd)
+    assert all(p["step_predicted_us"] == 2.0 * p["calls"] for p in fwd)
+    assert all(p["why"] == "iterations unknown" for p in predicted if p["direction"] == "bwd")
     page = stem.with_suffix(".html").read_text()
     assert "projected floor" in page and page.count("<svg") >= 4
 
