@@ -326,67 +326,9 @@ def as_rows(x: torch.Tensor, n_cols: int) -> torch.Tensor:
     return x.reshape(-1, n_cols)
 
 
-# --- CUDA C++ kernels over rows (speedlight/csrc) ------------------------------------------
-
-# What every SM speedlight targets (sm_80 to sm_100a) holds at once: 2048 resident threads
-# (64 warps), 64K registers, and 160 KB of shared memory for blocks (sm_80's 164 KB
-# carve-out less the driver's reserve; sm_90 and sm_100 allow more).
-CUDA_THREADS_PER_SM = 2048
-CUDA_REGISTERS_PER_SM = 65536
-CUDA_SMEM_PER_SM = 160 * 1024
-# A 16-byte vector (csrc/rms_norm.cu's Vec<T>) moves this many elements of each itemsize.
-CUDA_VECTOR_BYTES = 16
-# The register caps csrc/rms_norm.cu compiles its kernels under (kFwdRegisters; the
-# backward's __launch_bounds__(1024)): what their grids are sized by.
-CUDA_FWD_REGISTERS = 48
-CUDA_BWD_REGISTERS = 64
-# csrc/rms_norm.cu's kMaxSharedDwBytes: the RMSNorm backward sums dw in shared memory up to
-# this many bytes of fp32 sums (hidden 24576), in its dw_partial row in global memory above.
-CUDA_MAX_SHARED_DW_BYTES = 96 * 1024
+# The C++ type of each dtype in a CUDA C++ kernel's template arguments (its demangled name
+# in the SASS, which inspect matches a CudaLaunch's instance against).
 CUDA_TYPES = {torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
-
-
-def cuda_row_launch(rows: int, hidden: int, dtype: torch.dtype, sm_count: int, *,
-                    backward: bool = False, weight: bool = True) -> tuple[int, int]:
-    """(grid, threads) of csrc/rms_norm.cu's persistent row kernels: the forward, or with
-    `backward` the backward (`weight`: it sums dw, in shared memory when
-    cuda_shared_dw_bytes says). Each block walks rows p, p + grid, ... moving 16-byte vectors.
-
-    Threads: a power of two from 64 to 1024, about two vectors of the row per thread
-    (hidden 4096 in bf16: 512 vectors, 256 threads), so one pass over a row is one or two
-    fully coalesced sweeps. Grid: the blocks resident at once on `sm_count` SMs, by threads,
-    by the kernel's register cap (CUDA_FWD_REGISTERS, CUDA_BWD_REGISTERS) and by the
-    backward's shared memory, and no more than rows; at least one, so that a backward with
-    a weight and no rows still writes its zero dw partials.
-    """
-    if not isinstance(sm_count, int) or isinstance(sm_count, bool) or sm_count < 1:
-        raise ValueError(f"sm_count must be a positive int, got {sm_count!r}")
-    if rows < 0 or hidden < 0:
-        raise ValueError(f"rows and hidden must be >= 0, got rows={rows}, hidden={hidden}")
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    vectors = triton.cdiv(max(hidden, 1), CUDA_VECTOR_BYTES // itemsize)
-    threads = max(64, min(1024, triton.next_power_of_2(triton.cdiv(vectors, 2))))
-    registers = CUDA_BWD_REGISTERS if backward else CUDA_FWD_REGISTERS
-    # registers are allocated per warp in units of 256
-    regs_per_block = triton.cdiv(registers * 32, 256) * 256 * (threads // 32)
-    per_sm = min(CUDA_THREADS_PER_SM // threads, CUDA_REGISTERS_PER_SM // regs_per_block)
-    smem = cuda_shared_dw_bytes(hidden) if backward and weight else 0
-    if smem:
-        per_sm = min(per_sm, CUDA_SMEM_PER_SM // (smem + 1024))  # + the driver's reserve
-    return max(1, min(rows, sm_count * max(per_sm, 1))), threads
-
-
-def cuda_shared_dw_bytes(hidden: int) -> int:
-    """Dynamic shared memory of the CUDA RMSNorm backward with a weight: its dw sums, as
-    float4s (0 when they go to global memory instead: rows over CUDA_MAX_SHARED_DW_BYTES)."""
-    nbytes = triton.cdiv(hidden, 4) * 16
-    return nbytes if nbytes <= CUDA_MAX_SHARED_DW_BYTES else 0
-
-
-def cuda_column_launch(hidden: int, threads: int = 256) -> tuple[int, int]:
-    """(grid, threads) of csrc/rms_norm.cu's dw reduce: a block per 32 columns (a lane
-    each), its `threads // 32` warps splitting the partial rows."""
-    return max(1, triton.cdiv(hidden, 32)), threads
 
 
 # --- counting launches --------------------------------------------------------------------

@@ -246,8 +246,8 @@ class CudaKernels:
     a torch-free .cu file (a path) or its text inline, which nvcc compiles alone;
     `launches(case, sm_count)` the CudaLaunch list its launcher makes for a case on a GPU
     of sm_count SMs (sized by the functions the launcher itself calls, e.g.
-    speedlight.launch.cuda_row_launch); `include_dirs` where its quoted #includes are
-    (besides the source's folder). The kernels' designs are OpSpec.kernels entries under
+    speedlight.ops.rms_norm_cuda.cuda_row_launch); `include_dirs` where its quoted
+    #includes are (besides the source's folder). The kernels' designs are OpSpec.kernels entries under
     the kernel's name, as for Triton kernels. `of_impl`: OpSpec.impl itself launches these
     kernels (a team's CUDA op: inspect has no Triton launches to capture), rather than
     another implementation beside a Triton one (speedlight's rms_norm)."""

@@ -97,22 +97,3 @@ def test_watch_sees_extension_launches_nested_and_stops_after():
     kernel(3)  # nobody watching
     assert counter.kernels == ["my_ext_kernel"]
     assert outer == ["my_ext_kernel", "my_ext_kernel"] and calls == [1, 2, 3]
-
-
-def test_cuda_row_launch_sizes_threads_by_vectors_and_grid_by_residency():
-    # hidden 4096 bf16: 512 16-byte vectors, two per thread; blocks of 256 threads at 48
-    # registers: 5 resident per SM
-    assert launch.cuda_row_launch(4096, 4096, torch.bfloat16, 132) == (660, 256)
-    assert launch.cuda_row_launch(4096, 8192, torch.bfloat16, 132) == (264, 512)
-    assert launch.cuda_row_launch(4096, 4096, torch.float32, 132) == (264, 512)
-    assert launch.cuda_row_launch(3, 4096, torch.bfloat16, 132) == (3, 256)  # never more than rows
-    assert launch.cuda_row_launch(7, 5, torch.float16, 132) == (7, 64)  # at least 64 threads
-    # the backward: 64 registers, and with a weight its hidden fp32 dw sums in shared memory
-    assert launch.cuda_row_launch(4096, 4096, torch.bfloat16, 132, backward=True) == (528, 256)
-    assert launch.cuda_row_launch(0, 64, torch.float16, 132, backward=True)[0] == 1
-    assert launch.cuda_row_launch(4096, 16384, torch.bfloat16, 132, backward=True) == (132, 1024)
-    assert launch.cuda_shared_dw_bytes(8192) == 32768
-    assert launch.cuda_shared_dw_bytes(32768) == 0  # over 96 KB: summed in global memory
-    assert launch.cuda_column_launch(4096) == (128, 256)
-    with pytest.raises(ValueError, match="sm_count"):
-        launch.cuda_row_launch(4, 4, torch.bfloat16, 0)

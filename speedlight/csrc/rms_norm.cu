@@ -1,8 +1,9 @@
 // speedlight's CUDA C++ RMSNorm: the kernels and host launchers declared in rms_norm.h.
 //
 // Torch-free: `nvcc -cubin -arch=sm_90a speedlight/csrc/rms_norm.cu` compiles it alone.
-// Launch geometry (grid, threads) comes from the caller (speedlight.launch.cuda_row_launch
-// and cuda_column_launch), so what `speedlight inspect` reads is what a user runs.
+// Launch geometry (grid, threads) comes from the caller (cuda_row_launch and
+// cuda_column_launch in speedlight/ops/rms_norm_cuda.py), so what `speedlight inspect`
+// reads is what a user runs.
 //
 // Shape of the work: a persistent grid over rows. Program p (one thread block) handles
 // rows p, p + grid, p + 2 grid, ...; within a row each thread moves 16-byte vectors
@@ -109,7 +110,7 @@ __device__ __forceinline__ void bwd_write_scalar(const T* dy_row, const T* x_row
 // --- forward -----------------------------------------------------------------------------
 
 // Vectors of a row each thread keeps in registers between the forward's two passes: with
-// launch.cuda_row_launch's ~2 vectors per thread, every row up to 2048 vectors (hidden
+// cuda_row_launch's ~2 vectors per thread, every row up to 2048 vectors (hidden
 // 16384 in bf16) is read once; longer rows re-read the rest (mostly from L2).
 constexpr int kHeld = 2;
 

@@ -9,7 +9,7 @@ tables are then the ones every kernel goes through.
 Launch geometry is not captured from a run (a CPU machine cannot run the kernels): the
 OpSpec's CudaKernels.launches(case, sm_count) returns what its launcher would launch (the
 kernel, its template instance, grid, threads, dynamic shared memory), sized by the same
-functions the launcher calls (speedlight.launch.cuda_row_launch).
+functions the launcher calls (speedlight.ops.rms_norm_cuda.cuda_row_launch).
 
 Access widths: every global load and store of a kernel is grouped by source line. A line
 whose accesses are scalar by design (the scalar tail after a row's 16-byte vectors, a row

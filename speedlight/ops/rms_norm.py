@@ -23,9 +23,6 @@ from speedlight.kernels.rms_norm import (
 from speedlight.launch import (
     CUDA_TYPES,
     as_rows,
-    cuda_column_launch,
-    cuda_row_launch,
-    cuda_shared_dw_bytes,
     pipeline_depth,
     planned_sm_count,
     planned_warp_size,
@@ -358,17 +355,17 @@ def cuda_launches(case: Case, sm_count: int) -> list[CudaLaunch]:
     weight = bool(case.flag("weight", True))
     out = []
     if rows and hidden:
-        grid, threads = cuda_row_launch(rows, hidden, case.dtype, sm_count)
+        grid, threads = cuda.cuda_row_launch(rows, hidden, case.dtype, sm_count)
         out.append(CudaLaunch("rms_norm_fwd_kernel", t, grid, threads))
     if not hidden or not (rows or weight):
         return out
-    smem = cuda_shared_dw_bytes(hidden) if weight else 0
-    grid, threads = cuda_row_launch(rows, hidden, case.dtype, sm_count, backward=True,
+    smem = cuda.cuda_shared_dw_bytes(hidden) if weight else 0
+    grid, threads = cuda.cuda_row_launch(rows, hidden, case.dtype, sm_count, backward=True,
                                     weight=weight)
     out.append(CudaLaunch("rms_norm_bwd_kernel", f"{t}, {'true' if smem else 'false'}", grid,
                           threads, smem, "bwd"))
     if weight:
-        grid, threads = cuda_column_launch(hidden)
+        grid, threads = cuda.cuda_column_launch(hidden)
         out.append(CudaLaunch("rms_norm_dw_reduce_kernel", t, grid, threads, 0, "bwd"))
     return out
 

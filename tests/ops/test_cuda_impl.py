@@ -15,7 +15,7 @@ from speedlight.bench.baselines import Baselines
 from speedlight.bench.runner import Bench, Settings
 from speedlight.bench.timer import StopRule
 from speedlight.csrc import loader
-from speedlight.ops import add_rms_norm, registration, rms_norm
+from speedlight.ops import add_rms_norm, registration, rms_norm, rms_norm_cuda
 from speedlight.spec import Case, Implementation, cuda_implementation
 from speedlight.verify.harness import verify_implementations
 from tests.bench.toy_specs import TOY
@@ -196,3 +196,22 @@ def test_example_cuda_spec_inspects_and_holds_to_its_design(tmp_path):
     assert {(r["implementation"], r["impl"]) for r in rows} == {("speedlight", "cuda")}
     assert {"scaled_relu_kernel<__nv_bfloat16, false>",
             "scaled_relu_kernel<__nv_bfloat16, true>"} <= kernels
+
+
+def test_cuda_row_launch_sizes_threads_by_vectors_and_grid_by_residency():
+    # hidden 4096 bf16: 512 16-byte vectors, two per thread; blocks of 256 threads at 48
+    # registers: 5 resident per SM
+    assert rms_norm_cuda.cuda_row_launch(4096, 4096, torch.bfloat16, 132) == (660, 256)
+    assert rms_norm_cuda.cuda_row_launch(4096, 8192, torch.bfloat16, 132) == (264, 512)
+    assert rms_norm_cuda.cuda_row_launch(4096, 4096, torch.float32, 132) == (264, 512)
+    assert rms_norm_cuda.cuda_row_launch(3, 4096, torch.bfloat16, 132) == (3, 256)  # never more than rows
+    assert rms_norm_cuda.cuda_row_launch(7, 5, torch.float16, 132) == (7, 64)  # at least 64 threads
+    # the backward: 64 registers, and with a weight its hidden fp32 dw sums in shared memory
+    assert rms_norm_cuda.cuda_row_launch(4096, 4096, torch.bfloat16, 132, backward=True) == (528, 256)
+    assert rms_norm_cuda.cuda_row_launch(0, 64, torch.float16, 132, backward=True)[0] == 1
+    assert rms_norm_cuda.cuda_row_launch(4096, 16384, torch.bfloat16, 132, backward=True) == (132, 1024)
+    assert rms_norm_cuda.cuda_shared_dw_bytes(8192) == 32768
+    assert rms_norm_cuda.cuda_shared_dw_bytes(32768) == 0  # over 96 KB: summed in global memory
+    assert rms_norm_cuda.cuda_column_launch(4096) == (128, 256)
+    with pytest.raises(ValueError, match="sm_count"):
+        rms_norm_cuda.cuda_row_launch(4, 4, torch.bfloat16, 0)
