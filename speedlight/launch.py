@@ -254,6 +254,20 @@ def row_tile(n_cols: int, device: torch.device, *, max_block_n: int,
     return block_m, block_n, warps_for_tile(block_m * block_n, device)
 
 
+def elementwise_tile(n_rows: int, n_cols: int, device: torch.device, *, max_block_n: int,
+                     interpreted_max_block_n: int = 65536) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of an elementwise kernel's [BLOCK_M, BLOCK_N] tile of
+    a [n_rows, n_cols] grid of tiles: ~4K elements per program on a GPU (or the launch
+    context's target), BLOCK_N up to `max_block_n`; under the interpreter, where each
+    program costs milliseconds, tiles of up to 64K elements (BLOCK_N up to
+    `interpreted_max_block_n`) and one warp."""
+    gpu = planned_sm_count(device) is not None
+    max_tile, max_n = (4096, max_block_n) if gpu else (65536, interpreted_max_block_n)
+    block_n = min(triton.next_power_of_2(max(n_cols, 1)), max_n)
+    block_m = min(triton.next_power_of_2(max(n_rows, 1)), max(1, max_tile // block_n))
+    return block_m, block_n, warps_for_tile(block_m * block_n) if gpu else 1
+
+
 def planned_warp_size(device: torch.device | str | None = None) -> int:
     """Lanes of a warp on the GPU launches are sized for: the launch context's target's
     (64 on an AMD Instinct: a wavefront), else a ROCm device's own (64), else 32."""

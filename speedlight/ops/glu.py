@@ -25,7 +25,7 @@ import triton
 
 from speedlight import shapes
 from speedlight.kernels.glu import _glu_bwd_kernel, _glu_fwd_kernel
-from speedlight.launch import as_rows, planned_sm_count, warps_for_tile
+from speedlight.launch import as_rows, elementwise_tile
 from speedlight.ops._checks import check_choice, check_same_device, check_same_dtype, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, rows_case, skip_huge_on_cpu
@@ -42,17 +42,6 @@ def _halves(gate: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tensor, 
         return gate, up
     n = gate.shape[-1] // 2
     return gate[..., :n], gate[..., n:]
-
-
-def _tile(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) of an elementwise tile: ~4K elements per program on a
-    GPU (or the launch context's target); large tiles under the interpreter, where each
-    program costs milliseconds."""
-    gpu = planned_sm_count(device) is not None
-    max_tile, max_n = (4096, 1024) if gpu else (65536, 65536)
-    block_n = min(triton.next_power_of_2(n_cols), max_n)
-    block_m = min(triton.next_power_of_2(n_rows), max(1, max_tile // block_n))
-    return block_m, block_n, warps_for_tile(block_m * block_n) if gpu else 1
 
 
 def _grid(n_rows: int, n_cols: int, block_m: int, block_n: int) -> tuple[int, int]:
@@ -74,7 +63,7 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor | None, activation: str,
     n_cols = g.shape[-1]
     g2, u2, out2 = as_rows(g, n_cols), as_rows(u, n_cols), out.view(-1, n_cols)
     n_rows = g2.shape[0]
-    block_m, block_n, num_warps = _tile(n_rows, n_cols, gate.device)
+    block_m, block_n, num_warps = elementwise_tile(n_rows, n_cols, gate.device, max_block_n=1024)
     _glu_fwd_kernel[_grid(n_rows, n_cols, block_m, block_n)](
         g2, u2, out2, n_rows, n_cols, g2.stride(0), g2.stride(1), u2.stride(0), u2.stride(1),
         out2.stride(0), gate_multiplier, down_multiplier, ACTIVATION=activation,
@@ -103,7 +92,7 @@ def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None,
     do2, g2, u2 = as_rows(dout, n_cols), as_rows(g, n_cols), as_rows(u, n_cols)
     dg2, du2 = dg.reshape(-1, n_cols), du.reshape(-1, n_cols)  # views: halves of a buffer
     n_rows = g2.shape[0]
-    block_m, block_n, num_warps = _tile(n_rows, n_cols, gate.device)
+    block_m, block_n, num_warps = elementwise_tile(n_rows, n_cols, gate.device, max_block_n=1024)
     _glu_bwd_kernel[_grid(n_rows, n_cols, block_m, block_n)](
         do2, g2, u2, dg2, du2, n_rows, n_cols, do2.stride(0), do2.stride(1),
         g2.stride(0), g2.stride(1), u2.stride(0), u2.stride(1), dg2.stride(0), du2.stride(0),

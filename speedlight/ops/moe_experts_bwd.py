@@ -27,7 +27,7 @@ from speedlight.ops._gemm import ensure_allocator, gemm_config, precision, progr
 from speedlight.ops.grouped_matmul import (GROUPED_MATMUL_CONFIGS, _like_weight, _w_tma,
                                            group_block, grouped_matmul_fwd,
                                            grouped_weight_grad)
-from speedlight.ops.moe_experts_launch import (_gate_views, _inverse, _tile, expert_order,
+from speedlight.ops.moe_experts_launch import (_gate_views, _inverse, expert_order,
                                                slot_order)
 from speedlight.runtime import check_runtime
 
@@ -45,7 +45,8 @@ def gate_bwd(g: torch.Tensor, z: torch.Tensor, w_pair: torch.Tensor, activation:
     check_runtime(z, _moe_gate_bwd_kernel)
     gate, up = _gate_views(z, interleaved)
     dgate, dup = _gate_views(dz, interleaved)
-    block_m, block_n, warps = _tile(pairs, n_inter, z.device)
+    block_m, block_n, warps = launch.elementwise_tile(pairs, n_inter, z.device, max_block_n=256,
+                                                  interpreted_max_block_n=4096)
     block_m = max(1, min(block_m, 16))
     if activation == "clamped_swiglu" and launch.planned_sm_count(z.device) is not None:
         # its clamps keep about twice the live values per element: 8 a lane, not 16

@@ -59,16 +59,6 @@ def slot_order(order: torch.Tensor, offsets: torch.Tensor, k: int
             (ends - slots * tokens).to(torch.int32))
 
 
-def _tile(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) of an elementwise tile: ~4K elements per program on a
-    GPU (or the launch context's target), large tiles under the interpreter."""
-    gpu = launch.planned_sm_count(device) is not None
-    max_tile, max_n = (4096, 256) if gpu else (65536, 4096)
-    block_n = min(triton.next_power_of_2(max(n_cols, 1)), max_n)
-    block_m = min(triton.next_power_of_2(max(n_rows, 1)), max(1, max_tile // block_n))
-    return block_m, block_n, launch.warps_for_tile(block_m * block_n) if gpu else 1
-
-
 def _gate_views(z: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """gate and up as views of z [pairs, 2 I]: its halves, or its even and odd columns."""
     if interleaved:
@@ -134,7 +124,8 @@ def combine(y: torch.Tensor, pos: torch.Tensor, top_k_index: torch.Tensor, n_exp
     if out.numel() == 0:
         return out
     check_runtime(y, _moe_combine_kernel)
-    block_m, block_n, warps = _tile(tokens, y.shape[1], y.device)
+    block_m, block_n, warps = launch.elementwise_tile(tokens, y.shape[1], y.device, max_block_n=256,
+                                                  interpreted_max_block_n=4096)
     _moe_combine_kernel[(triton.cdiv(tokens, block_m), triton.cdiv(y.shape[1], block_n))](
         y, pos, top_k_index, out, tokens, y.shape[1], n_experts, y.stride(0),
         top_k_index.stride(0), top_k_index.stride(1), out.stride(0), K=k, BLOCK_M=block_m,
