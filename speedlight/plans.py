@@ -9,9 +9,13 @@ never imports the composer. A plan is a JSON document:
              its config), the GPU (torch's device name), the versions of torch, triton,
              transformers and speedlight, the dtype and autocast, the batch x sequence
              bucket (powers of two), the compile mode and the attention implementation
-  decisions  per kind: verdict (kept | dropped | unmeasured), why, and the numbers (the
-             time ratio speedlight / original and its 95% interval, each side's median
-             time and peak memory, whether it verified)
+  decisions  per kind: verdict (kept: a candidate replaces the model's own | dropped: the
+             model's own stays | unmeasured), the choice (a candidate's name from
+             speedlight/candidates, "model" for the model's own), why, the numbers of the
+             choice (its time ratio to the model's own and its 95% interval, each side's
+             median time and peak memory), and every candidate with its status (chosen,
+             admitted, excluded with its error ratio, offered but not run, not offered with
+             the reason), time, ratio, interval and peak
   timed      False when nothing was timed (no GPU): every kind is then unmeasured and
              patch applies today's defaults
   projected  without a GPU, the projected floors `profile --project` gives (labelled so)
@@ -40,7 +44,7 @@ import torch
 
 from speedlight import hardware, results
 
-SCHEMA = 1
+SCHEMA = 2
 VERDICTS = ("kept", "dropped", "unmeasured")
 # the kinds speedlight.patch swaps (patching.patcher.kinds(), which a test holds this to)
 KINDS = ("rms_norm", "rope", "cross_entropy", "decoder_layer", "mlp", "attention",
@@ -73,13 +77,15 @@ class Decision:
     theirs_peak: int | None = None
     verified: bool | None = None
     module: str | None = None  # the module (or unit) timed
+    choice: str | None = None  # the candidate installed ("model": none); None: unmeasured
+    candidates: list = field(default_factory=list)  # one dict per candidate (CANDIDATE_FIELDS)
 
     def detail(self) -> str:
         """The numbers behind the verdict, and why."""
         if self.ratio is None:
             return self.reason
-        return (f"time x{self.ratio:.3f}, 95% [{self.low:.3f}, {self.high:.3f}]; "
-                f"{self.reason}")
+        interval = "" if self.low is None else f", 95% [{self.low:.3f}, {self.high:.3f}]"
+        return f"time x{self.ratio:.3f}{interval}; {self.reason}"
 
 
 @dataclass
@@ -92,10 +98,13 @@ class Plan:
     projected: dict | None = None
     created: str = ""
     schema: int = SCHEMA
+    origin: str = "measured"  # measured (speedlight.plan) | prior (the package's, prior_plan)
 
-    def wanted(self) -> dict[str, bool]:
-        """patch()'s keyword per kind decided: False for a kind the plan dropped."""
-        return {k: d.verdict != "dropped" for k, d in self.decisions.items()}
+    def wanted(self) -> dict[str, bool | str]:
+        """patch()'s keyword per kind decided: False for a kind the plan dropped, the
+        chosen candidate's name for one it kept, True for one unmeasured."""
+        return {k: False if d.verdict == "dropped" else (d.choice or True) if
+                d.verdict == "kept" else True for k, d in self.decisions.items()}
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -107,7 +116,7 @@ class Plan:
         check_document(doc, source)
         decisions = {k: Decision(**d) for k, d in doc["decisions"].items()}
         return cls(doc["key"], decisions, doc["timed"], doc["note"], doc["shapes"],
-                   doc["projected"], doc["created"], doc["schema"])
+                   doc["projected"], doc["created"], doc["schema"], doc.get("origin", "measured"))
 
 
 # --- reading a plan: every field checked ---------------------------------------------------
@@ -129,7 +138,8 @@ _NUMBER = (int, float)
 # these exactly: a missing field, a field of another type or an unknown field is refused
 PLAN_FIELDS = {"schema": ((int,), True), "key": ((dict,), True), "decisions": ((dict,), True),
                "timed": ((bool,), True), "note": ((str,), True), "shapes": ((dict,), True),
-               "projected": ((dict, _OPTIONAL), True), "created": ((str,), True)}
+               "projected": ((dict, _OPTIONAL), True), "created": ((str,), True),
+               "origin": ((str,), False)}
 KEY_FIELDS = {"model_type": ((str,), True), "config": ((str,), True), "gpu": ((str,), True),
               "versions": ((dict,), True), "dtype": ((str, _OPTIONAL), True),
               "attention": ((str, _OPTIONAL), True), "autocast": ((str, _OPTIONAL), True),
@@ -140,7 +150,14 @@ DECISION_FIELDS = {"kind": ((str,), True), "verdict": ((str,), True), "reason": 
                    "ours_s": ((*_NUMBER, _OPTIONAL), False),
                    "theirs_s": ((*_NUMBER, _OPTIONAL), False),
                    "ours_peak": ((int, _OPTIONAL), False), "theirs_peak": ((int, _OPTIONAL), False),
-                   "verified": ((bool, _OPTIONAL), False), "module": ((str, _OPTIONAL), False)}
+                   "verified": ((bool, _OPTIONAL), False), "module": ((str, _OPTIONAL), False),
+                   "choice": ((str, _OPTIONAL), False), "candidates": ((list,), False)}
+CANDIDATE_STATUSES = ("chosen", "admitted", "excluded", "offered", "not offered")
+CANDIDATE_FIELDS = {"name": ((str,), True), "status": ((str,), True), "reason": ((str,), True),
+                    "median_s": ((*_NUMBER, _OPTIONAL), True),
+                    "ratio": ((*_NUMBER, _OPTIONAL), True), "low": ((*_NUMBER, _OPTIONAL), True),
+                    "high": ((*_NUMBER, _OPTIONAL), True), "peak": ((int, _OPTIONAL), True),
+                    "error_ratio": ((*_NUMBER, _OPTIONAL), True)}
 
 
 def _what(value) -> str:
@@ -193,6 +210,25 @@ def _kind_problem(kind: str) -> str | None:
             f"plan decides {', '.join(KINDS)}")
 
 
+def _check_candidates(kind: str, d: dict) -> None:
+    """ValueError unless a decision's candidates are records of CANDIDATE_FIELDS and its
+    choice, where it records candidates, is among them (or the model's own)."""
+    names = set()
+    for i, row in enumerate(d.get("candidates", [])):
+        where = f"decisions: {kind}: candidates[{i}]: "
+        if not isinstance(row, dict):
+            raise ValueError(f"{where[:-2]} is {_what(row)}, expected an object")
+        _fields(row, CANDIDATE_FIELDS, where)
+        if row["status"] not in CANDIDATE_STATUSES:
+            raise ValueError(f"{where}status is {row['status']!r}, expected one of "
+                             f"{', '.join(CANDIDATE_STATUSES)}")
+        names.add(row["name"])
+    choice = d.get("choice")
+    if names and choice is not None and choice != "model" and choice not in names:
+        raise ValueError(f"decisions: {kind}: choice {choice!r} is none of its candidates "
+                         f"({', '.join(sorted(names)) or 'none recorded'})")
+
+
 def check_document(doc, source: str = "the plan given") -> None:
     """PlanError (a ValueError) naming `source` and the first thing wrong, unless doc is a
     plan of this schema: every field present and of its type, no unknown field, decisions
@@ -226,6 +262,7 @@ def check_document(doc, source: str = "the plan given") -> None:
                 if name in d and d[name] not in allowed:
                     raise ValueError(f"decisions: {kind}: {name} is {d[name]!r}, expected one "
                                      f"of {', '.join(allowed)}")
+            _check_candidates(kind, d)
     except ValueError as e:
         raise PlanError(f"{source}: {e}") from None
 

@@ -124,6 +124,9 @@ PLAN = [
     refused("plan --out {d}/empty", "is a folder", id="plan-out-a-folder"),
     refused("plan --out {d}/afile/plan.json", "is a file", id="plan-out-under-a-file"),
     refused("plan --out=", "--out is empty", id="plan-out-empty"),
+    refused("plan --kinds rms_nrom", "--kinds: kinds: unknown 'rms_nrom'", id="plan-kinds"),
+    refused("plan --candidates ligr", "--candidates: candidates: unknown 'ligr'",
+            id="plan-candidates"),
 ]
 
 

@@ -22,7 +22,7 @@ FLOORS = {
     "csrc": 1, "versions": 1,
     # 2 description
     "spec": 2, "target": 2, "tuning": 2, "launch": 2, "arguments": 2, "cluster": 2,
-    "plans": 2, "predict": 2,
+    "plans": 2, "predict": 2, "plan_prior": 2,
     # 3 ops
     "ops": 3, "registry": 3,
     # 4 what the tools share about models

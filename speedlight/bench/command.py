@@ -487,6 +487,9 @@ def _model(args: argparse.Namespace) -> int:
                       f"{out_path}[/]")
         return 130
     console.print(model_step.step_table(rows))
+    candidates = model_step.plan_candidates_table(rows)
+    if candidates is not None:
+        console.print(candidates)
     console.print(f"results: {out_path}")
     try:
         console.print(f"chart: {model_step.chart(rows, out_dir / model_step.CHART)}")

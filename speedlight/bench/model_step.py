@@ -273,6 +273,8 @@ def _prepare(variant: str, model, s: StepSettings, patch: Callable | None,
             notes.append(f"plan: {report.plan_note}; dropped: {', '.join(dropped) or 'none'}")
         patched = {"patched": {k: len(v) for k, v in report.patched.items()},
                    "plan": dict(report.plan), "plan_note": report.plan_note}
+        if variant == PLANNED and report.candidates:
+            patched["candidates"] = report.candidates
     elif variant == "liger":
         _liger(model)
     elif variant == "hf-loop":
@@ -522,6 +524,27 @@ def step_table(rows: Sequence[dict]):
                   f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}",
                   "-" if diff is None else f"{100 * diff:.3g}%",
                   {True: "[green]yes[/]", False: "[red]NO[/]", None: "-"}[r.get("loss_agrees")])
+    return t
+
+
+def plan_candidates_table(rows: Sequence[dict]):
+    """The plan behind speedlight-planned: every candidate of each kind with its time, ratio
+    to the model's own, 95% interval, peak memory and verdict; None without one."""
+    from rich.table import Table
+
+    planned = next((r for r in rows if r["variant"] == PLANNED and r.get("candidates")), None)
+    if planned is None:
+        return None
+    t = Table(title=f"{PLANNED}'s plan: every candidate (ratio: median time over the model's "
+                    "own on one decoder layer's unit)")
+    for c in ("kind", "candidate", "status", "median", "ratio", "95% interval", "peak", "why"):
+        t.add_column(c)
+    for kind, candidates in planned["candidates"].items():
+        for c in candidates:
+            t.add_row(kind, c["name"], c["status"],
+                      "-" if c["median_s"] is None else f"{c['median_s'] * 1e3:.4g} ms",
+                      _x(c["ratio"]), "-" if c["low"] is None
+                      else f"[{c['low']:.3f}, {c['high']:.3f}]", _mib(c["peak"]), c["reason"])
     return t
 
 

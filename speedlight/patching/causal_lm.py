@@ -61,18 +61,41 @@ def causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ign
     return _reduced(loss, num_items_in_batch)
 
 
+def causal_lm_loss_with(fn):
+    """causal_lm_loss on another candidate's cross entropy (candidates.adapt), called with
+    cross_entropy's inputs by name."""
+    def loss(logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100,
+             shift_labels=None, **kwargs):
+        logits = logits.reshape(-1, vocab_size)
+        target = _shifted(labels, shift_labels, ignore_index).reshape(-1).to(logits.device)
+        _assert_targets(target, vocab_size, ignore_index)
+        reduction = "mean" if num_items_in_batch is None else "sum"
+        out = fn(logits=logits, target=target, ignore_index=ignore_index,
+                 reduction=reduction).float()
+        return out if num_items_in_batch is None else _reduced(out, num_items_in_batch)
+    return loss
+
+
 def fused_causal_lm_loss(hidden, lm_head, labels, *, shift_labels=None,
                          num_items_in_batch=None, ignore_index: int = -100,
-                         logits_scale: float = 1.0, softcap: float | None = None):
+                         logits_scale: float = 1.0, softcap: float | None = None, fn=None):
     """Hugging Face's ForCausalLMLoss of lm_head(hidden) (times logits_scale, soft-capped),
     by speedlight.linear_cross_entropy: the logits are never made. Labels shifted by one;
     a mean over non-ignored tokens, or sum / num_items_in_batch (gradient accumulation);
-    fp32, as Hugging Face's loss. A logits_scale other than 1 needs a bias-free lm_head."""
+    fp32, as Hugging Face's loss. A logits_scale other than 1 needs a bias-free lm_head.
+    fn: another candidate's fused linear cross entropy (candidates.adapt), called with the
+    op's inputs by name over the tokens as rows."""
     from speedlight.ops.linear_cross_entropy import linear_cross_entropy  # imported at patch time
     if logits_scale != 1:
         hidden = hidden * logits_scale  # s * lm_head(h) = lm_head(s * h) without a bias
     target = _shifted(labels, shift_labels, ignore_index).to(hidden.device)
     _assert_targets(target, lm_head.weight.shape[0], ignore_index)
+    if fn is not None:
+        reduction = "mean" if num_items_in_batch is None else "sum"
+        loss = fn(hidden=hidden.reshape(-1, hidden.shape[-1]), weight=lm_head.weight,
+                  target=target.reshape(-1), bias=lm_head.bias, ignore_index=ignore_index,
+                  reduction=reduction, softcap=softcap).float()
+        return loss if num_items_in_batch is None else _reduced(loss, num_items_in_batch)
     kwargs = dict(ignore_index=ignore_index, softcap=softcap, check_target=False)
     if num_items_in_batch is None:
         return linear_cross_entropy(hidden, lm_head.weight, target, lm_head.bias,
@@ -82,17 +105,18 @@ def fused_causal_lm_loss(hidden, lm_head, labels, *, shift_labels=None,
     return _reduced(loss, num_items_in_batch)
 
 
-def lm_head_forward(previous):
+def lm_head_forward(previous, fn=None):
     """The lm_head's own forward, which computes fused_causal_lm_loss instead when the
     patched causal-LM forward passes the loss's arguments: the loss then runs inside the
     lm_head's call, after the hooks that gather its weight (FSDP2 unshards a fully_shard
     lm_head, ZeRO-3 gathers its parameters, in the module's pre-forward hooks), and its
-    backward passes the module's post-backward hooks (gradient reduce-scatter)."""
+    backward passes the module's post-backward hooks (gradient reduce-scatter). fn:
+    another candidate's fused loss (fused_causal_lm_loss's fn)."""
     def forward(self, hidden, *args, **kwargs):
         loss_args = kwargs.pop(LOSS_KWARG, None)
         if loss_args is None:
             return previous(hidden, *args, **kwargs)
-        return fused_causal_lm_loss(hidden, self, **loss_args)
+        return fused_causal_lm_loss(hidden, self, **loss_args, fn=fn)
     return forward
 
 

@@ -25,47 +25,54 @@ def _the_input(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else next(iter(kwargs.values()))
 
 
-def norm_forward(offset: float, out: str, eps_attr: str, in_place: bool = False):
+def norm_forward(offset: float, out: str, eps_attr: str, in_place: bool = False, fn=None):
     """<Family>RMSNorm's forward on speedlight.rms_norm: offset 1 for Gemma's (1 + w);
     out "promote": weight * x.to(input dtype) promotes to the weight's dtype (Llama);
-    "input": x's dtype."""
-    rms_norm = op("rms_norm")
+    "input": x's dtype. fn: another candidate's RMSNorm (candidates.adapt), called with
+    rms_norm's inputs by name."""
+    rms_norm = fn or op("rms_norm")
 
     def forward(self, *args, **kwargs):
         x = _the_input(args, kwargs)
-        y = rms_norm(x, self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype),
-                     float(getattr(self, eps_attr)), offset, in_place=in_place)
+        y = rms_norm(x=x, weight=self.weight if self.weight.dtype == x.dtype
+                     else self.weight.to(x.dtype),
+                     eps=float(getattr(self, eps_attr)), offset=offset, in_place=in_place)
         if out == "promote":
             return y.to(torch.promote_types(x.dtype, self.weight.dtype))
         return y
     return forward
 
 
-def split_mlp_forward(op_name: str, op_kwargs: dict):
+def split_mlp_forward(op_name: str, op_kwargs: dict, fn=None):
     """down_proj(act(gate_proj(x)) * up_proj(x)), with Falcon-H1's gate_multiplier and
     down_multiplier (attributes of its MLP) folded into the gated unit; down_multiplier
-    scales down_proj's output instead when down_proj has a bias."""
-    gated = op(op_name)
+    scales down_proj's output instead when down_proj has a bias. fn: another candidate's
+    gated unit (candidates.adapt), called with the op's inputs by name."""
+    gated = fn or op(op_name)
 
     def forward(self, *args, **kwargs):
         x = _the_input(args, kwargs)
         gate_multiplier = float(getattr(self, "gate_multiplier", 1.0))
         down_multiplier = float(getattr(self, "down_multiplier", 1.0))
         folded = self.down_proj.bias is None
-        y = self.down_proj(gated(self.gate_proj(x), self.up_proj(x), **op_kwargs,
+        y = self.down_proj(gated(gate=self.gate_proj(x), up=self.up_proj(x), **op_kwargs,
                                  gate_multiplier=gate_multiplier,
                                  down_multiplier=down_multiplier if folded else 1.0))
         return y if folded or down_multiplier == 1.0 else y * down_multiplier
     return forward
 
 
-def fused_mlp_forward(op_name: str, op_kwargs: dict):
-    """down_proj(act(gate) * up) over gate_up_proj's [.., 2I] output (Phi-3, GLM-4)."""
-    gated = op(op_name)
+def fused_mlp_forward(op_name: str, op_kwargs: dict, fn=None):
+    """down_proj(act(gate) * up) over gate_up_proj's [.., 2I] output (Phi-3, GLM-4). fn:
+    another candidate's gated unit, given gate and up as the two halves' views."""
+    gated = fn or op(op_name)
 
     def forward(self, *args, **kwargs):
-        return self.down_proj(gated(self.gate_up_proj(_the_input(args, kwargs)), None,
-                                    **op_kwargs))
+        gate_up = self.gate_up_proj(_the_input(args, kwargs))
+        if fn is None:
+            return self.down_proj(gated(gate_up, None, **op_kwargs))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down_proj(gated(gate=gate, up=up, **op_kwargs))
     return forward
 
 

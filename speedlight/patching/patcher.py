@@ -56,7 +56,8 @@ from typing import Callable
 
 import torch
 
-from speedlight.patching import experts, forwards, planned
+from speedlight.candidates import SPEEDLIGHT
+from speedlight.patching import experts, forwards, installs, planned
 from speedlight.patching.families import FAMILIES, Family
 
 _RECORD = "_speedlight_patch"
@@ -74,6 +75,8 @@ class PatchReport:
     not_patched: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
     plan_note: str = ""  # which measured plan decided the kinds (planned.resolve_plan)
     plan: dict[str, str] = field(default_factory=dict)  # kind -> kept / dropped / unmeasured
+    # kind -> the plan's candidates (plans.CANDIDATE_FIELDS), where the plan recorded them
+    candidates: dict[str, list] = field(default_factory=dict)
 
     def count(self, kind: str) -> int:
         return len(self.patched.get(kind, []))
@@ -123,6 +126,7 @@ class _Patching:
     norm_in_place: bool
     record: dict = field(default_factory=lambda: {"forwards": [], "loss": None,
                                                   "attention": None, "experts": []})
+    choice: dict[str, str] = field(default_factory=dict)  # kind -> candidate (installs.py)
 
     def add(self, kind: str, what: str) -> None:
         self.report.patched.setdefault(kind, []).append(what)
@@ -327,30 +331,34 @@ def _patch_decoder_layers(job: _Patching) -> None:
             job.report.in_place.append(norm_path)
 
 
-def _patch_loss_function(job: _Patching) -> None:
+def _patch_loss_function(job: _Patching, loss=None, label: str = "") -> None:
+    """The model's loss_function -> causal_lm_loss (speedlight.cross_entropy), or `loss`
+    (another candidate's, installs.py) labelled in the report."""
     from speedlight.patching.causal_lm import causal_lm_loss
 
     model = job.model
-    if not _available("cross_entropy"):
+    if loss is None and not _available("cross_entropy"):
         return job.refuse("cross_entropy", "this install has no speedlight.cross_entropy")
     if not hasattr(type(model), "loss_function"):
         return job.refuse("cross_entropy", f"{type(model).__name__} computes no loss (not a "
                                            "*ForCausalLM model)")
-    forwards.op("cross_entropy")  # imported now, not inside a traced call
+    if loss is None:
+        forwards.op("cross_entropy")  # imported now, not inside a traced call
     # transformers' loss_function setter keeps an instance's own function in _loss_function
     had = model.__dict__.get("_loss_function")
     job.record["loss"] = ("had", had) if "_loss_function" in model.__dict__ else ("none", None)
-    model.loss_function = causal_lm_loss
-    job.add("cross_entropy", "loss_function")
+    model.loss_function = loss or causal_lm_loss
+    job.add("cross_entropy", f"loss_function ({label})" if label else "loss_function")
 
 
-def _patch_attention(job: _Patching) -> None:
+def _patch_attention(job: _Patching, implementation: str | None = None) -> None:
     """Point the model's config at the "speedlight" attention implementation, and let every
-    attention layer find the report its fallbacks are written to."""
+    attention layer find the report its fallbacks are written to; or at `implementation`,
+    another candidate's (installs.attention_implementation)."""
     from speedlight.patching import hf_attention
 
     kind, model = "attention", job.model
-    if not _available(kind):
+    if implementation is None and not _available(kind):
         return job.refuse(kind, "this install has no speedlight.attention")
     if not hasattr(model.config, "_attn_implementation_internal"):
         return job.refuse(kind, "this transformers version has no attention-function registry "
@@ -360,7 +368,8 @@ def _patch_attention(job: _Patching) -> None:
     if not layers:
         return job.refuse(kind, f"no attention module of the {job.family.model_type} family "
                                 "found")
-    hf_attention.register_attention()
+    if implementation is None:
+        hf_attention.register_attention()
     # the configs the attention layers (and their model's mask builder) read: the model's
     # own, or a sub-config (Qwen2-VL's text_config); set there alone, so that a vision
     # tower's attention, which reads another sub-config, keeps its implementation
@@ -368,13 +377,17 @@ def _patch_attention(job: _Patching) -> None:
     job.record["attention"] = ([(c, c._attn_implementation_internal) for c in configs.values()],
                                [m for _, m in layers])
     for c in configs.values():
-        c._attn_implementation_internal = hf_attention.NAME
-    for _, m in layers:
-        setattr(m, hf_attention.REPORT_ATTR, job.report)
-    job.report.patched[kind] = [path for path, _ in layers]
+        c._attn_implementation_internal = implementation or hf_attention.NAME
+    if implementation is None:
+        for _, m in layers:
+            setattr(m, hf_attention.REPORT_ATTR, job.report)
+    job.report.patched[kind] = [path if implementation is None else f"{path} ({implementation})"
+                                for path, _ in layers]
 
 
-def _patch_causal_lm_forward(job: _Patching) -> None:
+def _patch_causal_lm_forward(job: _Patching, fn=None, label: str = "") -> None:
+    """The causal LM's forward training without logits on speedlight.linear_cross_entropy,
+    or on `fn` (another candidate's fused loss, installs.py) labelled in the report."""
     from speedlight.patching import causal_lm
 
     kind, model = "linear_cross_entropy", job.model
@@ -383,7 +396,7 @@ def _patch_causal_lm_forward(job: _Patching) -> None:
             and isinstance(getattr(model, "model", None), torch.nn.Module)):
         return job.refuse(kind, f"{type(model).__name__} is not a causal LM with an lm_head "
                                 "over its base model")
-    if not _available(kind):
+    if fn is None and not _available(kind):
         return job.refuse(kind, "this install has no speedlight.linear_cross_entropy")
     problem = forwards.direct_weight_problem(lm_head)
     if problem is not None:
@@ -395,9 +408,36 @@ def _patch_causal_lm_forward(job: _Patching) -> None:
         return job.refuse(kind, str(e))
     job.set_forward(model, forward)
     job.set_forward(lm_head, causal_lm.lm_head_forward(lm_head.__dict__.get("forward")
-                                                       or lm_head.forward))
-    job.report.patched[kind] = ["forward (training with labels: the loss without logits; "
-                                "the output's logits are None)"]
+                                                       or lm_head.forward, fn))
+    job.report.patched[kind] = [f"forward{f' ({label})' if label else ''} (training with "
+                                "labels: the loss without logits; the output's logits are "
+                                "None)"]
+
+
+def _install(job: _Patching, kind: str, name: str) -> None:
+    """Candidate `name` (not speedlight's default kernel) for `kind`, by the kind's own
+    mechanism (installs.py)."""
+    if kind == "rms_norm":
+        installs._rms_norm(job, name)
+    elif kind == "mlp":
+        installs._mlp(job, name)
+    elif kind == "rope":
+        installs._rope(job, name)
+    elif kind == "cross_entropy":
+        loss = installs._cross_entropy(job, name)
+        if loss is not None:
+            _patch_loss_function(job, loss, name)
+    elif kind == "linear_cross_entropy":
+        fn = installs._fused_loss(job, name)
+        if fn is not None:
+            _patch_causal_lm_forward(job, fn, name)
+    elif kind == "attention":
+        implementation = installs.attention_implementation(job, name)
+        if implementation is not None:
+            _patch_attention(job, implementation)
+    else:
+        job.refuse(f"{kind} ({name})", "only speedlight fuses the residual add into the norm "
+                                       "(speedlight.add_rms_norm)")
 
 
 @dataclass(frozen=True)
@@ -453,6 +493,12 @@ def apply_kinds(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | st
     then the module's own down_proj (MLPs with biases, multipliers, or adapter or
     quantized projections keep the unfused path, reported); False leaves the MLPs alone.
 
+    Each kind's keyword also takes a candidate's name (speedlight.candidates: "liger",
+    "torch-fused", "torch-compile", "sdpa-cudnn", "flex-attention", "torch-grouped-mm",
+    "speedlight-cuda"..., or "model" for none): that implementation is put in by the same
+    mechanism (installs.py), where it can express the model's variant, else the module keeps
+    its own and the report says why.
+
     plan: "auto", a plan file's path, a plan, or None: which kinds a measurement lets apply
     (see planned.py; the report says per kind: kept, dropped, or applied unmeasured).
 
@@ -462,33 +508,39 @@ def apply_kinds(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | st
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if mlp not in (True, False, "fused"):
-        raise ValueError(f"mlp must be True, False or 'fused', got {mlp!r}")
+    asked = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy,
+             "attention": attention, "decoder_layer": decoder_layer,
+             "linear_cross_entropy": linear_cross_entropy}
+    for kind, value in asked.items():
+        installs.chosen(kind, value)  # ValueError naming the kind before anything is done
     model = _base_model(model)
     if hasattr(model, _RECORD):
         raise ValueError("model is already patched by speedlight; call speedlight.unpatch(model) first")
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None) or type(model).__name__
     family: Family | None = FAMILIES.get(model_type)
-    wanted = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy,
-              "attention": attention, "decoder_layer": decoder_layer,
-              "linear_cross_entropy": linear_cross_entropy}
     chosen, note = planned.resolve_plan(model, plan)
-    report = PatchReport(model_type, plan_note=note, plan=planned.statuses(wanted, chosen))
-    wanted = planned.wanted(wanted, chosen)
-    if note == planned.plans.HINT:
+    report = PatchReport(model_type, plan_note=note, plan=planned.statuses(asked, chosen),
+                         candidates={k: d.candidates for k, d in chosen.decisions.items()
+                                     if d.candidates} if chosen is not None else {})
+    wanted = planned.wanted(asked, chosen)
+    if note.startswith(planned.plans.HINT):
         warnings.warn(note, planned.plans.PlanHint, stacklevel=2)
-    job = _Patching(model, family, report, mlp, norm_in_place)
+    job = _Patching(model, family, report, mlp if mlp in (True, "fused") else True, norm_in_place)
     for kind in KINDS:
-        if not wanted[kind.name]:
+        choice = installs.chosen(kind.name, wanted[kind.name])
+        if choice is None:
             continue
+        job.choice[kind.name] = choice
         if family is None:
             job.refuse(kind.name, f"unknown architecture {model_type!r}; speedlight patches "
                                   f"{', '.join(sorted(FAMILIES))}")
         elif kind.name in dict(family.kept):
             job.refuse(kind.name, f"kept for {model_type}: {dict(family.kept)[kind.name]}")
-        else:
+        elif choice == SPEEDLIGHT:
             kind.apply(job)
+        else:
+            _install(job, kind.name, choice)
     setattr(model, _RECORD, job.record)
     if report.not_patched:
         warnings.warn(str(report), PatchWarning, stacklevel=2)

@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from speedlight import plans
+from speedlight import plan_prior, plans
 
 MEASURE_HINT = ("plan='measure' is measured by speedlight.plan(model, example_inputs), a "
                 "composer: call speedlight.patch(model, plan='measure', example_inputs=...) "
@@ -38,22 +38,36 @@ def resolve_plan(model: torch.nn.Module, plan) -> tuple[plans.Plan | None, str]:
     found: plans.Plan | None
     if isinstance(plan, str) and plan == "auto":
         if not _on_gpu(model):
-            return None, "no GPU: nothing is timed, every kind asked for applied unmeasured"
+            shipped = plan_prior.prior_summary(plan_prior.load_prior())
+            return None, ("no GPU: nothing is timed, every kind asked for applied unmeasured "
+                          f"(the prior for GPUs: {shipped})")
         rank0 = not (torch.distributed.is_available() and torch.distributed.is_initialized()
                      and torch.distributed.get_rank() != 0)
         found = plans.shared(plans.cached(model) if rank0 else None)
+        if found is not None:
+            try:
+                check_choices(found, "the cached plan")
+            except plans.PlanError as e:
+                warnings.warn(f"speedlight: ignoring {e}", plans.PlanWarning, stacklevel=3)
+                found = None
         if found is None:
-            return None, plans.HINT
+            first = next(model.parameters())
+            prior, why = plan_prior.prior_plan(model, plan_prior.arch_of(first.device))
+            return prior, f"{plans.HINT}; meanwhile {why}"
         return found, f"the cached plan measured at {_where(found)}"
     if isinstance(plan, plans.Plan):
-        found = plans.Plan.from_json(plan.to_json(), "plan (a speedlight.plans.Plan)")
+        source = "plan (a speedlight.plans.Plan)"
+        found = plans.Plan.from_json(plan.to_json(), source)
     elif isinstance(plan, dict):
-        found = plans.Plan.from_json(plan, "plan (a plan's JSON dict)")
+        source = "plan (a plan's JSON dict)"
+        found = plans.Plan.from_json(plan, source)
     elif isinstance(plan, (str, os.PathLike)):
+        source = f"plan file {str(plan)!r}"
         found = plans.load_plan(plan)
     else:
         raise TypeError(f"plan must be 'auto', 'measure', None, a plan file's path, a "
                         f"speedlight.plans.Plan or its JSON dict; got {type(plan).__name__}")
+    check_choices(found, source)
     if _on_gpu(model):
         found = plans.shared(found)
     stale = plans.mismatch(found, model)
@@ -72,16 +86,39 @@ def _where(plan: plans.Plan) -> str:
 
 
 def wanted(asked: dict[str, bool | str], plan: plans.Plan | None) -> dict[str, bool | str]:
-    """The kinds to apply: those asked for that the plan did not drop."""
+    """What to apply per kind: a kind asked for by True takes the plan's choice (False
+    where it dropped the kind, the chosen candidate where it kept one); a candidate named
+    by the caller, or False, stands; mlp="fused" stays unless the plan dropped the MLP or
+    chose another than speedlight."""
     if plan is None:
         return dict(asked)
     keep = plan.wanted()
-    return {k: (v if keep.get(k, True) else False) for k, v in asked.items()}
+    out = {}
+    for kind, value in asked.items():
+        decided = keep.get(kind, True)
+        if value is True:
+            out[kind] = decided
+        elif value == "fused" and kind == "mlp":
+            out[kind] = value if decided in (True, "speedlight") else decided
+        else:
+            out[kind] = value
+    return out
+
+
+def check_choices(plan: plans.Plan, source: str) -> None:
+    """PlanError unless every decision's choice is a candidate of its kind here."""
+    from speedlight.patching import installs
+
+    for kind, d in plan.decisions.items():
+        known = installs.names_for(kind)
+        if d.choice is not None and d.choice != "model" and d.choice not in known:
+            raise plans.PlanError(f"{source}: decisions: {kind}: choice {d.choice!r} is no "
+                                  f"candidate of {kind} ({', '.join(installs.names_for(kind))})")
 
 
 def statuses(asked: dict[str, bool | str], plan: plans.Plan | None) -> dict[str, str]:
-    """Per kind asked for: kept by measurement, dropped by measurement (with the numbers),
-    or applied unmeasured."""
+    """Per kind asked for: kept or dropped by measurement or by the prior (with the numbers
+    and the candidate chosen), or applied unmeasured."""
     out = {}
     for kind, on in asked.items():
         if not on:
@@ -91,5 +128,10 @@ def statuses(asked: dict[str, bool | str], plan: plans.Plan | None) -> dict[str,
             why = decision.reason if decision is not None else "no measured plan"
             out[kind] = f"applied unmeasured ({why})"
         else:
-            out[kind] = f"{decision.verdict} by measurement ({decision.detail()})"
+            by = "the prior" if plan.origin == "prior" else "measurement"
+            named = f"{decision.choice}: " if decision.choice not in (None, "speedlight") \
+                and decision.verdict == "kept" else ""
+            said = f"{decision.verdict} by {by} ({named}{decision.detail()})"
+            asked_by_name = isinstance(on, str) and not (kind == "mlp" and on == "fused")
+            out[kind] = f"{on} applied as asked; {said}" if asked_by_name else said
     return out

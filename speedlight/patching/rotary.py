@@ -38,13 +38,15 @@ def _unsqueeze_position(original) -> int | None:
     return None
 
 
-def speedlight_rope(original, interleaved: bool = False, half_table: bool = False):
+def speedlight_rope(original, interleaved: bool = False, half_table: bool = False, fn=None):
     """A function called as the family's apply_rotary_pos_emb(q, k, cos, sin, ...) that
     computes speedlight.rope. interleaved: GLM's form, pairs (2i, 2i + 1) rotated by the
     first half of cos/sin (cat(freqs, freqs) over the rotary dims) repeat-interleaved, as
     its function does. half_table: gpt-oss's cos/sin, one angle per pair (head_dim / 2),
-    rotating halves: taken as cat(cos, cos), Llama's table of the same rotation."""
+    rotating halves: taken as cat(cos, cos), Llama's table of the same rotation. fn:
+    another candidate's RoPE (candidates.adapt), called with rope's inputs by name."""
     from speedlight.ops.rope import rope
+    rope = fn or rope
 
     at = _unsqueeze_position(original)
     extra_at = None if at is None else at - 4  # its index among the arguments after sin
@@ -58,20 +60,22 @@ def speedlight_rope(original, interleaved: bool = False, half_table: bool = Fals
             half = cos.shape[-1] // 2
             cos = cos[..., :half].repeat_interleave(2, dim=-1)
             sin = sin[..., :half].repeat_interleave(2, dim=-1)
-        return rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, interleaved=interleaved)
+        return rope(q=q, k=k, cos=cos, sin=sin, unsqueeze_dim=unsqueeze_dim,
+                    interleaved=interleaved)
 
     apply_rotary_pos_emb.__wrapped__ = original
     return apply_rotary_pos_emb
 
 
-def forward_with_rope(cls: type, family):
+def forward_with_rope(cls: type, family, function=None, label: str = "speedlight"):
     """The attention class's own forward with speedlight's RoPE, for binding to an instance
-    (SourceError if its source cannot be recompiled)."""
+    (SourceError if its source cannot be recompiled). function(original) -> the function
+    bound in its place (another candidate's), named `label` in the cache of forwards."""
     key = (inspect.unwrap(cls.forward), family.module, family.rope_interleaved,
-           family.rope_half_table)
+           family.rope_half_table, label)
     if key not in _MAKERS:
         make, _ = recompile(cls.forward, (NAME,))
         original = getattr(importlib.import_module(family.module), NAME)
-        _MAKERS[key] = make(speedlight_rope(original, family.rope_interleaved,
-                                            family.rope_half_table))
+        _MAKERS[key] = make(function(original) if function is not None else speedlight_rope(
+            original, family.rope_interleaved, family.rope_half_table))
     return _MAKERS[key]

@@ -79,14 +79,21 @@ def check_compile_mode(mode) -> None:
 
 def plan(model: torch.nn.Module, example_inputs, *, compile_mode: str | None = None,
          kinds=None, timer=None, save: bool = True, projected: dict | None = None,
-         autocast: str | None = None) -> plans.Plan:
-    """Measure which of patch's kinds to keep for `model` on the GPU it sits on, at the
-    shapes of `example_inputs` (what the model is called with: a dict of keyword
-    arguments, a tuple, or one tensor of token ids). compile_mode: time both sides under
-    torch.compile in that mode. kinds: the kinds to measure (default: all of patch's).
-    timer: how a side is timed (default: bench's protocol on a GPU; on a CPU nothing is
-    timed). Under torch.distributed rank 0 measures and every rank gets its plan. The plan
-    is written to the cache (plans.path_for) unless save=False."""
+         autocast: str | None = None, verify: bool | None = None,
+         candidates=None) -> plans.Plan:
+    """Choose, for each of patch's kinds, the fastest correct implementation for `model` on
+    the GPU it sits on, at the shapes of `example_inputs` (what the model is called with:
+    a dict of keyword arguments, a tuple, or one tensor of token ids): every candidate
+    (speedlight/candidates) is verified against float64 on the kind's unit, and the
+    admitted ones timed against the model's own (measure.py, decide.py).
+
+    compile_mode: time every side under torch.compile in that mode. kinds: the kinds to
+    measure (default: all of patch's). candidates: the candidates' names to try (default:
+    every one of each kind). timer: how a side is timed (default: bench's protocol on a
+    GPU; on a CPU nothing is timed). verify: run and judge the candidates (default: when
+    timing; on a CPU without a timer, True discovers and verifies them, False only says
+    which are offered). Under torch.distributed rank 0 measures and every rank gets its
+    plan. The plan is written to the cache (plans.path_for) unless save=False."""
     from speedlight.patching.families import FAMILIES
     from speedlight.patching.patcher import _base_model
     from speedlight.patching.patcher import kinds as all_kinds
@@ -97,6 +104,7 @@ def plan(model: torch.nn.Module, example_inputs, *, compile_mode: str | None = N
     check_inputs(example_inputs)
     asked = check_kinds(kinds, all_kinds())
     check_compile_mode(compile_mode)
+    tried_names = check_candidates(candidates)
     model = _base_model(model)
     if _rank() != 0:
         return plans.shared(None)
@@ -106,20 +114,24 @@ def plan(model: torch.nn.Module, example_inputs, *, compile_mode: str | None = N
     device = next(model.parameters()).device
     if timer is None and device.type == "cuda":
         timer = measure.gpu_timer(device)
+    verify = timer is not None if verify is None else bool(verify)
     family = FAMILIES.get(key["model_type"])
     decisions: dict[str, plans.Decision] = {}
     shapes: dict = {}
-    if timer is None:
-        note = ("no GPU: nothing is timed; every kind is unmeasured and patch applies today's "
-                "defaults" + ("; the projected floors below are the only estimate"
-                              if projected else ""))
-        decisions = {k: plans.Decision(k, "unmeasured", "no GPU: nothing timed")
-                     for k in asked}
-    elif family is None:
+    if family is None:
         note = f"speedlight.patch does not know {key['model_type']!r}: nothing to measure"
         decisions = {k: plans.Decision(k, "unmeasured", note) for k in asked}
     else:
-        note = f"timed on {key['gpu']}: one decoder layer's units, forward and backward"
+        if timer is not None:
+            note = (f"timed on {key['gpu']}: every candidate of each kind verified against "
+                    "float64 and timed on one decoder layer's units, forward and backward")
+        else:
+            note = ("no GPU: nothing is timed; every kind is unmeasured and patch applies "
+                    "today's defaults; the candidates are " + (
+                        "verified against float64 on one decoder layer's units" if verify
+                        else "listed as offered or not, unverified")
+                    + ("; the projected floors below are the only estimate" if projected
+                       else ""))
         units = measure.units(model, family)
         has_labels = measure.labels_of(example_inputs) is not None
         todo = [k for k in asked if k in units and (units[k] != measure.LOSS or has_labels)]
@@ -130,8 +142,14 @@ def plan(model: torch.nn.Module, example_inputs, *, compile_mode: str | None = N
             for kind in todo:
                 c = captured[units[kind]]
                 shapes[units[kind]] = [list(t.shape) for t in c.args if torch.is_tensor(t)]
-                trials[kind] = measure.trial(model, example_inputs, kind, units[kind], c,
-                                             timer, compile_mode=compile_mode)
+                names = candidate_names(kind, tried_names)
+                offered = _offered(kind, device, compile_mode)
+                if verify:
+                    trials[kind] = measure.trial(model, example_inputs, kind, units[kind], c,
+                                                 timer, names=names, compile_mode=compile_mode,
+                                                 offered=offered)
+                else:
+                    trials[kind] = measure.discover(model, kind, units[kind], names, offered)
         finally:  # the model's gradients as they were: a training step after it starts clean
             for p, g in grads.items():
                 p.grad = g
@@ -145,6 +163,65 @@ def plan(model: torch.nn.Module, example_inputs, *, compile_mode: str | None = N
     if save:
         plans.save(result)
     return plans.shared(result)
+
+
+def check_candidates(names) -> tuple[str, ...] | None:
+    """The candidates' names asked for (None: all), ValueError naming an unknown one."""
+    from speedlight.patching import installs
+    from speedlight.patching.patcher import kinds
+
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+        raise TypeError(f"candidates must be a list of candidates' names; got "
+                        f"{type(names).__name__}")
+    names = tuple(names)
+    known = dict.fromkeys(n for kind in kinds() for n in installs.names_for(kind))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"candidates: unknown {', '.join(map(repr, unknown))}; known: "
+                         f"{', '.join(known)}")
+    return names
+
+
+def candidate_names(kind: str, asked: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The candidates tried for a kind: every name its keyword of patch takes but the
+    model's own (always run: it is the yardstick), or those of `asked` among them."""
+    from speedlight.patching import installs
+
+    names = [n for n in installs.names_for(kind) if n != "model"]
+    return tuple(n for n in names if asked is None or n in asked)
+
+
+def _offered(kind: str, device: torch.device, compile_mode: str | None):
+    """offered(name): why the plan does not offer a candidate before installing it (an
+    implementation no GPU has verified, one that runs no backward here, a compile that
+    every side already has), or None."""
+    from speedlight import registry
+    from speedlight.patching import installs
+
+    unverified, unavailable = set(), {}
+    for op in installs.KIND_OPS[kind]:
+        if op in registry.BUILTIN_OPS:
+            spec = registry.builtin_spec(op)
+            for i, impl in spec.implementations.items():
+                if impl.unavailable(device):
+                    unavailable[spec.label(i)] = impl.unavailable(device)
+                elif not impl.verified:
+                    unverified.add(spec.label(i))
+
+    def offered(name: str) -> str | None:
+        if name in unavailable:
+            return unavailable[name]
+        if name in unverified:
+            return (f"no GPU has verified {name} yet: selectable by name "
+                    f"(patch(model, {kind}={name!r})), never chosen by a plan")
+        if name == "torch-compile" and compile_mode is not None:
+            return f"every side already runs under torch.compile (mode {compile_mode})"
+        if name == "flex-attention" and device.type != "cuda":
+            return "FlexAttention runs no backward on a CPU"
+        return None
+    return offered
 
 
 _measured = plan  # patch's keyword `plan` hides the function's name inside it

@@ -1,6 +1,7 @@
-"""`speedlight plan [--model MODEL]`: measure which kinds of speedlight.patch to keep for a
-model on the GPU in use, print the table and write the plan where patch(plan="auto") finds
-it. Every argument is checked before any model is built: a bad one exits 2 with one line."""
+"""`speedlight plan [--model MODEL]`: choose, per kind of speedlight.patch, the fastest
+correct candidate for a model on the GPU in use (on a CPU: every candidate verified, nothing
+timed), print the tables and write the plan where patch(plan="auto") finds it. Every
+argument is checked before any model is built: a bad one exits 2 with one line."""
 
 from __future__ import annotations
 
@@ -25,7 +26,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="the same as --model (kept for `speedlight plan llama-3-8b`)")
     arguments.add_model(p)
     p.add_argument("--compile", default=None, metavar="MODE",
-                   help="time both sides under torch.compile in this mode (default: eager)")
+                   help="time every side under torch.compile in this mode (default: eager)")
+    p.add_argument("--kinds", default=None, metavar="KIND,...",
+                   help="the kinds of patch to plan (default: all)")
+    p.add_argument("--candidates", default=None, metavar="NAME,...",
+                   help="the candidates to try (default: every one of each kind; the model's "
+                        "own always runs)")
     p.add_argument("--out", default=None,
                    help="also write the plan to this file (it is always written to the cache)")
     p.add_argument("--no-project", action="store_true",
@@ -119,6 +125,16 @@ def check_plan_arguments(args: argparse.Namespace) -> torch.dtype:
     if args.compile is not None and args.compile not in compile_modes():
         raise ArgumentProblem(f"--compile takes one of torch.compile's modes "
                               f"({', '.join(compile_modes())}); got {args.compile!r}")
+    from speedlight.patching.patcher import kinds
+    from speedlight.planning import check_candidates, check_kinds
+
+    for flag, check, value in (("--kinds", lambda v: check_kinds(v, kinds()), args.kinds),
+                               ("--candidates", check_candidates, args.candidates)):
+        if value is not None:
+            try:
+                check([v for v in value.split(",") if v])
+            except ValueError as e:
+                raise ArgumentProblem(f"{flag}: {e}") from None
     for problem in (_out_problem(args.out), _model_problem(args.model)):
         if problem is not None:
             raise ArgumentProblem(problem)
@@ -152,9 +168,13 @@ def run(args: argparse.Namespace) -> int:
     if not gpu and not args.no_project and ":" not in (args.model or ""):
         estimate = projected(args, args.patch)
     w.model.train()
+    listed = {flag: None if value is None else [v for v in value.split(",") if v]
+              for flag, value in (("kinds", args.kinds), ("candidates", args.candidates))}
     result = plan(w.model, w.inputs, compile_mode=args.compile, projected=estimate,
-                  autocast=None)
+                  autocast=None, verify=True, **listed)
     console.print(display.plan_table(result))
+    if any(d.candidates for d in result.decisions.values()):
+        console.print(display.candidates_table(result))
     console.print(f"plan: {plans.path_for(result.key)}")
     if args.out:
         console.print(f"plan: {plans.save(result, args.out)}")

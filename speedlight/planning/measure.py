@@ -1,14 +1,19 @@
-"""Measuring each kind of patch on one layer of the model, as the model runs it.
+"""Measuring each kind's candidates on one layer of the model, as the model runs it.
 
 Per kind, a unit: the first decoder layer's module that kind replaces (its norm, MLP,
 attention; the whole layer for decoder_layer), or the head and loss for the two loss
 kinds. Its inputs are captured from one real forward of the model (forward hooks, with
-keyword arguments); the unit's forward and backward are then timed with the model
-patched for that kind alone (ours) and not (theirs), with bench's timer (warm-up, L2
-flush, host-lead spin, samples until the median is steady), and its outputs and
-gradients judged against the original module run in float64 by verify's rule (error at
-most k times PyTorch's own in the model's dtype). Attention's inputs are captured again
-with it patched: its mask is built for the implementation in use.
+keyword arguments). The model's own unit runs first: its outputs and gradients are the
+yardstick of PyTorch's error, and it is timed. Then each candidate of the kind
+(installs.names_for: speedlight's kernels, torch's fused functions, Liger's, SDPA's
+backends, the compiled region...) is installed alone by speedlight.patch(<kind>=<name>):
+one patch refuses (no form of the model's variant, cannot run here) is not offered, with
+the patch's reason; one that raises or whose outputs and gradients fail verify's rule
+against the original unit run in float64 (error at most k times PyTorch's own in the
+model's dtype) is excluded, with its error ratio; the rest are admitted and timed with
+bench's timer (warm-up, L2 flush, host-lead spin, samples until the median is steady) and
+their peak memory recorded. Attention's inputs are captured again under each candidate:
+its mask is built for the implementation in use.
 """
 
 from __future__ import annotations
@@ -19,17 +24,21 @@ from typing import Any, Callable
 
 import torch
 
-from speedlight.planning.decide import Timing, Trial
+from speedlight.planning.decide import (ADMITTED, EXCLUDED, MODEL, NOT_OFFERED, OFFERED,
+                                        KindTrial, Timing, Tried)
 
-# kind -> (patch kwargs for ours, for theirs); every other kind is off on both sides
-SIDES = {"rms_norm": ({"rms_norm": True}, {}), "mlp": ({"mlp": True}, {}),
-         "rope": ({"rope": True}, {}), "attention": ({"attention": True}, {}),
-         "decoder_layer": ({"rms_norm": True, "decoder_layer": True}, {"rms_norm": True}),
-         "cross_entropy": ({"cross_entropy": True}, {}),
-         "linear_cross_entropy": ({"linear_cross_entropy": True}, {})}
 LOSS = "lm_head + loss"
-# a timer: (step(k), prepare(k), kind, side) -> seconds per call
+# a timer: (step(k), prepare(k), kind, candidate) -> seconds per call; the model's own is
+# the candidate "model"
 Timer = Callable[[Callable[[int], Any], Callable[[int], Any], str, str], list[float]]
+
+
+def sides(kind: str, name: str) -> dict:
+    """patch's keywords of one side of a kind's trial (every other kind is off): the
+    candidate `name` ("model": the model's own). decoder_layer is timed on top of
+    speedlight's rms_norm on both sides."""
+    base = {"rms_norm": True} if kind == "decoder_layer" else {}
+    return base if name == MODEL else dict(base, **{kind: name})
 
 
 @dataclasses.dataclass
@@ -88,11 +97,25 @@ def capture_arguments(model: torch.nn.Module, inputs, paths: set[str]) -> dict[s
         hooks.append(module.register_forward_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
-            _call(model, inputs)
+            _call(model, _without_cache(model, inputs))
     finally:
         for h in hooks:
             h.remove()
     return got
+
+
+def _without_cache(model: torch.nn.Module, inputs):
+    """The inputs with use_cache=False where the model takes it and they do not say: a
+    captured key/value cache would grow with every call of the unit (training keeps none)."""
+    import inspect
+
+    if not isinstance(inputs, dict) or "use_cache" in inputs:
+        return inputs
+    try:
+        takes = "use_cache" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return dict(inputs, use_cache=False) if takes else inputs
 
 
 def _detached(x):
@@ -198,21 +221,23 @@ def gpu_timer(device: torch.device) -> Timer:
     return time_it
 
 
-def verify(ours: dict, theirs: dict, ref: dict, dtype: torch.dtype) -> tuple[bool, str]:
+def verify(ours: dict, theirs: dict, ref: dict, dtype: torch.dtype) -> tuple[bool, str, float]:
     """Every output and gradient of ours against the float64 reference, by verify's rule
-    with the original module's error as the yardstick."""
+    with the original module's error as the yardstick: (passed, why not, the worst error
+    ratio, ours over PyTorch's)."""
     from speedlight.spec import TOLERANCES
     from speedlight.verify.compare import judge
 
     tol = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
-    failed = []
+    failed, worst = [], 0.0
     for name, ref64 in ref.items():
         if name not in theirs:
             continue
         check = judge(name, ours.get(name), ref64, theirs[name], tol)
+        worst = max(worst, check.ratio)
         if not check.passed:
             failed.append(f"{name}: {check.reason}")
-    return not failed, "; ".join(failed[:2])
+    return not failed, "; ".join(failed[:2]), worst
 
 
 def reference_of(module: torch.nn.Module) -> torch.nn.Module:
@@ -229,11 +254,12 @@ def reference_of(module: torch.nn.Module) -> torch.nn.Module:
 
 def loss_fn(model: torch.nn.Module, head: torch.nn.Module, labels: torch.Tensor,
             fused: bool) -> Callable:
-    """The head and the loss as the model computes them (the fused loss: without logits)."""
+    """The head and the loss as the model computes them (the fused loss: without logits,
+    by the candidate the patch put on the lm_head)."""
     vocab = head.weight.shape[0]
-    if fused:
-        from speedlight.patching.causal_lm import fused_causal_lm_loss
-        return lambda h: fused_causal_lm_loss(h, head, labels)
+    if fused:  # through the lm_head's patched forward: the candidate's fused loss
+        from speedlight.patching.causal_lm import LOSS_KWARG
+        return lambda h: head(h, **{LOSS_KWARG: {"labels": labels}})
     loss = model.loss_function  # read now: speedlight's when cross_entropy is patched
     return lambda h: loss(logits=head(h), labels=labels, vocab_size=vocab)
 
@@ -242,8 +268,8 @@ VERIFY_TOKENS = 2048  # the loss kinds verify on the first tokens (a float64 [to
 
 
 class _Patched:
-    """The model patched for the kinds in `on` alone (plan=None: no plan decides), and
-    unpatched on exit."""
+    """The model patched for one side of a trial alone (plan=None: no plan decides), its
+    patch report on entry, and unpatched on exit."""
 
     def __init__(self, model: torch.nn.Module, on: dict):
         self.model, self.on = model, on
@@ -255,12 +281,22 @@ class _Patched:
         from speedlight.patching.patcher import kinds
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            apply_kinds(self.model, plan=None, **({k: False for k in kinds()} | self.on))
-        return self.model
+            return apply_kinds(self.model, plan=None, **({k: False for k in kinds()} | self.on))
 
     def __exit__(self, *exc):
         from speedlight.patching import unpatch
         unpatch(self.model)
+
+
+def refusal(report, kind: str, path: str) -> str | None:
+    """Why a patch did not put its candidate on the unit at `path` (None: it did), from the
+    patch report: the reasons it gives for this kind, or that nothing was patched."""
+    patched = report.patched.get(kind, [])
+    if patched and (path == LOSS or any(p == path or p.startswith(path + " ") for p in patched)):
+        return None
+    why = [f"{what}: {reason}" if what.split(" ")[0] == kind else reason
+           for what, reason in report.not_patched if what.split(" ")[0] == kind]
+    return "; ".join(dict.fromkeys(why)) or f"patch put nothing on {path}"
 
 
 def labels_of(inputs) -> torch.Tensor | None:
@@ -291,13 +327,20 @@ def _truncated(c: Captured, labels, tokens: int) -> tuple[Captured, torch.Tensor
     return Captured((h[..., :rows, :],) + tuple(c.args[1:]), c.kwargs), labels[..., :rows]
 
 
-def trial(model, inputs, kind: str, path: str, captured: Captured, timer: Timer, *,
-          compile_mode: str | None = None) -> Trial:
-    """Time and verify one kind on its unit (see the module docstring)."""
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def trial(model, inputs, kind: str, path: str, captured: Captured, timer: Timer | None, *,
+          names: tuple[str, ...], compile_mode: str | None = None,
+          offered: Callable[[str], str | None] = lambda name: None) -> KindTrial:
+    """Verify, and time where a timer is given, the model's own unit and each candidate in
+    `names` (see the module docstring). offered(name): a reason the plan does not offer a
+    candidate before it is installed, or None."""
     device = captured.args[0].device if captured.args else next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     labels = labels_of(inputs)
-    ours_on, theirs_on = SIDES[kind]
     check, check_labels = (_truncated(captured, labels, VERIFY_TOKENS) if path == LOSS
                            else (captured, labels))
     # the float64 reference: the original unit, before anything is patched
@@ -311,21 +354,63 @@ def trial(model, inputs, kind: str, path: str, captured: Captured, timer: Timer,
         mod64 = reference_of(dict(model.named_modules())[path])
         ref = Run(mod64, Captured(*_cast((check.args, check.kwargs), torch.float64)),
                   dict(mod64.named_parameters())).results()
-    timings, outputs = {}, {}
-    for side, on in (("theirs", theirs_on), ("ours", ours_on)):
-        with _Patched(model, on):
-            c = captured
-            if kind == "attention" and side == "ours":  # its mask is built for it
-                c = capture_arguments(model, inputs, {path})[path]
-            fused = kind == "linear_cross_entropy" and side == "ours"
-            fn, params = _side_fn(model, kind, path, labels, compile_mode, fused)
-            if path == LOSS:
-                fn_check = _side_fn(model, kind, path, check_labels, None, fused)[0]
-                outputs[side] = Run(fn_check, check, params).results()
-            else:
-                outputs[side] = Run(fn, c, params).results()
-            run = Run(fn, c, params)
-            samples = timer(run.step, run.prepare, kind, side)
-            timings[side] = Timing(list(samples), peak_bytes(run, device))
-    ok, why = verify(outputs["ours"], outputs["theirs"], ref, dtype)
-    return Trial(kind, timings["ours"], timings["theirs"], ok, why, path)
+
+    def side(name: str):
+        c = captured
+        if kind == "attention" and name != MODEL:  # its mask is built for it
+            c = capture_arguments(model, inputs, {path})[path]
+        fused = kind == "linear_cross_entropy" and name != MODEL
+        fn, params = _side_fn(model, kind, path, labels, compile_mode, fused)
+        if path == LOSS:
+            fn_check = _side_fn(model, kind, path, check_labels, None, fused)[0]
+            outputs = Run(fn_check, check, params).results()
+        else:
+            outputs = Run(fn, c, params).results()
+        return outputs, Run(fn, c, params)
+
+    def timed(run: Run, name: str) -> Timing | None:
+        if timer is None:
+            return None
+        samples = timer(run.step, run.prepare, kind, name)
+        return Timing(list(samples), peak_bytes(run, device))
+
+    with _Patched(model, sides(kind, MODEL)):
+        theirs, run = side(MODEL)
+        model_timing = timed(run, MODEL)
+    tried = []
+    for name in names:
+        why = offered(name)
+        if why is not None:
+            tried.append(Tried(name, NOT_OFFERED, why))
+            continue
+        with _Patched(model, sides(kind, name)) as report:
+            why = refusal(report, kind, path)
+            if why is not None:
+                tried.append(Tried(name, NOT_OFFERED, why))
+                continue
+            try:
+                ours, run = side(name)
+            except Exception as e:  # a candidate that cannot run the model's unit: excluded
+                tried.append(Tried(name, EXCLUDED, f"raised {_first_line(e)}"))
+                continue
+            ok, why, ratio = verify(ours, theirs, ref, dtype)
+            if not ok:
+                tried.append(Tried(name, EXCLUDED, f"failed verification: {why}", None, ratio))
+                continue
+            tried.append(Tried(name, ADMITTED, "verified", timed(run, name), ratio))
+    return KindTrial(kind, model_timing, tried, path, ran=True)
+
+
+def discover(model, kind: str, path: str, names: tuple[str, ...],
+             offered: Callable[[str], str | None] = lambda name: None) -> KindTrial:
+    """Which candidates the model's variant admits, without running any: each installed
+    alone and the patch report read (offered, or not offered with the reason)."""
+    tried = []
+    for name in names:
+        why = offered(name)
+        if why is None:
+            with _Patched(model, sides(kind, name)) as report:
+                why = refusal(report, kind, path)
+        tried.append(Tried(name, NOT_OFFERED, why) if why is not None
+                     else Tried(name, OFFERED, "the patch installs it; not verified"))
+    return KindTrial(kind, None, tried, path)

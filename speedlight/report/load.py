@@ -145,22 +145,35 @@ def _projection(doc: dict | None) -> dict | None:
 
 
 def _plan(doc: dict | None) -> dict | None:
-    """The plan's table: per kind its verdict (kept, dropped, unmeasured), the time ratio
-    with its 95% interval, each side's median time and peak memory, as plan.json holds
-    them. A plan that timed nothing (no GPU) has no ratio to show, only its projection."""
+    """The plan's tables: per kind its verdict (kept, dropped, unmeasured), the candidate
+    chosen, its time ratio to the model's own with the 95% interval, each side's median time
+    and peak memory; and every candidate of each kind (status, time, ratio, interval, peak,
+    verify's error ratio, why), as plan.json holds them. A plan that timed nothing (no GPU)
+    has no ratio to show, only its projection; one that is not a valid plan shows why."""
+    from speedlight import plans
+
     if not doc:
         return None
+    try:
+        plans.check_document(doc, "plan.json")
+    except plans.PlanError as e:
+        return {"timed": False, "note": f"not shown: {e}", "key": {}, "projected": None,
+                "rows": [], "candidates": [], "counts": {"kept": 0, "dropped": 0,
+                                                         "unmeasured": 0}, "shapes": {}}
     rows = [{"kind": kind, "verdict": d.get("verdict"), "purpose": d.get("purpose"),
+             "choice": d.get("choice"),
              "ratio": _num(d.get("ratio")), "low": _num(d.get("low")),
              "high": _num(d.get("high")), "ours_s": _num(d.get("ours_s")),
              "theirs_s": _num(d.get("theirs_s")), "ours_peak": _num(d.get("ours_peak")),
              "theirs_peak": _num(d.get("theirs_peak")), "verified": d.get("verified"),
              "unit": d.get("module") or "", "reason": d.get("reason", "")}
             for kind, d in (doc.get("decisions") or {}).items()]
+    candidates = [dict(c, kind=kind) for kind, d in doc["decisions"].items()
+                  for c in d.get("candidates", [])]
     counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("kept", "dropped", "unmeasured")}
     return {"timed": bool(doc.get("timed")), "note": doc.get("note", ""), "key": doc.get("key", {}),
             "projected": doc.get("projected"), "rows": rows, "counts": counts,
-            "shapes": doc.get("shapes", {})}
+            "candidates": candidates, "shapes": doc.get("shapes", {})}
 
 
 def _inspect_table(doc: dict | None) -> list[dict]:

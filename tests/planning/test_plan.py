@@ -11,7 +11,7 @@ import torch
 
 from speedlight import plans
 from speedlight.planning import decide
-from speedlight.planning.decide import Timing, Trial
+from speedlight.planning.decide import KindTrial, Timing, Tried
 
 
 def _samples(median: float, n: int = 40, spread: float = 0.002) -> list[float]:
@@ -19,35 +19,54 @@ def _samples(median: float, n: int = 40, spread: float = 0.002) -> list[float]:
     return [median * (1 + spread * (2 * i / (n - 1) - 1)) for i in range(n)]
 
 
-def _trial(kind: str, ours: float, theirs: float = 1.0, verified: bool = True,
-           spread: float = 0.002) -> Trial:
-    return Trial(kind, Timing(_samples(ours, spread=spread)), Timing(_samples(theirs, spread=spread)),
-                 verified, "" if verified else "rel L2 error 0.5 > 0.01")
+def _trial(kind: str, ours: float | dict, theirs: float = 1.0, verified: bool = True,
+           spread: float = 0.002) -> KindTrial:
+    """The model's own at `theirs`, candidates at `ours` (speedlight alone for a number;
+    name -> median for a dict), all verified unless verified=False."""
+    ours = {"speedlight": ours} if not isinstance(ours, dict) else ours
+    tried = [Tried(n, "admitted", "verified", Timing(_samples(m, spread=spread)), 1.0)
+             if verified else Tried(n, "excluded", "failed verification: rel L2 error 0.5 "
+                                                   "> 0.01", None, 50.0)
+             for n, m in ours.items()]
+    return KindTrial(kind, Timing(_samples(theirs, spread=spread)), tried)
 
 
 @pytest.mark.parametrize("ours, verdict, why", [
     pytest.param(0.90, "kept", "faster with confidence", id="faster-kept"),
     pytest.param(1.10, "dropped", "slower with confidence", id="slower-dropped"),
-    pytest.param(0.99, "dropped", "tie keeps the original", id="gain-under-2pct-tie"),
-    pytest.param(1.00, "dropped", "tie keeps the original", id="equal-tie"),
+    pytest.param(0.99, "dropped", "tie keeps the model's own", id="gain-under-2pct-tie"),
+    pytest.param(1.00, "dropped", "tie keeps the model's own", id="equal-tie"),
 ])
 def test_a_time_kind_is_kept_only_when_faster_with_confidence(ours, verdict, why):
     d = decide.decide(_trial("mlp", ours))
     assert (d.verdict, d.purpose) == (verdict, "time")
+    assert d.choice == ("speedlight" if verdict == "kept" else "model")
     assert why in d.reason
     assert d.low < d.ratio < d.high
     assert d.ratio == pytest.approx(ours)
 
 
+def test_the_fastest_confident_candidate_is_chosen_and_every_one_is_listed():
+    d = decide.decide(_trial("rms_norm", {"speedlight": 0.9, "liger": 0.8, "torch-fused": 0.85,
+                                          "torch-compile": 1.2}))
+    assert (d.verdict, d.choice) == ("kept", "liger") and d.ratio == pytest.approx(0.8)
+    status = {c["name"]: c["status"] for c in d.candidates}
+    assert status == {"model": "admitted", "speedlight": "admitted", "liger": "chosen",
+                      "torch-fused": "admitted", "torch-compile": "admitted"}
+    slow = next(c for c in d.candidates if c["name"] == "torch-compile")
+    assert slow["ratio"] == pytest.approx(1.2) and slow["low"] > 1
+
+
 def test_a_wide_interval_holding_one_is_a_tie_even_at_a_5pct_gain():
     d = decide.decide(_trial("rope", 0.95, spread=0.5))
-    assert d.verdict == "dropped" and d.low < 1 < d.high
+    assert d.verdict == "dropped" and d.low < 1 < d.high and d.choice == "model"
 
 
-def test_a_kind_failing_verification_is_dropped_whatever_its_time():
+def test_a_candidate_failing_verification_is_never_chosen_whatever_its_time():
     d = decide.decide(_trial("attention", 0.2, verified=False))
-    assert d.verdict == "dropped" and d.reason.startswith("failed verification: rel L2")
-    assert d.ratio is None
+    assert d.verdict == "dropped" and "no candidate passed verification (speedlight: " \
+        "failed verification: rel L2" in d.reason
+    assert d.ratio is None and d.candidates[1]["error_ratio"] == 50.0
 
 
 def test_the_fused_loss_is_kept_for_memory_unless_slower_than_the_margin():
@@ -56,12 +75,24 @@ def test_the_fused_loss_is_kept_for_memory_unless_slower_than_the_margin():
     assert slow.purpose == "memory" and slow.verdict == "dropped"
 
 
+def test_nothing_timed_is_unmeasured_and_counts_the_candidates():
+    trial = KindTrial("rms_norm", None, [Tried("speedlight", "offered"),
+                                         Tried("liger", "not offered", "no weight")])
+    d = decide.decide(trial)
+    assert (d.verdict, d.choice) == ("unmeasured", None)
+    assert d.reason == "nothing timed; candidates: 1 offered, 1 not offered"
+
+
 def test_dependent_kinds_are_decided_together():
-    # decoder_layer wins on its own but fuses the norms rms_norm patches: dropped with it
-    out = decide.decide_all({"rms_norm": _trial("rms_norm", 1.2),
-                             "decoder_layer": _trial("decoder_layer", 0.8)})
-    assert out["rms_norm"].verdict == "dropped"
-    assert out["decoder_layer"].verdict == "dropped" and "rms_norm" in out["decoder_layer"].reason
+    # decoder_layer wins on its own but fuses speedlight's norms: dropped when rms_norm
+    # chose another candidate (or the model's own)
+    for rms in (1.2, {"speedlight": 0.9, "liger": 0.8}):
+        out = decide.decide_all({"decoder_layer": _trial("decoder_layer", 0.8),
+                                 "rms_norm": _trial("rms_norm", rms)})
+        assert out["rms_norm"].choice != "speedlight"
+        assert out["decoder_layer"].verdict == "dropped"
+        assert "rms_norm chose" in out["decoder_layer"].reason
+        assert list(out) == ["decoder_layer", "rms_norm"]  # the order asked
     # the fused loss is timed against the loss that stays: speedlight's cross_entropy (0.5)
     trials = {"cross_entropy": _trial("cross_entropy", 0.5),
               "linear_cross_entropy": _trial("linear_cross_entropy", 0.6)}
@@ -69,6 +100,8 @@ def test_dependent_kinds_are_decided_together():
     assert out["cross_entropy"].verdict == "kept"
     assert out["linear_cross_entropy"].ratio == pytest.approx(0.6 / 0.5)
     assert out["linear_cross_entropy"].verdict == "dropped"  # 20% slower than that loss
+    assert "to the loss that stays (cross_entropy: speedlight)" in \
+        out["linear_cross_entropy"].candidates[0]["reason"]
 
 
 # --- the plan's key, the cache and patch(plan=...) -------------------------------------------
@@ -134,27 +167,61 @@ def test_patch_applies_a_plan_and_says_why_per_kind(tiny, cache):
         speedlight.patch(tiny.model, plan="measure")
 
 
-def test_measuring_one_kind_for_real_with_a_stand_in_timer(tiny, cache):
-    """capture, patch one kind, verify against float64, unpatch: the stand-in timer says
-    speedlight's norm is 10% slower, so it is dropped; it still verified."""
+def test_every_candidate_verified_a_planted_wrong_one_excluded_the_fastest_installed(
+        tiny, cache, monkeypatch):
+    """capture, install each candidate of rms_norm alone, verify against float64, time with
+    a stand-in timer, unpatch: torch.compile's region is the fastest (the timer says so), a
+    planted wrong torch-fused (1% off) is excluded with its error ratio, Liger (whose norm
+    the interpreter cannot run) excluded with its error; patch(plan=...) then installs the
+    compiled region and unpatch restores the model."""
     import speedlight
+    from speedlight import candidates
+    from speedlight.patching import installs, unpatch
 
+    monkeypatch.setattr(installs, "COMPILE_OPTIONS", {"backend": "eager"})  # no codegen on a CPU
+    adapt = candidates.adapt
+
+    def planted(name, *a, **k):
+        fn, mutates = adapt(name, *a, **k)
+        if name != candidates.TORCH_FUSED:
+            return fn, mutates
+        return (lambda **inputs: fn(**inputs) * 1.01), mutates
+    monkeypatch.setattr(candidates, "adapt", planted)
+    speeds = {"model": 1.0, "speedlight": 0.9, "torch-compile": 0.8, "torch-fused": 0.5}
     sides = []
 
-    def timer(step, prepare, kind, side):
+    def timer(step, prepare, kind, name):
         prepare(0)
         step(0)
-        sides.append((kind, side))
-        return _samples(1.1 if side == "ours" else 1.0)
+        sides.append(name)
+        return _samples(speeds[name])
 
     result = speedlight.plan(tiny.model, tiny.inputs, kinds=["rms_norm"], timer=timer)
     d = result.decisions["rms_norm"]
-    assert sides == [("rms_norm", "theirs"), ("rms_norm", "ours")]
-    assert d.verified and d.verdict == "dropped" and "slower with confidence" in d.reason
+    assert sides == ["model", "speedlight", "torch-compile"]  # only the admitted are timed
+    assert (d.verdict, d.choice) == ("kept", "torch-compile") and d.ratio == pytest.approx(0.8)
     assert d.module == "model.layers.0.input_layernorm"
+    rows = {c["name"]: c for c in d.candidates}
+    assert rows["torch-fused"]["status"] == "excluded" and rows["torch-fused"]["error_ratio"] > 10
+    assert rows["torch-fused"]["reason"].startswith("failed verification: output: ")
+    assert rows["speedlight"]["status"] == "admitted" and rows["speedlight"]["error_ratio"] < 10
+    assert rows["speedlight-cuda"]["status"] == "not offered"
     assert not hasattr(tiny.model, "_speedlight_patch")  # unpatched again
     assert all(p.grad is None for p in tiny.model.parameters())  # no gradient left behind
-    assert json.loads(plans.path_for(result.key).read_text())["decisions"]["rms_norm"]["verdict"] == "dropped"
+    doc = json.loads(plans.path_for(result.key).read_text())
+    assert doc["decisions"]["rms_norm"]["choice"] == "torch-compile"
+
+    plan = plans.Plan.from_json(dict(doc, key=dict(doc["key"], gpu="cpu")))
+    before = tiny.model(**tiny.inputs).loss
+    report = speedlight.patch(tiny.model, plan=plan, **{k: False for k in plans.KINDS
+                                                        if k != "rms_norm"})
+    try:
+        assert all(p.endswith("(torch-compile)") for p in report.patched["rms_norm"])
+        assert report.plan["rms_norm"].startswith("kept by measurement (torch-compile: time x0.800")
+        torch.testing.assert_close(tiny.model(**tiny.inputs).loss, before)
+    finally:
+        unpatch(tiny.model)
+    assert not any("forward" in m.__dict__ for m in tiny.model.modules())
 
 
 def test_speedlight_plan_on_a_cpu_times_nothing_and_says_so(cache, capsys):
@@ -162,13 +229,20 @@ def test_speedlight_plan_on_a_cpu_times_nothing_and_says_so(cache, capsys):
 
     out = cache / "plan.json"
     assert cli.main(["plan", "--device", "cpu", "--model", "default", "--batch", "1", "--seq",
-                     "8", "--layers", "1", "--out", str(out)]) == 0
+                     "8", "--layers", "1", "--kinds", "rms_norm,attention", "--candidates",
+                     "torch-fused,sdpa-math,sdpa-cudnn", "--out", str(out)]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     assert "nothing is timed" in printed and "projected" in printed
     doc = json.loads(out.read_text())
     assert doc["timed"] is False and doc["key"]["gpu"] == "cpu"
     assert {d["verdict"] for d in doc["decisions"].values()} == {"unmeasured"}
     assert all(d["ratio"] is None for d in doc["decisions"].values())
+    # every candidate asked for discovered and verified, or not offered with the reason
+    status = {(k, c["name"]): c["status"] for k, d in doc["decisions"].items()
+              for c in d["candidates"]}
+    assert status == {("rms_norm", "model"): "admitted", ("rms_norm", "torch-fused"): "admitted",
+                      ("attention", "model"): "admitted", ("attention", "sdpa-math"): "admitted",
+                      ("attention", "sdpa-cudnn"): "not offered"}
     assert "projected" in doc["projected"]["label"] and doc["projected"]["floor_s"] > 0
     assert list(cache.glob("plans/*.json"))  # written to the cache too
 
@@ -189,14 +263,25 @@ def test_a_plan_measured_on_fewer_layers_applies_to_the_deeper_model(tiny):
 def _gpu_plan(model) -> plans.Plan:
     """A stand-in for a plan timed on a GPU: rms_norm kept, mlp dropped, rope unmeasured."""
     mib = 2 ** 20
+    row = dict.fromkeys(plans.CANDIDATE_FIELDS)
+    candidates = [dict(row, name="model", status="admitted", reason="the model's own",
+                       median_s=1e-3, peak=4 * mib),
+                  dict(row, name="speedlight", status="chosen", reason="verified",
+                       median_s=0.9e-3, ratio=0.9, low=0.85, high=0.95, peak=3 * mib,
+                       error_ratio=1.5),
+                  dict(row, name="liger", status="excluded", error_ratio=12.0,
+                       reason="failed verification: output: rel L2 error 0.1 > 0.01"),
+                  dict(row, name="sdpa-cudnn", status="not offered",
+                       reason="SDPA's cudnn backend runs on CUDA GPUs")]
     d = {"rms_norm": plans.Decision("rms_norm", "kept", "faster with confidence, 10.0% gain",
                                     ratio=0.9, low=0.85, high=0.95, ours_s=0.9e-3, theirs_s=1e-3,
                                     ours_peak=3 * mib, theirs_peak=4 * mib, verified=True,
-                                    module="model.layers.0.input_layernorm"),
+                                    module="model.layers.0.input_layernorm",
+                                    choice="speedlight", candidates=candidates),
          "mlp": plans.Decision("mlp", "dropped", "slower with confidence: the original stays",
                                ratio=1.1, low=1.05, high=1.15, ours_s=2.2e-3, theirs_s=2e-3,
                                ours_peak=8 * mib, theirs_peak=8 * mib, verified=True,
-                               module="model.layers.0.mlp"),
+                               module="model.layers.0.mlp", choice="model"),
          "rope": plans.Decision("rope", "unmeasured", "no unit of this kind")}
     key = dict(plans.key_for(model, batch=1, seq=8, compile_mode=None), gpu="NVIDIA H200")
     return plans.Plan(key, d, True, "timed on NVIDIA H200: one decoder layer's units",
@@ -214,14 +299,27 @@ def test_the_report_renders_the_plan_table_from_plan_json(tiny, tmp_path):
     render.render(tmp_path)
     md = (tmp_path / "summary.md").read_text()
     assert "## Which kinds to patch: the plan" in md and "timed on NVIDIA H200" in md
-    assert ("| rms_norm | kept | 0.900 | [0.850, 0.950] | 900 us | 1 ms | 3 MiB / 4 MiB | "
-            "faster with confidence, 10.0% gain |") in md
-    assert "| mlp | dropped | 1.100 | [1.050, 1.150] | 2.2 ms | 2 ms | 8 MiB / 8 MiB |" in md
-    assert "| rope | unmeasured | - | - | - | - | - / - | no unit of this kind |" in md
+    assert ("| rms_norm | kept | speedlight | 0.900 | [0.850, 0.950] | 900 us | 1 ms | 3 MiB / "
+            "4 MiB | faster with confidence, 10.0% gain |") in md
+    assert ("| mlp | dropped | model | 1.100 | [1.050, 1.150] | 2.2 ms | 2 ms | 8 MiB / 8 MiB |"
+            in md)
+    assert "| rope | unmeasured | - | - | - | - | - | - / - | no unit of this kind |" in md
     assert "- Plan: timed on NVIDIA H200: kept rms_norm; dropped mlp; 1 unmeasured." in md
+    # every candidate, with its time, ratio, interval, peak memory and verdict
+    assert "| rms_norm | model | admitted | 1 ms | - | - | 4 MiB | - | the model's own |" in md
+    assert ("| rms_norm | speedlight | chosen | 900 us | 0.900 | [0.850, 0.950] | 3 MiB | 1.5 | "
+            "verified |") in md
+    assert ("| rms_norm | liger | excluded | - | - | - | - | 12 | failed verification: output: "
+            "rel L2 error 0.1 > 0.01 |") in md
+    assert "| rms_norm | sdpa-cudnn | not offered |" in md
     html = (tmp_path / "index.html").read_text()
     assert 'id="plan"' in html and '<td class="dropped">dropped</td>' in html
+    assert '<td class="not-offered">not offered</td>' in html
     assert "[1.050, 1.150]" in html and "plan.json" in html and "not timed" not in html
+    # a plan.json that is not a valid plan is named, not shown
+    results.write_json(tmp_path / FILES["plan"], {"schema": 2, "decisions": []})
+    render.render(tmp_path)
+    assert "not shown: plan.json: has no 'key'" in (tmp_path / "summary.md").read_text()
 
 
 def test_bench_model_s_planned_variant_patches_exactly_the_kinds_the_plan_keeps(tiny, tmp_path):
@@ -246,3 +344,12 @@ def test_bench_model_s_planned_variant_patches_exactly_the_kinds_the_plan_keeps(
     assert row["plan"]["rms_norm"].startswith("kept by measurement")
     assert row["plan"]["rope"].startswith("applied unmeasured")
     assert "the plan given" in row["plan_note"] and "dropped: mlp" in " ".join(row["notes"])
+    # bench model lists every candidate of the plan behind the row
+    assert [c["name"] for c in row["candidates"]["rms_norm"]] == ["model", "speedlight", "liger",
+                                                                  "sdpa-cudnn"]
+    from speedlight import results
+    console = results.make_console(200)
+    with console.capture() as got:
+        console.print(model_step.plan_candidates_table([row]))
+    text = got.get()
+    assert "rms_norm" in text and "excluded" in text and "[0.850, 0.950]" in text

@@ -250,5 +250,5 @@ def test_cpu_report_adds_the_real_size_projection_of_the_family(report_dir):
     assert [r["kind"] for r in data["plan"]["rows"]] == list(plan["decisions"])
     assert "<b>Not timed.</b>" in page and '<td class="unmeasured">unmeasured</td>' in page
     md = (out / "summary.md").read_text()
-    assert "**Not timed**" in md and "| rms_norm | unmeasured | not timed | - |" in md
+    assert "**Not timed**" in md and "| rms_norm | unmeasured | - | not timed | - |" in md
     assert plan["projected"]["label"] in md
