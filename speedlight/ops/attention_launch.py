@@ -34,9 +34,12 @@ def _blocks(direction: str, head_dim: int, seq_q: int, dtype: torch.dtype,
             device: torch.device) -> dict:
     """Block sizes, warps and stages of one kernel: `fwd`, `dkdv` or `dq`.
 
-    On a GPU (or the launch context's target): FlashAttention-2's shapes for Hopper,
-    smaller tiles for head dim 256 and for fp32 (whose IEEE products run on FMA units) so
-    no kernel spills; a forward of few queries (decode) takes 16-row blocks. On an AMD
+    On a GPU (or the launch context's target): FlashAttention-2's shapes for Hopper, the
+    forward's 128-row blocks against 128 keys at head dim <= 128 (its boundary blocks
+    read in halves, kernels/attention/fwd.py, so neither loop spills; 64 keys halve the
+    work per step for the same per-step overhead), smaller tiles for head dim 256 and for
+    fp32 (whose IEEE products run on FMA units) so no kernel spills; a forward of few
+    queries (decode) takes 16-row blocks. On an AMD
     target (launch.planned_amd_arch) the smaller tiles on every dtype, the forward on one
     stage fewer (two at head dim 128: one K/V buffer in LDS) and the dk/dv pass on one: on
     gfx942 the forward's three stages need 80 KB of LDS at head dim 128 (a workgroup may
@@ -55,7 +58,8 @@ def _blocks(direction: str, head_dim: int, seq_q: int, dtype: torch.dtype,
     if direction == "fwd":
         bm = min(128 if not wide else 64, few)
         stages = (3 if block_d <= 128 else 2) - (1 if amd else 0)
-        return dict(BLOCK_M=bm, BLOCK_N=64 if block_d <= 128 else 32, BLOCK_D=block_d,
+        block_n = 32 if block_d > 128 else 128 if bm >= 128 else 64
+        return dict(BLOCK_M=bm, BLOCK_N=block_n, BLOCK_D=block_d,
                     num_warps=8 if bm >= 128 else 4, num_stages=stages)
     if direction == "dkdv":
         return dict(BLOCK_M=32, BLOCK_N=128 if not wide else 64, BLOCK_D=block_d,

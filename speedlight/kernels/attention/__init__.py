@@ -7,8 +7,8 @@ from speedlight.kernels.attention.bwd import (_attention_bwd_delta_kernel,
                                               _attention_bwd_dkdv_kernel,
                                               _attention_bwd_dq_kernel,
                                               _attention_bwd_faults_kernel)
-from speedlight.kernels.attention.fwd import (_attention_combine_kernel, _attention_fwd_faults_kernel,
-                                              _attention_fwd_kernel)
+from speedlight.kernels.attention.fwd import (_attention_combine_kernel,
+                                              _attention_fwd_faults_kernel, _attention_fwd_kernel)
 
 __all__ = ["_attention_fwd_kernel", "_attention_combine_kernel", "_attention_fwd_faults_kernel",
            "_attention_bwd_delta_kernel", "_attention_bwd_dkdv_kernel", "_attention_bwd_dq_kernel",

@@ -237,7 +237,7 @@ def _dkdv_program(
     # head at the last block
     pid_h = pid_kv * group
     e = pid_n * 0
-    for _ in range(0, group * n_edge):
+    for _ in range(0, group * n_edge):  # boundary query blocks of each q head: the mask
         if not TMA:
             q_src = q_seq + pid_h.to(tl.int64) * stride_qh
             do_src = do_seq + pid_h.to(tl.int64) * stride_dh
@@ -252,7 +252,7 @@ def _dkdv_program(
         e = tl.where(e == n_edge, 0, e)
     pid_h = pid_kv * group
     start_m = mid_lo
-    for _ in range(0, group * ((mid_hi - mid_lo) // BLOCK_M)):
+    for _ in range(0, group * ((mid_hi - mid_lo) // BLOCK_M)):  # interior: no mask
         if not TMA:
             q_src = q_seq + pid_h.to(tl.int64) * stride_qh
             do_src = do_seq + pid_h.to(tl.int64) * stride_dh
@@ -389,8 +389,8 @@ def _dq_block(dq, q, do, lse2, delta, k_ptr, k_src, v_src, start_n, seq_k, lo_r,
               TMA: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
               BLOCK_N: tl.constexpr):
     """(dq, faults) after keys start_n + [0, BLOCK_N) (k_ptr: for its dtype). MASKED: a
-    boundary block, whose NaN and inf of k are counted in faults (SAFE: and left out of the
-    dq product, for _dq_faults to add); else every pair is visible and every key below
+    boundary block, whose NaN and inf of k are counted in faults (and, SAFE, left out of
+    the dq product for _dq_faults to add); else every pair is visible and every key below
     seq_k, faults 0."""
     k, v = _dq_tiles(k_src, v_src, start_n, seq_k, offs_d, mask_d, stride_kn, stride_vn,
                      MASKED, TMA, UPCAST, BLOCK_N)

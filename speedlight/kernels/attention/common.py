@@ -122,18 +122,12 @@ def _nonfinite(x):
 
 
 @triton.jit
-def _count_nonfinite(b):
-    """How many NaN and inf the 2-D tile b holds."""
-    return tl.sum(tl.sum(_nonfinite(b).to(tl.int32), 1), 0)
-
-
-@triton.jit
 def _guarded(b, SAFE: tl.constexpr):
     """(b, faults) of a boundary block's second operand, whose NaN or inf at a hidden pair
     a dot would turn into 0 * NaN: counted (faults) and, SAFE, replaced by 0 (the fault
     pass adds them back at the visible pairs, _nonfinite_products); else left in, the
     program's outputs then redone by the fault kernel."""
-    faults = _count_nonfinite(b)
+    faults = tl.sum(tl.sum(_nonfinite(b).to(tl.int32), 1), 0)
     if SAFE:
         b = tl.where(_nonfinite(b), tl.zeros_like(b), b)
     return b, faults

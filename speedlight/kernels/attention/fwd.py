@@ -86,7 +86,7 @@ def _fwd_block(acc, l_i, m_i, q, k_src, v_src, v_rows, start_n, seq_k, lo_r, hi_
                SOFTCAP: tl.constexpr, TMA: tl.constexpr, UPCAST: tl.constexpr,
                PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
     """One step of the online softmax over keys start_n + [0, BLOCK_N): (acc, l, m, faults)
-    after it. MASKED: a boundary block, whose NaN and inf of v are counted in faults (and
+    after it. MASKED: a boundary block, whose NaN and inf of v are counted in faults (and,
     SAFE, left out of p @ v for _fwd_faults to add); else every pair is visible and
     faults is 0."""
     k_t, v = _load_kv(k_src, v_src, start_n, seq_k, offs_d, mask_d, stride_kn, stride_vn,
@@ -151,14 +151,23 @@ def _fwd_program(
         + k_first * stride_kn  # this sequence's first key of the kv head
     v_rows = v_ptr + pid_b.to(tl.int64) * stride_vb + pid_kv.to(tl.int64) * stride_vh \
         + k_first * stride_vn
-    if TMA:  # one descriptor per operand over this sequence's rows (at least one row)
+    # boundary blocks are read in halves (EDGE_N keys): the mask's tiles beside the scores'
+    # would make a 128-key block spill; the interior blocks, unmasked, take BLOCK_N whole
+    EDGE_N: tl.constexpr = BLOCK_N // 2
+    if TMA:  # descriptors over this sequence's rows (at least one row), per block size
         k_src = tl.make_tensor_descriptor(k_rows, shape=[tl.maximum(seq_k, 1), head_dim],
                                           strides=[stride_kn, 1], block_shape=[BLOCK_N, BLOCK_D])
         v_src = tl.make_tensor_descriptor(v_rows, shape=[tl.maximum(seq_k, 1), head_dim],
                                           strides=[stride_vn, 1], block_shape=[BLOCK_N, BLOCK_D])
+        k_edge = tl.make_tensor_descriptor(k_rows, shape=[tl.maximum(seq_k, 1), head_dim],
+                                           strides=[stride_kn, 1], block_shape=[EDGE_N, BLOCK_D])
+        v_edge = tl.make_tensor_descriptor(v_rows, shape=[tl.maximum(seq_k, 1), head_dim],
+                                           strides=[stride_vn, 1], block_shape=[EDGE_N, BLOCK_D])
     else:
         k_src = k_rows
         v_src = v_rows
+        k_edge = k_rows
+        v_edge = v_rows
 
     # the keys each row sees; the block's union [lo, hi) and the keys all its rows see
     lo_r, hi_r = _keys_seen(offs_m, seq_q, seq_k, left, right, WINDOW)
@@ -170,16 +179,16 @@ def _fwd_program(
         hi = tl.minimum(hi, (pid_s + 1) * split_span)
     first, n_head, n_edge, mid_lo, mid_hi = _blocks(lo, hi, in_lo, in_hi, BLOCK_N)
 
+    faults = tl.zeros([], tl.int32)
     m_i = tl.full([BLOCK_M], FLOOR, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    faults = tl.zeros([], tl.int32)
-    for e in range(0, n_edge):  # boundary blocks: the mask
+    for e in range(0, 2 * n_edge):  # boundary blocks, in halves: the mask
         acc, l_i, m_i, n_bad = _fwd_block(
-            acc, l_i, m_i, q, k_src, v_src, v_rows,
-            _edge_start(e, first, n_head, mid_lo, mid_hi, BLOCK_N), seq_k, lo_r, hi_r, offs_d,
-            mask_d, stride_kn, stride_vn, sm_scale, softcap, True, SAFE, FOLD, SOFTCAP, TMA,
-            UPCAST, PRECISION, BLOCK_N)
+            acc, l_i, m_i, q, k_edge, v_edge, v_rows,
+            _edge_start(e // 2, first, n_head, mid_lo, mid_hi, BLOCK_N) + (e % 2) * EDGE_N,
+            seq_k, lo_r, hi_r, offs_d, mask_d, stride_kn, stride_vn, sm_scale, softcap, True,
+            SAFE, FOLD, SOFTCAP, TMA, UPCAST, PRECISION, EDGE_N)
         faults += n_bad
     for start_n in range(mid_lo, mid_hi, BLOCK_N):  # interior blocks: no mask
         acc, l_i, m_i, _ = _fwd_block(
@@ -188,12 +197,12 @@ def _fwd_program(
             PRECISION, BLOCK_N)
     if SAFE:
         if faults > 0:  # v's NaN and inf in the boundary blocks, at the visible pairs
-            for e in range(0, n_edge):
+            for e in range(0, 2 * n_edge):
                 acc = _fwd_faults(
-                    acc, m_i, q, k_src, v_src, v_rows,
-                    _edge_start(e, first, n_head, mid_lo, mid_hi, BLOCK_N), seq_k, lo_r, hi_r,
-                    offs_d, mask_d, stride_kn, stride_vn, sm_scale, softcap, FOLD, SOFTCAP,
-                    TMA, UPCAST, PRECISION, BLOCK_N)
+                    acc, m_i, q, k_edge, v_edge, v_rows,
+                    _edge_start(e // 2, first, n_head, mid_lo, mid_hi, BLOCK_N)
+                    + (e % 2) * EDGE_N, seq_k, lo_r, hi_r, offs_d, mask_d, stride_kn,
+                    stride_vn, sm_scale, softcap, FOLD, SOFTCAP, TMA, UPCAST, PRECISION, EDGE_N)
 
     none = l_i == 0.0  # saw no key (a NaN l, a NaN softmax, is not none)
     acc = acc / tl.where(none, 1.0, l_i)[:, None]
