@@ -10,8 +10,9 @@ with the planned patch beside Liger's.
    verified against float64 on the kind's unit at the model's shapes (forward and
    backward; the size is one that the float64 reference fits), the admitted ones timed with
    bench's timer against the model's own, the fastest chosen. Kinds are planned in groups
-   (a kind with the kind its decision depends on), the budget checked between groups; a
-   group not started in time is a skipped row. One row per candidate goes to
+   (a kind with the kind its decision depends on), the budget (--budget-s less the
+   --step-s kept for step 2) checked between groups; a group not started in time is a
+   skipped row. One row per candidate goes to
    DIR/plan.jsonl, the merged plan of each model to DIR/plan-<model>.json.
 2. step: `bench model`'s training step (forward, backward, AdamW) at --step-model's widths,
    --layers layers, --step-batch x --step-seq tokens: hf, liger, speedlight (all) and
@@ -67,7 +68,8 @@ def plan_model(name: str, args, device: torch.device, deadline: float, write) ->
         if time.perf_counter() > deadline:
             for kind in group:
                 write({"step": "plan", "model": name, "kind": kind, "status": "skipped",
-                       "reason": f"not started: the {args.budget_s:g} s budget was spent"})
+                       "reason": f"not started: the plan's share of the {args.budget_s:g} s "
+                                 "budget was spent"})
             continue
         part = speedlight.plan(w.model, w.inputs, kinds=list(group), candidates=asked,
                                save=False, verify=True)
@@ -94,7 +96,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="folder for plan.jsonl, plan-*.json, "
                                                 "model-step.jsonl")
-    p.add_argument("--budget-s", type=float, default=240.0)
+    p.add_argument("--budget-s", type=float, default=240.0,
+                   help="the whole section's seconds (default 240)")
+    p.add_argument("--step-s", type=float, default=90.0,
+                   help="of those, kept for the training step: the plan starts no group "
+                        "after budget-s minus step-s (default 90)")
     p.add_argument("--models", default="default,llama-3-8b",
                    help="the models planned (default: the built-in one and llama-3-8b)")
     p.add_argument("--plan-batch", type=int, default=2)
@@ -127,8 +133,9 @@ def main(argv=None) -> int:
 
     failed = False
     plan_files = {}
+    plan_deadline = deadline - min(args.step_s, args.budget_s)
     for name in [m for m in args.models.split(",") if m]:
-        merged, bad = plan_model(name, args, device, deadline, write)
+        merged, bad = plan_model(name, args, device, plan_deadline, write)
         failed |= bad
         if merged is not None:
             plan_files[name] = plans.save(merged, out / f"plan-{name}.json")
