@@ -132,11 +132,15 @@ class Cost:
     """FLOPs and compulsory bytes of the ideal implementation of one direction.
 
     FLOP counts a multiply-add as 2. Bytes are every input read once and every output
-    written once, in the dtypes given.
+    written once, in the dtypes given. `saved`: the bytes the op holds besides its inputs,
+    outputs and gradients, what its forward keeps for the backward (rstd, logsumexp) or,
+    where more, holds while it runs (linear_cross_entropy's chunk of logits); profile's
+    advice weighs it against what the chain it replaces keeps.
     """
 
     flops: int
     bytes: int
+    saved: int = 0
 
     @property
     def intensity(self) -> float:
@@ -144,7 +148,8 @@ class Cost:
         return self.flops / self.bytes if self.bytes else math.inf
 
     def __add__(self, other: "Cost") -> "Cost":
-        return Cost(self.flops + other.flops, self.bytes + other.bytes)
+        return Cost(self.flops + other.flops, self.bytes + other.bytes,
+                    self.saved + other.saved)
 
 
 @dataclass(frozen=True)
@@ -298,6 +303,28 @@ Inputs = dict  # keyword arguments of impl / reference: tensors and plain values
 
 
 @dataclass
+class Chain:
+    """A run of PyTorch ops in a model's forward that one call of an op replaces, as the op's
+    `OpSpec.recognise` finds it in a profile's graph: what was matched (in words), the
+    forward ops' indices, the module it sits in, and the Case of the call that replaces it
+    (which `OpSpec.cost` counts). `inside`: ops whose chains hold this one where both
+    overlap (a softmax inside attention: it is part of theirs). `unstored`: bytes the chain
+    holds that autograd's saved tensors do not show and the op never makes (the logits
+    linear_cross_entropy never writes). profile sets `op` (the OpSpec's name) and
+    `external` (the chain's ops whose outputs leave it)."""
+
+    pattern: str
+    fwd: set[int]
+    module: str | None
+    case: Case
+    note: str = ""
+    inside: tuple[str, ...] = ()
+    unstored: int = 0
+    op: str = ""
+    external: set[int] = field(default_factory=set)
+
+
+@dataclass
 class OpSpec:
     """Everything the tools need to know about one operation.
 
@@ -348,6 +375,11 @@ class OpSpec:
     case_of: Callable[[str, Mapping[str, Any]], Case | None] | None = None
     # What the op fuses, as profile's advice names it: the PyTorch chain it replaces.
     fuses: str = ""
+    # Optional: recognise(graph, calls) -> the Chains of PyTorch ops this op replaces in a
+    # profiled forward (`graph` a speedlight.profile.patterns.Graph of its ops, `calls` the
+    # module calls), each with the Case of the call replacing it; profile's advice costs
+    # them through `cost`. None: profile advises nothing for the op.
+    recognise: Callable[[Any, Sequence[Any]], list[Chain]] | None = None
     # Other libraries' function computing the same, compared with by bench:
     # library -> function name, e.g. {"liger": "liger_rms_norm"}.
     peers: Mapping[str, str] = field(default_factory=dict)
@@ -470,6 +502,7 @@ _FIELDS = {
     "count_rows": (lambda v: v is None or callable(v), "None or a function"),
     "case_of": (lambda v: v is None or callable(v), "None or a function"),
     "fuses": (lambda v: isinstance(v, str), "a str"),
+    "recognise": (lambda v: v is None or callable(v), "None or a function"),
     "peers": (_mapping_of(str, str), "a dict of library -> function name"),
     "patches": (lambda v: v is None or isinstance(v, str), "None or a str"),
     "implementations": (_mapping_of(str, Implementation), "a dict of name -> Implementation"),

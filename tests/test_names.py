@@ -22,7 +22,8 @@ ISA = ("inspect/sass.py", "inspect/amdgcn.py")
 ALLOWED: dict[str, tuple[str, ...]] = {
     # One role, one implementation per module, reached through the module chosen for it:
     # an OpSpec's parts, named as the fields they fill (DESIGN-NOTES, "Files split, names once")
-    **{part: (OPS,) for part in ("make_inputs", "cost", "cases", "skip", "for_model", "case_of")},
+    **{part: (OPS,) for part in (
+        "make_inputs", "cost", "cases", "skip", "for_model", "case_of", "recognise")},
     # each subcommand's module: configure(parser) and run(args); verify.run is the public harness
     "configure": COMMANDS,
     "run": COMMANDS + ("verify/harness.py",),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Sequence
 
 import torch
 
 from speedlight import shapes
-from speedlight.spec import Case
+from speedlight.spec import Case, Chain
 
 
 def skip_huge_on_cpu(case, device, what: str = "rows x stride > 2^31") -> str | None:
@@ -83,3 +84,54 @@ def family_case(op: str, rows: int, hidden: int, dtype: torch.dtype) -> Case:
              "cross_entropy": "vocab"}.get(op, "hidden")
     rows_name = "tokens" if op == "cross_entropy" else "rows"
     return Case(op, ((rows_name, rows), (width, hidden)), dtype=dtype)
+
+
+# --- OpSpec.recognise: the chains an op replaces in a profiled forward --------------------
+
+_RMS_CLASS = re.compile(r"rms_?norm", re.I)
+_LN_CLASS = re.compile(r"layer_?norm", re.I)
+
+
+def norm_chains(g, calls, op: str) -> list[Chain]:
+    """The recogniser of norm `op` (rms_norm, add_rms_norm, layer_norm): an RMSNorm or
+    LayerNorm module's call done in several kernel ops (its class says what it is, whatever
+    ops it takes), an RMSNorm with the residual add that feeds it being add_rms_norm's.
+    The Case is x over its rows, with a weight or not, and Gemma's offset (1 + w)."""
+    rms = op in ("rms_norm", "add_rms_norm")
+    by_call: dict[int, set[int]] = {}
+    for r in g.fwd:
+        if r["call"] is not None:
+            by_call.setdefault(r["call"], set()).add(r["index"])
+    chains = []
+    for call in calls:
+        ops, cls = by_call.get(call.id, set()), call.module_class or ""
+        if not (_RMS_CLASS if rms else _LN_CLASS).search(cls) or g.kernel_ops(ops) < 2:
+            continue
+        first = min(ops)
+        x = g.row(first)["inputs"][0]
+        src = call.input_producers[0] if call.input_producers else None
+        if src is not None and g.row(src)["outputs"]:
+            x = g.row(src)["outputs"][0]
+        weight = next((t for i in sorted(ops) for t, p in zip(g.row(i)["inputs"],
+                                                               g.row(i)["producers"])
+                       if p is None and t["shape"] == x["shape"][-1:]), None)
+        offset = cls.lower().startswith("gemma")
+        add = g.base(src)
+        with_add = rms and add is not None and g.name(add) == "add" \
+            and len(g.row(add)["inputs"]) == 2 \
+            and g.row(add)["inputs"][0]["shape"] == g.row(add)["inputs"][1]["shape"]
+        if with_add != (op == "add_rms_norm"):
+            continue
+        flags = {"weight": False if weight is None else None, "offset": 1 if offset else None}
+        if op == "layer_norm":
+            flags = {"weight": flags["weight"], "bias": flags["weight"]}
+        case = rows_case(op, g.tensor(x), "hidden", **flags)
+        note = "offset=1 (Gemma's 1 + w)" if offset else ""
+        if with_add:
+            chains.append(Chain(f"residual add + {cls}",
+                                ops | {add} | g.views_between(add, first), call.module, case,
+                                note))
+        else:
+            chains.append(Chain(f"{cls} in {g.kernel_ops(ops)} ops", ops, call.module, case,
+                                note))
+    return chains

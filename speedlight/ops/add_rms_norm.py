@@ -15,7 +15,7 @@ from speedlight import shapes
 from speedlight.ops import rms_norm_cuda as cuda
 from speedlight.ops._checks import check_bool, check_same_device, check_same_dtype, check_tensor
 from speedlight.ops._dtensor import local_rows
-from speedlight.ops._suites import norm_cases, skip_huge_on_cpu
+from speedlight.ops._suites import norm_cases, norm_chains, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.ops.rms_norm import (CUDA_DESIGNS, CUDA_SOURCE, LAUNCHERS, check_norm_args,
                                      cuda_launches, model_norm_flags)
@@ -160,6 +160,7 @@ SPEC = OpSpec(
     implementations=cuda.implementations(add_rms_norm, ADD_RMS_NORM),
     for_model=for_model,
     case_of=lambda call, args: rms_norm_case_of("add_rms_norm", call, args),
+    recognise=lambda graph, calls: norm_chains(graph, calls, "add_rms_norm"),
     fuses="residual add + RMSNorm, returning both the sum and the norm",
     peers={"liger": "liger_fused_add_rms_norm"},
     patches="decoder_layer",

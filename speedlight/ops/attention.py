@@ -258,6 +258,7 @@ SPEC = OpSpec(
     for_model=cases.for_model,
     count_rows=cases.count_rows,
     case_of=cases.case_of,
+    recognise=cases.recognise,
     configs=ATTENTION_CONFIGS,  # the forward's HIP knobs: a space on AMD targets only
     fuses=("eager or SDPA attention: flash attention (scores never written to memory; causal, "
            "sliding window, softcap, GQA, variable length)"),

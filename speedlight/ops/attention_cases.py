@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 
 import torch
 
 from speedlight import shapes
 from speedlight.ops._suites import is_call_of
 from speedlight.ops.attention_checks import window_sides
-from speedlight.spec import Case, Cost, rand_tensor
+from speedlight.spec import Case, Chain, Cost, rand_tensor
 
 # The query block and key block the cost model counts re-reads by (the GPU forward's and
 # dk/dv kernel's tiles).
@@ -87,9 +88,10 @@ def cost(case: Case, mode: str) -> Cost:
     q_bytes = tokens_q * heads * d * e
     kv_bytes = tokens_k * kv_heads * d * e
     kv_block_bytes = kv_reads * heads * 2 * d * e
-    if mode == "fwd":
+    if mode == "fwd":  # lse, one fp32 per query row and head, kept for the backward
         return Cost(flops=4 * pairs * d * heads,
-                    bytes=2 * q_bytes + kv_block_bytes + 4 * tokens_q * heads)
+                    bytes=2 * q_bytes + kv_block_bytes + 4 * tokens_q * heads,
+                    saved=4 * tokens_q * heads)
     return Cost(flops=10 * pairs * d * heads,
                 bytes=(5 * q_bytes + 4 * kv_bytes + kv_block_bytes
                        + q_reads * heads * (2 * d * e + 8) + 12 * tokens_q * heads))
@@ -255,3 +257,73 @@ def case_of(call: str, args) -> Case | None:
 
 def count_rows(case: Case) -> int:
     return sum(_lengths(case)[0])
+
+
+# --- recognise: the attention a model runs in PyTorch ops ---------------------------------
+
+_SCORE_OPS = ("add", "mul", "div", "masked_fill", "_to_copy", "tanh", "where", "sub")
+_SDPA_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_fused_attention_overrideable")
+
+
+def _case(q: torch.Tensor, k_heads: int, seq_k: int) -> Case:
+    """q [..., seq_q, dim]: every dim before the last two is batch x heads (one batch)."""
+    heads = math.prod(q.shape[:-2])
+    return Case("attention", (("batch", 1), ("heads", heads), ("kv_heads", k_heads),
+                              ("seq_q", q.shape[-2]), ("seq_k", seq_k), ("dim", q.shape[-1])),
+                dtype=q.dtype)
+
+
+def recognise(g, calls) -> list[Chain]:
+    """Eager attention (QK^T matmul, score ops: scale, mask, softcap; softmax; PV matmul),
+    whose [seq_q, seq_k] scores reach memory, over its batch x heads (no mask read: a
+    causal one is costed in full); then PyTorch's fused SDPA, one kernel already, where
+    what speedlight.attention offers is its speed."""
+    chains = []
+    for r in g.fwd:
+        if r["name"] != "_softmax":
+            continue
+        fwd, i = {r["index"]}, g.input_base(r["index"], 0)
+        for _ in range(8):
+            if i is None or g.name(i) not in _SCORE_OPS:
+                break
+            fwd.add(i)
+            i = g.input_base(i, 0)
+        if g.name(i) not in ("bmm", "baddbmm"):
+            continue
+        qk, j, pv = i, r["index"], None
+        for _ in range(4):
+            nxt = g.uses(j)
+            if len(nxt) != 1:
+                break
+            j = nxt[0]
+            if g.name(j) == "bmm":
+                pv = j
+                break
+            if g.name(j) not in ("_to_copy", "native_dropout", "clone"):
+                break
+            fwd.add(j)
+        if pv is None:
+            continue
+        fwd |= {qk, pv}
+        fwd |= {p for a in list(fwd) for p in g.row(a)["producers"]
+                if p is not None and g.is_view(p)}
+        v = g.tensor(g.row(pv)["inputs"][1])
+        chains.append(Chain("eager attention (QKᵀ, softmax, PV materialize the scores)", fwd,
+                            r["module"], _case(g.tensor(g.row(qk)["inputs"][0]),
+                                               math.prod(v.shape[:-2]), v.shape[-2])))
+    for r in g.fwd:
+        if r["name"] not in _SDPA_OPS or len(r["inputs"]) < 3 or not r["outputs"]:
+            continue
+        q, k = g.tensor(r["inputs"][0]), g.tensor(r["inputs"][1])
+        if q.dim() == 4 and k.dim() == 4:  # [batch, heads, seq, dim]
+            case = Case("attention", (("batch", q.shape[0]), ("heads", q.shape[1]),
+                                      ("kv_heads", k.shape[1]), ("seq_q", q.shape[2]),
+                                      ("seq_k", k.shape[2]), ("dim", q.shape[3])), dtype=q.dtype)
+        else:
+            case = _case(q, math.prod(k.shape[:-2]), k.shape[-2])
+        chains.append(Chain(f"SDPA ({r['name'].lstrip('_')})", {r["index"]}, r["module"], case,
+                            "already fused: the gain is kernel speed (speedlight bench --ops "
+                            "attention compares it with each SDPA backend)"))
+    return chains

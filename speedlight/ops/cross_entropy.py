@@ -22,7 +22,7 @@ from speedlight.ops.cross_entropy_launch import (  # noqa: F401 (the op's launch
 )
 from speedlight.ops.registration import like, register_op
 from speedlight.runtime import describe
-from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, generator, inject_nonfinite,
+from speedlight.spec import (Case, Chain, Cost, KernelDesign, OpSpec, generator, inject_nonfinite,
                              rand_tensor)
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -434,6 +434,34 @@ def case_of(call: str, args) -> Case | None:
     return rows_case("cross_entropy", logits, "vocab", rows="tokens", **flags)
 
 
+def loss_chains(g) -> list[tuple]:
+    """Each log_softmax + nll_loss (after an upcast of the logits, when there is one) in a
+    profiled forward: (forward ops, the op the logits enter, the logits, the loss op). The
+    recognisers of cross_entropy and linear_cross_entropy start from these."""
+    found = []
+    for r in g.fwd:
+        if r["name"] not in ("nll_loss_forward", "nll_loss2d_forward"):
+            continue
+        ls = g.input_base(r["index"], 0)
+        if g.name(ls) != "_log_softmax":
+            continue
+        fwd, start = {ls, r["index"]} | g.views_between(ls, r["index"]), ls
+        up = g.input_base(ls, 0)
+        if g.name(up) == "_to_copy":
+            fwd |= {up} | g.views_between(up, ls)
+            start = up
+        found.append((fwd, start, g.row(start)["inputs"][0], r))
+    return found
+
+
+def recognise(g, calls) -> list[Chain]:
+    """log_softmax + nll_loss, and the upcast before it: the logits over [tokens, vocab]."""
+    return [Chain("log_softmax + nll_loss" + (" after an fp32 upcast" if g.name(start) ==
+                                              "_to_copy" else ""), fwd, loss["module"],
+                  rows_case("cross_entropy", g.tensor(logits), "vocab", rows="tokens"))
+            for fwd, start, logits, loss in loss_chains(g)]
+
+
 SPEC = OpSpec(
     impl=cross_entropy,
     make_inputs=make_inputs,
@@ -459,6 +487,7 @@ SPEC = OpSpec(
     },
     for_model=for_model,
     case_of=case_of,
+    recognise=recognise,
     fuses="log_softmax + nll_loss without the [tokens, vocab] log-probabilities",
     peers={"liger": "liger_cross_entropy"},
     patches="cross_entropy",

@@ -11,7 +11,7 @@ import torch
 
 from speedlight import reference
 from speedlight.ops._checks import check_choice
-from speedlight.ops.glu import glu, glu_spec
+from speedlight.ops.glu import gated_chains, glu, glu_spec
 
 APPROXIMATIONS = {"tanh": "gelu_tanh", "none": "gelu"}  # torch's `approximate` -> kernel's
 
@@ -44,5 +44,6 @@ SPEC = glu_spec(
     model_flags=lambda cfg: {} if cfg.mlp == "geglu" else None,
     flags_of=lambda activation: {"gelu_tanh": {}, "gelu": {"approximate": "none"}}.get(activation),
     fuses="gelu(gate) * up",
+    recognise=gated_chains("gelu"),
     peers={"liger": "liger_geglu"},
 )

@@ -31,7 +31,7 @@ from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op
 from speedlight.runtime import check_runtime
-from speedlight.spec import Case, Cost, OpSpec, inject_nonfinite, rand_tensor
+from speedlight.spec import Case, Chain, Cost, OpSpec, inject_nonfinite, rand_tensor
 
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 
@@ -161,6 +161,35 @@ _ACT_FLOPS = {"silu": (4, 6), "gelu_tanh": (9, 10), "gelu": (5, 6)}
 MULTIPLIERS = ("gate_multiplier", "down_multiplier")
 # the quick and full suites' multiplier variant of every gated unit
 MULTIPLIED = {"gate_multiplier": 0.75, "down_multiplier": 2.5}
+
+
+def gated_chains(activation: str) -> Callable:
+    """The recogniser of the gated unit whose activation PyTorch records as aten
+    `activation` ("silu" for swiglu, "gelu" for geglu): act(gate) * up, two tensors of one
+    shape (x * act(x) is an activation, not a gated unit). Inside a mixture of experts'
+    block it is part of what moe_experts replaces."""
+    name = {"silu": "swiglu", "gelu": "geglu"}[activation]
+
+    def recognise(g, calls) -> list[Chain]:
+        chains = []
+        for r in g.fwd:
+            if r["name"] != "mul" or len(r["inputs"]) != 2 \
+                    or r["inputs"][0]["shape"] != r["inputs"][1]["shape"]:
+                continue
+            for k in (0, 1):
+                act = g.input_base(r["index"], k)
+                if g.name(act) != activation:
+                    continue
+                other = g.input_base(r["index"], 1 - k)
+                if other is not None and other == g.input_base(act, 0):
+                    continue
+                fwd = {act, r["index"]} | g.views_between(act, r["index"])
+                case = rows_case(name, g.tensor(g.row(act)["inputs"][0]), "intermediate")
+                chains.append(Chain(f"{activation}(gate) * up", fwd, r["module"], case,
+                                    inside=("moe_experts",)))
+                break
+        return chains
+    return recognise
 
 
 def glu_spec(name: str, impl: Callable, reference: Callable,

@@ -25,7 +25,8 @@ from speedlight.ops._checks import check_same_device, check_tensor
 from speedlight.ops._dtensor import local_rows
 from speedlight.ops._partials import (BWD_WIDE, bwd_programs_per_sm, norm_bwd_grid,
                                       partial_programs, sum_partials)
-from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
+from speedlight.ops._suites import (is_call_of, norm_cases, norm_chains, rows_case,
+                                    skip_huge_on_cpu)
 from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.ops.rms_norm import FWD_WARPS_PER_SM, check_eps
 from speedlight.runtime import check_runtime
@@ -243,9 +244,9 @@ def cost(case: Case, mode: str) -> Cost:
     e = case.dtype.itemsize
     params = n * e * (case.flag("weight", True) + case.flag("bias", True))
     if mode == "fwd":
-        # read x, w, b; write y, mean, rstd (fp32).
+        # read x, w, b; write y, mean, rstd (fp32, kept for the backward).
         # FLOP per elem: sum 1, center 1, square-sum 2, * rstd 1, * w 1, + b 1.
-        return Cost(flops=7 * m * n, bytes=2 * m * n * e + params + 8 * m)
+        return Cost(flops=7 * m * n, bytes=2 * m * n * e + params + 8 * m, saved=8 * m)
     # read dy, x, w, mean, rstd; write dx, dw, db (b is not read).
     # FLOP per elem: xhat 2, dxhat 1, c1 1, c2 2, dx 4, dw 2, db 1.
     w = n * e if case.flag("weight", True) else 0
@@ -277,6 +278,7 @@ SPEC = OpSpec(
     impl=layer_norm,
     for_model=for_model,
     case_of=case_of,
+    recognise=lambda graph, calls: norm_chains(graph, calls, "layer_norm"),
     fuses="LayerNorm in one kernel per direction",
     peers={"liger": "liger_layer_norm"},
     make_inputs=make_inputs,

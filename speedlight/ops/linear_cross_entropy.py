@@ -36,6 +36,7 @@ from speedlight.ops.cross_entropy import (
     check_class_weight,
     ignore_and_class_weight,
     check_options,
+    loss_chains,
 )
 from speedlight.ops.linear_cross_entropy_chunks import linear_cross_entropy_fwd, scale_in_place
 from speedlight.ops.linear_cross_entropy_schedule import (
@@ -46,7 +47,7 @@ from speedlight.ops.linear_cross_entropy_schedule import (
 )
 from speedlight.ops.registration import register_op
 from speedlight.runtime import autocast_dtype, describe
-from speedlight.spec import Case, Cost, OpSpec, generator, inject_nonfinite, rand_tensor
+from speedlight.spec import Case, Chain, Cost, OpSpec, generator, inject_nonfinite, rand_tensor
 
 # --- registration ---------------------------------------------------------------------------
 # The launchers' parameters are the custom ops' schemas. hidden [tokens, H], target
@@ -394,6 +395,16 @@ def _reference(hidden, weight, target, bias=None, *, chunk_size=None, memory_bud
     return reference.linear_cross_entropy(hidden, weight, target, bias, **options)
 
 
+def _held(case: Case, *, grad_weight: bool) -> int:
+    """What the forward holds at once besides its inputs, outputs and gradients: its
+    schedule's logits (a chunk, or a vocabulary block) and any fp32 d_weight accumulator,
+    under the case's memory budget (flag budget, megabytes; else the default)."""
+    budget = case.flag("budget")
+    return plan_schedule(case["tokens"], case["vocab"], case["hidden"], case.dtype, case.dtype,
+                         grad_weight=grad_weight,
+                         memory_budget=None if budget is None else budget * 10 ** 6).extra_bytes
+
+
 def cost(case: Case, mode: str) -> Cost:
     n, h, v, e = case["tokens"], case["hidden"], case["vocab"], case.dtype.itemsize
     bias = v if case.flag("bias") else 0
@@ -409,11 +420,13 @@ def cost(case: Case, mode: str) -> Cost:
     if mode == "fwd":
         extras = 16 * n if case.flag("extras") else 0  # write z, correct (fp32), argmax
         if recompute:  # the loss only: logits matmul + cross-entropy
-            return Cost(flops=matmul + ce, bytes=inputs + loss_bytes + extras)
+            return Cost(flops=matmul + ce, bytes=inputs + loss_bytes + extras,
+                        saved=_held(case, grad_weight=False))
         # training's forward computes the gradients too: the logits, d_hidden and d_weight
         # matmuls; read the inputs, write the loss and the gradients (the logits never
         # reach memory in the ideal)
-        return Cost(flops=3 * matmul + ce, bytes=inputs + loss_bytes + extras + grads)
+        return Cost(flops=3 * matmul + ce, bytes=inputs + loss_bytes + extras + grads,
+                    saved=_held(case, grad_weight=True))
     if recompute:  # read the inputs and the upstream gradients, write the gradients
         return Cost(flops=3 * matmul + ce + n * v, bytes=inputs + loss_bytes + grads)
     # scale the forward's gradients by the upstream gradient in place: read, write each
@@ -518,6 +531,28 @@ def case_of(call: str, args) -> Case | None:
                 flags={k: v for k, v in flags.items() if v is not None})
 
 
+def recognise(g, calls) -> list[Chain]:
+    """The logits matmul (mm, addmm) before a log_softmax + nll_loss: hidden [tokens, H]
+    times the lm_head's [H, vocab]; an alternative to cross_entropy's chain, whose logits
+    it never writes."""
+    chains = []
+    for fwd, start, logits, _ in loss_chains(g):
+        mm = g.input_base(start, 0)
+        if g.name(mm) not in ("mm", "addmm"):
+            continue
+        hidden, weight = (g.tensor(t) for t in g.row(mm)["inputs"][-2:])
+        n = hidden.numel() // hidden.shape[-1] if hidden.shape[-1] else 0
+        case = Case("linear_cross_entropy", (("tokens", n), ("hidden", weight.shape[0]),
+                                             ("vocab", weight.shape[-1])), dtype=weight.dtype,
+                    flags={"bias": True} if g.name(mm) == "addmm" else {})
+        stored = g.tensor(logits)
+        chains.append(Chain("logits matmul + cross-entropy (logits never stored)",
+                            fwd | {mm} | g.views_between(mm, start), g.row(mm)["module"], case,
+                            "an alternative to cross_entropy, not in addition",
+                            unstored=stored.numel() * stored.element_size()))
+    return chains
+
+
 SPEC = OpSpec(
     impl=linear_cross_entropy,
     reference=_reference,
@@ -536,6 +571,7 @@ SPEC = OpSpec(
     for_model=for_model,
     aligned=lambda case: case["hidden"] % 16 == 0 and case["vocab"] % 16 == 0,
     case_of=case_of,
+    recognise=recognise,
     fuses=("lm_head matmul + cross-entropy in chunks of tokens: the [tokens, vocab] logits "
            "and their gradient are never stored"),
     peers={"liger": "liger_fused_linear_cross_entropy", "torch": "linear_cross_entropy"},

@@ -224,6 +224,7 @@ SPEC = OpSpec(
                  "down_bias"),
     skip=cases.skip,
     case_of=cases.case_of,
+    recognise=cases.recognise,
     for_model=cases.for_model,
     fuses="per-expert loop (sort, gather, gate_up matmul, gated activation, down matmul, "
           "routing weight, index_add_)",

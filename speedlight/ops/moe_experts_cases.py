@@ -8,7 +8,7 @@ import torch
 
 from speedlight import shapes
 from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
-from speedlight.spec import Case, Cost, generator, inject_nonfinite, rand_tensor
+from speedlight.spec import Case, Chain, Cost, generator, inject_nonfinite, rand_tensor
 
 # the clamped SwiGLU's limit in the quick suite's fp32 clamp test is lower, so that it clamps
 GPT_OSS = {"act": "clamped_swiglu", "interleaved": True, "bias": True}
@@ -199,9 +199,11 @@ def cost(case: Case, mode: str) -> Cost:
     bias = experts * (2 * inter + hidden) * e if case.flag("bias") else 0
     routing = tokens * k * (8 + e)  # int64 index, a weight per choice
     if mode == "fwd":
-        # gate unit per [pair, I]; the weight and the sum over k per [pair, H]
+        # gate unit per [pair, I]; the weight and the sum over k per [pair, H]; z [pairs, 2 I]
+        # kept for the backward (the sort is redone there)
         return Cost(flops=gemm + act * pairs * inter + 2 * pairs * hidden,
-                    bytes=2 * tokens * hidden * e + weights + bias + routing)
+                    bytes=2 * tokens * hidden * e + weights + bias + routing,
+                    saved=pairs * 2 * inter * e)
     # dx and dW of both GEMMs (twice the forward's); the gate unit's backward; <g, h>
     return Cost(flops=2 * gemm + dact * pairs * inter + 2 * pairs * inter + 2 * pairs * hidden,
                 bytes=3 * tokens * hidden * e + 2 * (weights + bias) + routing + tokens * k * e
@@ -242,3 +244,61 @@ def for_model(cfg, batch: int, seq: int) -> list[Case]:
         return []
     return [_case(batch * seq, cfg.hidden, cfg.intermediate, cfg.experts,
                   cfg.experts_per_token, model=cfg.name)]
+
+
+# --- recognise: routed experts run as many PyTorch ops ------------------------------------
+
+def _gate_up_down(params: list[dict]) -> tuple[dict, dict] | None:
+    """(gate_up_proj, down_proj) among 3-D parameter metas: [E, 2 I, H] and [E, H, I]."""
+    for a in params:
+        for b in params:
+            (e, two_i, h), (e2, h2, i) = a["shape"], b["shape"]
+            if e == e2 and two_i == 2 * i and h == h2 and a is not b:
+                return a, b
+    return None
+
+
+def recognise(g, calls) -> list[Chain]:
+    """A mixture of experts' routed experts run as many ops (transformers 5.x's
+    <Prefix>Experts: the per-expert loop, or a torch grouped_mm chain): a module call whose
+    own ops read a gate_up_proj [E, 2 I, H] / down_proj [E, H, I] parameter pair, with every
+    forward op under it (its act_fn too). A module already running speedlight's op is not
+    one. The Case: tokens x k routed to E experts, in the weights' dtype."""
+    chains = []
+    own: dict[int, list[dict]] = {}
+    for r in g.fwd:
+        if r["call"] is not None:
+            own.setdefault(r["call"], []).append(r)
+    for call in calls:
+        params = {}
+        for r in own.get(call.id, []):
+            for t, p in zip(r["inputs"], r["producers"]):
+                if p is None and len(t["shape"]) == 3:
+                    params[tuple(t["shape"]), t["dtype"]] = t
+        pair = _gate_up_down(list(params.values()))
+        if pair is None:
+            continue
+        prefix = call.module
+        rows = [r for r in g.fwd if r["module"] is not None
+                and (r["module"] == prefix or r["module"].startswith(prefix + "."))]
+        if any(r["op"].startswith("speedlight.") for r in rows):
+            continue
+        fwd = {r["index"] for r in rows}
+        outside = [t for r in rows for t, p in zip(r["inputs"], r["producers"])
+                   if p is None or p not in fwd]
+        experts, two_i, hidden = pair[0]["shape"]
+        index = next((t for t in outside if t["dtype"] == "int64" and len(t["shape"]) == 2
+                      and t["shape"][1] <= experts), None)
+        states = next((t for t in outside if len(t["shape"]) == 2 and t["shape"][-1] == hidden
+                       and t["dtype"] != "int64"), None)
+        if index is None or states is None:
+            continue
+        how = "a torch grouped_mm chain" if any(r["name"] == "_grouped_mm" for r in rows) \
+            else "a per-expert loop"
+        tokens, k = index["shape"]
+        case = Case("moe_experts", (("tokens", tokens), ("hidden", hidden), ("inter", two_i // 2),
+                                    ("experts", experts), ("k", k)),
+                    dtype=g.tensor(pair[0]).dtype)
+        chains.append(Chain(f"{call.module_class}: {how} in {g.kernel_ops(fwd)} kernel ops",
+                            fwd, prefix, case))
+    return chains

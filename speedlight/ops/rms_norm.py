@@ -34,7 +34,8 @@ from speedlight.ops._dtensor import local_rows
 from speedlight.ops._partials import (bwd_programs_per_sm, norm_bwd_grid, partial_programs,
                                       sum_partials)
 from speedlight.ops._rms_norm_launchers import RmsNormLaunchers
-from speedlight.ops._suites import is_call_of, norm_cases, rows_case, skip_huge_on_cpu
+from speedlight.ops._suites import (is_call_of, norm_cases, norm_chains, rows_case,
+                                    skip_huge_on_cpu)
 from speedlight.ops.registration import like, register_op, row_stats
 from speedlight.runtime import check_runtime
 from speedlight.spec import (Case, Cost, CudaKernels, CudaLaunch, KernelDesign, OpSpec,
@@ -301,8 +302,9 @@ def cost(case: Case, mode: str) -> Cost:
     e = case.dtype.itemsize
     w = n * e if case.flag("weight", True) else 0
     if mode == "fwd":
-        # read x, w; write y, rstd (fp32). sum(x^2): 2 FLOP/elem; x * rstd * w': 2.
-        return Cost(flops=4 * m * n, bytes=2 * m * n * e + w + 4 * m)
+        # read x, w; write y, rstd (fp32, kept for the backward). sum(x^2): 2 FLOP/elem;
+        # x * rstd * w': 2.
+        return Cost(flops=4 * m * n, bytes=2 * m * n * e + w + 4 * m, saved=4 * m)
     # read dy, x, w, rstd; write dx, dw. FLOP: xhat 1, dxhat 1, c 2, dx 3, dw 2 per elem.
     return Cost(flops=9 * m * n, bytes=3 * m * n * e + 2 * w + 4 * m)
 
@@ -386,6 +388,7 @@ SPEC = OpSpec(
           "cast in one launch.",
     for_model=for_model,
     case_of=lambda call, args: _case_of("rms_norm", call, args),
+    recognise=lambda graph, calls: norm_chains(graph, calls, "rms_norm"),
     fuses="RMSNorm in one kernel per direction",
     peers={"liger": "liger_rms_norm"},
     patches="rms_norm",

@@ -11,6 +11,8 @@ copied). fp32 arithmetic; outputs in q's dtype. cos and sin take no gradient.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 
@@ -22,7 +24,7 @@ from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, skip_huge_on_cpu
 from speedlight.ops.registration import register_op
 from speedlight.runtime import check_runtime, describe
-from speedlight.spec import Case, Cost, KernelDesign, OpSpec, generator, rand_tensor
+from speedlight.spec import Case, Chain, Cost, KernelDesign, OpSpec, generator, rand_tensor
 
 INT_DTYPES = (torch.int32, torch.int64)
 
@@ -422,6 +424,60 @@ def case_of(call: str, args) -> Case | None:
                 flags={f: True for f, on in flags.items() if on})
 
 
+def _rotations(g) -> list[tuple]:
+    """Each x * cos + rotate(x) * sin in a profiled forward, rotate being slices, neg and
+    cat (or stack): (forward ops, x, cos, the op making cos, module)."""
+    found = []
+    for r in g.fwd:
+        if r["name"] != "neg":
+            continue
+        x = g.input_base(r["index"], 0)
+        for cat in (c for c in g.uses(r["index"]) if g.name(c) in ("cat", "stack")):
+            for mul_sin in (m for m in g.uses(cat) if g.name(m) == "mul"):
+                for add in (a for a in g.uses(mul_sin) if g.name(a) == "add"):
+                    other = [g.input_base(add, k) for k in (0, 1)]
+                    mul_cos = next((m for m in other if m != mul_sin and g.name(m) == "mul"),
+                                   None)
+                    if mul_cos is None or x not in [g.input_base(mul_cos, k) for k in (0, 1)]:
+                        continue
+                    kx = [g.input_base(mul_cos, k) for k in (0, 1)].index(x)
+                    fwd = {r["index"], cat, mul_sin, add, mul_cos}
+                    for a, b in ((cat, mul_sin), (mul_sin, add), (mul_cos, add),
+                                 (r["index"], cat)):
+                        fwd |= g.views_between(a, b)
+                    fwd |= {p for p in g.row(r["index"])["producers"] + g.row(cat)["producers"]
+                            if p is not None and g.is_view(p) and g.base(p) == x}
+                    found.append((fwd, g.row(mul_cos)["inputs"][kx],
+                                  g.row(mul_cos)["inputs"][1 - kx],
+                                  g.base(g.row(mul_cos)["producers"][1 - kx]),
+                                  g.row(add)["module"]))
+    return found
+
+
+def recognise(g, calls) -> list[Chain]:
+    """The rotations of q and k by one cos/sin in one module ([batch, heads, seq, dim], as
+    Hugging Face's apply_rotary_pos_emb has them), as the one call of rope that rotates
+    both; a rotation without its pair as rope on q alone (no k heads)."""
+    pairs: dict[tuple, list] = {}
+    for found in _rotations(g):
+        pairs.setdefault((found[4], found[3]), []).append(found)
+    chains = []
+    for (module, _), found in pairs.items():
+        for i in range(0, len(found), 2):
+            q, k = found[i], found[i + 1] if i + 1 < len(found) else None
+            shape, cos = q[1]["shape"], q[2]["shape"]
+            batch, heads, seq, dim = shape if len(shape) == 4 else \
+                (1, math.prod(shape[:-2]), shape[-2] if len(shape) > 1 else 1, shape[-1])
+            kv = (k[1]["shape"][1] if len(k[1]["shape"]) == 4 else 1) if k else 0
+            case = Case("rope", (("batch", batch), ("seq", seq), ("heads", heads), ("kv", kv),
+                                 ("dim", dim), ("rot", cos[-1])),
+                        dtype=g.tensor(q[1]).dtype, layout="transposed",
+                        flags={"bcast": True} if cos[0] == 1 and batch > 1 else {})
+            chains.append(Chain("x*cos + cat(-x2, x1)*sin" + (" on q and k" if k else ""),
+                                q[0] | (k[0] if k else set()), module, case))
+    return chains
+
+
 SPEC = OpSpec(
     impl=rope,
     make_inputs=make_inputs,
@@ -440,6 +496,7 @@ SPEC = OpSpec(
     },
     for_model=for_model,
     case_of=case_of,
+    recognise=recognise,
     fuses="rotary position embedding applied in place of the slice/neg/cat chain",
     peers={"liger": "liger_rope"},
     patches="rope",

@@ -24,7 +24,7 @@ from speedlight.ops._dtensor import local_rows
 from speedlight.ops._suites import is_call_of, rows_case, skip_huge_on_cpu
 from speedlight.ops.registration import like, register_op
 from speedlight.runtime import check_runtime
-from speedlight.spec import (Case, Cost, KernelDesign, OpSpec, dtype_name, inject_nonfinite,
+from speedlight.spec import (Case, Chain, Cost, KernelDesign, OpSpec, dtype_name, inject_nonfinite,
                              rand_tensor)
 from speedlight.tuning import Configs
 
@@ -238,6 +238,40 @@ def case_of(call: str, args) -> Case | None:
     return rows_case("softmax", x.movedim(args["dim"], -1), "cols")
 
 
+def recognise(g, calls) -> list[Chain]:
+    """A softmax with its dtype casts, or spelled out as exp / sum / div (after a max
+    subtracted), over the last dim; one inside attention is part of attention's chain."""
+    chains = []
+
+    def found(pattern, fwd, x, module):
+        chains.append(Chain(pattern, fwd, module,
+                            rows_case("softmax", g.tensor(x), "cols"), inside=("attention",)))
+    for r in g.fwd:
+        i = r["index"]
+        if r["name"] == "_softmax":
+            fwd = {i}
+            up = g.input_base(i, 0)
+            if g.name(up) == "_to_copy":
+                fwd.add(up)
+            downs = [c for c in g.uses(i) if g.name(c) == "_to_copy"]
+            fwd |= set(downs[:1])
+            if len(fwd) > 1:
+                found("softmax with its dtype casts", fwd, g.row(min(fwd))["inputs"][0],
+                      r["module"])
+        elif r["name"] == "div" and len(r["producers"]) == 2:
+            e, total = g.input_base(i, 0), g.input_base(i, 1)
+            if g.name(e) == "exp" and g.name(total) == "sum" and g.input_base(total, 0) == e:
+                fwd = {e, total, i}
+                sub = g.input_base(e, 0)
+                if g.name(sub) == "sub":
+                    fwd.add(sub)
+                    if g.name(g.input_base(sub, 1)) in ("amax", "max"):
+                        fwd.add(g.input_base(sub, 1))
+                found("softmax spelled out (exp, sum, div)", fwd, g.row(min(fwd))["inputs"][0],
+                      r["module"])
+    return chains
+
+
 _TWO_PASS = ("a row longer than 16384 does not fit registers: x is read twice, for the "
              "online max and sum and for the write (the second read mostly from L2), plus "
              "per-span statistics when the row is split")
@@ -254,6 +288,7 @@ SPEC = OpSpec(
     notes="Softmax over the last dim; rows longer than 16384 take the online kernels.",
     for_model=for_model,
     case_of=case_of,
+    recognise=recognise,
     fuses="softmax with its casts folded in",
     peers={"liger": "liger_softmax"},
     kernels={

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from speedlight import reference
-from speedlight.ops.glu import glu, glu_spec
+from speedlight.ops.glu import gated_chains, glu, glu_spec
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None, *,
@@ -38,5 +38,6 @@ SPEC = glu_spec(
     model_flags=lambda cfg: {} if cfg.mlp == "swiglu" else None,
     flags_of=lambda activation: {} if activation == "silu" else None,
     fuses="silu(gate) * up",
+    recognise=gated_chains("silu"),
     peers={"liger": "liger_swiglu"},
 )

@@ -109,11 +109,15 @@ GROUP = {
 ADVICE = {
     "op": "the speedlight op that replaces the chain", "what": "what it does",
     "pattern": "what was matched", "instances": "how many chains", "modules": "where",
-    "note": "e.g. Gemma's offset", "status": "available | not in this install | planned",
-    "time_saved_s": "per step: bytes_removed / bandwidth of the target",
-    "memory_saved_bytes": "activations the chain keeps for backward that the fused op does not",
+    "note": "e.g. Gemma's offset", "status": "available | not in this install",
+    "time_saved_s": "per step: bytes_removed / bandwidth of the target; for an op that computes "
+                    "(not memory-bound), unfused_floor_s (the chain's op floors) - "
+                    "fused_floor_s (its OpSpec's cost on the roof), given beside it",
+    "memory_saved_bytes": "activations the chain keeps for backward that the fused op does not "
+                          "(less the op's Cost.saved)",
     "bytes_removed": "unfused_bytes - fused_bytes", "unfused_bytes": "bytes the chain's ops move",
-    "fused_bytes": "the fused op's compulsory bytes", "kernels_unfused": "kernels the chain launches",
+    "fused_bytes": "the fused op's bytes: its OpSpec's cost of the Case its recogniser found",
+    "kernels_unfused": "kernels the chain launches",
     "launches_removed": "kernels_unfused - the fused op's", "measured_time_s": "the chain's measured time",
     "uncounted_ops": "chain ops without a formula", "instances_detail": "the same, per instance",
 }

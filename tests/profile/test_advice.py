@@ -8,7 +8,7 @@ import torch
 from speedlight import hardware
 from speedlight.profile import advice
 from speedlight.workloads import models
-from speedlight.profile.patterns import Chain
+from speedlight.spec import Case
 from tests.bench.toy_specs import TOY
 from tests.profile.util import profile_model
 
@@ -25,18 +25,21 @@ def test_default_model_training_lists_the_fusions_with_estimates(train_run):
         assert a["bytes_removed"] > 0 and a["time_saved_s"] > 0, op
         assert a["time_saved_s"] == pytest.approx(a["bytes_removed"] / train_run["doc"]["target"]["bandwidth"])
         assert a["launches_removed"] > 0, op
-    # two layers: two MLPs, RoPE on q and k in each, one norm not fed by a residual add
+    # two layers: two MLPs, RoPE on q and k in each (one rope call rotates both), one norm
+    # not fed by a residual add
     assert (adv["swiglu"]["instances"], adv["rope"]["instances"], adv["rms_norm"]["instances"],
-            adv["add_rms_norm"]["instances"]) == (2, 4, 1, 4)
+            adv["add_rms_norm"]["instances"]) == (2, 2, 1, 4)
     assert adv["rms_norm"]["modules"] == ["model.layers.0.input_layernorm"]
-    # SwiGLU keeps silu(gate) for backward, cross-entropy the [tokens, vocab] log-probabilities
+    # SwiGLU keeps silu(gate) for backward, cross-entropy the [tokens, vocab] log-probabilities;
+    # speedlight's keep nothing besides their gradients (Cost.saved 0)
     seq, vocab, inter = 16, train_run["doc"]["model"]["vocab_size"], train_run["doc"]["model"]["intermediate_size"]
     assert adv["swiglu"]["memory_saved_bytes"] == 2 * seq * inter * 4
-    assert adv["cross_entropy"]["memory_saved_bytes"] == seq * vocab * 4 - seq * 4  # less the lse kept
-    # the lm_head and its loss fused: available, saving the logits themselves too
+    assert adv["cross_entropy"]["memory_saved_bytes"] == seq * vocab * 4
+    # the lm_head and its loss fused: available, saving the logits themselves too ...
     lce = adv["linear_cross_entropy"]
     assert lce["status"] == "available"
-    assert lce["memory_saved_bytes"] > adv["cross_entropy"]["memory_saved_bytes"]
+    # ... less the chunk of logits its schedule holds: at 16 tokens one chunk is all of them
+    assert lce["memory_saved_bytes"] == adv["cross_entropy"]["memory_saved_bytes"]
     saved = [a["time_saved_s"] for a in train_run["doc"]["advice"]]
     assert saved == sorted(saved, reverse=True)
 
@@ -61,48 +64,44 @@ def test_swiglu_estimate_by_hand():
     assert swiglu["time_saved_s"] == 6 * n / roof.bandwidth
 
 
-def test_fused_bytes_by_hand():
-    x = {"shape": [4, 16, 256], "dtype": "bf16", "stride": [4096, 256, 1]}
-    w = {"shape": [256], "dtype": "bf16", "stride": [1]}
-    norm = Chain("rms_norm", "", set(), None, {"x": x, "weight": w, "out": x})
-    n, rows = 4 * 16 * 256 * 2, 64
-    # forward: x, w, y, rstd; backward: dy, x, w, rstd, dx, dw
-    assert advice.fused_bytes(norm, train=False) == (n + 512 + n + 4 * rows, 4 * rows)
-    assert advice.fused_bytes(norm, train=True)[0] == (2 * n + 512 + 4 * rows) + (3 * n + 2 * 512 + 4 * rows)
-    logits = {"shape": [64, 1000], "dtype": "fp32", "stride": [1000, 1]}
-    target = {"shape": [64], "dtype": "int64", "stride": [1]}
-    ce = Chain("cross_entropy", "", set(), None, {"logits": logits, "target": target})
-    # forward: logits, targets, lse, loss; backward: logits, lse, targets, dlogits
-    assert advice.fused_bytes(ce, train=True) == (
-        (256000 + 512 + 256 + 4) + (256000 + 256 + 512 + 256000), 256)
-    add_norm = Chain("add_rms_norm", "", set(), None, {"x": x, "weight": w, "out": x, "residual": x})
-    # and the residual read, the sum written; backward reads the gradient on the sum too
-    assert advice.fused_bytes(add_norm, train=True)[0] == advice.fused_bytes(norm, train=True)[0] + 3 * n
-    cos = {"shape": [1, 1, 16, 64], "dtype": "fp32", "stride": [1024, 1024, 64, 1]}
-    q = {"shape": [1, 4, 16, 64], "dtype": "fp32", "stride": [4096, 64, 256, 1]}
-    rope = Chain("rope", "", set(), None, {"x": q, "cos": cos, "sin": cos, "out": q})
-    assert advice.fused_bytes(rope, train=False) == ((4096 + 1024 + 1024 + 4096) * 4, 0)
-    scores = {"shape": [64, 1000], "dtype": "bf16", "stride": [1000, 1]}
-    sm = Chain("softmax", "", set(), None, {"x": logits, "out": scores})
-    # read x (fp32), write y (bf16); backward reads y and dy, writes dx
-    assert advice.fused_bytes(sm, train=True) == (256000 + 128000 + 3 * 128000, 0)
-    kv = {"shape": [1, 2, 16, 64], "dtype": "fp32", "stride": [2048, 1024, 64, 1]}
-    att = Chain("attention", "", set(), None, {"q": q, "k": kv, "v": kv, "out": q})
-    lse = 4 * 4 * 16
-    # forward: q, k, v, out, lse; backward: out, dout, q, k, v, lse, then dq, dk, dv
-    assert advice.fused_bytes(att, train=False) == ((4096 + 2048 + 2048 + 4096) * 4 + lse, lse)
-    assert advice.fused_bytes(att, train=True)[0] == (4096 + 2048 + 2048 + 4096) * 4 + lse + \
-        (2 * 4096 + 4096 + 2 * 2048) * 4 + lse + (4096 + 2 * 2048) * 4
-    h = {"shape": [64, 256], "dtype": "bf16", "stride": [256, 1]}
-    wt = {"shape": [256, 1000], "dtype": "bf16", "stride": [1, 256]}
-    flce = Chain("linear_cross_entropy", "", set(), None,
-                 {"hidden": h, "weight": wt, "target": target, "logits": logits})
-    # read h, W, targets, write the loss; in training also dh and dW. Kept instead of the
-    # logits: what the default memory budget's schedule holds, one chunk of all 64 tokens'
-    # logits in the lm_head's bf16 (d_weight summed in itself: no fp32 accumulator)
-    assert advice.fused_bytes(flce, train=True) == (32768 + 512000 + 512 + 4 + 32768 + 512000,
-                                                    64 * 1000 * 2)
-    assert advice.fused_bytes(flce, train=False)[1] == 64 * 1000 * 2
+def test_each_chain_is_costed_by_its_opspec_at_the_case_it_recognised():
+    """One count of each cost: the bytes advice gives a fused op are its OpSpec's cost of
+    the Case its recogniser built from the chain's tensors (forward and backward), the
+    memory it holds its Cost.saved; the Cases, by hand, for one Llama layer of 8 tokens."""
+    from speedlight import registry
+    from speedlight.profile.patterns import find_chains
+
+    torch.manual_seed(0)
+    w = models.build("llama-3-8b", batch=1, seq=8, train=True, dtype=torch.float32,
+                     device=torch.device("cpu"), layers=1)
+    cap, res, _ = profile_model(w.model, w.inputs, loss_fn=lambda out: out.loss)
+    roof = hardware.roof_for(hardware.DEVICES["h100-sxm"])
+    cfg = w.config
+    heads, dim = cfg["num_attention_heads"], cfg["hidden_size"] // cfg["num_attention_heads"]
+    expected = {
+        "add_rms_norm": {"rows": 8, "hidden": cfg["hidden_size"]},
+        "rms_norm": {"rows": 8, "hidden": cfg["hidden_size"]},
+        "swiglu": {"rows": 8, "intermediate": cfg["intermediate_size"]},
+        "rope": {"batch": 1, "seq": 8, "heads": heads, "kv": cfg["num_key_value_heads"],
+                 "dim": dim, "rot": dim},
+        "cross_entropy": {"tokens": 8, "vocab": cfg["vocab_size"]},
+        "linear_cross_entropy": {"tokens": 8, "hidden": cfg["hidden_size"],
+                                 "vocab": cfg["vocab_size"]},
+    }
+    seen = set()
+    for c in find_chains(res["rows"], cap.calls, registry.builtin_specs()):
+        spec = registry.builtin_spec(c.op)
+        fwd, bwd = spec.cost(c.case, "fwd"), spec.cost(c.case, "bwd")
+        got = advice.savings(spec, c, res["rows"], roof, train=True)
+        assert got["fused_bytes"] == fwd.bytes + bwd.bytes, c.op
+        assert c.case.dtype == torch.float32 and c.case.op == c.op
+        if c.op in expected:
+            assert c.case.shape == expected[c.op], c.op
+            seen.add(c.op)
+    assert seen == set(expected)
+    # the forward's rstd is what an RMSNorm keeps for its backward
+    assert registry.builtin_spec("rms_norm").cost(
+        Case("rms_norm", (("rows", 64), ("hidden", 256))), "fwd").saved == 4 * 64
 
 
 def test_gemma_geglu_offset_norm_and_eager_attention():
