@@ -104,13 +104,45 @@ class KernelReport:
     setmaxnreg: tuple = ()
     smem_limit: int = 0  # the target's shared memory per block (opt-in maximum)
     loops: list = field(default_factory=list)  # loops.Loop, in code order
-    predicted: object = None  # predict.Prediction on the target's SKU (None: see unpredicted)
-    unpredicted: str = ""  # why there is no prediction
+    # what the prediction is made for: (the SKU, AMD or not); the prediction itself is made
+    # on first use (`predicted`): simulating every loop costs, and most uses never ask
+    predict_for: tuple | None = None
+    _prediction: tuple | None = field(default=None, repr=False)
     findings: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.error
+
+    def _predicted(self) -> tuple:
+        """(predict.Prediction or None, why not), made once."""
+        if self._prediction is None:
+            from speedlight.inspect import prediction
+
+            if self.error or self.predict_for is None or self.compiled is None:
+                self._prediction = (None, "a CUDA C++ kernel: no TTIR to count its loops' "
+                                          "iterations" if self.cuda else "not compiled")
+            else:
+                sku, amd = self.predict_for
+                reader = amdgcn if amd else sass
+                instrs = reader.parse(self.compiled.text("amdgcn" if amd else "sass"))
+                try:
+                    self._prediction = prediction.predict_kernel(
+                        self, instrs, self.compiled.text("ttir"), sku, amd=amd)
+                except (ValueError, KeyError, ZeroDivisionError, TypeError, IndexError,
+                        RecursionError) as e:  # the figures are still reported
+                    self._prediction = (None, f"the model failed: {type(e).__name__}: {e}")
+        return self._prediction
+
+    @property
+    def predicted(self):
+        """predict.Prediction of this launch on the target's SKU (None: see unpredicted)."""
+        return self._predicted()[0]
+
+    @property
+    def unpredicted(self) -> str:
+        """Why there is no prediction ('' when there is one)."""
+        return self._predicted()[1]
 
     @property
     def steady_loop(self):
@@ -327,14 +359,7 @@ def analyse_kernel(launch: Launch, compiled: Compiled, target: Target, device: D
         compiled.text("sass"))}))
     report.accesses = _join(launch, reader.accesses_by_line(instrs))
     report.loops = _kernel_loops(compiled, report.num_warps, reader is amdgcn)
-    from speedlight.inspect import prediction
-
-    try:
-        report.predicted, report.unpredicted = prediction.predict_kernel(
-            report, instrs, compiled.text("ttir"), device, amd=reader is amdgcn)
-    except (ValueError, KeyError, ZeroDivisionError, TypeError, IndexError, RecursionError) as e:
-        # the figures are still reported
-        report.unpredicted = f"the model failed: {type(e).__name__}: {e}"
+    report.predict_for = (device, reader is amdgcn)
     return report
 
 

@@ -7,9 +7,9 @@
           (2 * 64 * 64 * BLOCK_K FLOPs a program) and the masked one BM * BN / 128 FSEL
           per thread (one per accumulator element, 4 warps).
   rows    y[r] = x[r] / sqrt(mean(x[r]^2)), rows of BLOCK fp32 strided over the grid as a
-          persistent norm walks them: a first loop that loads each row where it uses it,
-          then a second that loads the next row before normalizing this one (a prefetch).
-          Each loads BLOCK * 4 / 128 bytes per thread per iteration (4 warps).
+          persistent norm walks them: each row loaded where it is used, or (PREFETCH) the
+          next row loaded before this one is normalized. Either loads BLOCK * 4 / 128
+          bytes per thread per iteration (4 warps).
   twodots acc = a1 @ b1 + a2 @ b2 accumulated in one loop, the two dots feeding one
           accumulator (what Triton merges on Blackwell), beside a control with one dot.
 """
@@ -88,38 +88,39 @@ SCORES = OpSpec(
 
 
 @triton.jit
-def _rows_kernel(x_ptr, y_ptr, n_rows, split, BLOCK: tl.constexpr):
+def _rows_kernel(x_ptr, y_ptr, n_rows, BLOCK: tl.constexpr, PREFETCH: tl.constexpr):
     """y[r] = x[r] * rsqrt(mean(x[r]^2) + 1e-6); x_ptr, y_ptr [n_rows, BLOCK] fp32. Program
-    p takes rows p, p + P, ...: those under `split` loaded where they are used, the rest
-    each loaded one row ahead (the prefetch)."""
+    p takes rows p, p + P, ...: each loaded where it is used, or with PREFETCH one row ahead."""
     pid = tl.program_id(0)
     step = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
-    for row in range(pid, split, step):
-        x = tl.load(x_ptr + row * BLOCK + offs)
-        y = x * tl.rsqrt(tl.sum(x * x, axis=0) / BLOCK + 1e-6)
-        tl.store(y_ptr + row * BLOCK + offs, y)
-    first = split + pid
-    x = tl.load(x_ptr + tl.minimum(first, n_rows - 1) * BLOCK + offs)
-    for row in range(first, n_rows, step):
-        nxt = tl.minimum(row + step, n_rows - 1)
-        x_next = tl.load(x_ptr + nxt * BLOCK + offs)
-        y = x * tl.rsqrt(tl.sum(x * x, axis=0) / BLOCK + 1e-6)
-        tl.store(y_ptr + row * BLOCK + offs, y)
-        x = x_next
+    if PREFETCH:
+        x = tl.load(x_ptr + tl.minimum(pid, n_rows - 1) * BLOCK + offs)
+        for row in range(pid, n_rows, step):
+            x_next = tl.load(x_ptr + tl.minimum(row + step, n_rows - 1) * BLOCK + offs)
+            y = x * tl.rsqrt(tl.sum(x * x, axis=0) / BLOCK + 1e-6)
+            tl.store(y_ptr + row * BLOCK + offs, y)
+            x = x_next
+    else:
+        for row in range(pid, n_rows, step):
+            x = tl.load(x_ptr + row * BLOCK + offs)
+            y = x * tl.rsqrt(tl.sum(x * x, axis=0) / BLOCK + 1e-6)
+            tl.store(y_ptr + row * BLOCK + offs, y)
 
 
-def rows(x):
+def rows(x, prefetch):
     y = torch.empty_like(x)
-    _rows_kernel[(4,)](x, y, x.shape[0], x.shape[0] // 2, BLOCK=ROW, num_warps=4)
+    _rows_kernel[(4,)](x, y, x.shape[0], BLOCK=ROW, PREFETCH=prefetch, num_warps=4)
     return y
 
 
 ROWS = OpSpec(
     name="rows",
     impl=rows,
-    reference=lambda x: x.double() * torch.rsqrt((x.double() ** 2).mean(1, keepdim=True) + 1e-6),
-    make_inputs=lambda case, device: {"x": rand_tensor((case["rows"], ROW), case, device)},
+    reference=lambda x, prefetch: x.double() * torch.rsqrt((x.double() ** 2).mean(1, keepdim=True)
+                                                           + 1e-6),
+    make_inputs=lambda case, device: {"x": rand_tensor((case["rows"], ROW), case, device),
+                                      "prefetch": bool(case.flag("prefetch"))},
     cost=lambda case, mode: Cost(3 * case["rows"] * ROW, 8 * case["rows"] * ROW),
     suites={"quick": lambda: [Case("rows", {"rows": 16}, dtype=torch.float32)]},
     dtypes=(torch.float32,),

@@ -204,12 +204,3 @@ def test_rounding_leaks_are_read_from_the_sass_operands():
                                 "FFMA R29, R23, R0, -R28"))
     assert len(sass.rounding_leaks(stored)) == 1  # a store's first operand is an address
 
-
-def test_the_row_loop_without_a_prefetch_is_named(reports):
-    """rms_norm's forward uses each row's loads where it issues them: the SM holds them in
-    flight only for the memory latency of each iteration, far under what the GPU's
-    bandwidth x latency needs (Little's law), and the finding says there is no prefetch."""
-    (f,) = [f for f in codes(reports["aligned"], "in-flight") if f.kernel == "_rms_norm_fwd_kernel"]
-    assert "no prefetch" in f.text and not f.evidence["prefetch"]
-    assert f.evidence["per_sm"] < f.evidence["needed"]
-    assert 0 < f.evidence["share_of_iteration"] < 1  # the latency's share of the iteration

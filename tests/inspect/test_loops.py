@@ -104,6 +104,10 @@ def test_a_load_used_in_the_next_iteration_is_a_prefetch():
 
 # --- deliberate kernels, compiled for sm_90a -------------------------------------------------
 
+def rows_case(prefetch, rows=16):
+    return Case("rows", {"rows": rows}, dtype=torch.float32, flags={"prefetch": prefetch})
+
+
 def scores_case(split):
     return Case("scores", {"blocks": 4}, dtype=torch.float16, flags={"split": split})
 
@@ -111,7 +115,7 @@ def scores_case(split):
 @pytest.fixture(scope="session")
 def compiled(compiler):
     items = {"split": (SCORES, scores_case(True)), "masked": (SCORES, scores_case(False)),
-             "rows": (ROWS, Case("rows", {"rows": 16}, dtype=torch.float32))}
+             "rows": (ROWS, rows_case(False)), "rows-ahead": (ROWS, rows_case(True))}
     done = inspect_cases(list(items.values()), TARGET, compiler=compiler, mode="dry")
     return {name: r.kernels[0] for name, r in zip(items, done)} | {
         f"{name}-report": r for name, r in zip(items, done)}
@@ -136,16 +140,20 @@ def test_a_masked_loop_against_an_unmasked_one(compiled):
 
 
 def test_a_row_loop_with_and_without_a_prefetch(compiled):
-    k = compiled["rows"]
-    plain, ahead = k.loops
+    (plain,), (ahead,) = compiled["rows"].loops, compiled["rows-ahead"].loops
     per_thread = ROW * 4 // 128
     assert plain.load_bytes == ahead.load_bytes == per_thread
     assert plain.in_flight == per_thread and not plain.prefetch
     assert ahead.prefetch and ahead.overlap > 2 * plain.overlap
     assert plain.barriers == ahead.barriers > 0  # the row's sum across warps
-    (f,) = [f for f in k.findings if f.code == "in-flight"]  # the prefetching loop is steady
-    assert f.evidence["most_per_sm"] == per_thread * 128 and f.evidence["prefetch"]
-    assert f.evidence["needed"] > f.evidence["per_sm"]
+    # the finding names what is missing, and says so of the prefetching loop too
+    (f,) = [f for f in compiled["rows"].findings if f.code == "in-flight"]
+    assert "no prefetch" in f.text and not f.evidence["prefetch"]
+    assert f.evidence["most_per_sm"] == per_thread * 128
+    assert f.evidence["per_sm"] < f.evidence["needed"]
+    assert 0 < f.evidence["share_of_iteration"] < 1  # the latency's share of the iteration
+    (g,) = [f for f in compiled["rows-ahead"].findings if f.code == "in-flight"]
+    assert "(a prefetch), still too few" in g.text and g.evidence["share_of_iteration"] == 1
 
 
 def test_inspect_rows_carry_the_loops_and_compare_shows_the_change(compiled, tmp_path):

@@ -11,6 +11,9 @@ from speedlight.inspect import trips
 from speedlight.inspect.specialise import Arg
 from speedlight.target import resolve
 
+# the deliberate kernels compile once with test_loops' (one worker, the session's compiler)
+pytestmark = pytest.mark.xdist_group("findings")
+
 H200 = resolve("sm_90a", sku="h200").sku
 Op = predict.Op
 
@@ -121,12 +124,14 @@ def test_the_deliberate_row_loops_are_predicted(compiler):
     from speedlight.spec import Case
     from tests.inspect.loop_kernels import ROWS
 
-    (r,) = inspect_cases([(ROWS, Case("rows", {"rows": 64}, dtype=torch.float32))],
-                         resolve("sm_90a", sku="h200"), compiler=compiler, mode="dry")
-    (k,) = r.kernels
-    p = k.predicted
-    assert p is not None, k.unpredicted
-    plain, ahead = p.parts["segments"][:2]
-    # 4 programs over 64 rows: each loop walks half of them, 8 rows a program
-    assert plain["trips_mean"] == ahead["trips_mean"] == 8
-    assert plain["bound"] == "memory-latency" and ahead["cycles"] < plain["cycles"]
+    cases = [Case("rows", {"rows": 64}, dtype=torch.float32, flags={"prefetch": p})
+             for p in (False, True)]
+    plain, ahead = (r.kernels[0].predicted for r in inspect_cases(
+        [(ROWS, c) for c in cases], resolve("sm_90a", sku="h200"), compiler=compiler,
+        mode="dry"))
+    assert plain is not None and ahead is not None
+    (loop_plain, _), (loop_ahead, _) = plain.parts["segments"][:2], ahead.parts["segments"][:2]
+    # 4 programs over 64 rows: 16 rows a program
+    assert loop_plain["trips_mean"] == loop_ahead["trips_mean"] == 16
+    assert loop_plain["bound"] == "memory-latency" and loop_ahead["cycles"] < loop_plain["cycles"]
+    assert ahead.seconds < plain.seconds
