@@ -1,19 +1,19 @@
-"""torch.compile of speedlight's custom ops against eager, on this machine's torch: every
-scenario of tests/patching/compile_equal.py (tiny patched models of Llama, Phi-3 and
-Qwen2-MoE, then every registered op alone, training and without gradients), compiled
-with fullgraph=True under each backend, its outputs and gradients compared with the same
-function run eagerly, and the speedlight ops its compiled graphs hold checked. It catches
-a torch release that compiles custom ops wrong without a word (pytorch/pytorch#180642,
-torch 2.11).
+"""torch.compile of speedlight's custom ops against eager, on this machine's torch: the
+scenarios of tests/compile_equal.py (tiny patched models of Llama, Phi-3 and Qwen2-MoE;
+every op of the registry in one function; the variants they leave out; every inference op
+without gradients), each compiled with fullgraph=True under each backend, its outputs and
+gradients compared with the same function run eagerly, and the speedlight ops its
+compiled graphs hold checked. It catches a torch release that compiles custom ops wrong
+without a word (pytorch/pytorch#180642, torch 2.11).
 
     python scripts/gpu/compile_equal.py --out DIR [--budget-s N] [--backends aot_eager,inductor]
 
 One JSON line per (scenario, backend) in DIR/compile_equal.jsonl: pass or fail, the ops
 held, the largest difference, the seconds it took (compile included: not a timing of the
 ops), the versions; a scenario not started within --budget-s is recorded as skipped (the
-first always runs). On a
-GPU the backends are aot_eager and inductor; on a CPU (the Triton interpreter) aot_eager
-only, inductor's C++ compiles taking minutes there. Exits 1 when a scenario fails.
+first always runs). On a GPU the backends are aot_eager and inductor; on a CPU (the Triton
+interpreter) aot_eager only, inductor's C++ compiles taking minutes there. Exits 1 when a
+scenario fails.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def main(argv=None) -> int:
                    help="no scenario but the first starts after this many seconds (default 120)")
     p.add_argument("--backends", default=None,
                    help="comma-separated (default: aot_eager,inductor on a GPU, aot_eager on a CPU)")
-    p.add_argument("--scenarios", default=None, help="comma-separated (default: all)")
+    p.add_argument("--scenarios", default=None,
+                   help="comma-separated (default: compile_equal.GPU_SCENARIOS)")
     p.add_argument("--device", default="auto", help="auto, cuda or cpu")
     args = p.parse_args(argv)
 
@@ -43,12 +44,13 @@ def main(argv=None) -> int:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from speedlight.results import append_jsonl, environment, writable_folder
-    from tests.patching import compile_equal
+    from tests import compile_equal
 
     on_gpu = device.startswith("cuda")
     backends = (args.backends.split(",") if args.backends else
                 ["aot_eager", "inductor"] if on_gpu else ["aot_eager"])
-    scenarios = args.scenarios.split(",") if args.scenarios else list(compile_equal.SCENARIOS)
+    scenarios = (args.scenarios.split(",") if args.scenarios else
+                 list(compile_equal.GPU_SCENARIOS))
     unknown = [s for s in scenarios if s not in compile_equal.SCENARIOS]
     if unknown:
         p.error(f"unknown scenarios {unknown}; known: {', '.join(compile_equal.SCENARIOS)}")

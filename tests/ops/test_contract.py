@@ -17,6 +17,7 @@ import torch
 
 from speedlight.spec import grad_leaves, inject_nonfinite
 from speedlight.verify.harness import LaunchCounter, poisoned_allocations, verify_case
+from tests import compile_equal
 from tests.conftest import needs_gpu
 from tests.helpers import assert_verified
 from tests.ops.contract import as_tuple, by_op, example, is_empty, quick_cases, tensors
@@ -94,7 +95,9 @@ def _outputs_and_grads(spec, fn, inputs):
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("spec", by_op())
 def test_torch_compile_fullgraph(spec, backend, device):
-    """The op traced whole between two other ops, forward and backward, matches eager."""
+    """The op traced whole between two other ops, forward and backward, matches eager, and
+    the graphs handed the compiler hold its custom ops (a built-in op's: those of
+    tests/compile_equal.py's contract-<op> scenario)."""
     torch._dynamo.reset()
     first = spec.grad_inputs[0]
 
@@ -104,11 +107,15 @@ def test_torch_compile_fullgraph(spec, backend, device):
                      for o in as_tuple(spec.impl(**inputs)))
 
     inputs = spec.make_inputs(example(spec), device)
-    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    held: set[str] = set()
+    compiled = torch.compile(block, fullgraph=True,
+                             backend=compile_equal.recording_backend(backend, held))
     got, got_grads = _outputs_and_grads(spec, compiled, inputs)
     want, want_grads = _outputs_and_grads(spec, block, inputs)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got_grads, want_grads)
+    missing = compile_equal.HOLDS.get(f"contract-{spec.name}", set()) - held
+    assert not missing, f"the compiled graphs held {sorted(held)}, not {sorted(missing)}"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a CPU user gets")

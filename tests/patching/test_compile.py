@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("transformers")
 
 from speedlight.patching import PatchWarning, apply_kinds
-from tests.patching import compile_equal
+from tests import compile_equal
 from tests.patching.tiny_models import (FAMILIES, NEW_FAMILIES, assert_same_gradients, batch, build,
                                         vocab)
 

@@ -1,7 +1,5 @@
-"""torch.compile of speedlight's custom ops gives eager's outputs and gradients: the check
-CI runs on the CPU (backend aot_eager: tests/patching/test_compile_equal.py, and the
-llama scenario in tests/patching/test_compile.py) and scripts/gpu/compile_equal.py on a
-GPU (aot_eager and inductor).
+"""torch.compile of speedlight's custom ops gives eager's outputs and gradients, checked
+on every torch CI tests and on the GPU machines.
 
 Why a check of its own: torch 2.11 compiles some graphs of autograd.Function and custom
 ops to wrong outputs without a word (pytorch/pytorch#180642). speedlight's ops are
@@ -10,7 +8,17 @@ over an input is an autograd.Function around two of them (cross_entropy's
 inplace_backward). Each scenario runs its function compiled (fullgraph) and eager on the
 same inputs: training (outputs, then the gradients of every input and parameter), or
 without gradients (the `_infer` ops). The compiler's graphs are read for the speedlight
-ops they hold; together the scenarios hold every custom op the registry built.
+ops they hold (recording_backend); together the scenarios CI runs hold every custom op
+the registry built (tests/test_compile_equal.py).
+
+Where CI runs them, on the CPU with backend aot_eager (the graphs inductor is handed,
+without its C++ compiles), inside tests that already compile what they need:
+  llama-train, phi3-train   tests/patching/test_compile.py, compiled whole over its three
+                            forms of input
+  contract-<op>             tests/ops/test_contract.py's compile check (aot_eager and
+                            inductor), each op on its example case between two other ops
+  ops-train, ops-infer      tests/test_compile_equal.py
+scripts/gpu/compile_equal.py runs GPU_SCENARIOS on a GPU under aot_eager and inductor.
 """
 
 from __future__ import annotations
@@ -31,13 +39,19 @@ TOL = dict(rtol=2e-4, atol=2e-5)
 MODEL_KINDS = {"llama": {}, "phi3": dict(mlp="fused", linear_cross_entropy=False),
                "qwen2_moe": dict(mlp="fused", linear_cross_entropy=False,
                                  norm_in_place=False)}
-# the ops each op scenario calls (name, or name/variant -> options), on the example case of
-# the contract tests: in training, the ops and variants CI's model scenarios do not
-# train (the norms out of place, cross_entropy in place, linear_cross_entropy's
-# recompute); without gradients, every op that has an inference op, each variant once
-TRAINED_OPS = {"rms_norm": {}, "add_rms_norm": {}, "softmax": {}, "layer_norm": {},
-               "matmul": {}, "grouped_matmul": {}, "moe_experts": {},
-               "cross_entropy/in_place": {"inplace_backward": True},
+# each built-in op -> the registration its public function calls on the contract's example
+# (swiglu and geglu are one registration, glu)
+CONTRACT_OPS = {"rms_norm": "rms_norm", "softmax": "softmax", "rope": "rope",
+                "cross_entropy": "cross_entropy", "layer_norm": "layer_norm",
+                "add_rms_norm": "add_rms_norm", "swiglu": "glu", "geglu": "glu",
+                "matmul": "matmul", "gated_matmul": "gated_matmul", "attention": "attention",
+                "linear_cross_entropy": "linear_cross_entropy",
+                "grouped_matmul": "grouped_matmul", "moe_experts": "moe_experts"}
+# the ops each op scenario calls (name, or name/variant -> options) on its contract
+# example: in training, the variants no other scenario trains (cross_entropy in place,
+# linear_cross_entropy's recompute); without gradients, every op that has an inference
+# op, each variant once
+TRAINED_OPS = {"cross_entropy/in_place": {"inplace_backward": True},
                "linear_cross_entropy/recompute": {"reduction": "none"}}
 INFERRED_OPS = {"rms_norm": {}, "rms_norm/in_place": {"in_place": True}, "add_rms_norm": {},
                 "add_rms_norm/in_place": {"in_place": True}, "cross_entropy": {},
@@ -55,16 +69,16 @@ HOLDS = {
         "glu_fwd", "glu_bwd", "linear_cross_entropy_fwd", "linear_cross_entropy_bwd"},
     "phi3-train": _ATTENTION_ROPE | _IN_PLACE_NORMS | {
         "gated_matmul_fwd", "gated_matmul_bwd", "cross_entropy_fwd", "cross_entropy_bwd"},
-    # routed experts and a shared expert (a GPU's scenario: the CPU trains moe_experts alone)
+    # routed experts and a shared expert (on a GPU: the CPU trains moe_experts alone)
     "qwen2_moe-train": _ATTENTION_ROPE | {
         "rms_norm_fwd", "rms_norm_bwd", "add_rms_norm_fwd", "add_rms_norm_bwd",
         "moe_experts_fwd", "moe_experts_bwd", "gated_matmul_fwd", "gated_matmul_bwd",
         "cross_entropy_fwd", "cross_entropy_bwd"},
-    "ops-train": {"rms_norm_fwd", "rms_norm_bwd", "add_rms_norm_fwd", "add_rms_norm_bwd",
-                  "softmax_fwd", "softmax_bwd", "layer_norm_fwd", "layer_norm_bwd",
-                  "matmul_fwd", "matmul_bwd", "grouped_matmul_fwd", "grouped_matmul_bwd",
-                  "moe_experts_fwd", "moe_experts_bwd", "cross_entropy_inplace_fwd",
-                  "cross_entropy_inplace_bwd", "linear_cross_entropy_recompute_fwd",
+    **{f"contract-{op}": {f"{reg}_fwd", f"{reg}_bwd"} for op, reg in CONTRACT_OPS.items()},
+    # every op of the contract in one function (on a GPU: the CPU runs them one by one)
+    "registry-train": {f"{reg}_{d}" for reg in CONTRACT_OPS.values() for d in ("fwd", "bwd")},
+    "ops-train": {"cross_entropy_inplace_fwd", "cross_entropy_inplace_bwd",
+                  "linear_cross_entropy_recompute_fwd",
                   "linear_cross_entropy_recompute_bwd"},
     "ops-infer": {"rms_norm_infer", "rms_norm_inplace_infer", "add_rms_norm_infer",
                   "add_rms_norm_inplace_infer", "cross_entropy_infer",
@@ -72,9 +86,10 @@ HOLDS = {
                   "gated_matmul_infer", "grouped_matmul_infer", "moe_experts_infer"},
 }
 SCENARIOS = tuple(HOLDS)
-# what CI runs on the CPU: the two models in tests/patching/test_compile.py (over its three
-# forms of input), the op scenarios in tests/patching/test_compile_equal.py
-CI_SCENARIOS = ("llama-train", "phi3-train", "ops-train", "ops-infer")
+CI_SCENARIOS = ("llama-train", "phi3-train", *(f"contract-{op}" for op in CONTRACT_OPS),
+                "ops-train", "ops-infer")
+GPU_SCENARIOS = ("llama-train", "phi3-train", "qwen2_moe-train", "registry-train",
+                 "ops-train", "ops-infer")
 
 
 def registered_custom_ops() -> set[str]:
@@ -126,9 +141,9 @@ def recording_backend(name: str, seen: set[str]):
     if name == "inductor":
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-        def inner(gm, example_inputs, **kwargs):
+        def inner(gm, example_inputs, *args, **kwargs):
             seen.update(speedlight_ops(gm))
-            return compile_fx_inner(gm, example_inputs, **kwargs)
+            return compile_fx_inner(gm, example_inputs, *args, **kwargs)
 
         return lambda gm, example_inputs: compile_fx(gm, example_inputs, inner_compile=inner)
     raise ValueError(f"backend must be 'aot_eager' or 'inductor', got {name!r}")
@@ -191,6 +206,10 @@ def _build(scenario: str, device):
     what, _ = scenario.rsplit("-", 1)
     if what in MODEL_KINDS:
         return _patched(what, device, **MODEL_KINDS[what])
+    if scenario.startswith("contract-") and scenario[len("contract-"):] in CONTRACT_OPS:
+        return _ops({scenario[len("contract-"):]: {}}, device)
+    if scenario == "registry-train":
+        return _ops({op: {} for op in CONTRACT_OPS}, device)
     if scenario == "ops-train":
         return _ops(TRAINED_OPS, device)
     if scenario == "ops-infer":
