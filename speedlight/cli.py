@@ -44,7 +44,7 @@ def _patch(model, plan=None, example_inputs=None):
 
 
 def _plan(model, example_inputs, **options):
-    """speedlight.plan, handed to the report (`args.plan`), as _patch is."""
+    """speedlight.plan, handed to the report, as _patch is."""
     return importlib.import_module("speedlight.planning").plan(model, example_inputs, **options)
 
 
@@ -52,6 +52,12 @@ def _predict(spec, case, target):
     """inspect's predicted time of an op's case on a target (per direction), handed to bench
     (`--predict`) and profile as _patch is: no tool imports another."""
     return importlib.import_module("speedlight.inspect.run").predict_case(spec, case, target)
+
+
+# What each sub-command's run(args, ...) is handed, by keyword: the functions of other tools
+# and composers it calls (no tool imports another; cli.py, a composer, wires them)
+HANDED = {"report": ("plan",), "profile": ("patch", "predictor"), "bench": ("patch", "predictor"),
+          "plan": ("patch",)}
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_common(p)
-        p.set_defaults(patch=_patch, plan=_plan, predictor=_predict)
         importlib.import_module(module).configure(p)
     return parser
 
@@ -103,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.requested_device = args.device  # as given: a --ray sweep picks its workers' own
     args.device = select_device(args.device)
-    return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+    functions = {"patch": _patch, "plan": _plan, "predictor": _predict}
+    handed = {name: functions[name] for name in HANDED.get(args.command, ())}
+    return int(importlib.import_module(COMMANDS[args.command][0]).run(args, **handed) or 0)
 
 
 if __name__ == "__main__":

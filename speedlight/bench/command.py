@@ -116,8 +116,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "speedlight-compile,liger,hf-loop (default: all, hf-loop for a mixture of "
                         "experts only; on a CPU the compiled ones, liger and speedlight-planned are "
                         "skipped, with the reason, unless named)")
-    # dest step_plan: args.plan is speedlight.plan, handed in by the CLI to every command
-    m.add_argument("--plan", dest="step_plan", default="measure", metavar="measure|auto|FILE",
+    m.add_argument("--plan", default="measure", metavar="measure|auto|FILE",
                    help="the plan of speedlight-planned (speedlight (planned), beside "
                         "speedlight (all)): measure it on the variant's model and first batch "
                         "(default), the cached plan (auto), or a plan file from `speedlight plan "
@@ -134,9 +133,15 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="also summarize rows timed on the CPU interpreter (labelled so)")
 
 
-def run(args: argparse.Namespace) -> int:
-    return {"run": _run, "compare": _compare, "plot": _plot, "table": _table,
-            "model": _model}[args.action](args)
+def run(args: argparse.Namespace, *, patch=None, predictor=None) -> int:
+    """`speedlight bench ACTION`; `patch` (speedlight.patch) serves `bench model`'s
+    speedlight variants and `predictor` (inspect's predicted time) `bench run --predict`,
+    both handed in by the CLI."""
+    if args.action == "run":
+        return _run(args, predictor)
+    if args.action == "model":
+        return _model(args, patch)
+    return {"compare": _compare, "plot": _plot, "table": _table}[args.action](args)
 
 
 def _fail(message: str):
@@ -168,7 +173,7 @@ def bench_cases(bench, specs, cases_of, out_path: Path, *, budget_s: float | Non
     return rows
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, predictor=None) -> int:
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -271,8 +276,8 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"[yellow]interrupted: the {len(rows)} rows of the cases finished are in "
                       f"{out_path}[/]")
         return 130
-    if getattr(args, "predict", False) and getattr(args, "predictor", None):
-        _add_predictions(rows, specs, tgt, args.predictor, out_dir, console)
+    if args.predict and predictor is not None:
+        _add_predictions(rows, specs, tgt, predictor, out_dir, console)
     display.print_bench(rows, console)
     console.print(f"results: {out_path}")
     errors = [r for r in rows if r.get("implementation") == "speedlight" and r.get("status") == "error"]
@@ -403,7 +408,7 @@ def _table(args: argparse.Namespace) -> int:
 
 # --- model ------------------------------------------------------------------------------------------
 
-def _model(args: argparse.Namespace) -> int:
+def _model(args: argparse.Namespace, patch=None) -> int:
     import torch
 
     from speedlight import results
@@ -442,7 +447,7 @@ def _model(args: argparse.Namespace) -> int:
         _fail(f"--dtype: {e}")
     if dtype not in model_step.STEP_DTYPES:
         _fail(f"--dtype takes fp32, bf16 or fp16; got {args.dtype!r}")
-    plan = args.step_plan
+    plan = args.plan
     if plan not in ("measure", "auto"):
         from speedlight import plans
         try:
@@ -479,7 +484,7 @@ def _model(args: argparse.Namespace) -> int:
     try:
         rows = model_step.run_variants(s, named or model_step.variants_for(s), out_path,
                                        forced=named, on_row=on_row,
-                                       patch=getattr(args, "patch", None))
+                                       patch=patch)
     except ModelError as e:
         _fail(str(e))
     except KeyboardInterrupt:

@@ -457,7 +457,7 @@ KINDS = (Kind("rms_norm", _patch_norms), Kind("mlp", _patch_mlps), Kind("rope", 
          Kind("linear_cross_entropy", _patch_causal_lm_forward))
 
 
-def _base_model(model: torch.nn.Module) -> torch.nn.Module:
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
     """The model speedlight patches: a PEFT wrapper's base model (its adapters stay in
     their layers, which the patch calls as they are), else the model itself."""
     if type(model).__module__.startswith("peft.") and callable(getattr(model, "get_base_model",
@@ -513,7 +513,7 @@ def apply_kinds(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | st
              "linear_cross_entropy": linear_cross_entropy}
     for kind, value in asked.items():
         installs.chosen(kind, value)  # ValueError naming the kind before anything is done
-    model = _base_model(model)
+    model = base_model(model)
     if hasattr(model, _RECORD):
         raise ValueError("model is already patched by speedlight; call speedlight.unpatch(model) first")
     config = getattr(model, "config", None)
@@ -551,7 +551,7 @@ def unpatch(model: torch.nn.Module) -> None:
     """Restore every module and the loss exactly as they were before speedlight.patch."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    model = _base_model(model)
+    model = base_model(model)
     record = model.__dict__.get(_RECORD)
     if record is None:
         raise ValueError("model is not patched by speedlight")

@@ -51,11 +51,13 @@ def request_of(args: argparse.Namespace, plan=None):
         turned_off=frozenset(s for s in OPTIONAL if getattr(args, f"no_{s}")), plan=plan)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, plan=None) -> int:
+    """`speedlight report`; `plan` (speedlight.plan, handed in by the CLI) runs the plan
+    stage."""
     from speedlight.pipeline.folder import built_beside
     from speedlight.pipeline.stages import report
 
-    request = request_of(args, plan=args.plan)
+    request = request_of(args, plan=plan)
     final = Path(args.out)
     try:
         with built_beside(final) as out:

@@ -4,8 +4,6 @@ at 4096 tokens, projected onto several GPUs (`speedlight profile --project --tar
 
 from __future__ import annotations
 
-import argparse
-
 from speedlight import shapes
 
 DEFAULT_FAMILY = "llama-3-8b"
@@ -28,12 +26,10 @@ def project_family(name: str, *, train: bool, target, targets: str = TARGETS) ->
     """`speedlight profile --project --targets` on the family's real size: floors on the
     report's `target` (a speedlight.target.Target), compared with it across `targets`."""
     from speedlight.patching import apply_kinds
-    from speedlight.profile.project_command import projected_profile
+    from speedlight.profile.project_command import Projection, projected_profile
 
     keys = [k for k in targets.split(",") if k]
     keys += [] if target.sku.key in keys else [target.sku.key]
-    args = argparse.Namespace(model=name, batch=1, seq=TOKENS, train=train, infer=not train,
-                              target=target.sku.key, sku=None, dtype=None, size="full",
-                              layers=None, seed=0, top=15, recipe=None, targets=",".join(keys),
-                              shard=None, vary=None, device="cpu", project=True)
-    return projected_profile(args, target, patch=apply_kinds)
+    request = Projection(model=name, batch=1, seq=TOKENS, train=train, size="full",
+                         targets=",".join(keys))
+    return projected_profile(request, target, patch=apply_kinds)

@@ -95,7 +95,7 @@ def plan(model: torch.nn.Module, example_inputs, *, compile_mode: str | None = N
     which are offered). Under torch.distributed rank 0 measures and every rank gets its
     plan. The plan is written to the cache (plans.path_for) unless save=False."""
     from speedlight.patching.families import FAMILIES
-    from speedlight.patching.patcher import _base_model
+    from speedlight.patching.patcher import base_model
     from speedlight.patching.patcher import kinds as all_kinds
     from speedlight.planning import decide, measure
 
@@ -105,7 +105,7 @@ def plan(model: torch.nn.Module, example_inputs, *, compile_mode: str | None = N
     asked = check_kinds(kinds, all_kinds())
     check_compile_mode(compile_mode)
     tried_names = check_candidates(candidates)
-    model = _base_model(model)
+    model = base_model(model)
     if _rank() != 0:
         return plans.shared(None)
     batch, seq = _batch_seq(example_inputs)

@@ -43,15 +43,12 @@ def projected(args: argparse.Namespace, patch) -> dict | None:
     default target: the only estimate without a GPU, labelled projected."""
     from speedlight import plans
     from speedlight import target as target_mod
-    from speedlight.profile.project_command import projected_profile
+    from speedlight.profile.project_command import Projection, projected_profile
 
-    tgt = target_mod.resolve(None)
-    ns = argparse.Namespace(model=args.model, batch=args.batch, seq=args.seq, train=True,
-                            infer=False, target=tgt.sku.key, sku=None, dtype=None,
-                            size=args.size or "small", layers=args.layers, seed=args.seed,
-                            top=5, recipe=None, targets=None, shard=None, vary=None,
-                            device="cpu", project=True)
-    return plans.projected_estimate(projected_profile(ns, tgt, patch=patch))
+    request = Projection(model=args.model, batch=args.batch, seq=args.seq, train=True,
+                         size=args.size or "small", layers=args.layers, seed=args.seed, top=5)
+    return plans.projected_estimate(projected_profile(request, target_mod.resolve(None),
+                                                      patch=patch))
 
 
 def _model_problem(spec: str | None) -> str | None:
@@ -146,7 +143,9 @@ def _refuse(message: str) -> int:
     return 2
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, patch=None) -> int:
+    """`speedlight plan`; `patch` (speedlight.patch, handed in by the CLI) serves the
+    projected estimate without a GPU."""
     from speedlight import plans, results
     from speedlight.planning import display, plan
     from speedlight.workloads import models
@@ -166,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         return _refuse(str(e))
     estimate = None
     if not gpu and not args.no_project and ":" not in (args.model or ""):
-        estimate = projected(args, args.patch)
+        estimate = projected(args, patch)
     w.model.train()
     listed = {flag: None if value is None else [v for v in value.split(",") if v]
               for flag, value in (("kinds", args.kinds), ("candidates", args.candidates))}

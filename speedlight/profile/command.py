@@ -68,8 +68,19 @@ def make_step(workload, optimizer, train: bool):
 def projecting(args: argparse.Namespace) -> bool:
     """--project, a comparison, or --size full on a machine without a GPU (where a real-size
     step cannot run)."""
-    wants = getattr(args, "project", False) or getattr(args, "targets", None) or getattr(args, "vary", None)
+    wants = args.project or args.targets or args.vary
     return bool(wants or (args.size == "full" and args.device == "cpu"))
+
+
+def projection_of(args: argparse.Namespace):
+    """The project_command.Projection of `speedlight profile --project`'s flags."""
+    from speedlight.profile.project_command import Projection
+
+    return Projection(model=args.model, batch=args.batch, seq=args.seq, train=args.train,
+                      dtype=args.dtype, size=args.size, layers=args.layers, seed=args.seed,
+                      top=args.top, recipe=args.recipe, targets=args.targets,
+                      shard=args.shard, vary=tuple(args.vary or ()),
+                      with_patch=not args.no_patch, predict=args.predict)
 
 
 def _default_size(args: argparse.Namespace, *, batch: int, seq: int) -> None:
@@ -79,8 +90,10 @@ def _default_size(args: argparse.Namespace, *, batch: int, seq: int) -> None:
         raise ValueError(f"--batch and --seq must be at least 1, got {args.batch} and {args.seq}")
 
 
-def profile(args: argparse.Namespace, tgt) -> dict:
-    """Build, capture, analyze: the profile's JSON document, floors on Target `tgt`."""
+def profile(args: argparse.Namespace, tgt, *, patch=None, predictor=None) -> dict:
+    """Build, capture, analyze: the profile's JSON document, floors on Target `tgt`. A
+    projection compares with speedlight's ops by `patch` and predicts their times by
+    `predictor` (both handed in by the CLI)."""
     import torch
 
     from speedlight import registry
@@ -90,9 +103,11 @@ def profile(args: argparse.Namespace, tgt) -> dict:
     if projecting(args):
         from speedlight.profile.project_command import projected_profile
         _default_size(args, batch=1, seq=4096)
-        return projected_profile(args, tgt, patch=getattr(args, "patch", None))
-    for flag, value in (("--shard", getattr(args, "shard", None)),
-                        ("--recipe", getattr(args, "recipe", None))):
+        # with --targets and no --target or --sku, the first of --targets
+        named = args.target is not None or args.sku is not None or not args.targets
+        return projected_profile(projection_of(args), tgt if named else None, patch=patch,
+                                 predictor=predictor)
+    for flag, value in (("--shard", args.shard), ("--recipe", args.recipe)):
         if value is not None:
             raise ValueError(f"{flag} applies to a projected step: add --project")
     _default_size(args, batch=2, seq=128)
@@ -157,7 +172,9 @@ def profile_workload(w, *, device, train: bool, target, warmup: int = arguments.
         advice=advice.advise(result["rows"], cap.calls, tgt.roof, specs=specs), notes=notes)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, patch=None, predictor=None) -> int:
+    """`speedlight profile`; `patch` and `predictor` (speedlight.patch and inspect's
+    predicted time, handed in by the CLI) serve --project's comparison and --predict."""
     from speedlight import results
     from speedlight.profile import display
     from speedlight.workloads import models
@@ -176,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     try:
-        doc = profile(args, tgt)
+        doc = profile(args, tgt, patch=patch, predictor=predictor)
     except (models.ModelError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"speedlight profile: {e}")
     display.print_profile(doc, console, top=args.top)
