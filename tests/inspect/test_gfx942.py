@@ -184,12 +184,16 @@ KERNELS = Path(registry.__file__).resolve().parent / "kernels"
 
 def _package_kernels() -> set[str]:
     """Every Triton kernel function speedlight/kernels defines (a @triton.jit function whose
-    name ends in _kernel; the helpers they call are compiled into them)."""
+    name ends in _kernel; the helpers they call are compiled into them). Gluon kernels
+    (@gluon.jit) are left out: they are written for NVIDIA's Hopper and Blackwell (wgmma,
+    tcgen05, TMA, warp specialization), with no AMD design to compile them to."""
     out = set()
     for path in KERNELS.rglob("*.py"):
         for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel") and any(
-                    "jit" in ast.unparse(d) for d in node.decorator_list):
+            if not isinstance(node, ast.FunctionDef) or not node.name.endswith("_kernel"):
+                continue
+            decorators = [ast.unparse(d) for d in node.decorator_list]
+            if any("jit" in d and "gluon" not in d for d in decorators):
                 out.add(node.name)
     return out
 
