@@ -26,10 +26,10 @@ def project_family(name: str, *, train: bool, target, targets: str = TARGETS) ->
     """`speedlight profile --project --targets` on the family's real size: floors on the
     report's `target` (a speedlight.target.Target), compared with it across `targets`."""
     from speedlight.patching import apply_kinds
-    from speedlight.profile.project_command import Projection, projected_profile
+    from speedlight.profile.project_command import ProjectionRequest, projected_profile
 
     keys = [k for k in targets.split(",") if k]
     keys += [] if target.sku.key in keys else [target.sku.key]
-    request = Projection(model=name, batch=1, seq=TOKENS, train=train, size="full",
-                         targets=",".join(keys))
+    request = ProjectionRequest(model=name, batch=1, seq=TOKENS, train=train, size="full",
+                                targets=",".join(keys))
     return projected_profile(request, target, patch=apply_kinds)

@@ -43,10 +43,11 @@ def projected(args: argparse.Namespace, patch) -> dict | None:
     default target: the only estimate without a GPU, labelled projected."""
     from speedlight import plans
     from speedlight import target as target_mod
-    from speedlight.profile.project_command import Projection, projected_profile
+    from speedlight.profile.project_command import ProjectionRequest, projected_profile
 
-    request = Projection(model=args.model, batch=args.batch, seq=args.seq, train=True,
-                         size=args.size or "small", layers=args.layers, seed=args.seed, top=5)
+    request = ProjectionRequest(model=args.model, batch=args.batch, seq=args.seq, train=True,
+                                size=args.size or "small", layers=args.layers, seed=args.seed,
+                                top=5)
     return plans.projected_estimate(projected_profile(request, target_mod.resolve(None),
                                                       patch=patch))
 

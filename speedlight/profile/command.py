@@ -73,14 +73,14 @@ def projecting(args: argparse.Namespace) -> bool:
 
 
 def projection_of(args: argparse.Namespace):
-    """The project_command.Projection of `speedlight profile --project`'s flags."""
-    from speedlight.profile.project_command import Projection
+    """The project_command.ProjectionRequest of `speedlight profile --project`'s flags."""
+    from speedlight.profile.project_command import ProjectionRequest
 
-    return Projection(model=args.model, batch=args.batch, seq=args.seq, train=args.train,
-                      dtype=args.dtype, size=args.size, layers=args.layers, seed=args.seed,
-                      top=args.top, recipe=args.recipe, targets=args.targets,
-                      shard=args.shard, vary=tuple(args.vary or ()),
-                      with_patch=not args.no_patch, predict=args.predict)
+    return ProjectionRequest(
+        model=args.model, batch=args.batch, seq=args.seq, train=args.train, dtype=args.dtype,
+        size=args.size, layers=args.layers, seed=args.seed, top=args.top, recipe=args.recipe,
+        targets=args.targets, shard=args.shard, vary=tuple(args.vary or ()),
+        with_patch=not args.no_patch, predict=args.predict)
 
 
 def _default_size(args: argparse.Namespace, *, batch: int, seq: int) -> None:

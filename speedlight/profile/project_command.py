@@ -8,7 +8,7 @@ import torch
 
 
 @dataclass(frozen=True)
-class Projection:
+class ProjectionRequest:
     """What a projection projects: the model (as `--model` names it) and its step, built
     on fake tensors at its real size (`size="small"`: the scaled-down one), the training
     recipe, how many rows each table shows, and the comparisons that ride along: across
@@ -34,7 +34,8 @@ class Projection:
     predict: bool = False
 
 
-def projected_profile(request: Projection, tgt=None, *, patch=None, predictor=None) -> dict:
+def projected_profile(request: ProjectionRequest, tgt=None, *, patch=None,
+                      predictor=None) -> dict:
     """Build on fake tensors, record the step, analyze it on the target (`tgt`, a
     speedlight.target.Target; None: the first of `request.targets`, else the default);
     with targets and vary the comparisons ride along in the same document. With `patch`
@@ -136,7 +137,7 @@ def predicted_ops(pj, target, predictor) -> list[dict]:
     return out
 
 
-def _workload(r: Projection, recipe, dtype, mode):
+def _workload(r: ProjectionRequest, recipe, dtype, mode):
     """The model built on fake tensors: at its real size, or scaled down (size "small")."""
     from speedlight.profile import project
     from speedlight.workloads import models
@@ -152,7 +153,7 @@ def _workload(r: Projection, recipe, dtype, mode):
                             seed=r.seed)
 
 
-def _patched(r: Projection, recipe, dtype, target, patch):
+def _patched(r: ProjectionRequest, recipe, dtype, target, patch):
     """(patch report text, projection) of the same model with speedlight's ops swapped in
     by `patch`, or None for a model speedlight.patch does not know."""
     import warnings
