@@ -35,44 +35,7 @@ and a NaN gradient row (the host normally rejects such targets before launching)
 import triton
 import triton.language as tl
 
-# tanh(y) = y * P(y^2) for |y| < _TANH_SPLIT: the Taylor series through y^17, within 3 ulp
-# of tanh in fp32 there (its next term is below 2^-25 of y); above it tanh(|y|) = 1 - r
-# with r = 2 / (exp(2|y|) + 1), and 1 - tanh^2 = r * (2 - r) keeps full precision as
-# tanh -> 1.
-_TANH_SPLIT = tl.constexpr(0.625)
-_T1 = tl.constexpr(-0.3333333333333333)
-_T2 = tl.constexpr(0.13333333333333333)
-_T3 = tl.constexpr(-0.05396825396825397)
-_T4 = tl.constexpr(0.021869488536155203)
-_T5 = tl.constexpr(-0.008863235529902197)
-_T6 = tl.constexpr(0.003592128036572481)
-_T7 = tl.constexpr(-0.0014558343870513183)
-_T8 = tl.constexpr(0.000590027440945586)
-
-
-@triton.jit
-def _softcap(x, softcap):
-    """(c, dc/dx) = (softcap * tanh(x / softcap), 1 - tanh^2(x / softcap)), fp32.
-
-    +-inf maps to +-softcap with derivative 0; NaN stays NaN.
-    """
-    y = x / softcap
-    a = tl.abs(y)
-    r = 2.0 / (tl.exp(2.0 * a) + 1.0)  # 1 - tanh(|y|); 0 when exp overflows
-    y2 = y * y
-    p = _T8 * y2 + _T7
-    p = p * y2 + _T6
-    p = p * y2 + _T5
-    p = p * y2 + _T4
-    p = p * y2 + _T3
-    p = p * y2 + _T2
-    p = p * y2 + _T1
-    small = y * (p * y2 + 1.0)
-    near_zero = a < _TANH_SPLIT
-    t = tl.where(near_zero, small, tl.where(y < 0, r - 1.0, 1.0 - r))
-    dt = tl.where(near_zero, 1.0 - small * small, r * (2.0 - r))
-    return softcap * t, dt
-
+from speedlight.kernels.softcap import tanh_softcap
 
 @triton.jit
 def _load_logits(x_rows, cols, mask, stride_v, softcap, HAS_SOFTCAP: tl.constexpr):
@@ -81,7 +44,7 @@ def _load_logits(x_rows, cols, mask, stride_v, softcap, HAS_SOFTCAP: tl.constexp
     x = tl.load(x_rows[:, None] + cols[None, :].to(tl.int64) * stride_v, mask=mask,
                 other=float("-inf")).to(tl.float32)
     if HAS_SOFTCAP:
-        c, dc = _softcap(x, softcap)
+        c, dc = tanh_softcap(x, softcap)
         return x, tl.where(mask, c, float("-inf")), dc
     return x, x, x  # dc is unused without a softcap
 
@@ -170,7 +133,7 @@ def _target_logit(x_rows, t, valid, stride_v, softcap, HAS_SOFTCAP: tl.constexpr
     """c[t] per row ([BM] fp32; 0 where not valid): one gathered load per row."""
     x_t = tl.load(x_rows + t * stride_v, mask=valid, other=0.0).to(tl.float32)
     if HAS_SOFTCAP:
-        x_t, _ = _softcap(x_t, softcap)
+        x_t, _ = tanh_softcap(x_t, softcap)
     return x_t
 
 

@@ -19,7 +19,7 @@ again by a GEMM. All arithmetic is fp32 whatever the logits' dtype.
 import triton
 import triton.language as tl
 
-from speedlight.kernels.cross_entropy import _softcap
+from speedlight.kernels.softcap import tanh_softcap
 
 
 @triton.jit
@@ -50,7 +50,7 @@ def _lce_row_stats_kernel(x_ptr, target_ptr, stats_ptr, n_rows, n_cols, stride_x
         c = tl.load(rows[:, None] + cols[None, :], mask=mask,
                     other=float("-inf")).to(tl.float32)
         if HAS_SOFTCAP:
-            c, _ = _softcap(c, softcap)
+            c, _ = tanh_softcap(c, softcap)
             c = tl.where(mask, c, float("-inf"))
         # [BM, BN] -> [BM]
         m_new = tl.maximum(m, tl.max(c, axis=1))
@@ -105,7 +105,7 @@ def _lce_grad_block_kernel(x_ptr, target_ptr, stats_ptr, weight_ptr, w_sum_ptr,
     ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + offs_n[None, :]
     x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
     if HAS_SOFTCAP:
-        c, dc = _softcap(x, softcap)
+        c, dc = tanh_softcap(x, softcap)
     else:
         c = x
         dc = x  # unused

@@ -26,7 +26,7 @@ carry no fault code beyond one count per boundary block.
 import triton
 import triton.language as tl
 
-from speedlight.kernels.cross_entropy import _softcap
+from speedlight.kernels.softcap import tanh_softcap
 
 LOG2E = tl.constexpr(1.4426950408889634)
 # The running maximum's start: the lowest finite fp32, so a row whose scores so far are all
@@ -159,7 +159,7 @@ def _capped(qk, sm_scale, softcap, SOFTCAP: tl.constexpr):
     """(x, dcap): the scores x = cap(qk * sm_scale), fp32, natural units, and d cap / d x
     (1 - tanh^2) with a softcap, else qk (unused)."""
     if SOFTCAP:
-        return _softcap(qk * sm_scale, softcap)
+        return tanh_softcap(qk * sm_scale, softcap)
     return qk * sm_scale, qk
 
 

@@ -12,8 +12,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
-from speedlight.kernels.cross_entropy import (_T1, _T2, _T3, _T4, _T5, _T6, _T7, _T8,
-                                              _TANH_SPLIT)
+from speedlight.kernels.softcap import (TANH_SPLIT, TANH_T1, TANH_T2, TANH_T3, TANH_T4,
+                                        TANH_T5, TANH_T6, TANH_T7, TANH_T8)
 
 LOG2E = gl.constexpr(1.4426950408889634)
 # The running max starts here, not at -inf: exp2(-inf - FLOOR) = 0 for a hidden score (or
@@ -78,22 +78,22 @@ def _program(pid, n_blocks, heads):
 
 @gluon.jit
 def _softcap(x, softcap):
-    """softcap * tanh(x / softcap), fp32, as kernels/cross_entropy._softcap rounds it (the
+    """softcap * tanh(x / softcap), fp32, as kernels/softcap.tanh_softcap rounds it (the
     backward's recomputation): an odd polynomial near 0, 1 - 2 / (exp(2|y|) + 1) beyond;
     +-inf maps to +-softcap, NaN stays NaN."""
     y = x / softcap
     a = gl.abs(y)
     r = 2.0 / (gl.exp(2.0 * a) + 1.0)  # 1 - tanh(|y|); 0 when exp overflows
     y2 = y * y
-    p = _T8 * y2 + _T7
-    p = p * y2 + _T6
-    p = p * y2 + _T5
-    p = p * y2 + _T4
-    p = p * y2 + _T3
-    p = p * y2 + _T2
-    p = p * y2 + _T1
+    p = TANH_T8 * y2 + TANH_T7
+    p = p * y2 + TANH_T6
+    p = p * y2 + TANH_T5
+    p = p * y2 + TANH_T4
+    p = p * y2 + TANH_T3
+    p = p * y2 + TANH_T2
+    p = p * y2 + TANH_T1
     small = y * (p * y2 + 1.0)
-    t = gl.where(a < _TANH_SPLIT, small, gl.where(y < 0, r - 1.0, 1.0 - r))
+    t = gl.where(a < TANH_SPLIT, small, gl.where(y < 0, r - 1.0, 1.0 - r))
     return softcap * t
 
 
