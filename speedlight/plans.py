@@ -46,7 +46,9 @@ from speedlight import hardware, results
 
 SCHEMA = 2
 VERDICTS = ("kept", "dropped", "unmeasured")
-# the kinds speedlight.patch swaps (patching.patcher.kinds(), which a test holds this to)
+# the kinds speedlight.patch swaps: the built-in OpSpecs' `patches`, in the registry's order
+# (patching.patcher.kinds(), which a test holds this to: this floor reads no OpSpec);
+# candidates and plan files read it from here
 KINDS = ("rms_norm", "rope", "cross_entropy", "decoder_layer", "mlp", "attention",
          "linear_cross_entropy")
 # what patch(plan="auto") can see of a key: the rest (bucket, compile) only the measurement

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from speedlight.candidates.names import (COMPILE, EAGER, FLASH_ATTN, FLEX, GROUPED_MM, LIGER,
                                          MODEL, SDPA, SPEEDLIGHT, TORCH_FUSED, Unsupported)
+from speedlight.plans import KINDS
 
 __all__ = ["BY_NAME", "CANDIDATES", "COMPILE", "EAGER", "FLASH_ATTN", "FLEX", "GROUPED_MM",
            "LIGER", "MODEL", "SDPA", "SPEEDLIGHT", "TORCH_FUSED", "Candidate", "Unsupported",
@@ -54,13 +55,9 @@ class Candidate:
 
 _LAYERS = ("rms_norm", "mlp", "rope", "cross_entropy")
 CANDIDATES = (
-    Candidate(SPEEDLIGHT, "speedlight's kernel", ("rms_norm", "rope", "cross_entropy",
-                                                 "decoder_layer", "mlp", "attention",
-                                                 "linear_cross_entropy"), False),
-    Candidate(MODEL, "the model's own module or function", ("rms_norm", "rope",
-                                                            "cross_entropy", "decoder_layer",
-                                                            "mlp", "attention",
-                                                            "linear_cross_entropy"), False),
+    # every kind of patch (plans.KINDS: the built-in OpSpecs' `patches`)
+    Candidate(SPEEDLIGHT, "speedlight's kernel", KINDS, False),
+    Candidate(MODEL, "the model's own module or function", KINDS, False),
     Candidate(EAGER, "the op's reference in eager PyTorch"),
     Candidate(COMPILE, "torch.compile of what would otherwise run", _LAYERS),
     Candidate(LIGER, "Liger-Kernel's function", (*_LAYERS, "linear_cross_entropy")),

@@ -508,9 +508,8 @@ def apply_kinds(model: torch.nn.Module, *, rms_norm: bool = True, mlp: bool | st
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    asked = {"rms_norm": rms_norm, "mlp": mlp, "rope": rope, "cross_entropy": cross_entropy,
-             "attention": attention, "decoder_layer": decoder_layer,
-             "linear_cross_entropy": linear_cross_entropy}
+    keywords = locals()
+    asked = {kind.name: keywords[kind.name] for kind in KINDS}  # each kind's keyword
     for kind, value in asked.items():
         installs.chosen(kind, value)  # ValueError naming the kind before anything is done
     model = base_model(model)

@@ -7,7 +7,7 @@ patch(plan="auto") reads on a GPU with no cached plan (speedlight.plan_prior.pri
     python scripts/plan_prior.py --check    # exit 1 when the shipped file is not what it writes
 
 What counts: bench rows measured on a GPU (`representative`, status ok) of the ops a kind's
-patch runs (OP_KINDS), and a run's lce.json (the fused loss against its peers); per case,
+patch runs (op_kinds(): the OpSpecs' `patches`), and a run's lce.json (the fused loss against its peers); per case,
 implementation and mode, the newest row. Training is what a plan serves, so the fwd+bwd
 rows are used where a kind has them, else the forward's. Per case each implementation's
 median time is divided by that of what the model runs unpatched (MODEL_PROXY: the eager
@@ -28,9 +28,6 @@ from pathlib import Path
 
 from speedlight.planning.decide import MEMORY_KINDS, MEMORY_MARGIN
 
-OP_KINDS = {"rms_norm": "rms_norm", "add_rms_norm": "decoder_layer", "swiglu": "mlp",
-            "geglu": "mlp", "rope": "rope", "cross_entropy": "cross_entropy",
-            "linear_cross_entropy": "linear_cross_entropy", "attention": "attention"}
 MODEL_PROXY = {"attention": "sdpa-flash"}  # else the eager reference
 EAGER = "torch-eager"
 SPEEDLIGHT = "speedlight"
@@ -48,15 +45,24 @@ def arch_of_sku(sku: str) -> str:
     return f"sm_{major}{minor}"
 
 
+def op_kinds() -> dict[str, str]:
+    """op -> the kind of patch that swaps it (its OpSpec's `patches`), for the built-in ops
+    a patch swaps in."""
+    from speedlight import registry
+
+    return {s.name: s.patches for s in registry.builtin_specs() if s.patches}
+
+
 def _bench_rows(run: Path):
+    kind_of = op_kinds()
     for path in sorted(run.rglob("bench.jsonl")):
         for line in path.read_text().splitlines():
             if not line.strip():
                 continue
             row = json.loads(line)
             if (row.get("representative") and row.get("status") == "ok"
-                    and row.get("op") in OP_KINDS and row.get("median_us")):
-                yield {"kind": OP_KINDS[row["op"]], "case": row["case_id"], "mode": row["mode"],
+                    and row.get("op") in kind_of and row.get("median_us")):
+                yield {"kind": kind_of[row["op"]], "case": row["case_id"], "mode": row["mode"],
                        "impl": row["implementation"], "seconds": row["median_us"] * 1e-6,
                        "timestamp": row.get("timestamp", ""), "device": row.get("device"),
                        "git": (row.get("git") or "")[:7]}
