@@ -33,6 +33,20 @@ def recording_only():
         _RECORDING_ONLY.reset(token)
 
 
+def on_gpu(device: torch.device | str) -> bool:
+    """Whether speedlight's kernels run compiled on a GPU here (a CUDA or ROCm device),
+    rather than under the Triton interpreter on a CPU: the question behind every default a
+    tool sets by where it runs (model_defaults, budgets, whether a time represents a GPU's)."""
+    return torch.device(device).type == "cuda"
+
+
+def model_defaults(device: torch.device | str) -> tuple[torch.dtype, str]:
+    """(dtype, size) of a model run by default: bf16 and the model's real size on a GPU;
+    fp32 and the scaled-down model under the interpreter, where the real size takes hours
+    and bf16 matmuls are emulated."""
+    return (torch.bfloat16, "full") if on_gpu(device) else (torch.float32, "small")
+
+
 def only_recorded(t: torch.Tensor) -> bool:
     """Whether a launch on t is only recorded, not run: a meta tensor inside
     recording_only (a capture of a case at any size)."""

@@ -174,8 +174,9 @@ def variants_for(s: StepSettings) -> tuple[str, ...]:
 
 
 def _build(s: StepSettings):
+    from speedlight.runtime import model_defaults
     from speedlight.workloads import models
-    size = "full" if s.device.type == "cuda" else "small"
+    _, size = model_defaults(s.device)
     return models.build(s.model, batch=s.batch, seq=s.seq, train=True, dtype=s.dtype,
                         device=s.device, size=size, layers=s.layers, seed=s.seed,
                         overrides=s.overrides)

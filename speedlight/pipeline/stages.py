@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from speedlight import arguments
+from speedlight.runtime import on_gpu
 
 MANIFEST = "manifest.json"
 
@@ -145,7 +146,7 @@ def _bench(run: ReportRun, path: Path) -> list:
     from speedlight.bench.command import bench_cases
     from speedlight.bench.runner import Bench, Settings
 
-    gpu, r = run.device.type == "cuda", run.request
+    gpu, r = on_gpu(run.device), run.request
     names = r.baselines or ("torch-eager,torch-compile,liger,torch-fused" if gpu
                             else "torch-eager")
     bench = Bench(run.device, Settings(modes=("fwd", "bwd")),
@@ -207,7 +208,7 @@ def _model_step(run: ReportRun, path: Path, plan) -> list:
 
 
 def _on_a_gpu(run: ReportRun) -> str | None:
-    return "measured on a GPU" if run.device.type == "cuda" else None
+    return "measured on a GPU" if on_gpu(run.device) else None
 
 
 def _no_plan_function(run: ReportRun) -> str | None:
@@ -218,7 +219,7 @@ def _step_skip(run: ReportRun) -> str | None:
     model = run.request.model
     if bool(model) and ":" in model and not model.endswith(".json"):
         return "a module:callable model has no Hugging Face variants to compare"
-    if run.device.type != "cuda":
+    if not on_gpu(run.device):
         return ("runs on a GPU only (a CPU's step times say nothing; `speedlight bench model` "
                 "runs it on a CPU as a smoke test)")
     return None
@@ -313,24 +314,26 @@ def _start(request: ReportRequest, out: Path, console) -> ReportRun:
     (SystemExit) before any stage runs."""
     from speedlight import registry, shapes
     from speedlight.profile.command import check_steps
+    from speedlight.runtime import model_defaults
     from speedlight.spec import parse_dtype
     from speedlight.workloads import models
 
-    r, gpu = request, request.device.type == "cuda"
+    r = request
     unknown = sorted(set(r.turned_off) - set(OPTIONAL))
     if unknown:
         raise ValueError(f"turned_off: {unknown} are not stages that may be turned off "
                          f"({', '.join(OPTIONAL)})")
     try:
         check_steps(r.warmup, r.steps, r.train)
-        dtype = parse_dtype(r.dtype) if r.dtype else (torch.bfloat16 if gpu else torch.float32)
+        default_dtype, default_size = model_defaults(r.device)
+        dtype = parse_dtype(r.dtype) if r.dtype else default_dtype
         all_specs = registry.select(None, list(r.spec_files), include_builtin=not r.only_spec)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"speedlight report: {e}")
     console.print(f"[dim]{r.target.describe()}[/]")
     try:
         w = models.build(r.model, batch=r.batch, seq=r.seq, train=r.train, dtype=dtype,
-                         device=r.device, size=r.size or ("full" if gpu else "small"),
+                         device=r.device, size=r.size or default_size,
                          layers=r.layers, seed=r.seed)
     except (models.ModelError, ValueError) as e:
         raise SystemExit(f"speedlight report: {e}")

@@ -100,6 +100,7 @@ def check_plan_arguments(args: argparse.Namespace) -> torch.dtype:
     """ArgumentProblem for the first argument `speedlight plan` cannot plan with; the dtype
     to plan in otherwise. Nothing is built or written."""
     from speedlight.planning import compile_modes
+    from speedlight.runtime import model_defaults
     from speedlight.spec import parse_dtype
 
     if args.model_name is not None:
@@ -110,8 +111,7 @@ def check_plan_arguments(args: argparse.Namespace) -> torch.dtype:
     for flag, value in (("--batch", args.batch), ("--seq", args.seq), ("--layers", args.layers)):
         if value is not None and value < 1:
             raise ArgumentProblem(f"{flag} must be at least 1, got {value}")
-    gpu = torch.device(args.device).type == "cuda"
-    dtype = torch.bfloat16 if gpu else torch.float32
+    dtype, _ = model_defaults(args.device)
     if args.dtype is not None:
         try:
             dtype = parse_dtype(args.dtype)
@@ -149,6 +149,7 @@ def run(args: argparse.Namespace, *, patch=None) -> int:
     projected estimate without a GPU."""
     from speedlight import plans, results
     from speedlight.planning import display, plan
+    from speedlight.runtime import model_defaults, on_gpu
     from speedlight.workloads import models
 
     try:
@@ -156,11 +157,11 @@ def run(args: argparse.Namespace, *, patch=None) -> int:
     except ArgumentProblem as e:
         return _refuse(str(e))
     device = torch.device(args.device)
-    gpu = device.type == "cuda"
+    gpu = on_gpu(device)
     console = results.make_console()
     try:
         w = models.build(args.model, batch=args.batch, seq=args.seq, train=True, dtype=dtype,
-                         device=device, size=args.size or ("full" if gpu else "small"),
+                         device=device, size=args.size or model_defaults(device)[1],
                          layers=args.layers or 2, seed=args.seed)
     except models.ModelError as e:
         return _refuse(str(e))

@@ -97,8 +97,9 @@ def profile(args: argparse.Namespace, tgt, *, patch=None, predictor=None) -> dic
     import torch
 
     from speedlight import registry
-    from speedlight.workloads import models
+    from speedlight.runtime import model_defaults
     from speedlight.spec import parse_dtype
+    from speedlight.workloads import models
 
     if projecting(args):
         from speedlight.profile.project_command import projected_profile
@@ -115,8 +116,9 @@ def profile(args: argparse.Namespace, tgt, *, patch=None, predictor=None) -> dic
     train = bool(args.train)
     specs = registry.select(None, args.spec, include_builtin=not args.only_spec)
     check_steps(args.warmup, args.steps, train)
-    dtype = parse_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    size = args.size or ("full" if device.type == "cuda" else "small")
+    default_dtype, default_size = model_defaults(device)
+    dtype = parse_dtype(args.dtype) if args.dtype else default_dtype
+    size = args.size or default_size
     notes = []
     if size == "full" and device.type == "cpu" and args.model:
         notes.append("full-size model on a CPU: slow and memory-hungry; the GPU is where its "
