@@ -109,9 +109,10 @@ def test_for_target_gives_the_gpu_launch_on_a_cpu():
     with for_target(gpu_target(132)):
         gpu = only(capture_case(rms_norm.SPEC, case, "cpu", arch=90, mode="dry", backward=False))
     assert cpu.grid[0] <= 2
-    # 2-row tiles of 16 warps, two persistent programs per SM
-    assert gpu.grid[0] == 264 and gpu.num_warps == 16
-    assert dict(zip([a.name for a in gpu.args], [a.value for a in gpu.args]))["BLOCK_M"] == 2
+    # one-row tiles of 8 warps (16 values per lane), four persistent programs per SM (32
+    # resident warps): rms_norm's launch rule at 4096 wide
+    assert gpu.grid[0] == 4 * 132 and gpu.num_warps == 8
+    assert dict(zip([a.name for a in gpu.args], [a.value for a in gpu.args]))["BLOCK_M"] == 1
 
 
 def test_the_forward_without_its_backward_is_the_training_forward():

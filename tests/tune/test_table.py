@@ -13,7 +13,7 @@ from speedlight.inspect.launches import Recorder, intercept
 from speedlight.launch import for_target, launch_sku
 from speedlight.ops._gemm import launch_config
 from speedlight.ops.matmul import matmul
-from speedlight.ops.rms_norm import rms_norm
+from speedlight.ops.rms_norm import FWD_TILE, rms_norm
 from speedlight.tune import sweep
 from tests.conftest import gpu_target
 
@@ -119,9 +119,9 @@ def test_rms_norm_reads_its_entry_per_hidden_size(tables, device):
         "config": {"tile": 2048, "warps_per_sm": 16}}}})
     x = torch.randn(64, 512, dtype=torch.bfloat16, device=device)
     tuned = launched(rms_norm, x)[0]
-    assert tuned["BLOCK_M"] == 2048 // 512  # the rule's 8192-element tile holds 16 rows
+    assert tuned["BLOCK_M"] == 2048 // 512  # the rule's tile (FWD_TILE) holds 8 rows
     x = torch.randn(64, 256, dtype=torch.bfloat16, device=device)
-    assert launched(rms_norm, x)[0]["BLOCK_M"] == 8192 // 256
+    assert launched(rms_norm, x)[0]["BLOCK_M"] == FWD_TILE // 256
 
 
 def test_softmax_reads_its_entry_per_row_length(tables, device):
