@@ -3,6 +3,7 @@ timed): the Gluon kernels (sm_90a, sm_100a) beside the Triton kernel, at the hea
 case (batch 2, 32 heads, 8 KV heads, 8192 tokens, head dim 128, causal, bf16).
 
     python scripts/attention_gluon_loops.py --out benchmarks/results/cpu/attention-gluon-loops-REV.jsonl
+    python scripts/attention_gluon_loops.py --label before ...  (copied into an older tree)
 
 Each kernel is captured dry and compiled as `speedlight inspect attention --impl ...
 --target ...` does. Per role, its main loop is the innermost loop (a backward branch
@@ -15,7 +16,9 @@ The figure, as for the Triton kernel: warp-instructions per tile = the warp-inst
 every role issues for one iteration / the MMA FLOPs of that iteration x TILE_FLOPS (the
 two GEMMs of a 128 x 64 tile at head dim 128), so neither warps nor tile shapes move it.
 A role's warps: 4 per warpgroup (consumers, softmax, the Triton kernel's 8 as launched), 1
-for the producer and MMA warps.
+for the producer and MMA warps. Per kernel also its whole SASS (instructions, and the
+global atomics RED / ATOMG: what a count outside the loops costs) and, with --label, which
+tree it is (before / after a change, the script copied into the older tree).
 """
 
 from __future__ import annotations
@@ -155,6 +158,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="JSON lines, appended")
     p.add_argument("--case", default=CASE)
+    p.add_argument("--label", default="", help="recorded in every row (before / after)")
     args = p.parse_args(argv)
     import torch
 
@@ -180,23 +184,30 @@ def main(argv=None) -> int:
             if k.launch.kernel not in ROLES or not k.ok:
                 continue
             consts = {a.name: a.value for a in k.launch.args if a.kind == "constexpr"}
+            sass = k.compiled.text("sass")
+            ops = Counter(x["base"] for x in parse(sass) if "base" in x)
             rows.append({"tool": "attention_gluon_loops", "predicted": True, "git": revision,
+                         "label": args.label,
                          "triton": results.environment(torch.device("cpu")).get("triton"),
                          "target": arch, "impl": impl, "case": case.id,
                          "kernel": k.launch.kernel, "num_warps": k.num_warps,
                          "registers": k.registers, "spill_stores": k.spill_stores,
+                         "sass_instructions": sum(ops.values()),
+                         "atomics": {n: ops[n] for n in ("RED", "ATOMG", "ATOM") if ops[n]},
                          "smem": k.smem, "partitions": [list(x) for x in k.partitions],
                          "setmaxnreg": list(k.setmaxnreg),
                          "tiles": {n: consts[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_D",
                                                           "STAGES") if n in consts},
-                         **figures(k.launch.kernel, k.compiled.text("sass"), consts,
+                         **figures(k.launch.kernel, sass, consts,
                                    k.launch.num_warps)})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     for row in rows:
-        print(f"{row['target']} {row['impl']:6s} {row['kernel']:34s} "
+        print(f"{row['label']:6s} {row['target']} {row['impl']:6s} {row['kernel']:34s} "
+              f"regs {row['registers']} spill {row['spill_stores']} "
+              f"sass {row['sass_instructions']} atomics {row['atomics']} "
               f"{row['warp_instructions_per_tile']:5d} warp-instr/tile "
               f"({row['warp_instructions_per_tile_interior']} interior)  "
               + "  ".join(f"{r}: {v['instructions']}/{v['interior']} x{v['warps']}x{v['copies']}"

@@ -11,6 +11,10 @@ it beside the Triton kernel, cuDNN, FlexAttention and SDPA's flash backend.
    causal and not, GQA, windows, softcap, head dims 64 to 256, fp16, packed sequences,
    queries fewer than keys, a transposed layout), each row saying whether the Gluon
    kernel ran (a call outside its design runs the Triton forward, which would pass too);
+   then faults (FAULT_CASES): NaN and +inf in v at keys that rows of the same boundary
+   block cannot see, which the Gluon forward's product spreads to them and its fault pass
+   (the Triton fault kernel) must redo: o and lse as the float64 reference that masks by
+   selection, NaN and inf at its positions only, and both kernels seen to run;
 3. time: at the headline (TIME_CASES: batch 2, 32 heads, 8 KV heads, 8192 tokens, head dim
    128, causal and not, bf16), each implementation's median forward and backward over
    --reps calls, L2 flushed before each, with TFLOP/s from the op's cost: speedlight
@@ -71,9 +75,17 @@ VERIFY_CASES = (
     _case(1, 8, 8, 512, 512, 128, layout="transposed", causal=True),
     _packed(8, 2, 128, [1, 300, 0, 777, 64, 129], causal=True, lse=True),
 )
+# Faults a mask hides, as (case, [key, value] in v's first kv head, column 5): key 700 of
+# 1024 in the diagonal's block of rows 640-767 (+inf at 701), key 100 left of a 300-key
+# window for rows 401 on.
+FAULT_CASES = (
+    (_case(2, 8, 2, 1024, 1024, 128, causal=True, lse=True), [[700, "nan"], [701, "inf"]]),
+    (_case(1, 4, 2, 1021, 1021, 64, causal=True, left=300, lse=True), [[100, "nan"]]),
+)
 TIME_CASES = (_case(2, 32, 8, 8192, 8192, 128, causal=True), _case(2, 32, 8, 8192, 8192, 128))
 # The CPU test's sizes (the Triton interpreter)
 CPU_VERIFY_CASES = (_case(1, 2, 1, 40, 40, 64, causal=True, lse=True),)
+CPU_FAULT_CASES = ((_case(1, 2, 1, 40, 40, 64, causal=True, lse=True), [[30, "nan"]]),)
 CPU_TIME_CASES = (_case(1, 2, 1, 32, 32, 32, causal=True),)
 
 
@@ -115,12 +127,49 @@ def verify_step(description: dict, device: str) -> dict:
         return dict(row, status="skipped", reason=reason)
     kernels = _gluon_ran(spec, case, device)
     r = verify_case(spec, case, device, impl="gluon")
-    ran = "_attention_fwd_gluon_kernel" in kernels
+    ran = any(k.startswith("_attention_fwd_gluon") for k in kernels)  # sm_90a's or sm_100a's
     status = r.status if ran or r.status != "pass" else "fail"
     why = r.reason or ("" if ran else "the Gluon kernel did not run (the Triton forward "
                                       "served the call)")
     return dict(row, status=status, reason=why, kernels=kernels, gluon_ran=ran,
                 checks={c.name: {"passed": c.passed, "ratio": c.ratio} for c in r.checks})
+
+
+def faults_step(description: dict, at: list, device: str) -> dict:
+    """The Gluon forward on the case's inputs with v's first kv head faulted at `at`
+    ([key, value]): o and lse judged as verify judges them (NaN and inf positions as the
+    float64 reference's, which masks by selection; the rest within k x PyTorch's own
+    error), and the Gluon kernel and the fault pass seen to run."""
+    import torch
+
+    from speedlight.launch import watch_launches
+    from speedlight.ops import attention_gluon
+    from speedlight.spec import as_outputs
+    from speedlight.verify.harness import judge_outputs, references
+
+    spec, case = _spec_case(description)
+    row = {"step": "faults", "case": case.id, "implementation": "speedlight-gluon",
+           "faults": at}
+    reason = attention_gluon.gluon_unavailable(device)
+    if reason:
+        return dict(row, status="skipped", reason=reason)
+    inputs = spec.make_inputs(case, device)
+    for key, value in at:
+        inputs["v"][0, 0, key, 5] = float(value)
+    refs = references(spec, inputs)
+    with torch.no_grad(), watch_launches() as kernels:
+        ours = as_outputs(spec.implementations["gluon"].fn(**inputs))
+    checks = judge_outputs(ours, refs, spec.tolerance(case.dtype))
+    ran = any(k.startswith("_attention_fwd_gluon") for k in kernels)
+    redone = "_attention_fwd_faults_kernel" in kernels
+    failed = [c for c in checks if not c.passed]
+    why = "; ".join([f"{c.name}: {c.reason}" for c in failed]
+                    + ([] if ran else ["the Gluon kernel did not run (the Triton forward "
+                                       "served the call)"])
+                    + ([] if redone else ["no fault pass ran"]))
+    return dict(row, status="pass" if not why else "fail", reason=why, kernels=kernels,
+                gluon_ran=ran, checks={c.name: {"passed": c.passed, "ratio": c.ratio}
+                                       for c in checks})
 
 
 def _flush(buffer):
@@ -190,6 +239,8 @@ def run_child(steps: list[dict], device: str) -> int:
         try:
             if step["kind"] == "verify":
                 row = verify_step(step["case"], device)
+            elif step["kind"] == "faults":
+                row = faults_step(step["case"], step["at"], device)
             elif step["kind"] == "wait":  # a step that only waits (the watchdog's tests)
                 time.sleep(step["seconds"])
                 row = {"step": "wait", "status": "ok"}
@@ -328,7 +379,7 @@ def main(argv=None) -> int:
     failed, verified = [], []
 
     def write(row: dict) -> None:
-        if row["step"] == "verify":
+        if row["step"] in ("verify", "faults"):
             verified.append(row["status"] == "pass")
         elif row["step"] == "time" and row.get("implementation") == "speedlight-gluon":
             # timed whatever verify said, labelled with it: no speedup is read from a kernel
@@ -349,8 +400,10 @@ def main(argv=None) -> int:
            "reason": missing, "gluon_triton": missing is None})
     on_gpu = device == "cuda"
     verify_cases = VERIFY_CASES if on_gpu else CPU_VERIFY_CASES
+    fault_cases = FAULT_CASES if on_gpu else CPU_FAULT_CASES
     time_cases = TIME_CASES if on_gpu else CPU_TIME_CASES
     steps = [{"kind": "verify", "case": c} for c in verify_cases]
+    steps += [{"kind": "faults", "case": c, "at": at} for c, at in fault_cases]
     steps += [{"kind": "time", "case": c, "name": n, "mode": m, "reps": args.reps}
               for c in time_cases for m in args.modes.split(",") if m
               for n in args.impls.split(",") if n]

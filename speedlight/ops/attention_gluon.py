@@ -31,7 +31,6 @@ import triton
 from speedlight.kernels.attention import gluon_api
 from speedlight.launch import planned_arch
 from speedlight.ops import attention_launch
-from speedlight.ops.attention_checks import packed_lengths
 from speedlight.ops._gemm import ensure_allocator
 from speedlight.runtime import only_recorded
 
@@ -43,6 +42,7 @@ DECODE_ROWS = 16
 HOPPER, BLACKWELL = 9, 10
 # Query rows per program: two consumers of 64 rows (wgmma) or 128 (tcgen05).
 BLOCK_M = {HOPPER: 128, BLACKWELL: 256}
+CONSUMERS = 2
 # Both launch 4 warps (the first consumer) plus the worker partitions, 12 warps in all
 # (3 warpgroups): 168 registers a thread at launch, 504 per thread of a warpgroup, given
 # out as 240 to each consumer and 24 to the producer warp (and the MMA warp on Blackwell).
@@ -136,54 +136,48 @@ def _tiles(major: int, head_dim: int, softcap: bool) -> dict:
 def launch_gluon_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
                      max_seqlen_q, max_seqlen_k, num_splits, check_seqlens):
     """attention_launch.launch_fwd's contract (checked arguments, the window as its sides),
-    by the Gluon kernel where why_not_gluon allows, else by attention_launch.launch_fwd."""
+    by the Gluon kernel where why_not_gluon allows, else by attention_launch.launch_fwd.
+    The Gluon kernel is followed by the Triton forward's fault pass
+    (attention_launch.launch_fwd_faults): each consumer counts the NaN and inf in the o it
+    wrote, and the query blocks of a consumer that counted one are redone exactly, so a
+    NaN or inf the mask hides never reaches an output (on finite inputs every count is 0:
+    one wave of programs reads them and moves on)."""
     check_gluon(q)
     from speedlight.kernels.attention import gluon_fwd
 
-    varlen = cu_seqlens_q is not None
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    empty = q.numel() == 0 or k.numel() == 0
-    if varlen:
-        seq_q, seq_k = packed_lengths(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
-                                      max_seqlen_q, max_seqlen_k, check_seqlens)
-    else:
-        seq_q, seq_k = q.shape[2], k.shape[2]
-    if empty or seq_k == 0 or why_not_gluon(q, k, v, varlen, seq_q, num_splits):
+    pb = attention_launch.Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  check_seqlens)
+    if q.numel() == 0 or k.numel() == 0 or pb.seq_k == 0 \
+            or why_not_gluon(q, k, v, pb.varlen, pb.seq_q, num_splits):
         return attention_launch.launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap,
                                            left, right, max_seqlen_q, max_seqlen_k, num_splits,
                                            check_seqlens)
-    if varlen:
-        batch, heads_q, head_dim = cu_seqlens_q.shape[0] - 1, q.shape[1], q.shape[2]
-        lse_shape = (heads_q, q.shape[0])
-        cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    else:
-        batch, heads_q, _, head_dim = q.shape
-        lse_shape = (batch, heads_q, seq_q)
-        cu_q = cu_k = q  # unread placeholders
-    exact = check_seqlens or not varlen  # else rows in no sequence stay as zeros / -inf
-    o = torch.empty_like(q) if exact else torch.zeros_like(q)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    if not exact:
-        lse.fill_(float("-inf"))
-    if not _aligned(o, _strides(o, varlen)):  # empty_like keeps q's (aligned) strides
+    left, right = pb.sides(left, right)
+    o = pb.new_like(q)  # rows in no sequence (unchecked cu_seqlens) stay zeros, lse -inf
+    if not _aligned(o, pb.strides(o)):  # empty_like keeps q's (aligned) strides
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        if not exact:
+        if not pb.exact:
             o.zero_()
-    scale = head_dim ** -0.5 if scale is None else float(scale)
-    lse_strides = (0, lse.stride(0), lse.stride(1)) if varlen else tuple(lse.stride())
+    lse = pb.new(pb.lse_shape, q, float("-inf"))
+    scale = pb.head_dim ** -0.5 if scale is None else float(scale)
     major = planned_arch(q.device) // 10
     kernel = (gluon_fwd._attention_fwd_gluon_kernel if major == HOPPER
               else gluon_fwd._attention_fwd_gluon_sm100_kernel)
-    m_blocks = triton.cdiv(seq_q, BLOCK_M[major])
-    ensure_allocator()  # the kernel makes its TMA descriptors on the device
-    kernel[(m_blocks * batch * heads_q,)](
-        q, k, v, o, lse, cu_q, cu_k, m_blocks, seq_q, seq_k, q.shape[0] if varlen else seq_q,
-        k.shape[0] if varlen else seq_k, heads_q, heads_q // k.shape[1], head_dim, scale,
-        float(softcap or 1.0), left, right, *_strides(q, varlen), *_strides(k, varlen),
-        *_strides(v, varlen), *_strides(o, varlen), *lse_strides,
-        VARLEN=varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
-        FOLD=softcap is None and scale > 0, **_tiles(major, head_dim, softcap is not None),
-        **REGS, **LAUNCH)
+    m_blocks = triton.cdiv(pb.seq_q, BLOCK_M[major])
+    # one count per consumer (BLOCK_M // CONSUMERS query rows), every one written
+    faults = torch.empty((pb.batch, pb.heads_q, m_blocks * CONSUMERS, 1), dtype=torch.int32,
+                         device=q.device)
+    tiles = _tiles(major, pb.head_dim, softcap is not None)
+    ensure_allocator()  # the kernels make their TMA descriptors on the device
+    kernel[(m_blocks * pb.batch * pb.heads_q,)](
+        q, k, v, o, lse, faults, pb.cu_q, pb.cu_k, m_blocks, *pb.sizes(), pb.heads_q, pb.group,
+        pb.head_dim, scale, float(softcap or 1.0), left, right, *pb.strides(q),
+        *pb.strides(k), *pb.strides(v), *pb.strides(o), *pb.lse_strides(lse),
+        VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
+        FOLD=softcap is None and scale > 0, **tiles, **REGS, **LAUNCH)
+    attention_launch.launch_fwd_faults(pb, q, k, v, o, lse, faults, BLOCK_M[major] // CONSUMERS,
+                                       tiles["BLOCK_N"], scale, softcap, left, right)
     return o, lse
 
 

@@ -99,7 +99,7 @@ def _split_plan(n_programs: int, seq_k: int, block_n: int, device: torch.device,
     return triton.cdiv(max(seq_k, 1), span), span
 
 
-def _tma(pb: _Problem, *tensors: torch.Tensor) -> bool:
+def _tma(pb: Problem, *tensors: torch.Tensor) -> bool:
     """Whether the loop tiles come through tensor descriptors (TMA): on Hopper and later
     (sm_90+, the launch context's target or the GPU's own), when every descriptor is legal
     (each base and row, head and batch stride 16-byte aligned). The forward reads K and V
@@ -127,7 +127,7 @@ def _upcast(kernel, t: torch.Tensor) -> bool:
             and planned_sm_count(t.device) is None)
 
 
-class _Problem:
+class Problem:
     """The sizes and strides of one call, dense or packed, as the kernels take them.
     Packed: seq_q / seq_k are the launch's bounds (packed_lengths); `exact` says whether
     the sequences are known to tile the packed rows exactly (checked), else every output
@@ -219,7 +219,7 @@ def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
                max_seqlen_q, max_seqlen_k, num_splits, check_seqlens):
     """attention_fwd on checked arguments (the window as its sides)."""
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_seqlens)
+    pb = Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_seqlens)
     scale = pb.head_dim ** -0.5 if scale is None else float(scale)
     left, right = pb.sides(left, right)
     o = pb.new_like(q)
@@ -234,10 +234,7 @@ def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
     splits, span = _split_plan(m_blocks * pb.batch * pb.heads_q, pb.seq_k, blocks["BLOCK_N"],
                                q.device, num_splits)
     grid = (m_blocks * pb.batch * pb.heads_q, splits)
-    flags = dict(VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
-                 FOLD=softcap is None and scale > 0, SPLIT=splits > 1,
-                 UPCAST=_upcast(_attention_fwd_kernel, q),
-                 PRECISION=_precision(q.dtype), TMA=_tma(pb, k, v))
+    flags = dict(_fwd_flags(pb, q, k, v, scale, softcap, left, right), SPLIT=splits > 1)
     if flags["TMA"]:
         ensure_allocator()  # the descriptors are made on the device, in Triton's scratch
     blocks = {**blocks, **_fwd_knobs(blocks["BLOCK_D"], q.dtype, q.device)}
@@ -264,16 +261,38 @@ def launch_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, softcap, left, right,
             part_lse.stride(0), *pb.strides(o), *pb.lse_strides(lse),
             BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=blocks["BLOCK_D"], num_warps=1)
     # the query blocks whose boundary blocks met a NaN or inf of v, redone exactly
-    tiles = _fault_tiles(blocks["BLOCK_M"], blocks["BLOCK_N"], blocks["BLOCK_D"])
+    launch_fwd_faults(pb, q, k, v, o, lse, faults, blocks["BLOCK_M"], blocks["BLOCK_N"], scale,
+                      softcap, left, right, flags)
+    return o, lse
+
+
+def _fwd_flags(pb: Problem, q, k, v, scale: float, softcap, left: int, right: int) -> dict:
+    """The constexprs the forward and its fault kernel share."""
+    return dict(VARLEN=pb.varlen, WINDOW=left >= 0 or right >= 0, SOFTCAP=softcap is not None,
+                FOLD=softcap is None and scale > 0, UPCAST=_upcast(_attention_fwd_kernel, q),
+                PRECISION=_precision(q.dtype), TMA=_tma(pb, k, v))
+
+
+def launch_fwd_faults(pb: Problem, q, k, v, o, lse, faults, block_m: int, block_n: int,
+                      scale: float, softcap, left: int, right: int,
+                      flags: dict | None = None) -> None:
+    """The forward's fault pass, after a forward kernel (this module's or the Gluon one,
+    ops/attention_gluon.py) whose programs wrote one count per block of block_m query rows
+    into faults int32 [batch, heads_q, blocks, splits] (blocks * block_m >= pb.seq_q):
+    one wave of _attention_fwd_faults_kernel reads them and redoes each counted block of
+    o and lse exactly, on tiles of at most 32 x 32 (block_n: the forward's keys a block).
+    On finite inputs every count is 0 and nothing is written. flags: the forward's
+    constexprs when it has them (_fwd_flags)."""
+    flags = flags or _fwd_flags(pb, q, k, v, scale, softcap, left, right)
+    tiles = _fault_tiles(block_m, block_n, max(16, triton.next_power_of_2(pb.head_dim)))
     fault_blocks = triton.cdiv(pb.seq_q, tiles["BLOCK_M"])
     _attention_fwd_faults_kernel[_one_wave(fault_blocks * pb.batch * pb.heads_q, q.device)](
-        q, k, v, o, lse, faults, pb.cu_q, pb.cu_k, fault_blocks, splits, blocks["BLOCK_M"],
-        *pb.sizes(), pb.batch, pb.heads_q, pb.group, pb.head_dim, scale, float(softcap or 1.0),
-        left, right, *pb.strides(q), *pb.strides(k), *pb.strides(v), *pb.strides(o),
-        *pb.lse_strides(lse), **{n: flags[n] for n in ("VARLEN", "WINDOW", "SOFTCAP", "FOLD",
-                                                         "UPCAST", "PRECISION", "TMA")},
-        **tiles, num_warps=8)
-    return o, lse
+        q, k, v, o, lse, faults, pb.cu_q, pb.cu_k, fault_blocks, faults.shape[3], block_m,
+        faults.shape[2], *pb.sizes(), pb.batch, pb.heads_q, pb.group, pb.head_dim, scale,
+        float(softcap or 1.0), left, right, *pb.strides(q), *pb.strides(k), *pb.strides(v),
+        *pb.strides(o), *pb.lse_strides(lse),
+        **{n: flags[n] for n in ("VARLEN", "WINDOW", "SOFTCAP", "FOLD", "UPCAST", "PRECISION",
+                                 "TMA")}, **tiles, num_warps=8)
 
 
 def _fault_tiles(block_m: int, block_n: int, block_d: int) -> dict:
@@ -313,8 +332,8 @@ def launch_bwd(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, scale, sof
     they are read again only when a max_seqlen is None and the check is on."""
     q, k, v, o, do = (_last_dim_contiguous(t) for t in (q, k, v, o, do))
     read = check_seqlens and (max_seqlen_q is None or max_seqlen_k is None)
-    pb = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_seqlens,
-                  read)
+    pb = Problem(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_seqlens,
+                 read)
     scale = pb.head_dim ** -0.5 if scale is None else float(scale)
     dq, dk, dv = pb.new_like(q), pb.new_like(k), pb.new_like(v)
     if q.numel() == 0 or k.numel() == 0:

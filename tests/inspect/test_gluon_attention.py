@@ -1,6 +1,6 @@
 """Attention's Gluon forward (impl="gluon"), compiled for sm_90a and sm_100a with no GPU
 at the headline case (batch 2, 32 heads, 8 KV heads, 8192 tokens, head dim 128, causal):
-its launches recorded dry, its design held (wgmma or tcgen05, TMA loads, the warp roles
+its launches recorded dry (the Gluon kernel, then the Triton fault pass), its design held (wgmma or tcgen05, TMA loads, the warp roles
 and the register reallocation to them, no spills, shared memory within the SM's), and how
 inspect reads a warp-specialized kernel's roles from its TTGIR and SASS."""
 
@@ -35,7 +35,8 @@ def test_the_gluon_forward_compiles_to_its_design(arch, kernel, mma, workers, co
     gluon = dataclasses.replace(SPEC, impl=SPEC.implementations["gluon"].fn)
     [report] = inspect_cases([(gluon, HEADLINE)], target, compiler=compiler, mode="dry",
                              backward=False, impl="gluon")
-    [k] = report.kernels
+    k, faults = report.kernels  # the forward, then the Triton fault pass that follows it
+    assert faults.launch.kernel == "_attention_fwd_faults_kernel" and faults.ok
     GUARD_TABLE.append(f"attention {k.launch.kernel:34s} regs {k.registers:3d} spill "
                        f"{k.spill_stores:3d} occ {k.occupancy.fraction:4.0%}  [gluon {arch} "
                        f"{HEADLINE.label}]")

@@ -1,7 +1,8 @@
 """scripts/gpu/attention_gluon.py, gpu-check's Gluon attention section, on a CPU: the rows
-it writes (the Gluon verify skipped with the reason, the timings GPU-only), a step that
-never answers recorded as a hang and the rest run in a fresh process, a spent budget, and
-a verify that the Triton forward served (the Gluon kernel did not run) failed."""
+it writes (the Gluon verify and fault steps skipped with the reason, the timings GPU-only),
+a step that never answers recorded as a hang and the rest run in a fresh process, a spent
+budget, and a verify or fault step that the Triton forward served (the Gluon kernel did
+not run) failed."""
 
 import importlib.util
 from pathlib import Path
@@ -23,9 +24,11 @@ def test_the_section_writes_every_row_with_its_reason(tmp_path):
     code = script.main(["--out", str(tmp_path), "--impls", "speedlight-gluon,sdpa-cudnn",
                         "--modes", "fwd", "--step-timeout-s", "120"])
     rows = results.read_jsonl(tmp_path / "attention_gluon.jsonl")
-    env, verify, gluon, cudnn = rows
+    env, verify, faults, gluon, cudnn = rows
     assert code == 0 and env["gluon_triton"] is True and env["representative"] is False
-    assert verify["status"] == "skipped" and "only on an NVIDIA GPU" in verify["reason"]
+    for row in (verify, faults):
+        assert row["status"] == "skipped" and "only on an NVIDIA GPU" in row["reason"]
+    assert faults["step"] == "faults" and faults["faults"] == [[30, "nan"]]
     assert (gluon["implementation"], gluon["mode"], gluon["status"]) == (
         "speedlight-gluon", "fwd", "skipped")
     assert gluon["verified"] is False  # its verify was skipped here
@@ -61,3 +64,11 @@ def test_a_verify_the_triton_forward_served_fails(monkeypatch):
     row = script.verify_step(script.CPU_VERIFY_CASES[0], "cpu")
     assert row["status"] == "fail" and row["gluon_ran"] is False
     assert "did not run" in row["reason"] and "_attention_fwd_kernel" in row["kernels"]
+    # the fault step: the served forward keeps the rule (o and lse as the reference, the
+    # fault pass run), but it is not the Gluon kernel's
+    case, at = script.CPU_FAULT_CASES[0]
+    row = script.faults_step(case, at, "cpu")
+    assert row["status"] == "fail" and row["gluon_ran"] is False
+    assert row["reason"].startswith("the Gluon kernel did not run")
+    assert row["checks"]["y0"]["passed"] and row["checks"]["y1"]["passed"]
+    assert "_attention_fwd_faults_kernel" in row["kernels"]

@@ -281,8 +281,8 @@ def _attention_fwd_kernel(
 @triton.jit
 def _attention_fwd_faults_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, faults_ptr, cu_q_ptr, cu_k_ptr, m_blocks, splits,
-    main_block, seq_q, seq_k, total_q, total_k, batch, heads_q, group, head_dim, sm_scale,
-    softcap, left, right,
+    main_block, main_blocks, seq_q, seq_k, total_q, total_k, batch, heads_q, group, head_dim,
+    sm_scale, softcap, left, right,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -292,16 +292,17 @@ def _attention_fwd_faults_kernel(
     UPCAST: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """o and lse, exact, of the query blocks whose forward program counted a fault (a NaN
-    or inf of v in a boundary block), after _attention_fwd_kernel (and the combine); a
-    program with none reads one flag per split and moves on.
+    """o and lse, exact, of the query blocks whose forward program counted a fault, after
+    the forward (_attention_fwd_kernel and the combine: a NaN or inf of v in a boundary
+    block; the Gluon forward: a NaN or inf in a consumer's o); a program with none reads
+    one count per split and moves on.
 
     grid (at most one wave,): each program takes blocks of BLOCK_M query rows pid, pid +
     grid, ... of the m_blocks x batch x heads_q of this sizing; the forward's blocks of
-    main_block rows (a multiple of BLOCK_M) have their faults in faults int32 [batch,
-    heads_q, cdiv(max seq_q, main_block), splits]. Layouts as _attention_fwd_kernel's.
+    main_block rows (a multiple of BLOCK_M) have their counts in faults int32 [batch,
+    heads_q, main_blocks, splits] (main_blocks * main_block >= max seq_q). Layouts as
+    _attention_fwd_kernel's.
     """
-    main_blocks = (m_blocks * BLOCK_M + main_block - 1) // main_block
     for work in range(tl.program_id(0), m_blocks * batch * heads_q, tl.num_programs(0)):
         pid_m = work % m_blocks
         pid_h = (work // m_blocks) % heads_q

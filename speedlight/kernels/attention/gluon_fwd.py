@@ -37,6 +37,14 @@ heads_kv, seq_k, head_dim] by their strides, packed [total, heads, head_dim] wit
 over one sequence's rows of one head, so rows past the sequence read as zeros. The
 launcher (ops/attention_gluon.py) checks what TMA needs (16-byte aligned bases and row
 strides) before choosing these kernels.
+
+Faults: a NaN or inf of v at a key a row cannot see, in a boundary block, reaches the
+row's o through the MMA (its p is 0, and 0 x NaN is NaN). Rather than test v in the loop,
+each consumer counts, after it, its rows whose o is not finite (the producer zeroes the
+counts first): faults int32 [batch, heads_q, m_blocks * 2, 1], one count per 64 (128)
+query rows, for the Triton forward's fault kernel (kernels/attention/fwd.py), which redoes
+the counted rows exactly. On finite inputs o is finite (a convex combination of v's rows)
+and no count moves.
 """
 
 from triton.experimental import gluon
@@ -64,14 +72,17 @@ O_SLICE = gl.constexpr(32)
 
 
 @gluon.jit
-def _producer(q_ptr, k_ptr, v_ptr, shared, row0, q_first, k_first, seq_q, seq_k, head_dim,
-              pid_b, pid_h, pid_kv, n_iter, first, stride_qb, stride_qh, stride_qm,
-              stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+def _producer(q_ptr, k_ptr, v_ptr, faults_ptr, heads_q, m_blocks, shared, row0, q_first,
+              k_first, seq_q, seq_k, head_dim, pid_b, pid_h, pid_kv, n_iter, first,
+              stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+              stride_vb, stride_vh, stride_vn,
               ROWS_Q: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               STAGES: gl.constexpr):
     """The load warp: the consumers' Q tiles ([ROWS_Q, BLOCK_D] each) once, then K and V of
     each key block into the ring (K before V, so the QK^T of a block can start while its V
-    is in flight). A program past its sequence's end loads nothing."""
+    is in flight). A program past its sequence's end loads nothing. First it zeroes the
+    consumers' fault counts, which Q's barrier (release, then the consumers' acquire)
+    orders before any consumer adds to them."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty = shared
     q_desc = _descriptor(q_ptr + pid_b.to(gl.int64) * stride_qb + pid_h.to(gl.int64) * stride_qh
                          + q_first.to(gl.int64) * stride_qm, seq_q, head_dim, stride_qm,
@@ -82,6 +93,9 @@ def _producer(q_ptr, k_ptr, v_ptr, shared, row0, q_first, k_first, seq_q, seq_k,
     v_desc = _descriptor(v_ptr + pid_b.to(gl.int64) * stride_vb + pid_kv.to(gl.int64) * stride_vh
                          + k_first.to(gl.int64) * stride_vn, seq_k, head_dim, stride_vn,
                          BLOCK_N, BLOCK_D)
+    counts = _fault_counts(faults_ptr, heads_q, m_blocks, pid_b, pid_h, row0, ROWS_Q)
+    for c in gl.static_range(CONSUMERS):
+        gl.store(counts + c, 0)
     has_rows = row0 < seq_q
     mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes, pred=has_rows)
     mbarrier.arrive(q_bar, count=1, pred=row0 >= seq_q)  # nothing to load: released at once
@@ -133,16 +147,39 @@ def _barriers(n: gl.constexpr, count: gl.constexpr):
     return bars
 
 
+@gluon.jit
+def _fault_counts(faults_ptr, heads_q, m_blocks, pid_b, pid_h, row0, ROWS_Q: gl.constexpr):
+    """The program's first fault count in faults int32 [batch, heads_q, m_blocks *
+    CONSUMERS, 1]: one per consumer, of its ROWS_Q query rows (the fault kernel's blocks)."""
+    pid_m = row0 // (CONSUMERS * ROWS_Q)
+    return faults_ptr + ((pid_b * heads_q + pid_h) * m_blocks + pid_m) * CONSUMERS
+
+
+@gluon.jit
+def _count_faults(faults_ptr, heads_q, m_blocks, pid_b, pid_h, row0, row_sums, rows, seq_q,
+                  WG: gl.constexpr, ROWS_Q: gl.constexpr):
+    """Adds to consumer WG's fault count (zeroed by the producer) one for each of its rows
+    below seq_q whose o holds a NaN or an inf (row_sums, the sums of its rows of o, NaN or
+    inf then; or overflowed, which only costs a redo): on finite inputs no row, no atomic
+    (a row of o is a convex combination of v's rows)."""
+    counts = _fault_counts(faults_ptr, heads_q, m_blocks, pid_b, pid_h, row0, ROWS_Q)
+    bad = (rows < seq_q) & (row_sums * 0.0 != 0.0)
+    zero = rows * 0  # a tensor in the rows' layout (Gluon broadcasts no scalar here)
+    gl.atomic_add(counts + WG + zero, zero + 1, mask=bad, sem="relaxed")
+
+
 # --- sm_90a: wgmma consumers in ping-pong ------------------------------------------------
 
 @gluon.jit
-def _consumer(o_ptr, lse_ptr, shared, turn, row0, q_first, seq_q, seq_k, head_dim, pid_b,
-              pid_h, n_iter, first, left, right, qk_scale, sm_scale, softcap, stride_ob,
-              stride_oh, stride_om, stride_lb, stride_lh, stride_lm, WG: gl.constexpr,
+def _consumer(o_ptr, lse_ptr, faults_ptr, heads_q, m_blocks, shared, turn, row0, q_first,
+              seq_q, seq_k, head_dim, pid_b, pid_h, n_iter, first, left, right, qk_scale,
+              sm_scale, softcap, stride_ob, stride_oh, stride_om, stride_lb, stride_lh,
+              stride_lm, WG: gl.constexpr,
               WINDOW: gl.constexpr, FOLD: gl.constexpr, SOFTCAP: gl.constexpr,
               BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr):
     """Consumer warpgroup WG: rows row0 + WG * ROWS + [0, ROWS) against the program's key
-    blocks, then o by TMA (through its Q buffer) and lse by pointer."""
+    blocks, then o by TMA (through its Q buffer), lse by pointer, and its fault count (the
+    rows whose o holds a NaN or inf, which the fault kernel redoes: _count_faults)."""
     q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty = shared
     dtype: gl.constexpr = o_ptr.dtype.element_ty
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -213,6 +250,11 @@ def _consumer(o_ptr, lse_ptr, shared, turn, row0, q_first, seq_q, seq_k, head_di
     # epilogue: o = acc / l (0 for a row that saw no key), lse in natural log
     l_o = gl.convert_layout(l_i, orow_layout)
     o = acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None]
+    # a NaN or inf in o: one a row sees, or one of v at a key hidden from the row in a
+    # boundary block (0 * NaN in the PV wgmma): counted, the fault kernel redoes the rows
+    rows_o = my_row0 + gl.arange(0, ROWS, layout=orow_layout)
+    _count_faults(faults_ptr, heads_q, m_blocks, pid_b, pid_h, row0, gl.sum(o, 1), rows_o,
+                  seq_q, WG, ROWS)
     _store_lse(lse_ptr, m_i, l_i, rows, q_first, seq_q, pid_b, pid_h, stride_lb, stride_lh,
                stride_lm)
     o_desc = _descriptor(o_ptr + pid_b.to(gl.int64) * stride_ob + pid_h.to(gl.int64) * stride_oh
@@ -228,7 +270,7 @@ def _consumer(o_ptr, lse_ptr, shared, turn, row0, q_first, seq_q, seq_k, head_di
 
 @gluon.jit
 def _attention_fwd_gluon_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, m_blocks,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, faults_ptr, cu_q_ptr, cu_k_ptr, m_blocks,
     seq_q, seq_k, total_q, total_k, heads_q, group, head_dim, sm_scale, softcap, left, right,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -252,7 +294,9 @@ def _attention_fwd_gluon_kernel(
     is right = 0); SOFTCAP applies softcap * tanh(s / softcap); FOLD folds the scale into
     the exponent's FFMA (a positive scale, no softcap); BLOCK_N keys per block; BLOCK_D
     head_dim rounded up to a power of two (TMA zero-fills the columns past it); STAGES the
-    depth of the K/V ring.
+    depth of the K/V ring. faults int32 [batch, heads_q, m_blocks * CONSUMERS, 1], every
+    entry written: each consumer's count of its rows whose o is not finite
+    (_count_faults), for _attention_fwd_faults_kernel.
     """
     pid_m, pid_b, pid_h = _program(gl.program_id(0), m_blocks, heads_q)
     q_first, k_first, seq_q, seq_k = _sequence(cu_q_ptr, cu_k_ptr, pid_b, seq_q, seq_k,
@@ -268,18 +312,18 @@ def _attention_fwd_gluon_kernel(
     shared = _ring(q_ptr.dtype.element_ty, ROWS, BLOCK_N, BLOCK_D, STAGES)
     turn = _barriers(CONSUMERS, 1)
     gl.warp_specialize([
-        (_consumer, (o_ptr, lse_ptr, shared, turn, row0, q_first, seq_q, seq_k, head_dim, pid_b,
-                     pid_h, n_iter, first, left, right, qk_scale, sm_scale, softcap, stride_ob,
-                     stride_oh, stride_om, stride_lb, stride_lh, stride_lm, 0, WINDOW, FOLD,
-                     SOFTCAP, BLOCK_N, BLOCK_D, STAGES)),
-        (_consumer, (o_ptr, lse_ptr, shared, turn, row0, q_first, seq_q, seq_k, head_dim, pid_b,
-                     pid_h, n_iter, first, left, right, qk_scale, sm_scale, softcap, stride_ob,
-                     stride_oh, stride_om, stride_lb, stride_lh, stride_lm, 1, WINDOW, FOLD,
-                     SOFTCAP, BLOCK_N, BLOCK_D, STAGES)),
-        (_producer, (q_ptr, k_ptr, v_ptr, shared, row0, q_first, k_first, seq_q, seq_k,
-                     head_dim, pid_b, pid_h, pid_kv, n_iter, first, stride_qb, stride_qh,
-                     stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
-                     stride_vn, ROWS, BLOCK_N, BLOCK_D, STAGES)),
+        (_consumer, (o_ptr, lse_ptr, faults_ptr, heads_q, m_blocks, shared, turn, row0,
+                     q_first, seq_q, seq_k, head_dim, pid_b, pid_h, n_iter, first, left, right,
+                     qk_scale, sm_scale, softcap, stride_ob, stride_oh, stride_om, stride_lb,
+                     stride_lh, stride_lm, 0, WINDOW, FOLD, SOFTCAP, BLOCK_N, BLOCK_D, STAGES)),
+        (_consumer, (o_ptr, lse_ptr, faults_ptr, heads_q, m_blocks, shared, turn, row0,
+                     q_first, seq_q, seq_k, head_dim, pid_b, pid_h, n_iter, first, left, right,
+                     qk_scale, sm_scale, softcap, stride_ob, stride_oh, stride_om, stride_lb,
+                     stride_lh, stride_lm, 1, WINDOW, FOLD, SOFTCAP, BLOCK_N, BLOCK_D, STAGES)),
+        (_producer, (q_ptr, k_ptr, v_ptr, faults_ptr, heads_q, m_blocks, shared, row0,
+                     q_first, k_first, seq_q, seq_k, head_dim, pid_b, pid_h, pid_kv, n_iter,
+                     first, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                     stride_vb, stride_vh, stride_vn, ROWS, BLOCK_N, BLOCK_D, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -321,15 +365,18 @@ def _mma_sm100(shared, s_tmem, o_tmem, p_smem, sync, n_iter, STAGES: gl.constexp
 
 
 @gluon.jit
-def _softmax_sm100(o_ptr, lse_ptr, s_tmem, o_tmem, p_smem, sync, row0, q_first, seq_q, seq_k,
-                   head_dim, pid_b, pid_h, n_iter, first, left, right, qk_scale, sm_scale,
-                   softcap, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm,
+def _softmax_sm100(o_ptr, lse_ptr, faults_ptr, heads_q, m_blocks, q_bar, s_tmem, o_tmem,
+                   p_smem, sync, row0, q_first, seq_q, seq_k, head_dim, pid_b, pid_h, n_iter,
+                   first, left, right, qk_scale, sm_scale, softcap, stride_ob, stride_oh,
+                   stride_om, stride_lb, stride_lh, stride_lm,
                    WG: gl.constexpr, WINDOW: gl.constexpr, FOLD: gl.constexpr,
                    SOFTCAP: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr):
     """Softmax warpgroup WG: rows row0 + WG * 128 + [0, 128), a row per thread. Per key
     block: S from tensor memory (then S's columns are the MMA warp's again), the online
     softmax, O rescaled by alpha in tensor memory once the previous P V is done, P to
-    shared memory for the next one. Then o = O / l by 128-bit stores and lse."""
+    shared memory for the next one. Then o = O / l by 128-bit stores, lse, and its fault
+    count (_count_faults; Q's barrier, waited on first, orders the producer's zeroing of
+    it before)."""
     s_ready, s_free, p_ready, o_done = sync
     dtype: gl.constexpr = o_ptr.dtype.element_ty
     s_tl: gl.constexpr = TensorMemoryLayout((ROWS_SM100, BLOCK_N), 1)
@@ -349,6 +396,7 @@ def _softmax_sm100(o_ptr, lse_ptr, s_tmem, o_tmem, p_smem, sync, row0, q_first, 
     p_buf = p_smem.index(WG)
     m_i = gl.full([ROWS_SM100], FLOOR, gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([ROWS_SM100], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    mbarrier.wait(q_bar, 0)  # (the producer zeroed the fault counts before releasing it)
     for j in range(n_iter):
         mbarrier.wait(s_ready.index(WG), j & 1)
         s = s_buf.load(s_layout)
@@ -376,16 +424,22 @@ def _softmax_sm100(o_ptr, lse_ptr, s_tmem, o_tmem, p_smem, sync, row0, q_first, 
     rows_o = my_row0 + gl.arange(0, ROWS_SM100, layout=orow_layout)
     o_rows = (o_ptr + pid_b.to(gl.int64) * stride_ob + pid_h.to(gl.int64) * stride_oh
               + (q_first + rows_o).to(gl.int64)[:, None] * stride_om)
+    row_sums = gl.zeros([ROWS_SM100], gl.float32, layout=orow_layout)
     for c in gl.static_range(BLOCK_D // O_SLICE):
         cols = c * O_SLICE + gl.arange(0, O_SLICE, layout=gl.SliceLayout(0, o_layout))
         o = gl.where(none, 0.0, o_buf.slice(c * O_SLICE, O_SLICE).load(o_layout) / l_o)
+        row_sums += gl.sum(o, 1)  # a row per thread: no shuffle
         gl.store(o_rows + cols[None, :], o.to(dtype),
                  mask=(rows_o < seq_q)[:, None] & (cols < head_dim)[None, :])
+    # a NaN or inf in o: one a row sees, or one of v at a key hidden from the row in a
+    # boundary block (0 * NaN in the PV MMA): counted, the fault kernel redoes the rows
+    _count_faults(faults_ptr, heads_q, m_blocks, pid_b, pid_h, row0, row_sums, rows_o, seq_q,
+                  WG, ROWS_SM100)
 
 
 @gluon.jit
 def _attention_fwd_gluon_sm100_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, m_blocks,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, faults_ptr, cu_q_ptr, cu_k_ptr, m_blocks,
     seq_q, seq_k, total_q, total_k, heads_q, group, head_dim, sm_scale, softcap, left, right,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -423,17 +477,19 @@ def _attention_fwd_gluon_sm100_kernel(
     sync = (_barriers(CONSUMERS, 1), _barriers(CONSUMERS, 1), _barriers(CONSUMERS, 1),
             _barriers(CONSUMERS, 1))  # s_ready, s_free, p_ready, o_done per tile
     gl.warp_specialize([
-        (_softmax_sm100, (o_ptr, lse_ptr, s_tmem, o_tmem, p_smem, sync, row0, q_first, seq_q,
-                          seq_k, head_dim, pid_b, pid_h, n_iter, first, left, right, qk_scale,
-                          sm_scale, softcap, stride_ob, stride_oh, stride_om, stride_lb,
-                          stride_lh, stride_lm, 0, WINDOW, FOLD, SOFTCAP, BLOCK_N, BLOCK_D)),
-        (_softmax_sm100, (o_ptr, lse_ptr, s_tmem, o_tmem, p_smem, sync, row0, q_first, seq_q,
-                          seq_k, head_dim, pid_b, pid_h, n_iter, first, left, right, qk_scale,
-                          sm_scale, softcap, stride_ob, stride_oh, stride_om, stride_lb,
-                          stride_lh, stride_lm, 1, WINDOW, FOLD, SOFTCAP, BLOCK_N, BLOCK_D)),
+        (_softmax_sm100, (o_ptr, lse_ptr, faults_ptr, heads_q, m_blocks, shared[3], s_tmem,
+                          o_tmem, p_smem, sync, row0, q_first, seq_q, seq_k, head_dim, pid_b,
+                          pid_h, n_iter, first, left, right, qk_scale, sm_scale, softcap,
+                          stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm, 0,
+                          WINDOW, FOLD, SOFTCAP, BLOCK_N, BLOCK_D)),
+        (_softmax_sm100, (o_ptr, lse_ptr, faults_ptr, heads_q, m_blocks, shared[3], s_tmem,
+                          o_tmem, p_smem, sync, row0, q_first, seq_q, seq_k, head_dim, pid_b,
+                          pid_h, n_iter, first, left, right, qk_scale, sm_scale, softcap,
+                          stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm, 1,
+                          WINDOW, FOLD, SOFTCAP, BLOCK_N, BLOCK_D)),
         (_mma_sm100, (shared, s_tmem, o_tmem, p_smem, sync, n_iter, STAGES)),
-        (_producer, (q_ptr, k_ptr, v_ptr, shared, row0, q_first, k_first, seq_q, seq_k,
-                     head_dim, pid_b, pid_h, pid_kv, n_iter, first, stride_qb, stride_qh,
-                     stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
-                     stride_vn, ROWS_SM100, BLOCK_N, BLOCK_D, STAGES)),
+        (_producer, (q_ptr, k_ptr, v_ptr, faults_ptr, heads_q, m_blocks, shared, row0,
+                     q_first, k_first, seq_q, seq_k, head_dim, pid_b, pid_h, pid_kv, n_iter,
+                     first, stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                     stride_vb, stride_vh, stride_vn, ROWS_SM100, BLOCK_N, BLOCK_D, STAGES)),
     ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
