@@ -145,7 +145,14 @@ def recording_backend(name: str, seen: set[str]):
             seen.update(speedlight_ops(gm))
             return compile_fx_inner(gm, example_inputs, *args, **kwargs)
 
-        return lambda gm, example_inputs: compile_fx(gm, example_inputs, inner_compile=inner)
+        def compile_recording(gm, example_inputs):
+            # a graph AOT autograd's cache already holds (from an earlier test of the run,
+            # or an earlier run) would be served without reaching `inner`: nothing recorded
+            with torch._functorch.config.patch(enable_autograd_cache=False), \
+                    torch._inductor.config.patch(fx_graph_cache=False):
+                return compile_fx(gm, example_inputs, inner_compile=inner)
+
+        return compile_recording
     raise ValueError(f"backend must be 'aot_eager' or 'inductor', got {name!r}")
 
 
