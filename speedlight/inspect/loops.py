@@ -18,9 +18,9 @@ Per loop:
              work, which more warps or a larger tile do not move
   lines      the body's instructions by source line (nvdisasm's line info), most first
   in flight  the bytes of global loads one thread has issued and not yet used, at most, in the
-             steady state (the body walked twice, so a load used in the next iteration, a
-             prefetch, stays in flight across the back edge); cp.async groups retire at
-             their DEPBAR
+             steady state (the body walked until what earlier iterations left pending is
+             full, so a load used in the next iteration, a prefetch, stays in flight across
+             the back edge); cp.async groups retire at their DEPBAR
   steady     the loop that runs the kernel's steady state: the innermost loop with the most
              MMA FLOPs per iteration (of equals, the one with the fewest instructions: the
              interior tiles, where a masked variant serves the edges); without MMA, the one
@@ -379,14 +379,19 @@ def _read_regs(i: sass.Instr) -> set[int]:
 
 def _in_flight(body: list) -> tuple[int, float]:
     """(the most bytes of global loads one thread has in flight at once, the longest share
-    of the body a load stays in flight before its first use): the body walked twice so
-    what an iteration issues for the next is seen in flight across the back edge. A
-    register load stays in flight until an instruction reads its destination (a copy of
-    it too: the copy waits for the data); a load no instruction of the loop reads, a value
-    for after the loop, is left out. cp.async (LDGSTS) copies until the DEPBAR.LE SB0, N
-    that leaves at most N commit groups pending; a group left pending over the back edge
-    was issued for a later iteration (overlap 1.0)."""
+    of the body a load stays in flight before its first use), in the steady state: the
+    body walked until what earlier iterations left pending stops growing, the last walk
+    counted, so what an iteration issues for the next is seen in flight across the back
+    edge. A register load stays in flight until an instruction reads its destination (a
+    copy of it too: the copy waits for the data); a load no instruction of the loop reads,
+    a value for after the loop, is left out. cp.async (LDGSTS) copies until the DEPBAR.LE
+    SB0, N that leaves at most N commit groups pending; a group left pending over the back
+    edge was issued for a later iteration (overlap 1.0). A pipeline's prologue commits its
+    first groups before the loop, so at steady state N groups are pending when the body
+    starts: N + 2 walks (at most 10) fill them from none."""
     n = len(body)
+    keeps = [_depbar_keep(i) for i in body if i.base == "DEPBAR"]
+    walks = 2 + min(max(keeps, default=0), 8)
     reads = [_read_regs(i) for i in body]
     loads = {p: _dest_regs(i) for p, i in enumerate(body) if i.base in ("LDG", "LD")}
     loads = {p: regs for p, regs in loads.items() if regs and any(regs & r for r in reads)}
@@ -394,17 +399,17 @@ def _in_flight(body: list) -> tuple[int, float]:
     groups: list[int] = []  # committed cp.async groups' bytes, oldest first
     open_group = 0
     peak, overlap = 0, 0.0
-    for step in range(2 * n):
+    last = (walks - 1) * n  # the first step of the counted walk
+    for step in range(walks * n):
         pos = step % n
         i = body[pos]
         if pending:
             for issued in [s for s, (_, regs) in pending.items() if regs & reads[pos]]:
-                if step >= n:
+                if step >= last:
                     overlap = max(overlap, min(1.0, (step - issued) / n))
                 del pending[issued]
         if i.base == "DEPBAR":
-            m = re.search(r"SB0,\s*(0x[0-9a-f]+|\d+)", ",".join(i.operands))
-            keep = int(m.group(1), 0) if m else 0
+            keep = _depbar_keep(i)
             del groups[:max(0, len(groups) - keep)]
         if pos in loads:
             pending[step] = (i.width // 8, loads[pos])
@@ -413,9 +418,16 @@ def _in_flight(body: list) -> tuple[int, float]:
         elif i.base == "LDGDEPBAR":
             groups.append(open_group)
             open_group = 0
-        if step >= n:
+        if step >= last:
             peak = max(peak, sum(b for b, _ in pending.values()) + sum(groups) + open_group)
     return peak, 1.0 if groups else overlap
+
+
+def _depbar_keep(i: sass.Instr) -> int:
+    """N of a DEPBAR.LE SB0, N: the cp.async groups it leaves pending (0 if another
+    scoreboard's)."""
+    m = re.search(r"SB0,\s*(0x[0-9a-f]+|\d+)", ",".join(i.operands))
+    return int(m.group(1), 0) if m else 0
 
 
 def measure_loops(loops: list[Loop], instrs: list, *, num_warps: int, dots: dict | None = None,

@@ -88,6 +88,20 @@ CP_ASYNC = """
 """
 
 
+# a pipeline four tiles deep (Triton's num_stages=5: the prologue commits four groups, and
+# each iteration waits for the oldest, keeping three pending, then commits the next)
+CP_ASYNC_DEEP = """
+.L_x_0:
+        /*0000*/                   DEPBAR.LE SB0, 0x3 ;
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0020*/                   LDS.128 R8, [R1] ;
+        /*0030*/                   FADD R11, R10, R11 ;
+        /*0040*/                   LDGSTS.E.BYPASS.128 [R3], desc[UR4][R4.64] ;
+        /*0050*/                   LDGDEPBAR ;
+        /*0060*/              @!P0 BRA `(.L_x_0) ;
+"""
+
+
 def _one(listing):
     instrs, labels = sass.parse_with_labels(listing)
     (lp,) = loops.measure_loops(loops.find_loops(instrs, labels), instrs, num_warps=1)
@@ -100,6 +114,10 @@ def test_a_load_used_in_the_next_iteration_is_a_prefetch():
     # cp.async: two stages in flight (the group of this iteration and the one before)
     lp = _one(CP_ASYNC)
     assert lp.in_flight == 64 and lp.prefetch and lp.load_bytes == 32
+    # four tiles deep: the three groups the wait leaves pending and the one committed after
+    # it (two walks of the body from none pending would see two)
+    lp = _one(CP_ASYNC_DEEP)
+    assert lp.in_flight == 4 * 16 and lp.prefetch and lp.load_bytes == 16
 
 
 # --- deliberate kernels, compiled for sm_90a -------------------------------------------------
