@@ -213,10 +213,10 @@ def _grad_scale(grad_scale_ptr, offs_m, mask_m, stride_gs, GRAD_SCALE: tl.conste
 
 @triton.jit
 def _row_offsets(offs_m, seq, stride_b, stride_s):
-    """Element offset of the start of each row r = b * seq + s (int64)."""
-    rows = offs_m.to(tl.int64)
-    b = rows // seq
-    return b * stride_b + (rows - b * seq) * stride_s
+    """Element offset of the start of each row r = b * seq + s (int64; the division in
+    int32, as rows < 2^31, where int64's costs several times its instructions)."""
+    b = offs_m // seq
+    return b.to(tl.int64) * stride_b + (offs_m - b * seq).to(tl.int64) * stride_s
 
 
 @triton.jit
@@ -246,18 +246,64 @@ def _store_row_loss(x_rows, t, valid, bad, m, d, sc, w_t, w_sum, loss_ptr, offs_
 
 
 @triton.jit
+def _tile_stats(c, c_t, w, cols, t, mask, HAS_WEIGHT: tl.constexpr, SMOOTHING: tl.constexpr):
+    """(m, e, d, d_rest, sc) of a [BM, BN] tile of whole rows c (class weights w, target
+    columns t as int32, target logits c_t): the max m, e = exp(c - m) (0 in a row of only
+    -inf), the sum of e without the target's d_rest and with it d = d_rest + exp(c_t - m),
+    and with SMOOTHING the sum of w_j c_j sc (0 without). Two reductions (the max, then
+    d_rest), a third for sc."""
+    # [BM, BN] -> [BM]
+    m = tl.max(c, axis=1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # a row of only -inf: e = exp(-inf) = 0
+    e = tl.exp(c - m_safe[:, None])
+    # [BM, BN] -> [BM]
+    d_rest = tl.sum(tl.where(cols[None, :] == t[:, None], 0.0, e), axis=1)
+    d = d_rest + tl.exp(c_t - m_safe)
+    sc = tl.zeros(m.shape, tl.float32)
+    if SMOOTHING:
+        sc = _weighted_sum(c, w, mask, HAS_WEIGHT)
+    return m, e, d, d_rest, sc
+
+
+@triton.jit
+def _grad_from_exp(e, dc, w, cols, t, valid, bad, r, p_t_minus_1, coef, w_t, gscale, n_cols,
+                   label_smoothing, HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+    """_grad_tile's dloss/dx from e = exp(c - m) (t: int32 target columns; gscale [BM]; r =
+    gscale / d, d the row sum of e): p = e / d, so a logit's gradient is e times a factor
+    per row plus a term per row (per column with class weights), the upstream scale folded
+    into both: one exp per logit (the statistics') and a multiply-add."""
+    smooth = label_smoothing / n_cols
+    is_t = cols[None, :] == t[:, None]
+    if HAS_WEIGHT:
+        a = w_t * (1.0 - label_smoothing)
+        k_t = r * (coef - a)
+        b_t = (a * p_t_minus_1 - smooth * w_t) * gscale
+        g = tl.where(is_t, e * k_t[:, None] + b_t[:, None],
+                     e * (r * coef)[:, None] + w[None, :] * (-smooth * gscale)[:, None])
+    else:
+        k_t = r * (coef - 1.0)
+        b_t = (p_t_minus_1 + (label_smoothing - smooth)) * gscale
+        g = tl.where(is_t, e * k_t[:, None] + b_t[:, None],
+                     e * (r * coef)[:, None] + (-smooth * gscale)[:, None])
+    if HAS_SOFTCAP:
+        g = g * dc
+    return tl.where(valid[:, None], g, tl.where(bad[:, None], float("nan"), 0.0))
+
+
+@triton.jit
 def _cross_entropy_fwd_kernel(
     x_ptr, target_ptr, loss_ptr, dx_ptr, weight_ptr, w_sum_ptr, z_ptr, correct_ptr, pred_ptr,
     grad_scale_ptr, n_rows, n_cols, seq,
     stride_xb, stride_xs, stride_xv, stride_t, stride_db, stride_ds, stride_dv, stride_gs,
     ignore_index, label_smoothing, z_loss, softcap,
     HAS_SOFTCAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-    EXTRAS: tl.constexpr, GRAD_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    EXTRAS: tl.constexpr, GRAD_SCALE: tl.constexpr, SMOOTHING: tl.constexpr,
+    BATCHED: tl.constexpr, EVEN_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """loss[r] and dx[r, :] = dloss[r]/dx[r, :] for the BLOCK_M rows of one program, each
-    row held whole (n_cols <= BLOCK_N): the tile read for the statistics is reused for the
-    gradient, so logits are read once.
+    """loss[r] and dx[r, :] = dloss[r]/dx[r, :] over tiles of BLOCK_M rows, each row held
+    whole (n_cols <= BLOCK_N): the tile read for the statistics is reused for the gradient,
+    so logits are read once, and each logit's exp serves both.
 
     x_ptr [batch, seq, n_cols] (strides stride_xb, stride_xs, stride_xv); target_ptr [rows]
     (stride_t); loss_ptr [rows] (fp32, or the logits dtype for reduction none); dx_ptr like
@@ -265,40 +311,66 @@ def _cross_entropy_fwd_kernel(
     [n_cols] class weights and w_sum_ptr [] their sum (fp32); z_ptr, correct_ptr [rows]
     fp32 and pred_ptr [rows] int64, the extras; grad_scale_ptr [rows] (stride stride_gs, 0
     for one scalar) each row's factor of the gradient (a chunked loss's upstream gradient,
-    a mean's 1 / divisor folded in). Program pid covers rows
-    [pid * BLOCK_M, (pid + 1) * BLOCK_M).
+    a mean's 1 / divisor folded in). Persistent: program p takes the tiles p, p + P, ...
+    (P programs), its tile loop pipelined STAGES deep (on NVIDIA, cp.async copies into
+    STAGES - 1 shared-memory buffers: the next tiles' logits load while one is reduced; 1
+    is a plain loop). The target logit is read (one gathered load per row) before the
+    row's reductions, whose barriers order it before any lane's in-place gradient store.
     HAS_SOFTCAP: cap the logits. HAS_WEIGHT: class weights (else weight_ptr, w_sum_ptr are
     unused). COMPUTE_GRAD=False (no gradient wanted) writes no dx. EXTRAS=False writes no
     z, correct, pred and tracks no argmax. GRAD_SCALE=False: grad_scale_ptr unused (1).
+    SMOOTHING=False (label_smoothing == 0) removes the sum of the logits. BATCHED=False:
+    one stride addresses every row (seq >= n_rows), no division of the row index.
+    EVEN_N: n_cols == BLOCK_N, no column mask.
     """
-    pid = tl.program_id(0)
-    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < n_rows
-    x_rows = x_ptr + _row_offsets(offs_m, seq, stride_xb, stride_xs)
-    t, valid, bad = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols, ignore_index)
-    w_t, w_sum = _target_weight(weight_ptr, w_sum_ptr, t, valid, HAS_WEIGHT)
     offs_n = tl.arange(0, BLOCK_N)
-    mask = mask_m[:, None] & (offs_n < n_cols)[None, :]
-    x, c, dc = _load_logits(x_rows, offs_n, mask, stride_xv, softcap, HAS_SOFTCAP)
+    if EVEN_N:  # no column mask: nothing to select past the row's end
+        mask_n = tl.full([BLOCK_N], 1, tl.int1)
+    else:
+        mask_n = offs_n < n_cols
     w = _load_class_weights(weight_ptr, offs_n, n_cols, HAS_WEIGHT)
-    zero = tl.zeros([BLOCK_M], tl.float32)
-    m, d, d_rest, sc = _merge_stats(zero + float("-inf"), zero, zero, zero, c, w, offs_n, t,
-                                    mask, HAS_WEIGHT)
-    log_d, coef, z_row = _store_row_loss(x_rows, t, valid, bad, m, d, sc, w_t, w_sum, loss_ptr,
-                                         offs_m, mask_m, n_cols, stride_xv, label_smoothing,
-                                         z_loss, softcap, HAS_SOFTCAP, HAS_WEIGHT)
-    if EXTRAS:
-        none = tl.full([BLOCK_M], 2147483647, tl.int32)
-        _, best_idx, nan_idx = _merge_argmax(zero + float("-inf"), none, none, x, offs_n, mask)
-        _store_extras(best_idx, nan_idx, t, valid, z_row, z_ptr, correct_ptr, pred_ptr, offs_m,
-                      mask_m)
-    if COMPUTE_GRAD:
-        dx_rows = dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds)
-        gscale = _grad_scale(grad_scale_ptr, offs_m, mask_m, stride_gs, GRAD_SCALE)
-        g = _grad_tile(c, dc, w, offs_n, t, valid, bad, m, log_d, -d_rest / d, coef, w_t,
-                       gscale, n_cols, label_smoothing, HAS_SOFTCAP, HAS_WEIGHT)
-        tl.store(dx_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_dv,
-                 g.to(dx_ptr.dtype.element_ty), mask=mask)
+    for tile in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0),
+                         num_stages=STAGES):
+        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        if BLOCK_M == 1:  # every tile the loop reaches is a row
+            mask_m = tl.full([BLOCK_M], 1, tl.int1)
+        else:
+            mask_m = offs_m < n_rows
+        if BATCHED:  # row r = b * seq + s
+            x_rows = x_ptr + _row_offsets(offs_m, seq, stride_xb, stride_xs)
+            dx_rows = dx_ptr + _row_offsets(offs_m, seq, stride_db, stride_ds)
+        else:
+            x_rows = x_ptr + offs_m.to(tl.int64) * stride_xs
+            dx_rows = dx_ptr + offs_m.to(tl.int64) * stride_ds
+        t, valid, bad = _row_targets(target_ptr, offs_m, mask_m, stride_t, n_cols,
+                                     ignore_index)
+        w_t, w_sum = _target_weight(weight_ptr, w_sum_ptr, t, valid, HAS_WEIGHT)
+        c_t = _target_logit(x_rows, t, valid, stride_xv, softcap, HAS_SOFTCAP)
+        mask = mask_m[:, None] & mask_n[None, :]
+        x, c, dc = _load_logits(x_rows, offs_n, mask, stride_xv, softcap, HAS_SOFTCAP)
+        t32 = t.to(tl.int32)  # in [0, n_cols): int32 compares against the columns
+        m, e, d, d_rest, sc = _tile_stats(c, c_t, w, offs_n, t32, mask, HAS_WEIGHT, SMOOTHING)
+        loss, log_d, coef, z_row = _row_loss(c_t, valid, bad, m, d, sc, n_cols,
+                                             label_smoothing, z_loss, w_t, w_sum, HAS_WEIGHT)
+        tl.store(loss_ptr + offs_m, loss.to(loss_ptr.dtype.element_ty), mask=mask_m)
+        if EXTRAS:
+            none = tl.full([BLOCK_M], 2147483647, tl.int32)
+            _, best_idx, nan_idx = _merge_argmax(tl.full([BLOCK_M], float("-inf"), tl.float32),
+                                                 none, none, x, offs_n, mask)
+            _store_extras(best_idx, nan_idx, t, valid, z_row, z_ptr, correct_ptr, pred_ptr,
+                          offs_m, mask_m)
+        if COMPUTE_GRAD:
+            if GRAD_SCALE:
+                gscale = tl.load(grad_scale_ptr + offs_m.to(tl.int64) * stride_gs, mask=mask_m,
+                                 other=0.0).to(tl.float32)
+            else:
+                gscale = tl.full([BLOCK_M], 1.0, tl.float32)
+            inv_d = 1.0 / d
+            g = _grad_from_exp(e, dc, w, offs_n, t32, valid, bad, gscale * inv_d,
+                               -d_rest * inv_d, coef, w_t, gscale, n_cols, label_smoothing,
+                               HAS_SOFTCAP, HAS_WEIGHT)
+            tl.store(dx_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_dv,
+                     g.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 # Backward. The forward already wrote dx[r] = dloss[r]/dx[r]; with g the upstream gradient

@@ -14,7 +14,8 @@ from speedlight.kernels.cross_entropy_long import (
     _cross_entropy_split_finish_kernel,
     _cross_entropy_split_stats_kernel,
 )
-from speedlight.launch import planned_sm_count, row_tile, warps_for_tile
+from speedlight.launch import (pipeline_depth, planned_arch, planned_sm_count, row_tile,
+                               target_programs, warps_for_tile)
 from speedlight.runtime import check_runtime
 
 # Rows up to this many columns are held in registers (logits read once); longer rows take
@@ -24,6 +25,12 @@ MAX_FUSED_N = 8192
 LOOP_BLOCK_N = 4096
 SPLIT_SPAN = 16384  # columns per program when few long rows are split across programs
 SCALE_BLOCK_N = 4096  # the backward's longest column block on a GPU
+# The fused forward is persistent: FWD_WARPS_PER_SM resident warps per SM (at a vocabulary
+# of 8192, two programs of 16 warps for a plain row, 16 logits a lane, one of 32 with a
+# softcap, class weights or extras, 8 a lane; at most 64 registers), each program's tile
+# loop pipelined (launch.pipeline_depth: up to 3 tiles of logits loading while one is
+# reduced).
+FWD_WARPS_PER_SM = 32
 
 
 def _rows_layout(t: torch.Tensor, seq: int | None = None
@@ -66,12 +73,16 @@ def check_targets(target: torch.Tensor, n_cols: int, ignore_index: int) -> None:
         f"= {int(flat[first])}")
 
 
-def _fwd_plan(n_rows: int, n_cols: int, device: torch.device, extras: bool = False) -> dict:
+def _fwd_plan(n_rows: int, n_cols: int, device: torch.device, extras: bool = False,
+              lean: bool = True) -> dict:
+    """How the forward covers the rows: the fused kernel's tile (one_block), or the looped
+    kernel's, or the split pair's spans. lean: no softcap, class weights or extras."""
     if n_cols <= MAX_FUSED_N:
         block_m, block_n, num_warps = row_tile(n_cols, device, max_block_n=MAX_FUSED_N)
-        if planned_sm_count(device):
-            # 8 logits a thread, not row_tile's 16: they stay live to the gradient in fp32,
-            # with their exp (and a softcap's tanh and derivative)
+        if planned_sm_count(device) and not (lean and block_m == 1):
+            # 8 logits a thread, not row_tile's 16 (kept for one plain row per tile): a
+            # softcap's tanh and derivative, class weights or the argmax's logits stay live
+            # beside each logit's exp, and a tile of several rows keeps each row's scalars
             num_warps = min(32, 2 * num_warps)
         return dict(block_m=block_m, block_n=block_n, one_block=True, num_warps=num_warps,
                     n_splits=1)
@@ -193,17 +204,30 @@ def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
                  GRAD_SCALE=grad_scale is not None)
     g_scale = grad_scale if grad_scale is not None else loss_rows  # unread without GRAD_SCALE
     stride_gs = g_scale.stride(0) if g_scale.dim() else 0
-    plan = _fwd_plan(n_rows, n_cols, logits.device, extras)
+    plan = _fwd_plan(n_rows, n_cols, logits.device, extras,
+                     lean=not (has_softcap or has_weight or extras))
 
     if plan["n_splits"] == 1:
-        grid = (triton.cdiv(n_rows, plan["block_m"]),)
-        kernel = (_cross_entropy_fwd_kernel if plan["one_block"]
-                  else _cross_entropy_fwd_looped_kernel)
-        kernel[grid](
-            x, t, loss_rows, dx, w, w_sum, *extra_ptrs, g_scale, n_rows, n_cols, seq,
-            sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, stride_gs, *scalars, **flags,
-            EXTRAS=extras, BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"],
-            num_warps=plan["num_warps"])
+        tiles = triton.cdiv(n_rows, plan["block_m"])
+        args = (x, t, loss_rows, dx, w, w_sum, *extra_ptrs, g_scale, n_rows, n_cols, seq,
+                sxb, sxs, sxv, t.stride(0), sdb, sds, sdv, stride_gs, *scalars)
+        sizes = dict(EXTRAS=extras, BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"],
+                     num_warps=plan["num_warps"])
+        if plan["one_block"]:
+            per_sm = max(1, FWD_WARPS_PER_SM // plan["num_warps"])
+            stages = pipeline_depth(plan["block_m"] * plan["block_n"] * logits.element_size(),
+                                    per_sm, logits.device)
+            grid = (min(tiles, target_programs(logits.device, per_sm=per_sm)),)
+            # the registers FWD_WARPS_PER_SM resident warps leave a thread (64): ptxas
+            # would otherwise take more (sm_90a: 70 for a plain row of 4096, 89 with a
+            # softcap), and fewer programs would be resident
+            regs = dict(maxnreg=65536 // (32 * FWD_WARPS_PER_SM)) if planned_arch(
+                logits.device) else {}
+            _cross_entropy_fwd_kernel[grid](
+                *args, **flags, **sizes, SMOOTHING=label_smoothing > 0, BATCHED=seq < n_rows,
+                EVEN_N=n_cols == plan["block_n"], STAGES=stages, **regs)
+        else:
+            _cross_entropy_fwd_looped_kernel[(tiles,)](*args, **flags, **sizes)
     else:
         block_n = plan["block_n"]
         span = triton.cdiv(triton.cdiv(n_cols, plan["n_splits"]), block_n) * block_n

@@ -33,6 +33,23 @@ def test_gpu_sized_launches_match_float64(sms, tokens, vocab, flags, device):
         assert_verified(SPEC, case(tokens, vocab, torch.bfloat16, **flags), device)
 
 
+@pytest.mark.parametrize("tokens,vocab,flags", [
+    # one row per tile: 16 programs of 8 warps on 4 SMs, 36 rows of a shifted view (the
+    # row index divided by seq), a column mask, NaN and inf logits
+    pytest.param(36, 4000, {"shifted": True, "smoothing": 0.1, "ignore": "some",
+                            "nonfinite": True}, id="rows-of-4000"),
+    # tiles of 32 rows, 10 over 8 programs, the last partial; what keeps more live
+    pytest.param(300, 128, {"weight": True, "extras": True, "zloss": 0.01, "softcap": 30.0},
+                 id="tiles-of-32-rows"),
+])
+def test_persistent_programs_walking_several_tiles_match_float64(tokens, vocab, flags, device):
+    """The fused forward's persistent loop at a GPU's sizing (fewer programs than tiles)."""
+    from speedlight.launch import for_target
+
+    with for_target(gpu_target(4)):
+        assert_verified(SPEC, case(tokens, vocab, torch.bfloat16, **flags), device)
+
+
 def test_all_ignored_mean_is_zero_with_zero_gradient(device):
     """Deliberately unlike torch (NaN): no counted token gives loss 0 and gradient 0."""
     logits = seeded((5, 300), device=device)
