@@ -16,8 +16,9 @@ Rows are addressed as [batch, seq] (row r = b * seq + s), so a [batch, seq, voca
 that is not expressible as [rows, vocab], such as logits[:, :-1], needs no copy.
 
 Kernels:
-  fwd          BLOCK_M rows per program, vocab <= BLOCK_N: the row tile stays in
-               registers, logits are read once.
+  fwd          tiles of BLOCK_M rows, vocab <= BLOCK_N, over persistent programs (the
+               tile loop pipelined on NVIDIA): the row tile stays in registers, logits are
+               read once and each one's exp serves the loss and the gradient.
   fwd looped   longer rows, in two loops over the row (kernels/cross_entropy_long.py).
   split pair   few long rows cut into spans, one program per span: a stats kernel and a
                finish kernel (kernels/cross_entropy_long.py).
