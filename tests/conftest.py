@@ -41,3 +41,7 @@ def gpu_target(sms: int = 132):
     if sms == h100.sku.sm_count:
         return h100
     return dataclasses.replace(h100, sku=dataclasses.replace(h100.sku, sm_count=sms))
+
+
+# each test's CPU budget (tests/cpu_budget.py; the tests allowed more: tests/slow_tests.py)
+pytest_plugins = ["tests.cpu_budget"]
