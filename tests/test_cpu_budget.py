@@ -1,7 +1,6 @@
 """The suite's CPU budget per test (tests/cpu_budget.py) fails a test that spends more CPU
 than allowed, in the process or in a child, and lets the slow list's tests through."""
 
-import pytest
 
 from tests.cpu_budget import listed
 from tests.slow_tests import SLOW
