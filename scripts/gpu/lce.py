@@ -78,9 +78,12 @@ def main(argv=None) -> int:
     p.add_argument("--verify-shape", default="1024,2048,4096",
                    help="tokens,hidden,vocab of the verified case (at most 2^22 logits)")
     p.add_argument("--verify-settings", default="default,low")
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
+                   help="auto: cuda where there is a GPU (default)")
     args = p.parse_args(argv)
     start = time.perf_counter()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = args.device if args.device != "auto" else (
+        "cuda" if torch.cuda.is_available() else "cpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "lce.jsonl"
