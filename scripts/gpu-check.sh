@@ -12,16 +12,16 @@
 # implementations (float64 reference, at a size it fits) before it times them.
 BUDGET_TABLE="
 setup            20  the machine, versions, carried wheels, speedlight probe (measured ceilings)
-verify           90  every op's quick suite against float64, one process per op (verify-<op>.log)
+verify           75  every op's quick suite against float64, one process per op (verify-<op>.log)
 compile          15  scripts/gpu/compile_equal.py: a compiled patched model's outputs and gradients equal eager's
-attention        55  scripts/gpu/attention.py: the headline case, speedlight beside every attention implementation
+attention        50  scripts/gpu/attention.py: the headline case, speedlight beside every attention implementation
 membound         45  scripts/gpu/membound.py: norms, GLUs, RoPE, softmax, cross-entropy against a same-size copy_
 lce              45  scripts/gpu/lce.py: the fused loss's time, memory and float32 loss against its peers
-plan-step       100  scripts/gpu/plan_step.py: every candidate the plan knows, then the training step (planned, Liger, HF)
-attention-gluon  35  scripts/gpu/attention_gluon.py: the Gluon forward verified, then timed beside the Triton kernel
-moe              35  scripts/gpu/moe.py: the MoE expert block at Qwen3-30B-A3B, DeepSeek-V3 and gpt-oss widths
-gemm             25  speedlight bench: matmul and gated_matmul at Llama-3-8B's projections against cuBLAS
-predict          15  scripts/gpu/predict.py: each timed kernel's predicted time written beside its measurement
+plan-step       145  scripts/gpu/plan_step.py: every candidate the plan knows, then the training step (planned, Liger, HF)
+attention-gluon  30  scripts/gpu/attention_gluon.py: the Gluon forward verified, then timed beside the Triton kernel
+moe              25  scripts/gpu/moe.py: the MoE expert block at Qwen3-30B-A3B, DeepSeek-V3 and gpt-oss widths
+gemm             20  speedlight bench: matmul and gated_matmul at Llama-3-8B's projections against cuBLAS
+predict          10  scripts/gpu/predict.py: each timed kernel's predicted time written beside its measurement
 bench             0  --ops only: speedlight bench of the ops asked for, then its plots
 "
 #
@@ -222,11 +222,13 @@ run_section verify verify.log bash -c verify_each_op
 
 # --- the sections, each a script under scripts/gpu/ with --out and --budget-s -------------
 run_script compile compile_equal.py
-run_script attention attention.py
+# speedlight first, then what it is held against: cuDNN, FlexAttention, SDPA flash
+run_script attention attention.py --impls speedlight,sdpa-cudnn,flex-attention,sdpa-flash,sdpa-efficient
 run_script membound membound.py
 # speedlight first, then what it is held against (torch.compile, Liger), then the rest
 run_script lce lce.py --impls speedlight,speedlight-low,torch-compile,liger,torch-fused,torch-eager,speedlight-low-chunks
-run_script plan-step plan_step.py
+# the plan over both models, then the training step with what is left of the line (60 s)
+run_script plan-step plan_step.py --step-s 60
 run_script attention-gluon attention_gluon.py
 run_script moe moe.py
 # the GEMMs (verified with every op above): Llama-3-8B's up and down projections and its
