@@ -20,8 +20,7 @@ lce              45  scripts/gpu/lce.py: the fused loss's time, memory and float
 plan-step       145  scripts/gpu/plan_step.py: every candidate the plan knows, then the training step (planned, Liger, HF)
 attention-gluon  30  scripts/gpu/attention_gluon.py: the Gluon forward verified, then timed beside the Triton kernel
 moe              25  scripts/gpu/moe.py: the MoE expert block at Qwen3-30B-A3B, DeepSeek-V3 and gpt-oss widths
-gemm             20  speedlight bench: matmul and gated_matmul at Llama-3-8B's projections against cuBLAS
-predict          10  scripts/gpu/predict.py: each timed kernel's predicted time written beside its measurement
+gemm             30  speedlight bench --predict: matmul and gated_matmul at Llama-3-8B's projections against cuBLAS, each time beside its prediction
 bench             0  --ops only: speedlight bench of the ops asked for, then its plots
 "
 #
@@ -48,7 +47,10 @@ bench             0  --ops only: speedlight bench of the ops asked for, then its
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
 #     liger-kernel==0.8.5 rich markdown-it-py mdurl pygments
 # After a run, commit $OUT under benchmarks/results/<sku>/<date>-runN (the summary names the
-# SKU) and regenerate the README's tables: speedlight bench table benchmarks/results --readme README.md
+# SKU), regenerate the README's tables (speedlight bench table benchmarks/results --readme
+# README.md) and, on any machine, set the model's prediction beside every bench row the run
+# measured (python scripts/predict_rows.py: it compiles each row's revision for the SKU, so
+# no GPU minute is spent on it; the gemm section predicts its own rows in the run).
 # A CPU smoke test (what tests/bench/test_gpu_check.py runs):
 #   scripts/gpu-check.sh --device cpu --ops softmax --verify-args "--dtypes fp32 --seeds 1" \
 #     --bench-suite quick --bench-args "--dtypes fp32 --limit 2"
@@ -236,8 +238,7 @@ run_script moe moe.py
 GEMM_CASES="${GEMM_CASES:-^(matmul-m4096-n(14336-k4096|4096-k14336)-bf16-linear-proj(up|down)|gated_matmul-m4096-n14336-k4096-bf16)\$}"
 run_section gemm gemm.log "$PYTHON" -m speedlight bench --device "$DEVICE" --suite model \
   --ops matmul,gated_matmul --cases "$GEMM_CASES" --modes fwd --baselines torch-eager \
-  --out "$OUT/gemm" --budget-s "$(work_of "$(line_of gemm)")" --time-cap 0.3 --max-gib 32
-run_script predict predict.py --results "$OUT"
+  --out "$OUT/gemm" --budget-s "$(work_of "$(line_of gemm)")" --time-cap 0.3 --max-gib 32 --predict
 # --ops: the general bench of the ops asked for, and its plots
 if [ -n "$OPS" ]; then
   # shellcheck disable=SC2086
@@ -280,7 +281,7 @@ if (out / "verify.jsonl").exists():
 spec = hardware.current_device_spec()
 if spec is not None:
     print(f"\ncommit: benchmarks/results/{spec.key}/ <- {out} (then speedlight bench table "
-          "benchmarks/results --readme README.md)")
+          "benchmarks/results --readme README.md, then python scripts/predict_rows.py)")
 EOF
   for folder in "$OUT" "$OUT"/*/; do
     if [ -f "$folder/bench.jsonl" ]; then
