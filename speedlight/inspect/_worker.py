@@ -1,8 +1,9 @@
 """Compile kernels for a target GPU in a process of its own, with the interpreter off.
 
-Run as `python -m speedlight.inspect._worker`: reads a JSON list of requests on stdin and
-writes one JSON line per request to stdout. A process of its own because the Triton
-interpreter, once it has run a kernel in a process, leaves triton.language patched there,
+Run as `python -m speedlight.inspect._worker --serve` (inspect's compiler keeps it for
+the life of its process: main() says how it is spoken to). A process of its own because
+the Triton interpreter, once it has run a kernel in a process, leaves triton.language
+patched there,
 and because under TRITON_INTERPRET=1 every @triton.jit function (the standard library's
 too) is an interpreted function the compiler cannot call.
 
@@ -18,8 +19,10 @@ target (arch "gfx942"), the AMDGCN and HSACO, with the assembler's resource repo
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import importlib.util
+import io
 import json
 import os
 import re
@@ -101,14 +104,23 @@ PTXAS_PATTERNS = {
 }
 
 
-def ptxas_report(ptx_path: Path, arch: int, fmad: bool) -> dict:
-    """ptxas -v on the PTX, with the flags Triton compiles with."""
-    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+def ptxas_report(ptx_path: Path, arch: int, fmad: bool, log: str = "") -> dict:
+    """ptxas's resource report (registers, spills, stack): `log`, what ptxas printed when
+    Triton compiled the kernel in this process (Triton's own flags, -v among them), else
+    ptxas -v run again on the PTX with the flags Triton compiles with (a kernel Triton's
+    on-disk cache served, or one a GPU compiled)."""
+    if not re.search(PTXAS_PATTERNS["registers"], log):
+        from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
 
-    cmd = [get_ptxas(arch).path, "-lineinfo", "-v", *([] if fmad else ["--fmad=false"]),
-           f"--gpu-name={sm_arch_from_capability(arch)}", str(ptx_path), "-o", os.devnull]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    log = out.stderr + out.stdout
+        cmd = [get_ptxas(arch).path, "-lineinfo", "-v", *([] if fmad else ["--fmad=false"]),
+               f"--gpu-name={sm_arch_from_capability(arch)}", str(ptx_path), "-o", os.devnull]
+
+        def run() -> str:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            return out.stderr + out.stdout, out.returncode == 0
+
+        flags = f"\0{os.path.getsize(cmd[0])} {' '.join(cmd[1:-3])}".encode()
+        log = _kept("ptxas", Path(ptx_path).read_bytes() + flags, run)
     report = {"log": log.strip()}
     for key, pattern in PTXAS_PATTERNS.items():
         m = re.search(pattern, log)
@@ -130,10 +142,29 @@ def compile_one(req: dict) -> dict:
     if fn.is_gluon():  # a @gluon.jit kernel: its own front end, the same triton.compile
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     src = ASTSource(fn, req["signature"], constexprs, attrs)
-    kernel = triton.compile(src, target=target, options=options.__dict__)
-    write = write_amd_artifacts if target.backend == "hip" else write_artifacts
-    files, meta = write(kernel, Path(req["out"]), req["arch"])
+    # Triton runs ptxas with -v and prints its log when asked: read there, the resource
+    # report costs no second ptxas run (one when Triton's cache serves the kernel)
+    printed = io.StringIO()
+    with _knob(triton.knobs.nvidia, "dump_ptxas_log", True), \
+            contextlib.redirect_stdout(printed):
+        kernel = triton.compile(src, target=target, options=options.__dict__)
+    if target.backend == "hip":
+        files, meta = write_amd_artifacts(kernel, Path(req["out"]), req["arch"])
+    else:
+        files, meta = write_artifacts(kernel, Path(req["out"]), req["arch"],
+                                      ptxas_log=printed.getvalue())
     return {"key": req["key"], "files": files, "meta": meta}
+
+
+@contextlib.contextmanager
+def _knob(group, name: str, value):
+    """One of Triton's knobs set within, restored after."""
+    saved = getattr(group, name)
+    setattr(group, name, value)
+    try:
+        yield
+    finally:
+        setattr(group, name, saved)
 
 
 def _write_stages(kernel, out: Path, stages, binary: str) -> tuple[str, dict]:
@@ -155,15 +186,52 @@ def _write_stages(kernel, out: Path, stages, binary: str) -> tuple[str, dict]:
     return name, files
 
 
-def write_artifacts(kernel, out: Path, arch: int) -> tuple[dict, dict]:
+def _kept(kind: str, key: bytes, make) -> str:
+    """make()'s text, kept in speedlight's cache (hardware.cache_dir()/kind) by `key`:
+    computed once per key, whichever process or run asks. make() returns (text, whether
+    to keep it: a tool's failure is not kept)."""
+    from speedlight.hardware import cache_dir
+
+    kept = cache_dir() / kind / f"{hashlib.sha256(key).hexdigest()[:40]}.txt"
+    if kept.exists():
+        return kept.read_text()
+    text, keep = make()
+    if not keep:
+        return text
+    try:  # written whole or not at all: another process may read it meanwhile
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=kept.parent, delete=False) as f:
+            f.write(text)
+        os.replace(f.name, kept)
+    except OSError:
+        pass  # a cache that cannot be written only costs the next reader the work
+    return text
+
+
+def disassembled(cubin: Path) -> str:
+    """The cubin's SASS with line info (nvdisasm -c -gi), kept by the cubin's bytes:
+    nvdisasm takes a third of a second of CPU per cubin, however small, and the same
+    kernel is read again by every process and run that compiles it (Triton's own cache
+    serves its cubin, not what it disassembles to)."""
+    nvdisasm = tool("nvdisasm")
+
+    def run() -> str:
+        sass = subprocess.run([nvdisasm, "-c", "-gi", str(cubin)], capture_output=True,
+                              text=True, timeout=300)
+        if sass.returncode != 0:
+            raise RuntimeError(f"nvdisasm failed: {sass.stderr.strip()}")
+        return sass.stdout, True
+
+    version = f"\0{os.path.getsize(nvdisasm)} -c -gi".encode()
+    return _kept("sass", cubin.read_bytes() + version, run)
+
+
+def write_artifacts(kernel, out: Path, arch: int, ptxas_log: str = "") -> tuple[dict, dict]:
     """Write a CompiledKernel's stages, cubin and SASS under `out`; return the file paths
-    and the metadata inspect reads (shared memory, warps, ptxas's resource report)."""
+    and the metadata inspect reads (shared memory, warps, ptxas's resource report: from
+    `ptxas_log`, what ptxas printed compiling it, when there is one)."""
     name, files = _write_stages(kernel, out, STAGES, "cubin")
-    sass = subprocess.run([tool("nvdisasm"), "-c", "-gi", files["cubin"]], capture_output=True,
-                          text=True, timeout=300)
-    if sass.returncode != 0:
-        raise RuntimeError(f"nvdisasm failed: {sass.stderr.strip()}")
-    (out / f"{name}.sass").write_text(sass.stdout)
+    (out / f"{name}.sass").write_text(disassembled(Path(files["cubin"])))
     files["sass"] = str(out / f"{name}.sass")
     meta = kernel.metadata._asdict()
     keep = {k: meta[k] for k in ("name", "num_warps", "num_ctas", "num_stages", "shared",
@@ -171,7 +239,7 @@ def write_artifacts(kernel, out: Path, arch: int) -> tuple[dict, dict]:
             if k in meta}
     keep["arch"] = arch
     fmad = bool(meta.get("enable_fp_fusion", True))
-    keep["ptxas"] = ptxas_report(out / f"{name}.ptx", arch, fmad)
+    keep["ptxas"] = ptxas_report(out / f"{name}.ptx", arch, fmad, ptxas_log)
     (out / "meta.json").write_text(json.dumps(keep, default=str, indent=1))
     return files, keep
 
@@ -220,15 +288,11 @@ def _first_error(said: list[str]) -> str:
     return ""
 
 
-def main() -> int:
-    """stdin: a JSON list of requests; argv[1]: the file results are written to, one JSON
-    line per request (not stdout: a kernel's module or the compiler may print)."""
-    os.environ.pop("TRITON_INTERPRET", None)
-    requests = json.loads(sys.stdin.read())
+def _compile_batch(requests: list[dict], results_path: str) -> None:
     for path in requests[0].get("sys_path", []) if requests else []:
         if path not in sys.path:
             sys.path.append(path)
-    with open(sys.argv[1], "w") as results:
+    with open(results_path, "w") as results:
         for req in requests:
             try:
                 with _diagnostics() as said:
@@ -240,6 +304,24 @@ def main() -> int:
                           "traceback": traceback.format_exc(limit=6)}
             results.write(json.dumps(result, default=str) + "\n")
             results.flush()
+
+
+def main() -> int:
+    """`--serve`: each line of stdin a batch, {"requests": [...], "results": path}; the
+    results are written to the path, one JSON line per request, then "done" on stdout,
+    the channel (what a kernel's module or the compiler prints goes to stderr instead).
+    Otherwise: stdin a JSON list of requests, argv[1] the file the results go to."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    if sys.argv[1:] != ["--serve"]:
+        _compile_batch(json.loads(sys.stdin.read()), sys.argv[1])
+        return 0
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # fd 1, and with it sys.stdout, now writes to stderr
+    for line in iter(sys.stdin.readline, ""):
+        batch = json.loads(line)
+        _compile_batch(batch["requests"], batch["results"])
+        channel.write("done\n")
+        channel.flush()
     return 0
 
 

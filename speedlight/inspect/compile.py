@@ -2,7 +2,8 @@
 
 Each distinct kernel (same function, signature, constexprs, attributes, options and target)
 is compiled once per process, in worker processes with the interpreter off (see
-_worker.py); Triton's own on-disk cache makes a second run cheap. The target is a
+_worker.py), kept for the life of the process; Triton's own on-disk cache makes a second
+run cheap. The target is a
 speedlight.target.Target; for `--target native` (the GPU in use) the binaries the op's
 launches actually compiled are read instead.
 """
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,32 +145,108 @@ class TritonCompiler:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT] + [p for p in env.get(
             "PYTHONPATH", "").split(os.pathsep) if p])
-        procs = []
-        for i, chunk in enumerate(chunks):
-            result_path = self._root / f"results-{os.getpid()}-{id(chunk)}-{i}.jsonl"
-            p = subprocess.Popen([sys.executable, "-m", "speedlight.inspect._worker",
-                                  str(result_path)], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env=env, cwd=PACKAGE_ROOT)
-            procs.append((p, result_path, chunk))
         results: dict[tuple, Compiled] = {}
-        for p, result_path, chunk in procs:
-            stdout, stderr = p.communicate(json.dumps(chunk))
-            got = {}
-            if result_path.exists():
-                for line in result_path.read_text().splitlines():
-                    row = json.loads(line)
-                    got[row["key"]] = row
-            for req in chunk:
-                key, launch = names[req["key"]]
-                row = got.get(req["key"])
-                if row is None:
-                    tail = (stderr or stdout or "").strip().splitlines()[-3:]
-                    results[key] = Compiled(launch.kernel, target, error="compile worker "
-                                            f"exited {p.returncode}: {' / '.join(tail)}")
-                elif "error" in row:
-                    results[key] = Compiled(launch.kernel, target, error=row["error"])
-                else:
-                    results[key] = Compiled(row["meta"].get("name", launch.kernel), target,
-                                            row["files"], row["meta"])
+        with _POOL_LOCK:
+            workers = _workers(env, len(chunks))
+            sent = []
+            for i, (worker, chunk) in enumerate(zip(workers, chunks)):
+                result_path = self._root / f"results-{os.getpid()}-{id(chunk)}-{i}.jsonl"
+                worker.send(chunk, result_path)
+                sent.append((worker, result_path, chunk))
+            for worker, result_path, chunk in sent:
+                finished = worker.finish()
+                got = {}
+                if result_path.exists():
+                    for line in result_path.read_text().splitlines():
+                        row = json.loads(line)
+                        got[row["key"]] = row
+                for req in chunk:
+                    key, launch = names[req["key"]]
+                    row = got.get(req["key"])
+                    if row is None:
+                        why = "" if finished else worker.why_stopped()
+                        results[key] = Compiled(launch.kernel, target, error=why or
+                                                "the compile worker returned no result")
+                    elif "error" in row:
+                        results[key] = Compiled(launch.kernel, target, error=row["error"])
+                    else:
+                        results[key] = Compiled(row["meta"].get("name", launch.kernel), target,
+                                                row["files"], row["meta"])
         return results
+
+
+class _Worker:
+    """A compile worker process (_worker.py --serve), kept for the rest of this process's
+    life: its imports (torch, Triton, the kernels' modules) are paid once, not once per
+    compile call. It answers each batch of requests with a line on its stdout; what the
+    compiler or a kernel's module prints goes to its log file."""
+
+    def __init__(self, env: dict, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.log = tempfile.NamedTemporaryFile("w+", dir=folder, prefix="worker-",
+                                               suffix=".log", delete=False)
+        self.proc = subprocess.Popen([sys.executable, "-m", "speedlight.inspect._worker",
+                                      "--serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=env, cwd=PACKAGE_ROOT)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def send(self, requests: list[dict], result_path: Path) -> None:
+        try:
+            self.proc.stdin.write(json.dumps({"requests": requests,
+                                              "results": str(result_path)}) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # finish() reports the worker's end
+
+    def finish(self) -> bool:
+        """Waits for the batch's answer: False when the worker stopped instead."""
+        return self.proc.stdout.readline() == "done\n"
+
+    def why_stopped(self) -> str:
+        code = self.proc.wait()
+        self.log.flush()
+        tail = Path(self.log.name).read_text(errors="replace").strip().splitlines()[-3:]
+        return f"compile worker exited {code}: {' / '.join(tail)}"
+
+    def close(self) -> None:
+        if self.alive():
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+        self.log.close()
+
+
+_POOL: dict = {"env": None, "workers": []}
+_POOL_LOCK = threading.Lock()
+_POOL_FOLDER = Path(tempfile.mkdtemp(prefix="speedlight-compile-workers-"))
+
+
+def _workers(env: dict, n: int) -> list[_Worker]:
+    """`n` live workers started with `env`: the pool's, with dead ones replaced; a pool
+    started with another environment is closed first."""
+    if _POOL["env"] != env:
+        _close_pool()
+        _POOL["env"] = env
+    live = [w for w in _POOL["workers"] if w.alive()]
+    for w in _POOL["workers"]:
+        if not w.alive():
+            w.close()
+    while len(live) < n:
+        live.append(_Worker(env, _POOL_FOLDER))
+    _POOL["workers"] = live
+    return live[:n]
+
+
+def _close_pool() -> None:
+    for w in _POOL["workers"]:
+        w.close()
+    _POOL["workers"] = []
+
+
+atexit.register(shutil.rmtree, _POOL_FOLDER, True)
+atexit.register(_close_pool)  # runs first: the workers end, then their folder goes

@@ -209,13 +209,15 @@ def survey(spec: OpSpec, cases: list[Case], target: Target,
 def kernel_cases(surveyed: list[tuple[Case, Capture]]) -> list[Case]:
     """The fewest surveyed cases that launch every kernel configuration the others do
     (function, dtypes, block constexprs, num_warps: Launch.design_key), cheapest first."""
+    keys = [{launch.design_key() for launch in capture.launches} for _, capture in surveyed]
     chosen, seen = [], set()
-    for case, capture in surveyed:
-        keys = {launch.design_key() for launch in capture.launches}
-        if keys - seen:
-            chosen.append(case)
-            seen |= keys
-    return chosen
+    while True:  # greedy cover: the case adding the most configurations, the cheapest on ties
+        best = max(range(len(keys)), key=lambda i: (len(keys[i] - seen), -i), default=None)
+        if best is None or not keys[best] - seen:
+            break
+        chosen.append(best)
+        seen |= keys[best]
+    return [surveyed[i][0] for i in sorted(chosen)]
 
 
 def bytes_cases(spec: OpSpec, surveyed: list[tuple[Case, Capture]], target: Target, *,

@@ -157,8 +157,8 @@ def bytes_on_a_smaller_case(spec: OpSpec, case: Case, capture: Capture, target: 
 def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
                   device: torch.device | str = "cpu", compiler: TritonCompiler | None = None,
                   mode: str = "auto", backward: bool = True, on_case=None,
-                  smaller_case_bytes: bool = False, impl: str = "triton"
-                  ) -> list[case_report.CaseReport]:
+                  smaller_case_bytes: bool = False, impl: str = "triton",
+                  compile_kernels: bool = True) -> list[case_report.CaseReport]:
     """Everything inspect says about each (op, case) on `target` (a speedlight.target
     Target: its arch compiles, its SKU's SM count sizes the launches): every case is
     captured first, then all their distinct kernels are compiled in one batch (worker
@@ -166,7 +166,8 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
     through this. With `smaller_case_bytes` (the CLI's auto and dry modes), a case not run
     in full gets its bytes from a smaller case (bytes_on_a_smaller_case). impl names the
     implementation each spec's impl runs (a Triton-compiled one: "triton", "gluon"), as
-    the reports say."""
+    the reports say. Without `compile_kernels`, nothing is compiled: the reports hold the
+    bytes each direction moved (and the notes), no kernel."""
     device = torch.device(device)
     sku = target.sku
     compiler = compiler or TritonCompiler()
@@ -202,11 +203,11 @@ def inspect_cases(items: list[tuple[OpSpec, Case]], target: Target, *,
             on_case(spec, case)
     launches = [l for _, _, c in staged if c is not None for l in c.launches]
     smaller: dict[tuple, list] = {}
-    compiled = compiler.compile(launches, target) if launches else {}
+    compiled = compiler.compile(launches, target) if launches and compile_kernels else {}
     for spec, report, capture in staged:
         if capture is None or not capture.launches:
             continue
-        for launch in capture.launches:
+        for launch in capture.launches if compile_kernels else ():
             c = compiled[launch.key(target.arch_name)]
             report.kernels.append(case_report.analyse_kernel(launch, c, target, sku,
                                                           spec.design(launch.kernel, target.arch)))

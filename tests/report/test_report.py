@@ -30,7 +30,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def report_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     # one seed per verified case: the verify tests draw several; here the stages are the point
-    code = cli.main(["report", "--out", str(out), "--steps", "1", "--bench-budget", "20",
+    code = cli.main(["report", "--out", str(out), "--steps", "1", "--bench-budget", "10",
                      "--seeds", "1", "--spec", str(USER_SPEC)])
     return out, code
 
