@@ -17,10 +17,11 @@ compile          15  scripts/gpu/compile_equal.py: a compiled patched model's ou
 attention        50  scripts/gpu/attention.py: the headline case, speedlight beside every attention implementation
 membound         45  scripts/gpu/membound.py: norms, GLUs, RoPE, softmax, cross-entropy against a same-size copy_
 lce              45  scripts/gpu/lce.py: the fused loss's time, memory and float32 loss against its peers
-plan-step       145  scripts/gpu/plan_step.py: every candidate the plan knows, then the training step (planned, Liger, HF)
-attention-gluon  30  scripts/gpu/attention_gluon.py: the Gluon forward verified, then timed beside the Triton kernel
-moe              25  scripts/gpu/moe.py: the MoE expert block at Qwen3-30B-A3B, DeepSeek-V3 and gpt-oss widths
-gemm             30  speedlight bench --predict: matmul and gated_matmul at Llama-3-8B's projections against cuBLAS, each time beside its prediction
+plan-step       140  scripts/gpu/plan_step.py: every candidate the plan knows, then the training step (planned, Liger, HF)
+attention-gluon  25  scripts/gpu/attention_gluon.py: the Gluon forward verified, then timed beside the Triton kernel
+moe              20  scripts/gpu/moe.py: the MoE expert block at Qwen3-30B-A3B, DeepSeek-V3 and gpt-oss widths
+gemm             25  speedlight bench --predict: matmul and gated_matmul at Llama-3-8B's projections against cuBLAS, each time beside its prediction
+fp8              20  speedlight bench: fp8 matmul at Llama-3-8B's projections against torch._scaled_mm and bf16 cuBLAS
 bench             0  --ops only: speedlight bench of the ops asked for, then its plots
 "
 #
@@ -239,6 +240,13 @@ GEMM_CASES="${GEMM_CASES:-^(matmul-m4096-n(14336-k4096|4096-k14336)-bf16-linear-
 run_section gemm gemm.log "$PYTHON" -m speedlight bench --device "$DEVICE" --suite model \
   --ops matmul,gated_matmul --cases "$GEMM_CASES" --modes fwd --baselines torch-eager \
   --out "$OUT/gemm" --budget-s "$(work_of "$(line_of gemm)")" --time-cap 0.3 --max-gib 32 --predict
+# fp8 matmul at Llama-3-8B's qkv, o, up and down projections at 4096 tokens, forward, against
+# torch._scaled_mm (the same fp8 operands) and bf16 cuBLAS (what fp8 replaces)
+FP8_CASES="${FP8_CASES:-^matmul-m4096-n(6144-k4096|4096-k4096|14336-k4096|4096-k14336)-fp8-linear-proj(qkv|o|up|down)\$}"
+run_section fp8 fp8.log "$PYTHON" -m speedlight bench --device "$DEVICE" --suite model \
+  --ops matmul --dtypes fp8 --cases "$FP8_CASES" --modes fwd \
+  --baselines torch-eager,torch-scaled-mm,cublas-bf16 --out "$OUT/fp8" \
+  --budget-s "$(work_of "$(line_of fp8)")" --time-cap 0.3 --max-gib 32
 # --ops: the general bench of the ops asked for, and its plots
 if [ -n "$OPS" ]; then
   # shellcheck disable=SC2086
