@@ -142,7 +142,10 @@ class TritonCompiler:
                 "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
             })
         chunks = [requests[i::self.jobs] for i in range(min(self.jobs, len(requests)))]
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        # the workers' environment, the pool's key: pytest's PYTEST_CURRENT_TEST, which
+        # changes with every test, would start a pool per test
+        env = {k: v for k, v in os.environ.items()
+               if k != "TRITON_INTERPRET" and not k.startswith("PYTEST_")}
         env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT] + [p for p in env.get(
             "PYTHONPATH", "").split(os.pathsep) if p])
         results: dict[tuple, Compiled] = {}
