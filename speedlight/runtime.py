@@ -94,6 +94,7 @@ def use_interpreter() -> None:
                             module="triton.runtime.interpreter")
     _round_bf16_like_the_gpu()
     _masks_as_bool()
+    _builtins_listed_once()
     _INTERPRETER_READY = True
 
 
@@ -181,6 +182,41 @@ def _round_bf16_like_the_gpu() -> None:
         return original(self, src, dst_type)
 
     InterpreterBuilder.cast_impl = cast_impl
+
+
+def _builtins_listed_once() -> None:
+    """Make the interpreter find triton.language's builtins once, not at every launch.
+
+    Before each launch, and each call of a @triton.jit helper inside one, the interpreter
+    points every builtin of triton.language (and of its tensor and math parts) at its own
+    semantics, finding them with inspect.getmembers: over a fifth of the CPU a small
+    kernel's launch takes. The names of the builtins are fixed, so they are listed once per
+    package; each launch still patches exactly the members that are builtins at that moment
+    (inside a launch they are already patched, and are left alone, as before). Chosen by
+    feature: only where the interpreter patches through _patch_builtin(pkg, builder, scope)."""
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_builtin", None)
+    if patch is None or getattr(patch, "_listed_once", False) or \
+            list(inspect.signature(patch).parameters) != ["pkg", "builder", "scope"] or \
+            not hasattr(interpreter, "_patch_attr"):
+        return
+    names: dict = {}
+
+    def patch_builtin(pkg, builder, scope):
+        if pkg not in names:
+            names[pkg] = [n for n, member in inspect.getmembers(pkg)
+                          if tl.core.is_builtin(member)]
+        for name in names[pkg]:
+            member = getattr(pkg, name)
+            if tl.core.is_builtin(member):
+                interpreter._patch_attr(pkg, name, member, builder, scope)
+
+    patch_builtin._listed_once = True
+    interpreter._patch_builtin = patch_builtin
 
 
 def _masks_as_bool() -> None:
