@@ -210,6 +210,8 @@ def _builtins_listed_once() -> None:
         if pkg not in names:
             names[pkg] = [n for n, member in inspect.getmembers(pkg)
                           if tl.core.is_builtin(member)]
+        if names[pkg] and not tl.core.is_builtin(getattr(pkg, names[pkg][0])):
+            return  # a helper called inside a launch: the launch patched them all
         for name in names[pkg]:
             member = getattr(pkg, name)
             if tl.core.is_builtin(member):
