@@ -95,6 +95,7 @@ def use_interpreter() -> None:
     _round_bf16_like_the_gpu()
     _masks_as_bool()
     _builtins_listed_once()
+    _numpy_dtypes_once()
     _INTERPRETER_READY = True
 
 
@@ -219,6 +220,30 @@ def _builtins_listed_once() -> None:
 
     patch_builtin._listed_once = True
     interpreter._patch_builtin = patch_builtin
+
+
+def _numpy_dtypes_once() -> None:
+    """Make the interpreter's Triton-to-numpy dtype map (_get_np_dtype, which builds its
+    table of 18 numpy dtypes at every call: a twentieth of a patched model's step) answer
+    each dtype from a cache after its first call; the answers are the function's own.
+    Chosen by feature: only where the interpreter has it."""
+    import functools
+
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_get_np_dtype", None)
+    if original is None or hasattr(original, "cache_info"):
+        return
+    cached = functools.lru_cache(maxsize=None)(original)
+
+    def np_dtype(tt_dtype):
+        try:
+            return cached(tt_dtype)
+        except TypeError:  # an unhashable type: asked of the function itself
+            return original(tt_dtype)
+
+    np_dtype.cache_info = cached.cache_info
+    interpreter._get_np_dtype = np_dtype
 
 
 def _masks_as_bool() -> None:
