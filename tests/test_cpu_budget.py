@@ -1,6 +1,7 @@
 """The suite's CPU budget per test (tests/cpu_budget.py) fails a test that spends more CPU
 than allowed, in the process or in a child, and lets the slow list's tests through."""
 
+from pathlib import Path
 
 from tests.cpu_budget import listed
 from tests.slow_tests import SLOW
@@ -39,8 +40,11 @@ def test_a_test_over_its_cpu_budget_fails_naming_the_slow_list(pytester, monkeyp
 
 def test_the_slow_list_names_tests_with_their_reasons():
     assert len(SLOW) <= 25
+    root = Path(__file__).resolve().parent.parent
     for test, reason in SLOW.items():
         assert test.startswith("tests/") and "::" in test and len(reason) > 20, test
+        path, name = test.split("::")[0], test.split("::")[1].split("[")[0]
+        assert f"def {name}(" in (root / path).read_text(), f"{test}: no such test"
     assert listed("tests/a.py::test_x[p1]@report", {"tests/a.py::test_x": "why"})
     assert listed("tests/a.py::test_x[p1]", {"tests/a.py::test_x[p1]": "why"})
     assert not listed("tests/a.py::test_x[p2]", {"tests/a.py::test_x[p1]": "why"})
