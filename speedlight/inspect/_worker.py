@@ -115,7 +115,7 @@ def ptxas_report(ptx_path: Path, arch: int, fmad: bool, log: str = "") -> dict:
         cmd = [get_ptxas(arch).path, "-lineinfo", "-v", *([] if fmad else ["--fmad=false"]),
                f"--gpu-name={sm_arch_from_capability(arch)}", str(ptx_path), "-o", os.devnull]
 
-        def run() -> str:
+        def run() -> tuple[str, bool]:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             return out.stderr + out.stdout, out.returncode == 0
 
@@ -215,7 +215,7 @@ def disassembled(cubin: Path) -> str:
     serves its cubin, not what it disassembles to)."""
     nvdisasm = tool("nvdisasm")
 
-    def run() -> str:
+    def run() -> tuple[str, bool]:
         sass = subprocess.run([nvdisasm, "-c", "-gi", str(cubin)], capture_output=True,
                               text=True, timeout=300)
         if sass.returncode != 0:
@@ -309,12 +309,10 @@ def _compile_batch(requests: list[dict], results_path: str) -> None:
 def main() -> int:
     """`--serve`: each line of stdin a batch, {"requests": [...], "results": path}; the
     results are written to the path, one JSON line per request, then "done" on stdout,
-    the channel (what a kernel's module or the compiler prints goes to stderr instead).
-    Otherwise: stdin a JSON list of requests, argv[1] the file the results go to."""
+    the channel (what a kernel's module or the compiler prints goes to stderr instead)."""
     os.environ.pop("TRITON_INTERPRET", None)
     if sys.argv[1:] != ["--serve"]:
-        _compile_batch(json.loads(sys.stdin.read()), sys.argv[1])
-        return 0
+        raise SystemExit("usage: python -m speedlight.inspect._worker --serve")
     channel = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # fd 1, and with it sys.stdout, now writes to stderr
     for line in iter(sys.stdin.readline, ""):

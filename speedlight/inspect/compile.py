@@ -224,14 +224,18 @@ class _Worker:
         self.log.close()
 
 
-_POOL: dict = {"env": None, "workers": []}
+_POOL: dict = {"env": None, "workers": [], "folder": None}
 _POOL_LOCK = threading.Lock()
-_POOL_FOLDER = Path(tempfile.mkdtemp(prefix="speedlight-compile-workers-"))
 
 
 def _workers(env: dict, n: int) -> list[_Worker]:
     """`n` live workers started with `env`: the pool's, with dead ones replaced; a pool
-    started with another environment is closed first."""
+    started with another environment is closed first. The workers' folder is made on
+    first use, and at exit the workers end before it goes."""
+    if _POOL["folder"] is None:
+        _POOL["folder"] = Path(tempfile.mkdtemp(prefix="speedlight-compile-workers-"))
+        atexit.register(shutil.rmtree, _POOL["folder"], True)
+        atexit.register(_close_pool)  # runs first
     if _POOL["env"] != env:
         _close_pool()
         _POOL["env"] = env
@@ -240,7 +244,7 @@ def _workers(env: dict, n: int) -> list[_Worker]:
         if not w.alive():
             w.close()
     while len(live) < n:
-        live.append(_Worker(env, _POOL_FOLDER))
+        live.append(_Worker(env, _POOL["folder"]))
     _POOL["workers"] = live
     return live[:n]
 
@@ -249,7 +253,3 @@ def _close_pool() -> None:
     for w in _POOL["workers"]:
         w.close()
     _POOL["workers"] = []
-
-
-atexit.register(shutil.rmtree, _POOL_FOLDER, True)
-atexit.register(_close_pool)  # runs first: the workers end, then their folder goes
